@@ -1,0 +1,39 @@
+# The two commands a newcomer runs: `make demo` (a local DDPJob, end to end) and `make test` (the suite).
+# Both create or refresh .venv first; a second run reuses it and the pip cache (seconds, not minutes).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: test demo lint typecheck unit venv manifests clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[operator,trainer,dev]'
+	@touch $@
+
+lint: $(STAMP)
+	$(BIN)/ruff check operator trainer_image tests bench
+	$(BIN)/ruff format --check operator trainer_image tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest
+
+test: lint typecheck unit
+
+demo: $(STAMP)
+	$(BIN)/ddpjob validate examples/quickstart.yaml
+	$(BIN)/ddpjob render examples/quickstart.yaml
+
+manifests: $(STAMP)
+	$(BIN)/python -m ddp_operator.crd --write-manifests
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
