@@ -1,0 +1,90 @@
+"""`ddpjob`: validate, render and print the CRD (more subcommands arrive with local mode and the operator)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import yaml
+
+from . import __version__, crd, render
+from .spec import SpecError, parse_file
+
+
+def _validate(args: argparse.Namespace) -> int:
+    failed = False
+    for path in args.files:
+        try:
+            specs = parse_file(Path(path))
+        except SpecError as exc:
+            failed = True
+            for line in exc.lines():
+                print(line, file=sys.stderr)
+            continue
+        for spec in specs:
+            print(f"{path}: {crd.KIND}/{spec.name}: valid ({spec.nodes} nodes × {spec.procs_per_node} "
+                  f"procs = {spec.world_size} ranks, {spec.device}/{spec.backend})")
+    return 1 if failed else 0
+
+
+def _render(args: argparse.Namespace) -> int:
+    try:
+        specs = parse_file(Path(args.file))
+    except SpecError as exc:
+        for line in exc.lines():
+            print(line, file=sys.stderr)
+        return 1
+    documents = []
+    for spec in specs:
+        if args.namespace:
+            spec = replace(spec, namespace=args.namespace)
+        documents += render.render(spec, attempt=args.attempt)
+    print(f"# What the operator creates for attempt {args.attempt}; ownerReferences[].uid is the DDPJob's "
+          "own uid once it exists.")
+    print(yaml.safe_dump_all(documents, sort_keys=False, explicit_start=True), end="")
+    return 0
+
+
+def _crd(args: argparse.Namespace) -> int:
+    print(crd.crd_text(), end="")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ddpjob",
+        description="Run PyTorch DDP on Kubernetes and prove every rank holds the same model.",
+    )
+    parser.add_argument("--version", action="version", version=f"ddpjob {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    validate = commands.add_parser(
+        "validate", help="check DDPJob files offline, with the CRD's own schema and CEL rules",
+        description="Give, offline, the verdict the API server would give. Exit 1 with one line per "
+                    "problem (field, value, what is accepted) if any file is refused.")
+    validate.add_argument("files", nargs="+", metavar="FILE")
+    validate.set_defaults(run=_validate)
+
+    rendered = commands.add_parser(
+        "render", help="print the Service and Indexed Job the operator creates for a DDPJob",
+        description="Print, as multi-document YAML, exactly what the operator creates for one attempt.")
+    rendered.add_argument("file", metavar="FILE")
+    rendered.add_argument("--attempt", type=int, default=1, help="the gang attempt, from 1 (default 1)")
+    rendered.add_argument("--namespace", help="override metadata.namespace (default: the file's, or default)")
+    rendered.set_defaults(run=_render)
+
+    crd_cmd = commands.add_parser("crd", help="print the DDPJob CustomResourceDefinition")
+    crd_cmd.set_defaults(run=_crd)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "attempt", 1) < 1:
+        print(f"--attempt: Invalid value: {args.attempt}: must be ≥ 1", file=sys.stderr)
+        return 2
+    code: int = args.run(args)
+    return code

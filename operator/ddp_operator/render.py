@@ -1,0 +1,304 @@
+"""Spec → the Kubernetes objects of one attempt: a headless Service and an Indexed Job. Pure: no I/O.
+
+The operator applies exactly these objects, ``ddpjob local`` runs exactly these objects, and
+``ddpjob render`` prints exactly these objects, so there is one implementation of the wiring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from . import crd
+from .spec import Spec
+
+MANAGED_BY = "ddpjob-operator"
+JOB_NAME_LABEL = "ddpjob.io/job-name"
+ATTEMPT_LABEL = "ddpjob.io/attempt"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+CONTAINER_NAME = "trainer"
+SHM_VOLUME = "dshm"
+CHECKPOINT_VOLUME = "checkpoint"
+DEFAULT_CHECKPOINT_DIR = "/checkpoints"
+TERMINATION_GRACE_SECONDS = 120  # room for the trainer to checkpoint at the next step boundary on SIGTERM
+PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"  # `ddpjob render` before the DDPJob exists
+RUN_AS_USER = 1000
+
+Obj = dict[str, Any]
+
+
+def labels(spec: Spec, attempt: int | None = None) -> dict[str, str]:
+    """The labels every child carries; the attempt's own objects add the attempt."""
+    out = {
+        "app.kubernetes.io/name": "ddpjob",
+        "app.kubernetes.io/instance": spec.name,
+        "app.kubernetes.io/component": "trainer",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        JOB_NAME_LABEL: spec.name,
+    }
+    if attempt is not None:
+        out[ATTEMPT_LABEL] = str(attempt)
+    return out
+
+
+def job_name(spec: Spec, attempt: int) -> str:
+    return f"{spec.name}-{attempt}"
+
+
+def service_name(spec: Spec) -> str:
+    return spec.name
+
+
+def pod_hostname(spec: Spec, attempt: int, index: int) -> str:
+    """The Job controller names an Indexed Job's pod hosts <job>-<index>; with the subdomain they resolve."""
+    return f"{job_name(spec, attempt)}-{index}"
+
+
+def master_addr(spec: Spec, attempt: int) -> str:
+    """Node rank 0's DNS name, `<name>-<attempt>-0.<service>`, published before it is Ready."""
+    return f"{pod_hostname(spec, attempt, 0)}.{service_name(spec)}"
+
+
+def owner_reference(spec: Spec) -> Obj:
+    return {
+        "apiVersion": crd.API_VERSION,
+        "kind": crd.KIND,
+        "name": spec.name,
+        "uid": spec.uid or PLACEHOLDER_UID,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(spec: Spec, name: str, attempt: int | None) -> Obj:
+    return {
+        "name": name,
+        "namespace": spec.namespace,
+        "labels": labels(spec, attempt),
+        "ownerReferences": [owner_reference(spec)],
+    }
+
+
+def render_service(spec: Spec) -> Obj:
+    """The headless Service that gives every pod `<host>.<service>` DNS, even before it is Ready."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(spec, service_name(spec), None),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {JOB_NAME_LABEL: spec.name},
+            "ports": [
+                {"name": "rendezvous", "port": spec.master_port, "targetPort": spec.master_port},
+                {"name": "metrics", "port": spec.metrics_port, "targetPort": spec.metrics_port},
+            ],
+        },
+    }
+
+
+def checkpoint_dir(spec: Spec) -> str:
+    return spec.checkpoint.mount_path if spec.checkpoint else DEFAULT_CHECKPOINT_DIR
+
+
+def trainer_args(spec: Spec) -> list[str]:
+    """The built-in trainer's flags, from spec.trainer and spec.syncCheck (`python -m ddp_trainer --help`)."""
+    t, check = spec.trainer, spec.sync_check
+    return [
+        f"--device={spec.device}",
+        f"--backend={spec.backend}",
+        f"--seed={t.seed}",
+        f"--steps={t.steps}",
+        f"--batch-size={t.batch_size}",
+        f"--learning-rate={t.learning_rate!r}",
+        f"--grad-accumulation={t.grad_accumulation}",
+        f"--checkpoint-every={t.checkpoint_every}",
+        f"--checkpoint-dir={checkpoint_dir(spec)}",
+        f"--model={t.model}",
+        f"--sync-every={check.every_steps}",
+        f"--on-divergence={check.on_divergence}",
+        f"--timeout-seconds={spec.nccl.timeout_seconds}",
+    ]
+
+
+def _value(name: str, value: str | int) -> Obj:
+    return {"name": name, "value": str(value)}
+
+
+def _field(name: str, path: str) -> Obj:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def injected_env(spec: Spec, attempt: int) -> list[Obj]:
+    """The environment contract of DESIGN.md, before the user's env is laid over it."""
+    index = f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"
+    addr = master_addr(spec, attempt)
+    env = [
+        _value("PET_NNODES", spec.nodes),
+        _value("PET_NPROC_PER_NODE", spec.procs_per_node),
+        _field("PET_NODE_RANK", index),
+        _value("PET_MASTER_ADDR", addr),
+        _value("PET_MASTER_PORT", spec.master_port),
+        _value("MASTER_ADDR", addr),
+        _value("MASTER_PORT", spec.master_port),
+        _value("NNODES", spec.nodes),
+        _field("NODE_RANK", index),
+        _value("WORLD_SIZE", spec.world_size),
+        _value("DDPJOB_NAME", spec.name),
+        _field("DDPJOB_NAMESPACE", "metadata.namespace"),
+        _value("DDPJOB_ATTEMPT", attempt),
+        _value("DDPJOB_METRICS_PORT", spec.metrics_port),
+        _value("PYTHONUNBUFFERED", "1"),
+    ]
+    if spec.backend == "nccl":
+        env += _nccl_env(spec)
+    return env
+
+
+def _nccl_env(spec: Spec) -> list[Obj]:
+    nccl = spec.nccl
+    env = []
+    if nccl.debug is not None:
+        env.append(_value("NCCL_DEBUG", nccl.debug))
+    if nccl.socket_ifname is not None:
+        env.append(_value("NCCL_SOCKET_IFNAME", nccl.socket_ifname))
+    if nccl.ib_disable is not None:
+        env.append(_value("NCCL_IB_DISABLE", "1" if nccl.ib_disable else "0"))
+    env.append(_value("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"))
+    env.append(_value("TORCH_NCCL_TRACE_BUFFER_SIZE", nccl.trace_buffer_size))
+    if nccl.trace_buffer_size > 0:
+        env.append(_value("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"))
+    env += [_value(name, value) for name, value in sorted(nccl.env.items())]
+    return env
+
+
+def container_env(spec: Spec, attempt: int) -> list[Obj]:
+    """Injected variables the user did not set, then the user's (which may refer to them with $(VAR))."""
+    users = {entry["name"] for entry in spec.env}
+    return [e for e in injected_env(spec, attempt) if e["name"] not in users] + [dict(e) for e in spec.env]
+
+
+def container_resources(spec: Spec) -> Obj:
+    resources: Obj = {kind: dict(values) for kind, values in spec.resources.items()}
+    if spec.device == "cuda":
+        resources.setdefault("limits", {}).setdefault("nvidia.com/gpu", spec.procs_per_node)
+    return resources
+
+
+def _command(spec: Spec) -> Obj:
+    if spec.command is None and spec.args is None:
+        return {"command": ["torchrun"], "args": ["--module", "ddp_trainer", *trainer_args(spec)]}
+    out: Obj = {}
+    if spec.command is not None:
+        out["command"] = list(spec.command)
+    if spec.args is not None:
+        out["args"] = list(spec.args)
+    return out
+
+
+def _volumes(spec: Spec) -> tuple[list[Obj], list[Obj]]:
+    checkpoint_source: Mapping[str, Any] = spec.checkpoint.volume if spec.checkpoint else {"emptyDir": {}}
+    volumes = [
+        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
+        {"name": CHECKPOINT_VOLUME, **checkpoint_source},
+        *(dict(v) for v in spec.pod_template.volumes),
+    ]
+    mounts = [
+        {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+        {"name": CHECKPOINT_VOLUME, "mountPath": checkpoint_dir(spec)},
+        *(dict(m) for m in spec.pod_template.volume_mounts),
+    ]
+    return volumes, mounts
+
+
+def _container(spec: Spec, attempt: int, mounts: list[Obj]) -> Obj:
+    return {
+        "name": CONTAINER_NAME,
+        "image": spec.image,
+        "imagePullPolicy": "IfNotPresent",
+        **_command(spec),
+        "env": container_env(spec, attempt),
+        "ports": [
+            {"name": "rendezvous", "containerPort": spec.master_port, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": spec.metrics_port, "protocol": "TCP"},
+        ],
+        **({"resources": resources} if (resources := container_resources(spec)) else {}),
+        "volumeMounts": mounts,
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+        },
+    }
+
+
+def _pod_spec(spec: Spec, attempt: int) -> Obj:
+    template = spec.pod_template
+    volumes, mounts = _volumes(spec)
+    pod: Obj = {
+        "subdomain": service_name(spec),
+        "restartPolicy": "Never",
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": template.service_account_name is not None,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "fsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [_container(spec, attempt, mounts)],
+        "volumes": volumes,
+    }
+    optional = {
+        "nodeSelector": dict(template.node_selector) or None,
+        "tolerations": [dict(t) for t in template.tolerations] or None,
+        "affinity": dict(template.affinity) if template.affinity else None,
+        "priorityClassName": template.priority_class_name,
+        "schedulerName": template.scheduler_name,
+        "serviceAccountName": template.service_account_name,
+    }
+    pod.update({key: value for key, value in optional.items() if value is not None})
+    return pod
+
+
+def render_job(spec: Spec, attempt: int) -> Obj:
+    """The Indexed Job of one attempt: pod i is node rank i; one failed pod fails the attempt."""
+    metadata = _metadata(spec, job_name(spec, attempt), attempt)
+    if spec.queue_name:
+        metadata["labels"][KUEUE_QUEUE_LABEL] = spec.queue_name
+    pod_annotations = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(spec.metrics_port),
+        "prometheus.io/path": "/metrics",
+        **spec.pod_template.annotations,
+    }
+    job_spec: Obj = {
+        "completionMode": "Indexed",
+        "completions": spec.nodes,
+        "parallelism": spec.nodes,
+        "backoffLimit": 0,
+        # Kueue admits a queued Job by unsuspending it; a suspended DDPJob keeps its Job suspended.
+        "suspend": spec.suspend or spec.queue_name is not None,
+        "template": {
+            "metadata": {
+                "labels": {**spec.pod_template.labels, **labels(spec, attempt)},
+                "annotations": pod_annotations,
+            },
+            "spec": _pod_spec(spec, attempt),
+        },
+    }
+    if spec.active_deadline_seconds is not None:
+        job_spec["activeDeadlineSeconds"] = spec.active_deadline_seconds
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": job_spec}
+
+
+def render(spec: Spec, attempt: int = 1) -> list[Obj]:
+    """Everything the operator creates for one attempt, in creation order."""
+    if attempt < 1:
+        raise ValueError(f"attempt must be ≥ 1, got {attempt}")
+    return [render_service(spec), render_job(spec, attempt)]

@@ -1,0 +1,247 @@
+"""A DDPJob document → a frozen, defaulted, validated ``Spec``.
+
+The verdict is the API server's: the CRD's own schema and CEL rules (``schema.validate``), plus the checks
+the server does before it ever reaches the schema (apiVersion, kind, a name). Every problem names the field,
+the value and what would be accepted; ``SpecError`` carries all of them at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import crd, schema
+from .schema import Problem
+
+
+class SpecError(ValueError):
+    """A DDPJob the API server would refuse; ``problems`` says why, one line each."""
+
+    def __init__(self, problems: Sequence[Problem], source: str = "") -> None:
+        self.problems = list(problems)
+        self.source = source
+        super().__init__("\n".join(self.lines()))
+
+    def lines(self) -> list[str]:
+        prefix = f"{self.source}: " if self.source else ""
+        return [f"{prefix}{problem}" for problem in self.problems]
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    seed: int
+    steps: int
+    batch_size: int
+    learning_rate: float
+    grad_accumulation: int
+    checkpoint_every: int
+    model: str
+
+
+@dataclass(frozen=True)
+class SyncCheckSpec:
+    every_steps: int
+    on_divergence: str
+
+
+@dataclass(frozen=True)
+class NcclSpec:
+    timeout_seconds: int
+    trace_buffer_size: int
+    debug: str | None = None
+    socket_ifname: str | None = None
+    ib_disable: bool | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    volume: Mapping[str, Any]
+    mount_path: str
+
+
+@dataclass(frozen=True)
+class PodTemplateSpec:
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    affinity: Mapping[str, Any] | None = None
+    priority_class_name: str | None = None
+    scheduler_name: str | None = None
+    service_account_name: str | None = None
+    volumes: tuple[Mapping[str, Any], ...] = ()
+    volume_mounts: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One DDPJob, defaulted and valid. Field meanings: ``kubectl explain ddpjob.spec``."""
+
+    name: str
+    namespace: str
+    nodes: int
+    procs_per_node: int
+    device: str
+    backend: str
+    image: str
+    command: tuple[str, ...] | None
+    args: tuple[str, ...] | None
+    env: tuple[Mapping[str, Any], ...]
+    resources: Mapping[str, Mapping[str, int | str]]
+    trainer: TrainerSpec
+    sync_check: SyncCheckSpec
+    nccl: NcclSpec
+    master_port: int
+    metrics_port: int
+    shm_size: int | str
+    checkpoint: CheckpointSpec | None
+    max_restarts: int
+    ttl_seconds_after_finished: int | None
+    active_deadline_seconds: int | None
+    suspend: bool
+    queue_name: str | None
+    pod_template: PodTemplateSpec
+    uid: str | None = None
+
+    @property
+    def world_size(self) -> int:
+        """Processes in the gang (not pods)."""
+        return self.nodes * self.procs_per_node
+
+
+DEFAULT_NAMESPACE = "default"
+
+
+def load_documents(path: Path) -> list[Any]:
+    """The YAML documents of a file (empty ones skipped); a syntax error is a SpecError naming the line."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError([Problem("", f"cannot read the file: {exc.strerror}")], str(path)) from exc
+    try:
+        return [doc for doc in yaml.safe_load_all(text) if doc is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise SpecError([Problem("", f"not valid YAML: {where}{getattr(exc, 'problem', exc)}")],
+                        str(path)) from exc
+
+
+def _envelope_problems(doc: Any) -> list[Problem]:
+    """What the API server checks before the schema: the document is a named DDPJob."""
+    if not isinstance(doc, dict):
+        return [Problem("", f"Invalid value: {schema.show(doc)}: a DDPJob must be a mapping (apiVersion, "
+                            "kind, metadata, spec)")]
+    problems = []
+    if doc.get("apiVersion") != crd.API_VERSION:
+        problems.append(Problem("apiVersion", f"Unsupported value: {schema.show(doc.get('apiVersion'))}: "
+                                              f"supported values: \"{crd.API_VERSION}\""))
+    if doc.get("kind") != crd.KIND:
+        problems.append(Problem("kind", f"Unsupported value: {schema.show(doc.get('kind'))}: "
+                                        f"supported values: \"{crd.KIND}\""))
+    metadata = doc.get("metadata")
+    if not isinstance(metadata, dict) or not isinstance(metadata.get("name"), str) or not metadata["name"]:
+        problems.append(Problem("metadata.name", "Required value: a DDPJob needs a name"))
+    elif "namespace" in metadata and not isinstance(metadata["namespace"], str):
+        problems.append(Problem("metadata.namespace", f"Invalid value: {schema.show(metadata['namespace'])}: "
+                                                      "must be a string"))
+    return problems
+
+
+def defaulted(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The document with the CRD's defaults applied, as the API server stores it."""
+    result: dict[str, Any] = schema.apply_defaults(crd.openapi_schema(), doc)
+    return result
+
+
+def parse(doc: Any, source: str = "") -> Spec:
+    """Validate and default one DDPJob document; raise SpecError with every problem found."""
+    problems = _envelope_problems(doc)
+    if problems:
+        raise SpecError(problems, _label(doc, source))
+    full = defaulted(doc)
+    problems = schema.validate(crd.openapi_schema(), full)
+    if problems:
+        raise SpecError(problems, _label(doc, source))
+    return _build(full)
+
+
+def parse_file(path: Path) -> list[Spec]:
+    """Every DDPJob in a file; SpecError lists the problems of all of them."""
+    specs, problems = [], []
+    for doc in load_documents(path):
+        try:
+            specs.append(parse(doc, str(path)))
+        except SpecError as exc:
+            problems.extend(exc.lines())
+    if problems:
+        raise SpecError([Problem("", line) for line in problems])
+    if not specs:
+        raise SpecError([Problem("", "no DDPJob in this file")], str(path))
+    return specs
+
+
+def _label(doc: Any, source: str) -> str:
+    name = doc.get("metadata", {}).get("name") if isinstance(doc, dict) else None
+    named = f"{crd.KIND}/{name}" if isinstance(name, str) and name else ""
+    return ": ".join(part for part in (source, named) if part)
+
+
+def _build(doc: Mapping[str, Any]) -> Spec:
+    s = doc["spec"]
+    metadata = doc["metadata"]
+    trainer, check, template = s["trainer"], s["syncCheck"], s.get("podTemplate", {})
+    nccl = schema.apply_defaults(crd.openapi_schema()["properties"]["spec"]["properties"]["nccl"],
+                                 s.get("nccl", {}))
+    return Spec(
+        name=metadata["name"],
+        namespace=metadata.get("namespace") or DEFAULT_NAMESPACE,
+        uid=metadata.get("uid"),
+        nodes=s["nodes"],
+        procs_per_node=s["procsPerNode"],
+        device=s["device"],
+        backend=s.get("backend") or ("nccl" if s["device"] == "cuda" else "gloo"),
+        image=s["image"],
+        command=tuple(s["command"]) if "command" in s else None,
+        args=tuple(s["args"]) if "args" in s else None,
+        env=tuple(s.get("env", ())),
+        resources={kind: dict(values) for kind, values in s.get("resources", {}).items()},
+        trainer=TrainerSpec(
+            seed=trainer["seed"], steps=trainer["steps"], batch_size=trainer["batchSize"],
+            learning_rate=float(trainer["learningRate"]), grad_accumulation=trainer["gradAccumulation"],
+            checkpoint_every=trainer["checkpointEvery"], model=trainer["model"],
+        ),
+        sync_check=SyncCheckSpec(every_steps=check["everySteps"], on_divergence=check["onDivergence"]),
+        nccl=NcclSpec(
+            timeout_seconds=nccl["timeoutSeconds"], trace_buffer_size=nccl["traceBufferSize"],
+            debug=nccl.get("debug"), socket_ifname=nccl.get("socketIfname"), ib_disable=nccl.get("ibDisable"),
+            env=dict(nccl.get("env", {})),
+        ),
+        master_port=s["masterPort"],
+        metrics_port=s["metricsPort"],
+        shm_size=s["shmSize"],
+        checkpoint=CheckpointSpec(s["checkpoint"]["volume"], s["checkpoint"]["mountPath"])
+        if "checkpoint" in s else None,
+        max_restarts=s["maxRestarts"],
+        ttl_seconds_after_finished=s.get("ttlSecondsAfterFinished"),
+        active_deadline_seconds=s.get("activeDeadlineSeconds"),
+        suspend=s["suspend"],
+        queue_name=s.get("queueName"),
+        pod_template=PodTemplateSpec(
+            labels=dict(template.get("labels", {})),
+            annotations=dict(template.get("annotations", {})),
+            node_selector=dict(template.get("nodeSelector", {})),
+            tolerations=tuple(template.get("tolerations", ())),
+            affinity=template.get("affinity"),
+            priority_class_name=template.get("priorityClassName"),
+            scheduler_name=template.get("schedulerName"),
+            service_account_name=template.get("serviceAccountName"),
+            volumes=tuple(template.get("volumes", ())),
+            volume_mounts=tuple(template.get("volumeMounts", ())),
+        ),
+    )

@@ -1,0 +1,80 @@
+"""The CRD is one file, complete enough for `kubectl explain`, with rules the API server will accept."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import celpy
+import pytest
+
+from ddp_operator import cli, crd
+
+from .conftest import REPO
+
+
+def _nodes(schema: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    yield path, schema
+    for name, sub in schema.get("properties", {}).items():
+        yield from _nodes(sub, f"{path}.{name}")
+    if isinstance(schema.get("additionalProperties"), dict):
+        yield from _nodes(schema["additionalProperties"], f"{path}.*")
+    if "items" in schema:
+        yield from _nodes(schema["items"], f"{path}[]")
+
+
+def test_manifest_is_generated_from_the_chart() -> None:
+    assert (REPO / "manifests" / "crd.yaml").read_text() == crd.manifest_text(), (
+        "manifests/crd.yaml is stale: run `make manifests`"
+    )
+
+
+def test_ddpjob_crd_prints_the_chart_file(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["crd"]) == 0
+    assert capsys.readouterr().out == crd.CHART_CRD.read_text()
+
+
+def test_names_columns_and_subresources() -> None:
+    spec = crd.crd()["spec"]
+    assert spec["names"]["shortNames"] == ["ddpj"]
+    assert "ddpjob" in spec["names"]["categories"]
+    (version,) = spec["versions"]
+    assert version["subresources"] == {"status": {}}
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Phase", "Nodes", "Attempt", "Sync", "Age"]
+
+
+def test_every_spec_and_status_field_is_described() -> None:
+    schema = crd.openapi_schema()
+    undocumented = [
+        path for path, node in _nodes(schema)
+        if path.startswith((".spec", ".status")) and not path.endswith((".*", "[]")) and not node.get("description")
+    ]
+    assert undocumented == []
+
+
+def test_every_rule_compiles_and_every_field_path_exists() -> None:
+    env = celpy.Environment()
+    seen = 0
+    for path, node in _nodes(crd.openapi_schema()):
+        for rule in node.get("x-kubernetes-validations", []):
+            seen += 1
+            env.compile(rule["rule"])
+            if "messageExpression" in rule:
+                env.compile(rule["messageExpression"])
+            assert "message" in rule or "messageExpression" in rule, f"{path}: rule without a message"
+            target = node
+            for key in [k for k in rule.get("fieldPath", "").split(".") if k]:
+                assert key in target.get("properties", {}), f"{path}: fieldPath {rule['fieldPath']} is not a field"
+                target = target["properties"][key]
+    assert seen >= 10
+
+
+def test_defaults_match_the_design() -> None:
+    props = crd.openapi_schema()["properties"]["spec"]["properties"]
+    assert props["procsPerNode"]["default"] == 1
+    assert props["device"]["default"] == "cuda"
+    assert props["masterPort"]["default"] == 29500
+    assert props["metricsPort"]["default"] == 9400
+    assert props["maxRestarts"]["default"] == 3
+    assert props["syncCheck"]["properties"]["everySteps"]["default"] == 100
+    assert props["syncCheck"]["properties"]["onDivergence"]["default"] == "Fail"

@@ -1,0 +1,195 @@
+"""`ddpjob render`: golden files, the official Kubernetes schemas (strict), and DESIGN.md's contract."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from ddp_operator import cli, render
+from ddp_operator.spec import Spec, parse, parse_file
+
+from .conftest import GOLDEN, REPO
+
+INPUTS = sorted(p for p in GOLDEN.glob("*.yaml") if not p.name.endswith(".rendered.yaml"))
+# Three supported releases, oldest to newest that kubernetes-validate ships schemas for.
+KUBERNETES_RELEASES = ["1.31.0", "1.34.0", "1.37.0"]
+
+
+def _spec(path: Path) -> Spec:
+    (spec,) = parse_file(path)
+    return spec
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def _container(job: dict[str, Any]) -> dict[str, Any]:
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+@pytest.mark.parametrize("source", INPUTS, ids=lambda p: p.stem)
+def test_golden(source: Path) -> None:
+    rendered = yaml.safe_dump_all(render.render(_spec(source)), sort_keys=False)
+    golden = source.with_suffix(".rendered.yaml")
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        golden.write_text(rendered)
+    assert golden.exists(), f"{golden.name} missing: run UPDATE_GOLDEN=1 pytest {__file__}"
+    assert rendered == golden.read_text(), f"render of {source.name} changed; review, then UPDATE_GOLDEN=1"
+
+
+@pytest.mark.parametrize("release", KUBERNETES_RELEASES)
+@pytest.mark.parametrize("source", INPUTS + sorted((REPO / "examples").glob("*.yaml")), ids=lambda p: p.stem)
+def test_objects_pass_the_official_schemas_strictly(source: Path, release: str) -> None:
+    for attempt in (1, 3):
+        for obj in render.render(_spec(source), attempt=attempt):
+            kubernetes_validate.validate(obj, release, strict=True)
+
+
+def test_strict_validation_can_fail() -> None:
+    """The check above would catch a typo in a rendered field."""
+    job = render.render_job(_spec(GOLDEN / "cpu.yaml"), 1)
+    job["spec"]["template"]["spec"]["subDomain"] = "oops"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(job, KUBERNETES_RELEASES[-1], strict=True)
+
+
+def test_environment_contract() -> None:
+    spec = _spec(GOLDEN / "gpu-nccl.yaml")
+    job = render.render_job(spec, 2)
+    env = _env(_container(job))
+    index = {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
+    assert env["PET_NNODES"] == env["NNODES"] == "3"
+    assert env["PET_NPROC_PER_NODE"] == "4"
+    assert env["PET_NODE_RANK"] == env["NODE_RANK"] == index
+    assert env["PET_MASTER_ADDR"] == env["MASTER_ADDR"] == "gpu-job-2-0.gpu-job"
+    assert env["PET_MASTER_PORT"] == env["MASTER_PORT"] == "29500"
+    assert env["WORLD_SIZE"] == "12"  # processes, not pods
+    assert env["DDPJOB_NAME"] == "gpu-job"
+    assert env["DDPJOB_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["DDPJOB_ATTEMPT"] == "2"
+    assert env["DDPJOB_METRICS_PORT"] == "9400"
+    assert env["NCCL_DEBUG"] == "INFO"
+    assert env["NCCL_SOCKET_IFNAME"] == "eth0"
+    assert env["NCCL_IB_DISABLE"] == "1"
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "1000"
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert env["NCCL_NSOCKS_PERTHREAD"] == "4"
+    assert "--timeout-seconds=600" in _container(job)["args"]
+
+
+def test_cpu_jobs_get_no_nccl_settings_and_no_gpus() -> None:
+    job = render.render_job(_spec(GOLDEN / "cpu.yaml"), 1)
+    container = _container(job)
+    assert not [name for name in _env(container) if "NCCL" in name]
+    assert "nvidia.com/gpu" not in container.get("resources", {}).get("limits", {})
+    assert "--backend=gloo" in container["args"]
+
+
+def test_user_env_wins_and_comes_last() -> None:
+    container = _container(render.render_job(_spec(GOLDEN / "env-override.yaml"), 1))
+    names = [e["name"] for e in container["env"]]
+    assert names.count("MASTER_PORT") == names.count("PET_MASTER_PORT") == 1
+    assert names[-3:] == ["MASTER_PORT", "PET_MASTER_PORT", "WANDB_API_KEY"]
+    env = _env(container)
+    assert env["MASTER_PORT"] == "23456"
+    assert env["PET_MASTER_PORT"] == "$(MASTER_PORT)"
+    assert container["command"] == ["torchrun"]
+    assert container["args"][0] == "/app/train.py"
+
+
+def test_gpu_limit_defaults_to_procs_per_node() -> None:
+    doc = yaml.safe_load((GOLDEN / "gpu-nccl.yaml").read_text())
+    del doc["spec"]["resources"]
+    container = _container(render.render_job(parse(doc), 1))
+    assert container["resources"] == {"limits": {"nvidia.com/gpu": 4}}
+
+
+def test_pods_find_each_other_through_the_headless_service() -> None:
+    spec = _spec(GOLDEN / "cpu.yaml")
+    service, job = render.render(spec)
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    pod = job["spec"]["template"]
+    assert pod["spec"]["subdomain"] == service["metadata"]["name"]
+    assert all(pod["metadata"]["labels"][k] == v for k, v in service["spec"]["selector"].items())
+    assert job["spec"]["completionMode"] == "Indexed"
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 2
+    assert job["spec"]["backoffLimit"] == 0
+
+
+def test_every_child_is_labelled_and_owned() -> None:
+    spec = replace(_spec(GOLDEN / "cpu.yaml"), uid="1234")
+    for obj in render.render(spec, attempt=4):
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/managed-by"] == "ddpjob-operator"
+        assert labels["ddpjob.io/job-name"] == "cpu-job"
+        (owner,) = obj["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == ("DDPJob", "cpu-job", "1234", True)
+    job = render.render_job(spec, 4)
+    assert job["metadata"]["labels"]["ddpjob.io/attempt"] == "4"
+    assert job["spec"]["template"]["metadata"]["labels"]["ddpjob.io/attempt"] == "4"
+
+
+def test_pods_are_locked_down() -> None:
+    job = render.render_job(_spec(GOLDEN / "cpu.yaml"), 1)
+    pod = job["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["automountServiceAccountToken"] is False
+    container = pod["containers"][0]
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}} in pod["volumes"]
+
+
+def test_kueue_and_suspend() -> None:
+    queued = render.render_job(_spec(GOLDEN / "gpu-nccl.yaml"), 1)
+    assert queued["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+    assert queued["spec"]["suspend"] is True
+    suspended = render.render_job(_spec(GOLDEN / "pod-template.yaml"), 1)
+    assert "kueue.x-k8s.io/queue-name" not in suspended["metadata"]["labels"]
+    assert suspended["spec"]["suspend"] is True
+    assert render.render_job(_spec(GOLDEN / "cpu.yaml"), 1)["spec"]["suspend"] is False
+
+
+def test_longest_hostname_fits_a_dns_label() -> None:
+    doc = yaml.safe_load((GOLDEN / "cpu.yaml").read_text())
+    doc["spec"].update(nodes=100, maxRestarts=100)
+    doc["metadata"]["name"] = "n" * (63 - len("-101-99"))
+    spec = parse(doc)
+    assert len(render.pod_hostname(spec, spec.max_restarts + 1, spec.nodes - 1)) == 63
+
+
+def test_render_is_pure() -> None:
+    spec = _spec(GOLDEN / "pod-template.yaml")
+    first = render.render(spec)
+    first[1]["spec"]["template"]["spec"]["volumes"].append({"name": "mutated"})
+    assert render.render(spec) != first
+    assert render.render(spec) == render.render(spec)
+
+
+def test_attempt_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="attempt must be ≥ 1"):
+        render.render(_spec(GOLDEN / "cpu.yaml"), attempt=0)
+
+
+def test_cli_render(capsys: pytest.CaptureFixture[str], write_yaml: Callable[..., Path]) -> None:
+    assert cli.main(["render", str(GOLDEN / "cpu.yaml"), "--attempt", "2", "--namespace", "other"]) == 0
+    service, job = yaml.safe_load_all(capsys.readouterr().out)
+    assert (service["kind"], job["kind"]) == ("Service", "Job")
+    assert job["metadata"] == {**job["metadata"], "name": "cpu-job-2", "namespace": "other"}
+    bad = write_yaml({"apiVersion": "ddpjob.io/v1alpha1", "kind": "DDPJob", "metadata": {"name": "x"},
+                      "spec": {"nodes": 0}})
+    assert cli.main(["render", str(bad)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and "spec.nodes: Invalid value: 0" in captured.err
