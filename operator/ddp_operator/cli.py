@@ -25,8 +25,10 @@ def _validate(args: argparse.Namespace) -> int:
                 print(line, file=sys.stderr)
             continue
         for spec in specs:
-            print(f"{path}: {crd.KIND}/{spec.name}: valid ({spec.nodes} nodes × {spec.procs_per_node} "
-                  f"procs = {spec.world_size} ranks, {spec.device}/{spec.backend})")
+            print(
+                f"{path}: {crd.KIND}/{spec.name}: valid ({spec.nodes} nodes × {spec.procs_per_node} "
+                f"procs = {spec.world_size} ranks, {spec.device}/{spec.backend})"
+            )
     return 1 if failed else 0
 
 
@@ -42,8 +44,10 @@ def _render(args: argparse.Namespace) -> int:
         if args.namespace:
             spec = replace(spec, namespace=args.namespace)
         documents += render.render(spec, attempt=args.attempt)
-    print(f"# What the operator creates for attempt {args.attempt}; ownerReferences[].uid is the DDPJob's "
-          "own uid once it exists.")
+    print(
+        f"# What the operator creates for attempt {args.attempt}; ownerReferences[].uid is the DDPJob's "
+        "own uid once it exists."
+    )
     print(yaml.safe_dump_all(documents, sort_keys=False, explicit_start=True), end="")
     return 0
 
@@ -62,15 +66,19 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     validate = commands.add_parser(
-        "validate", help="check DDPJob files offline, with the CRD's own schema and CEL rules",
+        "validate",
+        help="check DDPJob files offline, with the CRD's own schema and CEL rules",
         description="Give, offline, the verdict the API server would give. Exit 1 with one line per "
-                    "problem (field, value, what is accepted) if any file is refused.")
+        "problem (field, value, what is accepted) if any file is refused.",
+    )
     validate.add_argument("files", nargs="+", metavar="FILE")
     validate.set_defaults(run=_validate)
 
     rendered = commands.add_parser(
-        "render", help="print the Service and Indexed Job the operator creates for a DDPJob",
-        description="Print, as multi-document YAML, exactly what the operator creates for one attempt.")
+        "render",
+        help="print the Service and Indexed Job the operator creates for a DDPJob",
+        description="Print, as multi-document YAML, exactly what the operator creates for one attempt.",
+    )
     rendered.add_argument("file", metavar="FILE")
     rendered.add_argument("--attempt", type=int, default=1, help="the gang attempt, from 1 (default 1)")
     rendered.add_argument("--namespace", help="override metadata.namespace (default: the file's, or default)")

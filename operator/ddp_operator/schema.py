@@ -9,6 +9,7 @@ come from the CRD itself, so there is no second copy of them.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from collections.abc import Iterator, Mapping
@@ -17,6 +18,8 @@ from typing import Any
 
 import celpy
 import jsonschema
+from celpy.adapter import json_to_cel
+from celpy.evaluation import CELEvalError
 
 Schema = Mapping[str, Any]
 
@@ -24,11 +27,12 @@ Schema = Mapping[str, Any]
 _QUANTITY_WORDS = "a Kubernetes quantity such as 1Gi, 512Mi, 500m or 8"
 _PATTERN_WORDS = {
     "^/": "an absolute path (starting with /)",
-    "^[a-z]([-a-z0-9]*[a-z0-9])?$": "a DNS-1035 label: lowercase letters, digits and '-', starting with a letter",
-    "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$": "lowercase letters, digits, '-' and '.', starting and ending alphanumeric",
-    "^[-._a-zA-Z][-._a-zA-Z0-9]*$": "a variable name: letters, digits, '_', '-' and '.', not starting with a digit",
-    "^([a-z][a-z0-9_]*|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$":
-        "a built-in model name such as mlp, or a factory package.module:function",
+    "^[a-z]([-a-z0-9]*[a-z0-9])?$": "a DNS-1035 label: lowercase letters, digits and '-', a letter first",
+    "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$": "lowercase letters, digits, '-' and '.', alphanumeric at both ends",
+    "^[-._a-zA-Z][-._a-zA-Z0-9]*$": "a variable name: letters, digits, '_', '-' and '.', no leading digit",
+    "^([a-z][a-z0-9_]*|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$": (
+        "a built-in model name such as mlp, or a factory package.module:function"
+    ),
 }
 
 
@@ -94,8 +98,21 @@ def to_json_schema(schema: Schema, *, root: bool = True) -> dict[str, Any]:
     does with its default strict field validation. ``metadata`` at the root is the API server's to check.
     """
     out: dict[str, Any] = {}
-    for key in ("type", "enum", "minimum", "maximum", "minLength", "maxLength", "pattern", "minItems",
-                "maxItems", "minProperties", "maxProperties", "required", "format"):
+    for key in (
+        "type",
+        "enum",
+        "minimum",
+        "maximum",
+        "minLength",
+        "maxLength",
+        "pattern",
+        "minItems",
+        "maxItems",
+        "minProperties",
+        "maxProperties",
+        "required",
+        "format",
+    ):
         if key in schema:
             out[key] = copy.deepcopy(schema[key])
     if schema.get("exclusiveMinimum") is True:
@@ -114,9 +131,8 @@ def to_json_schema(schema: Schema, *, root: bool = True) -> dict[str, Any]:
     extra = schema.get("additionalProperties")
     if isinstance(extra, Mapping):
         out["additionalProperties"] = to_json_schema(extra, root=False)
-    elif schema.get("type") == "object" and not schema.get("x-kubernetes-preserve-unknown-fields"):
-        if "properties" in schema:
-            out["additionalProperties"] = False
+    elif "properties" in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
     if "items" in schema:
         out["items"] = to_json_schema(schema["items"], root=False)
     return out
@@ -136,20 +152,24 @@ def _path_of(error: jsonschema.ValidationError) -> str:
 
 
 def _describe(error: jsonschema.ValidationError) -> Iterator[Problem]:
-    path, value, rule, kind = _path_of(error), error.instance, error.validator_value, error.validator
+    path, kind = _path_of(error), str(error.validator)
+    value: Any = error.instance
+    rule: Any = error.validator_value
+    error_schema: Any = error.schema
     if kind == "required":
         missing = [name for name in rule if name not in value]
         for name in missing:
             yield Problem(join(path, name), "Required value: this field must be set")
     elif kind == "additionalProperties":
-        known = sorted(error.schema.get("properties", {}))
+        known = sorted(error_schema.get("properties", {}))
         for name in sorted(set(value) - set(known)):
             yield Problem(join(path, name), f"unknown field (accepted here: {', '.join(known)})")
     elif kind == "type":
         yield Problem(path, f"Invalid value: {show(value)}: must be of type {rule}")
     elif kind == "enum":
-        yield Problem(path, f"Unsupported value: {show(value)}: supported values: "
-                            + ", ".join(show(v) for v in rule))
+        yield Problem(
+            path, f"Unsupported value: {show(value)}: supported values: " + ", ".join(show(v) for v in rule)
+        )
     elif kind == "anyOf":
         yield Problem(path, f"Invalid value: {show(value)}: must be {_QUANTITY_WORDS}")
     elif kind == "pattern":
@@ -157,11 +177,14 @@ def _describe(error: jsonschema.ValidationError) -> Iterator[Problem]:
         yield Problem(path, f"Invalid value: {show(value)}: must be {words}")
     else:
         bounds = {
-            "minimum": f"must be ≥ {rule}", "maximum": f"must be ≤ {rule}",
-            "exclusiveMinimum": f"must be > {rule}", "exclusiveMaximum": f"must be < {rule}",
+            "minimum": f"must be ≥ {rule}",
+            "maximum": f"must be ≤ {rule}",
+            "exclusiveMinimum": f"must be > {rule}",
+            "exclusiveMaximum": f"must be < {rule}",
             "minLength": f"must have at least {rule} characters",
             "maxLength": f"must have at most {rule} characters",
-            "minItems": f"must have at least {rule} items", "maxItems": f"must have at most {rule} items",
+            "minItems": f"must have at least {rule} items",
+            "maxItems": f"must have at most {rule} items",
             "minProperties": f"must have at least {rule} entries",
             "maxProperties": f"must have at most {rule} entries",
         }
@@ -181,8 +204,10 @@ def _list_map_problems(schema: Schema, value: Any, path: str) -> Iterator[Proble
                     continue
                 key = show({k: item.get(k) for k in keys})
                 if key in seen:
-                    yield Problem(join(sub_path, index), f"Duplicate value: {key}: each entry's "
-                                                         f"{'/'.join(keys)} must be unique")
+                    yield Problem(
+                        join(sub_path, index),
+                        f"Duplicate value: {key}: each entry's {'/'.join(keys)} must be unique",
+                    )
                 seen.add(key)
 
 
@@ -223,7 +248,7 @@ def _rules(schema: Schema) -> list[_Rule]:
 
 def _evaluate(expression: str, self_value: Any) -> Any:
     program = _CEL.program(_CEL.compile(expression))
-    return program.evaluate({"self": celpy.json_to_cel(self_value)})
+    return program.evaluate({"self": json_to_cel(self_value)})
 
 
 def _lookup(value: Any, field_path: str) -> tuple[bool, Any]:
@@ -240,17 +265,15 @@ def _cel_problems(schema: Schema, value: Any, path: str) -> Iterator[Problem]:
         for rule in _rules(sub_schema):
             try:
                 passed = bool(_evaluate(rule.rule, sub_value))
-            except (celpy.CELEvalError, TypeError, ValueError, KeyError) as exc:
+            except (CELEvalError, TypeError, ValueError, KeyError) as exc:
                 yield Problem(sub_path, f"rule {rule.rule!r} could not be evaluated: {exc}")
                 continue
             if passed:
                 continue
             message = rule.message or f"failed rule: {rule.rule}"
             if rule.message_expression:
-                try:
+                with contextlib.suppress(CELEvalError, TypeError, ValueError, KeyError):
                     message = str(_evaluate(rule.message_expression, sub_value))
-                except (celpy.CELEvalError, TypeError, ValueError, KeyError):
-                    pass
             field = sub_path + rule.field_path if rule.field_path else sub_path
             found, at = _lookup(sub_value, rule.field_path)
             shown = f"Invalid value: {show(at)}: " if found and not isinstance(at, dict | list) else ""

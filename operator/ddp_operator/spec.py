@@ -128,28 +128,45 @@ def load_documents(path: Path) -> list[Any]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise SpecError([Problem("", f"not valid YAML: {where}{getattr(exc, 'problem', exc)}")],
-                        str(path)) from exc
+        raise SpecError(
+            [Problem("", f"not valid YAML: {where}{getattr(exc, 'problem', exc)}")], str(path)
+        ) from exc
 
 
 def _envelope_problems(doc: Any) -> list[Problem]:
     """What the API server checks before the schema: the document is a named DDPJob."""
     if not isinstance(doc, dict):
-        return [Problem("", f"Invalid value: {schema.show(doc)}: a DDPJob must be a mapping (apiVersion, "
-                            "kind, metadata, spec)")]
+        return [
+            Problem(
+                "",
+                f"Invalid value: {schema.show(doc)}: a DDPJob must be a mapping (apiVersion, "
+                "kind, metadata, spec)",
+            )
+        ]
     problems = []
     if doc.get("apiVersion") != crd.API_VERSION:
-        problems.append(Problem("apiVersion", f"Unsupported value: {schema.show(doc.get('apiVersion'))}: "
-                                              f"supported values: \"{crd.API_VERSION}\""))
+        problems.append(
+            Problem(
+                "apiVersion",
+                f"Unsupported value: {schema.show(doc.get('apiVersion'))}: "
+                f'supported values: "{crd.API_VERSION}"',
+            )
+        )
     if doc.get("kind") != crd.KIND:
-        problems.append(Problem("kind", f"Unsupported value: {schema.show(doc.get('kind'))}: "
-                                        f"supported values: \"{crd.KIND}\""))
+        problems.append(
+            Problem(
+                "kind", f'Unsupported value: {schema.show(doc.get("kind"))}: supported values: "{crd.KIND}"'
+            )
+        )
     metadata = doc.get("metadata")
     if not isinstance(metadata, dict) or not isinstance(metadata.get("name"), str) or not metadata["name"]:
         problems.append(Problem("metadata.name", "Required value: a DDPJob needs a name"))
     elif "namespace" in metadata and not isinstance(metadata["namespace"], str):
-        problems.append(Problem("metadata.namespace", f"Invalid value: {schema.show(metadata['namespace'])}: "
-                                                      "must be a string"))
+        problems.append(
+            Problem(
+                "metadata.namespace", f"Invalid value: {schema.show(metadata['namespace'])}: must be a string"
+            )
+        )
     return problems
 
 
@@ -196,8 +213,9 @@ def _build(doc: Mapping[str, Any]) -> Spec:
     s = doc["spec"]
     metadata = doc["metadata"]
     trainer, check, template = s["trainer"], s["syncCheck"], s.get("podTemplate", {})
-    nccl = schema.apply_defaults(crd.openapi_schema()["properties"]["spec"]["properties"]["nccl"],
-                                 s.get("nccl", {}))
+    nccl = schema.apply_defaults(
+        crd.openapi_schema()["properties"]["spec"]["properties"]["nccl"], s.get("nccl", {})
+    )
     return Spec(
         name=metadata["name"],
         namespace=metadata.get("namespace") or DEFAULT_NAMESPACE,
@@ -212,21 +230,29 @@ def _build(doc: Mapping[str, Any]) -> Spec:
         env=tuple(s.get("env", ())),
         resources={kind: dict(values) for kind, values in s.get("resources", {}).items()},
         trainer=TrainerSpec(
-            seed=trainer["seed"], steps=trainer["steps"], batch_size=trainer["batchSize"],
-            learning_rate=float(trainer["learningRate"]), grad_accumulation=trainer["gradAccumulation"],
-            checkpoint_every=trainer["checkpointEvery"], model=trainer["model"],
+            seed=trainer["seed"],
+            steps=trainer["steps"],
+            batch_size=trainer["batchSize"],
+            learning_rate=float(trainer["learningRate"]),
+            grad_accumulation=trainer["gradAccumulation"],
+            checkpoint_every=trainer["checkpointEvery"],
+            model=trainer["model"],
         ),
         sync_check=SyncCheckSpec(every_steps=check["everySteps"], on_divergence=check["onDivergence"]),
         nccl=NcclSpec(
-            timeout_seconds=nccl["timeoutSeconds"], trace_buffer_size=nccl["traceBufferSize"],
-            debug=nccl.get("debug"), socket_ifname=nccl.get("socketIfname"), ib_disable=nccl.get("ibDisable"),
+            timeout_seconds=nccl["timeoutSeconds"],
+            trace_buffer_size=nccl["traceBufferSize"],
+            debug=nccl.get("debug"),
+            socket_ifname=nccl.get("socketIfname"),
+            ib_disable=nccl.get("ibDisable"),
             env=dict(nccl.get("env", {})),
         ),
         master_port=s["masterPort"],
         metrics_port=s["metricsPort"],
         shm_size=s["shmSize"],
         checkpoint=CheckpointSpec(s["checkpoint"]["volume"], s["checkpoint"]["mountPath"])
-        if "checkpoint" in s else None,
+        if "checkpoint" in s
+        else None,
         max_restarts=s["maxRestarts"],
         ttl_seconds_after_finished=s.get("ttlSecondsAfterFinished"),
         active_deadline_seconds=s.get("activeDeadlineSeconds"),

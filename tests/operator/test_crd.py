@@ -40,14 +40,23 @@ def test_names_columns_and_subresources() -> None:
     assert "ddpjob" in spec["names"]["categories"]
     (version,) = spec["versions"]
     assert version["subresources"] == {"status": {}}
-    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Phase", "Nodes", "Attempt", "Sync", "Age"]
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+        "Phase",
+        "Nodes",
+        "Attempt",
+        "Sync",
+        "Age",
+    ]
 
 
 def test_every_spec_and_status_field_is_described() -> None:
     schema = crd.openapi_schema()
     undocumented = [
-        path for path, node in _nodes(schema)
-        if path.startswith((".spec", ".status")) and not path.endswith((".*", "[]")) and not node.get("description")
+        path
+        for path, node in _nodes(schema)
+        if path.startswith((".spec", ".status"))
+        and not path.endswith((".*", "[]"))
+        and not node.get("description")
     ]
     assert undocumented == []
 
@@ -64,7 +73,9 @@ def test_every_rule_compiles_and_every_field_path_exists() -> None:
             assert "message" in rule or "messageExpression" in rule, f"{path}: rule without a message"
             target = node
             for key in [k for k in rule.get("fieldPath", "").split(".") if k]:
-                assert key in target.get("properties", {}), f"{path}: fieldPath {rule['fieldPath']} is not a field"
+                assert key in target.get("properties", {}), (
+                    f"{path}: fieldPath {rule['fieldPath']} is not a field"
+                )
                 target = target["properties"][key]
     assert seen >= 10
 

@@ -134,7 +134,12 @@ def test_every_child_is_labelled_and_owned() -> None:
         assert labels["app.kubernetes.io/managed-by"] == "ddpjob-operator"
         assert labels["ddpjob.io/job-name"] == "cpu-job"
         (owner,) = obj["metadata"]["ownerReferences"]
-        assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == ("DDPJob", "cpu-job", "1234", True)
+        assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+            "DDPJob",
+            "cpu-job",
+            "1234",
+            True,
+        )
     job = render.render_job(spec, 4)
     assert job["metadata"]["labels"]["ddpjob.io/attempt"] == "4"
     assert job["spec"]["template"]["metadata"]["labels"]["ddpjob.io/attempt"] == "4"
@@ -188,8 +193,14 @@ def test_cli_render(capsys: pytest.CaptureFixture[str], write_yaml: Callable[...
     service, job = yaml.safe_load_all(capsys.readouterr().out)
     assert (service["kind"], job["kind"]) == ("Service", "Job")
     assert job["metadata"] == {**job["metadata"], "name": "cpu-job-2", "namespace": "other"}
-    bad = write_yaml({"apiVersion": "ddpjob.io/v1alpha1", "kind": "DDPJob", "metadata": {"name": "x"},
-                      "spec": {"nodes": 0}})
+    bad = write_yaml(
+        {
+            "apiVersion": "ddpjob.io/v1alpha1",
+            "kind": "DDPJob",
+            "metadata": {"name": "x"},
+            "spec": {"nodes": 0},
+        }
+    )
     assert cli.main(["render", str(bad)]) == 1
     captured = capsys.readouterr()
     assert captured.out == "" and "spec.nodes: Invalid value: 0" in captured.err

@@ -13,8 +13,11 @@ SCHEMA: dict[str, Any] = {
         "spec": {
             "type": "object",
             "x-kubernetes-validations": [
-                {"rule": "self.low <= self.high", "fieldPath": ".high",
-                 "messageExpression": "'high ' + string(self.high) + ' is below low ' + string(self.low)"},
+                {
+                    "rule": "self.low <= self.high",
+                    "fieldPath": ".high",
+                    "messageExpression": "'high ' + string(self.high) + ' is below low ' + string(self.low)",
+                },
                 {"rule": "self.low != 13", "message": "unlucky", "messageExpression": "self.nope + 'x'"},
             ],
             "properties": {

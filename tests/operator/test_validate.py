@@ -42,55 +42,138 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
     ("zero nodes", _with("spec.nodes", 0), "spec.nodes", "Invalid value: 0: must be ≥ 1"),
     ("negative nodes", _with("spec.nodes", -3), "spec.nodes", "Invalid value: -3: must be ≥ 1"),
     ("zero procs", _with("spec.procsPerNode", 0), "spec.procsPerNode", "must be ≥ 1"),
-    ("nodes as text", _with("spec.nodes", "two"), "spec.nodes", 'Invalid value: "two": must be of type integer'),
+    (
+        "nodes as text",
+        _with("spec.nodes", "two"),
+        "spec.nodes",
+        'Invalid value: "two": must be of type integer',
+    ),
     ("float nodes", _with("spec.nodes", 1.5), "spec.nodes", "must be of type integer"),
     ("missing nodes", _with("spec.nodes", DELETE), "spec.nodes", "Required value"),
     ("zero learning rate", _with("spec.trainer.learningRate", 0), "spec.trainer.learningRate", "must be > 0"),
-    ("text learning rate", _with("spec.trainer.learningRate", "fast"), "spec.trainer.learningRate",
-     "must be of type number"),
-    ("unknown device", _with("spec.device", "rocm"), "spec.device",
-     'Unsupported value: "rocm": supported values: "cuda", "cpu"'),
+    (
+        "text learning rate",
+        _with("spec.trainer.learningRate", "fast"),
+        "spec.trainer.learningRate",
+        "must be of type number",
+    ),
+    (
+        "unknown device",
+        _with("spec.device", "rocm"),
+        "spec.device",
+        'Unsupported value: "rocm": supported values: "cuda", "cpu"',
+    ),
     ("unknown backend", _with("spec.backend", "mpi"), "spec.backend", 'supported values: "nccl", "gloo"'),
-    ("unknown policy", _with("spec.syncCheck", {"onDivergence": "Explode"}), "spec.syncCheck.onDivergence",
-     '"Fail", "Repair", "Warn"'),
+    (
+        "unknown policy",
+        _with("spec.syncCheck", {"onDivergence": "Explode"}),
+        "spec.syncCheck.onDivergence",
+        '"Fail", "Repair", "Warn"',
+    ),
     ("port zero", _with("spec.masterPort", 0), "spec.masterPort", "must be ≥ 1"),
-    ("port too high", _with("spec.metricsPort", 70000), "spec.metricsPort", "Invalid value: 70000: must be ≤ 65535"),
+    (
+        "port too high",
+        _with("spec.metricsPort", 70000),
+        "spec.metricsPort",
+        "Invalid value: 70000: must be ≤ 65535",
+    ),
     ("same ports", _with("spec.metricsPort", 29500), "spec.metricsPort", "also the masterPort"),
-    ("unknown spec field", _with("spec.gpus", 8), "spec.gpus", "unknown field (accepted here: activeDeadlineSeconds"),
+    (
+        "unknown spec field",
+        _with("spec.gpus", 8),
+        "spec.gpus",
+        "unknown field (accepted here: activeDeadlineSeconds",
+    ),
     ("unknown nested field", _with("spec.trainer.stepz", 8), "spec.trainer.stepz", "unknown field"),
     ("unknown top-level field", _with("extra", 1), "extra", "unknown field"),
     ("over-long name", _with("metadata.name", "n" * 60), "", "would exceed 63 characters"),
     ("upper-case name", _with("metadata.name", "MyJob"), "", "must be a DNS-1035 label"),
     ("missing name", _with("metadata", {}), "metadata.name", "Required value"),
     ("wrong kind", _with("kind", "PyTorchJob"), "kind", 'Unsupported value: "PyTorchJob"'),
-    ("wrong apiVersion", _with("apiVersion", "ddpjob.io/v1"), "apiVersion", 'supported values: "ddpjob.io/v1alpha1"'),
+    (
+        "wrong apiVersion",
+        _with("apiVersion", "ddpjob.io/v1"),
+        "apiVersion",
+        'supported values: "ddpjob.io/v1alpha1"',
+    ),
     ("nccl on cpu", _with("spec.backend", "nccl"), "spec.backend", 'backend "nccl" needs device "cuda"'),
-    ("nccl settings on cpu", _with("spec.nccl", {"debug": "INFO"}), "spec.nccl", 'apply only to device "cuda"'),
-    ("gpus on cpu", _with("spec.resources", {"limits": {"nvidia.com/gpu": 1}}), "spec.resources.limits",
-     'device "cpu" must not request nvidia.com/gpu'),
+    (
+        "nccl settings on cpu",
+        _with("spec.nccl", {"debug": "INFO"}),
+        "spec.nccl",
+        'apply only to device "cuda"',
+    ),
+    (
+        "gpus on cpu",
+        _with("spec.resources", {"limits": {"nvidia.com/gpu": 1}}),
+        "spec.resources.limits",
+        'device "cpu" must not request nvidia.com/gpu',
+    ),
     ("bad quantity", _with("spec.shmSize", "lots"), "spec.shmSize", "a Kubernetes quantity"),
     ("bad model", _with("spec.trainer.model", "my model"), "spec.trainer.model", "package.module:function"),
-    ("duplicate env", _with("spec.env", [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]), "spec.env[1]",
-     'Duplicate value: {"name": "A"}'),
-    ("reserved label", _with("spec.podTemplate", {"labels": {"ddpjob.io/attempt": "9"}}), "spec.podTemplate.labels",
-     "reserved"),
-    ("reserved volume", _with("spec.podTemplate", {"volumes": [{"name": "dshm", "emptyDir": {}}]}),
-     "spec.podTemplate.volumes[0].name", 'volume name "dshm" is reserved'),
-    ("two checkpoint sources", _with("spec.checkpoint", {"volume": {"emptyDir": {}, "hostPath": {"path": "/x"}}}),
-     "spec.checkpoint.volume", "must have at most 1 entries"),
-    ("relative mount path", _with("spec.checkpoint", {"volume": {"emptyDir": {}}, "mountPath": "ckpt"}),
-     "spec.checkpoint.mountPath", "an absolute path"),
+    (
+        "duplicate env",
+        _with("spec.env", [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]),
+        "spec.env[1]",
+        'Duplicate value: {"name": "A"}',
+    ),
+    (
+        "reserved label",
+        _with("spec.podTemplate", {"labels": {"ddpjob.io/attempt": "9"}}),
+        "spec.podTemplate.labels",
+        "reserved",
+    ),
+    (
+        "reserved volume",
+        _with("spec.podTemplate", {"volumes": [{"name": "dshm", "emptyDir": {}}]}),
+        "spec.podTemplate.volumes[0].name",
+        'volume name "dshm" is reserved',
+    ),
+    (
+        "two checkpoint sources",
+        _with("spec.checkpoint", {"volume": {"emptyDir": {}, "hostPath": {"path": "/x"}}}),
+        "spec.checkpoint.volume",
+        "must have at most 1 entries",
+    ),
+    (
+        "relative mount path",
+        _with("spec.checkpoint", {"volume": {"emptyDir": {}}, "mountPath": "ckpt"}),
+        "spec.checkpoint.mountPath",
+        "an absolute path",
+    ),
 ]
 
 GPU_BAD: list[tuple[str, dict[str, Any], str, str]] = [
-    ("gpu limit differs from procs", {"nodes": 2, "procsPerNode": 4, "resources": {"limits": {"nvidia.com/gpu": 2}}},
-     "spec.resources.limits", 'resources.limits["nvidia.com/gpu"] is 2 but procsPerNode is 4'),
-    ("gpu request differs from procs", {"nodes": 2, "procsPerNode": 2, "resources": {"requests": {"nvidia.com/gpu": "8"}}},
-     "spec.resources.requests", "is 8 but procsPerNode is 2"),
-    ("bad nccl env", {"nodes": 2, "nccl": {"env": {"CUDA_VISIBLE_DEVICES": "0"}}}, "spec.nccl.env",
-     "must start with NCCL_ or TORCH_NCCL_"),
-    ("bad nccl debug", {"nodes": 2, "nccl": {"debug": "LOUD"}}, "spec.nccl.debug", '"VERSION", "WARN", "INFO", "TRACE"'),
-    ("too short timeout", {"nodes": 2, "nccl": {"timeoutSeconds": 1}}, "spec.nccl.timeoutSeconds", "must be ≥ 10"),
+    (
+        "gpu limit differs from procs",
+        {"nodes": 2, "procsPerNode": 4, "resources": {"limits": {"nvidia.com/gpu": 2}}},
+        "spec.resources.limits",
+        'resources.limits["nvidia.com/gpu"] is 2 but procsPerNode is 4',
+    ),
+    (
+        "gpu request differs from procs",
+        {"nodes": 2, "procsPerNode": 2, "resources": {"requests": {"nvidia.com/gpu": "8"}}},
+        "spec.resources.requests",
+        "is 8 but procsPerNode is 2",
+    ),
+    (
+        "bad nccl env",
+        {"nodes": 2, "nccl": {"env": {"CUDA_VISIBLE_DEVICES": "0"}}},
+        "spec.nccl.env",
+        "must start with NCCL_ or TORCH_NCCL_",
+    ),
+    (
+        "bad nccl debug",
+        {"nodes": 2, "nccl": {"debug": "LOUD"}},
+        "spec.nccl.debug",
+        '"VERSION", "WARN", "INFO", "TRACE"',
+    ),
+    (
+        "too short timeout",
+        {"nodes": 2, "nccl": {"timeoutSeconds": 1}},
+        "spec.nccl.timeoutSeconds",
+        "must be ≥ 10",
+    ),
 ]
 
 
@@ -100,11 +183,20 @@ def _run(paths: list[Path], capsys: pytest.CaptureFixture[str]) -> tuple[int, st
     return code, captured.out, captured.err
 
 
-@pytest.mark.parametrize(("doc", "field", "words"), [case[1:] for case in BAD + [
-    (name, {**BASE, "spec": spec}, field, words) for name, spec, field, words in GPU_BAD
-]], ids=[case[0] for case in BAD + GPU_BAD])
+@pytest.mark.parametrize(
+    ("doc", "field", "words"),
+    [
+        case[1:]
+        for case in BAD
+        + [(name, {**BASE, "spec": spec}, field, words) for name, spec, field, words in GPU_BAD]
+    ],
+    ids=[case[0] for case in BAD + GPU_BAD],
+)
 def test_refuses_bad_spec_naming_the_field(
-    doc: dict[str, Any], field: str, words: str, write_yaml: Callable[..., Path],
+    doc: dict[str, Any],
+    field: str,
+    words: str,
+    write_yaml: Callable[..., Path],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     path = write_yaml(doc)
@@ -112,8 +204,11 @@ def test_refuses_bad_spec_naming_the_field(
     assert code == 1
     assert out == ""
     lines = err.splitlines()
-    prefix = f"{path}: " if field in ("apiVersion", "kind", "metadata.name") and "name" not in doc.get("metadata", {}) \
+    prefix = (
+        f"{path}: "
+        if field in ("apiVersion", "kind", "metadata.name") and "name" not in doc.get("metadata", {})
         else f"{path}: DDPJob/{doc['metadata'].get('name', '')}: "
+    )
     expected = f"{prefix}{field}: " if field else prefix
     matching = [line for line in lines if line.startswith(expected) and words in line]
     assert matching, f"no line starts with {expected!r} and contains {words!r}:\n{err}"
@@ -126,7 +221,9 @@ def test_accepts_the_examples(example: Path, capsys: pytest.CaptureFixture[str])
     assert ": valid (" in out
 
 
-def test_reports_every_problem_at_once(write_yaml: Callable[..., Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_reports_every_problem_at_once(
+    write_yaml: Callable[..., Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     doc = _with("spec.nodes", 0)
     doc["spec"]["device"] = "tpu"
     doc["spec"]["oops"] = True
@@ -135,7 +232,9 @@ def test_reports_every_problem_at_once(write_yaml: Callable[..., Path], capsys: 
     assert [line.split(": ")[2] for line in err.splitlines()] == ["spec.device", "spec.nodes", "spec.oops"]
 
 
-def test_good_and_bad_files_together(write_yaml: Callable[..., Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_good_and_bad_files_together(
+    write_yaml: Callable[..., Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     good = write_yaml(BASE, name="good.yaml")
     bad = write_yaml(_with("spec.nodes", 0), name="bad.yaml")
     code, out, err = _run([good, bad], capsys)
@@ -155,11 +254,14 @@ def test_every_document_of_a_file_is_checked(
     assert "DDPJob/demo" not in err
 
 
-@pytest.mark.parametrize(("text", "words"), [
-    ("spec: [unclosed", "not valid YAML: line 1"),
-    ("- just\n- a list\n", "a DDPJob must be a mapping"),
-    ("", "no DDPJob in this file"),
-])
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("spec: [unclosed", "not valid YAML: line 1"),
+        ("- just\n- a list\n", "a DDPJob must be a mapping"),
+        ("", "no DDPJob in this file"),
+    ],
+)
 def test_unreadable_files(text: str, words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "job.yaml"
     path.write_text(text)
