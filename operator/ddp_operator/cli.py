@@ -1,4 +1,4 @@
-"""`ddpjob`: validate, render and print the CRD (more subcommands arrive with local mode and the operator)."""
+"""`ddpjob`: validate, render, run locally, print the CRD."""
 
 from __future__ import annotations
 
@@ -52,6 +52,28 @@ def _render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _local(args: argparse.Namespace) -> int:
+    from . import local, localrun  # the run's imports stay off validate's and render's path
+
+    try:
+        specs = parse_file(Path(args.file))
+    except SpecError as exc:
+        for line in exc.lines():
+            print(line, file=sys.stderr)
+        return localrun.EXIT_INVALID
+    if len(specs) != 1:
+        print(
+            f"{args.file}: holds {len(specs)} DDPJobs; `ddpjob local` runs one file with one DDPJob",
+            file=sys.stderr,
+        )
+        return localrun.EXIT_INVALID
+    try:
+        return localrun.run(specs[0], workdir=Path(args.workdir), verbose=args.verbose, fresh=args.fresh)
+    except local.LocalError as exc:
+        print(f"{args.file}: {crd.KIND}/{specs[0].name}: {exc}", file=sys.stderr)
+        return localrun.EXIT_INVALID
+
+
 def _crd(args: argparse.Namespace) -> int:
     print(crd.crd_text(), end="")
     return 0
@@ -83,6 +105,26 @@ def build_parser() -> argparse.ArgumentParser:
     rendered.add_argument("--attempt", type=int, default=1, help="the gang attempt, from 1 (default 1)")
     rendered.add_argument("--namespace", help="override metadata.namespace (default: the file's, or default)")
     rendered.set_defaults(run=_render)
+
+    run_local = commands.add_parser(
+        "local",
+        help="run a DDPJob on this machine, as local processes, with the operator's gang semantics",
+        description="Run the very same DDPJob here: one process group per pod, the environment Kubernetes "
+        "would give it, gang restarts from the checkpoint up to maxRestarts. Exit 0 on success, "
+        "1 on failure, 2 on a job that cannot run here, 130 when interrupted (Ctrl-C leaves a "
+        "checkpoint; running again resumes).",
+    )
+    run_local.add_argument("file", metavar="FILE")
+    run_local.add_argument(
+        "--workdir", default=".ddpjob", help="where checkpoints, logs and volumes go (default .ddpjob/<name>)"
+    )
+    run_local.add_argument("--verbose", "-v", action="store_true", help="print every pod's output, prefixed")
+    run_local.add_argument(
+        "--fresh",
+        action="store_true",
+        help="discard the checkpoint of an earlier unfinished run instead of resuming",
+    )
+    run_local.set_defaults(run=_local)
 
     crd_cmd = commands.add_parser("crd", help="print the DDPJob CustomResourceDefinition")
     crd_cmd.set_defaults(run=_crd)

@@ -1,0 +1,223 @@
+"""``ddpjob local``: the very same DDPJob on this machine, with no cluster.
+
+The Indexed Job that ``render`` produces expands into one "pod" per completion index; each pod's container
+command runs as a local process group with the environment the kubelet would give it (``podenv``), except
+that the rank-0 host name resolves to this machine, each pod gets its own metrics port, and volumes map to
+folders under the run directory. The gang semantics are the operator's: one pod fails, the attempt fails,
+and ``policy.decide`` chooses between a gang restart (resuming from the checkpoint) and giving up.
+
+Planning is pure (``plan_pods``); ``run`` is the thin I/O edge around it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import podenv, render
+from .spec import Spec
+
+Obj = dict[str, Any]
+LOCAL_ADDR = "127.0.0.1"
+
+
+class LocalError(RuntimeError):
+    """A job that cannot run on this machine, with what to do about it."""
+
+
+@dataclass(frozen=True)
+class LocalPod:
+    """One pod of one attempt, ready to start."""
+
+    index: int
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    metrics_port: int
+    log_path: Path
+    termination_path: Path
+
+
+def pod_object(job: Mapping[str, Any], index: int) -> Obj:
+    """The Pod the Job controller creates for ``index``: the template plus its index and host name."""
+    template = job["spec"]["template"]
+    name = f"{job['metadata']['name']}-{index}"
+    annotations = {
+        **template["metadata"].get("annotations", {}),
+        render.COMPLETION_INDEX_ANNOTATION: str(index),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": job["metadata"]["namespace"],
+            "labels": {
+                **template["metadata"].get("labels", {}),
+                render.COMPLETION_INDEX_ANNOTATION: str(index),
+            },
+            "annotations": annotations,
+        },
+        "spec": {**template["spec"], "hostname": name},
+        "status": {"podIP": LOCAL_ADDR, "hostIP": LOCAL_ADDR},
+    }
+
+
+def volume_dirs(job: Mapping[str, Any], run_dir: Path) -> dict[str, Path]:
+    """mountPath → local folder. /dev/shm is this machine's; hostPath volumes are themselves; every other
+    volume (the checkpoint's included) is a folder under the run directory, shared by all pods and kept
+    across attempts so that a gang restart resumes as it does on a cluster with a shared volume."""
+    pod = job["spec"]["template"]["spec"]
+    sources = {volume["name"]: volume for volume in pod.get("volumes", [])}
+    dirs = {}
+    for mount in pod["containers"][0].get("volumeMounts", []):
+        if mount["mountPath"] == "/dev/shm":
+            continue
+        source = sources.get(mount["name"], {})
+        if "hostPath" in source:
+            dirs[mount["mountPath"]] = Path(source["hostPath"]["path"])
+        else:
+            dirs[mount["mountPath"]] = run_dir / "volumes" / mount["name"]
+    return dirs
+
+
+def remap(text: str, dirs: Mapping[str, Path]) -> str:
+    """Point a path (alone, or after `=` in a flag) inside a mounted volume at its local folder."""
+    for mount_path, local in sorted(dirs.items(), key=lambda item: -len(item[0])):
+        head, sep, tail = text.rpartition("=") if "=" in text else ("", "", text)
+        if tail == mount_path or tail.startswith(mount_path.rstrip("/") + "/"):
+            return f"{head}{sep}{local}{tail[len(mount_path) :]}"
+    return text
+
+
+def secrets_from_host(container: Mapping[str, Any], host_env: Mapping[str, str]) -> Obj:
+    """The container with each ConfigMap/Secret-sourced variable taken from this machine's environment
+    (there is no API server to read them from); one that is not set here is an error naming it."""
+    env = []
+    for var in container.get("env", []):
+        source = var.get("valueFrom", {})
+        ref = source.get("secretKeyRef") or source.get("configMapKeyRef")
+        if ref is None:
+            env.append(var)
+        elif var["name"] in host_env:
+            env.append({"name": var["name"], "value": host_env[var["name"]]})
+        elif not ref.get("optional"):
+            kind = "Secret" if "secretKeyRef" in source else "ConfigMap"
+            raise LocalError(
+                f"spec.env {var['name']} comes from {kind} {ref.get('name')!r} (key {ref.get('key')!r}), "
+                f"which does not exist on this machine: export {var['name']}=... before `ddpjob local` "
+                "to provide it"
+            )
+    return {**container, "env": env}
+
+
+def plan_pods(
+    spec: Spec,
+    attempt: int,
+    run_dir: Path,
+    *,
+    master_port: int,
+    metrics_ports: list[int],
+    host_env: Mapping[str, str],
+    gpus: list[int] | None = None,
+) -> list[LocalPod]:
+    """Every pod of ``attempt``, its command line and environment resolved as the kubelet would."""
+    _, job = render.render(spec, attempt)
+    container = secrets_from_host(job["spec"]["template"]["spec"]["containers"][0], host_env)
+    dirs = volume_dirs(job, run_dir)
+    attempt_dir = run_dir / f"attempt-{attempt}"
+    replacements = {
+        render.master_addr(spec, attempt): LOCAL_ADDR,
+        str(spec.master_port): str(master_port),
+    }
+    pods = []
+    for index in range(spec.nodes):
+        pod = pod_object(job, index)
+        env = podenv.resolve_env(pod, container, pod_ip=LOCAL_ADDR, host_ip=LOCAL_ADDR)
+        for key in ("PET_MASTER_ADDR", "MASTER_ADDR", "PET_MASTER_PORT", "MASTER_PORT"):
+            if key in env:
+                env[key] = replacements.get(env[key], env[key])
+        env = {key: remap(value, dirs) for key, value in env.items()}
+        name = pod["metadata"]["name"]
+        termination = attempt_dir / f"{name}.termination-log"
+        env["DDPJOB_METRICS_PORT"] = str(metrics_ports[index])
+        env["DDPJOB_TERMINATION_LOG"] = str(termination)
+        if gpus is not None:
+            per_pod = gpus[index * spec.procs_per_node : (index + 1) * spec.procs_per_node]
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, per_pod))
+        argv = [remap(part, dirs) for part in podenv.pod_command(container, env)]
+        pods.append(
+            LocalPod(index, name, argv, env, metrics_ports[index], attempt_dir / f"{name}.log", termination)
+        )
+    return pods
+
+
+def process_env(pod: LocalPod, host_env: Mapping[str, str]) -> dict[str, str]:
+    """This machine's environment under the pod's, with this Python environment's scripts first on PATH."""
+    scripts = str(Path(sys.executable).parent)
+    path = host_env.get("PATH", "")
+    return {**host_env, **pod.env, "PATH": f"{scripts}{os.pathsep}{path}" if path else scripts}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((LOCAL_ADDR, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((LOCAL_ADDR, port))
+        except OSError:
+            return False
+        return True
+
+
+def visible_gpus() -> int:
+    """GPUs torch can see here (0 without torch or CUDA)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    count: int = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return count
+
+
+def check_devices(spec: Spec, gpus_here: int) -> None:
+    """Refuse a cuda job this machine cannot run, before anything starts."""
+    if spec.device == "cuda" and gpus_here < spec.world_size:
+        raise LocalError(
+            f"spec.device is cuda and the job needs {spec.world_size} GPUs ({spec.nodes} nodes × "
+            f"{spec.procs_per_node} procsPerNode, one per process), but this machine has {gpus_here}: "
+            "set device: cpu to run it here, or lower nodes/procsPerNode"
+        )
+
+
+def prepare_run_dir(run_dir: Path, *, fresh: bool) -> str | None:
+    """Start clean after a finished run (or with --fresh); otherwise keep the volumes so that an interrupted
+    or failed run resumes from its checkpoint. Returns a note for the user, if any."""
+    state = run_dir / "state"
+    previous = state.read_text().strip() if state.is_file() else None
+    if fresh or previous == "Succeeded":
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return None
+    checkpoint = run_dir / "volumes" / render.CHECKPOINT_VOLUME
+    if checkpoint.is_dir() and any(checkpoint.iterdir()):
+        return (
+            f"resuming from the checkpoint an earlier {previous or 'unfinished'} run left in {checkpoint} "
+            "(--fresh starts over)"
+        )
+    return None
+
+
+def write_state(run_dir: Path, result: str) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "state").write_text(result + "\n")

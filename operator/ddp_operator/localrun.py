@@ -1,0 +1,224 @@
+"""The I/O edge of ``ddpjob local``: start the pods of each attempt, watch them, report, restart or stop.
+
+Everything it decides comes from pure functions: ``local.plan_pods`` (what runs), ``policy.decide`` (what
+happens after an attempt) and ``progress`` (what a person sees).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
+
+from . import gang, local, policy, progress
+from .spec import Spec
+
+GRACE_SECONDS = 30.0  # the trainer checkpoints at its next step boundary on SIGTERM, well within this
+POLL_SECONDS = 0.2
+PROGRESS_SECONDS = 1.0
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+@dataclass
+class Console:
+    """Where a person watches: a live progress line on a terminal, a line every 10 s in a log."""
+
+    stream: TextIO
+    verbose: bool
+    _last_plain: float = 0.0
+    _live: bool = False
+
+    def say(self, text: str) -> None:
+        if self._live:
+            print("\r\x1b[2K", end="", file=self.stream)
+            self._live = False
+        print(text, file=self.stream, flush=True)
+
+    def pod_line(self, pod: str, text: str) -> None:
+        if self.verbose:
+            self.say(f"[{pod}] {text}")
+
+    def progress(self, text: str) -> None:
+        if self.stream.isatty():
+            print(f"\r\x1b[2K{text}", end="", file=self.stream, flush=True)
+            self._live = True
+        elif time.monotonic() - self._last_plain >= 10.0:
+            self._last_plain = time.monotonic()
+            self.say(text)
+
+
+@dataclass
+class Interrupt:
+    """Ctrl-C (or SIGTERM) once: stop gracefully; twice: kill at once."""
+
+    count: int = 0
+    previous: dict[int, Any] = field(default_factory=dict)
+
+    def __enter__(self) -> Interrupt:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.count += 1
+
+
+def run(
+    spec: Spec, *, workdir: Path, verbose: bool = False, fresh: bool = False, stream: TextIO = sys.stdout
+) -> int:
+    """Run the DDPJob here until it succeeds, fails for good, or is interrupted; returns the exit code."""
+    console = Console(stream, verbose)
+    local.check_devices(spec, local.visible_gpus() if spec.device == "cuda" else 0)
+    run_dir = workdir / spec.name
+    note = local.prepare_run_dir(run_dir, fresh=fresh)
+    console.say(
+        f"ddpjob local: {spec.name}: {spec.nodes} pods × {spec.procs_per_node} processes = "
+        f"{spec.world_size} ranks ({spec.device}/{spec.backend}) in {run_dir}"
+    )
+    console.say(f"  the image {spec.image} is not pulled: pods run in this Python environment ({sys.prefix})")
+    if note:
+        console.say(f"  {note}")
+    started = time.monotonic()
+    attempt = 1
+    with Interrupt() as interrupt:
+        while True:
+            outcome = _attempt(spec, attempt, run_dir, console, interrupt)
+            if interrupt.count:
+                local.write_state(run_dir, "Interrupted")
+                console.say(
+                    f"ddpjob local: {spec.name}: interrupted during attempt {attempt}; every pod stopped. "
+                    f"Run the same command again to resume from {run_dir / 'volumes'}"
+                )
+                return EXIT_INTERRUPTED
+            decision = policy.decide(outcome, attempt, spec.max_restarts)
+            if decision.action is policy.Action.RESTART:
+                console.say(f"ddpjob local: {spec.name}: {decision.message}")
+                attempt += 1
+                continue
+            succeeded = decision.action is policy.Action.SUCCEED
+            local.write_state(run_dir, "Succeeded" if succeeded else "Failed")
+            _summary(console, spec, run_dir, attempt, decision, outcome, time.monotonic() - started)
+            return EXIT_OK if succeeded else EXIT_FAILED
+
+
+def _attempt(
+    spec: Spec, attempt: int, run_dir: Path, console: Console, interrupt: Interrupt
+) -> policy.Outcome:
+    master_port = spec.master_port if local.port_is_free(spec.master_port) else local.free_port()
+    metrics_ports = [local.free_port() for _ in range(spec.nodes)]
+    gpus = list(range(spec.world_size)) if spec.device == "cuda" else None
+    pods = local.plan_pods(
+        spec,
+        attempt,
+        run_dir,
+        master_port=master_port,
+        metrics_ports=metrics_ports,
+        host_env=os.environ,
+        gpus=gpus,
+    )
+    marker = gang.new_marker()
+    console.say(
+        f"attempt {attempt}: rendezvous 127.0.0.1:{master_port}; metrics "
+        + ", ".join(f"{p.name} :{p.metrics_port}" for p in pods)
+        + f"; logs {pods[0].log_path.parent}"
+    )
+    members = gang.Gang(marker)
+    try:
+        for pod in pods:
+            env = {**local.process_env(pod, os.environ), gang.MARKER: marker}
+            members.start(gang.Member(pod.name, pod.argv, env, pod.log_path, console.pod_line))
+    except FileNotFoundError as exc:
+        members.kill()
+        return policy.Outcome(
+            False, reason="InvalidSpec", message=f"the command {exc.filename!r} is not found on this machine"
+        )
+    codes = _watch(spec, pods, members, console, interrupt)
+    report = policy.parse_report(_read(pods[0].termination_path))
+    failed = [(pod, code) for pod, code in zip(pods, codes, strict=True) if code]
+    for pod, code in failed[:2]:
+        member = members.members[pod.index]
+        console.say(f"{pod.name} exited {code}; its last lines (all in {pod.log_path}):")
+        for text in list(member.tail)[-12:]:
+            console.say(f"  [{pod.name}] {text}")
+    return policy.Outcome(
+        succeeded=not interrupt.count and all(code == 0 for code in codes),
+        exit_codes={pod.index: code for pod, code in zip(pods, codes, strict=True) if code is not None},
+        report=report,
+    )
+
+
+def _watch(
+    spec: Spec, pods: list[local.LocalPod], members: gang.Gang, console: Console, interrupt: Interrupt
+) -> list[int | None]:
+    """Wait for all pods to succeed, one to fail, or an interrupt; then make sure none is left."""
+    started = last_progress = time.monotonic()
+    first: progress.Progress | None = None
+    while True:
+        codes = members.codes()
+        if interrupt.count or any(code not in (None, 0) for code in codes) or all(c == 0 for c in codes):
+            break
+        time.sleep(POLL_SECONDS)
+        if time.monotonic() - last_progress >= PROGRESS_SECONDS:
+            last_progress = time.monotonic()
+            texts = [text for pod in pods if (text := progress.scrape(pod.metrics_port)) is not None]
+            if texts:
+                now = progress.parse(texts)
+                first = first or now
+                console.progress(progress.line(now, spec.trainer.steps, time.monotonic() - started, first))
+    if interrupt.count:
+        console.say("interrupted: stopping every pod (SIGTERM; the trainer checkpoints at its next step)")
+    members.stop(0.0 if interrupt.count > 1 else GRACE_SECONDS)
+    return members.codes()
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def _summary(
+    console: Console,
+    spec: Spec,
+    run_dir: Path,
+    attempts: int,
+    decision: policy.Decision,
+    outcome: policy.Outcome,
+    seconds: float,
+) -> None:
+    result = "Succeeded" if decision.action is policy.Action.SUCCEED else "Failed"
+    console.say(
+        f"ddpjob local: {spec.name}: {result} in {seconds:.1f}s after {attempts} attempt(s)"
+        + ("" if result == "Succeeded" else f" — {decision.reason}: {decision.message}")
+    )
+    console.say(f"  sync: {sync_sentence(outcome.report)}")
+    console.say(f"  checkpoints and logs: {run_dir}")
+
+
+def sync_sentence(report: dict[str, Any] | Any) -> str:
+    """The sync report in one sentence a person reads at a glance."""
+    if not report:
+        return "not reported (the command is not the ddpjob trainer, or it stopped before its report)"
+    checks, ranks = report.get("checks", 0), report.get("worldSize", "?")
+    if report.get("verified"):
+        repaired = f", after {report['repairs']} repair(s)" if report.get("repairs") else ""
+        return (
+            f"replicas verified bit-identical {checks} times across {ranks} ranks{repaired} "
+            f"(last check at step {report.get('lastCheckStep')})"
+        )
+    tensors = ", ".join(report.get("mismatchedTensors", [])[:5]) or "unknown tensors"
+    return (
+        f"replicas DIVERGED: {report.get('mismatches', 0)} of {checks} checks found ranks differing "
+        f"({tensors}); {report.get('message', '')}"
+    )

@@ -1,0 +1,92 @@
+"""What a person watching a local run sees: training progress read from the pods' own /metrics.
+
+``ddpjob local`` scrapes the same Prometheus endpoints a cluster's Prometheus would, so the progress line
+shows exactly what the metrics say. Parsing and formatting are pure; ``scrape`` is the only I/O.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Training progress across every rank that has reported."""
+
+    step: int = 0
+    samples: float = 0.0
+    loss: float | None = None
+    checks_ok: int = 0
+    checks_mismatch: int = 0
+    ranks: int = 0
+
+
+def scrape(port: int, timeout: float = 0.5) -> str | None:
+    """The text of http://127.0.0.1:PORT/metrics, or None while nothing answers there."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as response:
+            text: str = response.read().decode()
+            return text
+    except OSError:
+        return None
+
+
+def parse(texts: Iterable[str]) -> Progress:
+    """Progress from the exposition texts of every pod (each pod shows all of its local ranks)."""
+    steps: dict[str, float] = {}
+    samples: dict[str, float] = {}
+    losses: dict[str, float] = {}
+    checks: dict[tuple[str, str], float] = {}
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                rank = sample.labels.get("rank", "")
+                if sample.name == "ddp_steps_total":
+                    steps[rank] = sample.value
+                elif sample.name == "ddp_samples_total":
+                    samples[rank] = sample.value
+                elif sample.name == "ddp_loss":
+                    losses[rank] = sample.value
+                elif sample.name == "ddp_sync_checks_total":
+                    checks[(rank, sample.labels.get("result", ""))] = sample.value
+    by_result = _sum_by_result(checks)
+    return Progress(
+        step=int(min(steps.values())) if steps else 0,
+        samples=sum(samples.values()),
+        loss=losses.get("0", next(iter(losses.values()), None)),
+        # Every rank takes part in every check: count rank 0's, or any one rank's when 0 is not shown.
+        checks_ok=int(by_result.get("ok", 0)),
+        checks_mismatch=int(by_result.get("mismatch", 0)),
+        ranks=len(steps),
+    )
+
+
+def _sum_by_result(checks: Mapping[tuple[str, str], float]) -> dict[str, float]:
+    ranks = sorted({rank for rank, _ in checks}, key=lambda r: (r != "0", r))
+    if not ranks:
+        return {}
+    chosen = ranks[0]
+    out: dict[str, float] = {}
+    for (rank, result), value in checks.items():
+        if rank == chosen:
+            out[result] = out.get(result, 0.0) + value
+    return out
+
+
+def line(progress: Progress, total_steps: int, elapsed: float, first: Progress | None = None) -> str:
+    """One line: step/total, loss, samples/s since the first reading, and the sync checks so far."""
+    percent = 100.0 * progress.step / total_steps if total_steps else 0.0
+    loss = f"{progress.loss:.4f}" if progress.loss is not None else "-"
+    base_samples = first.samples if first else 0.0
+    rate = (progress.samples - base_samples) / elapsed if elapsed > 0 else 0.0
+    checks = f"{progress.checks_ok} ok"
+    if progress.checks_mismatch:
+        checks += f", {progress.checks_mismatch} MISMATCH"
+    return (
+        f"step {progress.step}/{total_steps} ({percent:.0f}%)  loss {loss}  {rate:,.0f} samples/s  "
+        f"sync checks: {checks}"
+    )
