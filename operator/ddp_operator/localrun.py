@@ -142,25 +142,28 @@ def _attempt(
         return policy.Outcome(
             False, reason="InvalidSpec", message=f"the command {exc.filename!r} is not found on this machine"
         )
-    codes = _watch(spec, pods, members, console, interrupt)
+    first, codes = _watch(spec, pods, members, console, interrupt)
     report = policy.parse_report(_read(pods[0].termination_path))
-    failed = [(pod, code) for pod, code in zip(pods, codes, strict=True) if code]
+    failed = [(pod, code) for pod, code in zip(pods, first, strict=True) if code]
     for pod, code in failed[:2]:
         member = members.members[pod.index]
         console.say(f"{pod.name} exited {code}; its last lines (all in {pod.log_path}):")
         for text in list(member.tail)[-12:]:
             console.say(f"  [{pod.name}] {text}")
+    culprits = [f"node {pod.index} exited {code}" for pod, code in zip(pods, first, strict=True) if code]
     return policy.Outcome(
         succeeded=not interrupt.count and all(code == 0 for code in codes),
         exit_codes={pod.index: code for pod, code in zip(pods, codes, strict=True) if code is not None},
         report=report,
+        message=", ".join(culprits),
     )
 
 
 def _watch(
     spec: Spec, pods: list[local.LocalPod], members: gang.Gang, console: Console, interrupt: Interrupt
-) -> list[int | None]:
-    """Wait for all pods to succeed, one to fail, or an interrupt; then make sure none is left."""
+) -> tuple[list[int | None], list[int | None]]:
+    """Wait for all pods to succeed, one to fail, or an interrupt; then make sure none is left.
+    Returns the exit codes when that happened (who failed first) and after every pod stopped."""
     started = last_progress = time.monotonic()
     first: progress.Progress | None = None
     while True:
@@ -178,7 +181,7 @@ def _watch(
     if interrupt.count:
         console.say("interrupted: stopping every pod (SIGTERM; the trainer checkpoints at its next step)")
     members.stop(0.0 if interrupt.count > 1 else GRACE_SECONDS)
-    return members.codes()
+    return codes, members.codes()
 
 
 def _read(path: Path) -> str | None:

@@ -40,7 +40,7 @@ def parse(texts: Iterable[str]) -> Progress:
     steps: dict[str, float] = {}
     samples: dict[str, float] = {}
     losses: dict[str, float] = {}
-    checks: dict[tuple[str, str], float] = {}
+    checks: dict[tuple[str, str, str], float] = {}
     for text in texts:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
@@ -52,7 +52,8 @@ def parse(texts: Iterable[str]) -> Progress:
                 elif sample.name == "ddp_loss":
                     losses[rank] = sample.value
                 elif sample.name == "ddp_sync_checks_total":
-                    checks[(rank, sample.labels.get("result", ""))] = sample.value
+                    key = (rank, sample.labels.get("kind", ""), sample.labels.get("result", ""))
+                    checks[key] = sample.value
     by_result = _sum_by_result(checks)
     return Progress(
         step=int(min(steps.values())) if steps else 0,
@@ -65,13 +66,14 @@ def parse(texts: Iterable[str]) -> Progress:
     )
 
 
-def _sum_by_result(checks: Mapping[tuple[str, str], float]) -> dict[str, float]:
-    ranks = sorted({rank for rank, _ in checks}, key=lambda r: (r != "0", r))
+def _sum_by_result(checks: Mapping[tuple[str, str, str], float]) -> dict[str, float]:
+    """Checks of every kind by result, as one rank saw them (rank 0 when it is shown)."""
+    ranks = sorted({rank for rank, _, _ in checks}, key=lambda r: (r != "0", r))
     if not ranks:
         return {}
     chosen = ranks[0]
     out: dict[str, float] = {}
-    for (rank, result), value in checks.items():
+    for (rank, _, result), value in checks.items():
         if rank == chosen:
             out[result] = out.get(result, 0.0) + value
     return out

@@ -1,0 +1,178 @@
+"""`ddpjob local` end to end: real torchrun, real gloo DDP, real processes killed and resumed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+
+def _job(name: str, **spec: Any) -> dict[str, Any]:
+    base = {
+        "nodes": 2,
+        "procsPerNode": 2,
+        "device": "cpu",
+        "trainer": {"steps": 200, "batchSize": 16, "checkpointEvery": 20},
+        "syncCheck": {"everySteps": 20},
+    }
+    return {
+        "apiVersion": "ddpjob.io/v1alpha1",
+        "kind": "DDPJob",
+        "metadata": {"name": name},
+        "spec": {**base, **spec},
+    }
+
+
+@pytest.fixture
+def name() -> str:
+    return f"t{uuid.uuid4().hex[:8]}"
+
+
+def _start(tmp_path: Path, doc: dict[str, Any], *extra: str) -> subprocess.Popen[str]:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ddp_operator",
+            "local",
+            str(path),
+            "--workdir",
+            str(tmp_path / "runs"),
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,
+    )
+
+
+def _finish(process: subprocess.Popen[str], timeout: float = 240) -> tuple[int, str]:
+    out, _ = process.communicate(timeout=timeout)
+    return process.returncode, out
+
+
+def _processes_of(job: str) -> Iterator[tuple[int, dict[str, str], list[str]]]:
+    """(pid, environment, argv) of every live process started for the DDPJob named ``job``."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "environ").read_bytes()
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        env = dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+        if env.get("DDPJOB_NAME") == job:
+            yield int(entry.name), env, argv
+
+
+def _wait_for_checkpoint(run_dir: Path, process: subprocess.Popen[str], timeout: float = 120) -> Path:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = sorted((run_dir / "volumes" / "checkpoint").glob("step-*.pt"))
+        if found:
+            return found[-1]
+        assert process.poll() is None, "ddpjob local ended before its first checkpoint"
+        time.sleep(0.05)
+    raise AssertionError(f"no checkpoint in {run_dir} after {timeout}s")
+
+
+def test_killed_pod_restarts_the_gang_which_resumes(tmp_path: Path, name: str) -> None:
+    process = _start(tmp_path, _job(name, trainer={"steps": 400, "batchSize": 16, "checkpointEvery": 20}))
+    _wait_for_checkpoint(tmp_path / "runs" / name, process)
+    launchers = [
+        pid
+        for pid, env, argv in _processes_of(name)
+        if env.get("NODE_RANK") == "1" and any(a.endswith("torchrun") for a in argv[:2])
+    ]
+    assert launchers, "no torchrun process for node 1"
+    os.kill(launchers[0], signal.SIGKILL)
+    code, out = _finish(process)
+    assert code == 0, out
+    assert "attempt 1 failed (node 1 exited -9); gang restart 1 of 3" in out
+    assert "attempt 2: rendezvous" in out
+    assert f"ddpjob local: {name}: Succeeded" in out and "after 2 attempt(s)" in out
+    assert "replicas verified bit-identical" in out
+    report = (tmp_path / "runs" / name / "attempt-2" / f"{name}-2-0.termination-log").read_text()
+    assert '"resumedFromStep":0' not in report and '"resumedFromStep":' in report
+    assert not list(_processes_of(name))
+
+
+def test_ctrl_c_stops_everything_and_the_next_run_resumes(tmp_path: Path, name: str) -> None:
+    process = _start(tmp_path, _job(name, trainer={"steps": 400, "batchSize": 16, "checkpointEvery": 20}))
+    run_dir = tmp_path / "runs" / name
+    _wait_for_checkpoint(run_dir, process)
+    assert list(_processes_of(name))
+    process.send_signal(signal.SIGINT)
+    code, out = _finish(process, timeout=60)
+    assert code == 130, out
+    assert "interrupted during attempt 1; every pod stopped" in out
+    assert not list(_processes_of(name)), "orphaned processes after Ctrl-C"
+    checkpoints = sorted((run_dir / "volumes" / "checkpoint").glob("step-*.pt"))
+    assert checkpoints
+    code, out = _finish(
+        _start(tmp_path, _job(name, trainer={"steps": 400, "batchSize": 16, "checkpointEvery": 20}))
+    )
+    assert code == 0, out
+    assert "resuming from the checkpoint an earlier Interrupted run left" in out
+    report = yaml.safe_load((run_dir / "attempt-1" / f"{name}-1-0.termination-log").read_text())
+    assert report["resumedFromStep"] > 0 and report["verified"] is True and report["step"] == 400
+
+
+def test_divergence_fails_without_restart(tmp_path: Path, name: str) -> None:
+    doc = _job(name, env=[{"name": "DDPJOB_CHAOS_DIVERGE", "value": "rank=3,step=30"}])
+    code, out = _finish(_start(tmp_path, doc))
+    assert code == 1, out
+    assert f"ddpjob local: {name}: Failed" in out and "after 1 attempt(s)" in out
+    assert "SyncDivergence" in out and "replicas DIVERGED" in out
+    assert "attempt 2" not in out
+
+
+def test_plain_torchrun_script_runs_unchanged(tmp_path: Path, name: str) -> None:
+    script = tmp_path / "plain.py"
+    script.write_text(
+        "import os, torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "t = torch.ones(1) * dist.get_rank()\n"
+        "dist.all_reduce(t)\n"
+        "assert dist.get_world_size() == 4 and t.item() == 6, (dist.get_world_size(), t)\n"
+        "print('plain script rank', dist.get_rank(), 'sum', t.item(), 'node', os.environ['GROUP_RANK'])\n"
+        "dist.destroy_process_group()\n"
+    )
+    doc = _job(name, command=["torchrun"], args=[str(script)])
+    code, out = _finish(_start(tmp_path, doc, "--verbose"))
+    assert code == 0, out
+    assert f"[{name}-1-1] plain script rank 2 sum 6.0 node 1" in out
+    assert "sync: not reported" in out
+
+
+def test_bad_spec_is_refused_before_anything_starts(tmp_path: Path, name: str) -> None:
+    code, out = _finish(_start(tmp_path, _job(name, nodes=0, device="tpu")))
+    assert code == 2
+    assert f"DDPJob/{name}: spec.device: Unsupported value" in out and "spec.nodes: Invalid value: 0" in out
+    assert not (tmp_path / "runs").exists()
+
+
+def test_cuda_job_without_gpus_is_refused(tmp_path: Path, name: str) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the refusal only happens without one")
+    code, out = _finish(_start(tmp_path, _job(name, device="cuda")))
+    assert code == 2
+    assert "spec.device is cuda and the job needs 4 GPUs" in out and "set device: cpu" in out
+    assert not (tmp_path / "runs").exists()
