@@ -72,7 +72,7 @@ def test_secrets_come_from_this_machine_or_are_named() -> None:
         },
     }
     assert _plan(doc, host_env={"API_KEY": "s3cret"})[0].env["API_KEY"] == "s3cret"
-    with pytest.raises(local.LocalError, match=r"spec.env API_KEY comes from Secret 'creds'.*export API_KEY="):
+    with pytest.raises(local.LocalError, match=r"API_KEY comes from Secret 'creds'.*export API_KEY="):
         _plan(doc)
 
 
