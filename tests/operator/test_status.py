@@ -1,0 +1,232 @@
+"""status.reconcile: every branch, from fabricated Jobs and pods shaped like the API server's."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+import pytest
+
+from ddp_operator import render, status
+from ddp_operator.spec import parse
+
+NOW = dt.datetime(2026, 11, 22, 12, 0, 0, tzinfo=dt.UTC)
+
+
+def _spec(**extra: Any) -> Any:
+    return parse(
+        {
+            "apiVersion": "ddpjob.io/v1alpha1",
+            "kind": "DDPJob",
+            "metadata": {"name": "job", "namespace": "ns"},
+            "spec": {"nodes": 2, "procsPerNode": 2, "device": "cpu", "maxRestarts": 2, **extra},
+        }
+    )
+
+
+def _job(
+    attempt: int, *, condition: str | None = None, reason: str = "", suspend: bool = False
+) -> dict[str, Any]:
+    job = render.render_job(_spec(), attempt)
+    job["spec"]["suspend"] = suspend
+    if condition:
+        job["status"] = {
+            "conditions": [{"type": condition, "status": "True", "reason": reason, "message": reason}]
+        }
+    return job
+
+
+def _pod(
+    attempt: int,
+    index: int,
+    *,
+    phase: str = "Running",
+    ready: bool = True,
+    exit_code: int | None = None,
+    message: str | None = None,
+    unschedulable: str | None = None,
+) -> dict[str, Any]:
+    conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
+    if unschedulable:
+        conditions = [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": unschedulable}
+        ]
+    container: dict[str, Any] = {"name": "trainer", "state": {}}
+    if exit_code is not None:
+        container["state"] = {
+            "terminated": {"exitCode": exit_code, **({"message": message} if message else {})}
+        }
+    return {
+        "metadata": {
+            "name": f"job-{attempt}-{index}-abcde",
+            "labels": {render.ATTEMPT_LABEL: str(attempt), render.JOB_NAME_LABEL: "job"},
+            "annotations": {render.COMPLETION_INDEX_ANNOTATION: str(index)},
+        },
+        "status": {"phase": phase, "conditions": conditions, "containerStatuses": [container]},
+    }
+
+
+def _reconcile(
+    previous: dict[str, Any] | None = None,
+    jobs: list[Any] | None = None,
+    pods: list[Any] | None = None,
+    now: dt.datetime = NOW,
+    **spec: Any,
+) -> status.Plan:
+    return status.reconcile(status.Observed(_spec(**spec), 3, previous or {}, jobs or [], pods or [], now))
+
+
+REPORT = {
+    "result": "Succeeded",
+    "verified": True,
+    "checks": 7,
+    "mismatches": 0,
+    "repairs": 0,
+    "lastCheckStep": 300,
+}
+
+
+def _conditions(plan: status.Plan) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in plan.status["conditions"]}
+
+
+def test_new_job_creates_attempt_one() -> None:
+    plan = _reconcile()
+    assert plan.create_job is not None and plan.create_job["metadata"]["name"] == "job-1"
+    assert plan.status["phase"] == "Pending" and plan.status["attempt"] == 1 and plan.status["restarts"] == 0
+    assert plan.status["observedGeneration"] == 3 and plan.status["startTime"] == "2026-11-22T12:00:00Z"
+    assert [e.reason for e in plan.events] == ["Created"]
+
+
+def test_running_when_every_pod_is_ready() -> None:
+    plan = _reconcile({"phase": "Pending", "attempt": 1}, [_job(1)], [_pod(1, 0), _pod(1, 1)])
+    assert plan.status["phase"] == "Running" and plan.status["readyNodes"] == 2
+    assert _conditions(plan)["Ready"] == ("True", "AllNodesReady")
+    assert plan.create_job is None and plan.delete_jobs == ()
+
+
+def test_unschedulable_is_explained() -> None:
+    why = "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
+    plan = _reconcile(
+        {"phase": "Pending"}, [_job(1)], [_pod(1, 0), _pod(1, 1, phase="Pending", unschedulable=why)]
+    )
+    assert plan.status["phase"] == "Pending" and plan.status["readyNodes"] == 1
+    assert _conditions(plan)["Ready"] == ("False", "Unschedulable")
+    assert any(e.type == "Warning" and why in e.message for e in plan.events)
+
+
+def test_success_reads_the_sync_report() -> None:
+    pods = [_pod(1, 0, phase="Succeeded", exit_code=0, message=json.dumps(REPORT)), _pod(1, 1, exit_code=0)]
+    plan = _reconcile({"phase": "Running", "attempt": 1}, [_job(1, condition="Complete")], pods)
+    assert plan.status["phase"] == "Succeeded" and plan.status["completionTime"] == "2026-11-22T12:00:00Z"
+    assert plan.status["sync"] == {
+        "verified": True,
+        "checks": 7,
+        "mismatches": 0,
+        "repairs": 0,
+        "lastCheckStep": 300,
+    }
+    assert _conditions(plan)["Complete"] == ("True", "Completed")
+    assert _conditions(plan)["SyncVerified"] == ("True", "BitIdentical")
+
+
+def test_failure_restarts_the_gang() -> None:
+    pods = [_pod(1, 0, exit_code=1), _pod(1, 1, exit_code=137)]
+    plan = _reconcile(
+        {"phase": "Running", "attempt": 1}, [_job(1, condition="Failed", reason="BackoffLimitExceeded")], pods
+    )
+    assert plan.status["phase"] == "Restarting"
+    assert (plan.status["attempt"], plan.status["restarts"]) == (2, 1)
+    assert plan.delete_jobs == ("job-1",) and plan.create_job is None and plan.requeue
+    assert "node 0 exited 1, node 1 exited 137" in plan.events[0].message
+
+
+def test_next_attempt_waits_for_the_old_job_to_go() -> None:
+    plan = _reconcile({"phase": "Restarting", "attempt": 2, "restarts": 1}, [_job(1, condition="Failed")])
+    assert plan.delete_jobs == ("job-1",) and plan.create_job is None and plan.requeue
+    plan = _reconcile({"phase": "Restarting", "attempt": 2, "restarts": 1}, [])
+    assert plan.create_job is not None and plan.create_job["metadata"]["name"] == "job-2"
+    assert plan.status["phase"] == "Pending"
+
+
+def test_divergence_fails_without_restart() -> None:
+    report = {
+        **REPORT,
+        "result": "Diverged",
+        "verified": False,
+        "mismatches": 1,
+        "message": "fc.weight differs",
+    }
+    pods = [_pod(1, 0, exit_code=1, message=json.dumps(report)), _pod(1, 1, exit_code=1)]
+    plan = _reconcile({"phase": "Running", "attempt": 1}, [_job(1, condition="Failed")], pods)
+    assert plan.status["phase"] == "Failed" and plan.status["attempt"] == 1
+    assert _conditions(plan)["Failed"] == ("True", "SyncDivergence")
+    assert _conditions(plan)["SyncVerified"] == ("False", "Diverged")
+    assert plan.create_job is None
+
+
+def test_restarts_run_out() -> None:
+    plan = _reconcile(
+        {"phase": "Running", "attempt": 3, "restarts": 2},
+        [_job(3, condition="Failed")],
+        [_pod(3, 0, exit_code=1)],
+    )
+    assert plan.status["phase"] == "Failed"
+    assert _conditions(plan)["Failed"][1] == "MaxRestartsExceeded"
+
+
+def test_terminal_phase_sticks_and_ttl_deletes() -> None:
+    previous = {
+        "phase": "Succeeded",
+        "attempt": 1,
+        "completionTime": "2026-11-22T11:00:00Z",
+        "conditions": [
+            {
+                "type": "Complete",
+                "status": "True",
+                "reason": "Completed",
+                "message": "",
+                "lastTransitionTime": "2026-11-22T11:00:00Z",
+            }
+        ],
+    }
+    plan = _reconcile(previous, [_job(1, condition="Complete")])
+    assert plan.status["phase"] == "Succeeded" and not plan.delete_self and plan.create_job is None
+    assert _reconcile(previous, [], ttlSecondsAfterFinished=3600).delete_self
+    assert not _reconcile(previous, [], ttlSecondsAfterFinished=3601).delete_self
+
+
+def test_suspend_and_resume() -> None:
+    plan = _reconcile({"phase": "Running", "attempt": 1}, [_job(1)], [_pod(1, 0)], suspend=True)
+    assert plan.suspend_job == ("job-1", True) and plan.status["phase"] == "Suspended"
+    plan = _reconcile({"phase": "Suspended", "attempt": 1}, [_job(1, suspend=True)], [])
+    assert plan.suspend_job == ("job-1", False)
+
+
+def test_kueue_owns_the_suspension_of_queued_jobs() -> None:
+    plan = _reconcile({"phase": "Pending", "attempt": 1}, [_job(1, suspend=True)], [], queueName="team")
+    assert plan.suspend_job is None
+    assert plan.status["phase"] == "Pending" and _conditions(plan)["Ready"][1] == "Queued"
+
+
+def test_deadline_counts_restarts() -> None:
+    previous = {"phase": "Running", "attempt": 2, "startTime": "2026-11-22T10:00:00Z"}
+    plan = _reconcile(previous, [_job(2)], [_pod(2, 0)], activeDeadlineSeconds=3600)
+    assert plan.status["phase"] == "Failed" and plan.delete_jobs == ("job-2",)
+    assert _conditions(plan)["Failed"][1] == "DeadlineExceeded"
+
+
+def test_transition_times_are_kept_while_a_condition_holds() -> None:
+    first = _reconcile({"phase": "Pending", "attempt": 1}, [_job(1)], [_pod(1, 0), _pod(1, 1)])
+    later = _reconcile(first.status, [_job(1)], [_pod(1, 0), _pod(1, 1)], now=NOW + dt.timedelta(minutes=5))
+    ready = {c["type"]: c for c in later.status["conditions"]}["Ready"]
+    assert ready["lastTransitionTime"] == "2026-11-22T12:00:00Z"
+    assert later.events == ()
+
+
+@pytest.mark.parametrize("phase", status.PHASES)
+def test_phases_are_the_crd_enum(phase: str) -> None:
+    from ddp_operator import crd
+
+    assert phase in crd.openapi_schema()["properties"]["status"]["properties"]["phase"]["enum"]
