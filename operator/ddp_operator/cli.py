@@ -1,4 +1,4 @@
-"""`ddpjob`: validate, render, run locally, print the CRD."""
+"""`ddpjob`: validate, render, run locally, print the CRD, run the operator."""
 
 from __future__ import annotations
 
@@ -74,6 +74,26 @@ def _local(args: argparse.Namespace) -> int:
         return localrun.EXIT_INVALID
 
 
+def _operator(args: argparse.Namespace) -> int:
+    import kopf
+
+    from . import handlers, opmetrics
+
+    opmetrics.serve(args.metrics_port)
+    namespaces = args.namespace or []
+    kopf.run(
+        registry=kopf.get_default_registry(),
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        liveness_endpoint=f"http://{args.liveness}/healthz",
+        standalone=args.standalone,
+        peering_name=None if args.standalone else "ddpjob-operator",
+        priority=args.priority,
+    )
+    del handlers  # imported for its registrations
+    return 0
+
+
 def _crd(args: argparse.Namespace) -> int:
     print(crd.crd_text(), end="")
     return 0
@@ -125,6 +145,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="discard the checkpoint of an earlier unfinished run instead of resuming",
     )
     run_local.set_defaults(run=_local)
+
+    operate = commands.add_parser(
+        "operator",
+        help="run the operator (Kopf): reconcile DDPJobs into Services and Indexed Jobs",
+        description="Watch DDPJobs and run them. Uses the in-cluster ServiceAccount, else KUBECONFIG.",
+    )
+    operate.add_argument(
+        "--namespace", action="append", help="watch this namespace (repeatable); default: every namespace"
+    )
+    operate.add_argument(
+        "--liveness", default="0.0.0.0:8080", help="host:port of /healthz (default %(default)s)"
+    )
+    operate.add_argument(
+        "--metrics-port", type=int, default=9090, help="port of /metrics (default %(default)s)"
+    )
+    operate.add_argument(
+        "--standalone",
+        action="store_true",
+        help="skip peering (only for a single replica without the KopfPeering CRDs)",
+    )
+    operate.add_argument("--priority", type=int, default=0, help="peering priority among replicas")
+    operate.set_defaults(run=_operator)
 
     crd_cmd = commands.add_parser("crd", help="print the DDPJob CustomResourceDefinition")
     crd_cmd.set_defaults(run=_crd)

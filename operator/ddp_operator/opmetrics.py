@@ -1,0 +1,42 @@
+"""The operator's Prometheus metrics (``ddpjob_*``): jobs by phase, reconciles, gang restarts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+from .status import PHASES, Plan
+
+JOBS = Gauge("ddpjob_jobs", "DDPJobs this operator watches, by phase.", ["phase"])
+RECONCILES = Counter("ddpjob_reconciles", "Reconciles of one DDPJob, by result (ok, error).", ["result"])
+RECONCILE_SECONDS = Histogram(
+    "ddpjob_reconcile_duration_seconds",
+    "Wall time of one reconcile, API calls included.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+GANG_RESTARTS = Counter("ddpjob_gang_restarts", "Gang restarts started, by namespace.", ["namespace"])
+
+
+def serve(port: int) -> None:
+    start_http_server(port)
+
+
+def observe_plan(body: Mapping[str, Any], plan: Plan) -> None:
+    before = int((body.get("status") or {}).get("restarts") or 0)
+    after = int(plan.status.get("restarts") or 0)
+    if after > before:
+        GANG_RESTARTS.labels(body["metadata"]["namespace"]).inc(after - before)
+
+
+def observe_reconcile(result: str, seconds: float, bodies: Mapping[Any, Iterable[Mapping[str, Any]]]) -> None:
+    RECONCILES.labels(result).inc()
+    RECONCILE_SECONDS.observe(seconds)
+    counts = dict.fromkeys(PHASES, 0)
+    for group in bodies.values():
+        for body in group:
+            phase = (body.get("status") or {}).get("phase") or "Pending"
+            counts[phase] = counts.get(phase, 0) + 1
+    for phase, count in counts.items():
+        JOBS.labels(phase).set(count)
