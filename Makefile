@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test demo lint typecheck unit venv manifests clean
+.PHONY: test demo lint typecheck unit venv tools manifests clean
 
 venv: $(STAMP)
 
@@ -16,14 +16,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[operator,trainer,dev]'
 	@touch $@
 
-lint: $(STAMP)
-	$(BIN)/ruff check operator trainer_image tests bench
-	$(BIN)/ruff format --check operator trainer_image tests bench
+$(BIN)/helm: hack/install_helm.py | $(STAMP)
+	$(BIN)/python hack/install_helm.py $@
+
+tools: $(STAMP) $(BIN)/helm
+
+lint: tools
+	$(BIN)/ruff check operator trainer_image tests bench hack
+	$(BIN)/ruff format --check operator trainer_image tests bench hack
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+unit: tools
 	$(BIN)/pytest
 
 test: lint typecheck unit
@@ -32,8 +37,9 @@ demo: $(STAMP)
 	$(BIN)/ddpjob validate examples/quickstart.yaml
 	$(BIN)/ddpjob render examples/quickstart.yaml
 
-manifests: $(STAMP)
+manifests: tools
 	$(BIN)/python -m ddp_operator.crd --write-manifests
+	$(BIN)/helm template ddpjob charts/ddpjob-operator --namespace ddpjob-system > manifests/operator.yaml
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

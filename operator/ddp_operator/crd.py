@@ -50,9 +50,15 @@ def openapi_schema(version: str = VERSION) -> dict[str, Any]:
 
 
 def manifest_text() -> str:
-    """What manifests/crd.yaml must contain."""
-    body = "".join(line for line in crd_text().splitlines(keepends=True) if not line.startswith("#"))
-    return _MANIFEST_HEADER + body.lstrip("\n")
+    """What manifests/crd.yaml must contain: every CRD of the chart (DDPJob's first, then Kopf's peering)."""
+    files = [CHART_CRD, *sorted(p for p in CHART_CRD.parent.glob("*.yaml") if p != CHART_CRD)]
+    bodies = []
+    for path in files:
+        body = "".join(
+            line for line in path.read_text().splitlines(keepends=True) if not line.startswith("#")
+        )
+        bodies.append(body.strip("\n").removeprefix("---\n") + "\n")
+    return _MANIFEST_HEADER + "---\n".join(bodies)
 
 
 def main() -> None:
