@@ -1,4 +1,4 @@
-"""The Helm chart: lints, renders objects the official schemas accept, least-privilege RBAC, manifests/ in sync."""
+"""The Helm chart: lints, renders schema-valid objects, least-privilege RBAC, manifests/ in sync."""
 
 from __future__ import annotations
 
