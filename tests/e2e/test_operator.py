@@ -1,0 +1,167 @@
+"""The operator, end to end on the real control plane: kubectl apply → Service + Indexed Job → pods run by the
+node agent → status from what exists. The operator authenticates as the chart's ServiceAccount (RBAC on)."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+import yaml
+from cluster.fixtures import Cluster, wait_for
+
+from .conftest import REPO, Operator, children, ddpjob, get, settle, wait_phase
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+def _apply(cluster: Cluster, namespace: str, doc: dict[str, object]) -> None:
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
+
+
+def _python(code: str) -> dict[str, object]:
+    return {"command": ["python", "-c", code]}
+
+
+def test_quickstart_trains_verified_and_deletion_leaves_nothing(
+    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
+) -> None:
+    doc = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
+    doc["spec"]["trainer"].update(steps=60, checkpointEvery=20)
+    doc["spec"]["syncCheck"]["everySteps"] = 20
+    ckpt = str(tmp_path / "ckpt")  # the node agent runs pods as host processes: give each test its own folder
+    doc["spec"]["checkpoint"] = {"volume": {"hostPath": {"path": ckpt}}, "mountPath": ckpt}
+    _apply(cluster, namespace, doc)
+    done = wait_phase(cluster, namespace, "quickstart", "Succeeded", "Failed", timeout=300)
+    status = done["status"]
+    assert status["phase"] == "Succeeded", status
+    assert status["sync"]["verified"] is True and status["sync"]["checks"] >= 3
+    assert (status["attempt"], status["restarts"]) == (1, 0)
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Complete"] == "True"
+    table = cluster.kubectl("get", "ddpj", "-n", namespace).stdout.split()
+    assert table[:5] == ["NAME", "PHASE", "NODES", "ATTEMPT", "SYNC"]
+    assert table[6:11] == ["quickstart", "Succeeded", "2", "1", "true"]
+    events = cluster.kubectl(
+        "get", "events", "-n", namespace, "--field-selector", "involvedObject.kind=DDPJob"
+    ).stdout
+    assert "Created" in events and "Completed" in events
+    cluster.kubectl("delete", "ddpjob", "quickstart", "-n", namespace, "--wait=true", "--timeout=60s")
+    for kind in ("jobs", "pods", "services"):
+        wait_for(
+            lambda kind=kind: not children(cluster, namespace, kind, "quickstart"),
+            what=f"{kind} of the deleted DDPJob to be garbage-collected",
+            timeout=60,
+        )
+
+
+def test_apply_refuses_what_validate_refuses(cluster: Cluster, operator: Operator, namespace: str) -> None:
+    cases = [
+        (ddpjob("bad-backend", backend="nccl"), ["spec.backend", 'backend "nccl" needs device "cuda"']),
+        (ddpjob("bad-nodes", nodes=0), ["spec.nodes", "should be greater than or equal to 1"]),
+        (ddpjob("bad-field", gpus=8), ['unknown field "spec.gpus"']),
+        (ddpjob("n" * 60), ["would exceed 63 characters"]),
+        (ddpjob("bad-ports", metricsPort=29500), ["spec.metricsPort", "also the masterPort"]),
+    ]
+    for doc, fragments in cases:
+        result = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc), check=False)
+        assert result.returncode != 0, f"the API server accepted {doc['metadata']}"
+        for fragment in fragments:
+            assert fragment in result.stderr, result.stderr
+    assert not cluster.kubectl_json("get", "ddpjobs", "-n", namespace)["items"]
+
+
+def test_explain_teaches_every_field(cluster: Cluster, operator: Operator) -> None:
+    text = cluster.kubectl("explain", "ddpjob.spec.nccl").stdout
+    assert "NCCL settings for device cuda" in text and "timeoutSeconds" in text
+    assert "Kueue LocalQueue" in cluster.kubectl("explain", "ddpjob.spec.queueName").stdout
+
+
+def test_failed_pod_restarts_the_gang(cluster: Cluster, operator: Operator, namespace: str) -> None:
+    fail_once = "import os, sys; sys.exit(3 if (os.environ['DDPJOB_ATTEMPT'], os.environ['NODE_RANK']) == ('1', '1') else 0)"
+    _apply(cluster, namespace, ddpjob("flaky", **_python(fail_once)))
+    status = wait_phase(cluster, namespace, "flaky", "Succeeded", "Failed", timeout=180)["status"]
+    assert status["phase"] == "Succeeded", status
+    assert (status["attempt"], status["restarts"]) == (2, 1)
+    assert [job["metadata"]["name"] for job in children(cluster, namespace, "jobs", "flaky")] == ["flaky-2"]
+    events = cluster.kubectl(
+        "get", "events", "-n", namespace, "--field-selector", "involvedObject.name=flaky"
+    ).stdout
+    assert "node 1 exited 3" in events
+
+
+def test_restarts_run_out(cluster: Cluster, operator: Operator, namespace: str) -> None:
+    _apply(cluster, namespace, ddpjob("doomed", maxRestarts=1, **_python("raise SystemExit(5)")))
+    status = wait_phase(cluster, namespace, "doomed", "Failed", "Succeeded", timeout=180)["status"]
+    assert status["phase"] == "Failed" and (status["attempt"], status["restarts"]) == (2, 1)
+    failed = {c["type"]: c for c in status["conditions"]}["Failed"]
+    assert failed["reason"] == "MaxRestartsExceeded" and "exited 5" in failed["message"]
+
+
+def test_divergence_fails_without_restart(
+    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
+) -> None:
+    ckpt = str(tmp_path / "ckpt")
+    doc = ddpjob(
+        "drill",
+        trainer={"steps": 40, "checkpointEvery": 0},
+        syncCheck={"everySteps": 5},
+        env=[{"name": "DDPJOB_CHAOS_DIVERGE", "value": "rank=1,step=12"}],
+        checkpoint={"volume": {"hostPath": {"path": ckpt}}, "mountPath": ckpt},
+    )
+    _apply(cluster, namespace, doc)
+    status = wait_phase(cluster, namespace, "drill", "Failed", "Succeeded", timeout=300)["status"]
+    assert status["phase"] == "Failed" and status["attempt"] == 1, status
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Failed"]["reason"] == "SyncDivergence"
+    assert conditions["SyncVerified"]["status"] == "False"
+    assert status["sync"]["verified"] is False and status["sync"]["mismatches"] >= 1
+
+
+def test_suspend_and_resume(cluster: Cluster, operator: Operator, namespace: str) -> None:
+    _apply(cluster, namespace, ddpjob("pausable", **_python("import time; time.sleep(600)")))
+    wait_phase(cluster, namespace, "pausable", "Running", timeout=120)
+    cluster.kubectl(
+        "patch", "ddpjob", "pausable", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":true}}'
+    )
+    wait_phase(cluster, namespace, "pausable", "Suspended", timeout=60)
+    wait_for(lambda: not children(cluster, namespace, "pods", "pausable"), what="pods to stop", timeout=60)
+    assert len(children(cluster, namespace, "jobs", "pausable")) == 1
+    cluster.kubectl(
+        "patch", "ddpjob", "pausable", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":false}}'
+    )
+    status = wait_phase(cluster, namespace, "pausable", "Running", timeout=120)["status"]
+    assert status["attempt"] == 1 and status["readyNodes"] == 2
+
+
+def test_operator_restart_creates_no_duplicates(cluster: Cluster, operator: Operator, namespace: str) -> None:
+    _apply(cluster, namespace, ddpjob("steady", **_python("import time; time.sleep(600)")))
+    wait_phase(cluster, namespace, "steady", "Running", timeout=120)
+    assert operator.process is not None
+    operator.process.send_signal(signal.SIGKILL)
+    operator.process.wait()
+    operator.start()
+    settle(8)  # a few reconciles: resume, timers, child events
+    jobs = children(cluster, namespace, "jobs", "steady")
+    assert [job["metadata"]["name"] for job in jobs] == ["steady-1"]
+    assert len(children(cluster, namespace, "services", "steady")) == 1
+    assert get(cluster, namespace, "steady")["status"]["phase"] == "Running"
+
+
+def test_unschedulable_job_says_why(cluster: Cluster, operator: Operator, namespace: str) -> None:
+    _apply(cluster, namespace, ddpjob("greedy", device="cuda", procsPerNode=8, **_python("pass")))
+
+    def explained() -> dict[str, object] | None:
+        status = get(cluster, namespace, "greedy").get("status", {})
+        ready = {c["type"]: c for c in status.get("conditions", [])}.get("Ready", {})
+        return ready if ready.get("reason") == "Unschedulable" else None
+
+    ready = wait_for(explained, what="an Unschedulable reason", timeout=90, every=0.5)
+    assert "Insufficient nvidia.com/gpu" in str(ready["message"])
+    assert get(cluster, namespace, "greedy")["status"]["phase"] == "Pending"
+
+
+def test_operator_metrics(cluster: Cluster, operator: Operator) -> None:
+    text = operator.metrics()
+    assert 'ddpjob_reconciles_total{result="ok"}' in text
+    assert "ddpjob_reconcile_duration_seconds_count" in text
