@@ -78,7 +78,10 @@ def test_explain_teaches_every_field(cluster: Cluster, operator: Operator) -> No
 
 
 def test_failed_pod_restarts_the_gang(cluster: Cluster, operator: Operator, namespace: str) -> None:
-    fail_once = "import os, sys; sys.exit(3 if (os.environ['DDPJOB_ATTEMPT'], os.environ['NODE_RANK']) == ('1', '1') else 0)"
+    fail_once = (
+        "import os, sys; "
+        "sys.exit(3 if (os.environ['DDPJOB_ATTEMPT'], os.environ['NODE_RANK']) == ('1', '1') else 0)"
+    )
     _apply(cluster, namespace, ddpjob("flaky", **_python(fail_once)))
     status = wait_phase(cluster, namespace, "flaky", "Succeeded", "Failed", timeout=180)["status"]
     assert status["phase"] == "Succeeded", status
