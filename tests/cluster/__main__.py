@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import controlplane, lifecycle, serviceaccounts
-from .kubeapi import Kube
+from . import controlplane, lifecycle
 from .layout import Layout
 
 
@@ -36,7 +35,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:<24} {kib / 1024:7.1f} MiB RSS")
         print(f"  {'total':<24} {sum(sizes.values()) / 1024:7.1f} MiB RSS")
     elif args.command == "sa-kubeconfig":
+        from .kubeapi import Kube  # needs the kubernetes package; up/down/status do not
+
         kube = Kube(str(layout.kubeconfig))
+        from . import serviceaccounts
+
         print(serviceaccounts.write_kubeconfig(kube, layout, args.namespace, args.name))
     return 0
 

@@ -17,10 +17,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import controlplane, netns, processes
-from .kubeapi import ApiError, Kube
 from .layout import BUILD_SCRIPT, NODE_NAMES, Layout
+
+if TYPE_CHECKING:
+    from . import kubeapi
 
 COMPONENTS = ("etcd", "kube-apiserver", "coredns", "kube-controller-manager", "kube-scheduler", "node-agent")
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # on PYTHONPATH, the node agent is cluster.nodeagent
@@ -62,7 +65,7 @@ def rss_kib(layout: Layout) -> dict[str, int]:
     return sizes
 
 
-def _nodes_ready(kube: Kube) -> bool:
+def _nodes_ready(kube: kubeapi.Kube) -> bool:
     nodes = {n["metadata"]["name"]: n for n in kube.get("/api/v1/nodes")["items"]}
     for name in NODE_NAMES:
         conditions = {
@@ -98,11 +101,13 @@ def up(layout: Layout | None = None, *, say: Say = _say) -> dict[str, float]:
         timeout=180,
         log=layout.log("kube-apiserver"),
     )
-    kube = Kube(str(layout.kubeconfig))
+    from . import kubeapi  # here, not at the top: `down` must work without the kubernetes package
+
+    kube = kubeapi.Kube(str(layout.kubeconfig))
     for path, obj in controlplane.bootstrap_objects():
         try:
             kube.create(path, obj)
-        except ApiError as exc:
+        except kubeapi.ApiError as exc:
             if exc.status != 409:
                 raise
     controlplane.start_coredns(layout, bin_dir)
