@@ -109,7 +109,7 @@ def generate(layout: Layout) -> None:
     lines = []
     for name, (user, groups) in USERS.items():
         token = secrets.token_hex(16)
-        lines.append(f'{token},{user},{user},"{",".join(groups)}"')
+        lines.append(f"{token},{user},{user}" + (f',"{",".join(groups)}"' if groups else ""))
         text = kubeconfig_text(SERVER, ca.cert, user, token)
         target = layout.kubeconfig if name == "admin" else layout.component_kubeconfig(name)
         target.write_text(text)

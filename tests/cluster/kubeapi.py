@@ -20,6 +20,16 @@ MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 
 
+def final_delete_options(uid: str) -> dict[str, Any]:
+    """The kubelet's last word on a pod it stopped: delete now, but only this incarnation of the name."""
+    return {
+        "apiVersion": "v1",
+        "kind": "DeleteOptions",
+        "gracePeriodSeconds": 0,
+        "preconditions": {"uid": uid},
+    }
+
+
 class ApiError(RuntimeError):
     def __init__(self, method: str, path: str, status: int, body: str) -> None:
         self.status = status

@@ -21,7 +21,7 @@ from typing import Any
 
 from . import kubeletapi
 from . import layout as layout_mod
-from .kubeapi import ApiError, Kube
+from .kubeapi import ApiError, Kube, final_delete_options
 from .layout import KUBELET_PORT, NODE_CAPACITY, NODE_NAMES, Layout, node_pod_cidr
 from .podrunner import NodeInfo, PodRunner
 
@@ -234,7 +234,7 @@ class NodeAgent:
         if deleting:  # not running (finished, or never started): the kubelet's final delete
             self.kube.delete(
                 f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
-                {"gracePeriodSeconds": 0, "preconditions": {"uid": uid}},
+                final_delete_options(uid),
             )
             return
         if done or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from . import netns, podenv, podstatus, processes
-from .kubeapi import Kube
+from .kubeapi import Kube, final_delete_options
 from .layout import CLUSTER_DOMAIN, Layout
 from .podstatus import ContainerRun
 
@@ -131,7 +131,7 @@ class PodRunner:
             if self._deleting:
                 self.kube.delete(
                     f"/api/v1/namespaces/{self.namespace}/pods/{self.name}",
-                    {"gracePeriodSeconds": 0, "preconditions": {"uid": self.uid}},
+                    final_delete_options(self.uid),
                 )
             self.done.set()
             self.on_exit(self)
