@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the control-plane binaries from the Go module proxy, once per machine, and prints the directory
-# that holds them. The directory is keyed by the pinned versions and a hash of versions.env and the
+# that holds them (`--check`: only if they are built already; exit 1 otherwise). The directory is keyed by the pinned versions and a hash of versions.env and the
 # main.go files, so a cached build is found in milliseconds and a changed pin or plugin list builds anew.
 # (go.mod/go.sum follow from those pins; `-mod=mod` keeps them complete.) The two Go modules build
 # separately: a build that stopped half-way resumes with what is missing.
@@ -17,6 +17,7 @@ k8s_bins=(etcd kube-apiserver kube-controller-manager kube-scheduler)
 
 missing() { for b in "$@"; do [[ -x "$bin/$b" ]] || return 0; done; return 1; }
 if ! missing "${k8s_bins[@]}" coredns; then echo "$bin"; exit 0; fi
+if [[ "${1:-}" == "--check" ]]; then exit 1; fi  # --check: print the directory if built, else fail
 
 GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
 export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0

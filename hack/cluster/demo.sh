@@ -68,7 +68,6 @@ YAML
 step kubectl wait -n "$ns" pod/a pod/b --for=jsonpath='{.status.phase}'=Succeeded --timeout=120s
 step kubectl get pods -n "$ns" -o wide
 step kubectl logs -n "$ns" b
-step kubectl get endpointslices -n "$ns"
 printf '\n\033[1m$ kubectl run sleeper (a long-running pod), then delete the namespace\033[0m\n'
 kubectl run sleeper -n "$ns" --image=python:3.11 --restart=Never --command -- python -c 'import time; time.sleep(600)'
 kubectl wait -n "$ns" pod/sleeper --for=condition=Ready --timeout=60s

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from . import controlplane, lifecycle
 from .layout import Layout
@@ -34,6 +35,11 @@ def main(argv: list[str] | None = None) -> int:
         for name, kib in sizes.items():
             print(f"  {name:<24} {kib / 1024:7.1f} MiB RSS")
         print(f"  {'total':<24} {sum(sizes.values()) / 1024:7.1f} MiB RSS")
+        bin_dir = Path(layout.bin_file.read_text().strip())
+        times = bin_dir.parent / "build-times"
+        print(f"binaries: {bin_dir}")
+        if times.exists():
+            print("first build: " + "; ".join(times.read_text().splitlines()))
     elif args.command == "sa-kubeconfig":
         from .kubeapi import Kube  # needs the kubernetes package; up/down/status do not
 

@@ -172,7 +172,7 @@ def start_apiserver(layout: Layout, bin_dir: Path) -> None:
             f"--etcd-servers=http://127.0.0.1:{ETCD_CLIENT_PORT}",
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
-        "--endpoint-reconciler-type=none",  # Endpoints may not hold loopback addresses; pods can't reach it
+            "--endpoint-reconciler-type=none",  # Endpoints refuse loopback addresses; pods cannot reach it
             f"--secure-port={APISERVER_PORT}",
             f"--tls-cert-file={pki / 'apiserver.crt'}",
             f"--tls-private-key-file={pki / 'apiserver.key'}",

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -108,9 +109,22 @@ def wait_for(check: Callable[[], T | None], *, what: str, timeout: float = 60, e
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
+    """Builds the binaries before the first test, outside any test's timeout, if a cluster test will run."""
     wants_cluster = any(item.get_closest_marker("cluster") for item in session.items)
-    if wants_cluster and unavailable_reason() is None and not session.config.option.collectonly:
-        subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, stdout=subprocess.DEVNULL)
+    if not wants_cluster or unavailable_reason() is not None or session.config.option.collectonly:
+        return
+    if subprocess.run(["bash", str(BUILD_SCRIPT), "--check"], capture_output=True).returncode == 0:
+        return
+    log = Path(tempfile.gettempdir()) / "ddpjob-cluster-build.log"
+    say = session.config.pluginmanager.get_plugin("terminalreporter")
+    if say:
+        say.write_line(
+            f"building the test cluster (first time on this machine: ~25 min on 2 cores); log: {log}"
+        )
+    with open(log, "w") as out:
+        built = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.DEVNULL, stderr=out)
+    if say:
+        say.write_line(f"test cluster build: {'done' if built.returncode == 0 else 'FAILED'}; log: {log}")
 
 
 @pytest.fixture(scope="session")
