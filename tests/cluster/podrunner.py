@@ -47,10 +47,16 @@ class NodeInfo:
     allocatable: Mapping[str, str] = field(default_factory=dict)
 
 
+def pod_bin_dir() -> Path:
+    """The ``bin`` directory first on every container's PATH: ``$DDPJOB_POD_BIN``, else the agent's
+    Python environment's (so ``python`` and ``torchrun`` in a pod are that environment's)."""
+    return Path(os.environ.get("DDPJOB_POD_BIN") or Path(sys.executable).parent)
+
+
 def base_environment() -> dict[str, str]:
-    """What every container starts from: the agent's Python environment on PATH, HOME, a UTF-8 locale."""
+    """What every container starts from: the pod Python environment on PATH, HOME, a UTF-8 locale."""
     path = [
-        str(Path(sys.executable).parent),
+        str(pod_bin_dir()),
         "/usr/local/sbin",
         "/usr/local/bin",
         "/usr/sbin",
