@@ -237,3 +237,26 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_active_deadline_fails_the_pod(cluster: Cluster, namespace: str) -> None:
+    pod = python_pod("slow", "import time; time.sleep(600)", activeDeadlineSeconds=2)
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(pod))
+    cluster.kubectl(
+        "wait", "-n", namespace, "pod/slow", "--for=jsonpath={.status.phase}=Failed", "--timeout=60s"
+    )
+    assert cluster.pod(namespace, "slow")["status"]["reason"] == "DeadlineExceeded"
+
+
+def test_on_failure_restarts_the_container(cluster: Cluster, namespace: str) -> None:
+    second_try_passes = (
+        "import os; seen = os.path.exists('marker'); open('marker', 'w'); exit(0 if seen else 1)"
+    )
+    pod = python_pod("flaky", second_try_passes, restart="OnFailure")
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(pod))
+    cluster.kubectl(
+        "wait", "-n", namespace, "pod/flaky", "--for=jsonpath={.status.phase}=Succeeded", "--timeout=60s"
+    )
+    status = cluster.pod(namespace, "flaky")["status"]["containerStatuses"][0]
+    assert status["restartCount"] == 1
+    assert status["lastState"]["terminated"]["exitCode"] == 1
