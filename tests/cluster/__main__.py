@@ -22,7 +22,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     layout = Layout.default()
     if args.command == "up":
-        lifecycle.up(layout)
+        try:
+            lifecycle.up(layout)
+        except (RuntimeError, TimeoutError) as exc:
+            print(f"cluster up failed: {exc}", file=sys.stderr)
+            return 1
     elif args.command == "down":
         lifecycle.down(layout)
     elif args.command == "status":

@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 COMPONENTS = ("etcd", "kube-apiserver", "coredns", "kube-controller-manager", "kube-scheduler", "node-agent")
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # on PYTHONPATH, the node agent is cluster.nodeagent
+# Ports, the bridge and the pod namespaces are machine-wide: one cluster per machine. This file names the
+# cluster directory that owns them, so a second work tree refuses to start instead of breaking the first.
+OWNER_FILE = Path("/run/ddpjob-test-cluster.owner")
 
 Say = Callable[[str], None]
 
@@ -82,13 +85,20 @@ def up(layout: Layout | None = None, *, say: Say = _say) -> dict[str, float]:
     if is_up(layout):
         say(f"cluster already up; kubeconfig: {layout.kubeconfig}")
         return {}
-    down(layout, say=lambda _: None)
+    owner = _owner()
+    if owner is not None and owner != layout.root and is_up(Layout(owner)):
+        raise RuntimeError(
+            f"another test cluster runs on this machine, from {owner}: use it (DDPJOB_CLUSTER_DIR={owner}) "
+            f"or stop it (DDPJOB_CLUSTER_DIR={owner} hack/cluster/cluster down)"
+        )
+    down(layout, say=lambda _: None, force=True)
     started = time.monotonic()
     bin_dir = build(say)
     timings = {"build": time.monotonic() - started}
     shutil.rmtree(layout.root, ignore_errors=True)
     controlplane.generate(layout)
     layout.bin_file.write_text(f"{bin_dir}\n")
+    OWNER_FILE.write_text(f"{layout.root}\n")
     netns.ensure_bridge()
     t0 = time.monotonic()
 
@@ -141,8 +151,16 @@ def up(layout: Layout | None = None, *, say: Say = _say) -> dict[str, float]:
     return timings
 
 
-def down(layout: Layout | None = None, *, say: Say = _say) -> None:
-    """Stops everything ``up`` started, even after a crash; safe to run twice."""
+def _owner() -> Path | None:
+    try:
+        return Path(OWNER_FILE.read_text().strip())
+    except OSError:
+        return None
+
+
+def down(layout: Layout | None = None, *, say: Say = _say, force: bool = False) -> None:
+    """Stops everything ``up`` started, even after a crash; safe to run twice. The machine-wide parts
+    (pod namespaces, bridge) are removed only when this cluster owns them (or ``force``)."""
     layout = layout or Layout.default()
     stopped = []
     for name in reversed(COMPONENTS):  # node agent first: it stops its pods
@@ -152,10 +170,14 @@ def down(layout: Layout | None = None, *, say: Say = _say) -> None:
     if layout.pods.exists():
         for pid_file in layout.pods.glob("*/*.pid"):
             leftovers += processes.stop(pid_file, grace=0)
-    namespaces = netns.list_pod_netns()
-    for ns in namespaces:
-        netns.delete_pod_netns(ns)
-    netns.remove_bridge()
+    owner = _owner()
+    namespaces = []
+    if force or owner is None or owner == layout.root:
+        namespaces = netns.list_pod_netns()
+        for ns in namespaces:
+            netns.delete_pod_netns(ns)
+        netns.remove_bridge()
+        OWNER_FILE.unlink(missing_ok=True)
     say(
         f"cluster down: stopped {', '.join(stopped) or 'nothing'}; "
         f"{leftovers} leftover pod processes, {len(namespaces)} pod namespaces removed"
