@@ -43,3 +43,19 @@ manifests: tools
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+# The test cluster (issue 5; hack/cluster/README.md): real etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler and CoreDNS built from Go modules (cached in ~/.cache/ddpjob/cluster, first build prints
+# its time), and a node agent that runs pods as processes of $(CLUSTER_PY)'s environment.
+# `make cluster-up` returns when both Nodes are Ready; then KUBECONFIG=.cluster/kubeconfig.
+CLUSTER_PY ?= $(BIN)/python
+.PHONY: cluster-up cluster-down cluster-status
+
+cluster-up: $(if $(filter $(BIN)/python,$(CLUSTER_PY)),$(STAMP))
+	CLUSTER_PY=$(CLUSTER_PY) hack/cluster/cluster up
+
+cluster-down:
+	CLUSTER_PY=$(CLUSTER_PY) hack/cluster/cluster down
+
+cluster-status:
+	CLUSTER_PY=$(CLUSTER_PY) hack/cluster/cluster status

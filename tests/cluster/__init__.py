@@ -1,0 +1,16 @@
+"""A real Kubernetes control plane for the tests, and the node agent that stands in for the kubelet.
+
+``make cluster-up`` / ``make cluster-down`` (or ``hack/cluster/cluster up|down|status``) drive it; the
+session fixture in :mod:`fixtures` does the same for pytest. Modules, one concept each:
+
+- :mod:`podenv`        pure: a container's env (fieldRefs, ``$(VAR)``) and command line, as the kubelet does
+- :mod:`podstatus`     pure: Pod status (phase, conditions, container states) from what ran
+- :mod:`certs`         CA, serving and client certificates, service-account key (openssl)
+- :mod:`layout`        where everything lives under ``.cluster/``, ports, addresses
+- :mod:`processes`     start/stop background processes by pid file
+- :mod:`controlplane`  etcd, kube-apiserver, kube-controller-manager, kube-scheduler, CoreDNS
+- :mod:`netns`         the pod bridge and one network namespace per pod
+- :mod:`kubeapi`       a small JSON client on top of the ``kubernetes`` package's kubeconfig loading
+- :mod:`nodeagent`     registers Nodes, keeps leases fresh, runs bound pods (:mod:`podrunner`)
+- :mod:`kubeletapi`    the HTTPS endpoint the API server calls for ``kubectl logs``
+"""
