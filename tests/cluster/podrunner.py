@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import netns, podenv, podstatus, processes
+from ddp_operator import podenv
+
+from . import netns, podstatus, processes
 from .kubeapi import Kube, final_delete_options
 from .layout import CLUSTER_DOMAIN, Layout
 from .podstatus import ContainerRun

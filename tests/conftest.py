@@ -1,0 +1,3 @@
+"""Suite-wide: the real control plane's fixtures (``cluster``, ``namespace``) for every `cluster` test."""
+
+pytest_plugins = ["cluster_fixtures"]
