@@ -99,6 +99,11 @@ def _int_view(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == width else t.view(width)
 
 
+def _byte_view(t: torch.Tensor) -> torch.Tensor:
+    """The same storage as 1-D bytes: every backend can broadcast uint8 (gloo has no int16, say)."""
+    return t.reshape(-1).view(torch.uint8)
+
+
 def _limbs(flat: torch.Tensor) -> torch.Tensor:
     """The raw bits of a 1-D tensor as int64 limbs in ``[0, 2**16)``, element by element, low limb first.
 
@@ -335,7 +340,7 @@ def _compare(
         for j, idx in enumerate(bad):
             local = named[idx][1].detach()
             reference = local.to(vec.device, copy=True).contiguous()
-            dist.broadcast(_int_view(reference), src=_global(group, references[j]), group=group)
+            dist.broadcast(_byte_view(reference), src=_global(group, references[j]), group=group)
             delta = (local.to(vec.device).double() - reference.double()).abs()
             diffs[j] = torch.nan_to_num(delta, nan=math.inf).max() if delta.numel() else 0.0
         dist.all_reduce(diffs, op=dist.ReduceOp.MAX, group=group)
@@ -349,14 +354,14 @@ def _compare(
 def broadcast_tensors_(
     tensors: Iterable[torch.Tensor], src: int = 0, group: dist.ProcessGroup | None = None
 ) -> None:
-    """Overwrite each tensor, in place, with global rank ``src``'s copy (bit-exact, any dtype)."""
+    """Overwrite each tensor, in place, with global rank ``src``'s copy (bit-exact: the bytes are sent)."""
     device = comm_device(group)
     for t in tensors:
         if t.is_contiguous() and t.device == device:
-            dist.broadcast(_int_view(t), src=src, group=group)
+            dist.broadcast(_byte_view(t), src=src, group=group)
         else:
             staged = t.detach().to(device, copy=True).contiguous()
-            dist.broadcast(_int_view(staged), src=src, group=group)
+            dist.broadcast(_byte_view(staged), src=src, group=group)
             t.copy_(staged)
 
 
