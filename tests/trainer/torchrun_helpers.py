@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -54,10 +55,12 @@ class Launch:
         return any(n.proc.poll() is None for n in self.nodes)
 
     def kill(self) -> None:
-        """SIGKILL every process of every node, as when a pod's containers are killed."""
-        for node in self.nodes:
-            if node.proc.poll() is None:
-                os.killpg(node.proc.pid, signal.SIGKILL)
+        """SIGKILL every process of every node, as when a pod's containers are killed (torchrun starts
+        each worker in a session of its own, so the launcher's process group is not enough)."""
+        pids = [pid for node in self.nodes if node.proc.poll() is None for pid in _tree(node.proc.pid)]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         for node in self.nodes:
             node.proc.wait()
 
@@ -76,6 +79,23 @@ class Launch:
         return "\n".join(
             f"--- node {n.rank} ---\n{n.log.read_text(errors='replace')[-6000:]}" for n in self.nodes
         )
+
+
+def _tree(root: int) -> list[int]:
+    """``root`` and all its descendants, from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
 
 
 def launch(
