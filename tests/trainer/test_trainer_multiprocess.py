@@ -3,7 +3,11 @@ gloo on loopback. Checks the termination message, exit codes, checkpoints and li
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +15,8 @@ from typing import Any
 
 import pytest
 from torchrun_helpers import Launch, by_rank, checkpoints, launch, scrape
+
+from ddp_trainer.exitcodes import FAILURE_EXIT_CODE
 
 pytestmark = pytest.mark.slow
 
@@ -195,3 +201,26 @@ def test_sigterm_checkpoints_at_the_next_step_boundary(tmp_path: Path) -> None:
     assert 3 <= report["step"] < 40
     assert report["lastCheckStep"] == report["step"]  # verified at the boundary where all ranks stopped
     assert checkpoints(ckpt) == [f"step-{report['step']:08d}.pt"]  # and checkpointed exactly there
+
+
+def test_without_a_launcher_and_a_failing_factory(tmp_path: Path) -> None:
+    """``python -m ddp_trainer`` alone is one rank; an error becomes a "Failed" report and exit 1."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PROMETHEUS_", "DDPJOB_", "RANK"))}
+    env |= {"DDPJOB_METRICS_PORT": "0", "DDPJOB_TERMINATION_LOG": str(tmp_path / "report.json")}
+    cmd = [sys.executable, "-m", "ddp_trainer", "--device=cpu", "--steps=5", "--sync-every=2"]
+    done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert (report["result"], report["verified"], report["worldSize"], report["checks"]) == (
+        "Succeeded",
+        True,
+        1,
+        4,
+    )
+    done = subprocess.run(
+        [*cmd, "--model=no_such_module:build"], env=env, cwd=tmp_path, capture_output=True, timeout=120
+    )
+    assert done.returncode == FAILURE_EXIT_CODE
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert (report["result"], report["reason"]) == ("Failed", "TrainerError")
+    assert "--model='no_such_module:build'" in report["message"]
