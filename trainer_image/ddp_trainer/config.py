@@ -201,7 +201,8 @@ def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
 
 
 def read_pod_env(env: Mapping[str, str]) -> PodEnv:
-    """Read the ``DDPJOB_*`` variables (pure: pass ``os.environ``)."""
+    """Read the ``DDPJOB_*`` variables from ``env`` (pass ``os.environ``); the filesystem is consulted only
+    to see whether ``/dev/termination-log`` is writable when ``DDPJOB_TERMINATION_LOG`` is unset."""
     termination = env.get("DDPJOB_TERMINATION_LOG") or None
     if termination is None and os.access("/dev/termination-log", os.W_OK):
         termination = "/dev/termination-log"

@@ -270,7 +270,7 @@ def comm_device(group: dist.ProcessGroup | None = None) -> torch.device:
 
 def _structure_fingerprint(named: Sequence[tuple[str, torch.Tensor]]) -> torch.Tensor:
     text = ";".join(f"{n}:{tuple(t.shape)}:{t.dtype}" for n, t in named).encode()
-    return _tensor_fingerprint(torch.frombuffer(bytearray(text), dtype=torch.uint8))
+    return _tensor_fingerprint(torch.tensor(list(text), dtype=torch.uint8))
 
 
 def check_in_sync(
