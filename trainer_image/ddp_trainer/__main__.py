@@ -1,0 +1,74 @@
+"""Entry point: ``torchrun [launcher args] --module ddp_trainer [trainer args]`` (see ``--help``).
+
+Exit codes are in :mod:`ddp_trainer.exitcodes`; the report goes to the termination message.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from ddp_trainer.config import parse_args, read_pod_env
+from ddp_trainer.distributed import apply_env_defaults, metrics_dir, read_launch_env
+from ddp_trainer.exitcodes import FAILURE_EXIT_CODE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one trainer process; returns its exit code."""
+    config = parse_args(sys.argv[1:] if argv is None else argv)
+    launch = read_launch_env(os.environ)
+    logging.basicConfig(
+        level=logging.INFO if launch.rank == 0 else logging.WARNING,
+        format=f"%(asctime)s [rank {launch.rank}] %(levelname)s %(message)s",
+    )
+    log = logging.getLogger("ddp_trainer")
+    directory = metrics_dir(os.environ, launch)  # before prometheus_client is imported
+    # Imported here: torch and prometheus_client must see the environment prepared above.
+    import torch
+
+    from ddp_trainer import metrics, runner
+    from ddp_trainer.distributed import pick_device, process_group
+    from ddp_trainer.report import termination_message, write_termination_message
+
+    pod = read_pod_env(os.environ)
+    kind = config.resolved_device(torch.cuda.is_available())
+    apply_env_defaults(os.environ, kind)
+    device = pick_device(kind, launch)
+    if launch.local_rank == 0 and pod.metrics_port:
+        metrics.serve(pod.metrics_port, directory)
+    if pod.chaos is not None and pod.chaos.rank >= launch.world_size:
+        log.warning(
+            "DDPJOB_CHAOS_DIVERGE names rank %d but the world has %d", pod.chaos.rank, launch.world_size
+        )
+    session: runner.Session | None = None
+    code: int
+    report: dict[str, Any]
+    with process_group(launch, config.resolved_backend(kind), device, config.timeout_seconds):
+        try:
+            session = runner.Session(config, pod, launch, device, config.resolved_precision(kind))
+            code, report = session.run()
+        except runner.DivergenceError as err:
+            assert session is not None
+            code, report = session.diverged(err)
+        except Exception as err:
+            log.exception("trainer failed")
+            message = f"{type(err).__name__}: {err}"
+            if session is None:
+                code, report = (
+                    FAILURE_EXIT_CODE,
+                    {"result": "Failed", "reason": "TrainerError", "message": message},
+                )
+            else:
+                code, report = FAILURE_EXIT_CODE, session.report("Failed", "TrainerError", message)
+    if launch.local_rank == 0:  # global rank 0 for the job; every pod's local rank 0 for its own pod
+        write_termination_message(pod.termination_log, report)
+    if launch.rank == 0:
+        log.info("report: %s", termination_message(report))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""Trainer configuration: command-line arguments (:class:`TrainerConfig`) and the pod environment
+(:class:`PodEnv`). Both are frozen dataclasses with a docstring under each field; parsing is pure.
+
+The operator renders ``torchrun --module ddp_trainer --device=… --backend=… --seed=… --steps=…
+--batch-size=… --learning-rate=… --grad-accumulation=… --checkpoint-every=… --checkpoint-dir=…
+--model=… --sync-every=… --on-divergence=… --timeout-seconds=…``; every argument has a default, so
+``torchrun --nproc-per-node 2 --module ddp_trainer --device=cpu`` runs on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, get_args, get_type_hints
+
+Device = Literal["auto", "cuda", "cpu"]
+Backend = Literal["auto", "nccl", "gloo"]
+Policy = Literal["Fail", "Repair", "Warn"]
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """What to train and how to verify it (from the command line)."""
+
+    device: Device = "auto"
+    """``cuda`` (one GPU per local rank), ``cpu``, or ``auto``: cuda when available."""
+    backend: Backend = "auto"
+    """Collective backend; ``auto`` is nccl on cuda and gloo on cpu."""
+    seed: int = 0
+    """Seed for model initialization (the same on every rank) and data order."""
+    steps: int = 100
+    """Optimizer steps to train in total (a resumed run continues up to this step)."""
+    batch_size: int = 32
+    """Samples per micro-batch per rank."""
+    learning_rate: float = 1e-3
+    """AdamW learning rate (constant)."""
+    grad_accumulation: int = 1
+    """Micro-batches per optimizer step; all but the last run under DDP's ``no_sync()``."""
+    checkpoint_every: int = 0
+    """Save a verified checkpoint every N steps; 0 turns the schedule off (SIGTERM still saves one
+    when ``checkpoint_dir`` is set)."""
+    checkpoint_dir: str = ""
+    """Where checkpoints live; the latest one found here is restored at start. Empty: no checkpoints."""
+    model: str = "mlp"
+    """A built-in model name (``mlp``) or a factory ``package.module:function`` taking this config."""
+    dataset: str = "synthetic"
+    """A built-in dataset name (``synthetic``) or a factory ``package.module:function`` taking this config."""
+    sync_every: int = 100
+    """Verify that all ranks hold the same model every N steps (and before step 1 and at the end)."""
+    on_divergence: Policy = "Fail"
+    """What a failed check does: ``Fail`` (exit 86 with the report), ``Repair`` (re-broadcast from rank 0,
+    verify again, count the repair) or ``Warn`` (log, count, continue)."""
+    timeout_seconds: int = 1800
+    """Collective timeout given to ``init_process_group``: how long a rank waits for the others."""
+    precision: Precision = "auto"
+    """Mixed precision on cuda via ``torch.amp``: ``bf16``, ``fp16`` (with a GradScaler) or ``fp32``;
+    ``auto`` is bf16 on cuda and fp32 on cpu."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "grad_accumulation", "sync_every", "timeout_seconds"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{_flag(name)}={getattr(self, name)}: must be at least 1")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"--checkpoint-every={self.checkpoint_every}: must be 0 (off) or positive")
+        if not self.learning_rate > 0:
+            raise ValueError(f"--learning-rate={self.learning_rate}: must be positive")
+
+    def resolved_device(self, cuda_available: bool) -> Literal["cuda", "cpu"]:
+        """The concrete device kind."""
+        if self.device == "auto":
+            return "cuda" if cuda_available else "cpu"
+        return self.device
+
+    def resolved_backend(self, device: str) -> Literal["nccl", "gloo"]:
+        """The concrete backend for ``device``."""
+        if self.backend == "auto":
+            return "nccl" if device == "cuda" else "gloo"
+        return self.backend
+
+    def resolved_precision(self, device: str) -> Literal["fp32", "bf16", "fp16"]:
+        """The concrete precision for ``device`` (autocast is used on cuda only)."""
+        if self.precision == "auto":
+            return "bf16" if device == "cuda" else "fp32"
+        if device != "cuda" and self.precision != "fp32":
+            raise ValueError(f"--precision={self.precision}: mixed precision needs --device=cuda")
+        return self.precision
+
+
+@dataclass(frozen=True)
+class ChaosSpec:
+    """The fire drill: rank ``rank`` nudges one parameter after optimizer step ``step``."""
+
+    rank: int
+    """Global rank that diverges."""
+    step: int
+    """Step after which it diverges."""
+
+
+@dataclass(frozen=True)
+class PodEnv:
+    """What the operator puts in the pod environment besides the launcher's variables."""
+
+    job: str = ""
+    """``DDPJOB_NAME``: the DDPJob's name (metrics label ``job``)."""
+    namespace: str = ""
+    """``DDPJOB_NAMESPACE`` (metrics label ``namespace``)."""
+    attempt: int = 0
+    """``DDPJOB_ATTEMPT``: the gang-restart attempt, 0 for the first."""
+    metrics_port: int = 9400
+    """``DDPJOB_METRICS_PORT``: local rank 0 serves every local rank's metrics here; 0 disables."""
+    termination_log: str | None = None
+    """``DDPJOB_TERMINATION_LOG``: where the final report goes; default ``/dev/termination-log`` when
+    writable, else nowhere (the report is always logged)."""
+    chaos: ChaosSpec | None = None
+    """``DDPJOB_CHAOS_DIVERGE="rank=R,step=S"``: the fire drill; unset in normal runs."""
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of a dataclass (used for ``--help``)."""
+    docs: dict[str, str] = {}
+    body = ast.parse(inspect.getsource(cls)).body[0]
+    assert isinstance(body, ast.ClassDef)
+    for node, after in zip(body.body, body.body[1:], strict=False):
+        documented = isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+        if documented and isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            assert isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+            docs[node.target.id] = " ".join(str(after.value.value).split())
+    return docs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """An argparse parser with one ``--kebab-case`` flag per :class:`TrainerConfig` field."""
+    parser = argparse.ArgumentParser(prog="python -m ddp_trainer", description=__doc__.split("\n\n")[0])
+    hints = get_type_hints(TrainerConfig)
+    docs = field_docs(TrainerConfig)
+    for f in dataclasses.fields(TrainerConfig):
+        choices = get_args(hints[f.name])
+        kind = str if choices else hints[f.name]
+        parser.add_argument(
+            f"--{_flag(f.name)}",
+            dest=f.name,
+            type=_canonical(choices) if choices else kind,
+            choices=choices or None,
+            default=f.default,
+            help=f"{docs.get(f.name, '')} (default: {f.default!r})",
+        )
+    return parser
+
+
+def _canonical(choices: Sequence[str]) -> Callable[[str], str]:
+    by_lower = {c.lower(): c for c in choices}
+
+    def convert(value: str) -> str:
+        return by_lower.get(value.lower(), value)
+
+    return convert
+
+
+def parse_args(argv: Sequence[str]) -> TrainerConfig:
+    """Parse ``argv`` (without the program name) into a validated config; exits on a usage error."""
+    parser = build_parser()
+    namespace = parser.parse_args(list(argv))
+    try:
+        return TrainerConfig(**vars(namespace))
+    except ValueError as err:
+        parser.error(str(err))
+
+
+_CHAOS = re.compile(r"^\s*rank\s*=\s*(\d+)\s*,\s*step\s*=\s*(\d+)\s*$")
+
+
+def parse_chaos(value: str) -> ChaosSpec | None:
+    """Parse ``"rank=R,step=S"``; empty means no drill. Raises ``ValueError`` naming the variable."""
+    if not value.strip():
+        return None
+    match = _CHAOS.match(value)
+    if not match:
+        raise ValueError(f'DDPJOB_CHAOS_DIVERGE={value!r}: expected "rank=R,step=S", e.g. "rank=1,step=50"')
+    return ChaosSpec(rank=int(match[1]), step=int(match[2]))
+
+
+def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected an integer") from None
+
+
+def read_pod_env(env: Mapping[str, str]) -> PodEnv:
+    """Read the ``DDPJOB_*`` variables from ``env`` (pass ``os.environ``); the filesystem is consulted only
+    to see whether ``/dev/termination-log`` is writable when ``DDPJOB_TERMINATION_LOG`` is unset."""
+    termination = env.get("DDPJOB_TERMINATION_LOG") or None
+    if termination is None and os.access("/dev/termination-log", os.W_OK):
+        termination = "/dev/termination-log"
+    return PodEnv(
+        job=env.get("DDPJOB_NAME", ""),
+        namespace=env.get("DDPJOB_NAMESPACE", ""),
+        attempt=_int_env(env, "DDPJOB_ATTEMPT", 0),
+        metrics_port=_int_env(env, "DDPJOB_METRICS_PORT", 9400),
+        termination_log=termination,
+        chaos=parse_chaos(env.get("DDPJOB_CHAOS_DIVERGE", "")),
+    )

@@ -1,0 +1,126 @@
+"""The one module that reads the launcher environment and owns the process group.
+
+torchrun (and the operator's pod environment) set ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` (the node rank), ``MASTER_ADDR``/``MASTER_PORT``,
+``TORCHELASTIC_RESTART_COUNT`` and ``TORCHELASTIC_RUN_ID``. :func:`process_group` picks the device, sets
+NCCL/torch variables *before* ``init_process_group(timeout=…, device_id=…)`` and destroys the group in
+``finally``. Without a launcher (no ``RANK``) it runs as a single rank on an in-memory store.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """Where this process sits in the job, as the launcher says."""
+
+    rank: int = 0
+    """Global rank (``RANK``)."""
+    local_rank: int = 0
+    """Rank within this pod/node (``LOCAL_RANK``); picks the GPU."""
+    world_size: int = 1
+    """Processes in the job (``WORLD_SIZE``)."""
+    local_world_size: int = 1
+    """Processes in this pod (``LOCAL_WORLD_SIZE``)."""
+    node_rank: int = 0
+    """This pod's index (``GROUP_RANK``, else ``NODE_RANK``)."""
+    restart_count: int = 0
+    """How often torchrun restarted the workers (``TORCHELASTIC_RESTART_COUNT``)."""
+    launched: bool = False
+    """Whether a launcher set ``RANK`` (otherwise: single process, in-memory store)."""
+
+
+def read_launch_env(env: Mapping[str, str]) -> LaunchEnv:
+    """Parse the launcher variables (pure: pass ``os.environ``)."""
+
+    def num(*names: str, default: int) -> int:
+        for name in names:
+            if env.get(name, "").strip():
+                return int(env[name])
+        return default
+
+    return LaunchEnv(
+        rank=num("RANK", default=0),
+        local_rank=num("LOCAL_RANK", default=0),
+        world_size=num("WORLD_SIZE", default=1),
+        local_world_size=num("LOCAL_WORLD_SIZE", default=1),
+        node_rank=num("GROUP_RANK", "NODE_RANK", default=0),
+        restart_count=num("TORCHELASTIC_RESTART_COUNT", default=0),
+        launched=bool(env.get("RANK", "").strip()),
+    )
+
+
+# Set only where the user did not: the user's environment wins.
+TORCH_ENV_DEFAULTS = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",  # a timed-out collective tears the process down, no hang
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",  # flight recorder: dump what each rank was doing
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+}
+
+
+def apply_env_defaults(env: MutableMapping[str, str], device: str) -> None:
+    """Set the NCCL/torch variables the trainer relies on, unless the user set them."""
+    if device == "cuda":
+        for key, value in TORCH_ENV_DEFAULTS.items():
+            env.setdefault(key, value)
+
+
+def metrics_dir(env: MutableMapping[str, str], launch: LaunchEnv) -> Path:
+    """Prepare ``PROMETHEUS_MULTIPROC_DIR``, shared by the local ranks of one torchrun agent.
+
+    Must run before ``prometheus_client`` is imported. The directory is new for every agent process
+    and worker restart (keyed on the agent's pid and the restart count), so no rank ever has to clear
+    another's files.
+    """
+    if "PROMETHEUS_MULTIPROC_DIR" not in env:
+        agent = os.getppid() if launch.launched else os.getpid()
+        name = f"ddpjob-metrics-{agent}-{launch.restart_count}"
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(Path(tempfile.gettempdir()) / name)
+    path = Path(env["PROMETHEUS_MULTIPROC_DIR"])
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def pick_device(kind: str, launch: LaunchEnv) -> torch.device:
+    """``cuda:<local rank>`` (set as the current device) or ``cpu``."""
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("--device=cuda but torch.cuda.is_available() is False; use --device=cpu")
+        count = torch.cuda.device_count()
+        if launch.local_rank >= count:
+            raise RuntimeError(f"LOCAL_RANK={launch.local_rank} but only {count} GPU(s) are visible")
+        device = torch.device("cuda", launch.local_rank)
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+@contextmanager
+def process_group(
+    launch: LaunchEnv, backend: str, device: torch.device, timeout_seconds: int
+) -> Iterator[None]:
+    """Initialize the default process group for the whole ``with`` block; destroy it on the way out."""
+    timeout = timedelta(seconds=timeout_seconds)
+    device_id = device if device.type == "cuda" else None
+    if launch.launched:
+        dist.init_process_group(backend=backend, timeout=timeout, device_id=device_id)
+    else:
+        store = dist.HashStore()  # type: ignore[attr-defined]
+        dist.init_process_group(
+            backend, store=store, rank=0, world_size=1, timeout=timeout, device_id=device_id
+        )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,125 @@
+"""The training loop: no I/O, no policy. Verification, metrics, checkpoints and signals plug in through
+the ``on_step`` callback, which sees every finished optimizer step and says whether to go on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ddp_trainer.model import compute_loss
+
+Batches = Iterator[tuple[int, torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How the forward runs: ``torch.amp`` autocast on cuda, plus a GradScaler for fp16."""
+
+    device_type: str
+    """``cuda`` or ``cpu``."""
+    dtype: torch.dtype | None
+    """Autocast dtype, or None for full precision."""
+
+    @staticmethod
+    def of(device: torch.device, name: str) -> Precision:
+        """From a resolved precision name (``fp32``, ``bf16``, ``fp16``)."""
+        dtypes = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+        return Precision(device.type, dtypes[name])
+
+    def autocast(self) -> contextlib.AbstractContextManager[object]:
+        """The context for forward and loss."""
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+
+    def scaler(self) -> torch.amp.GradScaler:
+        """A GradScaler, enabled only for fp16 (bf16 and fp32 need none)."""
+        return torch.amp.GradScaler(self.device_type, enabled=self.dtype == torch.float16)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one optimizer step did, handed to ``on_step``."""
+
+    step: int
+    """The step just finished (1-based, counting resumed steps)."""
+    epoch: int
+    """Epoch of its last micro-batch."""
+    loss: float
+    """Mean loss over its micro-batches, on this rank."""
+    samples: int
+    """Samples this rank consumed in the step."""
+    duration_seconds: float
+    """Wall time of the step on this rank."""
+
+    @property
+    def finite(self) -> bool:
+        """Whether the loss was finite (a non-finite loss is counted, and fp16 skips the update)."""
+        return math.isfinite(self.loss)
+
+
+@dataclass
+class TrainState:
+    """Everything a step changes; checkpointed and verified."""
+
+    model: nn.Module
+    """The DDP-wrapped model."""
+    optimizer: torch.optim.Optimizer
+    """The optimizer over the model's parameters."""
+    scaler: torch.amp.GradScaler
+    """Loss scaler (disabled unless fp16)."""
+    step: int = 0
+    """Optimizer steps done so far."""
+    epoch: int = 0
+    """Epoch of the last micro-batch consumed."""
+
+
+def train(
+    state: TrainState,
+    batches: Batches,
+    *,
+    total_steps: int,
+    grad_accumulation: int,
+    precision: Precision,
+    device: torch.device,
+    on_step: Callable[[StepResult], bool],
+) -> None:
+    """Run optimizer steps until ``total_steps`` or until ``on_step`` returns False.
+
+    Each step runs ``grad_accumulation`` micro-batches; all but the last are under ``no_sync()`` so
+    DDP all-reduces gradients once per step.
+    """
+    model, optimizer, scaler = state.model, state.optimizer, state.scaler
+    no_sync: Callable[[], contextlib.AbstractContextManager[object]] = getattr(
+        model, "no_sync", contextlib.nullcontext
+    )
+    model.train()
+    while state.step < total_steps:
+        started = time.perf_counter()
+        losses: list[torch.Tensor] = []
+        samples = 0
+        for micro in range(grad_accumulation):
+            epoch, inputs, targets = next(batches)
+            inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+            last = micro == grad_accumulation - 1
+            with contextlib.nullcontext() if last else no_sync():
+                with precision.autocast():
+                    loss = compute_loss(model, model(inputs), targets) / grad_accumulation
+                scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
+            losses.append(loss.detach())
+            samples += int(targets.shape[0])
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        state.step, state.epoch = state.step + 1, epoch
+        total = float(torch.stack(losses).sum())  # one device sync per step, for the loss gauge
+        result = StepResult(state.step, epoch, total, samples, time.perf_counter() - started)
+        if not on_step(result):
+            return

@@ -1,0 +1,127 @@
+"""Prometheus metrics of the trainer: the ``ddp_*`` family of DESIGN.md.
+
+Every series carries ``job``, ``namespace``, ``rank`` (global) and ``node_rank``. One scrape port per
+pod shows every local rank: each rank process writes its values to memory-mapped files in
+``PROMETHEUS_MULTIPROC_DIR`` (prometheus-client's multiprocess mode, prepared by
+:func:`ddp_trainer.distributed.metrics_dir` before this module is imported) and local rank 0 serves
+them all on ``DDPJOB_METRICS_PORT``. Gauges use the ``mostrecent`` mode: series are per rank anyway, and
+a restarted rank's value replaces the dead process's.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.multiprocess import MultiProcessCollector
+
+log = logging.getLogger(__name__)
+
+LABELS = ("job", "namespace", "rank", "node_rank")
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+CHECK_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+
+
+class TrainerMetrics:
+    """This rank's series. ``registry=None`` (multiprocess mode) registers nothing in-process."""
+
+    def __init__(
+        self, labels: dict[str, str], info: dict[str, str], registry: CollectorRegistry | None = None
+    ) -> None:
+        assert set(labels) == set(LABELS), labels
+        self.labels = labels
+
+        def gauge(name: str, doc: str, extra: tuple[str, ...] = ()) -> Gauge:
+            return Gauge(name, doc, LABELS + extra, registry=registry, multiprocess_mode="mostrecent")
+
+        def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
+            return Counter(name, doc, LABELS + extra, registry=registry)
+
+        info_gauge = gauge("ddp_info", "Always 1; labels describe the rank.", tuple(sorted(info)))
+        info_gauge.labels(**labels, **info).set(1)
+        self.steps = counter("ddp_steps", "Optimizer steps done by this rank.").labels(**labels)
+        self.step_duration = Histogram(
+            "ddp_step_duration_seconds",
+            "Wall time of one optimizer step.",
+            LABELS,
+            registry=registry,
+            buckets=STEP_BUCKETS,
+        ).labels(**labels)
+        self.samples = counter("ddp_samples", "Samples consumed by this rank.").labels(**labels)
+        self.loss = gauge("ddp_loss", "Loss of this rank's last step.").labels(**labels)
+        self.checks = counter(
+            "ddp_sync_checks",
+            "Sync checks by kind (initial, periodic, final, repair) and result.",
+            ("kind", "result"),
+        )
+        self.check_duration = Histogram(
+            "ddp_sync_check_duration_seconds",
+            "Wall time of one sync check.",
+            LABELS,
+            registry=registry,
+            buckets=CHECK_BUCKETS,
+        ).labels(**labels)
+        self.mismatched = gauge(
+            "ddp_sync_mismatched_tensors", "Tensors that differed at the last check."
+        ).labels(**labels)
+        self.max_abs = gauge(
+            "ddp_sync_max_abs_divergence", "Largest absolute difference between ranks at the last check."
+        ).labels(**labels)
+        self.repairs = counter(
+            "ddp_sync_repairs", "Divergences repaired by re-broadcasting from rank 0."
+        ).labels(**labels)
+        self.last_success = gauge(
+            "ddp_sync_last_success_timestamp_seconds", "Unix time of the last check that passed."
+        ).labels(**labels)
+        self.last_step = gauge(
+            "ddp_last_step_timestamp_seconds", "Unix time of the last finished step."
+        ).labels(**labels)
+        self.skew = gauge(
+            "ddp_step_time_skew_ratio", "(slowest - fastest) / slowest mean step time between checks, 0-1."
+        ).labels(**labels)
+        self.nonfinite = counter("ddp_nonfinite_loss_steps", "Steps whose loss was NaN or infinite.").labels(
+            **labels
+        )
+        self.restarts = gauge(
+            "ddp_restarts", "Restarts before this run: gang attempts + torchrun restarts."
+        ).labels(**labels)
+
+    def observe_step(
+        self, duration_seconds: float, samples: int, loss: float, finite: bool, now: float
+    ) -> None:
+        """Record one finished step."""
+        self.steps.inc()
+        self.step_duration.observe(duration_seconds)
+        self.samples.inc(samples)
+        if finite:
+            self.loss.set(loss)
+        else:
+            self.nonfinite.inc()
+        self.last_step.set(now)
+
+    def observe_check(
+        self, kind: str, in_sync: bool, duration_seconds: float, mismatched: int, max_abs: float, now: float
+    ) -> None:
+        """Record one sync check."""
+        self.checks.labels(**self.labels, kind=kind, result="ok" if in_sync else "mismatch").inc()
+        self.check_duration.observe(duration_seconds)
+        self.mismatched.set(mismatched)
+        self.max_abs.set(max_abs)
+        if in_sync:
+            self.last_success.set(now)
+
+
+def serve(port: int, directory: Path) -> bool:
+    """Serve every local rank's series from ``directory`` on ``port`` (call on local rank 0 only).
+
+    A port that cannot be bound is logged, not fatal: training matters more than its metrics.
+    """
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(directory))  # type: ignore[no-untyped-call]
+    try:
+        start_http_server(port, registry=registry)
+    except OSError as err:
+        log.warning("metrics: cannot serve on port %d (%s); continuing without a metrics endpoint", port, err)
+        return False
+    return True
