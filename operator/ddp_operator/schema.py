@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -95,7 +96,8 @@ def to_json_schema(schema: Schema, *, root: bool = True) -> dict[str, Any]:
     """Translate a structural schema into JSON Schema (draft 2020-12) for jsonschema.
 
     Objects without ``x-kubernetes-preserve-unknown-fields`` reject unknown fields, as ``kubectl apply``
-    does with its default strict field validation. ``metadata`` at the root is the API server's to check.
+    does with its default strict field validation. ``metadata`` at the root is the API server's to check,
+    beyond what the CRD says of ``metadata.name``.
     """
     out: dict[str, Any] = {}
     for key in (
@@ -124,10 +126,10 @@ def to_json_schema(schema: Schema, *, root: bool = True) -> dict[str, Any]:
         string: dict[str, Any] = {"type": "string", **({"pattern": pattern} if pattern else {})}
         return {"anyOf": [{"type": "integer"}, string]}
     if "properties" in schema:
-        out["properties"] = {
-            name: ({"type": "object"} if root and name == "metadata" else to_json_schema(sub, root=False))
-            for name, sub in schema["properties"].items()
-        }
+        out["properties"] = {name: to_json_schema(sub, root=False) for name, sub in schema["properties"].items()}
+        if root and "metadata" in out["properties"]:
+            # The CRD may only constrain metadata.name; every other metadata field is the API server's.
+            out["properties"]["metadata"].pop("additionalProperties", None)
     extra = schema.get("additionalProperties")
     if isinstance(extra, Mapping):
         out["additionalProperties"] = to_json_schema(extra, root=False)
@@ -251,9 +253,17 @@ def _evaluate(expression: str, self_value: Any) -> Any:
     return program.evaluate({"self": json_to_cel(self_value)})
 
 
-def _lookup(value: Any, field_path: str) -> tuple[bool, Any]:
-    """The value at a rule's fieldPath (".a.b"), if there is one."""
-    for key in [k for k in field_path.split(".") if k]:
+_FIELD_STEP = re.compile(r"\.([^.\[]+)|\['([^']*)'\]")
+
+
+def field_keys(field_path: str) -> list[str]:
+    """The keys of a rule's fieldPath: ".a.b['c/d']" → ["a", "b", "c/d"]."""
+    return [dotted or quoted for dotted, quoted in _FIELD_STEP.findall(field_path)]
+
+
+def _lookup(value: Any, keys: list[str]) -> tuple[bool, Any]:
+    """The value at a rule's fieldPath, if there is one."""
+    for key in keys:
         if not isinstance(value, dict) or key not in value:
             return False, None
         value = value[key]
@@ -274,8 +284,11 @@ def _cel_problems(schema: Schema, value: Any, path: str) -> Iterator[Problem]:
             if rule.message_expression:
                 with contextlib.suppress(CELEvalError, TypeError, ValueError, KeyError):
                     message = str(_evaluate(rule.message_expression, sub_value))
-            field = sub_path + rule.field_path if rule.field_path else sub_path
-            found, at = _lookup(sub_value, rule.field_path)
+            keys = field_keys(rule.field_path)
+            field = sub_path
+            for key in keys:
+                field = join(field, key)
+            found, at = _lookup(sub_value, keys)
             shown = f"Invalid value: {show(at)}: " if found and not isinstance(at, dict | list) else ""
             yield Problem(field, shown + " ".join(message.split()))
 

@@ -8,7 +8,7 @@ from typing import Any
 import celpy
 import pytest
 
-from ddp_operator import cli, crd
+from ddp_operator import cli, crd, schema
 
 from .conftest import REPO
 
@@ -72,11 +72,12 @@ def test_every_rule_compiles_and_every_field_path_exists() -> None:
                 env.compile(rule["messageExpression"])
             assert "message" in rule or "messageExpression" in rule, f"{path}: rule without a message"
             target = node
-            for key in [k for k in rule.get("fieldPath", "").split(".") if k]:
-                assert key in target.get("properties", {}), (
+            for key in schema.field_keys(rule.get("fieldPath", "")):
+                known = target.get("properties", {})
+                assert key in known or isinstance(target.get("additionalProperties"), dict), (
                     f"{path}: fieldPath {rule['fieldPath']} is not a field"
                 )
-                target = target["properties"][key]
+                target = known.get(key) or target["additionalProperties"]
     assert seen >= 10
 
 

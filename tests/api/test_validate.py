@@ -77,7 +77,8 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
         "spec.metricsPort",
         "Invalid value: 70000: must be ≤ 65535",
     ),
-    ("same ports", _with("spec.metricsPort", 29500), "spec.metricsPort", "also the masterPort"),
+    ("same ports", _with("spec.metricsPort", 29500), "spec.metricsPort",
+     "Invalid value: 29500: must differ from masterPort"),
     (
         "unknown spec field",
         _with("spec.gpus", 8),
@@ -86,7 +87,8 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
     ),
     ("unknown nested field", _with("spec.trainer.stepz", 8), "spec.trainer.stepz", "unknown field"),
     ("unknown top-level field", _with("extra", 1), "extra", "unknown field"),
-    ("over-long name", _with("metadata.name", "n" * 60), "", "would exceed 63 characters"),
+    ("over-long name", _with("metadata.name", "n" * 60), "", 'metadata.name "' + "n" * 60 + '" is too long'),
+    ("name over 63", _with("metadata.name", "n" * 64), "metadata.name", "must have at most 63 characters"),
     ("upper-case name", _with("metadata.name", "MyJob"), "", "must be a DNS-1035 label"),
     ("missing name", _with("metadata", {}), "metadata.name", "Required value"),
     ("wrong kind", _with("kind", "PyTorchJob"), "kind", 'Unsupported value: "PyTorchJob"'),
@@ -147,14 +149,14 @@ GPU_BAD: list[tuple[str, dict[str, Any], str, str]] = [
     (
         "gpu limit differs from procs",
         {"nodes": 2, "procsPerNode": 4, "resources": {"limits": {"nvidia.com/gpu": 2}}},
-        "spec.resources.limits",
-        'resources.limits["nvidia.com/gpu"] is 2 but procsPerNode is 4',
+        'spec.resources.limits["nvidia.com/gpu"]',
+        "Invalid value: 2: must equal procsPerNode",
     ),
     (
         "gpu request differs from procs",
         {"nodes": 2, "procsPerNode": 2, "resources": {"requests": {"nvidia.com/gpu": "8"}}},
-        "spec.resources.requests",
-        "is 8 but procsPerNode is 2",
+        'spec.resources.requests["nvidia.com/gpu"]',
+        'Invalid value: "8": must equal procsPerNode',
     ),
     (
         "bad nccl env",

@@ -60,8 +60,8 @@ def test_apply_refuses_what_validate_refuses(cluster: Cluster, operator: Operato
         (ddpjob("bad-backend", backend="nccl"), ["spec.backend", 'backend "nccl" needs device "cuda"']),
         (ddpjob("bad-nodes", nodes=0), ["spec.nodes", "should be greater than or equal to 1"]),
         (ddpjob("bad-field", gpus=8), ['unknown field "spec.gpus"']),
-        (ddpjob("n" * 60), ["would exceed 63 characters"]),
-        (ddpjob("bad-ports", metricsPort=29500), ["spec.metricsPort", "also the masterPort"]),
+        (ddpjob("n" * 60), ["is too long: pod hostnames"]),
+        (ddpjob("bad-ports", metricsPort=29500), ["spec.metricsPort", "must differ from masterPort"]),
     ]
     for doc, fragments in cases:
         result = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc), check=False)
