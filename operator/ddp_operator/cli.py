@@ -79,6 +79,8 @@ def _operator(args: argparse.Namespace) -> int:
 
     from . import handlers, opmetrics
 
+    log_format = kopf.LogFormat.JSON if args.json_logs else kopf.LogFormat.FULL
+    kopf.configure(verbose=args.verbose, log_format=log_format)
     opmetrics.serve(args.metrics_port)
     namespaces = args.namespace or []
     kopf.run(
@@ -166,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip peering (only for a single replica without the KopfPeering CRDs)",
     )
     operate.add_argument("--priority", type=int, default=0, help="peering priority among replicas")
+    operate.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    operate.add_argument("--json-logs", action="store_true", help="structured (JSON) logs, one object a line")
     operate.set_defaults(run=_operator)
 
     crd_cmd = commands.add_parser("crd", help="print the DDPJob CustomResourceDefinition")
