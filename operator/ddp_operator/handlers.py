@@ -8,8 +8,10 @@ and operator restarts never duplicate children.
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -23,6 +25,8 @@ from .spec import SpecError, parse
 
 LABELS = {"app.kubernetes.io/managed-by": render.MANAGED_BY}
 Key = tuple[str, str]
+# One reconcile at a time per DDPJob: child events, the timer and the DDPJob's own events run in threads.
+_LOCKS: collections.defaultdict[Key, threading.Lock] = collections.defaultdict(threading.Lock)
 
 
 @kopf.on.startup()
@@ -104,19 +108,20 @@ def reconcile(
     logger: logging.Logger | kopf.ObjectLogger,
     **_: Any,
 ) -> None:
-    bodies = list(ddpjob_bodies.get(key, []))
-    if not bodies:
-        return
-    body = bodies[0]
-    started = time.monotonic()
-    result = "error"
-    try:
-        plan = plan_for(body, list(ddpjob_jobs.get(key, [])), list(ddpjob_pods.get(key, [])))
-        carry_out(body, plan, logger)
-        opmetrics.observe_plan(body, plan)
-        result = "ok"
-    finally:
-        opmetrics.observe_reconcile(result, time.monotonic() - started, ddpjob_bodies)
+    with _LOCKS[key]:
+        bodies = list(ddpjob_bodies.get(key, []))
+        if not bodies:
+            return
+        body = bodies[0]
+        started = time.monotonic()
+        result = "error"
+        try:
+            plan = plan_for(body, list(ddpjob_jobs.get(key, [])), list(ddpjob_pods.get(key, [])))
+            carry_out(body, plan, logger)
+            opmetrics.observe_plan(body, plan)
+            result = "ok"
+        finally:
+            opmetrics.observe_reconcile(result, time.monotonic() - started, ddpjob_bodies)
 
 
 def plan_for(body: Mapping[str, Any], jobs: list[dict[str, Any]], pods: list[dict[str, Any]]) -> status.Plan:

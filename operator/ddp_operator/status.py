@@ -170,7 +170,7 @@ def reconcile(observed: Observed) -> Plan:
     """The status to write and the next step, from what exists now."""
     spec, previous = observed.spec, observed.previous
     attempt = max([int(previous.get("attempt") or 1), *map(attempt_of, observed.jobs)])
-    restarts = int(previous.get("restarts") or 0)
+    restarts = attempt - 1  # every gang restart starts the next attempt: derived, never counted apart
     now = _stamp(observed.now)
     out = _Status(previous, now)
     start = previous.get("startTime") or now
@@ -240,7 +240,7 @@ def reconcile(observed: Observed) -> Plan:
     if _condition(existing, "Failed"):
         decision = policy.decide(outcome(existing, pods), attempt, spec.max_restarts)
         if decision.action is policy.Action.RESTART:
-            out.values.update(attempt=attempt + 1, restarts=restarts + 1)
+            out.values.update(attempt=attempt + 1, restarts=attempt)
             out.phase("Restarting", decision.reason, decision.message, warning=True)
             out.condition("Ready", False, decision.reason, decision.message)
             return Plan(out.build(), delete_jobs=(name,), events=tuple(out.events), requeue=True)
