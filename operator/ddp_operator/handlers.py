@@ -130,7 +130,7 @@ def plan_for(body: Mapping[str, Any], jobs: list[dict[str, Any]], pods: list[dic
     generation = int(body.get("metadata", {}).get("generation") or 0)
     now = dt.datetime.now(dt.UTC)
     try:
-        spec = parse(body)
+        spec = parse(body, admitted=True)
     except SpecError as exc:
         message = "; ".join(str(problem) for problem in exc.problems)[:1024]
         failed = {
@@ -169,7 +169,7 @@ def carry_out(body: Mapping[str, Any], plan: status.Plan, logger: logging.Logger
         logger.info(f"deleting Job {job_name} and its pods")
         _ignore((404,), batch.delete_namespaced_job, job_name, namespace, propagation_policy="Foreground")
     if plan.create_job is not None:
-        service = render.render_service(parse(body))
+        service = render.render_service(parse(body, admitted=True))
         _ignore((409,), core.create_namespaced_service, namespace, service)
         logger.info(f"creating Job {plan.create_job['metadata']['name']}")
         _ignore((409,), batch.create_namespaced_job, namespace, plan.create_job)

@@ -13,6 +13,7 @@ import contextlib
 import copy
 import json
 import re
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -126,7 +127,9 @@ def to_json_schema(schema: Schema, *, root: bool = True) -> dict[str, Any]:
         string: dict[str, Any] = {"type": "string", **({"pattern": pattern} if pattern else {})}
         return {"anyOf": [{"type": "integer"}, string]}
     if "properties" in schema:
-        out["properties"] = {name: to_json_schema(sub, root=False) for name, sub in schema["properties"].items()}
+        out["properties"] = {
+            name: to_json_schema(sub, root=False) for name, sub in schema["properties"].items()
+        }
         if root and "metadata" in out["properties"]:
             # The CRD may only constrain metadata.name; every other metadata field is the API server's.
             out["properties"]["metadata"].pop("additionalProperties", None)
@@ -231,6 +234,7 @@ def _walk(schema: Schema, value: Any, path: str) -> Iterator[tuple[Schema, Any, 
 # --- CEL rules ---------------------------------------------------------------------------------------
 
 _CEL = celpy.Environment()
+_CEL_LOCK = threading.Lock()  # cel-python's environment is not safe to share between threads
 
 
 @dataclass(frozen=True)
@@ -249,8 +253,9 @@ def _rules(schema: Schema) -> list[_Rule]:
 
 
 def _evaluate(expression: str, self_value: Any) -> Any:
-    program = _CEL.program(_CEL.compile(expression))
-    return program.evaluate({"self": json_to_cel(self_value)})
+    with _CEL_LOCK:
+        program = _CEL.program(_CEL.compile(expression))
+        return program.evaluate({"self": json_to_cel(self_value)})
 
 
 _FIELD_STEP = re.compile(r"\.([^.\[]+)|\['([^']*)'\]")

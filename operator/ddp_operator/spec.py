@@ -176,16 +176,33 @@ def defaulted(doc: Mapping[str, Any]) -> dict[str, Any]:
     return result
 
 
-def parse(doc: Any, source: str = "") -> Spec:
-    """Validate and default one DDPJob document; raise SpecError with every problem found."""
+def parse(doc: Any, source: str = "", *, admitted: bool = False) -> Spec:
+    """Validate and default one DDPJob document; raise SpecError with every problem found.
+
+    ``admitted=True`` is for objects the API server already stored, having checked them against this
+    CRD: its verdict stands, so only the defaults are applied (a second, offline CEL evaluation could only
+    disagree with the server's, never improve on it); a shape ``_build`` cannot read is still an error.
+    """
     problems = _envelope_problems(doc)
     if problems:
         raise SpecError(problems, _label(doc, source))
     full = defaulted(doc)
-    problems = schema.validate(crd.openapi_schema(), full)
+    problems = [] if admitted else schema.validate(crd.openapi_schema(), full)
     if problems:
         raise SpecError(problems, _label(doc, source))
-    return _build(full)
+    try:
+        return _build(full)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SpecError(
+            [
+                Problem(
+                    "spec",
+                    f"cannot be read ({type(exc).__name__}: {exc}); is the installed "
+                    "CRD older than this operator?",
+                )
+            ],
+            _label(doc, source),
+        ) from exc
 
 
 def parse_file(path: Path) -> list[Spec]:

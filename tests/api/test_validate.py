@@ -77,8 +77,12 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
         "spec.metricsPort",
         "Invalid value: 70000: must be ≤ 65535",
     ),
-    ("same ports", _with("spec.metricsPort", 29500), "spec.metricsPort",
-     "Invalid value: 29500: must differ from masterPort"),
+    (
+        "same ports",
+        _with("spec.metricsPort", 29500),
+        "spec.metricsPort",
+        "Invalid value: 29500: must differ from masterPort",
+    ),
     (
         "unknown spec field",
         _with("spec.gpus", 8),
@@ -276,3 +280,38 @@ def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     code, _, err = _run([tmp_path / "nope.yaml"], capsys)
     assert code == 1
     assert "cannot read the file" in err
+
+
+def test_validation_is_thread_safe() -> None:
+    """The operator reconciles in threads; cel-python's shared environment once mixed their activations."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ddp_operator.spec import SpecError, parse
+
+    good, bad = BASE, _with("spec.backend", "nccl")
+
+    def verdict(doc: dict[str, Any]) -> str:
+        try:
+            parse(doc)
+        except SpecError as exc:
+            return "; ".join(str(p) for p in exc.problems)
+        return "ok"
+
+    expected = {"good": verdict(good), "bad": verdict(bad)}
+    assert expected["good"] == "ok" and "needs device" in expected["bad"]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(
+            pool.map(lambda i: ("good", verdict(good)) if i % 2 else ("bad", verdict(bad)), range(200))
+        )
+    assert all(result == expected[kind] for kind, result in results)
+
+
+def test_admitted_objects_keep_the_api_servers_verdict() -> None:
+    from ddp_operator.spec import SpecError, parse
+
+    doc = _with("spec.backend", "nccl")  # refused offline; the server's CEL decides for stored objects
+    with pytest.raises(SpecError):
+        parse(doc)
+    assert parse(doc, admitted=True).backend == "nccl"
+    with pytest.raises(SpecError, match="cannot be read"):
+        parse(_with("spec.trainer", "not-a-mapping"), admitted=True)
