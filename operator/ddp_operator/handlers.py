@@ -117,7 +117,13 @@ def reconcile(
         result = "error"
         try:
             plan = plan_for(body, list(ddpjob_jobs.get(key, [])), list(ddpjob_pods.get(key, [])))
-            carry_out(body, plan, logger)
+            try:
+                carry_out(body, plan, logger)
+            except ApiException as exc:
+                # Say so on the DDPJob itself (the API server folds repeats into one event with a count).
+                reason = f"the API server refused a step of the plan: {exc.status} {exc.reason}"
+                kopf.event(dict(body), type="Warning", reason="ReconcileFailed", message=reason)  # type: ignore[arg-type]
+                raise
             opmetrics.observe_plan(body, plan)
             result = "ok"
         finally:

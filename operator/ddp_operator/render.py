@@ -180,9 +180,12 @@ def container_env(spec: Spec, attempt: int) -> list[Obj]:
 
 
 def container_resources(spec: Spec) -> Obj:
-    resources: Obj = {kind: dict(values) for kind, values in spec.resources.items()}
+    """The user's resources as quantity strings (the API's canonical form), plus one GPU per process."""
+    resources: Obj = {
+        kind: {name: str(value) for name, value in values.items()} for kind, values in spec.resources.items()
+    }
     if spec.device == "cuda":
-        resources.setdefault("limits", {}).setdefault("nvidia.com/gpu", spec.procs_per_node)
+        resources.setdefault("limits", {}).setdefault("nvidia.com/gpu", str(spec.procs_per_node))
     return resources
 
 
@@ -200,7 +203,7 @@ def _command(spec: Spec) -> Obj:
 def _volumes(spec: Spec) -> tuple[list[Obj], list[Obj]]:
     checkpoint_source: Mapping[str, Any] = spec.checkpoint.volume if spec.checkpoint else {"emptyDir": {}}
     volumes = [
-        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
+        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": str(spec.shm_size)}},
         {"name": CHECKPOINT_VOLUME, **checkpoint_source},
         *(dict(v) for v in spec.pod_template.volumes),
     ]

@@ -58,8 +58,13 @@ def test_manifests_are_generated_from_the_chart() -> None:
     "values", [[], ["--set", "watchNamespaces={team-a,team-b}"]], ids=["cluster", "namespaced"]
 )
 def test_objects_pass_the_official_schemas(values: list[str]) -> None:
-    for obj in _template(*values):
+    objects = _template(*values)
+    for obj in objects:
+        if obj["apiVersion"] == "kopf.dev/v1":  # Kopf's peering kinds: not in the official schemas
+            assert obj["metadata"]["name"] == "ddpjob-operator"  # the name the handlers peer under
+            continue
         kubernetes_validate.validate(obj, "1.34.0", strict=True)
+    assert any(obj["apiVersion"] == "kopf.dev/v1" for obj in objects)
 
 
 def test_operator_runs_locked_down() -> None:

@@ -111,7 +111,7 @@ def test_gpu_limit_defaults_to_procs_per_node() -> None:
     doc = yaml.safe_load((GOLDEN / "gpu-nccl.yaml").read_text())
     del doc["spec"]["resources"]
     container = _container(render.render_job(parse(doc), 1))
-    assert container["resources"] == {"limits": {"nvidia.com/gpu": 4}}
+    assert container["resources"] == {"limits": {"nvidia.com/gpu": "4"}}
 
 
 def test_pods_find_each_other_through_the_headless_service() -> None:
