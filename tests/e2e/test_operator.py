@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from cluster.fixtures import Cluster, wait_for
 
 from .conftest import REPO, Operator, children, ddpjob, get, settle, wait_phase
