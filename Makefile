@@ -34,8 +34,7 @@ unit: tools
 test: lint typecheck unit
 
 demo: $(STAMP)
-	$(BIN)/ddpjob validate examples/quickstart.yaml
-	$(BIN)/ddpjob render examples/quickstart.yaml
+	$(BIN)/ddpjob local examples/quickstart.yaml
 
 manifests: tools
 	$(BIN)/python -m ddp_operator.crd --write-manifests

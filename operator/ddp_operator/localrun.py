@@ -164,7 +164,7 @@ def _watch(
 ) -> tuple[list[int | None], list[int | None]]:
     """Wait for all pods to succeed, one to fail, or an interrupt; then make sure none is left.
     Returns the exit codes when that happened (who failed first) and after every pod stopped."""
-    started = last_progress = time.monotonic()
+    last_progress = first_at = time.monotonic()
     first: progress.Progress | None = None
     while True:
         codes = members.codes()
@@ -174,10 +174,10 @@ def _watch(
         if time.monotonic() - last_progress >= PROGRESS_SECONDS:
             last_progress = time.monotonic()
             texts = [text for pod in pods if (text := progress.scrape(pod.metrics_port)) is not None]
-            if texts:
-                now = progress.parse(texts)
-                first = first or now
-                console.progress(progress.line(now, spec.trainer.steps, time.monotonic() - started, first))
+            if texts and (now := progress.parse(texts)).step > 0:
+                if first is None:
+                    first, first_at = now, time.monotonic()
+                console.progress(progress.line(now, spec.trainer.steps, time.monotonic() - first_at, first))
     if interrupt.count:
         console.say("interrupted: stopping every pod (SIGTERM; the trainer checkpoints at its next step)")
     members.stop(0.0 if interrupt.count > 1 else GRACE_SECONDS)
