@@ -11,20 +11,25 @@ from pathlib import Path
 import yaml
 
 from . import __version__, crd, render
-from .spec import SpecError, parse_file
+from .spec import Spec, SpecError, parse_file
+
+
+def _load(path: str) -> list[Spec] | None:
+    """The DDPJobs of a file, or None after printing why the API server would refuse it."""
+    try:
+        return parse_file(Path(path))
+    except SpecError as exc:
+        for line in exc.lines():
+            print(line, file=sys.stderr)
+        return None
 
 
 def _validate(args: argparse.Namespace) -> int:
     failed = False
     for path in args.files:
-        try:
-            specs = parse_file(Path(path))
-        except SpecError as exc:
-            failed = True
-            for line in exc.lines():
-                print(line, file=sys.stderr)
-            continue
-        for spec in specs:
+        specs = _load(path)
+        failed = failed or specs is None
+        for spec in specs or []:
             print(
                 f"{path}: {crd.KIND}/{spec.name}: valid ({spec.nodes} nodes × {spec.procs_per_node} "
                 f"procs = {spec.world_size} ranks, {spec.device}/{spec.backend})"
@@ -33,11 +38,8 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _render(args: argparse.Namespace) -> int:
-    try:
-        specs = parse_file(Path(args.file))
-    except SpecError as exc:
-        for line in exc.lines():
-            print(line, file=sys.stderr)
+    specs = _load(args.file)
+    if specs is None:
         return 1
     documents = []
     for spec in specs:
@@ -55,11 +57,8 @@ def _render(args: argparse.Namespace) -> int:
 def _local(args: argparse.Namespace) -> int:
     from . import local, localrun  # the run's imports stay off validate's and render's path
 
-    try:
-        specs = parse_file(Path(args.file))
-    except SpecError as exc:
-        for line in exc.lines():
-            print(line, file=sys.stderr)
+    specs = _load(args.file)
+    if specs is None:
         return localrun.EXIT_INVALID
     if len(specs) != 1:
         print(
