@@ -4,7 +4,7 @@ An attempt is one Indexed Job: all pods start together and one failed pod fails 
 
 - a sync divergence under ``onDivergence: Fail`` fails the DDPJob at once: restarting would resume the
   same diverged training, so the operator says what diverged instead of burning restarts;
-- an invalid spec fails at once as well: no restart can fix it;
+- an invalid spec fails at once as well: no restart can fix it, and neither can one after the deadline;
 - any other failure starts attempt + 1 (resuming from the last good checkpoint) while restarts are left.
 """
 
@@ -73,6 +73,8 @@ def decide(outcome: Outcome, attempt: int, max_restarts: int) -> Decision:
         return Decision(Action.FAIL, "SyncDivergence", f"attempt {attempt}: {detail}; not restarting")
     if outcome.reason == "InvalidSpec":
         return Decision(Action.FAIL, "InvalidSpec", outcome.message or "the spec is invalid; not restarting")
+    if outcome.reason == "DeadlineExceeded":
+        return Decision(Action.FAIL, "DeadlineExceeded", "activeDeadlineSeconds passed; not restarting")
     why = outcome.message or _failed_pods(outcome)
     restarts = attempt - 1
     if restarts < max_restarts:

@@ -169,3 +169,27 @@ def test_operator_metrics(cluster: Cluster, operator: Operator) -> None:
     text = operator.metrics()
     assert 'ddpjob_reconciles_total{result="ok"}' in text
     assert "ddpjob_reconcile_duration_seconds_count" in text
+
+
+def test_deadline_and_ttl(cluster: Cluster, operator: Operator, namespace: str) -> None:
+    _apply(
+        cluster,
+        namespace,
+        ddpjob("slowpoke", activeDeadlineSeconds=3, **_python("import time; time.sleep(600)")),
+    )
+    status = wait_phase(cluster, namespace, "slowpoke", "Failed", timeout=90)["status"]
+    assert {c["type"]: c for c in status["conditions"]}["Failed"]["reason"] == "DeadlineExceeded"
+    wait_for(
+        lambda: not children(cluster, namespace, "pods", "slowpoke"), what="the pods to stop", timeout=60
+    )
+    _apply(cluster, namespace, ddpjob("ephemeral", ttlSecondsAfterFinished=2, **_python("pass")))
+    wait_for(
+        lambda: (
+            not cluster.kubectl_json(
+                "get", "ddpjobs", "-n", namespace, "--field-selector", "metadata.name=ephemeral"
+            )["items"]
+        ),
+        what="the finished DDPJob to be deleted after its TTL",
+        timeout=90,
+        every=0.5,
+    )

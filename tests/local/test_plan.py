@@ -182,6 +182,14 @@ POLICY = [
         "InvalidSpec",
     ),
     (
+        "deadline passed",
+        policy.Outcome(False, {0: 137}, reason="DeadlineExceeded"),
+        1,
+        3,
+        policy.Action.FAIL,
+        "DeadlineExceeded",
+    ),
+    (
         "crash report still restarts",
         policy.Outcome(False, {0: 1}, {"result": "Failed"}),
         2,
