@@ -150,7 +150,9 @@ def test_plain_torchrun_script_runs_unchanged(tmp_path: Path, name: str) -> None
         "t = torch.ones(1) * dist.get_rank()\n"
         "dist.all_reduce(t)\n"
         "assert dist.get_world_size() == 4 and t.item() == 6, (dist.get_world_size(), t)\n"
-        "print('plain script rank', dist.get_rank(), 'sum', t.item(), 'node', os.environ['GROUP_RANK'])\n"
+        # one write per line: the ranks of a pod share its stdout, as in a container
+        "line = f\"plain script rank {dist.get_rank()} sum {t.item()} node {os.environ['GROUP_RANK']}\\n\"\n"
+        "os.write(1, line.encode())\n"
         "dist.destroy_process_group()\n"
     )
     doc = _job(name, command=["torchrun"], args=[str(script)])
