@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from cluster.fixtures import Cluster, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
