@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -80,6 +81,9 @@ def _operator(args: argparse.Namespace) -> int:
 
     log_format = kopf.LogFormat.JSON if args.json_logs else kopf.LogFormat.FULL
     kopf.configure(verbose=args.verbose, log_format=log_format)
+    if not args.verbose:  # every event and timer tick would log a success line: keep what changed
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_quiet_successes)
     opmetrics.serve(args.metrics_port)
     namespaces = args.namespace or []
     kopf.run(
@@ -93,6 +97,11 @@ def _operator(args: argparse.Namespace) -> int:
     )
     del handlers  # imported for its registrations
     return 0
+
+
+def _quiet_successes(record: logging.LogRecord) -> bool:
+    message = record.getMessage()
+    return not (message.endswith("' succeeded.") and message.startswith(("Handler '", "Timer '")))
 
 
 def _crd(args: argparse.Namespace) -> int:

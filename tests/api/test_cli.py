@@ -1,0 +1,31 @@
+"""Small promises of the `ddpjob` command line."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from ddp_operator import cli
+
+
+def _record(message: str) -> logging.LogRecord:
+    return logging.LogRecord("kopf.objects", logging.INFO, __file__, 1, message, None, None)
+
+
+@pytest.mark.parametrize(
+    ("message", "kept"),
+    [
+        ("Handler 'on_pod' succeeded.", False),
+        ("Timer 'on_timer' succeeded.", False),
+        ("creating Job quickstart-2", True),
+        ("Handler 'on_pod' failed with an exception. Will retry.", True),
+    ],
+)
+def test_operator_logs_keep_what_changed(message: str, kept: bool) -> None:
+    assert cli._quiet_successes(_record(message)) is kept
+
+
+def test_attempt_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["render", "examples/quickstart.yaml", "--attempt", "0"]) == 2
+    assert "--attempt: Invalid value: 0: must be ≥ 1" in capsys.readouterr().err
