@@ -31,7 +31,7 @@ class Console:
 
     stream: TextIO
     verbose: bool
-    _last_plain: float = 0.0
+    _last_plain: float | None = None
     _live: bool = False
 
     def say(self, text: str) -> None:
@@ -48,6 +48,8 @@ class Console:
         if self.stream.isatty():
             print(f"\r\x1b[2K{text}", end="", file=self.stream, flush=True)
             self._live = True
+        elif self._last_plain is None:
+            self._last_plain = time.monotonic()  # the first line after 10 s of training, then every 10 s
         elif time.monotonic() - self._last_plain >= 10.0:
             self._last_plain = time.monotonic()
             self.say(text)

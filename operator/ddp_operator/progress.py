@@ -84,11 +84,11 @@ def line(progress: Progress, total_steps: int, elapsed: float, first: Progress |
     percent = 100.0 * progress.step / total_steps if total_steps else 0.0
     loss = f"{progress.loss:.4f}" if progress.loss is not None else "-"
     base_samples = first.samples if first else 0.0
-    rate = (progress.samples - base_samples) / elapsed if elapsed > 0 else 0.0
+    rate = f"{(progress.samples - base_samples) / elapsed:,.0f}" if elapsed > 0.5 else "-"
     checks = f"{progress.checks_ok} ok"
     if progress.checks_mismatch:
         checks += f", {progress.checks_mismatch} MISMATCH"
     return (
-        f"step {progress.step}/{total_steps} ({percent:.0f}%)  loss {loss}  {rate:,.0f} samples/s  "
+        f"step {progress.step}/{total_steps} ({percent:.0f}%)  loss {loss}  {rate} samples/s  "
         f"sync checks: {checks}"
     )
