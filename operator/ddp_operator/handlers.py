@@ -22,6 +22,7 @@ from kubernetes.client.exceptions import ApiException
 
 from . import crd, opmetrics, render, status
 from .spec import SpecError, parse
+from .status import TERMINAL
 
 LABELS = {"app.kubernetes.io/managed-by": render.MANAGED_BY}
 Key = tuple[str, str]
@@ -93,7 +94,12 @@ def on_pod(namespace: str | None, labels: kopf.Labels, **kwargs: Any) -> None:
     reconcile(_owner(namespace, labels), **kwargs)
 
 
-@kopf.timer(crd.GROUP, crd.VERSION, crd.PLURAL, interval=5, idle=0)
+def _watched(spec: kopf.Spec, status: kopf.Status, **_: Any) -> bool:
+    """Finished DDPJobs need no timer, unless their ttlSecondsAfterFinished is still running."""
+    return status.get("phase") not in TERMINAL or spec.get("ttlSecondsAfterFinished") is not None
+
+
+@kopf.timer(crd.GROUP, crd.VERSION, crd.PLURAL, interval=5, idle=0, when=_watched)
 def on_timer(namespace: str | None, name: str, **kwargs: Any) -> None:
     """The safety net: deadlines, TTLs and restarts waiting for old pods are noticed within seconds."""
     reconcile((namespace or "", name), **kwargs)
