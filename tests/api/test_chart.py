@@ -38,7 +38,7 @@ def test_lint_passes_and_values_are_checked() -> None:
     ok = subprocess.run([_helm(), "lint", str(CHART)], capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     bad = subprocess.run(
-        [_helm(), "lint", str(CHART), "--set", "replicaCount=0"], capture_output=True, text=True, timeout=60
+        [_helm(), "lint", str(CHART), "--set", "replicaCount=2"], capture_output=True, text=True, timeout=60
     )
     assert bad.returncode != 0 and "replicaCount" in bad.stdout + bad.stderr
 
