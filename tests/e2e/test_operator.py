@@ -193,3 +193,37 @@ def test_deadline_and_ttl(cluster: Cluster, operator: Operator, namespace: str) 
         timeout=90,
         every=0.5,
     )
+
+
+def test_structured_logs(cluster: Cluster, operator: Operator, tmp_path: Path) -> None:
+    """--json-logs: one JSON object a line, ready for a log pipeline."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    log = tmp_path / "json.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ddp_operator",
+                "operator",
+                "--json-logs",
+                "--standalone",
+                "--liveness=127.0.0.1:0",
+                "--metrics-port=0",
+            ],
+            env={**os.environ, "KUBECONFIG": str(operator.kubeconfig)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        time.sleep(6)
+        process.terminate()
+        process.wait(timeout=30)
+    lines = [line for line in log.read_text().splitlines() if line.strip()]
+    assert lines, "the operator logged nothing"
+    records = [json.loads(line) for line in lines]
+    assert all("message" in record for record in records)
+    assert any("configure" in record["message"] for record in records)
