@@ -180,9 +180,9 @@ def carry_out(body: Mapping[str, Any], plan: status.Plan, logger: logging.Logger
     for job_name in plan.delete_jobs:
         logger.info(f"deleting Job {job_name} and its pods")
         _ignore((404,), batch.delete_namespaced_job, job_name, namespace, propagation_policy="Foreground")
+    if plan.create_service is not None:
+        _ignore((409,), core.create_namespaced_service, namespace, plan.create_service)
     if plan.create_job is not None:
-        service = render.render_service(parse(body, admitted=True))
-        _ignore((409,), core.create_namespaced_service, namespace, service)
         logger.info(f"creating Job {plan.create_job['metadata']['name']}")
         _ignore((409,), batch.create_namespaced_job, namespace, plan.create_job)
     if plan.suspend_job is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import re
 import threading
@@ -252,10 +253,15 @@ def _rules(schema: Schema) -> list[_Rule]:
     ]
 
 
+@functools.cache
+def _program(expression: str) -> Any:
+    """Each rule is parsed once per process (lark parsing costs more than evaluating)."""
+    return _CEL.program(_CEL.compile(expression))
+
+
 def _evaluate(expression: str, self_value: Any) -> Any:
     with _CEL_LOCK:
-        program = _CEL.program(_CEL.compile(expression))
-        return program.evaluate({"self": json_to_cel(self_value)})
+        return _program(expression).evaluate({"self": json_to_cel(self_value)})
 
 
 _FIELD_STEP = re.compile(r"\.([^.\[]+)|\['([^']*)'\]")

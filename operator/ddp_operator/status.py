@@ -32,11 +32,11 @@ class Event:
 @dataclass(frozen=True)
 class Plan:
     status: Obj
+    create_service: Obj | None = None  # created (or found already there) before create_job
     create_job: Obj | None = None
     delete_jobs: tuple[str, ...] = ()
     suspend_job: tuple[str, bool] | None = None
     events: tuple[Event, ...] = ()
-    requeue: bool = False  # look again soon (e.g. an old attempt's pods are still going away)
     delete_self: bool = False  # ttlSecondsAfterFinished has passed
 
 
@@ -48,7 +48,6 @@ class Observed:
     jobs: Sequence[Mapping[str, Any]]
     pods: Sequence[Mapping[str, Any]]
     now: dt.datetime
-    creation: dt.datetime | None = None
 
 
 def attempt_of(obj: Mapping[str, Any]) -> int:
@@ -221,7 +220,7 @@ def reconcile(observed: Observed) -> Plan:
     if stale:
         out.phase("Restarting", "GangRestart", f"stopping the pods of attempt(s) before {attempt}")
         out.condition("Ready", False, "GangRestart", "waiting for the pods of earlier attempts to go away")
-        return Plan(out.build(), delete_jobs=stale, events=tuple(out.events), requeue=True)
+        return Plan(out.build(), delete_jobs=stale, events=tuple(out.events))
 
     if not current:
         job = render.render_job(spec, attempt)
@@ -231,7 +230,9 @@ def reconcile(observed: Observed) -> Plan:
             f"created Job {job['metadata']['name']} (attempt {attempt})",
         )
         out.condition("Ready", False, "Creating", f"creating attempt {attempt}")
-        return Plan(out.build(), create_job=job, events=tuple(out.events))
+        return Plan(
+            out.build(), create_service=render.render_service(spec), create_job=job, events=tuple(out.events)
+        )
 
     existing = current[0]
     name = existing["metadata"]["name"]
@@ -243,7 +244,7 @@ def reconcile(observed: Observed) -> Plan:
             out.values.update(attempt=attempt + 1, restarts=attempt)
             out.phase("Restarting", decision.reason, decision.message, warning=True)
             out.condition("Ready", False, decision.reason, decision.message)
-            return Plan(out.build(), delete_jobs=(name,), events=tuple(out.events), requeue=True)
+            return Plan(out.build(), delete_jobs=(name,), events=tuple(out.events))
         return _finish(out, False, decision.reason, decision.message)
 
     suspended = bool(existing.get("spec", {}).get("suspend"))

@@ -94,6 +94,7 @@ def _conditions(plan: status.Plan) -> dict[str, tuple[str, str]]:
 def test_new_job_creates_attempt_one() -> None:
     plan = _reconcile()
     assert plan.create_job is not None and plan.create_job["metadata"]["name"] == "job-1"
+    assert plan.create_service is not None and plan.create_service["spec"]["clusterIP"] == "None"
     assert plan.status["phase"] == "Pending" and plan.status["attempt"] == 1 and plan.status["restarts"] == 0
     assert plan.status["observedGeneration"] == 3 and plan.status["startTime"] == "2026-11-22T12:00:00Z"
     assert [e.reason for e in plan.events] == ["Created"]
@@ -138,13 +139,13 @@ def test_failure_restarts_the_gang() -> None:
     )
     assert plan.status["phase"] == "Restarting"
     assert (plan.status["attempt"], plan.status["restarts"]) == (2, 1)
-    assert plan.delete_jobs == ("job-1",) and plan.create_job is None and plan.requeue
+    assert plan.delete_jobs == ("job-1",) and plan.create_job is None
     assert "node 0 exited 1, node 1 exited 137" in plan.events[0].message
 
 
 def test_next_attempt_waits_for_the_old_job_to_go() -> None:
     plan = _reconcile({"phase": "Restarting", "attempt": 2, "restarts": 1}, [_job(1, condition="Failed")])
-    assert plan.delete_jobs == ("job-1",) and plan.create_job is None and plan.requeue
+    assert plan.delete_jobs == ("job-1",) and plan.create_job is None
     plan = _reconcile({"phase": "Restarting", "attempt": 2, "restarts": 1}, [])
     assert plan.create_job is not None and plan.create_job["metadata"]["name"] == "job-2"
     assert plan.status["phase"] == "Pending"
