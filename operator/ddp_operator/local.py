@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddp_trainer import contract
+
 from . import podenv, render
 from .spec import Spec
 
@@ -146,8 +148,8 @@ def plan_pods(
         env = {key: remap(value, dirs) for key, value in env.items()}
         name = pod["metadata"]["name"]
         termination = attempt_dir / f"{name}.termination-log"
-        env["DDPJOB_METRICS_PORT"] = str(metrics_ports[index])
-        env["DDPJOB_TERMINATION_LOG"] = str(termination)
+        env[contract.METRICS_PORT_ENV] = str(metrics_ports[index])
+        env[contract.TERMINATION_LOG_ENV] = str(termination)
         if gpus is not None:
             per_pod = gpus[index * spec.procs_per_node : (index + 1) * spec.procs_per_node]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, per_pod))

@@ -15,6 +15,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
+from ddp_trainer import contract
+
 from . import gang, local, policy, progress
 from .spec import Spec
 
@@ -91,7 +93,7 @@ def run(
     if note:
         console.say(f"  {note}")
     started = time.monotonic()
-    attempt = 1
+    attempt = contract.FIRST_ATTEMPT
     with Interrupt() as interrupt:
         while True:
             outcome = _attempt(spec, attempt, run_dir, console, interrupt)
@@ -145,7 +147,7 @@ def _attempt(
             False, reason="InvalidSpec", message=f"the command {exc.filename!r} is not found on this machine"
         )
     first, codes = _watch(spec, pods, members, console, interrupt)
-    report = policy.parse_report(_read(pods[0].termination_path))
+    report = contract.parse_report(_read(pods[0].termination_path))
     failed = [(pod, code) for pod, code in zip(pods, first, strict=True) if code]
     for pod, code in failed[:2]:
         member = members.members[pod.index]

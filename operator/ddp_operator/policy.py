@@ -11,15 +11,11 @@ An attempt is one Indexed Job: all pods start together and one failed pod fails 
 from __future__ import annotations
 
 import enum
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-# The trainer's exit code for a divergence under Fail (ddp_trainer.exitcodes.DIVERGENCE_EXIT_CODE; a test
-# keeps the two equal). torchrun reports any child failure as 1, so the termination message is the
-# signal that survives; the code is honoured for scripts that run without torchrun.
-DIVERGENCE_EXIT_CODE = 86
+from ddp_trainer import contract
 
 
 class Action(enum.Enum):
@@ -46,22 +42,11 @@ class Decision:
     message: str
 
 
-def parse_report(text: str | None) -> dict[str, Any] | None:
-    """The trainer's JSON report from a termination message, or None when it is not one (a crash log)."""
-    if not text:
-        return None
-    try:
-        report = json.loads(text)
-    except ValueError:
-        return None
-    return report if isinstance(report, dict) and "result" in report else None
-
-
 def diverged(outcome: Outcome) -> bool:
     """True when the replicas diverged and the job's policy was to stop."""
-    if outcome.report is not None and outcome.report.get("result") == "Diverged":
+    if outcome.report is not None and outcome.report.get("result") == contract.DIVERGED:
         return True
-    return DIVERGENCE_EXIT_CODE in outcome.exit_codes.values()
+    return contract.DIVERGENCE_EXIT_CODE in outcome.exit_codes.values()
 
 
 def decide(outcome: Outcome, attempt: int, max_restarts: int) -> Decision:
@@ -76,7 +61,7 @@ def decide(outcome: Outcome, attempt: int, max_restarts: int) -> Decision:
     if outcome.reason == "DeadlineExceeded":
         return Decision(Action.FAIL, "DeadlineExceeded", "activeDeadlineSeconds passed; not restarting")
     why = outcome.message or _failed_pods(outcome)
-    restarts = attempt - 1
+    restarts = contract.restarts_before(attempt)
     if restarts < max_restarts:
         return Decision(
             Action.RESTART,

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from ddp_trainer import contract
+
 
 @dataclass(frozen=True)
 class Progress:
@@ -44,14 +46,14 @@ def parse(texts: Iterable[str]) -> Progress:
     for text in texts:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                rank = sample.labels.get("rank", "")
-                if sample.name == "ddp_steps_total":
+                rank = sample.labels.get(contract.RANK_LABEL, "")
+                if sample.name == contract.counter_sample(contract.STEPS):
                     steps[rank] = sample.value
-                elif sample.name == "ddp_samples_total":
+                elif sample.name == contract.counter_sample(contract.SAMPLES):
                     samples[rank] = sample.value
-                elif sample.name == "ddp_loss":
+                elif sample.name == contract.LOSS:
                     losses[rank] = sample.value
-                elif sample.name == "ddp_sync_checks_total":
+                elif sample.name == contract.counter_sample(contract.SYNC_CHECKS):
                     key = (rank, sample.labels.get("kind", ""), sample.labels.get("result", ""))
                     checks[key] = sample.value
     by_result = _sum_by_result(checks)
@@ -60,8 +62,8 @@ def parse(texts: Iterable[str]) -> Progress:
         samples=sum(samples.values()),
         loss=losses.get("0", next(iter(losses.values()), None)),
         # Every rank takes part in every check: count rank 0's, or any one rank's when 0 is not shown.
-        checks_ok=int(by_result.get("ok", 0)),
-        checks_mismatch=int(by_result.get("mismatch", 0)),
+        checks_ok=int(by_result.get(contract.CHECK_RESULT_OK, 0)),
+        checks_mismatch=int(by_result.get(contract.CHECK_RESULT_MISMATCH, 0)),
         ranks=len(steps),
     )
 

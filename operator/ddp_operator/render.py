@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ddp_trainer import contract
+
 from . import crd
 from .spec import Spec
 
@@ -102,24 +104,31 @@ def checkpoint_dir(spec: Spec) -> str:
     return spec.checkpoint.mount_path if spec.checkpoint else DEFAULT_CHECKPOINT_DIR
 
 
-def trainer_args(spec: Spec) -> list[str]:
-    """The built-in trainer's flags, from spec.trainer and spec.syncCheck (`python -m ddp_trainer --help`)."""
+def trainer_values(spec: Spec) -> dict[str, object]:
+    """The built-in trainer's settings by ``TrainerConfig`` field, from spec.trainer, spec.syncCheck and
+    spec.nccl: the one place where the API's names meet the trainer's (``syncCheck.everySteps`` →
+    ``sync_every`` → ``--sync-every``)."""
     t, check = spec.trainer, spec.sync_check
-    return [
-        f"--device={spec.device}",
-        f"--backend={spec.backend}",
-        f"--seed={t.seed}",
-        f"--steps={t.steps}",
-        f"--batch-size={t.batch_size}",
-        f"--learning-rate={t.learning_rate!r}",
-        f"--grad-accumulation={t.grad_accumulation}",
-        f"--checkpoint-every={t.checkpoint_every}",
-        f"--checkpoint-dir={checkpoint_dir(spec)}",
-        f"--model={t.model}",
-        f"--sync-every={check.every_steps}",
-        f"--on-divergence={check.on_divergence}",
-        f"--timeout-seconds={spec.nccl.timeout_seconds}",
-    ]
+    return {
+        "device": spec.device,
+        "backend": spec.backend,
+        "seed": t.seed,
+        "steps": t.steps,
+        "batch_size": t.batch_size,
+        "learning_rate": t.learning_rate,
+        "grad_accumulation": t.grad_accumulation,
+        "checkpoint_every": t.checkpoint_every,
+        "checkpoint_dir": checkpoint_dir(spec),
+        "model": t.model,
+        "sync_every": check.every_steps,
+        "on_divergence": check.on_divergence,
+        "timeout_seconds": spec.nccl.timeout_seconds,
+    }
+
+
+def trainer_args(spec: Spec) -> list[str]:
+    """The built-in trainer's flags (`python -m ddp_trainer --help`)."""
+    return contract.trainer_argv(trainer_values(spec))
 
 
 def _value(name: str, value: str | int) -> Obj:
@@ -135,20 +144,20 @@ def injected_env(spec: Spec, attempt: int) -> list[Obj]:
     index = f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"
     addr = master_addr(spec, attempt)
     env = [
-        _value("PET_NNODES", spec.nodes),
-        _value("PET_NPROC_PER_NODE", spec.procs_per_node),
-        _field("PET_NODE_RANK", index),
-        _value("PET_MASTER_ADDR", addr),
-        _value("PET_MASTER_PORT", spec.master_port),
-        _value("MASTER_ADDR", addr),
-        _value("MASTER_PORT", spec.master_port),
-        _value("NNODES", spec.nodes),
-        _field("NODE_RANK", index),
-        _value("WORLD_SIZE", spec.world_size),
-        _value("DDPJOB_NAME", spec.name),
-        _field("DDPJOB_NAMESPACE", "metadata.namespace"),
-        _value("DDPJOB_ATTEMPT", attempt),
-        _value("DDPJOB_METRICS_PORT", spec.metrics_port),
+        _value(contract.PET_NNODES, spec.nodes),
+        _value(contract.PET_NPROC_PER_NODE, spec.procs_per_node),
+        _field(contract.PET_NODE_RANK, index),
+        _value(contract.PET_MASTER_ADDR, addr),
+        _value(contract.PET_MASTER_PORT, spec.master_port),
+        _value(contract.MASTER_ADDR, addr),
+        _value(contract.MASTER_PORT, spec.master_port),
+        _value(contract.NNODES, spec.nodes),
+        _field(contract.NODE_RANK, index),
+        _value(contract.WORLD_SIZE, spec.world_size),
+        _value(contract.JOB_NAME_ENV, spec.name),
+        _field(contract.JOB_NAMESPACE_ENV, "metadata.namespace"),
+        _value(contract.ATTEMPT_ENV, attempt),
+        _value(contract.METRICS_PORT_ENV, spec.metrics_port),
         _value("PYTHONUNBUFFERED", "1"),
     ]
     if spec.backend == "nccl":
@@ -165,10 +174,10 @@ def _nccl_env(spec: Spec) -> list[Obj]:
         env.append(_value("NCCL_SOCKET_IFNAME", nccl.socket_ifname))
     if nccl.ib_disable is not None:
         env.append(_value("NCCL_IB_DISABLE", "1" if nccl.ib_disable else "0"))
-    env.append(_value("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"))
-    env.append(_value("TORCH_NCCL_TRACE_BUFFER_SIZE", nccl.trace_buffer_size))
-    if nccl.trace_buffer_size > 0:
-        env.append(_value("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"))
+    defaults = dict(contract.NCCL_ENV_DEFAULTS, TORCH_NCCL_TRACE_BUFFER_SIZE=str(nccl.trace_buffer_size))
+    if nccl.trace_buffer_size == 0:
+        del defaults["TORCH_NCCL_DUMP_ON_TIMEOUT"]
+    env += [_value(name, value) for name, value in defaults.items()]
     env += [_value(name, value) for name, value in sorted(nccl.env.items())]
     return env
 
@@ -191,7 +200,7 @@ def container_resources(spec: Spec) -> Obj:
 
 def _command(spec: Spec) -> Obj:
     if spec.command is None and spec.args is None:
-        return {"command": ["torchrun"], "args": ["--module", "ddp_trainer", *trainer_args(spec)]}
+        return {"command": ["torchrun"], "args": ["--module", contract.TRAINER_MODULE, *trainer_args(spec)]}
     out: Obj = {}
     if spec.command is not None:
         out["command"] = list(spec.command)
@@ -228,7 +237,7 @@ def _container(spec: Spec, attempt: int, mounts: list[Obj]) -> Obj:
         ],
         **({"resources": resources} if (resources := container_resources(spec)) else {}),
         "volumeMounts": mounts,
-        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePath": contract.TERMINATION_LOG_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
             "allowPrivilegeEscalation": False,
@@ -300,8 +309,7 @@ def render_job(spec: Spec, attempt: int) -> Obj:
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": job_spec}
 
 
-def render(spec: Spec, attempt: int = 1) -> list[Obj]:
+def render(spec: Spec, attempt: int = contract.FIRST_ATTEMPT) -> list[Obj]:
     """Everything the operator creates for one attempt, in creation order."""
-    if attempt < 1:
-        raise ValueError(f"attempt must be ≥ 1, got {attempt}")
+    contract.restarts_before(attempt)  # attempts are numbered from contract.FIRST_ATTEMPT
     return [render_service(spec), render_job(spec, attempt)]

@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddp_trainer import contract
+
 from . import policy, render
 from .spec import Spec
 
@@ -100,7 +102,7 @@ def rank0_report(pods: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     """The trainer's report from the termination message of the pod at completion index 0."""
     for pod in pods:
         if _index(pod) == 0 and (state := _terminated(pod)):
-            return policy.parse_report(state.get("message"))
+            return dict(report) if (report := contract.parse_report(state.get("message"))) else None
     return None
 
 
@@ -168,8 +170,9 @@ class _Status:
 def reconcile(observed: Observed) -> Plan:
     """The status to write and the next step, from what exists now."""
     spec, previous = observed.spec, observed.previous
-    attempt = max([int(previous.get("attempt") or 1), *map(attempt_of, observed.jobs)])
-    restarts = attempt - 1  # every gang restart starts the next attempt: derived, never counted apart
+    first = contract.FIRST_ATTEMPT
+    attempt = max([int(previous.get("attempt") or first), *map(attempt_of, observed.jobs)])
+    restarts = contract.restarts_before(attempt)  # derived from the attempt, never counted apart
     now = _stamp(observed.now)
     out = _Status(previous, now)
     start = previous.get("startTime") or now
@@ -190,11 +193,7 @@ def reconcile(observed: Observed) -> Plan:
     pods = [pod for pod in observed.pods if attempt_of(pod) == attempt]
     report = rank0_report(pods)
     if report is not None:
-        out.values["sync"] = {
-            key: report[key]
-            for key in ("verified", "checks", "mismatches", "repairs", "lastCheckStep")
-            if key in report
-        }
+        out.values["sync"] = contract.sync_status(report)
 
     if previous.get("phase") in TERMINAL:
         out.values["phase"] = previous["phase"]
@@ -241,7 +240,7 @@ def reconcile(observed: Observed) -> Plan:
     if _condition(existing, "Failed"):
         decision = policy.decide(outcome(existing, pods), attempt, spec.max_restarts)
         if decision.action is policy.Action.RESTART:
-            out.values.update(attempt=attempt + 1, restarts=attempt)
+            out.values.update(attempt=attempt + 1, restarts=contract.restarts_before(attempt + 1))
             out.phase("Restarting", decision.reason, decision.message, warning=True)
             out.condition("Ready", False, decision.reason, decision.message)
             return Plan(out.build(), delete_jobs=(name,), events=tuple(out.events))

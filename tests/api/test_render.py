@@ -80,7 +80,7 @@ def test_environment_contract() -> None:
     assert env["NCCL_DEBUG"] == "INFO"
     assert env["NCCL_SOCKET_IFNAME"] == "eth0"
     assert env["NCCL_IB_DISABLE"] == "1"
-    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"  # as the trainer and docs/trainer.md say
     assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "1000"
     assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert env["NCCL_NSOCKS_PERTHREAD"] == "4"
@@ -184,7 +184,7 @@ def test_render_is_pure() -> None:
 
 
 def test_attempt_must_be_positive() -> None:
-    with pytest.raises(ValueError, match="attempt must be ≥ 1"):
+    with pytest.raises(ValueError, match="attempt 0: attempts are numbered from 1"):
         render.render(_spec(GOLDEN / "cpu.yaml"), attempt=0)
 
 

@@ -10,6 +10,7 @@ import pytest
 from ddp_operator import local, policy, progress, render
 from ddp_operator.localrun import sync_sentence
 from ddp_operator.spec import parse
+from ddp_trainer import contract
 
 DOC: dict[str, Any] = {
     "apiVersion": "ddpjob.io/v1alpha1",
@@ -167,7 +168,7 @@ POLICY = [
     ),
     (
         "divergence by exit code",
-        policy.Outcome(False, {1: policy.DIVERGENCE_EXIT_CODE}),
+        policy.Outcome(False, {1: contract.DIVERGENCE_EXIT_CODE}),
         1,
         3,
         policy.Action.FAIL,
@@ -229,7 +230,7 @@ def test_restart_message_counts_restarts() -> None:
     ],
 )
 def test_parse_report(text: str | None, expected: dict[str, Any] | None) -> None:
-    assert policy.parse_report(text) == expected
+    assert contract.parse_report(text) == expected
 
 
 METRICS_POD0 = """

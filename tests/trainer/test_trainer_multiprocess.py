@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from torchrun_helpers import Launch, by_rank, checkpoints, launch, scrape
 
-from ddp_trainer.exitcodes import FAILURE_EXIT_CODE
+from ddp_trainer.contract import FAILURE_EXIT_CODE
 
 pytestmark = pytest.mark.slow
 

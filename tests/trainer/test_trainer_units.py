@@ -11,9 +11,9 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from ddp_trainer import checkpoint, config, report
+from ddp_trainer.contract import DIVERGENCE_EXIT_CODE
 from ddp_trainer.data import micro_batches, synthetic
 from ddp_trainer.distributed import read_launch_env
-from ddp_trainer.exitcodes import DIVERGENCE_EXIT_CODE
 from ddp_trainer.loop import Precision, TrainState
 from ddp_trainer.metrics import TrainerMetrics
 from ddp_trainer.model import MLP
@@ -153,8 +153,8 @@ def test_metrics_record_values_with_the_rank_labels() -> None:
     registry = CollectorRegistry()
     labels = {"job": "j", "namespace": "n", "rank": "3", "node_rank": "1"}
     metrics = TrainerMetrics(labels, {"world_size": "4"}, registry)
-    metrics.observe_step(0.02, 16, 1.5, True, now=100.0)
-    metrics.observe_step(0.03, 16, float("nan"), False, now=101.0)
+    metrics.observe_step(1, 0.02, 16, 1.5, True, now=100.0)
+    metrics.observe_step(2, 0.03, 16, float("nan"), False, now=101.0)
     metrics.observe_check("periodic", False, 0.001, 2, 0.5, now=102.0)
     value = registry.get_sample_value
     assert value("ddp_steps_total", labels) == 2 and value("ddp_samples_total", labels) == 32
@@ -167,3 +167,6 @@ def test_metrics_record_values_with_the_rank_labels() -> None:
     )
     assert value("ddp_last_step_timestamp_seconds", labels) == 101.0
     assert value("ddp_sync_last_success_timestamp_seconds", labels) in (None, 0.0)
+    assert value("ddp_step", labels) == 2
+    assert value("ddp_sync_last_check_timestamp_seconds", labels) == 102.0
+    assert value("ddp_sync_last_check_ok", labels) == 0

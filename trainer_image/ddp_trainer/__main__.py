@@ -1,6 +1,6 @@
 """Entry point: ``torchrun [launcher args] --module ddp_trainer [trainer args]`` (see ``--help``).
 
-Exit codes are in :mod:`ddp_trainer.exitcodes`; the report goes to the termination message.
+Exit codes are in :mod:`ddp_trainer.contract`; the report goes to the termination message.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ddp_trainer.config import parse_args, read_pod_env
+from ddp_trainer.contract import FAILURE_EXIT_CODE
 from ddp_trainer.distributed import apply_env_defaults, metrics_dir, read_launch_env
-from ddp_trainer.exitcodes import FAILURE_EXIT_CODE
 
 
 def main(argv: Sequence[str] | None = None) -> int:

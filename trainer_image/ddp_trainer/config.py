@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args, get_type_hints
 
+from ddp_trainer import contract
+
 Device = Literal["auto", "cuda", "cpu"]
 Backend = Literal["auto", "nccl", "gloo"]
 Policy = Literal["Fail", "Repair", "Warn"]
@@ -111,9 +113,9 @@ class PodEnv:
     """``DDPJOB_NAME``: the DDPJob's name (metrics label ``job``)."""
     namespace: str = ""
     """``DDPJOB_NAMESPACE`` (metrics label ``namespace``)."""
-    attempt: int = 0
-    """``DDPJOB_ATTEMPT``: the gang-restart attempt, 0 for the first."""
-    metrics_port: int = 9400
+    attempt: int = contract.FIRST_ATTEMPT
+    """``DDPJOB_ATTEMPT``: the gang-restart attempt, numbered from 1 (:data:`contract.FIRST_ATTEMPT`)."""
+    metrics_port: int = contract.DEFAULT_METRICS_PORT
     """``DDPJOB_METRICS_PORT``: local rank 0 serves every local rank's metrics here; 0 disables."""
     termination_log: str | None = None
     """``DDPJOB_TERMINATION_LOG``: where the final report goes; default ``/dev/termination-log`` when
@@ -123,7 +125,7 @@ class PodEnv:
 
 
 def _flag(name: str) -> str:
-    return name.replace("_", "-")
+    return contract.trainer_flag(name).removeprefix("--")
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -186,7 +188,7 @@ def parse_chaos(value: str) -> ChaosSpec | None:
         return None
     match = _CHAOS.match(value)
     if not match:
-        raise ValueError(f'DDPJOB_CHAOS_DIVERGE={value!r}: expected "rank=R,step=S", e.g. "rank=1,step=50"')
+        raise ValueError(f'{contract.CHAOS_ENV}={value!r}: expected "rank=R,step=S", e.g. "rank=1,step=50"')
     return ChaosSpec(rank=int(match[1]), step=int(match[2]))
 
 
@@ -203,14 +205,19 @@ def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
 def read_pod_env(env: Mapping[str, str]) -> PodEnv:
     """Read the ``DDPJOB_*`` variables from ``env`` (pass ``os.environ``); the filesystem is consulted only
     to see whether ``/dev/termination-log`` is writable when ``DDPJOB_TERMINATION_LOG`` is unset."""
-    termination = env.get("DDPJOB_TERMINATION_LOG") or None
-    if termination is None and os.access("/dev/termination-log", os.W_OK):
-        termination = "/dev/termination-log"
+    termination = env.get(contract.TERMINATION_LOG_ENV) or None
+    if termination is None and os.access(contract.TERMINATION_LOG_PATH, os.W_OK):
+        termination = contract.TERMINATION_LOG_PATH
+    attempt = _int_env(env, contract.ATTEMPT_ENV, contract.FIRST_ATTEMPT)
+    if attempt < contract.FIRST_ATTEMPT:
+        raise ValueError(
+            f"{contract.ATTEMPT_ENV}={attempt}: attempts are numbered from {contract.FIRST_ATTEMPT}"
+        )
     return PodEnv(
-        job=env.get("DDPJOB_NAME", ""),
-        namespace=env.get("DDPJOB_NAMESPACE", ""),
-        attempt=_int_env(env, "DDPJOB_ATTEMPT", 0),
-        metrics_port=_int_env(env, "DDPJOB_METRICS_PORT", 9400),
+        job=env.get(contract.JOB_NAME_ENV, ""),
+        namespace=env.get(contract.JOB_NAMESPACE_ENV, ""),
+        attempt=attempt,
+        metrics_port=_int_env(env, contract.METRICS_PORT_ENV, contract.DEFAULT_METRICS_PORT),
         termination_log=termination,
-        chaos=parse_chaos(env.get("DDPJOB_CHAOS_DIVERGE", "")),
+        chaos=parse_chaos(env.get(contract.CHAOS_ENV, "")),
     )

@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ddp_trainer import contract
+
 
 @dataclass(frozen=True)
 class LaunchEnv:
@@ -61,18 +63,10 @@ def read_launch_env(env: Mapping[str, str]) -> LaunchEnv:
     )
 
 
-# Set only where the user did not: the user's environment wins.
-TORCH_ENV_DEFAULTS = {
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",  # a timed-out collective tears the process down, no hang
-    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",  # flight recorder: dump what each rank was doing
-    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
-}
-
-
 def apply_env_defaults(env: MutableMapping[str, str], device: str) -> None:
     """Set the NCCL/torch variables the trainer relies on, unless the user set them."""
     if device == "cuda":
-        for key, value in TORCH_ENV_DEFAULTS.items():
+        for key, value in contract.NCCL_ENV_DEFAULTS.items():  # the user's environment wins
             env.setdefault(key, value)
 
 

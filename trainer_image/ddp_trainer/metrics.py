@@ -16,9 +16,11 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from ddp_trainer import contract
+
 log = logging.getLogger(__name__)
 
-LABELS = ("job", "namespace", "rank", "node_rank")
+LABELS = contract.METRIC_LABELS
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 CHECK_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 
@@ -38,60 +40,68 @@ class TrainerMetrics:
         def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
             return Counter(name, doc, LABELS + extra, registry=registry)
 
-        info_gauge = gauge("ddp_info", "Always 1; labels describe the rank.", tuple(sorted(info)))
+        info_gauge = gauge(contract.INFO, "Always 1; labels describe the rank.", tuple(sorted(info)))
         info_gauge.labels(**labels, **info).set(1)
-        self.steps = counter("ddp_steps", "Optimizer steps done by this rank.").labels(**labels)
+        self.step = gauge(contract.STEP, "The optimizer step this rank finished last.").labels(**labels)
+        self.last_check = gauge(
+            contract.SYNC_LAST_CHECK_TIMESTAMP, "Unix time of the last sync check, passed or not."
+        ).labels(**labels)
+        self.last_check_ok = gauge(
+            contract.SYNC_LAST_CHECK_OK, "1 if the last sync check found every rank bit-identical, else 0."
+        ).labels(**labels)
+        self.steps = counter(contract.STEPS, "Optimizer steps done by this rank.").labels(**labels)
         self.step_duration = Histogram(
-            "ddp_step_duration_seconds",
+            contract.STEP_DURATION,
             "Wall time of one optimizer step.",
             LABELS,
             registry=registry,
             buckets=STEP_BUCKETS,
         ).labels(**labels)
-        self.samples = counter("ddp_samples", "Samples consumed by this rank.").labels(**labels)
-        self.loss = gauge("ddp_loss", "Loss of this rank's last step.").labels(**labels)
+        self.samples = counter(contract.SAMPLES, "Samples consumed by this rank.").labels(**labels)
+        self.loss = gauge(contract.LOSS, "Loss of this rank's last step.").labels(**labels)
         self.checks = counter(
-            "ddp_sync_checks",
+            contract.SYNC_CHECKS,
             "Sync checks by kind (initial, periodic, final, repair) and result.",
             ("kind", "result"),
         )
         self.check_duration = Histogram(
-            "ddp_sync_check_duration_seconds",
+            contract.SYNC_CHECK_DURATION,
             "Wall time of one sync check.",
             LABELS,
             registry=registry,
             buckets=CHECK_BUCKETS,
         ).labels(**labels)
         self.mismatched = gauge(
-            "ddp_sync_mismatched_tensors", "Tensors that differed at the last check."
+            contract.SYNC_MISMATCHED_TENSORS, "Tensors that differed at the last check."
         ).labels(**labels)
         self.max_abs = gauge(
-            "ddp_sync_max_abs_divergence", "Largest absolute difference between ranks at the last check."
+            contract.SYNC_MAX_ABS_DIVERGENCE, "Largest absolute difference between ranks at the last check."
         ).labels(**labels)
         self.repairs = counter(
-            "ddp_sync_repairs", "Divergences repaired by re-broadcasting from rank 0."
+            contract.SYNC_REPAIRS, "Divergences repaired by re-broadcasting from rank 0."
         ).labels(**labels)
         self.last_success = gauge(
-            "ddp_sync_last_success_timestamp_seconds", "Unix time of the last check that passed."
+            contract.SYNC_LAST_SUCCESS_TIMESTAMP, "Unix time of the last check that passed."
         ).labels(**labels)
-        self.last_step = gauge(
-            "ddp_last_step_timestamp_seconds", "Unix time of the last finished step."
-        ).labels(**labels)
-        self.skew = gauge(
-            "ddp_step_time_skew_ratio", "(slowest - fastest) / slowest mean step time between checks, 0-1."
-        ).labels(**labels)
-        self.nonfinite = counter("ddp_nonfinite_loss_steps", "Steps whose loss was NaN or infinite.").labels(
+        self.last_step = gauge(contract.LAST_STEP_TIMESTAMP, "Unix time of the last finished step.").labels(
             **labels
         )
+        self.skew = gauge(
+            contract.STEP_TIME_SKEW, "(slowest - fastest) / slowest mean step time between checks, 0-1."
+        ).labels(**labels)
+        self.nonfinite = counter(
+            contract.NONFINITE_LOSS_STEPS, "Steps whose loss was NaN or infinite."
+        ).labels(**labels)
         self.restarts = gauge(
-            "ddp_restarts", "Restarts before this run: gang attempts + torchrun restarts."
+            contract.RESTARTS, "Restarts before this run: gang attempts + torchrun restarts."
         ).labels(**labels)
 
     def observe_step(
-        self, duration_seconds: float, samples: int, loss: float, finite: bool, now: float
+        self, step: int, duration_seconds: float, samples: int, loss: float, finite: bool, now: float
     ) -> None:
         """Record one finished step."""
         self.steps.inc()
+        self.step.set(step)
         self.step_duration.observe(duration_seconds)
         self.samples.inc(samples)
         if finite:
@@ -104,10 +114,16 @@ class TrainerMetrics:
         self, kind: str, in_sync: bool, duration_seconds: float, mismatched: int, max_abs: float, now: float
     ) -> None:
         """Record one sync check."""
-        self.checks.labels(**self.labels, kind=kind, result="ok" if in_sync else "mismatch").inc()
+        self.checks.labels(
+            **self.labels,
+            kind=kind,
+            result=contract.CHECK_RESULT_OK if in_sync else contract.CHECK_RESULT_MISMATCH,
+        ).inc()
         self.check_duration.observe(duration_seconds)
         self.mismatched.set(mismatched)
         self.max_abs.set(max_abs)
+        self.last_check.set(now)
+        self.last_check_ok.set(1 if in_sync else 0)
         if in_sync:
             self.last_success.set(now)
 

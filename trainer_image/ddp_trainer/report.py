@@ -1,11 +1,7 @@
 """The final report: a small JSON object for the Kubernetes termination message (< 4096 bytes).
 
-Keys: ``result`` (``Succeeded`` | ``Diverged`` | ``Failed`` | ``Interrupted``), ``reason`` (CamelCase),
-``message``, ``verified`` (every divergence found was repaired and the last check passed), ``checks``,
-``mismatches`` (checks that found a difference), ``repairs``, ``lastCheckStep``, ``step``, ``worldSize``,
-``mismatchedTensors`` (names, capped), plus ``divergedRanks``, ``maxAbsDiff``, ``resumedFromStep``,
-``attempt`` and ``modelDigest`` (a digest of rank 0's final fingerprint: equal digests mean
-bit-identical final models).
+The keys are :class:`ddp_trainer.contract.Report`: the operator reads them back with
+:func:`ddp_trainer.contract.parse_report`.
 """
 
 from __future__ import annotations
@@ -16,9 +12,10 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ddp_trainer.contract import REPORT_LIMIT as LIMIT
+
 log = logging.getLogger(__name__)
 
-LIMIT = 4096  # bytes Kubernetes keeps of a termination message
 MAX_TENSOR_NAMES = 16
 
 

@@ -22,11 +22,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_trainer import checkpoint, sync
+from ddp_trainer import checkpoint, contract, sync
 from ddp_trainer.config import PodEnv, TrainerConfig
+from ddp_trainer.contract import DIVERGENCE_EXIT_CODE, INTERRUPTED_EXIT_CODE, SUCCESS_EXIT_CODE
 from ddp_trainer.data import build_dataset, micro_batches
 from ddp_trainer.distributed import LaunchEnv
-from ddp_trainer.exitcodes import DIVERGENCE_EXIT_CODE, INTERRUPTED_EXIT_CODE, SUCCESS_EXIT_CODE
 from ddp_trainer.loop import Precision, StepResult, TrainState, train
 from ddp_trainer.metrics import TrainerMetrics
 from ddp_trainer.model import build_model
@@ -94,7 +94,7 @@ class Session:
             "torch_version": torch.__version__,
         }
         self.metrics = TrainerMetrics(labels, info)
-        self.metrics.restarts.set(pod.attempt + launch.restart_count)
+        self.metrics.restarts.set(contract.restarts_before(pod.attempt) + launch.restart_count)
         self.ckpt_dir = Path(config.checkpoint_dir) if config.checkpoint_dir else None
         self.state: TrainState | None = None
 
@@ -205,7 +205,7 @@ class Session:
         state = self.state
         assert state is not None
         self.metrics.observe_step(
-            result.duration_seconds, result.samples, result.loss, result.finite, time.time()
+            result.step, result.duration_seconds, result.samples, result.loss, result.finite, time.time()
         )
         self.step_times.append(result.duration_seconds)
         chaos = self.pod.chaos

@@ -1,0 +1,219 @@
+"""The contract between the operator and the trainer: the names and numbers that cross the pod boundary.
+
+The operator (``ddp_operator``) renders pods and reads back what they report; the trainer
+(``ddp_trainer``) runs in those pods. They ship as two images, so whatever one writes and the other reads
+is defined here, once, and both import it: environment variable names and the attempt numbering, the
+trainer's flags, the NCCL/torch defaults, the exit codes, the termination report's keys and the metric
+names. This module imports nothing but the standard library (the operator image has no torch), and
+``tests/test_contract.py`` renders a pod, runs a real trainer in its environment and reads the report
+back through the operator's status, so a drift between the two halves fails a test.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Final, Literal, TypedDict
+
+# -- the pod environment ------------------------------------------------------------------------------
+
+# torchrun reads these (PET_<FLAG>); the operator sets them so that plain `torchrun script.py` works.
+PET_NNODES: Final = "PET_NNODES"
+PET_NPROC_PER_NODE: Final = "PET_NPROC_PER_NODE"
+PET_NODE_RANK: Final = "PET_NODE_RANK"
+PET_MASTER_ADDR: Final = "PET_MASTER_ADDR"
+PET_MASTER_PORT: Final = "PET_MASTER_PORT"
+# For scripts without torchrun (torchrun overwrites WORLD_SIZE and sets RANK itself).
+MASTER_ADDR: Final = "MASTER_ADDR"
+MASTER_PORT: Final = "MASTER_PORT"
+NNODES: Final = "NNODES"
+NODE_RANK: Final = "NODE_RANK"
+WORLD_SIZE: Final = "WORLD_SIZE"
+# The DDPJob's own variables.
+JOB_NAME_ENV: Final = "DDPJOB_NAME"
+"""The DDPJob's name."""
+JOB_NAMESPACE_ENV: Final = "DDPJOB_NAMESPACE"
+"""The DDPJob's namespace."""
+ATTEMPT_ENV: Final = "DDPJOB_ATTEMPT"
+"""The gang-restart attempt this pod belongs to: :data:`FIRST_ATTEMPT` for the first."""
+METRICS_PORT_ENV: Final = "DDPJOB_METRICS_PORT"
+"""Where local rank 0 serves every local rank's metrics; 0 disables the endpoint."""
+TERMINATION_LOG_ENV: Final = "DDPJOB_TERMINATION_LOG"
+"""Where the final report goes (default: the container's ``/dev/termination-log`` when writable)."""
+CHAOS_ENV: Final = "DDPJOB_CHAOS_DIVERGE"
+"""The fire drill, ``rank=R,step=S``: rank R nudges one parameter after step S."""
+
+TERMINATION_LOG_PATH: Final = "/dev/termination-log"
+DEFAULT_METRICS_PORT: Final = 9400
+DEFAULT_MASTER_PORT: Final = 29500
+
+# -- attempts -----------------------------------------------------------------------------------------
+
+FIRST_ATTEMPT: Final = 1
+"""Attempts are numbered from 1: the Job of attempt N is ``<name>-N`` and ``DDPJOB_ATTEMPT`` is N."""
+
+
+def restarts_before(attempt: int) -> int:
+    """Gang restarts that happened before ``attempt`` began (0 for the first attempt)."""
+    if attempt < FIRST_ATTEMPT:
+        raise ValueError(f"attempt {attempt}: attempts are numbered from {FIRST_ATTEMPT}")
+    return attempt - FIRST_ATTEMPT
+
+
+# -- the trainer's command line -----------------------------------------------------------------------
+
+TRAINER_MODULE: Final = "ddp_trainer"
+"""The built-in trainer: ``torchrun --module ddp_trainer <flags>``."""
+
+
+def trainer_flag(field: str) -> str:
+    """The command-line flag of a ``TrainerConfig`` field: ``sync_every`` → ``--sync-every``."""
+    return "--" + field.replace("_", "-")
+
+
+def trainer_argv(values: Mapping[str, object]) -> list[str]:
+    """``--flag=value`` for each ``TrainerConfig`` field in ``values`` (floats keep every digit)."""
+    return [
+        f"{trainer_flag(name)}={value!r}" if isinstance(value, float) else f"{trainer_flag(name)}={value}"
+        for name, value in values.items()
+    ]
+
+
+# -- NCCL and torch.distributed -----------------------------------------------------------------------
+
+NCCL_ENV_DEFAULTS: Final[Mapping[str, str]] = {
+    # A collective that times out tears the process down (3 = tear down without the CUDA-graph abort
+    # race of 1): the pod fails, the operator restarts the gang, instead of ranks hanging forever.
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+    # The flight recorder: what each rank was doing when a collective timed out.
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+}
+"""Set on NCCL jobs where the user did not set them: rendered into the pod by the operator and filled
+in by the trainer when it runs outside a pod. ``spec.nccl.traceBufferSize`` overrides the buffer size
+(0 turns the recorder and its dump off)."""
+
+# -- exit codes ---------------------------------------------------------------------------------------
+
+SUCCESS_EXIT_CODE: Final = 0
+"""Training finished. The report's ``verified`` says whether every sync check passed (under ``Warn`` a
+job can finish with mismatches)."""
+FAILURE_EXIT_CODE: Final = 1
+"""An error that is not a divergence: bad configuration, an exception in the model, a collective timeout."""
+USAGE_EXIT_CODE: Final = 2
+"""A bad command line (argparse's code): the same command can never succeed."""
+DIVERGENCE_EXIT_CODE: Final = 86
+"""The ranks stopped holding the same model and the policy was ``Fail`` (or a ``Repair`` did not take).
+Reserved for divergence: nothing else in the trainer exits with 86."""
+INTERRUPTED_EXIT_CODE: Final = 143
+"""SIGTERM (128 + 15): the trainer stopped at the next step boundary and saved a checkpoint. Non-zero on
+purpose, so that a preempted pod is never counted as a finished one."""
+
+# -- the termination report ---------------------------------------------------------------------------
+
+Result = Literal["Succeeded", "Diverged", "Failed", "Interrupted"]
+SUCCEEDED: Final = "Succeeded"
+DIVERGED: Final = "Diverged"
+FAILED: Final = "Failed"
+INTERRUPTED: Final = "Interrupted"
+REPORT_LIMIT: Final = 4096
+"""Bytes Kubernetes keeps of a termination message."""
+
+
+class Report(TypedDict, total=False):
+    """The trainer's final report: compact JSON in the termination message of each pod's local rank 0."""
+
+    result: Result
+    """How the run ended."""
+    reason: str
+    """CamelCase: ``AllChecksPassed``, ``RepairedDivergence``, ``DivergenceIgnored``, ``SyncDivergence``,
+    ``RepairFailed``, ``Terminated``, ``TrainerError``."""
+    message: str
+    """One sentence for a person."""
+    verified: bool
+    """Every divergence found was repaired and the last check passed."""
+    checks: int
+    """Sync checks run."""
+    mismatches: int
+    """Checks that found ranks differing."""
+    repairs: int
+    """Divergences repaired by re-broadcasting from rank 0."""
+    lastCheckStep: int
+    """The step of the last check."""
+    step: int
+    """Optimizer steps done."""
+    worldSize: int
+    """Processes in the job."""
+    mismatchedTensors: list[str]
+    """Names of the tensors that differed at the last failed check (capped)."""
+    mismatchedTensorsTruncated: bool
+    """Whether names were cut to fit the termination message."""
+    divergedRanks: list[int]
+    """Ranks whose copy differed from the reference."""
+    maxAbsDiff: float | str
+    """Largest absolute difference found (a string for inf/nan, which JSON cannot hold)."""
+    resumedFromStep: int
+    """The checkpoint step this attempt resumed from (0: a fresh start)."""
+    attempt: int
+    """The attempt that wrote the report (``DDPJOB_ATTEMPT``)."""
+    modelDigest: str
+    """A digest of rank 0's final fingerprint: equal digests mean bit-identical final models."""
+
+
+SYNC_STATUS_KEYS: Final = ("verified", "checks", "mismatches", "repairs", "lastCheckStep")
+"""The report's keys that the operator copies into ``status.sync``."""
+
+
+def parse_report(text: str | None) -> Report | None:
+    """The trainer's report from a termination message, or None when it is not one (a crash log)."""
+    if not text:
+        return None
+    try:
+        report = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(report, dict) or report.get("result") not in (SUCCEEDED, DIVERGED, FAILED, INTERRUPTED):
+        return None
+    return report  # type: ignore[return-value]
+
+
+def sync_status(report: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a report that becomes ``status.sync``."""
+    return {key: report[key] for key in SYNC_STATUS_KEYS if key in report}
+
+
+# -- metrics ------------------------------------------------------------------------------------------
+
+RANK_LABEL: Final = "rank"
+NODE_RANK_LABEL: Final = "node_rank"
+JOB_LABEL: Final = "job"
+NAMESPACE_LABEL: Final = "namespace"
+METRIC_LABELS: Final = (JOB_LABEL, NAMESPACE_LABEL, RANK_LABEL, NODE_RANK_LABEL)
+"""Every trainer series carries these labels."""
+
+# Family names as registered; prometheus-client exposes a counter ``x`` as the sample ``x_total``.
+INFO: Final = "ddp_info"
+STEP: Final = "ddp_step"
+STEPS: Final = "ddp_steps"
+STEP_DURATION: Final = "ddp_step_duration_seconds"
+SAMPLES: Final = "ddp_samples"
+LOSS: Final = "ddp_loss"
+SYNC_CHECKS: Final = "ddp_sync_checks"
+SYNC_CHECK_DURATION: Final = "ddp_sync_check_duration_seconds"
+SYNC_MISMATCHED_TENSORS: Final = "ddp_sync_mismatched_tensors"
+SYNC_MAX_ABS_DIVERGENCE: Final = "ddp_sync_max_abs_divergence"
+SYNC_REPAIRS: Final = "ddp_sync_repairs"
+SYNC_LAST_CHECK_TIMESTAMP: Final = "ddp_sync_last_check_timestamp_seconds"
+SYNC_LAST_CHECK_OK: Final = "ddp_sync_last_check_ok"
+SYNC_LAST_SUCCESS_TIMESTAMP: Final = "ddp_sync_last_success_timestamp_seconds"
+LAST_STEP_TIMESTAMP: Final = "ddp_last_step_timestamp_seconds"
+STEP_TIME_SKEW: Final = "ddp_step_time_skew_ratio"
+NONFINITE_LOSS_STEPS: Final = "ddp_nonfinite_loss_steps"
+RESTARTS: Final = "ddp_restarts"
+CHECK_RESULT_OK: Final = "ok"
+CHECK_RESULT_MISMATCH: Final = "mismatch"
+
+
+def counter_sample(family: str) -> str:
+    """The exposed sample name of a counter family: ``ddp_steps`` → ``ddp_steps_total``."""
+    return family + "_total"
