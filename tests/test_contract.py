@@ -17,7 +17,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from ddp_operator import local, policy, render, status
+from ddp_operator import policy, render, status
+from ddp_operator.local import host
+from ddp_operator.local import plan as local
 from ddp_operator.spec import parse, parse_file
 from ddp_trainer import contract
 from ddp_trainer.config import parse_args, read_pod_env
@@ -106,16 +108,16 @@ def test_round_trip_render_run_the_trainer_read_the_status(tmp_path: Path, attem
         spec,
         attempt,
         tmp_path,
-        master_port=local.free_port(),
+        master_port=host.free_port(),
         metrics_ports=[0],
         host_env={},
     )
     metrics_dir = tmp_path / "metrics"
-    host = {k: v for k, v in os.environ.items() if not k.startswith(("DDPJOB_", "PROMETHEUS_", "PET_"))}
-    host["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+    host_env = {k: v for k, v in os.environ.items() if not k.startswith(("DDPJOB_", "PROMETHEUS_", "PET_"))}
+    host_env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     pod.termination_path.parent.mkdir(parents=True, exist_ok=True)
     run = subprocess.run(
-        pod.argv, env=local.process_env(pod, host), capture_output=True, text=True, timeout=240
+        pod.argv, env=local.process_env(pod, host_env), capture_output=True, text=True, timeout=240
     )
     assert run.returncode == contract.SUCCESS_EXIT_CODE, run.stderr[-3000:]
 

@@ -56,22 +56,22 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _local(args: argparse.Namespace) -> int:
-    from . import local, localrun  # the run's imports stay off validate's and render's path
+    from .local import plan, run  # the run's imports stay off validate's and render's path
 
     specs = _load(args.file)
     if specs is None:
-        return localrun.EXIT_INVALID
+        return run.EXIT_INVALID
     if len(specs) != 1:
         print(
             f"{args.file}: holds {len(specs)} DDPJobs; `ddpjob local` runs one file with one DDPJob",
             file=sys.stderr,
         )
-        return localrun.EXIT_INVALID
+        return run.EXIT_INVALID
     try:
-        return localrun.run(specs[0], workdir=Path(args.workdir), verbose=args.verbose, fresh=args.fresh)
-    except local.LocalError as exc:
+        return run.run(specs[0], workdir=Path(args.workdir), verbose=args.verbose, fresh=args.fresh)
+    except plan.LocalError as exc:
         print(f"{args.file}: {crd.KIND}/{specs[0].name}: {exc}", file=sys.stderr)
-        return localrun.EXIT_INVALID
+        return run.EXIT_INVALID
 
 
 def _operator(args: argparse.Namespace) -> int:

@@ -6,7 +6,14 @@ from decimal import Decimal
 
 import pytest
 
-from ddp_operator.podenv import ResolveError, expand, field_value, parse_quantity, pod_command, resolve_env
+from ddp_operator.local.kubeletenv import (
+    ResolveError,
+    expand,
+    field_value,
+    parse_quantity,
+    pod_command,
+    resolve_env,
+)
 
 POD = {
     "metadata": {

@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
-from ddp_operator import local, policy, progress, render
-from ddp_operator.localrun import sync_sentence
+from ddp_operator import policy, progress, render
+from ddp_operator.local import host
+from ddp_operator.local import plan as local
+from ddp_operator.local.run import sync_sentence
 from ddp_operator.spec import parse
 from ddp_trainer import contract
 
@@ -137,12 +139,12 @@ def test_run_dir_resumes_unless_the_last_run_succeeded(tmp_path: Path) -> None:
     checkpoint = tmp_path / "volumes" / "checkpoint"
     checkpoint.mkdir(parents=True)
     (checkpoint / "step-00000020.pt").write_bytes(b"x")
-    local.write_state(tmp_path, "Interrupted")
-    note = local.prepare_run_dir(tmp_path, fresh=False)
+    host.write_state(tmp_path, "Interrupted")
+    note = host.prepare_run_dir(tmp_path, fresh=False)
     assert note is not None and "resuming" in note and "Interrupted" in note
     assert (checkpoint / "step-00000020.pt").exists()
-    local.write_state(tmp_path, "Succeeded")
-    assert local.prepare_run_dir(tmp_path, fresh=False) is None
+    host.write_state(tmp_path, "Succeeded")
+    assert host.prepare_run_dir(tmp_path, fresh=False) is None
     assert not tmp_path.exists()
 
 

@@ -102,6 +102,10 @@ class Gang:
     def start(self, member: Member) -> None:
         self.members.append(member)
 
+    def last_lines(self, index: int, count: int) -> list[str]:
+        """The last ``count`` lines that pod ``index`` (in start order) printed."""
+        return list(self.members[index].tail)[-count:]
+
     def codes(self) -> list[int | None]:
         return [member.poll() for member in self.members]
 

@@ -1,19 +1,15 @@
-"""``ddpjob local``: the very same DDPJob on this machine, with no cluster.
+"""What runs where in ``ddpjob local``: the pods of one attempt as local processes. Pure: no I/O.
 
 The Indexed Job that ``render`` produces expands into one "pod" per completion index; each pod's container
-command runs as a local process group with the environment the kubelet would give it (``podenv``), except
-that the rank-0 host name resolves to this machine, each pod gets its own metrics port, and volumes map to
-folders under the run directory. The gang semantics are the operator's: one pod fails, the attempt fails,
-and ``policy.decide`` chooses between a gang restart (resuming from the checkpoint) and giving up.
-
-Planning is pure (``plan_pods``); ``run`` is the thin I/O edge around it.
+command runs as a local process group with the environment the kubelet would give it (``kubeletenv``),
+except that the rank-0 host name resolves to this machine, each pod gets its own metrics port, and volumes
+map to folders under the run directory. Ports, folders and processes are the business of ``host`` and
+``run``; this module only computes.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,8 +18,9 @@ from typing import Any
 
 from ddp_trainer import contract
 
-from . import podenv, render
-from .spec import Spec
+from .. import render
+from ..spec import Spec
+from . import kubeletenv
 
 Obj = dict[str, Any]
 LOCAL_ADDR = "127.0.0.1"
@@ -141,7 +138,7 @@ def plan_pods(
     pods = []
     for index in range(spec.nodes):
         pod = pod_object(job, index)
-        env = podenv.resolve_env(pod, container, pod_ip=LOCAL_ADDR, host_ip=LOCAL_ADDR)
+        env = kubeletenv.resolve_env(pod, container, pod_ip=LOCAL_ADDR, host_ip=LOCAL_ADDR)
         for key in ("PET_MASTER_ADDR", "MASTER_ADDR", "PET_MASTER_PORT", "MASTER_PORT"):
             if key in env:
                 env[key] = replacements.get(env[key], env[key])
@@ -153,7 +150,7 @@ def plan_pods(
         if gpus is not None:
             per_pod = gpus[index * spec.procs_per_node : (index + 1) * spec.procs_per_node]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, per_pod))
-        argv = [remap(part, dirs) for part in podenv.pod_command(container, env)]
+        argv = [remap(part, dirs) for part in kubeletenv.pod_command(container, env)]
         pods.append(
             LocalPod(index, name, argv, env, metrics_ports[index], attempt_dir / f"{name}.log", termination)
         )
@@ -167,32 +164,6 @@ def process_env(pod: LocalPod, host_env: Mapping[str, str]) -> dict[str, str]:
     return {**host_env, **pod.env, "PATH": f"{scripts}{os.pathsep}{path}" if path else scripts}
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((LOCAL_ADDR, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind((LOCAL_ADDR, port))
-        except OSError:
-            return False
-        return True
-
-
-def visible_gpus() -> int:
-    """GPUs torch can see here (0 without torch or CUDA)."""
-    try:
-        import torch
-    except ImportError:
-        return 0
-    count: int = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return count
-
-
 def check_devices(spec: Spec, gpus_here: int) -> None:
     """Refuse a cuda job this machine cannot run, before anything starts."""
     if spec.device == "cuda" and gpus_here < spec.world_size:
@@ -201,25 +172,3 @@ def check_devices(spec: Spec, gpus_here: int) -> None:
             f"{spec.procs_per_node} procsPerNode, one per process), but this machine has {gpus_here}: "
             "set device: cpu to run it here, or lower nodes/procsPerNode"
         )
-
-
-def prepare_run_dir(run_dir: Path, *, fresh: bool) -> str | None:
-    """Start clean after a finished run (or with --fresh); otherwise keep the volumes so that an interrupted
-    or failed run resumes from its checkpoint. Returns a note for the user, if any."""
-    state = run_dir / "state"
-    previous = state.read_text().strip() if state.is_file() else None
-    if fresh or previous == "Succeeded":
-        shutil.rmtree(run_dir, ignore_errors=True)
-        return None
-    checkpoint = run_dir / "volumes" / render.CHECKPOINT_VOLUME
-    if checkpoint.is_dir() and any(checkpoint.iterdir()):
-        return (
-            f"resuming from the checkpoint an earlier {previous or 'unfinished'} run left in {checkpoint} "
-            "(--fresh starts over)"
-        )
-    return None
-
-
-def write_state(run_dir: Path, result: str) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "state").write_text(result + "\n")

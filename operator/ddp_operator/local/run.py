@@ -1,6 +1,6 @@
 """The I/O edge of ``ddpjob local``: start the pods of each attempt, watch them, report, restart or stop.
 
-Everything it decides comes from pure functions: ``local.plan_pods`` (what runs), ``policy.decide`` (what
+Everything it decides comes from pure functions: ``plan.plan_pods`` (what runs), ``policy.decide`` (what
 happens after an attempt) and ``progress`` (what a person sees).
 """
 
@@ -17,8 +17,9 @@ from typing import Any, TextIO
 
 from ddp_trainer import contract
 
-from . import gang, local, policy, progress
-from .spec import Spec
+from .. import policy, progress
+from ..spec import Spec
+from . import gang, host, plan
 
 GRACE_SECONDS = 30.0  # the trainer checkpoints at its next step boundary on SIGTERM, well within this
 POLL_SECONDS = 0.2
@@ -82,9 +83,9 @@ def run(
 ) -> int:
     """Run the DDPJob here until it succeeds, fails for good, or is interrupted; returns the exit code."""
     console = Console(stream, verbose)
-    local.check_devices(spec, local.visible_gpus() if spec.device == "cuda" else 0)
+    plan.check_devices(spec, host.visible_gpus() if spec.device == "cuda" else 0)
     run_dir = workdir / spec.name
-    note = local.prepare_run_dir(run_dir, fresh=fresh)
+    note = host.prepare_run_dir(run_dir, fresh=fresh)
     console.say(
         f"ddpjob local: {spec.name}: {spec.nodes} pods × {spec.procs_per_node} processes = "
         f"{spec.world_size} ranks ({spec.device}/{spec.backend}) in {run_dir}"
@@ -98,7 +99,7 @@ def run(
         while True:
             outcome = _attempt(spec, attempt, run_dir, console, interrupt)
             if interrupt.count:
-                local.write_state(run_dir, "Interrupted")
+                host.write_state(run_dir, "Interrupted")
                 console.say(
                     f"ddpjob local: {spec.name}: interrupted during attempt {attempt}; every pod stopped. "
                     f"Run the same command again to resume from {run_dir / 'volumes'}"
@@ -110,7 +111,7 @@ def run(
                 attempt += 1
                 continue
             succeeded = decision.action is policy.Action.SUCCEED
-            local.write_state(run_dir, "Succeeded" if succeeded else "Failed")
+            host.write_state(run_dir, "Succeeded" if succeeded else "Failed")
             _summary(console, spec, run_dir, attempt, decision, outcome, time.monotonic() - started)
             return EXIT_OK if succeeded else EXIT_FAILED
 
@@ -118,10 +119,10 @@ def run(
 def _attempt(
     spec: Spec, attempt: int, run_dir: Path, console: Console, interrupt: Interrupt
 ) -> policy.Outcome:
-    master_port = spec.master_port if local.port_is_free(spec.master_port) else local.free_port()
-    metrics_ports = [local.free_port() for _ in range(spec.nodes)]
+    master_port = spec.master_port if host.port_is_free(spec.master_port) else host.free_port()
+    metrics_ports = [host.free_port() for _ in range(spec.nodes)]
     gpus = list(range(spec.world_size)) if spec.device == "cuda" else None
-    pods = local.plan_pods(
+    pods = plan.plan_pods(
         spec,
         attempt,
         run_dir,
@@ -139,7 +140,7 @@ def _attempt(
     members = gang.Gang(marker)
     try:
         for pod in pods:
-            env = {**local.process_env(pod, os.environ), gang.MARKER: marker}
+            env = {**plan.process_env(pod, os.environ), gang.MARKER: marker}
             members.start(gang.Member(pod.name, pod.argv, env, pod.log_path, console.pod_line))
     except FileNotFoundError as exc:
         members.kill()
@@ -150,9 +151,8 @@ def _attempt(
     report = contract.parse_report(_read(pods[0].termination_path))
     failed = [(pod, code) for pod, code in zip(pods, first, strict=True) if code]
     for pod, code in failed[:2]:
-        member = members.members[pod.index]
         console.say(f"{pod.name} exited {code}; its last lines (all in {pod.log_path}):")
-        for text in list(member.tail)[-12:]:
+        for text in members.last_lines(pod.index, 12):
             console.say(f"  [{pod.name}] {text}")
     culprits = [f"node {pod.index} exited {code}" for pod, code in zip(pods, first, strict=True) if code]
     return policy.Outcome(
@@ -164,7 +164,7 @@ def _attempt(
 
 
 def _watch(
-    spec: Spec, pods: list[local.LocalPod], members: gang.Gang, console: Console, interrupt: Interrupt
+    spec: Spec, pods: list[plan.LocalPod], members: gang.Gang, console: Console, interrupt: Interrupt
 ) -> tuple[list[int | None], list[int | None]]:
     """Wait for all pods to succeed, one to fail, or an interrupt; then make sure none is left.
     Returns the exit codes when that happened (who failed first) and after every pod stopped."""

@@ -1,0 +1,59 @@
+"""The machine ``ddpjob local`` runs on: free ports, visible GPUs, the run folder. The I/O of local mode's
+planning, kept apart from the pure planner (``plan``)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from pathlib import Path
+
+from .. import render
+from .plan import LOCAL_ADDR
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((LOCAL_ADDR, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((LOCAL_ADDR, port))
+        except OSError:
+            return False
+        return True
+
+
+def visible_gpus() -> int:
+    """GPUs torch can see here (0 without torch or CUDA)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    count: int = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return count
+
+
+def prepare_run_dir(run_dir: Path, *, fresh: bool) -> str | None:
+    """Start clean after a finished run (or with --fresh); otherwise keep the volumes so that an interrupted
+    or failed run resumes from its checkpoint. Returns a note for the user, if any."""
+    state = run_dir / "state"
+    previous = state.read_text().strip() if state.is_file() else None
+    if fresh or previous == "Succeeded":
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return None
+    checkpoint = run_dir / "volumes" / render.CHECKPOINT_VOLUME
+    if checkpoint.is_dir() and any(checkpoint.iterdir()):
+        return (
+            f"resuming from the checkpoint an earlier {previous or 'unfinished'} run left in {checkpoint} "
+            "(--fresh starts over)"
+        )
+    return None
+
+
+def write_state(run_dir: Path, result: str) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "state").write_text(result + "\n")
