@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from ddp_operator import policy, render, status
+from ddp_operator import policy, reconcile, render
 from ddp_operator.local import host
 from ddp_operator.local import plan as local
 from ddp_operator.spec import parse, parse_file
@@ -104,6 +104,7 @@ def _pod_with_report(job: dict[str, Any], message: str, code: int) -> dict[str, 
 @pytest.mark.parametrize("attempt", [contract.FIRST_ATTEMPT, contract.FIRST_ATTEMPT + 1])
 def test_round_trip_render_run_the_trainer_read_the_status(tmp_path: Path, attempt: int) -> None:
     spec = parse(_job("roundtrip", trainer={"steps": 4, "batchSize": 8}, syncCheck={"everySteps": 2}))
+    assert spec.sync_check.every_steps == 2
     (pod,) = local.plan_pods(
         spec,
         attempt,
@@ -132,8 +133,9 @@ def test_round_trip_render_run_the_trainer_read_the_status(tmp_path: Path, attem
     job["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
     previous = {"attempt": attempt, "phase": "Running", "startTime": "2026-01-01T00:00:00Z"}
     now = dt.datetime(2026, 1, 1, 0, 1, tzinfo=dt.UTC)
-    observed = status.Observed(spec, 1, previous, [job], [_pod_with_report(job, message, 0)], now)
-    written = status.reconcile(observed).status
+    body = {**_job("roundtrip"), "status": previous}
+    body["spec"] = {**body["spec"], "trainer": {"steps": 4, "batchSize": 8}, "syncCheck": {"everySteps": 2}}
+    written = reconcile.plan_for(body, [job], [_pod_with_report(job, message, 0)], now).status
     assert written["phase"] == "Succeeded"
     assert (written["attempt"], written["restarts"]) == (attempt, contract.restarts_before(attempt))
     assert written["sync"] == contract.sync_status(report)

@@ -1,28 +1,22 @@
-"""Kopf handlers: observe, ask ``status.reconcile`` what to do, do it. No logic of their own.
+"""Kopf handlers: wire events to functions. No logic of their own.
 
 Every DDPJob is reconciled from three in-memory indexes (its own body, its batch Jobs, its pods), whenever
-any of them changes and on a timer, so status always comes from what exists. Carrying out a plan is
-idempotent (create ignores AlreadyExists, delete ignores NotFound), so concurrent or repeated reconciles
-and operator restarts never duplicate children.
+any of them changes and on a timer, so status always comes from what exists: :mod:`observe` reads the
+children into facts, :mod:`reconcile` decides (pure), :mod:`apply` carries the plan out (idempotent).
 """
 
 from __future__ import annotations
 
 import collections
-import datetime as dt
 import logging
 import threading
-import time
-from collections.abc import Mapping
 from typing import Any
 
 import kopf
 import kubernetes
-from kubernetes.client.exceptions import ApiException
 
-from . import crd, opmetrics, render, status
-from .spec import SpecError, parse
-from .status import TERMINAL
+from . import apply, crd, render
+from .reconcile import TERMINAL
 
 LABELS = {"app.kubernetes.io/managed-by": render.MANAGED_BY}
 Key = tuple[str, str]
@@ -111,104 +105,11 @@ def reconcile(
     ddpjob_bodies: kopf.Index[Key, dict[str, Any]],
     ddpjob_jobs: kopf.Index[Key, dict[str, Any]],
     ddpjob_pods: kopf.Index[Key, dict[str, Any]],
-    logger: logging.Logger | kopf.ObjectLogger,
+    logger: apply.Logger,
     **_: Any,
 ) -> None:
+    """One reconcile at a time per DDPJob, from what the indexes hold now."""
     with _LOCKS[key]:
-        bodies = list(ddpjob_bodies.get(key, []))
-        if not bodies:
-            return
-        body = bodies[0]
-        started = time.monotonic()
-        result = "error"
-        try:
-            plan = plan_for(body, list(ddpjob_jobs.get(key, [])), list(ddpjob_pods.get(key, [])))
-            try:
-                carry_out(body, plan, logger)
-            except ApiException as exc:
-                # Say so on the DDPJob itself (the API server folds repeats into one event with a count).
-                reason = f"the API server refused a step of the plan: {exc.status} {exc.reason}"
-                kopf.event(dict(body), type="Warning", reason="ReconcileFailed", message=reason)  # type: ignore[arg-type]
-                raise
-            opmetrics.observe_plan(body, plan)
-            result = "ok"
-        finally:
-            opmetrics.observe_reconcile(result, time.monotonic() - started, ddpjob_bodies)
-
-
-def plan_for(body: Mapping[str, Any], jobs: list[dict[str, Any]], pods: list[dict[str, Any]]) -> status.Plan:
-    """The plan for one DDPJob; a spec the API server should have refused fails it, with the reasons."""
-    previous = dict(body.get("status") or {})
-    generation = int(body.get("metadata", {}).get("generation") or 0)
-    now = dt.datetime.now(dt.UTC)
-    try:
-        spec = parse(body, admitted=True)
-    except SpecError as exc:
-        message = "; ".join(str(problem) for problem in exc.problems)[:1024]
-        failed = {
-            **previous,
-            "phase": "Failed",
-            "observedGeneration": generation,
-            "conditions": [
-                {
-                    "type": "Failed",
-                    "status": "True",
-                    "reason": "InvalidSpec",
-                    "message": message,
-                    "lastTransitionTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                }
-            ],
-        }
-        return status.Plan(failed, events=(status.Event("Warning", "InvalidSpec", message),))
-    return status.reconcile(status.Observed(spec, generation, previous, jobs, pods, now))
-
-
-def _ignore(codes: tuple[int, ...], call: Any, *args: Any, **kwargs: Any) -> None:
-    try:
-        call(*args, **kwargs)
-    except ApiException as exc:
-        if exc.status not in codes:
-            raise
-
-
-def carry_out(body: Mapping[str, Any], plan: status.Plan, logger: logging.Logger | kopf.ObjectLogger) -> None:
-    """Apply a plan: children first, then the status, then the events."""
-    metadata = body["metadata"]
-    namespace, name = metadata["namespace"], metadata["name"]
-    core, batch = kubernetes.client.CoreV1Api(), kubernetes.client.BatchV1Api()
-    objects = kubernetes.client.CustomObjectsApi()
-    for job_name in plan.delete_jobs:
-        logger.info(f"deleting Job {job_name} and its pods")
-        _ignore((404,), batch.delete_namespaced_job, job_name, namespace, propagation_policy="Foreground")
-    if plan.create_service is not None:
-        _ignore((409,), core.create_namespaced_service, namespace, plan.create_service)
-    if plan.create_job is not None:
-        logger.info(f"creating Job {plan.create_job['metadata']['name']}")
-        _ignore((409,), batch.create_namespaced_job, namespace, plan.create_job)
-    if plan.suspend_job is not None:
-        job_name, suspend = plan.suspend_job
-        _ignore((404,), batch.patch_namespaced_job, job_name, namespace, {"spec": {"suspend": suspend}})
-    if plan.status != body.get("status"):
-        _ignore(
-            (404,),
-            objects.patch_namespaced_custom_object_status,
-            crd.GROUP,
-            crd.VERSION,
-            namespace,
-            crd.PLURAL,
-            name,
-            {"status": plan.status},
-        )
-    for event in plan.events:
-        kopf.event(dict(body), type=event.type, reason=event.reason, message=event.message)  # type: ignore[arg-type]
-    if plan.delete_self:
-        logger.info("ttlSecondsAfterFinished has passed: deleting the DDPJob")
-        _ignore(
-            (404,),
-            objects.delete_namespaced_custom_object,
-            crd.GROUP,
-            crd.VERSION,
-            namespace,
-            crd.PLURAL,
-            name,
-        )
+        for body in list(ddpjob_bodies.get(key, []))[:1]:
+            jobs, pods = list(ddpjob_jobs.get(key, [])), list(ddpjob_pods.get(key, []))
+            apply.reconcile(body, jobs, pods, logger, ddpjob_bodies)

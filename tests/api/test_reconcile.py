@@ -1,4 +1,4 @@
-"""status.reconcile: every branch, from fabricated Jobs and pods shaped like the API server's."""
+"""reconcile.plan_for: every branch, from fabricated Jobs and pods shaped like the API server's."""
 
 from __future__ import annotations
 
@@ -8,21 +8,24 @@ from typing import Any
 
 import pytest
 
-from ddp_operator import render, status
+from ddp_operator import reconcile, render
 from ddp_operator.spec import parse
 
 NOW = dt.datetime(2026, 11, 22, 12, 0, 0, tzinfo=dt.UTC)
 
 
+def _body(previous: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "ddpjob.io/v1alpha1",
+        "kind": "DDPJob",
+        "metadata": {"name": "job", "namespace": "ns", "generation": 3},
+        "spec": {"nodes": 2, "procsPerNode": 2, "device": "cpu", "maxRestarts": 2, **extra},
+        "status": previous or {},
+    }
+
+
 def _spec(**extra: Any) -> Any:
-    return parse(
-        {
-            "apiVersion": "ddpjob.io/v1alpha1",
-            "kind": "DDPJob",
-            "metadata": {"name": "job", "namespace": "ns"},
-            "spec": {"nodes": 2, "procsPerNode": 2, "device": "cpu", "maxRestarts": 2, **extra},
-        }
-    )
+    return parse(_body(**extra))
 
 
 def _job(
@@ -73,8 +76,8 @@ def _reconcile(
     pods: list[Any] | None = None,
     now: dt.datetime = NOW,
     **spec: Any,
-) -> status.Plan:
-    return status.reconcile(status.Observed(_spec(**spec), 3, previous or {}, jobs or [], pods or [], now))
+) -> reconcile.Plan:
+    return reconcile.plan_for(_body(previous, **spec), jobs or [], pods or [], now)
 
 
 REPORT = {
@@ -87,7 +90,7 @@ REPORT = {
 }
 
 
-def _conditions(plan: status.Plan) -> dict[str, tuple[str, str]]:
+def _conditions(plan: reconcile.Plan) -> dict[str, tuple[str, str]]:
     return {c["type"]: (c["status"], c["reason"]) for c in plan.status["conditions"]}
 
 
@@ -226,8 +229,25 @@ def test_transition_times_are_kept_while_a_condition_holds() -> None:
     assert later.events == ()
 
 
-@pytest.mark.parametrize("phase", status.PHASES)
+@pytest.mark.parametrize("phase", reconcile.PHASES)
 def test_phases_are_the_crd_enum(phase: str) -> None:
     from ddp_operator import crd
 
     assert phase in crd.openapi_schema()["properties"]["status"]["properties"]["phase"]["enum"]
+
+
+def test_an_invalid_spec_fails_at_once_saying_why_and_creates_nothing() -> None:
+    body = _body({"phase": "Running", "attempt": 2, "startTime": "2026-11-22T11:00:00Z"})
+    body["spec"]["trainer"] = "oops"  # a shape this operator cannot read (an older CRD stored it)
+    plan = reconcile.plan_for(body, [_job(2)], [], NOW)
+    assert plan.create_job is None and plan.create_service is None and plan.delete_jobs == ()
+    assert plan.status["phase"] == "Failed" and plan.status["observedGeneration"] == 3
+    assert plan.status["attempt"] == 2 and plan.status["completionTime"] == "2026-11-22T12:00:00Z"
+    reason, message = _conditions(plan)["Failed"][1], plan.events[0].message
+    assert reason == "InvalidSpec" and "cannot be read" in message and plan.events[0].type == "Warning"
+
+
+def test_the_decision_carries_the_rendered_objects_of_the_current_attempt() -> None:
+    plan = _reconcile({"phase": "Restarting", "attempt": 3, "restarts": 2}, [])
+    assert plan.create_job == render.render_job(_spec(), 3)
+    assert plan.create_service == render.render_service(_spec())

@@ -1,0 +1,86 @@
+"""Plans → API calls: the operator's only writes. The I/O edge of reconcile.
+
+Carrying out a plan is idempotent (create ignores AlreadyExists, delete ignores NotFound), so concurrent
+or repeated reconciles and operator restarts never duplicate children.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import kopf
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from . import crd, opmetrics
+from .reconcile import Plan, plan_for
+
+Logger = logging.Logger | kopf.ObjectLogger
+
+
+def reconcile(
+    body: Mapping[str, Any],
+    jobs: list[dict[str, Any]],
+    pods: list[dict[str, Any]],
+    logger: Logger,
+    all_bodies: Mapping[Any, Iterable[Mapping[str, Any]]],
+) -> None:
+    """Decide (pure) and carry out the plan for one DDPJob; record the reconcile's metrics."""
+    started = time.monotonic()
+    result = "error"
+    try:
+        plan = plan_for(body, jobs, pods, dt.datetime.now(dt.UTC))
+        try:
+            carry_out(body, plan, logger)
+        except ApiException as exc:
+            # Say so on the DDPJob itself (the API server folds repeats into one event with a count).
+            reason = f"the API server refused a step of the plan: {exc.status} {exc.reason}"
+            _event(body, "Warning", "ReconcileFailed", reason)
+            raise
+        opmetrics.observe_plan(body, plan)
+        result = "ok"
+    finally:
+        opmetrics.observe_reconcile(result, time.monotonic() - started, all_bodies)
+
+
+def _ignore(codes: tuple[int, ...], call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    try:
+        call(*args, **kwargs)
+    except ApiException as exc:
+        if exc.status not in codes:
+            raise
+
+
+def _event(body: Mapping[str, Any], type: str, reason: str, message: str) -> None:
+    kopf.event(dict(body), type=type, reason=reason, message=message)  # type: ignore[arg-type]
+
+
+def carry_out(body: Mapping[str, Any], plan: Plan, logger: Logger) -> None:
+    """Apply a plan: children first, then the status, then the events."""
+    metadata = body["metadata"]
+    namespace, name = metadata["namespace"], metadata["name"]
+    core, batch = kubernetes.client.CoreV1Api(), kubernetes.client.BatchV1Api()
+    objects = kubernetes.client.CustomObjectsApi()
+    custom = (crd.GROUP, crd.VERSION, namespace, crd.PLURAL, name)
+    for job_name in plan.delete_jobs:
+        logger.info(f"deleting Job {job_name} and its pods")
+        _ignore((404,), batch.delete_namespaced_job, job_name, namespace, propagation_policy="Foreground")
+    if plan.create_service is not None:
+        _ignore((409,), core.create_namespaced_service, namespace, plan.create_service)
+    if plan.create_job is not None:
+        logger.info(f"creating Job {plan.create_job['metadata']['name']}")
+        _ignore((409,), batch.create_namespaced_job, namespace, plan.create_job)
+    if plan.suspend_job is not None:
+        job_name, suspend = plan.suspend_job
+        _ignore((404,), batch.patch_namespaced_job, job_name, namespace, {"spec": {"suspend": suspend}})
+    if plan.status != body.get("status"):
+        _ignore((404,), objects.patch_namespaced_custom_object_status, *custom, {"status": plan.status})
+    for event in plan.events:
+        _event(body, event.type, event.reason, event.message)
+    if plan.delete_self:
+        logger.info("ttlSecondsAfterFinished has passed: deleting the DDPJob")
+        _ignore((404,), objects.delete_namespaced_custom_object, *custom)

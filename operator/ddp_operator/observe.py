@@ -1,0 +1,150 @@
+"""What exists → plain facts: a DDPJob's batch Jobs and pods, read as the decision needs them. Pure.
+
+The handlers hand over the objects Kopf's indexes hold (dicts shaped like the API server's); nothing here
+calls the API or decides what to do: :mod:`ddp_operator.reconcile` decides from the :class:`Facts`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ddp_trainer import contract
+
+from . import policy, render
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """The current attempt's batch Job."""
+
+    name: str
+    complete: bool
+    failed: bool
+    suspended: bool
+    outcome: policy.Outcome | None
+    """How the attempt ended, when it failed (exit codes, rank 0's report, the Job's reason)."""
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Everything the decision needs to know about a DDPJob's children."""
+
+    attempt: int
+    """The newest attempt: the status' or the highest attempt label among the Jobs."""
+    job: JobFacts | None
+    """The Job of ``attempt``, if it exists."""
+    stale_jobs: tuple[str, ...]
+    """Jobs of earlier attempts (still going away)."""
+    ready_nodes: int
+    """Pods of ``attempt`` that are Running and Ready."""
+    unschedulable: str | None
+    """The scheduler's message when a pod of ``attempt`` cannot be scheduled."""
+    report: contract.Report | None
+    """Rank 0's termination report in ``attempt``, once it wrote one."""
+
+
+def attempt_of(obj: Mapping[str, Any]) -> int:
+    """The attempt label of a Job or pod (0 when missing or malformed: never the current attempt)."""
+    try:
+        return int(obj.get("metadata", {}).get("labels", {}).get(render.ATTEMPT_LABEL, "0"))
+    except ValueError:
+        return 0
+
+
+def condition(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    """The condition ``kind`` of ``obj`` when its status is True."""
+    for found in obj.get("status", {}).get("conditions", []) or []:
+        if found.get("type") == kind and found.get("status") == "True":
+            result: Mapping[str, Any] = found
+            return result
+    return None
+
+
+def completion_index(pod: Mapping[str, Any]) -> int:
+    try:
+        return int(pod["metadata"].get("annotations", {}).get(render.COMPLETION_INDEX_ANNOTATION, "-1"))
+    except ValueError:
+        return -1
+
+
+def terminated(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The trainer container's terminated state (or its last one)."""
+    for status in pod.get("status", {}).get("containerStatuses", []) or []:
+        if status.get("name") == render.CONTAINER_NAME:
+            state = status.get("state", {}).get("terminated") or status.get("lastState", {}).get("terminated")
+            return state if isinstance(state, dict) else None
+    return None
+
+
+def ready(pod: Mapping[str, Any]) -> bool:
+    return pod.get("status", {}).get("phase") == "Running" and condition(pod, "Ready") is not None
+
+
+def unschedulable(pods: Sequence[Mapping[str, Any]]) -> str | None:
+    """The scheduler's message for the first pod it cannot place."""
+    for pod in pods:
+        for found in pod.get("status", {}).get("conditions", []) or []:
+            if (found.get("type"), found.get("status"), found.get("reason")) == (
+                "PodScheduled",
+                "False",
+                "Unschedulable",
+            ):
+                return str(found.get("message") or "no node can run this pod")
+    return None
+
+
+def rank0_report(pods: Sequence[Mapping[str, Any]]) -> contract.Report | None:
+    """The trainer's report from the termination message of the pod at completion index 0."""
+    for pod in pods:
+        if completion_index(pod) == 0 and (state := terminated(pod)):
+            return contract.parse_report(state.get("message"))
+    return None
+
+
+def outcome(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> policy.Outcome:
+    """A finished Job as the policy sees it."""
+    codes = {
+        completion_index(pod): int(state.get("exitCode", 0)) for pod in pods if (state := terminated(pod))
+    }
+    failed = condition(job, "Failed")
+    reason = str(failed.get("reason", "")) if failed else ""
+    culprits = [f"node {i} exited {code}" for i, code in sorted(codes.items()) if code]
+    message = ", ".join(culprits) or (str(failed.get("message", "")) if failed else "")
+    return policy.Outcome(
+        succeeded=condition(job, "Complete") is not None,
+        exit_codes=codes,
+        report=rank0_report(pods),
+        reason="DeadlineExceeded" if reason == "DeadlineExceeded" else "",
+        message=message,
+    )
+
+
+def observe(
+    previous: Mapping[str, Any], jobs: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]]
+) -> Facts:
+    """The facts about one DDPJob, from its last status and the Jobs and pods that carry its label."""
+    first = contract.FIRST_ATTEMPT
+    attempt = max([int(previous.get("attempt") or first), *map(attempt_of, jobs)])
+    current = [job for job in jobs if attempt_of(job) == attempt]
+    mine = [pod for pod in pods if attempt_of(pod) == attempt]
+    job_facts = None
+    if current:
+        job = current[0]
+        failed = condition(job, "Failed") is not None
+        job_facts = JobFacts(
+            name=job["metadata"]["name"],
+            complete=condition(job, "Complete") is not None,
+            failed=failed,
+            suspended=bool(job.get("spec", {}).get("suspend")),
+            outcome=outcome(job, mine) if failed else None,
+        )
+    return Facts(
+        attempt=attempt,
+        job=job_facts,
+        stale_jobs=tuple(job["metadata"]["name"] for job in jobs if attempt_of(job) < attempt),
+        ready_nodes=sum(1 for pod in mine if ready(pod)),
+        unschedulable=unschedulable(mine),
+        report=rank0_report(mine),
+    )

@@ -1,0 +1,283 @@
+"""Facts → the DDPJob's status and the next step. Pure: one function of what is observed.
+
+:func:`plan_for` parses the DDPJob, reads its children into :class:`~ddp_operator.observe.Facts`, renders
+the objects of the current attempt (a value the plan may carry, never something the decision asks for
+midway) and calls :func:`decide`, which picks exactly one branch below and returns a :class:`Plan`: the
+status to write, the Service and Job to create, the Jobs to delete, the Job to (un)suspend, the events
+to post. :mod:`ddp_operator.apply` carries plans out; every branch here is unit-tested without an API
+server (``tests/api/test_reconcile.py``) and proven against one by the e2e tests.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddp_trainer import contract
+
+from . import policy, render
+from .observe import Facts, JobFacts, observe
+from .spec import Spec, SpecError, parse
+
+Obj = dict[str, Any]
+
+PHASES = ("Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
+TERMINAL = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    status: Obj
+    create_service: Obj | None = None  # created (or found already there) before create_job
+    create_job: Obj | None = None
+    delete_jobs: tuple[str, ...] = ()
+    suspend_job: tuple[str, bool] | None = None
+    events: tuple[Event, ...] = ()
+    delete_self: bool = False  # ttlSecondsAfterFinished has passed
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Everything one decision depends on."""
+
+    spec: Spec
+    generation: int
+    previous: Mapping[str, Any]
+    """The DDPJob's last written status."""
+    facts: Facts
+    now: dt.datetime
+    service: Obj
+    """The headless Service, rendered."""
+    job: Obj
+    """The Job of ``facts.attempt``, rendered."""
+
+
+def stamp(moment: dt.datetime) -> str:
+    """RFC 3339 in UTC, as the API server writes times."""
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: Any) -> dt.datetime | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+@dataclass
+class _Status:
+    """The status under construction, with the conditions and events that go with it."""
+
+    previous: Mapping[str, Any]
+    now: str
+    values: Obj = field(default_factory=dict)
+    conditions: dict[str, Obj] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
+
+    def condition(self, kind: str, status: bool | None, reason: str, message: str) -> None:
+        value = "Unknown" if status is None else str(status)
+        old = {c.get("type"): c for c in self.previous.get("conditions", []) or []}.get(kind, {})
+        since = old.get("lastTransitionTime") if old.get("status") == value else self.now
+        self.conditions[kind] = {
+            "type": kind,
+            "status": value,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": since or self.now,
+        }
+
+    def phase(self, phase: str, reason: str, message: str, warning: bool = False) -> None:
+        self.values["phase"] = phase
+        ready = {c.get("type"): c for c in self.previous.get("conditions", []) or []}.get("Ready", {})
+        if self.previous.get("phase") != phase or ready.get("reason") != reason:
+            self.events.append(Event("Warning" if warning else "Normal", reason, message))
+
+    def plan(self, **steps: Any) -> Plan:
+        status = {**self.values, "conditions": [self.conditions[k] for k in sorted(self.conditions)]}
+        return Plan(status, events=tuple(self.events), **steps)
+
+
+def plan_for(
+    body: Mapping[str, Any], jobs: list[dict[str, Any]], pods: list[dict[str, Any]], now: dt.datetime
+) -> Plan:
+    """The plan for one DDPJob from its body and the children that carry its label."""
+    previous = dict(body.get("status") or {})
+    generation = int(body.get("metadata", {}).get("generation") or 0)
+    try:
+        spec = parse(body, admitted=True)
+    except SpecError as exc:
+        return invalid_spec(exc, previous, generation, now)
+    facts = observe(previous, jobs, pods)
+    service, job = render.render(spec, facts.attempt)
+    return decide(Inputs(spec, generation, previous, facts, now, service, job))
+
+
+def invalid_spec(error: SpecError, previous: Mapping[str, Any], generation: int, now: dt.datetime) -> Plan:
+    """A spec the API server should have refused (a hand-edited object, an older CRD): fail, say why."""
+    out = _Status(previous, stamp(now))
+    out.values.update({k: v for k, v in previous.items() if k != "conditions"}, observedGeneration=generation)
+    message = "; ".join(str(problem) for problem in error.problems)[:1024]
+    return _finish(out, False, "InvalidSpec", message)
+
+
+def decide(inputs: Inputs) -> Plan:
+    """The status to write and the next step: exactly one branch applies, checked in this order."""
+    out = _base(inputs)
+    facts, job = inputs.facts, inputs.facts.job
+    if inputs.previous.get("phase") in TERMINAL:
+        return _finished(inputs, out)
+    if (deadline := _deadline_passed(inputs)) is not None:
+        return _finish(out, False, "DeadlineExceeded", deadline, delete=_all_jobs(facts))
+    if facts.stale_jobs:
+        return _stopping_old_attempts(inputs, out)
+    if job is None:
+        return _create(inputs, out)
+    if job.complete:
+        return _finish(out, True, "Completed", f"attempt {facts.attempt} completed")
+    if job.failed:
+        return _after_failure(inputs, out, job)
+    return _running(inputs, out, job)
+
+
+def _base(inputs: Inputs) -> _Status:
+    """The status fields every branch writes, and the sync report when rank 0 has written one."""
+    previous, facts = inputs.previous, inputs.facts
+    out = _Status(previous, stamp(inputs.now))
+    out.values.update(
+        attempt=facts.attempt,
+        restarts=contract.restarts_before(facts.attempt),  # derived from the attempt, never counted apart
+        observedGeneration=inputs.generation,
+        startTime=previous.get("startTime") or out.now,
+        readyNodes=0,
+    )
+    if previous.get("completionTime"):
+        out.values["completionTime"] = previous["completionTime"]
+    if isinstance(previous.get("sync"), dict):
+        out.values["sync"] = dict(previous["sync"])
+    if facts.report is not None:
+        out.values["sync"] = contract.sync_status(facts.report)
+    return out
+
+
+def _all_jobs(facts: Facts) -> tuple[str, ...]:
+    return facts.stale_jobs + ((facts.job.name,) if facts.job else ())
+
+
+def _finished(inputs: Inputs, out: _Status) -> Plan:
+    """A terminal phase sticks; old Jobs go; the DDPJob itself goes once its TTL has passed."""
+    previous = inputs.previous
+    out.values["phase"] = previous["phase"]
+    out.conditions.update({c["type"]: dict(c) for c in previous.get("conditions", []) or []})
+    finished = parse_time(previous.get("completionTime"))
+    ttl = inputs.spec.ttl_seconds_after_finished
+    expired = ttl is not None and finished is not None and (inputs.now - finished).total_seconds() >= ttl
+    return Plan(out.plan().status, delete_jobs=inputs.facts.stale_jobs, delete_self=expired)
+
+
+def _deadline_passed(inputs: Inputs) -> str | None:
+    deadline = inputs.spec.active_deadline_seconds
+    started = parse_time(inputs.previous.get("startTime") or stamp(inputs.now))
+    if deadline is not None and started and (inputs.now - started).total_seconds() > deadline:
+        return f"ran longer than activeDeadlineSeconds ({deadline}s), restarts included"
+    return None
+
+
+def _stopping_old_attempts(inputs: Inputs, out: _Status) -> Plan:
+    attempt = inputs.facts.attempt
+    out.phase("Restarting", "GangRestart", f"stopping the pods of attempt(s) before {attempt}")
+    out.condition("Ready", False, "GangRestart", "waiting for the pods of earlier attempts to go away")
+    return out.plan(delete_jobs=inputs.facts.stale_jobs)
+
+
+def _create(inputs: Inputs, out: _Status) -> Plan:
+    spec, attempt = inputs.spec, inputs.facts.attempt
+    out.phase(
+        "Suspended" if spec.suspend else "Pending",
+        "Suspended" if spec.suspend else "Created",
+        f"created Job {inputs.job['metadata']['name']} (attempt {attempt})",
+    )
+    out.condition("Ready", False, "Creating", f"creating attempt {attempt}")
+    return out.plan(create_service=inputs.service, create_job=inputs.job)
+
+
+def _after_failure(inputs: Inputs, out: _Status, job: JobFacts) -> Plan:
+    """A failed attempt: the policy chooses between a gang restart and failing the DDPJob."""
+    attempt = inputs.facts.attempt
+    assert job.outcome is not None
+    decision = policy.decide(job.outcome, attempt, inputs.spec.max_restarts)
+    if decision.action is policy.Action.RESTART:
+        out.values.update(attempt=attempt + 1, restarts=contract.restarts_before(attempt + 1))
+        out.phase("Restarting", decision.reason, decision.message, warning=True)
+        out.condition("Ready", False, decision.reason, decision.message)
+        return out.plan(delete_jobs=(job.name,))
+    return _finish(out, False, decision.reason, decision.message)
+
+
+def _running(inputs: Inputs, out: _Status, job: JobFacts) -> Plan:
+    """The attempt's Job exists and has not finished: pending, queued, suspended or running."""
+    spec, facts = inputs.spec, inputs.facts
+    toggle = None
+    if spec.suspend and not job.suspended:
+        toggle = (job.name, True)
+    elif not spec.suspend and job.suspended and spec.queue_name is None:
+        toggle = (job.name, False)
+    ready, attempt = facts.ready_nodes, facts.attempt
+    out.values["readyNodes"] = ready
+    if spec.suspend:
+        out.phase("Suspended", "Suspended", "suspended: the pods are stopped and the checkpoint is kept")
+        out.condition("Ready", False, "Suspended", "spec.suspend is true")
+    elif job.suspended:
+        out.phase("Pending", "Queued", f"waiting for Kueue queue {spec.queue_name} to admit the gang")
+        out.condition("Ready", False, "Queued", f"Job {job.name} is suspended until Kueue admits it")
+    elif ready == spec.nodes:
+        out.phase("Running", "AllNodesReady", f"all {spec.nodes} pods of attempt {attempt} are running")
+        out.condition("Ready", True, "AllNodesReady", f"{ready}/{spec.nodes} pods ready")
+    elif why := facts.unschedulable:
+        out.phase("Pending", "Unschedulable", f"pods cannot be scheduled: {why}", warning=True)
+        out.condition("Ready", False, "Unschedulable", f"{ready}/{spec.nodes} pods ready; {why}")
+    else:
+        out.phase("Pending", "Starting", f"starting {spec.nodes} pods of attempt {attempt}")
+        out.condition("Ready", False, "Starting", f"{ready}/{spec.nodes} pods ready")
+    _sync_condition(out)
+    return out.plan(suspend_job=toggle)
+
+
+def _finish(out: _Status, succeeded: bool, reason: str, message: str, delete: tuple[str, ...] = ()) -> Plan:
+    phase = "Succeeded" if succeeded else "Failed"
+    out.values["completionTime"] = out.values.get("completionTime") or out.now
+    out.phase(phase, reason, message, warning=not succeeded)
+    out.condition("Ready", False, reason, message)
+    out.condition("Complete" if succeeded else "Failed", True, reason, message)
+    _sync_condition(out)
+    return out.plan(delete_jobs=delete)
+
+
+def _sync_condition(out: _Status) -> None:
+    sync = out.values.get("sync")
+    if not sync:
+        out.condition("SyncVerified", None, "NotYetReported", "the trainer reports at the end of an attempt")
+    elif sync.get("verified"):
+        out.condition(
+            "SyncVerified",
+            True,
+            "BitIdentical",
+            f"{sync.get('checks', 0)} checks found every rank bit-identical",
+        )
+    else:
+        out.condition(
+            "SyncVerified",
+            False,
+            "Diverged",
+            f"{sync.get('mismatches', 0)} of {sync.get('checks', 0)} checks found ranks differing",
+        )

@@ -1,0 +1,78 @@
+"""observe: the children of a DDPJob read into facts, from objects shaped like the API server's."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ddp_operator import observe, render
+from ddp_trainer import contract
+
+
+def _job(attempt: int | str, condition: str | None = None, suspend: bool = False) -> dict[str, Any]:
+    job: dict[str, Any] = {
+        "metadata": {"name": f"job-{attempt}", "labels": {render.ATTEMPT_LABEL: str(attempt)}},
+        "spec": {"suspend": suspend},
+    }
+    if condition:
+        job["status"] = {"conditions": [{"type": condition, "status": "True", "reason": "X"}]}
+    return job
+
+
+def _pod(attempt: int, index: int, *, code: int | None = None, message: str = "", ready: bool = False) -> Any:
+    state = {"terminated": {"exitCode": code, "message": message}} if code is not None else {}
+    return {
+        "metadata": {
+            "labels": {render.ATTEMPT_LABEL: str(attempt)},
+            "annotations": {render.COMPLETION_INDEX_ANNOTATION: str(index)},
+        },
+        "status": {
+            "phase": "Running" if ready else "Pending",
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "containerStatuses": [{"name": render.CONTAINER_NAME, "state": state}],
+        },
+    }
+
+
+def test_nothing_yet_is_the_first_attempt() -> None:
+    facts = observe.observe({}, [], [])
+    assert (facts.attempt, facts.job, facts.stale_jobs, facts.report) == (
+        contract.FIRST_ATTEMPT,
+        None,
+        (),
+        None,
+    )
+
+
+def test_the_newest_attempt_wins_and_older_jobs_are_stale() -> None:
+    facts = observe.observe(
+        {"attempt": 1}, [_job(1, "Failed"), _job(2)], [_pod(1, 0), _pod(2, 0, ready=True)]
+    )
+    assert facts.attempt == 2 and facts.stale_jobs == ("job-1",)
+    assert facts.job is not None and facts.job.name == "job-2" and not facts.job.failed
+    assert facts.ready_nodes == 1  # the pod of attempt 1 does not count
+
+
+def test_the_status_attempt_counts_before_its_job_exists() -> None:
+    facts = observe.observe({"attempt": 3}, [_job(2, "Failed")], [])
+    assert facts.attempt == 3 and facts.job is None and facts.stale_jobs == ("job-2",)
+
+
+def test_a_malformed_attempt_label_is_never_current() -> None:
+    assert observe.attempt_of(_job("x")) == 0
+    assert observe.observe({}, [_job("x")], []).stale_jobs == ("job-x",)
+
+
+def test_a_failed_job_carries_its_outcome_with_rank_0s_report() -> None:
+    report = json.dumps({"result": contract.DIVERGED, "checks": 2})
+    pods = [_pod(1, 1, code=1), _pod(1, 0, code=contract.DIVERGENCE_EXIT_CODE, message=report)]
+    facts = observe.observe({}, [_job(1, "Failed")], pods)
+    assert facts.job is not None and facts.job.failed and facts.job.outcome is not None
+    assert facts.job.outcome.exit_codes == {0: contract.DIVERGENCE_EXIT_CODE, 1: 1}
+    assert facts.job.outcome.message == f"node 0 exited {contract.DIVERGENCE_EXIT_CODE}, node 1 exited 1"
+    assert facts.report == {"result": contract.DIVERGED, "checks": 2}
+
+
+def test_a_crash_log_is_not_a_report() -> None:
+    facts = observe.observe({}, [_job(1)], [_pod(1, 0, code=1, message="Traceback (most recent call last):")])
+    assert facts.report is None and facts.job is not None and facts.job.outcome is None
