@@ -140,3 +140,17 @@ def test_round_trip_render_run_the_trainer_read_the_status(tmp_path: Path, attem
     assert (written["attempt"], written["restarts"]) == (attempt, contract.restarts_before(attempt))
     assert written["sync"] == contract.sync_status(report)
     assert written["sync"]["checks"] == report["checks"] >= 3  # initial, steps 2 and 4
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('{"result": "Succeeded", "checks": 3}', {"result": "Succeeded", "checks": 3}),
+        ("Traceback (most recent call last):", None),
+        ('["not", "a", "report"]', None),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_parse_report(text: str | None, expected: dict[str, Any] | None) -> None:
+    assert contract.parse_report(text) == expected

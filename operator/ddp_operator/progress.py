@@ -1,4 +1,5 @@
-"""What a person watching a local run sees: training progress read from the pods' own /metrics.
+"""What a person watching a run sees: training progress read from the pods' own /metrics, and the
+sync report in one sentence.
 
 ``ddpjob local`` scrapes the same Prometheus endpoints a cluster's Prometheus would, so the progress line
 shows exactly what the metrics say. Parsing and formatting are pure; ``scrape`` is the only I/O.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import urllib.request
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -93,4 +95,22 @@ def line(progress: Progress, total_steps: int, elapsed: float, first: Progress |
     return (
         f"step {progress.step}/{total_steps} ({percent:.0f}%)  loss {loss}  {rate} samples/s  "
         f"sync checks: {checks}"
+    )
+
+
+def sync_sentence(report: Mapping[str, Any] | None) -> str:
+    """The sync report in one sentence a person reads at a glance."""
+    if not report:
+        return "not reported (the command is not the ddpjob trainer, or it stopped before its report)"
+    checks, ranks = report.get("checks", 0), report.get("worldSize", "?")
+    if report.get("verified"):
+        repaired = f", after {report['repairs']} repair(s)" if report.get("repairs") else ""
+        return (
+            f"replicas verified bit-identical {checks} times across {ranks} ranks{repaired} "
+            f"(last check at step {report.get('lastCheckStep')})"
+        )
+    tensors = ", ".join(report.get("mismatchedTensors", [])[:5]) or "unknown tensors"
+    return (
+        f"replicas DIVERGED: {report.get('mismatches', 0)} of {checks} checks found ranks differing "
+        f"({tensors}); {report.get('message', '')}"
     )

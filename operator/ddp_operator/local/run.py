@@ -209,23 +209,5 @@ def _summary(
         f"ddpjob local: {spec.name}: {result} in {seconds:.1f}s after {attempts} attempt(s)"
         + ("" if result == "Succeeded" else f" — {decision.reason}: {decision.message}")
     )
-    console.say(f"  sync: {sync_sentence(outcome.report)}")
+    console.say(f"  sync: {progress.sync_sentence(outcome.report)}")
     console.say(f"  checkpoints and logs: {run_dir}")
-
-
-def sync_sentence(report: dict[str, Any] | Any) -> str:
-    """The sync report in one sentence a person reads at a glance."""
-    if not report:
-        return "not reported (the command is not the ddpjob trainer, or it stopped before its report)"
-    checks, ranks = report.get("checks", 0), report.get("worldSize", "?")
-    if report.get("verified"):
-        repaired = f", after {report['repairs']} repair(s)" if report.get("repairs") else ""
-        return (
-            f"replicas verified bit-identical {checks} times across {ranks} ranks{repaired} "
-            f"(last check at step {report.get('lastCheckStep')})"
-        )
-    tensors = ", ".join(report.get("mismatchedTensors", [])[:5]) or "unknown tensors"
-    return (
-        f"replicas DIVERGED: {report.get('mismatches', 0)} of {checks} checks found ranks differing "
-        f"({tensors}); {report.get('message', '')}"
-    )

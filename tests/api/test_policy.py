@@ -1,0 +1,80 @@
+"""policy: the gang-restart decision shared by the operator and `ddpjob local`."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddp_operator import policy
+from ddp_trainer import contract
+
+POLICY = [
+    ("success", policy.Outcome(True), 1, 3, policy.Action.SUCCEED, "Completed"),
+    (
+        "first failure restarts",
+        policy.Outcome(False, {0: 0, 1: 1}),
+        1,
+        3,
+        policy.Action.RESTART,
+        "AttemptFailed",
+    ),
+    ("last restart used", policy.Outcome(False, {0: 1}), 4, 3, policy.Action.FAIL, "MaxRestartsExceeded"),
+    ("no restarts allowed", policy.Outcome(False, {0: 137}), 1, 0, policy.Action.FAIL, "AttemptFailed"),
+    (
+        "divergence by report",
+        policy.Outcome(False, {0: 1}, {"result": "Diverged", "message": "w differs"}),
+        1,
+        3,
+        policy.Action.FAIL,
+        "SyncDivergence",
+    ),
+    (
+        "divergence by exit code",
+        policy.Outcome(False, {1: contract.DIVERGENCE_EXIT_CODE}),
+        1,
+        3,
+        policy.Action.FAIL,
+        "SyncDivergence",
+    ),
+    (
+        "invalid spec",
+        policy.Outcome(False, reason="InvalidSpec", message="no such command"),
+        1,
+        3,
+        policy.Action.FAIL,
+        "InvalidSpec",
+    ),
+    (
+        "deadline passed",
+        policy.Outcome(False, {0: 137}, reason="DeadlineExceeded"),
+        1,
+        3,
+        policy.Action.FAIL,
+        "DeadlineExceeded",
+    ),
+    (
+        "crash report still restarts",
+        policy.Outcome(False, {0: 1}, {"result": "Failed"}),
+        2,
+        3,
+        policy.Action.RESTART,
+        "AttemptFailed",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("outcome", "attempt", "max_restarts", "action", "reason"),
+    [c[1:] for c in POLICY],
+    ids=[c[0] for c in POLICY],
+)
+def test_policy(
+    outcome: policy.Outcome, attempt: int, max_restarts: int, action: policy.Action, reason: str
+) -> None:
+    decision = policy.decide(outcome, attempt, max_restarts)
+    assert (decision.action, decision.reason) == (action, reason)
+    assert decision.message
+
+
+def test_restart_message_counts_restarts() -> None:
+    decision = policy.decide(policy.Outcome(False, {0: 0, 1: 137}), 2, 3)
+    assert decision.message == "attempt 2 failed (node 1 exited 137); gang restart 2 of 3"
