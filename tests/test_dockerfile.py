@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -40,3 +41,13 @@ def test_both_targets_run_as_user_1000() -> None:
     targets = {stage.split()[2]: stage for stage in stages if " AS " in stage.split("\n")[0]}
     for target in ("operator", "trainer"):
         assert re.search(r"^USER 1000:1000$", targets[target], flags=re.M), f"{target} must not run as root"
+
+
+def test_images_install_the_wheel_of_this_version() -> None:
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    installs = re.findall(
+        r'pip install --no-cache-dir "/wheels/([^"\[]+)\[(\w+)\]"', (REPO / "Dockerfile").read_text()
+    )
+    assert sorted(extra for _, extra in installs) == ["operator", "trainer"]
+    assert {wheel for wheel, _ in installs} == {f"ddpjob-{version}-py3-none-any.whl"}
+    assert "--editable" not in (REPO / "Dockerfile").read_text()

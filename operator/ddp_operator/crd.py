@@ -1,13 +1,16 @@
 """The DDPJob CustomResourceDefinition: where it lives, and its parts.
 
-The chart's ``crds/`` file is the one source of truth. ``manifests/crd.yaml`` is generated from it
-(``python -m ddp_operator.crd --write-manifests``, run by ``make manifests``) and a test keeps them equal.
+``ddp_operator/crds/ddpjobs.ddpjob.io.yaml`` is the one source of truth, shipped as package data so that
+an installed wheel (no checkout) runs ``ddpjob crd`` and ``ddpjob validate``. The chart's ``crds/`` copy
+and ``manifests/crd.yaml`` are generated from it (``python -m ddp_operator.crd --write-manifests``, run by
+``make manifests``, in a checkout) and a test keeps them equal.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -19,18 +22,27 @@ API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "DDPJob"
 PLURAL = "ddpjobs"
 
+CRD_FILE = f"{PLURAL}.{GROUP}.yaml"
+# Only in a checkout: where `--write-manifests` writes the generated copies.
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CHART_CRD = REPO_ROOT / "charts" / "ddpjob-operator" / "crds" / f"{PLURAL}.{GROUP}.yaml"
+CHART_CRDS = REPO_ROOT / "charts" / "ddpjob-operator" / "crds"
 MANIFEST_CRD = REPO_ROOT / "manifests" / "crd.yaml"
 
+_CHART_HEADER = (
+    "# Generated from operator/ddp_operator/crds/ by `make manifests`; do not edit (edit that file).\n"
+)
 _MANIFEST_HEADER = "# Generated from charts/ddpjob-operator/crds/ by `make manifests`; do not edit.\n"
 
 
 def crd_text() -> str:
-    """The CRD exactly as the chart ships it."""
-    if not CHART_CRD.is_file():
-        raise FileNotFoundError(f"the DDPJob CRD is not at {CHART_CRD}; is this a complete ddpjob checkout?")
-    return CHART_CRD.read_text()
+    """The CRD exactly as the package ships it."""
+    return resources.files(__package__).joinpath("crds", CRD_FILE).read_text()
+
+
+def chart_crd_text() -> str:
+    """What the chart's copy of the CRD must contain."""
+    body = "".join(line for line in crd_text().splitlines(keepends=True) if not line.startswith("#"))
+    return _CHART_HEADER + body
 
 
 @functools.cache
@@ -51,12 +63,10 @@ def openapi_schema(version: str = VERSION) -> dict[str, Any]:
 
 def manifest_text() -> str:
     """What manifests/crd.yaml must contain: every CRD of the chart (DDPJob's first, then Kopf's peering)."""
-    files = [CHART_CRD, *sorted(p for p in CHART_CRD.parent.glob("*.yaml") if p != CHART_CRD)]
+    others = sorted(p for p in CHART_CRDS.glob("*.yaml") if p.name != CRD_FILE)
     bodies = []
-    for path in files:
-        body = "".join(
-            line for line in path.read_text().splitlines(keepends=True) if not line.startswith("#")
-        )
+    for text in [crd_text(), *(path.read_text() for path in others)]:
+        body = "".join(line for line in text.splitlines(keepends=True) if not line.startswith("#"))
         bodies.append(body.strip("\n").removeprefix("---\n") + "\n")
     return _MANIFEST_HEADER + "---\n".join(bodies)
 
@@ -65,9 +75,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--write-manifests", action="store_true", help="regenerate manifests/crd.yaml")
     if parser.parse_args().write_manifests:
+        if not CHART_CRDS.is_dir():
+            parser.error(f"--write-manifests runs in a ddpjob checkout; {CHART_CRDS} does not exist")
+        (CHART_CRDS / CRD_FILE).write_text(chart_crd_text())
         MANIFEST_CRD.parent.mkdir(parents=True, exist_ok=True)
         MANIFEST_CRD.write_text(manifest_text())
-        print(f"wrote {MANIFEST_CRD.relative_to(REPO_ROOT)}")
+        for path in (CHART_CRDS / CRD_FILE, MANIFEST_CRD):
+            print(f"wrote {path.relative_to(REPO_ROOT)}")
     else:
         print(crd_text(), end="")
 

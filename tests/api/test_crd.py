@@ -7,6 +7,7 @@ from typing import Any
 
 import celpy
 import pytest
+import yaml
 
 from ddp_operator import cli, crd, schema
 
@@ -23,15 +24,19 @@ def _nodes(schema: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[s
         yield from _nodes(schema["items"], f"{path}[]")
 
 
-def test_manifest_is_generated_from_the_chart() -> None:
+def test_chart_and_manifest_are_generated_from_the_package_file() -> None:
+    chart = REPO / "charts" / "ddpjob-operator" / "crds" / crd.CRD_FILE
+    assert chart.read_text() == crd.chart_crd_text(), f"{chart} is stale: run `make manifests`"
     assert (REPO / "manifests" / "crd.yaml").read_text() == crd.manifest_text(), (
         "manifests/crd.yaml is stale: run `make manifests`"
     )
+    assert yaml.safe_load(chart.read_text()) == crd.crd()
 
 
-def test_ddpjob_crd_prints_the_chart_file(capsys: pytest.CaptureFixture[str]) -> None:
+def test_ddpjob_crd_prints_the_package_file(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["crd"]) == 0
-    assert capsys.readouterr().out == crd.CHART_CRD.read_text()
+    packaged = REPO / "operator" / "ddp_operator" / "crds" / crd.CRD_FILE
+    assert capsys.readouterr().out == packaged.read_text()
 
 
 def test_names_columns_and_subresources() -> None:
