@@ -2,6 +2,9 @@
 
 The operator applies exactly these objects, ``ddpjob local`` runs exactly these objects, and
 ``ddpjob render`` prints exactly these objects, so there is one implementation of the wiring.
+
+Long because the whole pod (environment contract, command, volumes, security context) reads best in one
+place: every function here is a small pure piece of one Job.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ Pure functions over plain data: defaulting (``apply_defaults``), OpenAPI v3 vali
 ``x-kubernetes-validations`` CEL rules via cel-python. ``validate`` returns every problem at once, each
 naming the field path, the value and what would be accepted. Nothing here knows about DDPJob: the rules
 come from the CRD itself, so there is no second copy of them.
+
+Long because the API server's dialect (defaults, list maps, CEL with its field paths and messages) is one
+concept; splitting it would scatter the same walk over the schema across files.
 """
 
 from __future__ import annotations

@@ -1,0 +1,110 @@
+"""The house rules that keep the code easy to move into (docs/architecture.md): no import cycles, the
+contract imports nothing heavy, the operator never needs torch, modules stay small or say why."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ROOTS = {
+    "ddp_operator": REPO / "operator" / "ddp_operator",
+    "ddp_trainer": REPO / "trainer_image" / "ddp_trainer",
+}
+LONG = 300  # lines; a longer module says why in its docstring ("Long because ...")
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package, root in ROOTS.items():
+        for path in root.rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
+            name = ".".join((package, *parts)).removesuffix(".__init__")
+            found[name] = path
+    return found
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """Modules of this project that ``name`` imports at module level (lazy imports inside functions are
+    how a cycle or a heavy import is deliberately avoided, so they do not count)."""
+    tree = ast.parse(path.read_text())
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            out |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            out.add(base)
+            out |= {f"{base}.{alias.name}" for alias in node.names}
+    return out
+
+
+MODULES = _modules()
+GRAPH = {
+    name: {m for m in _imports(name, path) if m in MODULES and m != name} for name, path in MODULES.items()
+}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph`` (module → modules it imports), or None."""
+    done: set[str] = set()
+
+    def visit(name: str, stack: list[str]) -> list[str] | None:
+        if name in stack:
+            return [*stack[stack.index(name) :], name]
+        if name in done:
+            return None
+        for dep in sorted(graph.get(name, ())):
+            # a module importing its own package's __init__ is fine
+            if not name.startswith(dep + ".") and (cycle := visit(dep, [*stack, name])):
+                return cycle
+        done.add(name)
+        return None
+
+    for module in sorted(graph):
+        if cycle := visit(module, []):
+            return cycle
+    return None
+
+
+def test_no_import_cycles() -> None:
+    assert GRAPH["ddp_operator.reconcile"] >= {"ddp_operator.observe", "ddp_trainer.contract"}
+    cycle = find_cycle(GRAPH)
+    assert cycle is None, "import cycle: " + " → ".join(cycle or [])
+
+
+def test_the_cycle_check_can_fail() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"p.m": {"p"}, "p": set()}) is None
+
+
+def test_the_contract_imports_only_the_standard_library() -> None:
+    imported = {
+        name.split(".")[0] for name in _imports("ddp_trainer.contract", MODULES["ddp_trainer.contract"])
+    }
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+
+
+def test_the_operator_never_imports_torch_at_module_level() -> None:
+    for name, path in MODULES.items():
+        if name.startswith("ddp_operator"):
+            heavy = {m for m in _imports(name, path) if m.split(".")[0] == "torch"}
+            assert not heavy, f"{name} imports {heavy}: the operator image has no torch"
+    trainer_side = {m for name in GRAPH if name.startswith("ddp_operator") for m in GRAPH[name]}
+    assert {m for m in trainer_side if m.startswith("ddp_trainer")} <= {"ddp_trainer", "ddp_trainer.contract"}
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_modules_stay_small_or_say_why(name: str) -> None:
+    text = MODULES[name].read_text()
+    lines = len(text.splitlines())
+    reason = "Long because" in (ast.get_docstring(ast.parse(text)) or "")
+    assert lines <= LONG or reason, f"{name} has {lines} lines: split it, or say why at its top"
