@@ -69,6 +69,9 @@ def carry_out(body: Mapping[str, Any], plan: Plan, logger: Logger) -> None:
     for job_name in plan.delete_jobs:
         logger.info(f"deleting Job {job_name} and its pods")
         _ignore((404,), batch.delete_namespaced_job, job_name, namespace, propagation_policy="Foreground")
+    if plan.create_claim is not None:
+        logger.info(f"creating PersistentVolumeClaim {plan.create_claim['metadata']['name']} for checkpoints")
+        _ignore((409,), core.create_namespaced_persistent_volume_claim, namespace, plan.create_claim)
     if plan.create_service is not None:
         _ignore((409,), core.create_namespaced_service, namespace, plan.create_service)
     if plan.create_job is not None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from . import __version__, crd, render
-from .spec import Spec, SpecError, parse_file
+from .spec import Spec, SpecError, parse_file, warnings
 
 
 def _load(path: str) -> list[Spec] | None:
@@ -35,6 +35,8 @@ def _validate(args: argparse.Namespace) -> int:
                 f"{path}: {crd.KIND}/{spec.name}: valid ({spec.nodes} nodes × {spec.procs_per_node} "
                 f"procs = {spec.world_size} ranks, {spec.device}/{spec.backend})"
             )
+            for warning in warnings(spec):
+                print(f"{path}: {crd.KIND}/{spec.name}: warning: {warning}", file=sys.stderr)
     return 1 if failed else 0
 
 

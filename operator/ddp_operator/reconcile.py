@@ -37,6 +37,7 @@ class Event:
 @dataclass(frozen=True)
 class Plan:
     status: Obj
+    create_claim: Obj | None = None  # the checkpoint PersistentVolumeClaim, before the pods that mount it
     create_service: Obj | None = None  # created (or found already there) before create_job
     create_job: Obj | None = None
     delete_jobs: tuple[str, ...] = ()
@@ -57,6 +58,8 @@ class Inputs:
     now: dt.datetime
     service: Obj
     """The headless Service, rendered."""
+    claim: Obj | None
+    """The checkpoint PersistentVolumeClaim, rendered, when spec.checkpoint.volumeClaimTemplate asks."""
     job: Obj
     """The Job of ``facts.attempt``, rendered."""
 
@@ -119,8 +122,9 @@ def plan_for(
     except SpecError as exc:
         return invalid_spec(exc, previous, generation, now)
     facts = observe(previous, jobs, pods)
-    service, job = render.render(spec, facts.attempt)
-    return decide(Inputs(spec, generation, previous, facts, now, service, job))
+    service, job = render.render_service(spec), render.render_job(spec, facts.attempt)
+    claim = render.render_checkpoint_claim(spec)
+    return decide(Inputs(spec, generation, previous, facts, now, service, claim, job))
 
 
 def invalid_spec(error: SpecError, previous: Mapping[str, Any], generation: int, now: dt.datetime) -> Plan:
@@ -208,7 +212,7 @@ def _create(inputs: Inputs, out: _Status) -> Plan:
         f"created Job {inputs.job['metadata']['name']} (attempt {attempt})",
     )
     out.condition("Ready", False, "Creating", f"creating attempt {attempt}")
-    return out.plan(create_service=inputs.service, create_job=inputs.job)
+    return out.plan(create_claim=inputs.claim, create_service=inputs.service, create_job=inputs.job)
 
 
 def _after_failure(inputs: Inputs, out: _Status, job: JobFacts) -> Plan:

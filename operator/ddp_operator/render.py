@@ -103,6 +103,28 @@ def render_service(spec: Spec) -> Obj:
     }
 
 
+def checkpoint_claim_name(spec: Spec) -> str:
+    return f"{spec.name}-checkpoints"
+
+
+def render_checkpoint_claim(spec: Spec) -> Obj | None:
+    """The PersistentVolumeClaim of ``spec.checkpoint.volumeClaimTemplate``, or None. Owned by the DDPJob
+    (deleted with it) unless its reclaimPolicy is Retain."""
+    claim = spec.checkpoint.claim if spec.checkpoint else None
+    if claim is None:
+        return None
+    metadata = _metadata(spec, checkpoint_claim_name(spec), None)
+    if claim.reclaim_policy == "Retain":
+        del metadata["ownerReferences"]
+    pvc_spec: Obj = {
+        "accessModes": list(claim.access_modes),
+        "resources": {"requests": {"storage": str(claim.size)}},
+    }
+    if claim.storage_class_name is not None:
+        pvc_spec["storageClassName"] = claim.storage_class_name
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata, "spec": pvc_spec}
+
+
 def checkpoint_dir(spec: Spec) -> str:
     return spec.checkpoint.mount_path if spec.checkpoint else DEFAULT_CHECKPOINT_DIR
 
@@ -158,6 +180,7 @@ def injected_env(spec: Spec, attempt: int) -> list[Obj]:
         _field(contract.NODE_RANK, index),
         _value(contract.WORLD_SIZE, spec.world_size),
         _value(contract.JOB_NAME_ENV, spec.name),
+        _value(contract.JOB_UID_ENV, spec.uid or PLACEHOLDER_UID),
         _field(contract.JOB_NAMESPACE_ENV, "metadata.namespace"),
         _value(contract.ATTEMPT_ENV, attempt),
         _value(contract.METRICS_PORT_ENV, spec.metrics_port),
@@ -213,7 +236,11 @@ def _command(spec: Spec) -> Obj:
 
 
 def _volumes(spec: Spec) -> tuple[list[Obj], list[Obj]]:
-    checkpoint_source: Mapping[str, Any] = spec.checkpoint.volume if spec.checkpoint else {"emptyDir": {}}
+    checkpoint_source: Mapping[str, Any] = {"emptyDir": {}}
+    if spec.checkpoint is not None and spec.checkpoint.volume is not None:
+        checkpoint_source = spec.checkpoint.volume
+    elif spec.checkpoint is not None:
+        checkpoint_source = {"persistentVolumeClaim": {"claimName": checkpoint_claim_name(spec)}}
     volumes = [
         {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": str(spec.shm_size)}},
         {"name": CHECKPOINT_VOLUME, **checkpoint_source},
@@ -315,4 +342,5 @@ def render_job(spec: Spec, attempt: int) -> Obj:
 def render(spec: Spec, attempt: int = contract.FIRST_ATTEMPT) -> list[Obj]:
     """Everything the operator creates for one attempt, in creation order."""
     contract.restarts_before(attempt)  # attempts are numbered from contract.FIRST_ATTEMPT
-    return [render_service(spec), render_job(spec, attempt)]
+    claim = render_checkpoint_claim(spec)
+    return [*([claim] if claim else []), render_service(spec), render_job(spec, attempt)]

@@ -2,7 +2,10 @@
 
 The verdict is the API server's: the CRD's own schema and CEL rules (``schema.validate``), plus the checks
 the server does before it ever reaches the schema (apiVersion, kind, a name). Every problem names the field,
-the value and what would be accepted; ``SpecError`` carries all of them at once.
+the value and what would be accepted; ``SpecError`` carries all of them at once. ``warnings`` says what
+is valid but probably unintended (restarts that would start from step 0, say).
+
+Long because the dataclasses mirror the CRD's spec one to one; the logic is ``parse`` and ``_build``.
 """
 
 from __future__ import annotations
@@ -59,9 +62,20 @@ class NcclSpec:
 
 
 @dataclass(frozen=True)
+class ClaimTemplateSpec:
+    size: int | str
+    access_modes: tuple[str, ...]
+    reclaim_policy: str
+    storage_class_name: str | None = None
+
+
+@dataclass(frozen=True)
 class CheckpointSpec:
-    volume: Mapping[str, Any]
     mount_path: str
+    keep: int
+    volume: Mapping[str, Any] | None = None
+    claim: ClaimTemplateSpec | None = None
+    warm_start_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -267,9 +281,7 @@ def _build(doc: Mapping[str, Any]) -> Spec:
         master_port=s["masterPort"],
         metrics_port=s["metricsPort"],
         shm_size=s["shmSize"],
-        checkpoint=CheckpointSpec(s["checkpoint"]["volume"], s["checkpoint"]["mountPath"])
-        if "checkpoint" in s
-        else None,
+        checkpoint=_checkpoint(s["checkpoint"]) if "checkpoint" in s else None,
         max_restarts=s["maxRestarts"],
         ttl_seconds_after_finished=s.get("ttlSecondsAfterFinished"),
         active_deadline_seconds=s.get("activeDeadlineSeconds"),
@@ -288,3 +300,46 @@ def _build(doc: Mapping[str, Any]) -> Spec:
             volume_mounts=tuple(template.get("volumeMounts", ())),
         ),
     )
+
+
+def _checkpoint(c: Mapping[str, Any]) -> CheckpointSpec:
+    template = c.get("volumeClaimTemplate")
+    claim = None
+    if template is not None:
+        claim = ClaimTemplateSpec(
+            size=template["size"],
+            access_modes=tuple(template["accessModes"]),
+            reclaim_policy=template["reclaimPolicy"],
+            storage_class_name=template.get("storageClassName"),
+        )
+    return CheckpointSpec(
+        mount_path=c["mountPath"],
+        keep=c["keep"],
+        volume=c.get("volume"),
+        claim=claim,
+        warm_start_from=c.get("warmStartFrom"),
+    )
+
+
+def checkpoints_durable(spec: Spec) -> bool:
+    """Whether a gang restart finds the checkpoints of the attempt before (a volume that outlives pods)."""
+    c = spec.checkpoint
+    return c is not None and (c.claim is not None or "emptyDir" not in (c.volume or {}))
+
+
+def warnings(spec: Spec) -> list[str]:
+    """What is valid but probably not what the author wants, each naming the field and the fix."""
+    out = []
+    if spec.max_restarts > 0 and not checkpoints_durable(spec):
+        out.append(
+            f"spec.checkpoint: checkpoints go to a pod-local emptyDir, so the {spec.max_restarts} gang "
+            "restart(s) of spec.maxRestarts will start from step 0; give spec.checkpoint.volumeClaimTemplate "
+            "(the operator creates a PersistentVolumeClaim) or spec.checkpoint.volume"
+        )
+    claim = spec.checkpoint.claim if spec.checkpoint else None
+    if claim is not None and spec.nodes > 1 and "ReadWriteMany" not in claim.access_modes:
+        out.append(
+            f"spec.checkpoint.volumeClaimTemplate.accessModes: {list(claim.access_modes)} lets only one node "
+            f"mount the claim, but every one of the {spec.nodes} pods mounts it; use [ReadWriteMany]"
+        )
+    return out

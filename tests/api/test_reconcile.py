@@ -251,3 +251,13 @@ def test_the_decision_carries_the_rendered_objects_of_the_current_attempt() -> N
     plan = _reconcile({"phase": "Restarting", "attempt": 3, "restarts": 2}, [])
     assert plan.create_job == render.render_job(_spec(), 3)
     assert plan.create_service == render.render_service(_spec())
+
+
+def test_the_first_attempt_creates_the_checkpoint_claim_and_later_reconciles_do_not() -> None:
+    claim = {"checkpoint": {"volumeClaimTemplate": {"size": "1Gi"}}}
+    plan = _reconcile(**claim)
+    assert plan.create_claim is not None and plan.create_claim["metadata"]["name"] == "job-checkpoints"
+    assert (
+        _reconcile({"phase": "Pending", "attempt": 1}, [_job(1)], [_pod(1, 0)], **claim).create_claim is None
+    )
+    assert _reconcile().create_claim is None

@@ -204,3 +204,42 @@ def test_cli_render(capsys: pytest.CaptureFixture[str], write_yaml: Callable[...
     assert cli.main(["render", str(bad)]) == 1
     captured = capsys.readouterr()
     assert captured.out == "" and "spec.nodes: Invalid value: 0" in captured.err
+
+
+def _with_checkpoint(**checkpoint: Any) -> Spec:
+    doc = yaml.safe_load((GOLDEN / "cpu.yaml").read_text())
+    doc["spec"]["checkpoint"] = checkpoint
+    doc["metadata"]["uid"] = "1234"
+    return parse(doc)
+
+
+def test_a_claim_template_becomes_an_owned_claim_mounted_by_every_pod() -> None:
+    spec = _with_checkpoint(volumeClaimTemplate={"size": "5Gi", "storageClassName": "nfs"})
+    claim, _service, job = render.render(spec)
+    assert (
+        claim["kind"] == "PersistentVolumeClaim" and claim["metadata"]["name"] == f"{spec.name}-checkpoints"
+    )
+    assert claim["spec"] == {
+        "accessModes": ["ReadWriteMany"],
+        "resources": {"requests": {"storage": "5Gi"}},
+        "storageClassName": "nfs",
+    }
+    assert claim["metadata"]["ownerReferences"][0]["uid"] == "1234"
+    volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
+    assert volumes[render.CHECKPOINT_VOLUME]["persistentVolumeClaim"] == {
+        "claimName": claim["metadata"]["name"]
+    }
+    kubernetes_validate.validate(claim, KUBERNETES_RELEASES[-1], strict=True)
+    assert _env(_container(job))["DDPJOB_UID"] == "1234"
+
+
+def test_a_retained_claim_has_no_owner_and_a_volume_needs_no_claim() -> None:
+    retained = render.render_checkpoint_claim(
+        _with_checkpoint(volumeClaimTemplate={"size": "1Gi", "reclaimPolicy": "Retain"})
+    )
+    assert retained is not None and "ownerReferences" not in retained["metadata"]
+    assert (
+        render.render_checkpoint_claim(_with_checkpoint(volume={"nfs": {"server": "s", "path": "/p"}}))
+        is None
+    )
+    assert len(render.render(_with_checkpoint(volume={"nfs": {"server": "s", "path": "/p"}}))) == 2

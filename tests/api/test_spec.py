@@ -39,6 +39,31 @@ DELETE = object()
 
 # (what is wrong, the document, the field path that must be named, words that must appear)
 BAD: list[tuple[str, dict[str, Any], str, str]] = [
+    (
+        "checkpoint volume and claim template",
+        _with("spec.checkpoint", {"volume": {"emptyDir": {}}, "volumeClaimTemplate": {"size": "1Gi"}}),
+        "spec.checkpoint",
+        "give exactly one of volume",
+    ),
+    ("checkpoint with neither", _with("spec.checkpoint", {"keep": 2}), "spec.checkpoint", "exactly one of"),
+    (
+        "claim without a size",
+        _with("spec.checkpoint", {"volumeClaimTemplate": {"storageClassName": "nfs"}}),
+        "spec.checkpoint.volumeClaimTemplate.size",
+        "Required value",
+    ),
+    (
+        "claim with a bad reclaim policy",
+        _with("spec.checkpoint", {"volumeClaimTemplate": {"size": "1Gi", "reclaimPolicy": "Recycle"}}),
+        "spec.checkpoint.volumeClaimTemplate.reclaimPolicy",
+        'Unsupported value: "Recycle"',
+    ),
+    (
+        "keep zero checkpoints",
+        _with("spec.checkpoint", {"volume": {"nfs": {}}, "keep": 0}),
+        "spec.checkpoint.keep",
+        "must be ≥ 1",
+    ),
     ("zero nodes", _with("spec.nodes", 0), "spec.nodes", "Invalid value: 0: must be ≥ 1"),
     ("negative nodes", _with("spec.nodes", -3), "spec.nodes", "Invalid value: -3: must be ≥ 1"),
     ("zero procs", _with("spec.procsPerNode", 0), "spec.procsPerNode", "must be ≥ 1"),
@@ -315,3 +340,43 @@ def test_admitted_objects_keep_the_api_servers_verdict() -> None:
     assert parse(doc, admitted=True).backend == "nccl"
     with pytest.raises(SpecError, match="cannot be read"):
         parse(_with("spec.trainer", "not-a-mapping"), admitted=True)
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "spec", "warned"),
+    [
+        (None, {}, "will start from step 0"),
+        ({"volume": {"emptyDir": {}}}, {}, "will start from step 0"),
+        (None, {"maxRestarts": 0}, None),
+        ({"volumeClaimTemplate": {"size": "1Gi"}}, {}, None),
+        ({"volume": {"nfs": {"server": "n", "path": "/x"}}}, {}, None),
+        (
+            {"volumeClaimTemplate": {"size": "1Gi", "accessModes": ["ReadWriteOnce"]}},
+            {},
+            "use [ReadWriteMany]",
+        ),
+    ],
+)
+def test_warns_where_restarts_would_lose_the_checkpoints(
+    checkpoint: dict[str, Any] | None,
+    spec: dict[str, Any],
+    warned: str | None,
+    write_yaml: Callable[..., Path],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    doc = copy.deepcopy(BASE)
+    doc["spec"].update(spec)
+    if checkpoint is not None:
+        doc["spec"]["checkpoint"] = checkpoint
+    path = write_yaml(doc)
+    code, out, err = _run([path], capsys)
+    assert code == 0 and ": valid (" in out
+    if warned is None:
+        assert err == ""
+    else:
+        field = (
+            "spec.checkpoint.volumeClaimTemplate.accessModes"
+            if "ReadWriteMany" in warned
+            else "spec.checkpoint"
+        )
+        assert err.startswith(f"{path}: DDPJob/demo: warning: {field}: ") and warned in err, err

@@ -127,7 +127,7 @@ def plan_pods(
     gpus: list[int] | None = None,
 ) -> list[LocalPod]:
     """Every pod of ``attempt``, its command line and environment resolved as the kubelet would."""
-    _, job = render.render(spec, attempt)
+    job = render.render_job(spec, attempt)
     container = secrets_from_host(job["spec"]["template"]["spec"]["containers"][0], host_env)
     dirs = volume_dirs(job, run_dir)
     attempt_dir = run_dir / f"attempt-{attempt}"
