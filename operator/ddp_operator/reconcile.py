@@ -19,7 +19,7 @@ from ddp_trainer import contract
 
 from . import policy, render
 from .observe import Facts, JobFacts, observe
-from .spec import Spec, SpecError, parse
+from .spec import Spec, SpecError, checkpoints_durable, parse
 
 Obj = dict[str, Any]
 
@@ -148,6 +148,7 @@ def decide(inputs: Inputs) -> Plan:
     if job is None:
         return _create(inputs, out)
     if job.complete:
+        _checkpoint_events(out, facts.report)
         return _finish(out, True, "Completed", f"attempt {facts.attempt} completed")
     if job.failed:
         return _after_failure(inputs, out, job)
@@ -171,7 +172,35 @@ def _base(inputs: Inputs) -> _Status:
         out.values["sync"] = dict(previous["sync"])
     if facts.report is not None:
         out.values["sync"] = contract.sync_status(facts.report)
+        if checkpoint := contract.checkpoint_status(facts.report):
+            out.values["checkpoint"] = checkpoint
+    _durable_condition(out, inputs.spec)
     return out
+
+
+def _durable_condition(out: _Status, spec: Spec) -> None:
+    if checkpoints_durable(spec):
+        out.condition("CheckpointsDurable", True, "Volume", "checkpoints outlive the pods: restarts resume")
+    elif spec.max_restarts > 0:
+        message = (
+            "checkpoints go to a pod-local emptyDir: restarts will start from step 0 "
+            "(set spec.checkpoint.volumeClaimTemplate or spec.checkpoint.volume)"
+        )
+        out.condition("CheckpointsDurable", False, "EmptyDir", message)
+    else:
+        out.condition("CheckpointsDurable", False, "EmptyDir", "checkpoints go to a pod-local emptyDir")
+
+
+def _checkpoint_events(out: _Status, report: Mapping[str, Any] | None) -> None:
+    """Say what the attempt restored when it was not simply its own newest checkpoint (once per attempt)."""
+    if report is None:
+        return
+    if report.get("warmStartedFrom"):
+        source = report["warmStartedFrom"]
+        message = f"warm start: the weights of {source} seeded this job (spec.checkpoint.warmStartFrom)"
+        out.events.append(Event("Normal", "WarmStarted", message))
+    for skipped in list(report.get("skippedCheckpoints") or [])[:4]:
+        out.events.append(Event("Warning", "CheckpointSkipped", str(skipped)))
 
 
 def _all_jobs(facts: Facts) -> tuple[str, ...]:
@@ -220,6 +249,7 @@ def _after_failure(inputs: Inputs, out: _Status, job: JobFacts) -> Plan:
     attempt = inputs.facts.attempt
     assert job.outcome is not None
     decision = policy.decide(job.outcome, attempt, inputs.spec.max_restarts)
+    _checkpoint_events(out, inputs.facts.report)
     if decision.action is policy.Action.RESTART:
         out.values.update(attempt=attempt + 1, restarts=contract.restarts_before(attempt + 1))
         out.phase("Restarting", decision.reason, decision.message, warning=True)

@@ -156,6 +156,10 @@ class Report(TypedDict, total=False):
     """Largest absolute difference found (a string for inf/nan, which JSON cannot hold)."""
     resumedFromStep: int
     """The checkpoint step this attempt resumed from (0: a fresh start)."""
+    warmStartedFrom: str
+    """The DDPJob (``namespace/name``) whose checkpoint seeded the weights of a deliberate warm start."""
+    skippedCheckpoints: list[str]
+    """Checkpoints passed over at restore, each ``<file>: <why>`` (corrupt, or another job's)."""
     attempt: int
     """The attempt that wrote the report (``DDPJOB_ATTEMPT``)."""
     modelDigest: str
@@ -182,6 +186,18 @@ def parse_report(text: str | None) -> Report | None:
 def sync_status(report: Mapping[str, Any]) -> dict[str, Any]:
     """The part of a report that becomes ``status.sync``."""
     return {key: report[key] for key in SYNC_STATUS_KEYS if key in report}
+
+
+def checkpoint_status(report: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a report that becomes ``status.checkpoint``."""
+    out: dict[str, Any] = {}
+    if "resumedFromStep" in report:
+        out["resumedFromStep"] = report["resumedFromStep"]
+    if report.get("warmStartedFrom"):
+        out["warmStartedFrom"] = report["warmStartedFrom"]
+    if report.get("skippedCheckpoints"):
+        out["skipped"] = list(report["skippedCheckpoints"])[:16]
+    return out
 
 
 # -- metrics ------------------------------------------------------------------------------------------
