@@ -14,9 +14,10 @@ from ddp_trainer import checkpoint, config, report
 from ddp_trainer.contract import DIVERGENCE_EXIT_CODE
 from ddp_trainer.data import micro_batches, synthetic
 from ddp_trainer.distributed import read_launch_env
-from ddp_trainer.loop import Precision, TrainState
+from ddp_trainer.loop import Precision
 from ddp_trainer.metrics import TrainerMetrics
 from ddp_trainer.model import MLP
+from ddp_trainer.state import TrainState
 
 CONTRACT = [
     "--device=cpu",

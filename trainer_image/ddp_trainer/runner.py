@@ -27,9 +27,10 @@ from ddp_trainer.config import PodEnv, TrainerConfig
 from ddp_trainer.contract import DIVERGENCE_EXIT_CODE, INTERRUPTED_EXIT_CODE, SUCCESS_EXIT_CODE
 from ddp_trainer.data import build_dataset, micro_batches
 from ddp_trainer.distributed import LaunchEnv
-from ddp_trainer.loop import Precision, StepResult, TrainState, train
+from ddp_trainer.loop import Precision, StepResult, train
 from ddp_trainer.metrics import TrainerMetrics
-from ddp_trainer.model import build_model
+from ddp_trainer.model import build_model, compute_loss
+from ddp_trainer.state import TrainState
 
 log = logging.getLogger("ddp_trainer")
 
@@ -271,6 +272,7 @@ class Session:
             grad_accumulation=self.config.grad_accumulation,
             precision=self.precision,
             device=self.device,
+            loss_fn=compute_loss,
             on_step=self.on_step,
         )
         if self.tally.last_check_step != state.step:  # e.g. resumed at or past the last step
