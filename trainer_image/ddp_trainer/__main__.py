@@ -9,10 +9,9 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from ddp_trainer.config import parse_args, read_pod_env
-from ddp_trainer.contract import FAILURE_EXIT_CODE
+from ddp_trainer.contract import Report
 from ddp_trainer.distributed import apply_env_defaults, metrics_dir, read_launch_env
 
 
@@ -31,7 +30,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from ddp_trainer import metrics, runner
     from ddp_trainer.distributed import pick_device, process_group
-    from ddp_trainer.report import termination_message, write_termination_message
+    from ddp_trainer.report import failed, termination_message, write_termination_message
+    from ddp_trainer.verify import DivergenceError
 
     pod = read_pod_env(os.environ)
     kind = config.resolved_device(torch.cuda.is_available())
@@ -45,24 +45,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     session: runner.Session | None = None
     code: int
-    report: dict[str, Any]
+    report: Report
     with process_group(launch, config.resolved_backend(kind), device, config.timeout_seconds):
         try:
             session = runner.Session(config, pod, launch, device, config.resolved_precision(kind))
             code, report = session.run()
-        except runner.DivergenceError as err:
+        except DivergenceError as err:
             assert session is not None
             code, report = session.diverged(err)
         except Exception as err:
             log.exception("trainer failed")
             message = f"{type(err).__name__}: {err}"
-            if session is None:
-                code, report = (
-                    FAILURE_EXIT_CODE,
-                    {"result": "Failed", "reason": "TrainerError", "message": message},
-                )
-            else:
-                code, report = FAILURE_EXIT_CODE, session.report("Failed", "TrainerError", message)
+            code, report = failed(message) if session is None else session.failed(message)
     if launch.local_rank == 0:  # global rank 0 for the job; every pod's local rank 0 for its own pod
         write_termination_message(pod.termination_log, report)
     if launch.rank == 0:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ddp_trainer.loop import TrainState
+from ddp_trainer.state import TrainState
 
 KEEP = 2
 _NAME = re.compile(r"^step-(\d{8})\.pt$")

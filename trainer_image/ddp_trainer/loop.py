@@ -9,13 +9,16 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
-from ddp_trainer.model import compute_loss
+from ddp_trainer.state import TrainState
 
 Batches = Iterator[tuple[int, torch.Tensor, torch.Tensor]]
+LossFn = Callable[[nn.Module, Any, torch.Tensor], torch.Tensor]
+"""``loss_fn(model, outputs, targets) -> loss``: how a micro-batch's outputs become the loss."""
 
 
 @dataclass(frozen=True)
@@ -65,22 +68,6 @@ class StepResult:
         return math.isfinite(self.loss)
 
 
-@dataclass
-class TrainState:
-    """Everything a step changes; checkpointed and verified."""
-
-    model: nn.Module
-    """The DDP-wrapped model."""
-    optimizer: torch.optim.Optimizer
-    """The optimizer over the model's parameters."""
-    scaler: torch.amp.GradScaler
-    """Loss scaler (disabled unless fp16)."""
-    step: int = 0
-    """Optimizer steps done so far."""
-    epoch: int = 0
-    """Epoch of the last micro-batch consumed."""
-
-
 def train(
     state: TrainState,
     batches: Batches,
@@ -89,12 +76,14 @@ def train(
     grad_accumulation: int,
     precision: Precision,
     device: torch.device,
+    loss_fn: LossFn,
     on_step: Callable[[StepResult], bool],
 ) -> None:
     """Run optimizer steps until ``total_steps`` or until ``on_step`` returns False.
 
     Each step runs ``grad_accumulation`` micro-batches; all but the last are under ``no_sync()`` so
-    DDP all-reduces gradients once per step.
+    DDP all-reduces gradients once per step. ``loss_fn(model, outputs, targets)`` gives each
+    micro-batch's loss. A plain module (no DDP) needs no process group.
     """
     model, optimizer, scaler = state.model, state.optimizer, state.scaler
     no_sync: Callable[[], contextlib.AbstractContextManager[object]] = getattr(
@@ -111,7 +100,7 @@ def train(
             last = micro == grad_accumulation - 1
             with contextlib.nullcontext() if last else no_sync():
                 with precision.autocast():
-                    loss = compute_loss(model, model(inputs), targets) / grad_accumulation
+                    loss = loss_fn(model, model(inputs), targets) / grad_accumulation
                 scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
             losses.append(loss.detach())
             samples += int(targets.shape[0])

@@ -56,8 +56,12 @@ def build_model(config: TrainerConfig) -> nn.Module:
 
 
 def compute_loss(model: nn.Module, output: Any, target: torch.Tensor) -> torch.Tensor:
-    """The model's own ``compute_loss`` if it has one, else cross-entropy."""
-    custom = getattr(model, "compute_loss", None)
+    """The model's own ``compute_loss`` if it has one, else cross-entropy.
+
+    ``model`` may be DDP-wrapped: the wrapper does not forward attributes, so the model's own loss is looked
+    up on the module it wraps.
+    """
+    custom = getattr(getattr(model, "module", model), "compute_loss", None)
     if callable(custom):
         loss: torch.Tensor = custom(output, target)
         return loss

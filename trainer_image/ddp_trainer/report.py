@@ -1,7 +1,9 @@
-"""The final report: a small JSON object for the Kubernetes termination message (< 4096 bytes).
+"""The final report and exit code of a run, and the small JSON object for the Kubernetes termination
+message (< 4096 bytes).
 
 The keys are :class:`ddp_trainer.contract.Report`: the operator reads them back with
-:func:`ddp_trainer.contract.parse_report`.
+:func:`ddp_trainer.contract.parse_report`. The functions that build a report are pure: the sync tally
+and a few facts about the run in, ``(exit code, report)`` out.
 """
 
 from __future__ import annotations
@@ -9,38 +11,120 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ddp_trainer import contract
 from ddp_trainer.contract import REPORT_LIMIT as LIMIT
+
+if TYPE_CHECKING:  # no runtime import: this module stays torch-free
+    from ddp_trainer.verify import Tally
 
 log = logging.getLogger(__name__)
 
 MAX_TENSOR_NAMES = 16
 
 
-def termination_message(report: dict[str, Any], limit: int = LIMIT) -> str:
+@dataclass(frozen=True)
+class RunFacts:
+    """What a report states about the run beside the sync tally."""
+
+    step: int
+    """Optimizer steps done."""
+    world_size: int
+    """Processes in the job."""
+    resumed_from: int
+    """The checkpoint step this attempt resumed from (0: a fresh start)."""
+    attempt: int
+    """``DDPJOB_ATTEMPT``."""
+
+
+def build(
+    result: contract.Result, reason: str, message: str, tally: Tally, facts: RunFacts
+) -> contract.Report:
+    """The report of a run that got as far as counting checks."""
+    return {
+        "result": result,
+        "reason": reason,
+        "message": message,
+        "verified": tally.verified,
+        "checks": tally.checks,
+        "mismatches": tally.mismatches,
+        "repairs": tally.repairs,
+        "lastCheckStep": max(tally.last_check_step, 0),
+        "step": facts.step,
+        "worldSize": facts.world_size,
+        "mismatchedTensors": tally.mismatched_tensors,
+        "divergedRanks": tally.diverged_ranks,
+        "maxAbsDiff": tally.max_abs_diff,
+        "resumedFromStep": facts.resumed_from,
+        "attempt": facts.attempt,
+    }
+
+
+def finished(tally: Tally, facts: RunFacts, steps: int, model_digest: str) -> tuple[int, contract.Report]:
+    """The loop returned: trained to ``steps`` (succeeded, verified or not) or stopped by a signal."""
+    if facts.step < steps:
+        message = f"stopped by a signal at step {facts.step} of {steps}"
+        report = build(contract.INTERRUPTED, "Terminated", message, tally, facts)
+        code = contract.INTERRUPTED_EXIT_CODE
+    else:
+        if tally.verified:
+            reason = "RepairedDivergence" if tally.repairs else "AllChecksPassed"
+            message = f"{facts.step} steps, {tally.checks} sync checks"
+        else:
+            reason, message = (
+                "DivergenceIgnored",
+                f"{tally.mismatches} check(s) found divergence (policy Warn)",
+            )
+        report = build(contract.SUCCEEDED, reason, message, tally, facts)
+        code = contract.SUCCESS_EXIT_CODE
+    report["modelDigest"] = model_digest
+    return code, report
+
+
+def diverged(tally: Tally, facts: RunFacts, reason: str, message: str) -> tuple[int, contract.Report]:
+    """A divergence under ``Fail``, or a ``Repair`` that did not take."""
+    return contract.DIVERGENCE_EXIT_CODE, build(contract.DIVERGED, reason, message, tally, facts)
+
+
+def failed(
+    message: str, tally: Tally | None = None, facts: RunFacts | None = None
+) -> tuple[int, contract.Report]:
+    """Any other error; without ``tally`` and ``facts`` (it failed before they existed), a bare report."""
+    if tally is None or facts is None:
+        return contract.FAILURE_EXIT_CODE, {
+            "result": contract.FAILED,
+            "reason": "TrainerError",
+            "message": message,
+        }
+    return contract.FAILURE_EXIT_CODE, build(contract.FAILED, "TrainerError", message, tally, facts)
+
+
+def termination_message(report: Mapping[str, Any], limit: int = LIMIT) -> str:
     """``report`` as compact JSON under ``limit`` bytes: long lists and the message are cut first."""
-    report = dict(report)
-    names = list(report.get("mismatchedTensors", []))[:MAX_TENSOR_NAMES]
-    report["mismatchedTensors"] = names
-    report["message"] = str(report.get("message", ""))[:1024]
-    if isinstance(report.get("maxAbsDiff"), float) and not math.isfinite(report["maxAbsDiff"]):
-        report["maxAbsDiff"] = str(report["maxAbsDiff"])  # JSON has no inf/nan
+    cut: dict[str, Any] = dict(report)  # a copy to cut down
+    names = list(cut.get("mismatchedTensors", []))[:MAX_TENSOR_NAMES]
+    cut["mismatchedTensors"] = names
+    cut["message"] = str(cut.get("message", ""))[:1024]
+    if isinstance(cut.get("maxAbsDiff"), float) and not math.isfinite(cut["maxAbsDiff"]):
+        cut["maxAbsDiff"] = str(cut["maxAbsDiff"])  # JSON has no inf/nan
     while True:
-        text = json.dumps(report, separators=(",", ":"), sort_keys=True)
+        text = json.dumps(cut, separators=(",", ":"), sort_keys=True)
         if len(text.encode()) < limit:
             return text
-        if report["mismatchedTensors"]:
-            report["mismatchedTensors"] = report["mismatchedTensors"][:-1]
-            report["mismatchedTensorsTruncated"] = True
-        elif report["message"]:
-            report["message"] = report["message"][: len(report["message"]) // 2]
+        if cut["mismatchedTensors"]:
+            cut["mismatchedTensors"] = cut["mismatchedTensors"][:-1]
+            cut["mismatchedTensorsTruncated"] = True
+        elif cut["message"]:
+            cut["message"] = cut["message"][: len(cut["message"]) // 2]
         else:
             raise ValueError(f"report does not fit in {limit} bytes: {text[:200]}")
 
 
-def write_termination_message(path: str | None, report: dict[str, Any]) -> None:
+def write_termination_message(path: str | None, report: Mapping[str, Any]) -> None:
     """Write the report where Kubernetes looks (``path``); a failure to write is logged, not raised."""
     if not path:
         return

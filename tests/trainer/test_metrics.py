@@ -1,0 +1,30 @@
+"""The ``ddp_*`` series (:mod:`ddp_trainer.metrics`)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+
+from ddp_trainer.metrics import TrainerMetrics
+
+
+def test_metrics_record_values_with_the_rank_labels() -> None:
+    registry = CollectorRegistry()
+    labels = {"job": "j", "namespace": "n", "rank": "3", "node_rank": "1"}
+    metrics = TrainerMetrics(labels, {"world_size": "4"}, registry)
+    metrics.observe_step(1, 0.02, 16, 1.5, True, now=100.0)
+    metrics.observe_step(2, 0.03, 16, float("nan"), False, now=101.0)
+    metrics.observe_check("periodic", False, 0.001, 2, 0.5, now=102.0)
+    value = registry.get_sample_value
+    assert value("ddp_steps_total", labels) == 2 and value("ddp_samples_total", labels) == 32
+    assert value("ddp_loss", labels) == 1.5 and value("ddp_nonfinite_loss_steps_total", labels) == 1
+    assert value("ddp_step_duration_seconds_count", labels) == 2
+    assert value("ddp_sync_checks_total", labels | {"kind": "periodic", "result": "mismatch"}) == 1
+    assert (
+        value("ddp_sync_mismatched_tensors", labels) == 2
+        and value("ddp_sync_max_abs_divergence", labels) == 0.5
+    )
+    assert value("ddp_last_step_timestamp_seconds", labels) == 101.0
+    assert value("ddp_sync_last_success_timestamp_seconds", labels) in (None, 0.0)
+    assert value("ddp_step", labels) == 2
+    assert value("ddp_sync_last_check_timestamp_seconds", labels) == 102.0
+    assert value("ddp_sync_last_check_ok", labels) == 0

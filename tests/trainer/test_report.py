@@ -1,0 +1,94 @@
+"""The final report and the termination message (:mod:`ddp_trainer.report`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ddp_trainer import contract, report
+from ddp_trainer.verify import Tally
+
+FACTS = report.RunFacts(step=20, world_size=4, resumed_from=10, attempt=2)
+PASSED = Tally(checks=4, last_check_step=20, last_check_ok=True)
+
+
+def test_termination_message_fits_the_kubernetes_limit() -> None:
+    big = {
+        "result": "Diverged",
+        "message": "x" * 10_000,
+        "mismatchedTensors": [f"layer.{i}.w" * 9 for i in range(999)],
+    }
+    text = report.termination_message(big | {"maxAbsDiff": float("inf")})
+    data = json.loads(text)
+    assert len(text.encode()) < 4096
+    assert data["result"] == "Diverged" and data["mismatchedTensors"] and data["maxAbsDiff"] == "inf"
+
+
+def test_a_run_that_trained_to_the_end_and_passed_every_check() -> None:
+    code, r = report.finished(PASSED, FACTS, steps=20, model_digest="abc")
+    assert code == contract.SUCCESS_EXIT_CODE == 0
+    assert r == {
+        "result": contract.SUCCEEDED,
+        "reason": "AllChecksPassed",
+        "message": "20 steps, 4 sync checks",
+        "verified": True,
+        "checks": 4,
+        "mismatches": 0,
+        "repairs": 0,
+        "lastCheckStep": 20,
+        "step": 20,
+        "worldSize": 4,
+        "mismatchedTensors": [],
+        "divergedRanks": [],
+        "maxAbsDiff": 0.0,
+        "resumedFromStep": 10,
+        "attempt": 2,
+        "modelDigest": "abc",
+    }
+    assert set(r) <= set(contract.Report.__annotations__)
+    assert contract.parse_report(report.termination_message(r)) == r
+
+
+@pytest.mark.parametrize(
+    ("tally", "reason", "verified"),
+    [
+        (Tally(checks=5, mismatches=1, repairs=1, last_check_ok=True), "RepairedDivergence", True),
+        (Tally(checks=5, mismatches=2, last_check_ok=True), "DivergenceIgnored", False),
+    ],
+)
+def test_a_repaired_or_ignored_divergence_still_succeeds(tally: Tally, reason: str, verified: bool) -> None:
+    code, r = report.finished(tally, FACTS, steps=20, model_digest="abc")
+    assert (code, r["result"], r["reason"], r["verified"]) == (0, contract.SUCCEEDED, reason, verified)
+    if not verified:
+        assert r["message"] == "2 check(s) found divergence (policy Warn)"
+
+
+def test_a_run_stopped_by_a_signal_is_interrupted_not_finished() -> None:
+    facts = report.RunFacts(step=12, world_size=2, resumed_from=0, attempt=1)
+    code, r = report.finished(PASSED, facts, steps=20, model_digest="abc")
+    assert code == contract.INTERRUPTED_EXIT_CODE == 143
+    assert (r["result"], r["reason"], r["step"]) == (contract.INTERRUPTED, "Terminated", 12)
+    assert r["message"] == "stopped by a signal at step 12 of 20" and r["modelDigest"] == "abc"
+
+
+def test_a_divergence_exits_86_with_what_differed() -> None:
+    tally = Tally(checks=2, mismatches=1, last_check_step=10, mismatched_tensors=["w"], diverged_ranks=[1])
+    code, r = report.diverged(tally, FACTS, "SyncDivergence", "1 tensor(s) differ between ranks: w")
+    assert code == contract.DIVERGENCE_EXIT_CODE == 86
+    assert (r["result"], r["reason"], r["verified"]) == (contract.DIVERGED, "SyncDivergence", False)
+    assert (r["mismatchedTensors"], r["divergedRanks"], r["lastCheckStep"]) == (["w"], [1], 10)
+    assert "modelDigest" not in r
+
+
+def test_a_failure_reports_what_is_known() -> None:
+    code, bare = report.failed("ValueError: boom")
+    assert code == contract.FAILURE_EXIT_CODE
+    assert bare == {"result": contract.FAILED, "reason": "TrainerError", "message": "ValueError: boom"}
+    code, full = report.failed("RuntimeError: x", Tally(), report.RunFacts(0, 2, 0, 1))
+    assert (full["result"], full["checks"], full["lastCheckStep"], full["worldSize"]) == (
+        contract.FAILED,
+        0,
+        0,
+        2,
+    )

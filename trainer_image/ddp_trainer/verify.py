@@ -1,0 +1,167 @@
+"""Verification of the train state: one sync check, its tally, and the ``--on-divergence`` policy.
+
+:meth:`Verifier.verify` runs a check, counts it in the :class:`Tally`, records it in the metrics and
+applies the policy: ``Fail`` raises :class:`DivergenceError` (reason ``SyncDivergence``); ``Repair``
+re-broadcasts from rank 0, checks again and counts the repair (a repair that does not take raises, reason
+``RepairFailed``); ``Warn`` counts the divergence and goes on. The collective check and the repair
+broadcast are injected (by default :func:`check_state` and :func:`broadcast_state`), so the policy and
+the tally can be tested with made-up reports and no process group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from torch import nn
+
+from ddp_trainer import sync
+from ddp_trainer.config import Policy
+from ddp_trainer.metrics import TrainerMetrics
+from ddp_trainer.state import TrainState
+
+log = logging.getLogger("ddp_trainer")
+
+CheckKind = Literal["initial", "periodic", "final", "repair"]
+"""Why a check runs (the ``kind`` label of ``ddp_sync_checks_total``): before step 1, every
+``--sync-every`` steps or before a checkpoint, at the end or when stopping, after a repair."""
+CheckFn = Callable[[TrainState], sync.SyncReport]
+RepairFn = Callable[[TrainState], None]
+
+
+class DivergenceError(Exception):
+    """The ranks hold different models and the policy says stop."""
+
+    def __init__(self, report: sync.SyncReport, reason: str) -> None:
+        super().__init__(
+            f"{len(report.mismatches)} tensor(s) differ between ranks: {', '.join(report.mismatched[:5])}"
+        )
+        self.report = report
+        self.reason = reason
+        """``SyncDivergence`` (policy ``Fail``) or ``RepairFailed`` (a ``Repair`` that did not take)."""
+
+
+@dataclass
+class Tally:
+    """Sync bookkeeping for the report; identical on every rank (every rank sees every check)."""
+
+    checks: int = 0
+    mismatches: int = 0
+    repairs: int = 0
+    last_check_step: int = -1
+    last_check_ok: bool = False
+    mismatched_tensors: list[str] = field(default_factory=list)
+    diverged_ranks: list[int] = field(default_factory=list)
+    max_abs_diff: float = 0.0
+
+    @property
+    def verified(self) -> bool:
+        """Every divergence found was repaired and the last check passed."""
+        return self.checks > 0 and self.mismatches == self.repairs and self.last_check_ok
+
+
+def control_state(state: TrainState) -> dict[str, Any]:
+    """What a check compares beside parameters and buffers: step, epoch, loss scale, learning rates and
+    the optimizer's state tensors."""
+    extras: dict[str, Any] = {
+        "control.step": state.step,
+        "control.epoch": state.epoch,
+        "control.loss_scale": float(state.scaler.get_scale()) if state.scaler.is_enabled() else 1.0,
+    }
+    for i, group in enumerate(state.optimizer.param_groups):
+        extras[f"control.lr.{i}"] = float(group["lr"])
+    extras.update(sync.optimizer_state_tensors(state.optimizer, state.model))
+    return extras
+
+
+def check_state(state: TrainState) -> sync.SyncReport:
+    """Collective: one check of parameters, buffers, optimizer and control state on every rank."""
+    if getattr(state.model, "broadcast_buffers", False):
+        sync.broadcast_buffers_(state.model)  # what DDP does at the next forward, one step early
+    return sync.check_in_sync(state.model, extra=control_state(state))
+
+
+def model_digest(model: nn.Module) -> str:
+    """A digest of this rank's fingerprint of ``model``: equal digests mean bit-identical models."""
+    return hashlib.sha256(str(sync.fingerprint(model).tolist()).encode()).hexdigest()[:16]
+
+
+def broadcast_state(state: TrainState) -> None:
+    """Collective: every rank takes rank 0's model and optimizer state."""
+    sync.broadcast_module_(state.model, src=0)
+    sync.broadcast_tensors_(sync.optimizer_state_tensors(state.optimizer, state.model).values(), src=0)
+
+
+class Verifier:
+    """Checks the train state, keeps the :class:`Tally` and applies ``policy`` to a divergence."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        metrics: TrainerMetrics | None = None,
+        *,
+        check: CheckFn = check_state,
+        repair: RepairFn = broadcast_state,
+    ) -> None:
+        self.policy = policy
+        self.metrics = metrics
+        self.check = check
+        self.repair = repair
+        self.tally = Tally()
+
+    def verify(self, state: TrainState, kind: CheckKind) -> sync.SyncReport:
+        """Check, count, observe; on a divergence apply the policy (which may raise or repair)."""
+        started = time.perf_counter()
+        report = self.check(state)
+        duration = time.perf_counter() - started
+        tally = self.tally
+        tally.checks += 1
+        tally.last_check_step = state.step
+        tally.last_check_ok = report.in_sync
+        if self.metrics is not None:
+            self.metrics.observe_check(
+                kind, report.in_sync, duration, len(report.mismatches), report.max_abs_diff, time.time()
+            )
+        if report.in_sync:
+            log.info(
+                "step %d: %s check passed (%d tensors, %.1f ms)",
+                state.step,
+                kind,
+                report.checked,
+                duration * 1e3,
+            )
+            return report
+        tally.mismatches += 1
+        tally.mismatched_tensors = list(report.mismatched)
+        tally.diverged_ranks = list(report.ranks)
+        tally.max_abs_diff = report.max_abs_diff
+        log.error(
+            "step %d: %s check FAILED: %d tensor(s) differ (%s), ranks %s, max |diff| %g",
+            state.step,
+            kind,
+            len(report.mismatches),
+            ", ".join(report.mismatched[:8]),
+            list(report.ranks),
+            report.max_abs_diff,
+        )
+        if kind == "repair":
+            raise DivergenceError(report, "RepairFailed")
+        if self.policy == "Fail":
+            raise DivergenceError(report, "SyncDivergence")
+        if self.policy == "Warn":
+            return report
+        return self._repair(state)
+
+    def _repair(self, state: TrainState) -> sync.SyncReport:
+        """Re-broadcast from rank 0, then verify again (raises if the repair did not take)."""
+        self.repair(state)
+        report = self.verify(state, "repair")
+        self.tally.repairs += 1
+        if self.metrics is not None:
+            self.metrics.repairs.inc()
+        log.warning("step %d: divergence repaired from rank 0 (repair %d)", state.step, self.tally.repairs)
+        return report
