@@ -17,7 +17,8 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from . import crd, opmetrics
-from .reconcile import Plan, plan_for
+from .plan import Plan
+from .reconcile import plan_for
 
 Logger = logging.Logger | kopf.ObjectLogger
 

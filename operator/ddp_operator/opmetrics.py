@@ -7,7 +7,8 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-from .reconcile import PHASES, Plan
+from .plan import Plan
+from .reconcile import PHASES
 
 JOBS = Gauge("ddpjob_jobs", "DDPJobs this operator watches, by phase.", ["phase"])
 RECONCILES = Counter("ddpjob_reconciles", "Reconciles of one DDPJob, by result (ok, error).", ["result"])

@@ -12,38 +12,18 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ddp_trainer import contract
 
 from . import policy, render
 from .observe import Facts, JobFacts, observe
+from .plan import Event, Plan, StatusBuilder, parse_time, stamp
 from .spec import Spec, SpecError, checkpoints_durable, parse
-
-Obj = dict[str, Any]
 
 PHASES = ("Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
 TERMINAL = ("Succeeded", "Failed")
-
-
-@dataclass(frozen=True)
-class Event:
-    type: str  # Normal | Warning
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
-class Plan:
-    status: Obj
-    create_claim: Obj | None = None  # the checkpoint PersistentVolumeClaim, before the pods that mount it
-    create_service: Obj | None = None  # created (or found already there) before create_job
-    create_job: Obj | None = None
-    delete_jobs: tuple[str, ...] = ()
-    suspend_job: tuple[str, bool] | None = None
-    events: tuple[Event, ...] = ()
-    delete_self: bool = False  # ttlSecondsAfterFinished has passed
 
 
 @dataclass(frozen=True)
@@ -56,59 +36,12 @@ class Inputs:
     """The DDPJob's last written status."""
     facts: Facts
     now: dt.datetime
-    service: Obj
+    service: dict[str, Any]
     """The headless Service, rendered."""
-    claim: Obj | None
+    claim: dict[str, Any] | None
     """The checkpoint PersistentVolumeClaim, rendered, when spec.checkpoint.volumeClaimTemplate asks."""
-    job: Obj
+    job: dict[str, Any]
     """The Job of ``facts.attempt``, rendered."""
-
-
-def stamp(moment: dt.datetime) -> str:
-    """RFC 3339 in UTC, as the API server writes times."""
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(text: Any) -> dt.datetime | None:
-    if not isinstance(text, str):
-        return None
-    try:
-        return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
-@dataclass
-class _Status:
-    """The status under construction, with the conditions and events that go with it."""
-
-    previous: Mapping[str, Any]
-    now: str
-    values: Obj = field(default_factory=dict)
-    conditions: dict[str, Obj] = field(default_factory=dict)
-    events: list[Event] = field(default_factory=list)
-
-    def condition(self, kind: str, status: bool | None, reason: str, message: str) -> None:
-        value = "Unknown" if status is None else str(status)
-        old = {c.get("type"): c for c in self.previous.get("conditions", []) or []}.get(kind, {})
-        since = old.get("lastTransitionTime") if old.get("status") == value else self.now
-        self.conditions[kind] = {
-            "type": kind,
-            "status": value,
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": since or self.now,
-        }
-
-    def phase(self, phase: str, reason: str, message: str, warning: bool = False) -> None:
-        self.values["phase"] = phase
-        ready = {c.get("type"): c for c in self.previous.get("conditions", []) or []}.get("Ready", {})
-        if self.previous.get("phase") != phase or ready.get("reason") != reason:
-            self.events.append(Event("Warning" if warning else "Normal", reason, message))
-
-    def plan(self, **steps: Any) -> Plan:
-        status = {**self.values, "conditions": [self.conditions[k] for k in sorted(self.conditions)]}
-        return Plan(status, events=tuple(self.events), **steps)
 
 
 def plan_for(
@@ -129,7 +62,7 @@ def plan_for(
 
 def invalid_spec(error: SpecError, previous: Mapping[str, Any], generation: int, now: dt.datetime) -> Plan:
     """A spec the API server should have refused (a hand-edited object, an older CRD): fail, say why."""
-    out = _Status(previous, stamp(now))
+    out = StatusBuilder(previous, stamp(now))
     out.values.update({k: v for k, v in previous.items() if k != "conditions"}, observedGeneration=generation)
     message = "; ".join(str(problem) for problem in error.problems)[:1024]
     return _finish(out, False, "InvalidSpec", message)
@@ -155,10 +88,10 @@ def decide(inputs: Inputs) -> Plan:
     return _running(inputs, out, job)
 
 
-def _base(inputs: Inputs) -> _Status:
+def _base(inputs: Inputs) -> StatusBuilder:
     """The status fields every branch writes, and the sync report when rank 0 has written one."""
     previous, facts = inputs.previous, inputs.facts
-    out = _Status(previous, stamp(inputs.now))
+    out = StatusBuilder(previous, stamp(inputs.now))
     out.values.update(
         attempt=facts.attempt,
         restarts=contract.restarts_before(facts.attempt),  # derived from the attempt, never counted apart
@@ -178,7 +111,7 @@ def _base(inputs: Inputs) -> _Status:
     return out
 
 
-def _durable_condition(out: _Status, spec: Spec) -> None:
+def _durable_condition(out: StatusBuilder, spec: Spec) -> None:
     if checkpoints_durable(spec):
         out.condition("CheckpointsDurable", True, "Volume", "checkpoints outlive the pods: restarts resume")
     elif spec.max_restarts > 0:
@@ -191,7 +124,7 @@ def _durable_condition(out: _Status, spec: Spec) -> None:
         out.condition("CheckpointsDurable", False, "EmptyDir", "checkpoints go to a pod-local emptyDir")
 
 
-def _checkpoint_events(out: _Status, report: Mapping[str, Any] | None) -> None:
+def _checkpoint_events(out: StatusBuilder, report: Mapping[str, Any] | None) -> None:
     """Say what the attempt restored when it was not simply its own newest checkpoint (once per attempt)."""
     if report is None:
         return
@@ -207,7 +140,7 @@ def _all_jobs(facts: Facts) -> tuple[str, ...]:
     return facts.stale_jobs + ((facts.job.name,) if facts.job else ())
 
 
-def _finished(inputs: Inputs, out: _Status) -> Plan:
+def _finished(inputs: Inputs, out: StatusBuilder) -> Plan:
     """A terminal phase sticks; old Jobs go; the DDPJob itself goes once its TTL has passed."""
     previous = inputs.previous
     out.values["phase"] = previous["phase"]
@@ -226,14 +159,14 @@ def _deadline_passed(inputs: Inputs) -> str | None:
     return None
 
 
-def _stopping_old_attempts(inputs: Inputs, out: _Status) -> Plan:
+def _stopping_old_attempts(inputs: Inputs, out: StatusBuilder) -> Plan:
     attempt = inputs.facts.attempt
     out.phase("Restarting", "GangRestart", f"stopping the pods of attempt(s) before {attempt}")
     out.condition("Ready", False, "GangRestart", "waiting for the pods of earlier attempts to go away")
     return out.plan(delete_jobs=inputs.facts.stale_jobs)
 
 
-def _create(inputs: Inputs, out: _Status) -> Plan:
+def _create(inputs: Inputs, out: StatusBuilder) -> Plan:
     spec, attempt = inputs.spec, inputs.facts.attempt
     out.phase(
         "Suspended" if spec.suspend else "Pending",
@@ -244,7 +177,7 @@ def _create(inputs: Inputs, out: _Status) -> Plan:
     return out.plan(create_claim=inputs.claim, create_service=inputs.service, create_job=inputs.job)
 
 
-def _after_failure(inputs: Inputs, out: _Status, job: JobFacts) -> Plan:
+def _after_failure(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
     """A failed attempt: the policy chooses between a gang restart and failing the DDPJob."""
     attempt = inputs.facts.attempt
     assert job.outcome is not None
@@ -258,7 +191,7 @@ def _after_failure(inputs: Inputs, out: _Status, job: JobFacts) -> Plan:
     return _finish(out, False, decision.reason, decision.message)
 
 
-def _running(inputs: Inputs, out: _Status, job: JobFacts) -> Plan:
+def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
     """The attempt's Job exists and has not finished: pending, queued, suspended or running."""
     spec, facts = inputs.spec, inputs.facts
     toggle = None
@@ -287,7 +220,9 @@ def _running(inputs: Inputs, out: _Status, job: JobFacts) -> Plan:
     return out.plan(suspend_job=toggle)
 
 
-def _finish(out: _Status, succeeded: bool, reason: str, message: str, delete: tuple[str, ...] = ()) -> Plan:
+def _finish(
+    out: StatusBuilder, succeeded: bool, reason: str, message: str, delete: tuple[str, ...] = ()
+) -> Plan:
     phase = "Succeeded" if succeeded else "Failed"
     out.values["completionTime"] = out.values.get("completionTime") or out.now
     out.phase(phase, reason, message, warning=not succeeded)
@@ -297,7 +232,7 @@ def _finish(out: _Status, succeeded: bool, reason: str, message: str, delete: tu
     return out.plan(delete_jobs=delete)
 
 
-def _sync_condition(out: _Status) -> None:
+def _sync_condition(out: StatusBuilder) -> None:
     sync = out.values.get("sync")
     if not sync:
         out.condition("SyncVerified", None, "NotYetReported", "the trainer reports at the end of an attempt")

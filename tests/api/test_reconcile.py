@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from ddp_operator import reconcile, render
+from ddp_operator.plan import Plan
 from ddp_operator.spec import parse
 
 NOW = dt.datetime(2026, 11, 22, 12, 0, 0, tzinfo=dt.UTC)
@@ -76,7 +77,7 @@ def _reconcile(
     pods: list[Any] | None = None,
     now: dt.datetime = NOW,
     **spec: Any,
-) -> reconcile.Plan:
+) -> Plan:
     return reconcile.plan_for(_body(previous, **spec), jobs or [], pods or [], now)
 
 
@@ -90,7 +91,7 @@ REPORT = {
 }
 
 
-def _conditions(plan: reconcile.Plan) -> dict[str, tuple[str, str]]:
+def _conditions(plan: Plan) -> dict[str, tuple[str, str]]:
     return {c["type"]: (c["status"], c["reason"]) for c in plan.status["conditions"]}
 
 
