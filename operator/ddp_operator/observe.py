@@ -112,11 +112,14 @@ def outcome(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> policy
     reason = str(failed.get("reason", "")) if failed else ""
     culprits = [f"node {i} exited {code}" for i, code in sorted(codes.items()) if code]
     message = ", ".join(culprits) or (str(failed.get("message", "")) if failed else "")
+    disrupted = any(condition(pod, "DisruptionTarget") for pod in pods)
     return policy.Outcome(
         succeeded=condition(job, "Complete") is not None,
         exit_codes=codes,
         report=rank0_report(pods),
-        reason="DeadlineExceeded" if reason == "DeadlineExceeded" else "",
+        reason="DeadlineExceeded"
+        if reason == "DeadlineExceeded"
+        else (policy.PREEMPTED if disrupted else ""),
         message=message,
     )
 

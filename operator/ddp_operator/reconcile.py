@@ -99,8 +99,9 @@ def _base(inputs: Inputs) -> StatusBuilder:
         startTime=previous.get("startTime") or out.now,
         readyNodes=0,
     )
-    if previous.get("completionTime"):
-        out.values["completionTime"] = previous["completionTime"]
+    for kept in ("completionTime", "preemptions"):
+        if previous.get(kept):
+            out.values[kept] = previous[kept]
     if isinstance(previous.get("sync"), dict):
         out.values["sync"] = dict(previous["sync"])
     if facts.report is not None:
@@ -181,10 +182,13 @@ def _after_failure(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
     """A failed attempt: the policy chooses between a gang restart and failing the DDPJob."""
     attempt = inputs.facts.attempt
     assert job.outcome is not None
-    decision = policy.decide(job.outcome, attempt, inputs.spec.max_restarts)
+    preemptions = int(inputs.previous.get("preemptions") or 0)
+    decision = policy.decide(job.outcome, attempt, inputs.spec.max_restarts, preemptions)
     _checkpoint_events(out, inputs.facts.report)
     if decision.action is policy.Action.RESTART:
         out.values.update(attempt=attempt + 1, restarts=contract.restarts_before(attempt + 1))
+        if decision.reason == policy.PREEMPTED:
+            out.values["preemptions"] = preemptions + 1
         out.phase("Restarting", decision.reason, decision.message, warning=True)
         out.condition("Ready", False, decision.reason, decision.message)
         return out.plan(delete_jobs=(job.name,))

@@ -262,3 +262,41 @@ def test_the_first_attempt_creates_the_checkpoint_claim_and_later_reconciles_do_
         _reconcile({"phase": "Pending", "attempt": 1}, [_job(1)], [_pod(1, 0)], **claim).create_claim is None
     )
     assert _reconcile().create_claim is None
+
+
+def test_a_preempted_attempt_restarts_and_is_counted_apart() -> None:
+    report = {**REPORT, "result": "Interrupted", "reason": "Terminated"}
+    pods = [_pod(2, 0, exit_code=143, message=json.dumps(report)), _pod(2, 1, exit_code=143)]
+    previous = {"phase": "Running", "attempt": 2, "restarts": 1}
+    plan = _reconcile(previous, [_job(2, condition="Failed")], pods, maxRestarts=1)
+    assert plan.status["phase"] == "Restarting" and plan.status["preemptions"] == 1
+    assert (plan.status["attempt"], plan.status["restarts"]) == (3, 2)
+    assert plan.events[0].reason == "Preempted" and plan.delete_jobs == ("job-2",)
+    later = _reconcile(plan.status, [_job(2, condition="Failed")], [], maxRestarts=1)
+    assert later.status["preemptions"] == 1  # kept, not counted again
+
+
+def test_a_durable_checkpoint_is_a_condition_and_an_empty_dir_says_restarts_start_over() -> None:
+    assert _conditions(_reconcile())["CheckpointsDurable"] == ("False", "EmptyDir")
+    message = {c["type"]: c for c in _reconcile().status["conditions"]}["CheckpointsDurable"]["message"]
+    assert "restarts will start from step 0" in message
+    durable = _reconcile(checkpoint={"volumeClaimTemplate": {"size": "1Gi"}})
+    assert _conditions(durable)["CheckpointsDurable"] == ("True", "Volume")
+
+
+def test_rank0s_report_says_what_was_restored_and_skipped() -> None:
+    report = {**REPORT, "resumedFromStep": 200, "skippedCheckpoints": ["step-00000300.pt: digest mismatch"]}
+    report["warmStartedFrom"] = "ns/other"
+    pods = [_pod(1, 0, phase="Succeeded", exit_code=0, message=json.dumps(report)), _pod(1, 1, exit_code=0)]
+    plan = _reconcile({"phase": "Running", "attempt": 1}, [_job(1, condition="Complete")], pods)
+    assert plan.status["checkpoint"] == {
+        "resumedFromStep": 200,
+        "warmStartedFrom": "ns/other",
+        "skipped": ["step-00000300.pt: digest mismatch"],
+    }
+    reasons = {e.reason: e for e in plan.events}
+    assert {"WarmStarted", "CheckpointSkipped", "Completed"} <= set(reasons)
+    assert (
+        "digest mismatch" in reasons["CheckpointSkipped"].message
+        and reasons["CheckpointSkipped"].type == "Warning"
+    )
