@@ -6,6 +6,7 @@ calls the API or decides what to do: :mod:`ddp_operator.reconcile` decides from 
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,11 @@ class JobFacts:
     suspended: bool
     outcome: policy.Outcome | None
     """How the attempt ended, when it failed (exit codes, rank 0's report, the Job's reason)."""
+    failed_at: dt.datetime | None = None
+    """When the Job's Failed condition became true."""
+    stopping_pods: int = 0
+    """Pods of the attempt that have not terminated yet (the Job controller stops them after a failure;
+    rank 0 writes its report, and its SIGTERM checkpoint, on the way out)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,17 @@ def terminated(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
             state = status.get("state", {}).get("terminated") or status.get("lastState", {}).get("terminated")
             return state if isinstance(state, dict) else None
     return None
+
+
+def stopped(pod: Mapping[str, Any]) -> bool:
+    return pod.get("status", {}).get("phase") in ("Succeeded", "Failed") or terminated(pod) is not None
+
+
+def _time(text: Any) -> dt.datetime | None:
+    try:
+        return dt.datetime.fromisoformat(str(text).replace("Z", "+00:00")) if text else None
+    except ValueError:
+        return None
 
 
 def ready(pod: Mapping[str, Any]) -> bool:
@@ -135,13 +152,15 @@ def observe(
     job_facts = None
     if current:
         job = current[0]
-        failed = condition(job, "Failed") is not None
+        failed = condition(job, "Failed")
         job_facts = JobFacts(
             name=job["metadata"]["name"],
             complete=condition(job, "Complete") is not None,
-            failed=failed,
+            failed=failed is not None,
             suspended=bool(job.get("spec", {}).get("suspend")),
             outcome=outcome(job, mine) if failed else None,
+            failed_at=_time(failed.get("lastTransitionTime")) if failed else None,
+            stopping_pods=sum(1 for pod in mine if not stopped(pod)),
         )
     return Facts(
         attempt=attempt,

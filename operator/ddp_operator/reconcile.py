@@ -22,6 +22,7 @@ from .observe import Facts, JobFacts, observe
 from .plan import Event, Plan, StatusBuilder, parse_time, stamp
 from .spec import Spec, SpecError, checkpoints_durable, parse
 
+STOP_MARGIN_SECONDS = 30  # beyond the pods' termination grace period, before deciding without them
 PHASES = ("Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
 TERMINAL = ("Succeeded", "Failed")
 
@@ -179,9 +180,19 @@ def _create(inputs: Inputs, out: StatusBuilder) -> Plan:
 
 
 def _after_failure(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
-    """A failed attempt: the policy chooses between a gang restart and failing the DDPJob."""
+    """A failed attempt: the policy chooses between a gang restart and failing the DDPJob, once the
+    attempt's pods have stopped (rank 0 reports on its way out: a preemption is told apart from a crash
+    only then), or a termination grace period after the failure at the latest."""
     attempt = inputs.facts.attempt
     assert job.outcome is not None
+    since = (inputs.now - job.failed_at).total_seconds() if job.failed_at else 0.0
+    if job.stopping_pods and since < render.TERMINATION_GRACE_SECONDS + STOP_MARGIN_SECONDS:
+        message = (
+            f"attempt {attempt} failed; waiting for its {job.stopping_pods} other pod(s) to stop and report"
+        )
+        out.phase("Restarting", "StoppingAttempt", message)
+        out.condition("Ready", False, "StoppingAttempt", message)
+        return out.plan()
     preemptions = int(inputs.previous.get("preemptions") or 0)
     decision = policy.decide(job.outcome, attempt, inputs.spec.max_restarts, preemptions)
     _checkpoint_events(out, inputs.facts.report)

@@ -300,3 +300,15 @@ def test_rank0s_report_says_what_was_restored_and_skipped() -> None:
         "digest mismatch" in reasons["CheckpointSkipped"].message
         and reasons["CheckpointSkipped"].type == "Warning"
     )
+
+
+def test_a_failed_attempt_waits_for_its_pods_to_stop_and_report_within_the_grace_period() -> None:
+    job = _job(1, condition="Failed")
+    job["status"]["conditions"][0]["lastTransitionTime"] = "2026-11-22T11:59:00Z"
+    still_running = [_pod(1, 0), _pod(1, 1, exit_code=143)]  # rank 0 is still checkpointing
+    plan = _reconcile({"phase": "Running", "attempt": 1}, [job], still_running)
+    assert plan.status["phase"] == "Restarting" and plan.status["attempt"] == 1 and plan.delete_jobs == ()
+    assert _conditions(plan)["Ready"] == ("False", "StoppingAttempt")
+    much_later = NOW + dt.timedelta(seconds=render.TERMINATION_GRACE_SECONDS + 60)
+    plan = _reconcile({"phase": "Restarting", "attempt": 1}, [job], still_running, now=much_later)
+    assert plan.status["attempt"] == 2 and plan.delete_jobs == ("job-1",)  # decided without rank 0's report
