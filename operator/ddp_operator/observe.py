@@ -7,6 +7,7 @@ calls the API or decides what to do: :mod:`ddp_operator.reconcile` decides from 
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -120,8 +121,19 @@ def rank0_report(pods: Sequence[Mapping[str, Any]]) -> contract.Report | None:
     return None
 
 
-def outcome(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> policy.Outcome:
-    """A finished Job as the policy sees it."""
+def remembered_report(previous: Mapping[str, Any], attempt: int) -> contract.Report | None:
+    """Rank 0's report as an earlier reconcile recorded it in ``status.lastReport``: a pod stopped by the
+    Job controller after a failure is deleted, and its termination message goes with it."""
+    last = previous.get("lastReport")
+    if not isinstance(last, dict) or last.get("attempt") != attempt:
+        return None
+    return contract.parse_report(json.dumps({k: v for k, v in last.items() if k != "attempt"}))
+
+
+def outcome(
+    job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], report: contract.Report | None = None
+) -> policy.Outcome:
+    """A finished Job as the policy sees it (``report``: rank 0's, when its pod is gone)."""
     codes = {
         completion_index(pod): int(state.get("exitCode", 0)) for pod in pods if (state := terminated(pod))
     }
@@ -133,7 +145,7 @@ def outcome(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> policy
     return policy.Outcome(
         succeeded=condition(job, "Complete") is not None,
         exit_codes=codes,
-        report=rank0_report(pods),
+        report=rank0_report(pods) or report,
         reason="DeadlineExceeded"
         if reason == "DeadlineExceeded"
         else (policy.PREEMPTED if disrupted else ""),
@@ -149,6 +161,7 @@ def observe(
     attempt = max([int(previous.get("attempt") or first), *map(attempt_of, jobs)])
     current = [job for job in jobs if attempt_of(job) == attempt]
     mine = [pod for pod in pods if attempt_of(pod) == attempt]
+    report = rank0_report(mine) or remembered_report(previous, attempt)
     job_facts = None
     if current:
         job = current[0]
@@ -158,7 +171,7 @@ def observe(
             complete=condition(job, "Complete") is not None,
             failed=failed is not None,
             suspended=bool(job.get("spec", {}).get("suspend")),
-            outcome=outcome(job, mine) if failed else None,
+            outcome=outcome(job, mine, report) if failed else None,
             failed_at=_time(failed.get("lastTransitionTime")) if failed else None,
             stopping_pods=sum(1 for pod in mine if not stopped(pod)),
         )
@@ -168,5 +181,5 @@ def observe(
         stale_jobs=tuple(job["metadata"]["name"] for job in jobs if attempt_of(job) < attempt),
         ready_nodes=sum(1 for pod in mine if ready(pod)),
         unschedulable=unschedulable(mine),
-        report=rank0_report(mine),
+        report=report,
     )

@@ -100,13 +100,14 @@ def _base(inputs: Inputs) -> StatusBuilder:
         startTime=previous.get("startTime") or out.now,
         readyNodes=0,
     )
-    for kept in ("completionTime", "preemptions"):
+    for kept in ("completionTime", "preemptions", "lastReport"):
         if previous.get(kept):
             out.values[kept] = previous[kept]
     if isinstance(previous.get("sync"), dict):
         out.values["sync"] = dict(previous["sync"])
     if facts.report is not None:
         out.values["sync"] = contract.sync_status(facts.report)
+        out.values["lastReport"] = contract.last_report_status(facts.report, facts.attempt)
         if checkpoint := contract.checkpoint_status(facts.report):
             out.values["checkpoint"] = checkpoint
     _durable_condition(out, inputs.spec)

@@ -312,3 +312,20 @@ def test_a_failed_attempt_waits_for_its_pods_to_stop_and_report_within_the_grace
     much_later = NOW + dt.timedelta(seconds=render.TERMINATION_GRACE_SECONDS + 60)
     plan = _reconcile({"phase": "Restarting", "attempt": 1}, [job], still_running, now=much_later)
     assert plan.status["attempt"] == 2 and plan.delete_jobs == ("job-1",)  # decided without rank 0's report
+
+
+def test_rank0s_report_is_remembered_after_its_pod_is_deleted() -> None:
+    report = {**REPORT, "result": "Interrupted", "reason": "Terminated", "message": "stopped by a signal"}
+    running = {"phase": "Running", "attempt": 1}
+    seen = _reconcile(running, [_job(1)], [_pod(1, 0, exit_code=143, message=json.dumps(report)), _pod(1, 1)])
+    assert seen.status["lastReport"] == {
+        "attempt": 1,
+        "result": "Interrupted",
+        "reason": "Terminated",
+        "message": "stopped by a signal",
+    }
+    gone = _reconcile(seen.status, [_job(1, condition="Failed")], [])  # the Job controller deleted the pods
+    assert gone.status["attempt"] == 2 and gone.status["preemptions"] == 1
+    assert gone.events[0].reason == "Preempted"
+    stale = _reconcile({**seen.status, "attempt": 2}, [_job(2, condition="Failed")], [])
+    assert stale.status.get("preemptions") is None  # a report of attempt 1 says nothing about attempt 2

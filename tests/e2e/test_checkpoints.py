@@ -80,7 +80,8 @@ def test_a_deleted_pod_restarts_the_gang_from_the_claim_as_a_preemption(
         cluster.kubectl("delete", "pod", "-n", namespace, victim, "--wait=false")  # graceful: SIGTERM
         status = wait_phase(cluster, namespace, "durable", "Succeeded", "Failed", timeout=300)["status"]
         assert status["phase"] == "Succeeded", status
-        assert (status["attempt"], status["restarts"], status.get("preemptions")) == (2, 1, 1), status
+        events = _events(cluster, namespace, "durable")
+        assert (status["attempt"], status["restarts"], status.get("preemptions")) == (2, 1, 1), events
         assert status["checkpoint"]["resumedFromStep"] > 0, status
         assert "Preempted" in _events(cluster, namespace, "durable")
         cluster.kubectl("delete", "ddpjob", "durable", "-n", namespace, "--wait=true", "--timeout=60s")
