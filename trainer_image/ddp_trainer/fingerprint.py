@@ -106,7 +106,7 @@ def meta_hash(dtype: torch.dtype, shape: Sequence[int]) -> int:
 
 def byte_view(t: torch.Tensor) -> torch.Tensor:
     """The tensor's bytes in logical order, 1-D uint8 (a view when ``t`` is contiguous)."""
-    return t.detach().reshape(-1).view(torch.uint8)
+    return t.detach().reshape(-1).contiguous().view(torch.uint8)
 
 
 def lane_count(nbytes: int) -> int:
