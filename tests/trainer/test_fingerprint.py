@@ -90,12 +90,13 @@ def fp(t: torch.Tensor) -> int:
     return int(sync.fingerprint_tensors([t])[0])
 
 
-# --- the pure-torch path against the reference --------------------------------------------------------
+# --- the CPU paths against the reference ---------------------------------------------------------------
 @pytest.mark.parametrize("dtype", ALL, ids=str)
 @pytest.mark.parametrize("n", [1, 3, 777])
-def test_matches_the_reference(dtype: torch.dtype, n: int) -> None:
+def test_numpy_and_torch_paths_match_the_reference(dtype: torch.dtype, n: int) -> None:
     t = sample(dtype, n)
-    assert fp(t) == reference(t)
+    expected = reference(t)
+    assert fp(t) == fpmod.numpy_fingerprint(t) == int(fpmod.torch_fingerprint(t)) == expected
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
@@ -103,9 +104,9 @@ def test_matches_the_reference_across_blocks(dtype: torch.dtype) -> None:
     assert fpmod.BLOCK == LANES_PER_BLOCK
     size = torch.empty(0, dtype=dtype).element_size()
     t = sample(dtype, (2 * LANES_PER_BLOCK + 3) * 8 // size + 1)  # three blocks, and a partial lane
-    assert fp(t) == reference(t)
+    assert fp(t) == int(fpmod.torch_fingerprint(t)) == reference(t)
     square = sample(dtype, 4 * LANES_PER_BLOCK * 8 // size).view(4, -1)  # exactly four blocks
-    assert fp(square) == reference(square)
+    assert fp(square) == int(fpmod.torch_fingerprint(square)) == reference(square)
 
 
 def test_uint_and_other_dtypes_without_arithmetic_match_too() -> None:
@@ -120,7 +121,7 @@ def test_views_at_odd_offsets_and_strides_hash_their_logical_order() -> None:
     x = sample(torch.bfloat16, 4001)
     for offset in range(1, 6):  # data pointers 2, 4, 6, 8 ... bytes past an 8-byte boundary
         view = x[offset : offset + 3001]
-        assert fp(view) == reference(view) == fp(view.clone())
+        assert fp(view) == int(fpmod.torch_fingerprint(view)) == reference(view) == fp(view.clone())
     w = sample(torch.float32, 64 * 48).view(64, 48)
     assert fp(w.t()) == reference(w.t()) == fp(w.t().contiguous())
     assert fp(w[:, ::3]) == fp(w[:, ::3].contiguous())
@@ -211,8 +212,9 @@ def test_forcing_an_unknown_implementation_is_an_error(monkeypatch: pytest.Monke
     monkeypatch.setenv("DDPJOB_FINGERPRINT_IMPL", "fast")
     with pytest.raises(ValueError, match="DDPJOB_FINGERPRINT_IMPL"):
         fp(torch.zeros(3))
-    monkeypatch.setenv("DDPJOB_FINGERPRINT_IMPL", "torch")
-    assert fp(torch.zeros(3)) == reference(torch.zeros(3))
+    for impl in ("torch", "numpy", "NumPy "):
+        monkeypatch.setenv("DDPJOB_FINGERPRINT_IMPL", impl)
+        assert fp(torch.zeros(3)) == reference(torch.zeros(3))
 
 
 def test_deterministic_and_one_entry_per_parameter_and_buffer() -> None:
@@ -245,8 +247,10 @@ TRITON_SCRIPT = textwrap.dedent(
     tensors += [torch.zeros(0), torch.randn(40, 30).t(), torch.tensor(2.5)]
     kernel = fingerprint_triton.fingerprint_tensors(tensors).tolist()
     torch_path = [int(fingerprint.torch_fingerprint(t)) for t in tensors]
+    numpy_path = [fingerprint.numpy_fingerprint(t) for t in tensors]
     refs = [reference(t) for t in tensors]
-    print(json.dumps({"kernel": kernel, "torch": torch_path, "reference": refs, "n": len(tensors)}))
+    print(json.dumps({"kernel": kernel, "torch": torch_path, "numpy": numpy_path, "reference": refs,
+                      "n": len(tensors)}))
     """
 )
 
@@ -267,7 +271,7 @@ def test_triton_kernel_matches_under_the_interpreter(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["n"] == len(ALL) * 3 + 5
-    assert result["kernel"] == result["torch"] == result["reference"]
+    assert result["kernel"] == result["torch"] == result["numpy"] == result["reference"]
 
 
 # --- CUDA ----------------------------------------------------------------------------------------------

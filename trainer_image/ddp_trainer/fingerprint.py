@@ -29,13 +29,16 @@ block, ``(b+1)*H`` per block), so swapped lanes feed different inputs to ``F``. 
 the CPU path reuse one cached key table for every block; the result equals a flat per-lane definition in
 strength. Tensors above 2**64 bytes are not a concern.
 
-Implementations, bit-identical (tests check them against an independent NumPy reference):
+Implementations, bit-identical (tests check each against an independent NumPy reference):
 
-* pure torch (:func:`torch_block_sums`), CPU and CUDA: blocks of ``B`` lanes through a reused int64
-  buffer, eleven in-place vector ops per block, no host synchronisation;
-* Triton (``fingerprint_triton``), CUDA only: one launch over a cached table of every block of every
-  tensor, one launch for the per-tensor fold. Used for CUDA tensors when Triton imports;
-  ``DDPJOB_FINGERPRINT_IMPL=torch`` or ``=triton`` forces one.
+* NumPy (:func:`numpy_fingerprint`), CPU tensors (the default there): zero-copy on the tensor's memory,
+  passes of 32K lanes through two reused uint64 buffers (nine vector operations per pass);
+* pure torch (:func:`torch_fingerprint`), any device (the fallback on CUDA without Triton): the same
+  in-place vector operations on int64, logical shifts emulated with a mask, no host synchronisation;
+* Triton (``fingerprint_triton``), CUDA: one launch over a cached table of every block of every tensor,
+  one launch for the per-tensor fold (the default on CUDA when Triton imports).
+
+``DDPJOB_FINGERPRINT_IMPL=numpy|torch|triton`` forces one (NumPy applies to CPU tensors only).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import os
 import sys
 from collections.abc import Iterable, Sequence
 
+import numpy as np
 import torch
 
 __all__ = ["BLOCK", "fingerprint_tensor", "fingerprint_tensors", "meta_hash", "mix64"]
@@ -111,6 +115,57 @@ def byte_view(t: torch.Tensor) -> torch.Tensor:
 
 def lane_count(nbytes: int) -> int:
     return (nbytes + 7) // 8
+
+
+# --- NumPy, for CPU tensors (the same arithmetic with fewer, cheaper passes) -------------------------
+
+_SUB = 1 << 15  # lanes per pass: three uint64 buffers stay in a 1 MiB L2 cache
+_np_state: dict[str, np.ndarray] = {}
+
+
+def _np_buffers() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if not _np_state:
+        _np_state["keys"] = np.arange(1, BLOCK + 1, dtype=np.uint64) * np.uint64(G)
+        _np_state["y"] = np.empty(_SUB, dtype=np.uint64)
+        _np_state["z"] = np.empty(_SUB, dtype=np.uint64)
+    return _np_state["keys"], _np_state["y"], _np_state["z"]
+
+
+def _np_mix(y: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """``F`` in place on a uint64 array (numpy's uint64 shifts are logical; products wrap)."""
+    for shift, mult in ROUNDS:
+        np.right_shift(y, np.uint64(shift), out=z)
+        y ^= z
+        if mult:
+            y *= np.uint64(mult)
+    return y
+
+
+def _np_lanes(t: torch.Tensor) -> np.ndarray:
+    """The lanes of a CPU tensor as uint64 (zero-copy unless unaligned or with a partial lane)."""
+    raw = byte_view(t).numpy()
+    if raw.size % 8 or raw.ctypes.data % 8:
+        padded = np.zeros(lane_count(raw.size) * 8, dtype=np.uint8)
+        padded[: raw.size] = raw
+        raw = padded
+    return raw.view(np.uint64)
+
+
+def numpy_fingerprint(t: torch.Tensor) -> int:
+    """The fingerprint of one CPU tensor as a signed int, computed with NumPy."""
+    lanes = _np_lanes(t)
+    keys, y, z = _np_buffers()
+    starts = range(0, lanes.size, _SUB)  # _SUB divides BLOCK: a pass never straddles two blocks
+    sub = np.zeros(len(starts), dtype=np.uint64)
+    for k, start in enumerate(starts):
+        n = min(_SUB, lanes.size - start)
+        offset = start % BLOCK
+        np.add(lanes[start : start + n], keys[offset : offset + n], out=y[:n])
+        sub[k] = _np_mix(y[:n], z[:n]).sum(dtype=np.uint64)  # uint64 sums wrap modulo 2**64
+    blocks = np.add.reduceat(sub, np.arange(0, sub.size, BLOCK // _SUB)) if sub.size else sub
+    blocks += (np.arange(blocks.size, dtype=np.uint64) + np.uint64(1)) * np.uint64(H)
+    data = int(_np_mix(blocks, np.empty_like(blocks)).sum(dtype=np.uint64))
+    return signed(mix64(data + meta_hash(t.dtype, t.shape)))
 
 
 # --- pure torch -------------------------------------------------------------------------------------
@@ -193,22 +248,41 @@ def torch_fingerprint(t: torch.Tensor) -> torch.Tensor:
 # --- dispatch ---------------------------------------------------------------------------------------
 
 
-def _impl(device: torch.device) -> str:
-    forced = os.environ.get("DDPJOB_FINGERPRINT_IMPL", "").strip().lower()
-    if forced in ("torch", "triton"):
-        return forced
-    if forced:
-        raise ValueError(f"DDPJOB_FINGERPRINT_IMPL={forced!r}: expected 'torch' or 'triton'")
-    if device.type != "cuda":
-        return "torch"
-    from ddp_trainer import fingerprint_triton  # lazy: Triton is optional
+IMPLS = ("numpy", "torch", "triton")
 
-    return "triton" if fingerprint_triton.available() else "torch"
+
+def impl_for(device: torch.device) -> str:
+    """``DDPJOB_FINGERPRINT_IMPL`` if set, else NumPy on the CPU, Triton on CUDA if it imports, else torch."""
+    forced = os.environ.get("DDPJOB_FINGERPRINT_IMPL", "").strip().lower()
+    if forced and forced not in IMPLS:
+        raise ValueError(f"DDPJOB_FINGERPRINT_IMPL={forced!r}: expected one of {', '.join(IMPLS)}")
+    if forced == "numpy" and device.type != "cpu":
+        forced = ""  # NumPy cannot read device memory
+    if forced:
+        return forced
+    if device.type == "cpu":
+        return "numpy"
+    if device.type == "cuda":
+        from ddp_trainer import fingerprint_triton  # lazy: Triton is optional
+
+        if fingerprint_triton.available():
+            return "triton"
+    return "torch"
 
 
 def fingerprint_tensor(t: torch.Tensor) -> torch.Tensor:
     """0-d int64 fingerprint of one tensor, on its own device."""
     return fingerprint_tensors([t])[0]
+
+
+def _fingerprint_group(tensors: list[torch.Tensor], impl: str) -> torch.Tensor:
+    if impl == "numpy":
+        return torch.tensor([numpy_fingerprint(t) for t in tensors], dtype=torch.int64)
+    if impl == "triton":
+        from ddp_trainer import fingerprint_triton
+
+        return fingerprint_triton.fingerprint_tensors(tensors)
+    return torch.stack([torch_fingerprint(t) for t in tensors])
 
 
 def fingerprint_tensors(tensors: Iterable[torch.Tensor], device: torch.device | None = None) -> torch.Tensor:
@@ -220,17 +294,10 @@ def fingerprint_tensors(tensors: Iterable[torch.Tensor], device: torch.device | 
     by_device: dict[torch.device, list[int]] = {}
     for i, t in enumerate(items):
         by_device.setdefault(t.device, []).append(i)
+    if len(by_device) == 1:
+        return _fingerprint_group(items, impl_for(items[0].device)).to(target)
     out = torch.empty(len(items), dtype=torch.int64, device=target)
     for dev, indices in by_device.items():
-        group = [items[i] for i in indices]
-        if _impl(dev) == "triton":
-            from ddp_trainer import fingerprint_triton
-
-            values = fingerprint_triton.fingerprint_tensors(group)
-        else:
-            values = torch.stack([torch_fingerprint(t) for t in group])
-        if len(indices) == len(items):
-            out.copy_(values)
-        else:
-            out[torch.tensor(indices, device=target)] = values.to(target)
+        values = _fingerprint_group([items[i] for i in indices], impl_for(dev))
+        out[torch.tensor(indices, device=target)] = values.to(target)
     return out
