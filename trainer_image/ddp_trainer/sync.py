@@ -79,7 +79,8 @@ def fingerprint(module: nn.Module, *, buffers: bool = True) -> torch.Tensor:
     Each entry is a pure function of the tensor's raw bits, shape-flattened in logical order: computed
     on the tensor's own device with integer arithmetic only, it is identical on every device and
     machine, and changes when any value changes by one ulp, or when values are swapped or transposed
-    (the hash is positional, not a sum). Works for every float, integer and bool dtype.
+    (each 64-bit word is mixed with its position before the sum). Works for every dtype; the algorithm
+    is described in :mod:`ddp_trainer.fingerprint`.
     """
     return fingerprint_tensors(t for _, t in named_tensors(module, buffers=buffers))
 
