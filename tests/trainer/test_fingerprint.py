@@ -179,6 +179,21 @@ def test_sign_swaps_and_negation_change_it() -> None:
     assert fp(-t) != fp(t)
 
 
+def test_swapping_lanes_that_differ_only_in_a_sign_bit_changes_it() -> None:
+    # A weak mixer (one multiply, one xor-shift) misses about half of these: the difference stays in
+    # two bits. Twenty independent pairs make such a mixer fail here with probability 1 - 2**-20.
+    gen = torch.Generator().manual_seed(7)
+    base = torch.randn(4000, generator=gen)
+    lanes = torch.randperm(2000, generator=gen)[:40].view(20, 2).tolist()
+    for i, j in lanes:
+        t = base.clone()
+        t[2 * j], t[2 * j + 1] = t[2 * i], -t[2 * i + 1]  # lane j = lane i with the upper float negated
+        u = t.clone()
+        u[2 * i : 2 * i + 2], u[2 * j : 2 * j + 2] = t[2 * j : 2 * j + 2], t[2 * i : 2 * i + 2]
+        assert not torch.equal(u, t)
+        assert fp(u) != fp(t), (i, j)
+
+
 def test_transposes_and_permutations_change_it() -> None:
     w = torch.randn(64, 64)
     assert fp(w.t().contiguous()) != fp(w)
