@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -120,15 +121,16 @@ def lane_count(nbytes: int) -> int:
 # --- NumPy, for CPU tensors (the same arithmetic with fewer, cheaper passes) -------------------------
 
 _SUB = 1 << 15  # lanes per pass: three uint64 buffers stay in a 1 MiB L2 cache
-_np_state: dict[str, np.ndarray] = {}
+_local = threading.local()  # scratch buffers per thread, so concurrent callers do not share them
 
 
 def _np_buffers() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    if not _np_state:
-        _np_state["keys"] = np.arange(1, BLOCK + 1, dtype=np.uint64) * np.uint64(G)
-        _np_state["y"] = np.empty(_SUB, dtype=np.uint64)
-        _np_state["z"] = np.empty(_SUB, dtype=np.uint64)
-    return _np_state["keys"], _np_state["y"], _np_state["z"]
+    have: tuple[np.ndarray, np.ndarray, np.ndarray] | None = getattr(_local, "numpy", None)
+    if have is None:
+        keys = np.arange(1, BLOCK + 1, dtype=np.uint64) * np.uint64(G)
+        have = (keys, np.empty(_SUB, dtype=np.uint64), np.empty(_SUB, dtype=np.uint64))
+        _local.numpy = have
+    return have
 
 
 def _np_mix(y: np.ndarray, z: np.ndarray) -> np.ndarray:
@@ -172,7 +174,6 @@ def numpy_fingerprint(t: torch.Tensor) -> int:
 
 _I64 = {name: signed(value) for name, value in (("G", G), ("H", H), ("M1", M1), ("M2", M2))}
 _SIGNED_ROUNDS = tuple((shift, signed(mult)) for shift, mult in ROUNDS)
-_scratch: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
 
 def mix_(y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
@@ -187,12 +188,19 @@ def mix_(y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
 
 
 def _buffers(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(keys ``(j+1)*G`` for j < B, work buffer, scratch buffer), cached per device."""
-    have = _scratch.get(device)
+    """(keys ``(j+1)*G`` for j < B, work buffer, scratch buffer), cached per device and thread.
+
+    On CUDA the buffers are reused in stream order: use one stream per thread for fingerprints.
+    """
+    cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None
+    cache = getattr(_local, "torch", None)
+    if cache is None:
+        cache = _local.torch = {}
+    have = cache.get(device)
     if have is None:
         keys = torch.arange(1, BLOCK + 1, dtype=torch.int64, device=device).mul_(_I64["G"])
         have = (keys, torch.empty_like(keys), torch.empty_like(keys))
-        _scratch[device] = have
+        cache[device] = have
     return have
 
 
