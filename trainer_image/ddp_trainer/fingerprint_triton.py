@@ -54,7 +54,7 @@ if triton is not None:
         return z
 
     @triton.jit  # type: ignore[untyped-decorator,misc,unused-ignore]
-    def _block_sums_kernel(table_ptr, out_ptr, LANES: tl.constexpr, TILE: tl.constexpr):  # type: ignore[no-untyped-def]
+    def _block_sums_kernel(table_ptr, out_ptr, TILE: tl.constexpr):  # type: ignore[no-untyped-def]
         c = tl.program_id(0)
         addr = tl.load(table_ptr + 3 * c)
         nbytes = tl.load(table_ptr + 3 * c + 1)
@@ -147,7 +147,7 @@ def fingerprint_tensors(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     blocks = _host_blocks(flat)
     sums = torch.empty(max(blocks, 1), dtype=torch.int64, device=device)
     if blocks:
-        _block_sums_kernel[(blocks,)](table, sums, LANES=BLOCK, TILE=TILE)
+        _block_sums_kernel[(blocks,)](table, sums, TILE=TILE)
     out = torch.empty(len(flat), dtype=torch.int64, device=device)
     _fold_kernel[(len(flat),)](sums, first, count, metas, out, TILE=256)
     return out
