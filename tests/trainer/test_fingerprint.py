@@ -306,9 +306,12 @@ def test_cuda_equals_cpu(impl: str, monkeypatch: pytest.MonkeyPatch) -> None:
     expected = [reference(t) for t in tensors]
     on_gpu = [t.cuda() for t in tensors]
     assert sync.fingerprint_tensors(on_gpu).cpu().tolist() == expected
-    torch.cuda.set_sync_debug_mode("error")  # a second call reads nothing back to the host
+    contiguous = [t for t in on_gpu if t.is_contiguous()]
+    first = sync.fingerprint_tensors(contiguous)  # builds (and uploads) the kernel's tables once
+    torch.cuda.set_sync_debug_mode("error")  # the next call reads nothing back to the host
     try:
-        again = sync.fingerprint_tensors([t for t in on_gpu if t.is_contiguous()])
+        again = sync.fingerprint_tensors(contiguous)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(first, again)
     assert again.cpu().tolist() == [e for e, t in zip(expected, tensors, strict=True) if t.is_contiguous()]

@@ -16,6 +16,7 @@ tests use that to compare this path with the pure-torch one on a machine without
 from __future__ import annotations
 
 import collections
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -146,10 +147,12 @@ def fingerprint_tensors(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     table, first, count, metas = _tables_for(flat, device)
     blocks = _host_blocks(flat)
     sums = torch.empty(max(blocks, 1), dtype=torch.int64, device=device)
-    if blocks:
-        _block_sums_kernel[(blocks,)](table, sums, TILE=TILE)
     out = torch.empty(len(flat), dtype=torch.int64, device=device)
-    _fold_kernel[(len(flat),)](sums, first, count, metas, out, TILE=256)
+    on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with on_device:  # launch on the tensors' GPU, whichever is current
+        if blocks:
+            _block_sums_kernel[(blocks,)](table, sums, TILE=TILE)
+        _fold_kernel[(len(flat),)](sums, first, count, metas, out, TILE=256)
     return out
 
 
