@@ -58,3 +58,18 @@ cluster-down:
 
 cluster-status:
 	CLUSTER_PY=$(CLUSTER_PY) hack/cluster/cluster status
+
+# Benchmarks (figures, never assertions; bench/RESULTS.md records them with machine, date and command).
+# `make bench`: the CPU parts, a few minutes. `make bench-gpu`: the CUDA parts in one command; it needs only
+# this checkout, torch and triton, so on a bare GPU box run `make bench-gpu BENCH_PY=python3`.
+BENCH_PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+.PHONY: bench bench-gpu
+
+bench: $(STAMP)
+	$(BIN)/python bench/fingerprint_bench.py
+	$(BIN)/python bench/sync_bench.py --hidden 320
+	$(BIN)/python bench/sync_bench.py --hidden 1024
+	$(BIN)/python bench/loop_bench.py
+
+bench-gpu:
+	$(BENCH_PY) bench/fingerprint_bench.py --gpu

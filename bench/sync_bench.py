@@ -8,9 +8,14 @@ Relaunches itself under torchrun (CPU, gloo) unless already launched. Each rank 
 * ``step``: one DDP training step (forward, backward with the gradient all-reduce, AdamW update);
 * ``check``: one :func:`ddp_trainer.sync.check_in_sync` of parameters and buffers (fingerprint + 2 tiny
   all_reduces);
+* ``check_in_sync``: the same without the buffer broadcast; ``buffers``: the buffer broadcast alone;
 * ``fingerprint``: the local part of the check alone;
 * ``naive``: all_gather every rank's full parameter vector and compare it with this rank's, the
   obvious way to check (bytes on the wire proportional to the model size times the ranks).
+
+Bytes on the wire are measured: during one check every collective call is wrapped and the payload this
+rank hands to it is added up (all_reduce, all_gather and broadcast tensors). Run it at two sizes, e.g.
+``--hidden 320`` and ``--hidden 1024`` (10x the parameters), to see that the check's traffic stays put.
 """
 
 from __future__ import annotations
@@ -21,12 +26,16 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "trainer_image"))
 
 from ddp_trainer import sync
 
@@ -40,6 +49,30 @@ def timed(fn: Callable[[], object], repeat: int) -> float:
         fn()
         samples.append(time.perf_counter() - started)
     return statistics.median(samples)
+
+
+@contextmanager
+def counting_bytes() -> Iterator[list[int]]:
+    """Count the payload bytes this rank passes to all_reduce, all_gather and broadcast."""
+    total = [0]
+    originals = {name: getattr(dist, name) for name in ("all_reduce", "all_gather", "broadcast")}
+
+    def wrap(name: str) -> Callable[..., object]:
+        def counted(tensor: object, *args: object, **kwargs: object) -> object:
+            payload = args[0] if name == "all_gather" else tensor  # all_gather(outputs, input)
+            assert isinstance(payload, torch.Tensor)
+            total[0] += payload.numel() * payload.element_size()
+            return originals[name](tensor, *args, **kwargs)
+
+        return counted
+
+    for name in originals:
+        setattr(dist, name, wrap(name))
+    try:
+        yield total
+    finally:
+        for name, fn in originals.items():
+            setattr(dist, name, fn)
 
 
 def naive_check(model: nn.Module) -> bool:
@@ -73,11 +106,17 @@ def bench(args: argparse.Namespace) -> None:
     times = {
         "step": timed(step, args.repeat),
         "check": timed(check, args.repeat),
+        "check_in_sync": timed(lambda: sync.check_in_sync(ddp), args.repeat),
+        "buffers": timed(lambda: sync.broadcast_buffers_(ddp), args.repeat),
         "fingerprint": timed(lambda: sync.fingerprint(ddp), args.repeat),
         "naive": timed(lambda: naive_check(model), args.repeat),
     }
     params = sum(p.numel() for p in model.parameters())
     tensors = len(sync.named_tensors(ddp))
+    with counting_bytes() as check_bytes:
+        assert sync.check_in_sync(ddp).in_sync
+    with counting_bytes() as naive_bytes:
+        naive_check(model)
     if dist.get_rank() == 0:
         world = dist.get_world_size()
         print(f"model: {params / 1e6:.2f} M parameters in {tensors} tensors; {world} ranks, gloo, CPU")
@@ -88,7 +127,7 @@ def bench(args: argparse.Namespace) -> None:
         print(f"  check / naive       {times['check'] / times['naive']:.3f}")
         print(f"  naive / step        {times['naive'] / times['step']:.3f}")
         print(
-            f"  bytes on the wire per rank: check {2 * 8 * (tensors + 1)} B, naive {4 * params * world:,} B"
+            f"  bytes on the wire per rank (measured): check {check_bytes[0]:,} B, naive {naive_bytes[0]:,} B"
         )
         print(f"  check every 100 steps costs {times['check'] / (100 * times['step']):.2%} of training")
     dist.destroy_process_group()

@@ -1,70 +1,142 @@
-"""fingerprint(): a pure, positional function of raw bits (checked against an independent reference)."""
+"""The fingerprint: a pure, positional function of raw bits, dtype and shape.
+
+Checked bit for bit against an independent NumPy reference of the documented formula, on the pure-torch
+path, on the Triton kernel (run by Triton's interpreter on the CPU, in a subprocess) and, where there is
+a GPU, on CUDA.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 
+from ddp_trainer import fingerprint as fpmod
 from ddp_trainer import sync
 from ddp_trainer.model import MLP
 
-P = 2**31 - 1
-FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+# --- the reference: the formula of ddp_trainer/fingerprint.py's docstring, written again in NumPy ----
+U64 = np.uint64
+LANES_PER_BLOCK = 1 << 16
+REF_G, REF_H = 0x9E3779B97F4A7C15, 0xD1B54A32D192ED03
+CODES = [
+    *("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool"),
+    *("complex64", "complex128", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"),
+    *("float8_e8m0fnu", "uint16", "uint32", "uint64", "complex32"),
+]
+
+
+def splitmix_final(z: np.ndarray) -> np.ndarray:
+    z = z.astype(U64)
+    with np.errstate(over="ignore"):
+        z ^= z >> U64(30)
+        z *= U64(0xBF58476D1CE4E5B9)
+        z ^= z >> U64(27)
+        z *= U64(0x94D049BB133111EB)
+        z ^= z >> U64(31)
+    return z
+
+
+def one(x: int) -> int:
+    return int(splitmix_final(np.array([x % 2**64], dtype=U64))[0])
 
 
 def reference(t: torch.Tensor) -> int:
-    """The documented formula in plain Python: 16-bit little-endian limbs, two polynomial hashes mod P."""
-    raw = t.contiguous().reshape(-1).view(torch.uint8).tolist()
-    limbs = raw if t.element_size() == 1 else [raw[i] | raw[i + 1] << 8 for i in range(0, len(raw), 2)]
-    hashes = []
-    for r, rho in sync._HASHES:
-        h = 0
-        for i, v in enumerate(limbs):
-            h = (h + v * pow(r, i % sync._ROW, P) * pow(rho, i // sync._ROW, P)) % P
-        code = list(sync._DTYPE_CODES).index(t.dtype) + 1
-        hashes.append((h * 65599 + (t.numel() * 64 + code) % P) % P)
-    return hashes[0] * 2**31 + hashes[1]
+    raw = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    raw += b"\0" * (-len(raw) % 8)
+    lanes = np.frombuffer(raw, dtype="<u8")
+    index = np.arange(lanes.size, dtype=U64)
+    nblocks = -(-lanes.size // LANES_PER_BLOCK)
+    with np.errstate(over="ignore"):
+        terms = splitmix_final(lanes + (index % U64(LANES_PER_BLOCK) + U64(1)) * U64(REF_G))
+        sums = np.zeros(nblocks, dtype=U64)
+        np.add.at(sums, (index // U64(LANES_PER_BLOCK)).astype(np.int64), terms)
+        blocks = splitmix_final(sums + (np.arange(nblocks, dtype=U64) + U64(1)) * U64(REF_H))
+        data = int(blocks.sum(dtype=U64)) if nblocks else 0
+    meta = 0
+    for x in (CODES.index(str(t.dtype).removeprefix("torch.")) + 1, t.dim(), *t.shape):
+        meta = one(meta + REF_G + x)
+    result = one(data + meta)
+    return result - 2**64 if result >= 2**63 else result
 
 
-def fp(t: torch.Tensor) -> int:
-    return int(sync.fingerprint_tensors([t])[0])
+# --- samples -----------------------------------------------------------------------------------------
+FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+INTS = [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8]
+FLOAT8 = [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)]
+ALL = [*FLOATS, *INTS, torch.bool, torch.complex64, torch.complex128, *FLOAT8]
 
 
 def sample(dtype: torch.dtype, n: int = 1000, seed: int = 0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     if dtype == torch.bool:
         return torch.rand(n, generator=gen) > 0.5
+    if dtype.is_complex:
+        return torch.randn(n, generator=gen, dtype=dtype) * 3
     if dtype.is_floating_point:
         return (torch.randn(n, generator=gen) * 3).to(dtype)
     info = torch.iinfo(dtype)
     return torch.randint(max(info.min, -(2**40)), min(info.max, 2**40), (n,), generator=gen, dtype=dtype)
 
 
-ALL = [*FLOATS, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool]
+def fp(t: torch.Tensor) -> int:
+    return int(sync.fingerprint_tensors([t])[0])
 
 
+# --- the CPU paths against the reference ---------------------------------------------------------------
 @pytest.mark.parametrize("dtype", ALL, ids=str)
-def test_matches_the_reference_formula(dtype: torch.dtype) -> None:
-    t = sample(dtype, 777)
-    assert fp(t) == reference(t)
-    assert 0 <= fp(t) < 2**62
+@pytest.mark.parametrize("n", [1, 3, 777])
+def test_numpy_and_torch_paths_match_the_reference(dtype: torch.dtype, n: int) -> None:
+    t = sample(dtype, n)
+    expected = reference(t)
+    assert fp(t) == fpmod.numpy_fingerprint(t) == int(fpmod.torch_fingerprint(t)) == expected
 
 
-def test_matches_the_reference_across_rows() -> None:
-    t = sample(torch.int16, sync._ROW + 4321)  # two rows of limbs, the second partial
-    assert fp(t) == reference(t)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
+def test_matches_the_reference_across_blocks(dtype: torch.dtype) -> None:
+    assert fpmod.BLOCK == LANES_PER_BLOCK
+    size = torch.empty(0, dtype=dtype).element_size()
+    t = sample(dtype, (2 * LANES_PER_BLOCK + 3) * 8 // size + 1)  # three blocks, and a partial lane
+    assert fp(t) == int(fpmod.torch_fingerprint(t)) == reference(t)
+    square = sample(dtype, 4 * LANES_PER_BLOCK * 8 // size).view(4, -1)  # exactly four blocks
+    assert fp(square) == int(fpmod.torch_fingerprint(square)) == reference(square)
 
 
-def test_block_size_does_not_change_the_result(monkeypatch: pytest.MonkeyPatch) -> None:
-    t = sample(torch.float32, 3 * sync._BLOCK // 2 + 11)  # spans blocks at the default size too
-    expected = fp(t)
-    for block in (sync._ROW, 3 * sync._ROW):
-        monkeypatch.setattr(sync, "_BLOCK", block)
-        assert fp(t) == expected
+def test_uint_and_other_dtypes_without_arithmetic_match_too() -> None:
+    base = torch.arange(-500, 500, dtype=torch.int64)
+    for name in ("uint16", "uint32", "uint64"):
+        if hasattr(torch, name):
+            t = base.view(getattr(torch, name))
+            assert fp(t) == reference(t)
 
 
+def test_views_at_odd_offsets_and_strides_hash_their_logical_order() -> None:
+    x = sample(torch.bfloat16, 4001)
+    for offset in range(1, 6):  # data pointers 2, 4, 6, 8 ... bytes past an 8-byte boundary
+        view = x[offset : offset + 3001]
+        assert fp(view) == int(fpmod.torch_fingerprint(view)) == reference(view) == fp(view.clone())
+    w = sample(torch.float32, 64 * 48).view(64, 48)
+    assert fp(w.t()) == reference(w.t()) == fp(w.t().contiguous())
+    assert fp(w[:, ::3]) == fp(w[:, ::3].contiguous())
+
+
+def test_empty_tensors_differ_by_dtype_and_shape_only() -> None:
+    assert fp(torch.zeros(0)) == reference(torch.zeros(0)) == fp(torch.zeros(0))
+    assert fp(torch.zeros(0)) != fp(torch.zeros(0, dtype=torch.int32))
+    assert fp(torch.zeros(0)) != fp(torch.zeros(0, 3))
+    assert fp(torch.zeros(0)) != fp(torch.zeros(()))
+
+
+# --- what it detects -------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
-@pytest.mark.parametrize("index", [0, 500, 999])
+@pytest.mark.parametrize("index", [0, 1, 2, 500, 998, 999])
 def test_one_ulp_changes_it(dtype: torch.dtype, index: int) -> None:
     t = sample(dtype)
     u = t.clone()
@@ -73,31 +145,91 @@ def test_one_ulp_changes_it(dtype: torch.dtype, index: int) -> None:
     assert fp(u) != fp(t)
 
 
+def test_every_single_bit_flip_changes_it() -> None:
+    t = sample(torch.float32, 40)
+    before = fp(t)
+    bits = t.view(torch.int32)
+    seen = {before}
+    for i in (0, 1, 17, 39):
+        for bit in range(32):
+            u = bits.clone()
+            u[i] ^= torch.tensor(1 << bit if bit < 31 else -(2**31), dtype=torch.int32)
+            seen.add(fp(u.view(torch.float32)))
+    assert len(seen) == 1 + 4 * 32  # all different from each other, too
+
+
 @pytest.mark.parametrize("dtype", ALL, ids=str)
 def test_swapping_two_values_changes_it(dtype: torch.dtype) -> None:
     t = sample(dtype)
-    i, j = 3, 3 + int(torch.nonzero(t[4:] != t[3])[0]) + 1  # two different values
-    u = t.clone()
-    u[i], u[j] = t[j], t[i]
-    assert sorted(u.tolist()) == sorted(t.tolist())  # same values, same sum: only the order differs
-    assert fp(u) != fp(t)
+    u8 = t.view(torch.uint8).view(t.numel(), -1)
+    for i, j in ((3, 4), (3, 500), (0, 999)):
+        if torch.equal(u8[i], u8[j]):
+            continue
+        u = t.clone()
+        u[i], u[j] = t[j], t[i]
+        assert fp(u) != fp(t), (i, j)
 
 
-def test_transposed_matrix_changes_it_but_a_view_does_not() -> None:
+def test_sign_swaps_and_negation_change_it() -> None:
+    t = sample(torch.float32, 1024)
+    for i, j in ((0, 1), (2, 3), (10, 700)):
+        u = t.clone()
+        u[i], u[j] = -t[i], -t[j]  # only sign bits differ, in the low and high halves of a lane
+        assert fp(u) != fp(t)
+    assert fp(-t) != fp(t)
+
+
+def test_swapping_lanes_that_differ_only_in_a_sign_bit_changes_it() -> None:
+    # A weak mixer (one multiply, one xor-shift) misses about half of these: the difference stays in
+    # two bits. Twenty independent pairs make such a mixer fail here with probability 1 - 2**-20.
+    gen = torch.Generator().manual_seed(7)
+    base = torch.randn(4000, generator=gen)
+    lanes = torch.randperm(2000, generator=gen)[:40].view(20, 2).tolist()
+    for i, j in lanes:
+        t = base.clone()
+        t[2 * j], t[2 * j + 1] = t[2 * i], -t[2 * i + 1]  # lane j = lane i with the upper float negated
+        u = t.clone()
+        u[2 * i : 2 * i + 2], u[2 * j : 2 * j + 2] = t[2 * j : 2 * j + 2], t[2 * i : 2 * i + 2]
+        assert not torch.equal(u, t)
+        assert fp(u) != fp(t), (i, j)
+
+
+def test_transposes_and_permutations_change_it() -> None:
     w = torch.randn(64, 64)
     assert fp(w.t().contiguous()) != fp(w)
-    assert fp(w.t()) == fp(w.t().contiguous())  # logical order, whatever the strides
+    assert fp(w.flip(0)) != fp(w)
+    assert fp(w.roll(1)) != fp(w)
+    sym = w + w.t()  # a transpose that changes nothing is, correctly, the same data
+    assert fp(sym.t().contiguous()) == fp(sym)
+    big = torch.randn(512, 300)  # spans blocks: 153,600 floats = 76,800 lanes
+    assert fp(big.t().contiguous().view(512, 300)) != fp(big)
 
 
-def test_special_values_and_shapes() -> None:
+def test_length_dtype_and_shape_are_folded_in() -> None:
+    assert fp(torch.tensor([1.0])) != fp(torch.tensor([1.0, 0.0]))  # same padded lane
+    assert fp(torch.tensor([1.5])) != fp(torch.tensor([1.5]).view(torch.int32))
+    assert fp(torch.zeros(2, 3)) != fp(torch.zeros(3, 2)) != fp(torch.zeros(6))
     assert fp(torch.tensor([0.0])) != fp(torch.tensor([-0.0]))
     nan_a = torch.tensor([0x7FC00000], dtype=torch.int32).view(torch.float32)
     nan_b = torch.tensor([0x7FC00001], dtype=torch.int32).view(torch.float32)
     assert fp(nan_a) != fp(nan_b)
-    assert fp(torch.tensor([1.0])) != fp(torch.tensor([1.0, 0.0]))
-    same_bits = torch.tensor([1.5])
-    assert fp(same_bits) != fp(same_bits.view(torch.int32))
-    assert fp(torch.zeros(0)) == fp(torch.zeros(0))
+
+
+def test_block_boundary_positions_are_distinguished() -> None:
+    t = torch.zeros(2 * LANES_PER_BLOCK * 2, dtype=torch.float32)  # two full blocks
+    a, b = t.clone(), t.clone()
+    a[0] = 1.0  # lane 0 of block 0
+    b[2 * LANES_PER_BLOCK] = 1.0  # lane 0 of block 1
+    assert len({fp(t), fp(a), fp(b)}) == 3
+
+
+def test_forcing_an_unknown_implementation_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDPJOB_FINGERPRINT_IMPL", "fast")
+    with pytest.raises(ValueError, match="DDPJOB_FINGERPRINT_IMPL"):
+        fp(torch.zeros(3))
+    for impl in ("torch", "numpy", "NumPy "):
+        monkeypatch.setenv("DDPJOB_FINGERPRINT_IMPL", impl)
+        assert fp(torch.zeros(3)) == reference(torch.zeros(3))
 
 
 def test_deterministic_and_one_entry_per_parameter_and_buffer() -> None:
@@ -108,10 +240,78 @@ def test_deterministic_and_one_entry_per_parameter_and_buffer() -> None:
     vector = sync.fingerprint(a)
     assert vector.dtype == torch.int64
     assert len(vector) == len(list(a.parameters())) + len(list(a.buffers())) == 11
-    assert torch.equal(vector, sync.fingerprint(a))
+    assert vector.tolist() == [reference(t) for _, t in sync.named_tensors(a)]
     assert torch.equal(vector, sync.fingerprint(b))
     assert len(sync.fingerprint(a, buffers=False)) == 8
     with torch.no_grad():
         b.net[1].running_var[0] += 1
     changed = (sync.fingerprint(b) != vector).nonzero().flatten().tolist()
     assert [sync.named_tensors(b)[i][0] for i in changed] == ["net.1.running_var"]
+
+
+# --- the Triton kernel, run by Triton's interpreter on the CPU ------------------------------------------
+TRITON_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    from ddp_trainer import fingerprint, fingerprint_triton
+    sys.path.insert(0, sys.argv[1])
+    from test_fingerprint import ALL, reference, sample
+    tensors = [sample(d, n, seed=n) for d in ALL for n in (1, 5, 333)]
+    tensors += [sample(torch.float32, 2 * 65536 * 2 + 7), sample(torch.bfloat16, 4001)[3:3000]]
+    tensors += [torch.zeros(0), torch.randn(40, 30).t(), torch.tensor(2.5)]
+    kernel = fingerprint_triton.fingerprint_tensors(tensors).tolist()
+    torch_path = [int(fingerprint.torch_fingerprint(t)) for t in tensors]
+    numpy_path = [fingerprint.numpy_fingerprint(t) for t in tensors]
+    refs = [reference(t) for t in tensors]
+    print(json.dumps({"kernel": kernel, "torch": torch_path, "numpy": numpy_path, "reference": refs,
+                      "n": len(tensors)}))
+    """
+)
+
+
+def test_triton_kernel_matches_under_the_interpreter(tmp_path: Path) -> None:
+    try:
+        import triton  # noqa: F401
+    except ImportError as error:
+        pytest.skip(f"triton is not importable: {error}")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run(
+        [sys.executable, "-c", TRITON_SCRIPT, str(Path(__file__).parent)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["n"] == len(ALL) * 3 + 5
+    assert result["kernel"] == result["torch"] == result["numpy"] == result["reference"]
+
+
+# --- CUDA ----------------------------------------------------------------------------------------------
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="torch.cuda.is_available() is False: no CUDA device"
+)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("impl", ["torch", "triton", ""])
+def test_cuda_equals_cpu(impl: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDPJOB_FINGERPRINT_IMPL", impl)
+    tensors = [sample(d, n) for d in ALL for n in (1, 5, 777)]
+    tensors += [sample(torch.float32, 3 * 65536 + 5), sample(torch.bfloat16, 4001)[3:3000]]
+    tensors += [torch.zeros(0), torch.randn(40, 30).t(), torch.tensor(2.5)]
+    expected = [reference(t) for t in tensors]
+    on_gpu = [t.cuda() for t in tensors]
+    assert sync.fingerprint_tensors(on_gpu).cpu().tolist() == expected
+    contiguous = [t for t in on_gpu if t.is_contiguous()]
+    first = sync.fingerprint_tensors(contiguous)  # builds (and uploads) the kernel's tables once
+    torch.cuda.set_sync_debug_mode("error")  # the next call reads nothing back to the host
+    try:
+        again = sync.fingerprint_tensors(contiguous)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(first, again)
+    assert again.cpu().tolist() == [e for e, t in zip(expected, tensors, strict=True) if t.is_contiguous()]

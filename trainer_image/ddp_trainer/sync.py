@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import collections
 import math
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +35,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from ddp_trainer.fingerprint import BLOCK, fingerprint_tensor, fingerprint_tensors
 
 __all__ = [
     "SyncReport",
@@ -52,137 +53,15 @@ __all__ = [
     "optimizer_state_tensors",
 ]
 
-# The fingerprint: two independent polynomial hashes modulo the Mersenne prime 2**31 - 1 of the tensor's
-# raw bits split into 16-bit limbs, packed into one int64 (h_a * 2**31 + h_b). Every intermediate is a
-# non-negative integer below 2**63, so int64 arithmetic never overflows and the result is the same on
-# every device, machine and reduction order. Limb j of row k (rows of _ROW limbs) is weighted by
-# r**j * rho**k (mod P); r and rho are primitive roots, so the weights within a row are distinct and
-# non-zero: any change of one limb, and any swap of two different limbs in a row, changes each hash.
-_P = 2**31 - 1
-_ROW = 2**16  # limb < 2**16, weight < 2**31: a row sum stays below 2**63
-_BLOCK = 16 * _ROW  # limbs per pass: bounds temporary memory (8 MiB per int64 temporary)
-_HASHES = ((16807, 742938285), (48271, 950706376))
+# The fingerprint (one int64 per tensor, a pure function of its raw bits, dtype and shape) lives in
+# ddp_trainer.fingerprint; it is re-exported here as part of this module's public API.
+_BLOCK = BLOCK  # lanes per block (tests/trainer/test_trainer_gpu.py sizes a tensor with it)
 _STRUCTURE = "<structure>"
-_weights_cache: dict[tuple[int, str], torch.Tensor] = {}
-if sys.byteorder != "little":  # pragma: no cover
-    raise ImportError("ddp_trainer.sync reads raw bits as little-endian words")
-
-
-def _powers(base: int, count: int, device: torch.device) -> torch.Tensor:
-    """``base**i mod P`` for i in ``range(count)``, int64 on ``device`` (grown by doubling)."""
-    out = torch.ones(1, dtype=torch.int64, device=device)
-    while out.numel() < count:
-        out = torch.cat((out, out * pow(base, out.numel(), _P) % _P))
-    return out[:count]
-
-
-def _weights(count: int, device: torch.device, which: int) -> torch.Tensor:
-    """``(count, 2)``: limb weights (``which=0``: powers of r) or row weights (``which=1``: powers of rho)."""
-    key = (which, str(device))
-    have = _weights_cache.get(key)
-    if have is None or have.shape[0] < count:
-        size = max(count, 2 * have.shape[0] if have is not None else 0)
-        have = torch.stack([_powers(bases[which], size, device) for bases in _HASHES], dim=1)
-        _weights_cache[key] = have
-    return have[:count]
-
-
-def _int_view(t: torch.Tensor) -> torch.Tensor:
-    """The same storage seen as an integer dtype of the same width (contiguous ``t`` only)."""
-    if t.is_complex():
-        t = torch.view_as_real(t)
-    if t.dtype == torch.bool:
-        return t.view(torch.uint8)
-    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(t.element_size())
-    if width is None:
-        raise TypeError(f"cannot fingerprint dtype {t.dtype}")
-    return t if t.dtype == width else t.view(width)
 
 
 def _byte_view(t: torch.Tensor) -> torch.Tensor:
     """The same storage as 1-D bytes: every backend can broadcast uint8 (gloo has no int16, say)."""
     return t.reshape(-1).view(torch.uint8)
-
-
-def _limbs(flat: torch.Tensor) -> torch.Tensor:
-    """The raw bits of a 1-D tensor as int64 limbs in ``[0, 2**16)``, element by element, low limb first.
-
-    Wider elements are read as consecutive 16-bit words of memory: low word first on the little-endian
-    machines PyTorch runs on (checked at import).
-    """
-    bits = _int_view(flat)
-    if bits.element_size() == 1:
-        return bits.to(torch.int64)
-    if flat.device.type == "cpu":  # uint16 conversion is a single pass on the CPU
-        return bits.view(torch.uint16).to(torch.int64)
-    return bits.view(torch.int16).to(torch.int64) & 0xFFFF
-
-
-# Folded into each fingerprint, so that the same bits in another dtype differ.
-_DTYPE_CODES = dict.fromkeys(
-    [
-        torch.float32,
-        torch.float64,
-        torch.float16,
-        torch.bfloat16,
-        torch.int64,
-        torch.int32,
-        torch.int16,
-        torch.int8,
-        torch.uint8,
-        torch.bool,
-        torch.complex64,
-        torch.complex128,
-    ]
-)
-
-
-def _row_sums(limbs: torch.Tensor) -> torch.Tensor:
-    """``(rows, 2)`` exact integer sums of limb x limb weight per row, for both hashes (each < 2**63).
-
-    The last row may be partial: it is summed with the first weights only, never padded.
-    """
-    weights = _weights(min(_ROW, limbs.numel()), limbs.device, 0)
-    full = limbs.numel() // _ROW * _ROW
-    parts = [limbs[:full].view(-1, _ROW)] if full else []
-    if full < limbs.numel():
-        parts.append(limbs[full:].view(1, -1))
-    sums = []
-    for rows in parts:
-        w = weights[: rows.shape[1]]
-        if rows.device.type == "cpu":  # integer matmul exists on the CPU only; both ways are exact
-            sums.append(rows @ w)
-        else:
-            sums.append(torch.stack([(rows * w[:, i]).sum(dim=1) for i in range(len(_HASHES))], dim=1))
-    return torch.cat(sums)
-
-
-def _tensor_fingerprint(t: torch.Tensor) -> torch.Tensor:
-    """0-d int64 fingerprint of one tensor, computed on its own device."""
-    flat = t.detach().reshape(-1)  # logical order: a transposed copy is different data
-    if flat.is_complex():
-        flat = torch.view_as_real(flat).reshape(-1)
-    per_element = max(1, flat.element_size() // 2)
-    step = _BLOCK // per_element
-    acc = torch.zeros(len(_HASHES), dtype=torch.int64, device=flat.device)
-    for start in range(0, flat.numel(), step):
-        row_sums = _row_sums(_limbs(flat[start : start + step]))
-        first_row = start * per_element // _ROW
-        row_weights = _weights(first_row + row_sums.shape[0], flat.device, 1)[first_row:]
-        acc = (acc + (row_sums % _P * row_weights % _P).sum(dim=0)) % _P
-    # Fold in the length and dtype, so that [x] and [x, 0], or fp32 and int32 of the same bits, differ.
-    code = list(_DTYPE_CODES).index(t.dtype) + 1 if t.dtype in _DTYPE_CODES else 0
-    acc = (acc * 65599 + (flat.numel() * 64 + code) % _P) % _P
-    return acc[0] * 2**31 + acc[1]
-
-
-def fingerprint_tensors(tensors: Iterable[torch.Tensor], device: torch.device | None = None) -> torch.Tensor:
-    """One int64 per tensor (see :func:`fingerprint`), on ``device`` (default: the first tensor's)."""
-    parts = [_tensor_fingerprint(t) for t in tensors]
-    if not parts:
-        return torch.zeros(0, dtype=torch.int64, device=device)
-    target = device if device is not None else parts[0].device
-    return torch.stack([p.to(target) for p in parts])
 
 
 def named_tensors(module: nn.Module, *, buffers: bool = True) -> list[tuple[str, torch.Tensor]]:
@@ -200,7 +79,8 @@ def fingerprint(module: nn.Module, *, buffers: bool = True) -> torch.Tensor:
     Each entry is a pure function of the tensor's raw bits, shape-flattened in logical order: computed
     on the tensor's own device with integer arithmetic only, it is identical on every device and
     machine, and changes when any value changes by one ulp, or when values are swapped or transposed
-    (the hash is positional, not a sum). Works for every float, integer and bool dtype.
+    (each 64-bit word is mixed with its position before the sum). Works for every dtype; the algorithm
+    is described in :mod:`ddp_trainer.fingerprint`.
     """
     return fingerprint_tensors(t for _, t in named_tensors(module, buffers=buffers))
 
@@ -270,7 +150,7 @@ def comm_device(group: dist.ProcessGroup | None = None) -> torch.device:
 
 def _structure_fingerprint(named: Sequence[tuple[str, torch.Tensor]]) -> torch.Tensor:
     text = ";".join(f"{n}:{tuple(t.shape)}:{t.dtype}" for n, t in named).encode()
-    return _tensor_fingerprint(torch.tensor(list(text), dtype=torch.uint8))
+    return fingerprint_tensor(torch.tensor(list(text), dtype=torch.uint8))
 
 
 def check_in_sync(

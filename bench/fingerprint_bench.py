@@ -1,0 +1,162 @@
+"""How fast is the fingerprint next to simply reading the same bytes? Ratios measured side by side.
+
+    python bench/fingerprint_bench.py              # CPU, one thread: 5 M and 50 M parameters
+    python bench/fingerprint_bench.py --gpu        # CUDA: the 1.3 B-parameter GPT-like set (292 tensors)
+
+Needs only this checkout, torch and numpy (and Triton for the GPU kernel): it puts ``trainer_image`` on
+``sys.path`` itself. Prints figures, never asserts timings.
+
+CPU (``torch.set_num_threads(1)``), per size and dtype, each timed as the best of ``--repeat`` runs taken
+in turns (so a noisy neighbour hits every column alike):
+
+* ``read``: ``t.sum()`` in the tensor's own dtype, the fastest plain read of the bytes (the floor);
+* ``int read``: ``t.view(torch.int32).sum(dtype=torch.int64)``, the same bytes read as integers;
+* ``numpy``: the fingerprint's CPU path (the default for CPU tensors); ``torch``: its pure-torch path;
+* ratios ``read / fingerprint`` (goal 0.8, at least 0.3) and ``int read / fingerprint``.
+
+GPU (CUDA events, median of ``--repeat``): the HBM read floor (bytes / read bandwidth, the bandwidth
+probed in the same run with ``torch.sum`` over one large buffer), the Triton path, the pure-torch
+fallback, ``torch._foreach_norm`` (one fused launch group, not bit-exact) for scale, the ratio
+floor / Triton (goal 0.8), a check that both paths agree, and the check overhead at the default interval
+for a given step time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "trainer_image"))
+
+import torch
+
+from ddp_trainer import fingerprint
+
+
+def best_in_turns(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
+    """Best wall time of each function (seconds), the functions run in turns ``repeat`` times."""
+    for fn in fns.values():
+        fn()  # warm up
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            started = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - started)
+    return {name: min(values) for name, values in samples.items()}
+
+
+def cpu(args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)
+    print(f"CPU, 1 thread; torch {torch.__version__}; best of {args.repeat} runs taken in turns")
+    header = f"{'params':>8} {'dtype':>8} {'MB':>7} {'read':>8} {'int read':>9} {'numpy':>8} {'torch':>8}"
+    print(header + "   read/numpy  read/torch  int read/numpy")
+    for millions in args.sizes:
+        for dtype in (torch.float32, torch.bfloat16):
+            t = torch.randn(int(millions * 1e6)).to(dtype)
+            fns: dict[str, Callable[[], object]] = {
+                "read": t.sum,
+                "int read": lambda t=t: t.view(torch.int32).sum(dtype=torch.int64),
+                "numpy": lambda t=t: fingerprint.numpy_fingerprint(t),
+                "torch": lambda t=t: fingerprint.torch_fingerprint(t),
+            }
+            s = best_in_turns(fns, args.repeat)
+            ms = " ".join(f"{s[k] * 1e3:8.1f}" for k in ("read", "int read", "numpy", "torch"))
+            name, megabytes = str(dtype).removeprefix("torch."), t.numel() * t.element_size() / 1e6
+            print(
+                f"{millions:7g}M {name:>8} {megabytes:7.0f} {ms}   {s['read'] / s['numpy']:10.3f}"
+                f"  {s['read'] / s['torch']:10.3f}  {s['int read'] / s['numpy']:14.2f}"
+            )
+            del t
+
+
+def gpt_like(vocab: int, width: int, layers: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    """The parameter tensors of a GPT-2-style model: 4 + 12 per layer (292 for 24 layers)."""
+    shapes: list[tuple[int, ...]] = [(vocab, width), (width, width)]  # token and position embeddings
+    for _ in range(layers):
+        shapes += [(width,), (width,), (3 * width, width), (3 * width,), (width, width), (width,)]
+        shapes += [(width,), (width,), (4 * width, width), (4 * width,), (width, 4 * width), (width,)]
+    shapes += [(width,), (width,)]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    return [torch.randn(s, device="cuda", dtype=dtype, generator=gen) for s in shapes]
+
+
+def cuda_median(fn: Callable[[], object], repeat: int) -> float:
+    """Median of ``repeat`` timings (seconds) with CUDA events."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def forced(impl: str, tensors: list[torch.Tensor]) -> Callable[[], torch.Tensor]:
+    def run() -> torch.Tensor:
+        os.environ["DDPJOB_FINGERPRINT_IMPL"] = impl
+        try:
+            return fingerprint.fingerprint_tensors(tensors)
+        finally:
+            del os.environ["DDPJOB_FINGERPRINT_IMPL"]
+
+    return run
+
+
+def gpu(args: argparse.Namespace) -> None:
+    if not torch.cuda.is_available():
+        sys.exit("--gpu: torch.cuda.is_available() is False")
+    from ddp_trainer import fingerprint_triton
+
+    print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; median of {args.repeat} runs")
+    print(f"triton: {'available' if fingerprint_triton.available() else 'NOT available'}")
+    probe = torch.empty(2 * 1024**3 // 4, dtype=torch.float32, device="cuda").normal_()
+    bandwidth = probe.numel() * 4 / cuda_median(probe.sum, args.repeat)
+    del probe
+    print(f"read bandwidth (torch.sum over 2 GiB): {bandwidth / 1e12:.2f} TB/s")
+    for dtype in (torch.float32, torch.bfloat16):
+        tensors = gpt_like(args.vocab, args.width, args.layers, dtype)
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        params = sum(t.numel() for t in tensors)
+        floor = nbytes / bandwidth
+        triton_s = cuda_median(forced("triton", tensors), args.repeat)
+        torch_s = cuda_median(forced("torch", tensors), max(3, args.repeat // 10))
+        norm_s = cuda_median(lambda tensors=tensors: torch._foreach_norm(tensors), args.repeat)
+        same = torch.equal(forced("triton", tensors)(), forced("torch", tensors)())
+        name = str(dtype).removeprefix("torch.")
+        print(f"\n{name}: {len(tensors)} tensors, {params / 1e9:.3f} B parameters, {nbytes / 1e9:.2f} GB")
+        print(f"  HBM read floor            {floor * 1e3:9.3f} ms")
+        for label, seconds in (("Triton", triton_s), ("torch ", torch_s)):
+            ratio = floor / seconds
+            print(f"  fingerprint, {label}      {seconds * 1e3:9.3f} ms   floor/fingerprint {ratio:.3f}")
+        print(f"  torch._foreach_norm       {norm_s * 1e3:9.3f} ms   (not bit-exact; for scale)")
+        print(f"  Triton == torch fallback  {same}")
+        share = triton_s / (100 * args.step_seconds)
+        print(f"  a check every 100 steps of {args.step_seconds} s: {share:.4%} of training (goal <= 0.05%)")
+        del tensors
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gpu", action="store_true", help="the CUDA part (else the CPU part)")
+    parser.add_argument("--sizes", type=float, nargs="+", default=[5, 50], help="CPU sizes, M parameters")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--vocab", type=int, default=50304)
+    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--layers", type=int, default=24)
+    parser.add_argument("--step-seconds", type=float, default=0.4, help="step time for the overhead line")
+    args = parser.parse_args()
+    gpu(args) if args.gpu else cpu(args)
+
+
+if __name__ == "__main__":
+    main()
