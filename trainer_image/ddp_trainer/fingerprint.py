@@ -39,6 +39,9 @@ Implementations, bit-identical (tests check each against an independent NumPy re
   one launch for the per-tensor fold (the default on CUDA when Triton imports).
 
 ``DDPJOB_FINGERPRINT_IMPL=numpy|torch|triton`` forces one (NumPy applies to CPU tensors only).
+
+Long because the hash's exact definition lives here once, with the NumPy and torch paths that must
+match it bit for bit (the Triton kernel is in ``fingerprint_triton``).
 """
 
 from __future__ import annotations

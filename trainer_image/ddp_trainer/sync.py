@@ -22,6 +22,8 @@ updates them from each rank's own batch (BatchNorm running statistics). Between 
 differ *by design*. To verify such a model, call :func:`broadcast_buffers_` first (the same copy DDP
 makes at the next forward, made a step earlier) or pass ``buffers=False``; the trainer does the former,
 so a check still proves that the buffers reached every rank bit for bit.
+
+Long because it is the public library: each function documents the collective it makes and why.
 """
 
 from __future__ import annotations
