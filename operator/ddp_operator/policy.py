@@ -5,6 +5,8 @@ An attempt is one Indexed Job: all pods start together and one failed pod fails 
 - a sync divergence under ``onDivergence: Fail`` fails the DDPJob at once: restarting would resume the
   same diverged training, so the operator says what diverged instead of burning restarts;
 - an invalid spec fails at once as well: no restart can fix it, and neither can one after the deadline;
+- so does a refused checkpoint (another job's, or this job's written with other settings): every attempt
+  would find the same files in the same volume;
 - any other failure starts attempt + 1 (resuming from the last good checkpoint) while restarts are left.
 """
 
@@ -49,6 +51,17 @@ def diverged(outcome: Outcome) -> bool:
     return contract.DIVERGENCE_EXIT_CODE in outcome.exit_codes.values()
 
 
+def checkpoint_refused(outcome: Outcome) -> str:
+    """The report's reason (``ForeignCheckpoint``, ``SettingsChanged``) when the trainer refused the
+    checkpoint it found, ``CheckpointRefused`` when only the exit code says so, else ``""``."""
+    reason = (outcome.report or {}).get("reason")
+    if reason in contract.CHECKPOINT_REFUSED_REASONS:
+        return str(reason)
+    if contract.CHECKPOINT_REFUSED_EXIT_CODE in outcome.exit_codes.values():
+        return "CheckpointRefused"
+    return ""
+
+
 def decide(outcome: Outcome, attempt: int, max_restarts: int) -> Decision:
     """What to do after ``attempt`` (1-based) ended with ``outcome``; restarts so far are attempt - 1."""
     if outcome.succeeded:
@@ -56,6 +69,12 @@ def decide(outcome: Outcome, attempt: int, max_restarts: int) -> Decision:
     if diverged(outcome):
         detail = (outcome.report or {}).get("message") or "the replicas are no longer bit-identical"
         return Decision(Action.FAIL, "SyncDivergence", f"attempt {attempt}: {detail}; not restarting")
+    refused = checkpoint_refused(outcome)
+    if refused:
+        detail = (outcome.report or {}).get(
+            "message"
+        ) or "the checkpoint volume holds a checkpoint it must not load"
+        return Decision(Action.FAIL, refused, f"attempt {attempt}: {detail}; not restarting")
     if outcome.reason == "InvalidSpec":
         return Decision(Action.FAIL, "InvalidSpec", outcome.message or "the spec is invalid; not restarting")
     if outcome.reason == "DeadlineExceeded":

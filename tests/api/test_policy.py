@@ -36,6 +36,30 @@ POLICY = [
         "SyncDivergence",
     ),
     (
+        "another job's checkpoint, by report",
+        policy.Outcome(False, {0: 1}, {"result": "Failed", "reason": contract.FOREIGN_CHECKPOINT}),
+        1,
+        3,
+        policy.Action.FAIL,
+        "ForeignCheckpoint",
+    ),
+    (
+        "changed settings, by report",
+        policy.Outcome(False, {0: 1}, {"result": "Failed", "reason": contract.SETTINGS_CHANGED}),
+        1,
+        3,
+        policy.Action.FAIL,
+        "SettingsChanged",
+    ),
+    (
+        "refused checkpoint, by exit code",
+        policy.Outcome(False, {0: contract.CHECKPOINT_REFUSED_EXIT_CODE}),
+        1,
+        3,
+        policy.Action.FAIL,
+        "CheckpointRefused",
+    ),
+    (
         "invalid spec",
         policy.Outcome(False, reason="InvalidSpec", message="no such command"),
         1,
@@ -78,3 +102,10 @@ def test_policy(
 def test_restart_message_counts_restarts() -> None:
     decision = policy.decide(policy.Outcome(False, {0: 0, 1: 137}), 2, 3)
     assert decision.message == "attempt 2 failed (node 1 exited 137); gang restart 2 of 3"
+
+
+def test_a_refused_checkpoint_says_why_and_does_not_restart() -> None:
+    message = "checkpoint step-00000020.pt in /ckpt was written by DDPJob team/other (uid 1) at step 20"
+    report = {"result": "Failed", "reason": contract.FOREIGN_CHECKPOINT, "message": message}
+    decision = policy.decide(policy.Outcome(False, {0: 1}, report), 1, 3)
+    assert decision.message == f"attempt 1: {message}; not restarting"
