@@ -54,11 +54,11 @@ def _steps(directory: Path) -> list[int]:
 
 
 def test_a_checkpoint_records_its_writer_and_restores_model_and_optimizer(tmp_path: Path) -> None:
-    (tmp_path / ".step-00000009.pt.tmp-1").write_bytes(b"partial")  # a crash mid-save
+    (tmp_path / ".step-00000009.mine.pt.tmp-1").write_bytes(b"partial")  # a crash mid-save
     (tmp_path / "notes.txt").write_text("ignored")
     state = _save_steps(tmp_path, [12])
     assert not list(tmp_path.glob(".step-*12*"))
-    header, _ = provenance.decode(checkpoint.checkpoint_path(tmp_path, 12).read_bytes())
+    header, _ = provenance.decode(checkpoint.checkpoint_path(tmp_path, 12, "mine").read_bytes())
     assert (header.identity, header.step, header.settings) == (ME.identity, 12, SETTINGS)
     choice = _choose(tmp_path)
     assert (choice.action, choice.step, choice.skipped) == ("resume", 12, ())
@@ -76,7 +76,7 @@ def test_a_checkpoint_records_its_writer_and_restores_model_and_optimizer(tmp_pa
 
 def test_truncated_bit_flipped_and_unloadable_files_are_skipped_newest_first(tmp_path: Path) -> None:
     _save_steps(tmp_path, [10, 20, 30, 40, 50])
-    path = {step: checkpoint.checkpoint_path(tmp_path, step) for step in (20, 30, 40, 50)}
+    path = {step: checkpoint.checkpoint_path(tmp_path, step, "mine") for step in (20, 30, 40, 50)}
     path[50].write_bytes(path[50].read_bytes()[:-100])  # truncated
     data = bytearray(path[40].read_bytes())
     data[-10] ^= 0x04  # one flipped bit in the payload
@@ -86,19 +86,19 @@ def test_truncated_bit_flipped_and_unloadable_files_are_skipped_newest_first(tmp
     choice = _choose(tmp_path)
     assert (choice.action, choice.step) == ("resume", 10)
     why = dict(s.split(": ", 1) for s in choice.skipped)
-    assert list(why) == [f"step-000000{s}.pt" for s in (50, 40, 30, 20)]
-    assert why["step-00000050.pt"].startswith("truncated: ")
-    assert why["step-00000040.pt"].startswith("contents do not match their sha256")
-    assert why["step-00000030.pt"].startswith("no checkpoint header")
-    assert why["step-00000020.pt"].startswith("torch.load failed")
+    assert list(why) == [f"step-000000{s}.mine.pt" for s in (50, 40, 30, 20)]
+    assert why["step-00000050.mine.pt"].startswith("truncated: ")
+    assert why["step-00000040.mine.pt"].startswith("contents do not match their sha256")
+    assert why["step-00000030.mine.pt"].startswith("no checkpoint header")
+    assert why["step-00000020.mine.pt"].startswith("torch.load failed")
 
 
 def test_a_renamed_file_is_caught_by_its_header(tmp_path: Path) -> None:
     _save_steps(tmp_path, [10, 20])
-    checkpoint.checkpoint_path(tmp_path, 20).rename(checkpoint.checkpoint_path(tmp_path, 90))
+    checkpoint.checkpoint_path(tmp_path, 20, "mine").rename(checkpoint.checkpoint_path(tmp_path, 90, "mine"))
     choice = _choose(tmp_path)
     assert (choice.action, choice.step) == ("resume", 10)
-    assert choice.skipped == ("step-00000090.pt: the header says step 20",)
+    assert choice.skipped == ("step-00000090.mine.pt: the header says step 20",)
 
 
 def test_another_jobs_folder_is_refused_and_warm_start_loads_weights_only(tmp_path: Path) -> None:
@@ -123,7 +123,7 @@ def test_keep_prunes_only_this_jobs_files_and_never_the_newest(tmp_path: Path) -
     _save_steps(tmp_path, [40], keep=1)
     assert _steps(tmp_path) == [5, 25, 40]
     _save_steps(tmp_path, [50], keep=2)
-    path50 = checkpoint.checkpoint_path(tmp_path, 50)
+    path50 = checkpoint.checkpoint_path(tmp_path, 50, "mine")
     path50.write_bytes(path50.read_bytes()[:-1])  # this job's newest, truncated
     assert _choose(tmp_path).step == 40
     # The restarted attempt resumes from 40 and saves 45 (keep=1): the earlier attempt's later file goes,
@@ -133,11 +133,19 @@ def test_keep_prunes_only_this_jobs_files_and_never_the_newest(tmp_path: Path) -
     assert _choose(tmp_path).step == 45
 
 
-def test_a_save_never_overwrites_another_jobs_file(tmp_path: Path) -> None:
+def test_jobs_sharing_a_folder_never_write_each_others_files(tmp_path: Path) -> None:
     _save_steps(tmp_path, [10], writer=OTHER)
-    before = checkpoint.checkpoint_path(tmp_path, 10).read_bytes()
+    _save_steps(tmp_path, [10], writer=ME)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000010.mine.pt", "step-00000010.other.pt"]
+    # A DDPJob deleted and created again has the old one's name but not its uid: its files stay the old one's.
+    recreated = Writer(Identity("team", "mine", "u3"), SETTINGS)
+    before = checkpoint.checkpoint_path(tmp_path, 10, "mine").read_bytes()
     state = _trained_state(step=10)
-    assert checkpoint.save(tmp_path, state, ME, keep=2) is None
-    assert checkpoint.checkpoint_path(tmp_path, 10).read_bytes() == before
+    assert checkpoint.save(tmp_path, state, recreated, keep=2) is None
+    assert checkpoint.checkpoint_path(tmp_path, 10, "mine").read_bytes() == before
     state.step = 20
-    assert checkpoint.save(tmp_path, state, ME, keep=2) == checkpoint.checkpoint_path(tmp_path, 20)
+    assert checkpoint.save(tmp_path, state, recreated, keep=1) == checkpoint.checkpoint_path(
+        tmp_path, 20, "mine"
+    )
+    assert _steps(tmp_path) == [10, 10, 20]
+    assert checkpoint.checkpoint_path(tmp_path, 20).name == "step-00000020.pt"  # outside any DDPJob

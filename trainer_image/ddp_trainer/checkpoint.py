@@ -6,9 +6,10 @@ every rank.
 * A file is a header line (the writing DDPJob's namespace, name and uid, the settings that shape the
   model and its digest, the step, and a sha256 over all of it) and the torch payload: see
   :mod:`ddp_trainer.provenance`.
-* A save writes ``.step-XXXXXXXX.pt.tmp-<pid>``, fsyncs it and renames it to ``step-XXXXXXXX.pt``
-  (atomic on POSIX): a crash mid-save leaves the previous checkpoints untouched. Each step has its own
-  file; a save at a step that already has one of this job's files replaces it in one rename. Then this
+* A save writes ``.step-XXXXXXXX.<job>.pt.tmp-<pid>``, fsyncs it and renames it to
+  ``step-XXXXXXXX.<job>.pt`` (``<job>`` is the DDPJob's name; none outside a DDPJob), atomic on POSIX: a
+  crash mid-save leaves the previous checkpoints untouched. Each step has its own file; a save at a step
+  that already has one of this job's files replaces it in one rename. Then this
   job's files beyond the newest ``keep`` are removed, and so are this job's files of later steps (an
   earlier attempt's files that this attempt passed over as corrupt). Another job's files are never
   overwritten or removed.
@@ -37,7 +38,7 @@ from ddp_trainer.state import TrainState
 
 log = logging.getLogger("ddp_trainer")
 
-_NAME = re.compile(r"^step-(\d{8})\.pt$")
+_NAME = re.compile(r"^step-(\d{8})(?:\.[^/]+)?\.pt$")
 _PAYLOAD_KEYS = frozenset({"model", "optimizer", "scaler", "step", "epoch"})
 
 
@@ -49,9 +50,10 @@ class CheckpointRefused(Exception):
         self.reason = reason
 
 
-def checkpoint_path(directory: Path, step: int) -> Path:
-    """The file for ``step``."""
-    return directory / f"step-{step:08d}.pt"
+def checkpoint_path(directory: Path, step: int, job: str = "") -> Path:
+    """The file of DDPJob ``job`` for ``step``: ``step-00001500.<job>.pt`` (``step-00001500.pt`` outside a
+    DDPJob), so that jobs sharing a volume never write each other's files."""
+    return directory / (f"step-{step:08d}.{job}.pt" if job else f"step-{step:08d}.pt")
 
 
 def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
@@ -59,7 +61,7 @@ def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
     if not directory.is_dir():
         return []
     found = [(int(m[1]), p) for p in directory.iterdir() if (m := _NAME.match(p.name))]
-    return sorted(found)
+    return sorted(found, key=lambda found: (found[0], found[1].name))
 
 
 def write_atomic(path: Path, payload: bytes) -> None:
@@ -116,7 +118,7 @@ def owner(path: Path) -> Identity | None:
 def save(directory: Path, state: TrainState, writer: Writer, keep: int) -> Path | None:
     """Rank 0 only: write the checkpoint of ``state.step`` and prune this job's old ones. Returns the
     file, or None when that step's file belongs to another job (never overwritten; the save is skipped)."""
-    path = checkpoint_path(directory, state.step)
+    path = checkpoint_path(directory, state.step, writer.identity.name)
     theirs = owner(path) if path.exists() else None
     if theirs is not None and theirs != writer.identity:
         log.warning("step %d: not saving: %s belongs to %s", state.step, path, theirs)
