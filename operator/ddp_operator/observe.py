@@ -6,6 +6,8 @@ calls the API or decides what to do: :mod:`ddp_operator.reconcile` decides from 
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +27,11 @@ class JobFacts:
     suspended: bool
     outcome: policy.Outcome | None
     """How the attempt ended, when it failed (exit codes, rank 0's report, the Job's reason)."""
+    failed_at: dt.datetime | None = None
+    """When the Job's Failed condition became true."""
+    stopping_pods: int = 0
+    """Pods of the attempt that have not terminated yet (the Job controller stops them after a failure;
+    rank 0 writes its report, and its SIGTERM checkpoint, on the way out)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,17 @@ def terminated(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
+def stopped(pod: Mapping[str, Any]) -> bool:
+    return pod.get("status", {}).get("phase") in ("Succeeded", "Failed") or terminated(pod) is not None
+
+
+def _time(text: Any) -> dt.datetime | None:
+    try:
+        return dt.datetime.fromisoformat(str(text).replace("Z", "+00:00")) if text else None
+    except ValueError:
+        return None
+
+
 def ready(pod: Mapping[str, Any]) -> bool:
     return pod.get("status", {}).get("phase") == "Running" and condition(pod, "Ready") is not None
 
@@ -103,8 +121,19 @@ def rank0_report(pods: Sequence[Mapping[str, Any]]) -> contract.Report | None:
     return None
 
 
-def outcome(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> policy.Outcome:
-    """A finished Job as the policy sees it."""
+def remembered_report(previous: Mapping[str, Any], attempt: int) -> contract.Report | None:
+    """Rank 0's report as an earlier reconcile recorded it in ``status.lastReport``: a pod stopped by the
+    Job controller after a failure is deleted, and its termination message goes with it."""
+    last = previous.get("lastReport")
+    if not isinstance(last, dict) or last.get("attempt") != attempt:
+        return None
+    return contract.parse_report(json.dumps({k: v for k, v in last.items() if k != "attempt"}))
+
+
+def outcome(
+    job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], report: contract.Report | None = None
+) -> policy.Outcome:
+    """A finished Job as the policy sees it (``report``: rank 0's, when its pod is gone)."""
     codes = {
         completion_index(pod): int(state.get("exitCode", 0)) for pod in pods if (state := terminated(pod))
     }
@@ -112,11 +141,14 @@ def outcome(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> policy
     reason = str(failed.get("reason", "")) if failed else ""
     culprits = [f"node {i} exited {code}" for i, code in sorted(codes.items()) if code]
     message = ", ".join(culprits) or (str(failed.get("message", "")) if failed else "")
+    disrupted = any(condition(pod, "DisruptionTarget") for pod in pods)
     return policy.Outcome(
         succeeded=condition(job, "Complete") is not None,
         exit_codes=codes,
-        report=rank0_report(pods),
-        reason="DeadlineExceeded" if reason == "DeadlineExceeded" else "",
+        report=rank0_report(pods) or report,
+        reason="DeadlineExceeded"
+        if reason == "DeadlineExceeded"
+        else (policy.PREEMPTED if disrupted else ""),
         message=message,
     )
 
@@ -129,16 +161,19 @@ def observe(
     attempt = max([int(previous.get("attempt") or first), *map(attempt_of, jobs)])
     current = [job for job in jobs if attempt_of(job) == attempt]
     mine = [pod for pod in pods if attempt_of(pod) == attempt]
+    report = rank0_report(mine) or remembered_report(previous, attempt)
     job_facts = None
     if current:
         job = current[0]
-        failed = condition(job, "Failed") is not None
+        failed = condition(job, "Failed")
         job_facts = JobFacts(
             name=job["metadata"]["name"],
             complete=condition(job, "Complete") is not None,
-            failed=failed,
+            failed=failed is not None,
             suspended=bool(job.get("spec", {}).get("suspend")),
-            outcome=outcome(job, mine) if failed else None,
+            outcome=outcome(job, mine, report) if failed else None,
+            failed_at=_time(failed.get("lastTransitionTime")) if failed else None,
+            stopping_pods=sum(1 for pod in mine if not stopped(pod)),
         )
     return Facts(
         attempt=attempt,
@@ -146,5 +181,5 @@ def observe(
         stale_jobs=tuple(job["metadata"]["name"] for job in jobs if attempt_of(job) < attempt),
         ready_nodes=sum(1 for pod in mine if ready(pod)),
         unschedulable=unschedulable(mine),
-        report=rank0_report(mine),
+        report=report,
     )

@@ -7,6 +7,8 @@ An attempt is one Indexed Job: all pods start together and one failed pod fails 
 - an invalid spec fails at once as well: no restart can fix it, and neither can one after the deadline;
 - so does a refused checkpoint (another job's, or this job's written with other settings): every attempt
   would find the same files in the same volume;
+- a preemption (a pod deleted gracefully or evicted: the trainer checkpointed at SIGTERM) restarts the
+  gang without using up ``maxRestarts``;
 - any other failure starts attempt + 1 (resuming from the last good checkpoint) while restarts are left.
 """
 
@@ -62,8 +64,20 @@ def checkpoint_refused(outcome: Outcome) -> str:
     return ""
 
 
-def decide(outcome: Outcome, attempt: int, max_restarts: int) -> Decision:
-    """What to do after ``attempt`` (1-based) ended with ``outcome``; restarts so far are attempt - 1."""
+def preempted(outcome: Outcome) -> bool:
+    """The attempt was stopped from outside (a pod deleted gracefully, evicted, preempted): rank 0 saved a
+    checkpoint at SIGTERM and reported ``Interrupted``, or Kubernetes marked a pod ``DisruptionTarget``."""
+    if outcome.reason == PREEMPTED:
+        return True
+    return outcome.report is not None and outcome.report.get("result") == contract.INTERRUPTED
+
+
+PREEMPTED = "Preempted"
+
+
+def decide(outcome: Outcome, attempt: int, max_restarts: int, preemptions: int = 0) -> Decision:
+    """What to do after ``attempt`` (1-based) ended with ``outcome``; restarts so far are attempt - 1, of
+    which ``preemptions`` were preemptions (they do not count against ``max_restarts``)."""
     if outcome.succeeded:
         return Decision(Action.SUCCEED, "Completed", f"attempt {attempt} completed")
     if diverged(outcome):
@@ -71,16 +85,21 @@ def decide(outcome: Outcome, attempt: int, max_restarts: int) -> Decision:
         return Decision(Action.FAIL, "SyncDivergence", f"attempt {attempt}: {detail}; not restarting")
     refused = checkpoint_refused(outcome)
     if refused:
-        detail = (outcome.report or {}).get(
-            "message"
-        ) or "the checkpoint volume holds a checkpoint it must not load"
+        detail = (outcome.report or {}).get("message") or "the trainer refused the checkpoint it found"
         return Decision(Action.FAIL, refused, f"attempt {attempt}: {detail}; not restarting")
     if outcome.reason == "InvalidSpec":
         return Decision(Action.FAIL, "InvalidSpec", outcome.message or "the spec is invalid; not restarting")
     if outcome.reason == "DeadlineExceeded":
         return Decision(Action.FAIL, "DeadlineExceeded", "activeDeadlineSeconds passed; not restarting")
+    if preempted(outcome):
+        return Decision(
+            Action.RESTART,
+            PREEMPTED,
+            f"attempt {attempt} was stopped from outside (pod deleted, evicted or preempted) and saved a "
+            "checkpoint; restarting the gang from it (preemptions do not count against maxRestarts)",
+        )
     why = outcome.message or _failed_pods(outcome)
-    restarts = contract.restarts_before(attempt)
+    restarts = contract.restarts_before(attempt) - preemptions
     if restarts < max_restarts:
         return Decision(
             Action.RESTART,

@@ -22,6 +22,7 @@ from .observe import Facts, JobFacts, observe
 from .plan import Event, Plan, StatusBuilder, parse_time, stamp
 from .spec import Spec, SpecError, checkpoints_durable, parse
 
+STOP_MARGIN_SECONDS = 30  # beyond the pods' termination grace period, before deciding without them
 PHASES = ("Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
 TERMINAL = ("Succeeded", "Failed")
 
@@ -99,12 +100,14 @@ def _base(inputs: Inputs) -> StatusBuilder:
         startTime=previous.get("startTime") or out.now,
         readyNodes=0,
     )
-    if previous.get("completionTime"):
-        out.values["completionTime"] = previous["completionTime"]
+    for kept in ("completionTime", "preemptions", "lastReport"):
+        if previous.get(kept):
+            out.values[kept] = previous[kept]
     if isinstance(previous.get("sync"), dict):
         out.values["sync"] = dict(previous["sync"])
     if facts.report is not None:
         out.values["sync"] = contract.sync_status(facts.report)
+        out.values["lastReport"] = contract.last_report_status(facts.report, facts.attempt)
         if checkpoint := contract.checkpoint_status(facts.report):
             out.values["checkpoint"] = checkpoint
     _durable_condition(out, inputs.spec)
@@ -178,13 +181,26 @@ def _create(inputs: Inputs, out: StatusBuilder) -> Plan:
 
 
 def _after_failure(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
-    """A failed attempt: the policy chooses between a gang restart and failing the DDPJob."""
+    """A failed attempt: the policy chooses between a gang restart and failing the DDPJob, once the
+    attempt's pods have stopped (rank 0 reports on its way out: a preemption is told apart from a crash
+    only then), or a termination grace period after the failure at the latest."""
     attempt = inputs.facts.attempt
     assert job.outcome is not None
-    decision = policy.decide(job.outcome, attempt, inputs.spec.max_restarts)
+    since = (inputs.now - job.failed_at).total_seconds() if job.failed_at else 0.0
+    if job.stopping_pods and since < render.TERMINATION_GRACE_SECONDS + STOP_MARGIN_SECONDS:
+        message = (
+            f"attempt {attempt} failed; waiting for its {job.stopping_pods} other pod(s) to stop and report"
+        )
+        out.phase("Restarting", "StoppingAttempt", message)
+        out.condition("Ready", False, "StoppingAttempt", message)
+        return out.plan()
+    preemptions = int(inputs.previous.get("preemptions") or 0)
+    decision = policy.decide(job.outcome, attempt, inputs.spec.max_restarts, preemptions)
     _checkpoint_events(out, inputs.facts.report)
     if decision.action is policy.Action.RESTART:
         out.values.update(attempt=attempt + 1, restarts=contract.restarts_before(attempt + 1))
+        if decision.reason == policy.PREEMPTED:
+            out.values["preemptions"] = preemptions + 1
         out.phase("Restarting", decision.reason, decision.message, warning=True)
         out.condition("Ready", False, decision.reason, decision.message)
         return out.plan(delete_jobs=(job.name,))

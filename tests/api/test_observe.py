@@ -76,3 +76,12 @@ def test_a_failed_job_carries_its_outcome_with_rank_0s_report() -> None:
 def test_a_crash_log_is_not_a_report() -> None:
     facts = observe.observe({}, [_job(1)], [_pod(1, 0, code=1, message="Traceback (most recent call last):")])
     assert facts.report is None and facts.job is not None and facts.job.outcome is None
+
+
+def test_a_disrupted_pod_makes_the_outcome_a_preemption() -> None:
+    pod = _pod(1, 0, code=143)
+    pod["status"]["conditions"].append(
+        {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+    )
+    facts = observe.observe({}, [_job(1, "Failed")], [pod])
+    assert facts.job is not None and facts.job.outcome is not None and facts.job.outcome.reason == "Preempted"

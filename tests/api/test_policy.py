@@ -109,3 +109,18 @@ def test_a_refused_checkpoint_says_why_and_does_not_restart() -> None:
     report = {"result": "Failed", "reason": contract.FOREIGN_CHECKPOINT, "message": message}
     decision = policy.decide(policy.Outcome(False, {0: 1}, report), 1, 3)
     assert decision.message == f"attempt 1: {message}; not restarting"
+
+
+def test_a_preemption_restarts_without_using_up_restarts() -> None:
+    interrupted = policy.Outcome(False, {0: contract.INTERRUPTED_EXIT_CODE}, {"result": contract.INTERRUPTED})
+    decision = policy.decide(interrupted, 4, 0)  # maxRestarts 0: a crash would fail here
+    assert (decision.action, decision.reason) == (policy.Action.RESTART, "Preempted")
+    evicted = policy.Outcome(False, {0: 137}, reason=policy.PREEMPTED)
+    assert policy.decide(evicted, 1, 0).action is policy.Action.RESTART
+
+
+def test_preemptions_do_not_count_against_max_restarts() -> None:
+    crashed = policy.Outcome(False, {0: 1})
+    assert policy.decide(crashed, 3, 2).action is policy.Action.FAIL  # 2 restarts so far, 2 allowed
+    restart = policy.decide(crashed, 3, 2, preemptions=1)  # one of the two was a preemption
+    assert restart.action is policy.Action.RESTART and restart.message.endswith("gang restart 2 of 2")

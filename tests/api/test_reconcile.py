@@ -262,3 +262,70 @@ def test_the_first_attempt_creates_the_checkpoint_claim_and_later_reconciles_do_
         _reconcile({"phase": "Pending", "attempt": 1}, [_job(1)], [_pod(1, 0)], **claim).create_claim is None
     )
     assert _reconcile().create_claim is None
+
+
+def test_a_preempted_attempt_restarts_and_is_counted_apart() -> None:
+    report = {**REPORT, "result": "Interrupted", "reason": "Terminated"}
+    pods = [_pod(2, 0, exit_code=143, message=json.dumps(report)), _pod(2, 1, exit_code=143)]
+    previous = {"phase": "Running", "attempt": 2, "restarts": 1}
+    plan = _reconcile(previous, [_job(2, condition="Failed")], pods, maxRestarts=1)
+    assert plan.status["phase"] == "Restarting" and plan.status["preemptions"] == 1
+    assert (plan.status["attempt"], plan.status["restarts"]) == (3, 2)
+    assert plan.events[0].reason == "Preempted" and plan.delete_jobs == ("job-2",)
+    later = _reconcile(plan.status, [_job(2, condition="Failed")], [], maxRestarts=1)
+    assert later.status["preemptions"] == 1  # kept, not counted again
+
+
+def test_a_durable_checkpoint_is_a_condition_and_an_empty_dir_says_restarts_start_over() -> None:
+    assert _conditions(_reconcile())["CheckpointsDurable"] == ("False", "EmptyDir")
+    message = {c["type"]: c for c in _reconcile().status["conditions"]}["CheckpointsDurable"]["message"]
+    assert "restarts will start from step 0" in message
+    durable = _reconcile(checkpoint={"volumeClaimTemplate": {"size": "1Gi"}})
+    assert _conditions(durable)["CheckpointsDurable"] == ("True", "Volume")
+
+
+def test_rank0s_report_says_what_was_restored_and_skipped() -> None:
+    report = {**REPORT, "resumedFromStep": 200, "skippedCheckpoints": ["step-00000300.pt: digest mismatch"]}
+    report["warmStartedFrom"] = "ns/other"
+    pods = [_pod(1, 0, phase="Succeeded", exit_code=0, message=json.dumps(report)), _pod(1, 1, exit_code=0)]
+    plan = _reconcile({"phase": "Running", "attempt": 1}, [_job(1, condition="Complete")], pods)
+    assert plan.status["checkpoint"] == {
+        "resumedFromStep": 200,
+        "warmStartedFrom": "ns/other",
+        "skipped": ["step-00000300.pt: digest mismatch"],
+    }
+    reasons = {e.reason: e for e in plan.events}
+    assert {"WarmStarted", "CheckpointSkipped", "Completed"} <= set(reasons)
+    assert (
+        "digest mismatch" in reasons["CheckpointSkipped"].message
+        and reasons["CheckpointSkipped"].type == "Warning"
+    )
+
+
+def test_a_failed_attempt_waits_for_its_pods_to_stop_and_report_within_the_grace_period() -> None:
+    job = _job(1, condition="Failed")
+    job["status"]["conditions"][0]["lastTransitionTime"] = "2026-11-22T11:59:00Z"
+    still_running = [_pod(1, 0), _pod(1, 1, exit_code=143)]  # rank 0 is still checkpointing
+    plan = _reconcile({"phase": "Running", "attempt": 1}, [job], still_running)
+    assert plan.status["phase"] == "Restarting" and plan.status["attempt"] == 1 and plan.delete_jobs == ()
+    assert _conditions(plan)["Ready"] == ("False", "StoppingAttempt")
+    much_later = NOW + dt.timedelta(seconds=render.TERMINATION_GRACE_SECONDS + 60)
+    plan = _reconcile({"phase": "Restarting", "attempt": 1}, [job], still_running, now=much_later)
+    assert plan.status["attempt"] == 2 and plan.delete_jobs == ("job-1",)  # decided without rank 0's report
+
+
+def test_rank0s_report_is_remembered_after_its_pod_is_deleted() -> None:
+    report = {**REPORT, "result": "Interrupted", "reason": "Terminated", "message": "stopped by a signal"}
+    running = {"phase": "Running", "attempt": 1}
+    seen = _reconcile(running, [_job(1)], [_pod(1, 0, exit_code=143, message=json.dumps(report)), _pod(1, 1)])
+    assert seen.status["lastReport"] == {
+        "attempt": 1,
+        "result": "Interrupted",
+        "reason": "Terminated",
+        "message": "stopped by a signal",
+    }
+    gone = _reconcile(seen.status, [_job(1, condition="Failed")], [])  # the Job controller deleted the pods
+    assert gone.status["attempt"] == 2 and gone.status["preemptions"] == 1
+    assert gone.events[0].reason == "Preempted"
+    stale = _reconcile({**seen.status, "attempt": 2}, [_job(2, condition="Failed")], [])
+    assert stale.status.get("preemptions") is None  # a report of attempt 1 says nothing about attempt 2

@@ -99,9 +99,10 @@ def list_pod_netns() -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.startswith(NETNS_PREFIX)]
 
 
-def exec_prefix(ns: str, hostname: str) -> list[str]:
+def exec_prefix(ns: str, hostname: str, setup: str = "") -> list[str]:
     """argv prefix that runs a command in pod namespace ``ns`` with its own UTS namespace and hostname,
-    as a container would; every step ``exec``s, so the command keeps the pid we started."""
+    as a container would; every step ``exec``s, so the command keeps the pid we started. ``setup`` is
+    shell run first, inside the pod's own mount namespace (``ip netns exec`` makes one): its volumes."""
     return [
         "ip",
         "netns",
@@ -112,6 +113,6 @@ def exec_prefix(ns: str, hostname: str) -> list[str]:
         "--",
         "/bin/sh",
         "-c",
-        'hostname "$0" && exec "$@"',
+        f'hostname "$0" && {setup}exec "$@"',
         hostname,
     ]

@@ -30,7 +30,7 @@ from typing import Any
 
 from ddp_operator.local import kubeletenv as podenv
 
-from . import netns, podstatus, processes
+from . import netns, podstatus, processes, volumes
 from .kubeapi import Kube, final_delete_options
 from .layout import CLUSTER_DOMAIN, Layout
 from .podstatus import ContainerRun
@@ -258,7 +258,8 @@ class PodRunner:
                 node_allocatable=self.node.allocatable,
             )
             argv = podenv.pod_command(container, env)
-        except podenv.ResolveError as exc:
+            binds = volumes.mounts(self.spec, container, self.dir, self._bound_pv)
+        except (podenv.ResolveError, volumes.VolumeError) as exc:
             run.state, run.reason, run.message = "waiting", "CreateContainerConfigError", str(exc)
             return False
         termination_log = self.dir / f"{run.name}.termination-log"
@@ -273,7 +274,7 @@ class PodRunner:
         workdir.mkdir(parents=True, exist_ok=True)
         proc = processes.spawn(
             run.name,
-            [*netns.exec_prefix(self.netns, self.hostname), *argv],
+            [*netns.exec_prefix(self.netns, self.hostname, volumes.shell_prefix(binds)), *argv],
             pid_file=self.dir / f"{run.name}.pid",
             log_file=self.log_path(run.name),
             env=full_env,
@@ -343,6 +344,13 @@ class PodRunner:
     def _config_map(self, namespace: str, name: str) -> Mapping[str, str] | None:
         obj = self.kube.get_or_none(f"/api/v1/namespaces/{namespace}/configmaps/{name}")
         return None if obj is None else dict(obj.get("data") or {})
+
+    def _bound_pv(self, claim: str) -> Mapping[str, Any] | None:
+        pvc = self.kube.get_or_none(f"/api/v1/namespaces/{self.namespace}/persistentvolumeclaims/{claim}")
+        name = (pvc or {}).get("spec", {}).get("volumeName")
+        if not name or (pvc or {}).get("status", {}).get("phase") != "Bound":
+            return None
+        return self.kube.get_or_none(f"/api/v1/persistentvolumes/{name}")
 
     def _secret(self, namespace: str, name: str) -> Mapping[str, str] | None:
         obj = self.kube.get_or_none(f"/api/v1/namespaces/{namespace}/secrets/{name}")

@@ -203,6 +203,12 @@ def sync_status(report: Mapping[str, Any]) -> dict[str, Any]:
     return {key: report[key] for key in SYNC_STATUS_KEYS if key in report}
 
 
+def last_report_status(report: Mapping[str, Any], attempt: int) -> dict[str, Any]:
+    """What ``status.lastReport`` keeps of a report: enough to decide after the pod is gone."""
+    kept = {key: report[key] for key in ("result", "reason") if key in report}
+    return {"attempt": attempt, **kept, "message": str(report.get("message", ""))[:1024]}
+
+
 def checkpoint_status(report: Mapping[str, Any]) -> dict[str, Any]:
     """The part of a report that becomes ``status.checkpoint``."""
     out: dict[str, Any] = {}

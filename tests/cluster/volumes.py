@@ -1,0 +1,84 @@
+"""Pod volumes as the kubelet gives them, for the node agent. Pure, but for the PVC lookup it is handed.
+
+Each container's ``volumeMounts`` become bind mounts inside the pod's own mount namespace (``ip netns
+exec`` gives every pod one, with mounts that do not propagate back to the host), so the process sees the
+path the manifest names and nothing else changes:
+
+- ``emptyDir``: a folder of this pod alone (``<pod dir>/volumes/<name>``), gone with the pod's folder;
+  a ``medium: Memory`` emptyDir at ``/dev/shm`` keeps the host's shared memory;
+- ``hostPath``: the host's folder itself (created when missing, as ``DirectoryOrCreate`` does);
+- ``persistentVolumeClaim``: the folder of the PersistentVolume the claim is bound to (the real
+  controller-manager binds it; the scheduler does not place a pod whose claim is unbound), from the PV's
+  ``hostPath`` or ``local`` path.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ClaimLookup = Callable[[str], Mapping[str, Any] | None]  # claim name → its bound PV, or None
+
+
+class VolumeError(RuntimeError):
+    """A volume the agent cannot give the pod (the reason becomes the container's waiting message)."""
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: Path
+    target: str
+    read_only: bool = False
+
+
+def host_folder(volume: Mapping[str, Any], pod_dir: Path, bound_pv: ClaimLookup) -> Path | None:
+    """Where ``volume`` lives on the host; None for a volume the agent leaves alone."""
+    if "emptyDir" in volume:
+        return pod_dir / "volumes" / volume["name"]
+    if "hostPath" in volume:
+        return Path(volume["hostPath"]["path"])
+    if "persistentVolumeClaim" in volume:
+        claim = volume["persistentVolumeClaim"]["claimName"]
+        pv = bound_pv(claim)
+        if pv is None:
+            raise VolumeError(f"persistentvolumeclaim {claim!r} is not bound to a PersistentVolume")
+        spec = pv.get("spec", {})
+        path = (spec.get("hostPath") or spec.get("local") or {}).get("path")
+        if not path:
+            raise VolumeError(f"PersistentVolume {pv['metadata']['name']} has no hostPath or local path")
+        return Path(path)
+    return None
+
+
+def mounts(
+    pod_spec: Mapping[str, Any], container: Mapping[str, Any], pod_dir: Path, bound_pv: ClaimLookup
+) -> list[Mount]:
+    """The bind mounts of one container, in the order its volumeMounts list them."""
+    volumes = {v["name"]: v for v in pod_spec.get("volumes") or []}
+    out = []
+    for mount in container.get("volumeMounts") or []:
+        volume = volumes.get(mount["name"])
+        if volume is None:
+            raise VolumeError(f"volumeMount {mount['name']!r} names no volume of the pod")
+        if mount["mountPath"] == "/dev/shm" and (volume.get("emptyDir") or {}).get("medium") == "Memory":
+            continue
+        source = host_folder(volume, pod_dir, bound_pv)
+        if source is not None:
+            if sub := mount.get("subPath"):
+                source = source / sub
+            out.append(Mount(source, mount["mountPath"], bool(mount.get("readOnly"))))
+    return out
+
+
+def shell_prefix(binds: list[Mount]) -> str:
+    """``sh -c`` commands that make each mount, run inside the pod's mount namespace before ``exec``."""
+    steps = []
+    for m in binds:
+        src, dst = shlex.quote(str(m.source)), shlex.quote(m.target)
+        steps.append(f"mkdir -p {src} {dst} && mount --bind {src} {dst}")
+        if m.read_only:
+            steps.append(f"mount -o remount,bind,ro {dst}")
+    return "".join(f"{step} && " for step in steps)

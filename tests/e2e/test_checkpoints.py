@@ -1,0 +1,111 @@
+"""Checkpoints on the real control plane: a claim the operator creates, bound by the real controller-manager,
+mounted by the node agent as a kubelet would; a pod deleted mid-run (SIGTERM) leaves a checkpoint and the
+gang restarts from it as a preemption."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cluster.fixtures import Cluster, wait_for
+
+from .conftest import Operator, children, ddpjob, get, wait_phase
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+def _volume(cluster: Cluster, namespace: str, folder: Path) -> str:
+    """A PersistentVolume on ``folder`` that only this test's claims can bind; returns its StorageClass."""
+    storage_class = f"ckpt-{namespace}"
+    pv = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": f"ckpt-{namespace}"},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": storage_class,
+            "persistentVolumeReclaimPolicy": "Retain",
+            "hostPath": {"path": str(folder)},
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(pv))
+    return storage_class
+
+
+def _events(cluster: Cluster, namespace: str, name: str) -> str:
+    return cluster.kubectl(
+        "get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}"
+    ).stdout
+
+
+def _trainer(**checkpoint: Any) -> dict[str, Any]:
+    return {
+        "procsPerNode": 2,
+        "trainer": {"steps": 400, "batchSize": 16, "checkpointEvery": 20},
+        "syncCheck": {"everySteps": 20},
+        "checkpoint": checkpoint,
+    }
+
+
+def test_a_deleted_pod_restarts_the_gang_from_the_claim_as_a_preemption(
+    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
+) -> None:
+    folder = tmp_path / "pv"
+    storage_class = _volume(cluster, namespace, folder)
+    try:
+        claim = {"storageClassName": storage_class, "size": "1Gi"}
+        cluster.kubectl(
+            "apply",
+            "-n",
+            namespace,
+            "-f",
+            "-",
+            input=json.dumps(ddpjob("durable", **_trainer(volumeClaimTemplate=claim))),
+        )
+        wait_for(
+            lambda: list(folder.glob("step-*.pt")), what="a checkpoint on the claim's volume", timeout=240
+        )
+        (pvc,) = cluster.kubectl_json("get", "pvc", "-n", namespace)["items"]
+        assert pvc["metadata"]["name"] == "durable-checkpoints" and pvc["status"]["phase"] == "Bound"
+        assert pvc["metadata"]["ownerReferences"][0]["name"] == "durable"
+        victim = next(
+            p["metadata"]["name"]
+            for p in children(cluster, namespace, "pods", "durable")
+            if p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == "1"
+        )
+        cluster.kubectl("delete", "pod", "-n", namespace, victim, "--wait=false")  # graceful: SIGTERM
+        status = wait_phase(cluster, namespace, "durable", "Succeeded", "Failed", timeout=300)["status"]
+        assert status["phase"] == "Succeeded", status
+        events = _events(cluster, namespace, "durable")
+        assert (status["attempt"], status["restarts"], status.get("preemptions")) == (2, 1, 1), events
+        assert status["checkpoint"]["resumedFromStep"] > 0, status
+        assert "Preempted" in _events(cluster, namespace, "durable")
+        cluster.kubectl("delete", "ddpjob", "durable", "-n", namespace, "--wait=true", "--timeout=60s")
+        wait_for(
+            lambda: not cluster.kubectl_json("get", "pvc", "-n", namespace)["items"],
+            what="the owned claim to go with its DDPJob",
+            timeout=60,
+        )
+    finally:
+        cluster.kubectl("delete", "pv", f"ckpt-{namespace}", "--wait=false")
+
+
+def test_an_empty_dir_job_says_restarts_start_from_step_0(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    cluster.kubectl(
+        "apply",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        input=json.dumps(ddpjob("ephemeral", command=["python", "-c", "import time; time.sleep(30)"])),
+    )
+    wait_phase(cluster, namespace, "ephemeral", "Running", timeout=120)
+    conditions = {c["type"]: c for c in get(cluster, namespace, "ephemeral")["status"]["conditions"]}
+    durable = conditions["CheckpointsDurable"]
+    assert durable["status"] == "False" and "restarts will start from step 0" in durable["message"]
