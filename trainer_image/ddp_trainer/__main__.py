@@ -54,9 +54,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except DivergenceError as err:
             assert session is not None
             code, report = session.diverged(err)
-        except CheckpointRefused as err:
+        except CheckpointRefused as err:  # every rank learns it from rank 0's broadcast; one says it
             assert session is not None
-            log.error("%s", err)
+            if launch.rank == 0:
+                log.error("%s: %s", err.reason, err)
             code, report = session.refused(err)
         except Exception as err:
             log.exception("trainer failed")

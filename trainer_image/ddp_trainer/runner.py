@@ -117,7 +117,7 @@ class Session:
                 choice.file,
                 choice.step,
             )
-        elif self.config.warm_start_from and self.ckpt_dir is not None:
+        elif self.config.warm_start_from and self.ckpt_dir is not None and self.launch.rank == 0:
             log.warning(
                 "--warm-start-from=%s: no intact checkpoint of it in %s; starting fresh",
                 self.config.warm_start_from,
