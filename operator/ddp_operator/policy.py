@@ -37,6 +37,9 @@ class Outcome:
     report: Mapping[str, Any] | None = None
     reason: str = ""
     message: str = ""
+    crashed: bool = False
+    """A pod failed on its own (not deleted, not stopped by SIGTERM): the others were stopped because of
+    it, so their ``Interrupted`` report does not make the attempt a preemption."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,10 @@ def checkpoint_refused(outcome: Outcome) -> str:
 
 def preempted(outcome: Outcome) -> bool:
     """The attempt was stopped from outside (a pod deleted gracefully, evicted, preempted): rank 0 saved a
-    checkpoint at SIGTERM and reported ``Interrupted``, or Kubernetes marked a pod ``DisruptionTarget``."""
+    checkpoint at SIGTERM and reported ``Interrupted``, or Kubernetes marked a pod ``DisruptionTarget``; and
+    no pod failed on its own (a crash stops the others with SIGTERM too: that is no preemption)."""
+    if outcome.crashed:
+        return False
     if outcome.reason == PREEMPTED:
         return True
     return outcome.report is not None and outcome.report.get("result") == contract.INTERRUPTED

@@ -124,3 +124,10 @@ def test_preemptions_do_not_count_against_max_restarts() -> None:
     assert policy.decide(crashed, 3, 2).action is policy.Action.FAIL  # 2 restarts so far, 2 allowed
     restart = policy.decide(crashed, 3, 2, preemptions=1)  # one of the two was a preemption
     assert restart.action is policy.Action.RESTART and restart.message.endswith("gang restart 2 of 2")
+
+
+def test_a_crash_that_stopped_the_others_is_no_preemption() -> None:
+    report = {"result": contract.INTERRUPTED}  # rank 0 was stopped by SIGTERM because node 1 crashed
+    crashed = policy.Outcome(False, {0: 143, 1: 137}, report, crashed=True)
+    assert policy.decide(crashed, 1, 3).reason == "AttemptFailed"
+    assert policy.decide(crashed, 1, 0).action is policy.Action.FAIL
