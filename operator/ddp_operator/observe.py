@@ -142,6 +142,7 @@ def outcome(
     culprits = [f"node {i} exited {code}" for i, code in sorted(codes.items()) if code]
     message = ", ".join(culprits) or (str(failed.get("message", "")) if failed else "")
     disrupted = any(condition(pod, "DisruptionTarget") for pod in pods)
+    crashed = [pod for pod in pods if _failed_on_its_own(pod)]
     return policy.Outcome(
         succeeded=condition(job, "Complete") is not None,
         exit_codes=codes,
@@ -150,7 +151,16 @@ def outcome(
         if reason == "DeadlineExceeded"
         else (policy.PREEMPTED if disrupted else ""),
         message=message,
+        crashed=bool(crashed),
     )
+
+
+def _failed_on_its_own(pod: Mapping[str, Any]) -> bool:
+    """A pod nobody deleted that exited non-zero, and not with the SIGTERM code (128 + 15) of a stop."""
+    if pod.get("metadata", {}).get("deletionTimestamp"):
+        return False
+    state = terminated(pod)
+    return state is not None and int(state.get("exitCode", 0)) not in (0, contract.INTERRUPTED_EXIT_CODE)
 
 
 def observe(

@@ -5,6 +5,8 @@ An attempt is one Indexed Job: all pods start together and one failed pod fails 
 - a sync divergence under ``onDivergence: Fail`` fails the DDPJob at once: restarting would resume the
   same diverged training, so the operator says what diverged instead of burning restarts;
 - an invalid spec fails at once as well: no restart can fix it, and neither can one after the deadline;
+- so does a refused checkpoint (another job's, or this job's written with other settings): every attempt
+  would find the same files in the same volume;
 - a preemption (a pod deleted gracefully or evicted: the trainer checkpointed at SIGTERM) restarts the
   gang without using up ``maxRestarts``;
 - any other failure starts attempt + 1 (resuming from the last good checkpoint) while restarts are left.
@@ -35,6 +37,9 @@ class Outcome:
     report: Mapping[str, Any] | None = None
     reason: str = ""
     message: str = ""
+    crashed: bool = False
+    """A pod failed on its own (not deleted, not stopped by SIGTERM): the others were stopped because of
+    it, so their ``Interrupted`` report does not make the attempt a preemption."""
 
 
 @dataclass(frozen=True)
@@ -51,9 +56,23 @@ def diverged(outcome: Outcome) -> bool:
     return contract.DIVERGENCE_EXIT_CODE in outcome.exit_codes.values()
 
 
+def checkpoint_refused(outcome: Outcome) -> str:
+    """The report's reason (``ForeignCheckpoint``, ``SettingsChanged``) when the trainer refused the
+    checkpoint it found, ``CheckpointRefused`` when only the exit code says so, else ``""``."""
+    reason = (outcome.report or {}).get("reason")
+    if reason in contract.CHECKPOINT_REFUSED_REASONS:
+        return str(reason)
+    if contract.CHECKPOINT_REFUSED_EXIT_CODE in outcome.exit_codes.values():
+        return "CheckpointRefused"
+    return ""
+
+
 def preempted(outcome: Outcome) -> bool:
     """The attempt was stopped from outside (a pod deleted gracefully, evicted, preempted): rank 0 saved a
-    checkpoint at SIGTERM and reported ``Interrupted``, or Kubernetes marked a pod ``DisruptionTarget``."""
+    checkpoint at SIGTERM and reported ``Interrupted``, or Kubernetes marked a pod ``DisruptionTarget``; and
+    no pod failed on its own (a crash stops the others with SIGTERM too: that is no preemption)."""
+    if outcome.crashed:
+        return False
     if outcome.reason == PREEMPTED:
         return True
     return outcome.report is not None and outcome.report.get("result") == contract.INTERRUPTED
@@ -70,6 +89,10 @@ def decide(outcome: Outcome, attempt: int, max_restarts: int, preemptions: int =
     if diverged(outcome):
         detail = (outcome.report or {}).get("message") or "the replicas are no longer bit-identical"
         return Decision(Action.FAIL, "SyncDivergence", f"attempt {attempt}: {detail}; not restarting")
+    refused = checkpoint_refused(outcome)
+    if refused:
+        detail = (outcome.report or {}).get("message") or "the trainer refused the checkpoint it found"
+        return Decision(Action.FAIL, refused, f"attempt {attempt}: {detail}; not restarting")
     if outcome.reason == "InvalidSpec":
         return Decision(Action.FAIL, "InvalidSpec", outcome.message or "the spec is invalid; not restarting")
     if outcome.reason == "DeadlineExceeded":

@@ -27,6 +27,7 @@ SHM_VOLUME = "dshm"
 CHECKPOINT_VOLUME = "checkpoint"
 DEFAULT_CHECKPOINT_DIR = "/checkpoints"
 TERMINATION_GRACE_SECONDS = 120  # room for the trainer to checkpoint at the next step boundary on SIGTERM
+DEFAULT_CHECKPOINT_KEEP = 2  # spec.checkpoint.keep's default in the CRD
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"  # `ddpjob render` before the DDPJob exists
 RUN_AS_USER = 1000
 
@@ -133,8 +134,8 @@ def trainer_values(spec: Spec) -> dict[str, object]:
     """The built-in trainer's settings by ``TrainerConfig`` field, from spec.trainer, spec.syncCheck and
     spec.nccl: the one place where the API's names meet the trainer's (``syncCheck.everySteps`` →
     ``sync_every`` → ``--sync-every``)."""
-    t, check = spec.trainer, spec.sync_check
-    return {
+    t, check, ckpt = spec.trainer, spec.sync_check, spec.checkpoint
+    values: dict[str, object] = {
         "device": spec.device,
         "backend": spec.backend,
         "seed": t.seed,
@@ -144,11 +145,15 @@ def trainer_values(spec: Spec) -> dict[str, object]:
         "grad_accumulation": t.grad_accumulation,
         "checkpoint_every": t.checkpoint_every,
         "checkpoint_dir": checkpoint_dir(spec),
+        "checkpoint_keep": ckpt.keep if ckpt else DEFAULT_CHECKPOINT_KEEP,
         "model": t.model,
         "sync_every": check.every_steps,
         "on_divergence": check.on_divergence,
         "timeout_seconds": spec.nccl.timeout_seconds,
     }
+    if ckpt and ckpt.warm_start_from:
+        values["warm_start_from"] = ckpt.warm_start_from
+    return values
 
 
 def trainer_args(spec: Spec) -> list[str]:

@@ -85,3 +85,13 @@ def test_a_disrupted_pod_makes_the_outcome_a_preemption() -> None:
     )
     facts = observe.observe({}, [_job(1, "Failed")], [pod])
     assert facts.job is not None and facts.job.outcome is not None and facts.job.outcome.reason == "Preempted"
+
+
+def test_a_pod_that_failed_on_its_own_is_a_crash_and_deleted_or_stopped_pods_are_not() -> None:
+    crash = [_pod(1, 0, code=143), _pod(1, 1, code=137)]
+    outcome = observe.observe({}, [_job(1, "Failed")], crash).job
+    assert outcome is not None and outcome.outcome is not None and outcome.outcome.crashed
+    deleted = _pod(1, 1, code=1)
+    deleted["metadata"]["deletionTimestamp"] = "2026-11-22T12:00:00Z"  # torchrun exits 1 when stopped
+    stopped = observe.observe({}, [_job(1, "Failed")], [_pod(1, 0, code=143), deleted]).job
+    assert stopped is not None and stopped.outcome is not None and not stopped.outcome.crashed

@@ -36,6 +36,30 @@ POLICY = [
         "SyncDivergence",
     ),
     (
+        "another job's checkpoint, by report",
+        policy.Outcome(False, {0: 1}, {"result": "Failed", "reason": contract.FOREIGN_CHECKPOINT}),
+        1,
+        3,
+        policy.Action.FAIL,
+        "ForeignCheckpoint",
+    ),
+    (
+        "changed settings, by report",
+        policy.Outcome(False, {0: 1}, {"result": "Failed", "reason": contract.SETTINGS_CHANGED}),
+        1,
+        3,
+        policy.Action.FAIL,
+        "SettingsChanged",
+    ),
+    (
+        "refused checkpoint, by exit code",
+        policy.Outcome(False, {0: contract.CHECKPOINT_REFUSED_EXIT_CODE}),
+        1,
+        3,
+        policy.Action.FAIL,
+        "CheckpointRefused",
+    ),
+    (
         "invalid spec",
         policy.Outcome(False, reason="InvalidSpec", message="no such command"),
         1,
@@ -80,6 +104,13 @@ def test_restart_message_counts_restarts() -> None:
     assert decision.message == "attempt 2 failed (node 1 exited 137); gang restart 2 of 3"
 
 
+def test_a_refused_checkpoint_says_why_and_does_not_restart() -> None:
+    message = "checkpoint step-00000020.pt in /ckpt was written by DDPJob team/other (uid 1) at step 20"
+    report = {"result": "Failed", "reason": contract.FOREIGN_CHECKPOINT, "message": message}
+    decision = policy.decide(policy.Outcome(False, {0: 1}, report), 1, 3)
+    assert decision.message == f"attempt 1: {message}; not restarting"
+
+
 def test_a_preemption_restarts_without_using_up_restarts() -> None:
     interrupted = policy.Outcome(False, {0: contract.INTERRUPTED_EXIT_CODE}, {"result": contract.INTERRUPTED})
     decision = policy.decide(interrupted, 4, 0)  # maxRestarts 0: a crash would fail here
@@ -93,3 +124,10 @@ def test_preemptions_do_not_count_against_max_restarts() -> None:
     assert policy.decide(crashed, 3, 2).action is policy.Action.FAIL  # 2 restarts so far, 2 allowed
     restart = policy.decide(crashed, 3, 2, preemptions=1)  # one of the two was a preemption
     assert restart.action is policy.Action.RESTART and restart.message.endswith("gang restart 2 of 2")
+
+
+def test_a_crash_that_stopped_the_others_is_no_preemption() -> None:
+    report = {"result": contract.INTERRUPTED}  # rank 0 was stopped by SIGTERM because node 1 crashed
+    crashed = policy.Outcome(False, {0: 143, 1: 137}, report, crashed=True)
+    assert policy.decide(crashed, 1, 3).reason == "AttemptFailed"
+    assert policy.decide(crashed, 1, 0).action is policy.Action.FAIL

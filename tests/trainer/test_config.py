@@ -74,8 +74,10 @@ def test_every_config_field_is_documented() -> None:
 
 def test_pod_environment() -> None:
     env = {"DDPJOB_NAME": "j", "DDPJOB_NAMESPACE": "n", "DDPJOB_ATTEMPT": "2", "DDPJOB_METRICS_PORT": "9500"}
-    env |= {"DDPJOB_TERMINATION_LOG": "/t", "DDPJOB_CHAOS_DIVERGE": "rank=3, step=50"}
+    env |= {"DDPJOB_TERMINATION_LOG": "/t", "DDPJOB_CHAOS_DIVERGE": "rank=3, step=50", "DDPJOB_UID": "u-1"}
     pod = config.read_pod_env(env)
-    assert pod == config.PodEnv("j", "n", 2, 9500, "/t", config.ChaosSpec(rank=3, step=50))
+    chaos = config.ChaosSpec(rank=3, step=50)
+    assert pod == config.PodEnv("j", "n", "u-1", 2, 9500, "/t", chaos)
+    assert config.read_pod_env({}).uid == ""
     with pytest.raises(ValueError, match="DDPJOB_CHAOS_DIVERGE"):
         config.parse_chaos("rank=1")

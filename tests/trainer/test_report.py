@@ -92,3 +92,27 @@ def test_a_failure_reports_what_is_known() -> None:
         0,
         2,
     )
+
+
+def test_a_refused_checkpoint_fails_with_the_never_retry_exit_code_and_what_was_skipped() -> None:
+    skipped = ("step-00000030.pt: truncated: 3 of 9 payload bytes",)
+    facts = report.RunFacts(0, 4, 0, 1, skipped_checkpoints=skipped)
+    message = "checkpoint step-00000020.pt in /ckpt was written by DDPJob team/other (uid 2) at step 20"
+    code, r = report.refused(contract.FOREIGN_CHECKPOINT, message, Tally(), facts)
+    assert code == contract.CHECKPOINT_REFUSED_EXIT_CODE == 78
+    assert (r["result"], r["reason"], r["message"]) == (contract.FAILED, "ForeignCheckpoint", message)
+    assert (r["step"], r["checks"], r["resumedFromStep"]) == (0, 0, 0)
+    assert r["skippedCheckpoints"] == list(skipped) and "warmStartedFrom" not in r
+    assert contract.checkpoint_status(r) == {"resumedFromStep": 0, "skipped": list(skipped)}
+
+
+def test_a_warm_start_is_reported_and_many_skipped_files_are_cut_to_fit() -> None:
+    skipped = tuple(f"step-{i:08d}.pt: contents do not match their sha256 " + "x" * 900 for i in range(50))
+    facts = report.RunFacts(20, 4, 0, 1, warm_started_from="team/other", skipped_checkpoints=skipped)
+    _, r = report.finished(PASSED, facts, steps=20, model_digest="abc")
+    assert r["warmStartedFrom"] == "team/other" and len(r["skippedCheckpoints"]) == 50
+    text = report.termination_message(r | {"message": "m" * 3000})
+    cut = json.loads(text)
+    assert len(text.encode()) < 4096 and cut["warmStartedFrom"] == "team/other"
+    assert 0 < len(cut["skippedCheckpoints"]) <= report.MAX_SKIPPED
+    assert all(len(s) <= report.MAX_SKIPPED_CHARS for s in cut["skippedCheckpoints"])

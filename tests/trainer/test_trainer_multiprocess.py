@@ -75,7 +75,10 @@ def test_clean_run_is_verified(clean: CleanRun) -> None:
     assert (report["checks"], report["mismatches"], report["repairs"]) == (5, 0, 0)
     assert (report["lastCheckStep"], report["step"], report["worldSize"]) == (40, 40, 4)
     assert clean.reports[1] == report  # node 1's local rank 0 reports the same for its pod
-    assert checkpoints(clean.checkpoint_dir) == ["step-00000030.pt", "step-00000040.pt"]  # the newest two
+    assert checkpoints(clean.checkpoint_dir) == [
+        "step-00000030.testjob.pt",
+        "step-00000040.testjob.pt",
+    ]  # the newest two
 
 
 def test_metrics_show_every_local_rank_with_live_values(clean: CleanRun) -> None:
@@ -119,7 +122,7 @@ def test_fail_policy_exits_86_and_keeps_the_last_good_checkpoint(tmp_path: Path)
     assert (report["lastCheckStep"], report["mismatches"], report["checks"]) == (20, 1, 3)
     assert (report["mismatchedTensors"], report["divergedRanks"]) == (["net.0.weight"], [3])
     assert report["maxAbsDiff"] == pytest.approx(1e-3, rel=1e-3)
-    assert checkpoints(tmp_path / "ckpt") == ["step-00000010.pt"]  # never saved after the divergence
+    assert checkpoints(tmp_path / "ckpt") == ["step-00000010.testjob.pt"]  # never saved after the divergence
 
 
 def test_repair_policy_repairs_and_ends_verified(tmp_path: Path) -> None:
@@ -139,7 +142,10 @@ def test_repair_policy_repairs_and_ends_verified(tmp_path: Path) -> None:
     # initial, 10, 20 (mismatch) + repair check, 30
     assert (report["checks"], report["mismatches"], report["repairs"], report["step"]) == (5, 1, 1, 30)
     assert report["mismatchedTensors"] == ["net.0.weight"] and report["divergedRanks"] == [1]
-    assert checkpoints(tmp_path / "ckpt") == ["step-00000020.pt", "step-00000030.pt"]  # saved once repaired
+    assert checkpoints(tmp_path / "ckpt") == [
+        "step-00000020.testjob.pt",
+        "step-00000030.testjob.pt",
+    ]  # saved once repaired
 
 
 def test_warn_policy_continues_unverified(tmp_path: Path) -> None:
@@ -158,7 +164,7 @@ def test_warn_policy_continues_unverified(tmp_path: Path) -> None:
     )
     assert (report["checks"], report["mismatches"], report["repairs"], report["step"]) == (4, 2, 0, 30)
     assert report["divergedRanks"] == [1]  # a 1:1 tie: the lowest rank's copy is the reference
-    assert checkpoints(tmp_path / "ckpt") == ["step-00000010.pt"]
+    assert checkpoints(tmp_path / "ckpt") == ["step-00000010.testjob.pt"]
 
 
 def test_resume_after_kill_continues_from_the_last_checkpoint(tmp_path: Path) -> None:
@@ -167,7 +173,11 @@ def test_resume_after_kill_continues_from_the_last_checkpoint(tmp_path: Path) ->
     # SIGKILL both pods (every process) mid-run, once the step-10 checkpoint exists.
     first = launch(tmp_path / "a", args)
     deadline = time.monotonic() + 120
-    while "step-00000010.pt" not in checkpoints(ckpt) and first.running() and time.monotonic() < deadline:
+    while (
+        "step-00000010.testjob.pt" not in checkpoints(ckpt)
+        and first.running()
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.05)
     assert first.running(), f"finished before it could be killed\n{first.logs()}"
     first.kill()
@@ -200,7 +210,7 @@ def test_sigterm_checkpoints_at_the_next_step_boundary(tmp_path: Path) -> None:
     assert (report["result"], report["reason"], report["verified"]) == ("Interrupted", "Terminated", True)
     assert 3 <= report["step"] < 400
     assert report["lastCheckStep"] == report["step"]  # verified at the boundary where all ranks stopped
-    assert checkpoints(ckpt) == [f"step-{report['step']:08d}.pt"]  # and checkpointed exactly there
+    assert checkpoints(ckpt) == [f"step-{report['step']:08d}.testjob.pt"]  # and checkpointed exactly there
 
 
 def test_without_a_launcher_and_a_failing_factory(tmp_path: Path) -> None:

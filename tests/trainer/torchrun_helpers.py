@@ -115,7 +115,13 @@ def launch(
             key: value for key, value in os.environ.items() if not key.startswith(("PROMETHEUS_", "DDPJOB_"))
         }
         node_env.update(
-            PYTHONPATH=os.pathsep.join([str(HERE), node_env.get("PYTHONPATH", "")]),
+            # absolute: the launchers run in ``workdir``, where a relative entry would find nothing
+            PYTHONPATH=os.pathsep.join(
+                [
+                    str(HERE),
+                    *(os.path.abspath(p) for p in node_env.get("PYTHONPATH", "").split(os.pathsep) if p),
+                ]
+            ),
             OMP_NUM_THREADS="1",
             DDPJOB_NAME="testjob",
             DDPJOB_NAMESPACE="testns",

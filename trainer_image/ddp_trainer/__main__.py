@@ -29,6 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     from ddp_trainer import metrics, runner
+    from ddp_trainer.checkpoint import CheckpointRefused
     from ddp_trainer.distributed import pick_device, process_group
     from ddp_trainer.report import failed, termination_message, write_termination_message
     from ddp_trainer.verify import DivergenceError
@@ -53,6 +54,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except DivergenceError as err:
             assert session is not None
             code, report = session.diverged(err)
+        except CheckpointRefused as err:  # every rank learns it from rank 0's broadcast; one says it
+            assert session is not None
+            if launch.rank == 0:
+                log.error("%s: %s", err.reason, err)
+            code, report = session.refused(err)
         except Exception as err:
             log.exception("trainer failed")
             message = f"{type(err).__name__}: {err}"

@@ -3,7 +3,8 @@
 
 The operator renders ``torchrun --module ddp_trainer --device=… --backend=… --seed=… --steps=…
 --batch-size=… --learning-rate=… --grad-accumulation=… --checkpoint-every=… --checkpoint-dir=…
---model=… --sync-every=… --on-divergence=… --timeout-seconds=…``; every argument has a default, so
+--checkpoint-keep=… [--warm-start-from=…] --model=… --sync-every=… --on-divergence=…
+--timeout-seconds=…``; every argument has a default, so
 ``torchrun --nproc-per-node 2 --module ddp_trainer --device=cpu`` runs on its own.
 """
 
@@ -49,7 +50,15 @@ class TrainerConfig:
     """Save a verified checkpoint every N steps; 0 turns the schedule off (SIGTERM still saves one
     when ``checkpoint_dir`` is set)."""
     checkpoint_dir: str = ""
-    """Where checkpoints live; the latest one found here is restored at start. Empty: no checkpoints."""
+    """Where checkpoints live; this job's newest intact one found here is restored at start (one written by
+    another job or with other settings is refused). Empty: no checkpoints."""
+    checkpoint_keep: int = 2
+    """This job's newest checkpoints to keep (at least 1); older ones of this job are removed, other
+    jobs' never."""
+    warm_start_from: str = ""
+    """A deliberate warm start: the name of another DDPJob (same namespace) whose newest checkpoint in
+    ``checkpoint_dir`` seeds the model weights (step 0, fresh optimizer) when this job has none of its own.
+    Empty: none."""
     model: str = "mlp"
     """A built-in model name (``mlp``) or a factory ``package.module:function`` taking this config."""
     dataset: str = "synthetic"
@@ -66,7 +75,15 @@ class TrainerConfig:
     ``auto`` is bf16 on cuda and fp32 on cpu."""
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "grad_accumulation", "sync_every", "timeout_seconds"):
+        positive = (
+            "steps",
+            "batch_size",
+            "grad_accumulation",
+            "sync_every",
+            "timeout_seconds",
+            "checkpoint_keep",
+        )
+        for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{_flag(name)}={getattr(self, name)}: must be at least 1")
         if self.checkpoint_every < 0:
@@ -113,6 +130,8 @@ class PodEnv:
     """``DDPJOB_NAME``: the DDPJob's name (metrics label ``job``)."""
     namespace: str = ""
     """``DDPJOB_NAMESPACE`` (metrics label ``namespace``)."""
+    uid: str = ""
+    """``DDPJOB_UID``: the DDPJob's uid; with namespace and name, the identity each checkpoint records."""
     attempt: int = contract.FIRST_ATTEMPT
     """``DDPJOB_ATTEMPT``: the gang-restart attempt, numbered from 1 (:data:`contract.FIRST_ATTEMPT`)."""
     metrics_port: int = contract.DEFAULT_METRICS_PORT
@@ -216,6 +235,7 @@ def read_pod_env(env: Mapping[str, str]) -> PodEnv:
     return PodEnv(
         job=env.get(contract.JOB_NAME_ENV, ""),
         namespace=env.get(contract.JOB_NAMESPACE_ENV, ""),
+        uid=env.get(contract.JOB_UID_ENV, ""),
         attempt=attempt,
         metrics_port=_int_env(env, contract.METRICS_PORT_ENV, contract.DEFAULT_METRICS_PORT),
         termination_log=termination,

@@ -107,6 +107,11 @@ USAGE_EXIT_CODE: Final = 2
 DIVERGENCE_EXIT_CODE: Final = 86
 """The ranks stopped holding the same model and the policy was ``Fail`` (or a ``Repair`` did not take).
 Reserved for divergence: nothing else in the trainer exits with 86."""
+CHECKPOINT_REFUSED_EXIT_CODE: Final = 78
+"""The checkpoint volume holds another job's checkpoint, or this job's written with other settings
+(report reason :data:`FOREIGN_CHECKPOINT` or :data:`SETTINGS_CHANGED`): a configuration error that no
+restart can fix, so the operator fails the DDPJob at once. 78 is ``EX_CONFIG`` of ``sysexits.h``; not
+argparse's 2, which other tools in a container exit with for their own reasons."""
 INTERRUPTED_EXIT_CODE: Final = 143
 """SIGTERM (128 + 15): the trainer stopped at the next step boundary and saved a checkpoint. Non-zero on
 purpose, so that a preempted pod is never counted as a finished one."""
@@ -118,6 +123,14 @@ SUCCEEDED: Final = "Succeeded"
 DIVERGED: Final = "Diverged"
 FAILED: Final = "Failed"
 INTERRUPTED: Final = "Interrupted"
+FOREIGN_CHECKPOINT: Final = "ForeignCheckpoint"
+"""Report reason: the newest intact checkpoint was written by another DDPJob (namespace, name or uid differ)
+and ``spec.checkpoint.warmStartFrom`` does not name it."""
+SETTINGS_CHANGED: Final = "SettingsChanged"
+"""Report reason: this job's newest intact checkpoint was written with other settings (model, data order,
+optimizer, world size, precision)."""
+CHECKPOINT_REFUSED_REASONS: Final = (FOREIGN_CHECKPOINT, SETTINGS_CHANGED)
+"""Reasons that come with :data:`CHECKPOINT_REFUSED_EXIT_CODE`: fail at once, never restart."""
 REPORT_LIMIT: Final = 4096
 """Bytes Kubernetes keeps of a termination message."""
 
@@ -129,7 +142,7 @@ class Report(TypedDict, total=False):
     """How the run ended."""
     reason: str
     """CamelCase: ``AllChecksPassed``, ``RepairedDivergence``, ``DivergenceIgnored``, ``SyncDivergence``,
-    ``RepairFailed``, ``Terminated``, ``TrainerError``."""
+    ``RepairFailed``, ``Terminated``, ``TrainerError``, ``ForeignCheckpoint``, ``SettingsChanged``."""
     message: str
     """One sentence for a person."""
     verified: bool
@@ -157,9 +170,11 @@ class Report(TypedDict, total=False):
     resumedFromStep: int
     """The checkpoint step this attempt resumed from (0: a fresh start)."""
     warmStartedFrom: str
-    """The DDPJob (``namespace/name``) whose checkpoint seeded the weights of a deliberate warm start."""
+    """The DDPJob (``namespace/name``) whose checkpoint seeded the weights of a deliberate warm start
+    (present only then)."""
     skippedCheckpoints: list[str]
-    """Checkpoints passed over at restore, each ``<file>: <why>`` (corrupt, or another job's)."""
+    """Checkpoints passed over at restore, each ``<file>: <why>`` (corrupt, or another job's; present only
+    when there were any)."""
     attempt: int
     """The attempt that wrote the report (``DDPJOB_ATTEMPT``)."""
     modelDigest: str

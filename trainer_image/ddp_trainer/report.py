@@ -25,6 +25,8 @@ if TYPE_CHECKING:  # no runtime import: this module stays torch-free
 log = logging.getLogger(__name__)
 
 MAX_TENSOR_NAMES = 16
+MAX_SKIPPED = 8
+MAX_SKIPPED_CHARS = 300
 
 
 @dataclass(frozen=True)
@@ -39,13 +41,17 @@ class RunFacts:
     """The checkpoint step this attempt resumed from (0: a fresh start)."""
     attempt: int
     """``DDPJOB_ATTEMPT``."""
+    warm_started_from: str = ""
+    """``namespace/name`` of the DDPJob whose weights seeded a warm start ("" when there was none)."""
+    skipped_checkpoints: tuple[str, ...] = ()
+    """Checkpoint files passed over at restore, each ``<file>: <why>``."""
 
 
 def build(
     result: contract.Result, reason: str, message: str, tally: Tally, facts: RunFacts
 ) -> contract.Report:
     """The report of a run that got as far as counting checks."""
-    return {
+    report: contract.Report = {
         "result": result,
         "reason": reason,
         "message": message,
@@ -62,6 +68,11 @@ def build(
         "resumedFromStep": facts.resumed_from,
         "attempt": facts.attempt,
     }
+    if facts.warm_started_from:
+        report["warmStartedFrom"] = facts.warm_started_from
+    if facts.skipped_checkpoints:
+        report["skippedCheckpoints"] = list(facts.skipped_checkpoints)
+    return report
 
 
 def finished(tally: Tally, facts: RunFacts, steps: int, model_digest: str) -> tuple[int, contract.Report]:
@@ -90,6 +101,13 @@ def diverged(tally: Tally, facts: RunFacts, reason: str, message: str) -> tuple[
     return contract.DIVERGENCE_EXIT_CODE, build(contract.DIVERGED, reason, message, tally, facts)
 
 
+def refused(reason: str, message: str, tally: Tally, facts: RunFacts) -> tuple[int, contract.Report]:
+    """The checkpoint volume holds another job's checkpoint, or this job's with other settings (``reason``
+    :data:`contract.FOREIGN_CHECKPOINT` or :data:`contract.SETTINGS_CHANGED`): failed before step 1, with
+    the exit code that tells the operator not to restart."""
+    return contract.CHECKPOINT_REFUSED_EXIT_CODE, build(contract.FAILED, reason, message, tally, facts)
+
+
 def failed(
     message: str, tally: Tally | None = None, facts: RunFacts | None = None
 ) -> tuple[int, contract.Report]:
@@ -108,6 +126,8 @@ def termination_message(report: Mapping[str, Any], limit: int = LIMIT) -> str:
     cut: dict[str, Any] = dict(report)  # a copy to cut down
     names = list(cut.get("mismatchedTensors", []))[:MAX_TENSOR_NAMES]
     cut["mismatchedTensors"] = names
+    if "skippedCheckpoints" in cut:
+        cut["skippedCheckpoints"] = [s[:MAX_SKIPPED_CHARS] for s in cut["skippedCheckpoints"][:MAX_SKIPPED]]
     cut["message"] = str(cut.get("message", ""))[:1024]
     if isinstance(cut.get("maxAbsDiff"), float) and not math.isfinite(cut["maxAbsDiff"]):
         cut["maxAbsDiff"] = str(cut["maxAbsDiff"])  # JSON has no inf/nan
@@ -118,6 +138,8 @@ def termination_message(report: Mapping[str, Any], limit: int = LIMIT) -> str:
         if cut["mismatchedTensors"]:
             cut["mismatchedTensors"] = cut["mismatchedTensors"][:-1]
             cut["mismatchedTensorsTruncated"] = True
+        elif cut.get("skippedCheckpoints"):
+            cut["skippedCheckpoints"] = cut["skippedCheckpoints"][:-1]
         elif cut["message"]:
             cut["message"] = cut["message"][: len(cut["message"]) // 2]
         else:

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_trainer import boundary, checkpoint, contract, report, sync
+from ddp_trainer import boundary, checkpoint, contract, provenance, report, sync
 from ddp_trainer.config import PodEnv, TrainerConfig
 from ddp_trainer.data import build_dataset, micro_batches
 from ddp_trainer.distributed import LaunchEnv
@@ -65,7 +65,11 @@ class Session:
         self.skew = boundary.SkewMeter()
         self.stop = boundary.StopRequest()
         self.ckpt_dir = Path(config.checkpoint_dir) if config.checkpoint_dir else None
+        self.precision_name = precision
         self.resumed_from = 0
+        self.warm_from = ""
+        self.skipped: tuple[str, ...] = ()
+        self.writer: provenance.Writer | None = None
         self.state: TrainState | None = None
 
     def build(self) -> TrainState:
@@ -74,17 +78,51 @@ class Session:
         model = build_model(self.config).to(self.device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=self.config.learning_rate)
         state = TrainState(model, optimizer, self.precision.scaler())
-        step, payload = checkpoint.read_latest_on_rank0(self.ckpt_dir)
-        if payload is not None:
-            checkpoint.load_into(state, payload, self.device)
-            self.resumed_from = step
-            log.info("restored the step-%d checkpoint (read by rank 0, loaded by every rank)", step)
+        self.writer = self.writer_for(type(optimizer).__name__)
+        self.restore(state)
         torch.manual_seed(self.config.seed + self.launch.rank)  # per-rank randomness (dropout) from here
         device_ids = [self.device] if self.device.type == "cuda" else None
         state.model = DistributedDataParallel(model, device_ids=device_ids)  # broadcasts rank 0's tensors
         self.state = state
         self.verifier.verify(state, "initial")  # trust DDP's silent broadcast, then verify
         return state
+
+    def writer_for(self, optimizer: str) -> provenance.Writer:
+        """What this run's checkpoints record: the DDPJob, the settings that shape the model, the attempt."""
+        pod = self.pod
+        settings = provenance.settings_of(
+            self.config, self.launch.world_size, precision=self.precision_name, optimizer=optimizer
+        )
+        return provenance.Writer(provenance.Identity(pod.namespace, pod.job, pod.uid), settings, pod.attempt)
+
+    def restore(self, state: TrainState) -> None:
+        """Collective: load what rank 0 chose (this job's newest intact checkpoint, or a warm start's
+        weights), or raise :class:`checkpoint.CheckpointRefused` on every rank."""
+        assert self.writer is not None
+        choice = checkpoint.restore_on_rank0(self.ckpt_dir, self.writer, self.config.warm_start_from)
+        self.skipped = choice.skipped
+        if choice.action == "refuse":
+            raise checkpoint.CheckpointRefused(choice.reason, choice.message)
+        if choice.action == "resume" and choice.payload is not None:
+            checkpoint.load_into(state, choice.payload, self.device)
+            self.resumed_from = choice.step
+            log.info("restored %s (step %d; read by rank 0, loaded by every rank)", choice.file, choice.step)
+        elif choice.action == "warm" and choice.payload is not None:
+            checkpoint.load_weights(state, choice.payload, self.device)
+            self.warm_from = choice.warm_from
+            log.info(
+                "warm start: the model weights of %s's %s (step %d); this job starts at step 0 with a "
+                "fresh optimizer",
+                choice.warm_from,
+                choice.file,
+                choice.step,
+            )
+        elif self.config.warm_start_from and self.ckpt_dir is not None and self.launch.rank == 0:
+            log.warning(
+                "--warm-start-from=%s: no intact checkpoint of it in %s; starting fresh",
+                self.config.warm_start_from,
+                self.ckpt_dir,
+            )
 
     def check(self, state: TrainState, kind: CheckKind) -> sync.SyncReport:
         """A periodic or final check, with the step-time skew since the previous one."""
@@ -120,8 +158,10 @@ class Session:
     def save(self, state: TrainState) -> None:
         """Rank 0 writes the checkpoint of a verified state."""
         if self.launch.rank == 0 and self.ckpt_dir is not None:
-            path = checkpoint.save(self.ckpt_dir, state, {"world_size": self.launch.world_size})
-            log.info("step %d: checkpoint saved to %s", state.step, path)
+            assert self.writer is not None
+            path = checkpoint.save(self.ckpt_dir, state, self.writer, self.config.checkpoint_keep)
+            if path is not None:
+                log.info("step %d: checkpoint saved to %s", state.step, path)
 
     def run(self) -> tuple[int, contract.Report]:
         """Train to the end (or until stopped); returns ``(exit code, report)``."""
@@ -153,11 +193,17 @@ class Session:
     def facts(self) -> report.RunFacts:
         """What the report states beside the tally."""
         step = self.state.step if self.state is not None else 0
-        return report.RunFacts(step, self.launch.world_size, self.resumed_from, self.pod.attempt)
+        return report.RunFacts(
+            step, self.launch.world_size, self.resumed_from, self.pod.attempt, self.warm_from, self.skipped
+        )
 
     def diverged(self, err: DivergenceError) -> tuple[int, contract.Report]:
         """The exit code and report for a divergence under ``Fail`` (or a repair that did not take)."""
         return report.diverged(self.verifier.tally, self.facts(), err.reason, str(err))
+
+    def refused(self, err: checkpoint.CheckpointRefused) -> tuple[int, contract.Report]:
+        """The exit code and report when the checkpoint volume holds a checkpoint this run must not load."""
+        return report.refused(err.reason, str(err), self.verifier.tally, self.facts())
 
     def failed(self, message: str) -> tuple[int, contract.Report]:
         """The exit code and report for any other error."""

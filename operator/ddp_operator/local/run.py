@@ -160,6 +160,8 @@ def _attempt(
         exit_codes={pod.index: code for pod, code in zip(pods, codes, strict=True) if code is not None},
         report=report,
         message=", ".join(culprits),
+        # the pods that failed first, on their own (the rest were stopped by the gang: SIGTERM)
+        crashed=any(code not in (None, 0, contract.INTERRUPTED_EXIT_CODE) for code in first),
     )
 
 
