@@ -37,7 +37,7 @@ def test_quickstart_trains_verified_and_deletion_leaves_nothing(
     done = wait_phase(cluster, namespace, "quickstart", "Succeeded", "Failed", timeout=300)
     status = done["status"]
     assert status["phase"] == "Succeeded", status
-    assert status["sync"]["verified"] is True and status["sync"]["checks"] >= 3
+    assert status["sync"]["verified"] is True and status["sync"]["checks"] >= 3, status
     assert (status["attempt"], status["restarts"]) == (1, 0)
     assert {c["type"]: c["status"] for c in status["conditions"]}["Complete"] == "True"
     table = cluster.kubectl("get", "ddpj", "-n", namespace).stdout.split()
