@@ -109,3 +109,63 @@ def test_an_empty_dir_job_says_restarts_start_from_step_0(
     conditions = {c["type"]: c for c in get(cluster, namespace, "ephemeral")["status"]["conditions"]}
     durable = conditions["CheckpointsDurable"]
     assert durable["status"] == "False" and "restarts will start from step 0" in durable["message"]
+
+
+def _hostpath(folder: Path) -> dict[str, Any]:
+    return {"volume": {"hostPath": {"path": str(folder)}}, "mountPath": "/checkpoints"}
+
+
+def _short(name: str, folder: Path, steps: int = 40, **checkpoint: Any) -> dict[str, Any]:
+    spec = _trainer(**_hostpath(folder), **checkpoint)
+    spec["trainer"].update(steps=steps)
+    return ddpjob(name, **spec)
+
+
+def test_another_jobs_checkpoint_is_refused_and_a_warm_start_is_said(
+    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
+) -> None:
+    folder = tmp_path / "shared"
+    apply = ["apply", "-n", namespace, "-f", "-"]
+    cluster.kubectl(*apply, input=json.dumps(_short("teacher", folder)))
+    assert wait_phase(cluster, namespace, "teacher", "Succeeded", "Failed", timeout=240)["status"][
+        "phase"
+    ] == ("Succeeded")
+    cluster.kubectl(*apply, input=json.dumps(_short("student", folder, steps=20)))
+    status = wait_phase(cluster, namespace, "student", "Failed", "Succeeded", timeout=240)["status"]
+    failed = {c["type"]: c for c in status["conditions"]}["Failed"]
+    assert status["phase"] == "Failed" and status["attempt"] == 1, status  # never restarted
+    assert failed["reason"] == "ForeignCheckpoint", failed
+    assert f"{namespace}/teacher" in failed["message"] and f"{namespace}/student" in failed["message"], failed
+    cluster.kubectl(*apply, input=json.dumps(_short("apprentice", folder, steps=20, warmStartFrom="teacher")))
+    status = wait_phase(cluster, namespace, "apprentice", "Succeeded", "Failed", timeout=240)["status"]
+    assert status["phase"] == "Succeeded", status
+    assert status["checkpoint"]["warmStartedFrom"] == f"{namespace}/teacher", status
+    assert "WarmStarted" in _events(cluster, namespace, "apprentice")
+
+
+def test_a_corrupt_newest_checkpoint_falls_back_to_the_one_before(
+    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
+) -> None:
+    folder = tmp_path / "ckpt"
+    doc = _short("fallback", folder, steps=800)
+    doc["spec"]["trainer"]["checkpointEvery"] = 50
+    doc["spec"]["syncCheck"]["everySteps"] = 50
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
+    wait_for(lambda: len(list(folder.glob("step-*.pt"))) >= 2, what="two checkpoints", timeout=240)
+    rank0 = next(
+        p["metadata"]["name"]
+        for p in children(cluster, namespace, "pods", "fallback")
+        if p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == "0"
+    )
+    # SIGKILL rank 0's pod first (no save after this), then flip one byte of the newest checkpoint.
+    cluster.kubectl("delete", "pod", "-n", namespace, rank0, "--grace-period=0", "--force", "--wait=true")
+    *older, newest = sorted(folder.glob("step-*.pt"))
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    newest.write_bytes(bytes(data))
+    status = wait_phase(cluster, namespace, "fallback", "Succeeded", "Failed", timeout=420)["status"]
+    assert status["phase"] == "Succeeded" and status["attempt"] == 2, status
+    resumed = int(older[-1].name.split(".")[0].removeprefix("step-"))
+    assert status["checkpoint"]["resumedFromStep"] == resumed, status
+    assert any(newest.name in skipped for skipped in status["checkpoint"]["skipped"]), status
+    assert "CheckpointSkipped" in _events(cluster, namespace, "fallback")

@@ -105,7 +105,7 @@ def test_killed_pod_restarts_the_gang_which_resumes(tmp_path: Path, name: str) -
     assert code == 0, out
     assert "attempt 1 failed (node 1 exited -9); gang restart 1 of 3" in out
     assert "attempt 2: rendezvous" in out
-    assert f"ddpjob local: {name}: Succeeded" in out and "after 2 attempt(s)" in out
+    assert f"ddpjob local: {name}: Succeeded" in out and "after 2 attempt(s)" in out, out
     assert "replicas verified bit-identical" in out
     report = (tmp_path / "runs" / name / "attempt-2" / f"{name}-2-0.termination-log").read_text()
     assert '"resumedFromStep":0' not in report and '"resumedFromStep":' in report
