@@ -177,4 +177,28 @@ def python_pod(name: str, code: str, *, restart: str = "Never", **spec: Any) -> 
     }
 
 
-__all__: Sequence[str] = ["Cluster", "cluster", "manifests", "namespace", "python_pod", "wait_for"]
+def host_path_volume(name: str, storage_class: str, path: str) -> dict[str, Any]:
+    """A 1Gi ReadWriteMany PersistentVolume on a host folder that only claims of ``storage_class`` bind."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": storage_class,
+            "persistentVolumeReclaimPolicy": "Retain",
+            "hostPath": {"path": path},
+        },
+    }
+
+
+__all__: Sequence[str] = [
+    "Cluster",
+    "cluster",
+    "host_path_volume",
+    "manifests",
+    "namespace",
+    "python_pod",
+    "wait_for",
+]

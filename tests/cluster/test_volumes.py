@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from .fixtures import Cluster, python_pod
+from .fixtures import Cluster, host_path_volume, python_pod
 from .volumes import Mount, VolumeError, mounts, shell_prefix
 
 WRITE = """
@@ -60,18 +60,7 @@ def test_host_path_is_the_hosts_folder(cluster: Cluster, namespace: str, tmp_pat
 @pytest.mark.cluster
 def test_a_claim_mounts_the_volume_it_is_bound_to(cluster: Cluster, namespace: str, tmp_path: Path) -> None:
     storage_class = f"test-{namespace}"
-    pv = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": f"pv-{namespace}"},
-        "spec": {
-            "capacity": {"storage": "1Gi"},
-            "accessModes": ["ReadWriteMany"],
-            "storageClassName": storage_class,
-            "persistentVolumeReclaimPolicy": "Retain",
-            "hostPath": {"path": str(tmp_path)},
-        },
-    }
+    pv = host_path_volume(f"pv-{namespace}", storage_class, str(tmp_path))
     claim = {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",

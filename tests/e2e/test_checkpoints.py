@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from cluster.fixtures import Cluster, wait_for
+from cluster.fixtures import Cluster, host_path_volume, wait_for
 
 from .conftest import Operator, children, ddpjob, get, wait_phase
 
@@ -20,20 +20,22 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 def _volume(cluster: Cluster, namespace: str, folder: Path) -> str:
     """A PersistentVolume on ``folder`` that only this test's claims can bind; returns its StorageClass."""
     storage_class = f"ckpt-{namespace}"
-    pv = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": f"ckpt-{namespace}"},
-        "spec": {
-            "capacity": {"storage": "1Gi"},
-            "accessModes": ["ReadWriteMany"],
-            "storageClassName": storage_class,
-            "persistentVolumeReclaimPolicy": "Retain",
-            "hostPath": {"path": str(folder)},
-        },
-    }
+    pv = host_path_volume(f"ckpt-{namespace}", storage_class, str(folder))
     cluster.kubectl("apply", "-f", "-", input=json.dumps(pv))
     return storage_class
+
+
+def _apply(cluster: Cluster, namespace: str, doc: dict[str, Any]) -> None:
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
+
+
+def _pod_at(cluster: Cluster, namespace: str, job: str, index: int) -> str:
+    """The name of the DDPJob's pod at completion ``index``."""
+    return next(
+        p["metadata"]["name"]
+        for p in children(cluster, namespace, "pods", job)
+        if p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == str(index)
+    )
 
 
 def _events(cluster: Cluster, namespace: str, name: str) -> str:
@@ -58,25 +60,14 @@ def test_a_deleted_pod_restarts_the_gang_from_the_claim_as_a_preemption(
     storage_class = _volume(cluster, namespace, folder)
     try:
         claim = {"storageClassName": storage_class, "size": "1Gi"}
-        cluster.kubectl(
-            "apply",
-            "-n",
-            namespace,
-            "-f",
-            "-",
-            input=json.dumps(ddpjob("durable", **_trainer(volumeClaimTemplate=claim))),
-        )
+        _apply(cluster, namespace, ddpjob("durable", **_trainer(volumeClaimTemplate=claim)))
         wait_for(
             lambda: list(folder.glob("step-*.pt")), what="a checkpoint on the claim's volume", timeout=240
         )
         (pvc,) = cluster.kubectl_json("get", "pvc", "-n", namespace)["items"]
         assert pvc["metadata"]["name"] == "durable-checkpoints" and pvc["status"]["phase"] == "Bound"
         assert pvc["metadata"]["ownerReferences"][0]["name"] == "durable"
-        victim = next(
-            p["metadata"]["name"]
-            for p in children(cluster, namespace, "pods", "durable")
-            if p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == "1"
-        )
+        victim = _pod_at(cluster, namespace, "durable", 1)
         cluster.kubectl("delete", "pod", "-n", namespace, victim, "--wait=false")  # graceful: SIGTERM
         status = wait_phase(cluster, namespace, "durable", "Succeeded", "Failed", timeout=300)["status"]
         assert status["phase"] == "Succeeded", status
@@ -97,14 +88,7 @@ def test_a_deleted_pod_restarts_the_gang_from_the_claim_as_a_preemption(
 def test_an_empty_dir_job_says_restarts_start_from_step_0(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
-    cluster.kubectl(
-        "apply",
-        "-n",
-        namespace,
-        "-f",
-        "-",
-        input=json.dumps(ddpjob("ephemeral", command=["python", "-c", "import time; time.sleep(30)"])),
-    )
+    _apply(cluster, namespace, ddpjob("ephemeral", command=["python", "-c", "import time; time.sleep(30)"]))
     wait_phase(cluster, namespace, "ephemeral", "Running", timeout=120)
     conditions = {c["type"]: c for c in get(cluster, namespace, "ephemeral")["status"]["conditions"]}
     durable = conditions["CheckpointsDurable"]
@@ -125,18 +109,17 @@ def test_another_jobs_checkpoint_is_refused_and_a_warm_start_is_said(
     cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
 ) -> None:
     folder = tmp_path / "shared"
-    apply = ["apply", "-n", namespace, "-f", "-"]
-    cluster.kubectl(*apply, input=json.dumps(_short("teacher", folder)))
+    _apply(cluster, namespace, _short("teacher", folder))
     assert wait_phase(cluster, namespace, "teacher", "Succeeded", "Failed", timeout=240)["status"][
         "phase"
     ] == ("Succeeded")
-    cluster.kubectl(*apply, input=json.dumps(_short("student", folder, steps=20)))
+    _apply(cluster, namespace, _short("student", folder, steps=20))
     status = wait_phase(cluster, namespace, "student", "Failed", "Succeeded", timeout=240)["status"]
     failed = {c["type"]: c for c in status["conditions"]}["Failed"]
     assert status["phase"] == "Failed" and status["attempt"] == 1, status  # never restarted
     assert failed["reason"] == "ForeignCheckpoint", failed
     assert f"{namespace}/teacher" in failed["message"] and f"{namespace}/student" in failed["message"], failed
-    cluster.kubectl(*apply, input=json.dumps(_short("apprentice", folder, steps=20, warmStartFrom="teacher")))
+    _apply(cluster, namespace, _short("apprentice", folder, steps=20, warmStartFrom="teacher"))
     status = wait_phase(cluster, namespace, "apprentice", "Succeeded", "Failed", timeout=240)["status"]
     assert status["phase"] == "Succeeded", status
     assert status["checkpoint"]["warmStartedFrom"] == f"{namespace}/teacher", status
@@ -152,11 +135,7 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_one_before(
     doc["spec"]["syncCheck"]["everySteps"] = 50
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
     wait_for(lambda: len(list(folder.glob("step-*.pt"))) >= 2, what="two checkpoints", timeout=240)
-    rank0 = next(
-        p["metadata"]["name"]
-        for p in children(cluster, namespace, "pods", "fallback")
-        if p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == "0"
-    )
+    rank0 = _pod_at(cluster, namespace, "fallback", 0)
     # SIGKILL rank 0's pod first (no save after this), then flip one byte of the newest checkpoint.
     cluster.kubectl("delete", "pod", "-n", namespace, rank0, "--grace-period=0", "--force", "--wait=true")
     *older, newest = sorted(folder.glob("step-*.pt"))
