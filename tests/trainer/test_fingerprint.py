@@ -97,6 +97,7 @@ def test_numpy_and_torch_paths_match_the_reference(dtype: torch.dtype, n: int) -
     t = sample(dtype, n)
     expected = reference(t)
     assert fp(t) == fpmod.numpy_fingerprint(t) == int(fpmod.torch_fingerprint(t)) == expected
+    assert fpmod.numpy_fingerprint(t, compiled=True) == expected
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
@@ -105,8 +106,17 @@ def test_matches_the_reference_across_blocks(dtype: torch.dtype) -> None:
     size = torch.empty(0, dtype=dtype).element_size()
     t = sample(dtype, (2 * LANES_PER_BLOCK + 3) * 8 // size + 1)  # three blocks, and a partial lane
     assert fp(t) == int(fpmod.torch_fingerprint(t)) == reference(t)
+    assert fpmod.numpy_fingerprint(t) == fpmod.numpy_fingerprint(t, compiled=True) == reference(t)
     square = sample(dtype, 4 * LANES_PER_BLOCK * 8 // size).view(4, -1)  # exactly four blocks
     assert fp(square) == int(fpmod.torch_fingerprint(square)) == reference(square)
+
+
+def test_the_cpu_default_is_the_compiled_pass_when_numba_imports() -> None:
+    from ddp_trainer import fingerprint_numba
+
+    if not fingerprint_numba.available():
+        pytest.skip("numba is not installed: the CPU fingerprint runs the NumPy path")
+    assert fpmod.impl_for(torch.device("cpu")) == "numba"
 
 
 def test_uint_and_other_dtypes_without_arithmetic_match_too() -> None:
@@ -227,7 +237,7 @@ def test_forcing_an_unknown_implementation_is_an_error(monkeypatch: pytest.Monke
     monkeypatch.setenv("DDPJOB_FINGERPRINT_IMPL", "fast")
     with pytest.raises(ValueError, match="DDPJOB_FINGERPRINT_IMPL"):
         fp(torch.zeros(3))
-    for impl in ("torch", "numpy", "NumPy "):
+    for impl in ("torch", "numpy", "NumPy ", "numba"):
         monkeypatch.setenv("DDPJOB_FINGERPRINT_IMPL", impl)
         assert fp(torch.zeros(3)) == reference(torch.zeros(3))
 

@@ -38,7 +38,9 @@ Implementations, bit-identical (tests check each against an independent NumPy re
 * Triton (``fingerprint_triton``), CUDA: one launch over a cached table of every block of every tensor,
   one launch for the per-tensor fold (the default on CUDA when Triton imports).
 
-``DDPJOB_FINGERPRINT_IMPL=numpy|torch|triton`` forces one (NumPy applies to CPU tensors only).
+``DDPJOB_FINGERPRINT_IMPL=numba|numpy|torch|triton`` forces one (Numba and NumPy: CPU tensors only). On
+the CPU the default is Numba when it imports (``fingerprint_numba``: the block sums in one compiled pass,
+about 4x the NumPy path), else NumPy.
 
 Long because the hash's exact definition lives here once, with the NumPy and torch paths that must
 match it bit for bit (the Triton kernel is in ``fingerprint_triton``).
@@ -156,18 +158,24 @@ def _np_lanes(t: torch.Tensor) -> np.ndarray:
     return raw.view(np.uint64)
 
 
-def numpy_fingerprint(t: torch.Tensor) -> int:
-    """The fingerprint of one CPU tensor as a signed int, computed with NumPy."""
+def numpy_fingerprint(t: torch.Tensor, *, compiled: bool = False) -> int:
+    """The fingerprint of one CPU tensor as a signed int, computed with NumPy (``compiled``: the block
+    sums in one Numba pass, see ``fingerprint_numba``)."""
     lanes = _np_lanes(t)
     keys, y, z = _np_buffers()
-    starts = range(0, lanes.size, _SUB)  # _SUB divides BLOCK: a pass never straddles two blocks
-    sub = np.zeros(len(starts), dtype=np.uint64)
-    for k, start in enumerate(starts):
-        n = min(_SUB, lanes.size - start)
-        offset = start % BLOCK
-        np.add(lanes[start : start + n], keys[offset : offset + n], out=y[:n])
-        sub[k] = _np_mix(y[:n], z[:n]).sum(dtype=np.uint64)  # uint64 sums wrap modulo 2**64
-    blocks = np.add.reduceat(sub, np.arange(0, sub.size, BLOCK // _SUB)) if sub.size else sub
+    if compiled:
+        from ddp_trainer import fingerprint_numba
+
+        blocks = fingerprint_numba.block_sums(lanes, keys, -(-lanes.size // BLOCK))
+    else:
+        starts = range(0, lanes.size, _SUB)  # _SUB divides BLOCK: a pass never straddles two blocks
+        sub = np.zeros(len(starts), dtype=np.uint64)
+        for k, start in enumerate(starts):
+            n = min(_SUB, lanes.size - start)
+            offset = start % BLOCK
+            np.add(lanes[start : start + n], keys[offset : offset + n], out=y[:n])
+            sub[k] = _np_mix(y[:n], z[:n]).sum(dtype=np.uint64)  # uint64 sums wrap modulo 2**64
+        blocks = np.add.reduceat(sub, np.arange(0, sub.size, BLOCK // _SUB)) if sub.size else sub
     blocks += (np.arange(blocks.size, dtype=np.uint64) + np.uint64(1)) * np.uint64(H)
     data = int(_np_mix(blocks, np.empty_like(blocks)).sum(dtype=np.uint64))
     return signed(mix64(data + meta_hash(t.dtype, t.shape)))
@@ -259,7 +267,7 @@ def torch_fingerprint(t: torch.Tensor) -> torch.Tensor:
 # --- dispatch ---------------------------------------------------------------------------------------
 
 
-IMPLS = ("numpy", "torch", "triton")
+IMPLS = ("numba", "numpy", "torch", "triton")
 
 
 def impl_for(device: torch.device) -> str:
@@ -267,12 +275,14 @@ def impl_for(device: torch.device) -> str:
     forced = os.environ.get("DDPJOB_FINGERPRINT_IMPL", "").strip().lower()
     if forced and forced not in IMPLS:
         raise ValueError(f"DDPJOB_FINGERPRINT_IMPL={forced!r}: expected one of {', '.join(IMPLS)}")
-    if forced == "numpy" and device.type != "cpu":
+    if forced in ("numpy", "numba") and device.type != "cpu":
         forced = ""  # NumPy cannot read device memory
     if forced:
         return forced
     if device.type == "cpu":
-        return "numpy"
+        from ddp_trainer import fingerprint_numba  # lazy: Numba is optional
+
+        return "numba" if fingerprint_numba.available() else "numpy"
     if device.type == "cuda":
         from ddp_trainer import fingerprint_triton  # lazy: Triton is optional
 
@@ -287,8 +297,9 @@ def fingerprint_tensor(t: torch.Tensor) -> torch.Tensor:
 
 
 def _fingerprint_group(tensors: list[torch.Tensor], impl: str) -> torch.Tensor:
-    if impl == "numpy":
-        return torch.tensor([numpy_fingerprint(t) for t in tensors], dtype=torch.int64)
+    if impl in ("numpy", "numba"):
+        compiled = impl == "numba"
+        return torch.tensor([numpy_fingerprint(t, compiled=compiled) for t in tensors], dtype=torch.int64)
     if impl == "triton":
         from ddp_trainer import fingerprint_triton
 
