@@ -17,14 +17,21 @@ REPO = Path(__file__).resolve().parents[2]
 FILES = REPO / "charts" / "ddpjob-operator" / "files"
 ALERTS = FILES / "alerts.yaml"
 DASHBOARD = FILES / "dashboard.json"
-OPERATOR_FAMILIES = {"ddpjob_jobs", "ddpjob_reconciles", "ddpjob_reconcile_duration_seconds", "ddpjob_gang_restarts"}
+OPERATOR_FAMILIES = {
+    "ddpjob_jobs",
+    "ddpjob_reconciles",
+    "ddpjob_reconcile_duration_seconds",
+    "ddpjob_gang_restarts",
+}
 """The operator's families (:mod:`ddp_operator.opmetrics`)."""
 
 
 def tool(name: str) -> str:
     found = shutil.which(name)
     if found is None:
-        pytest.fail(f"{name} is missing: `make test` installs Debian's prometheus package (hack/install_prometheus.sh)")
+        pytest.fail(
+            f"{name} is missing: `make test` installs Debian's prometheus (hack/install_prometheus.sh)"
+        )
     return found
 
 
@@ -35,7 +42,9 @@ def alert_rules() -> list[dict[str, Any]]:
 
 def trainer_families() -> set[str]:
     """Every ``ddp_*`` family the contract names."""
-    return {value for name, value in vars(contract).items() if isinstance(value, str) and value.startswith("ddp_")}
+    return {
+        value for name, value in vars(contract).items() if isinstance(value, str) and value.startswith("ddp_")
+    }
 
 
 def known_sample(name: str) -> bool:
