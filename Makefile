@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test demo lint typecheck unit venv tools manifests clean
+.PHONY: test demo lint typecheck unit venv tools prometheus manifests clean
 
 venv: $(STAMP)
 
@@ -19,7 +19,10 @@ $(STAMP): pyproject.toml
 $(BIN)/helm: hack/install_helm.py | $(STAMP)
 	$(BIN)/python hack/install_helm.py $@
 
-tools: $(STAMP) $(BIN)/helm
+prometheus:
+	hack/install_prometheus.sh
+
+tools: $(STAMP) $(BIN)/helm prometheus
 
 lint: tools
 	$(BIN)/ruff check operator trainer_image tests bench hack

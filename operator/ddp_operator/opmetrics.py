@@ -1,4 +1,8 @@
-"""The operator's Prometheus metrics (``ddpjob_*``): jobs by phase, reconciles, gang restarts."""
+"""The operator's Prometheus metrics (``ddpjob_*``): jobs by phase, reconciles, gang restarts.
+
+No label is called ``namespace`` or ``job``: Prometheus sets those on the target (the operator's own), and
+a scraped label of that name would be renamed ``exported_*``. Every label value exists from the start.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +21,12 @@ RECONCILE_SECONDS = Histogram(
     "Wall time of one reconcile, API calls included.",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
-GANG_RESTARTS = Counter("ddpjob_gang_restarts", "Gang restarts started, by namespace.", ["namespace"])
+GANG_RESTARTS = Counter(
+    "ddpjob_gang_restarts", "Gang restarts started, by the DDPJob's namespace.", ["ddpjob_namespace"]
+)
+RECONCILE_RESULTS = ("ok", "error")
+for _result in RECONCILE_RESULTS:
+    RECONCILES.labels(_result)
 
 
 def serve(port: int) -> None:

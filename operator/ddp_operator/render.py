@@ -98,7 +98,11 @@ def render_service(spec: Spec) -> Obj:
             "selector": {JOB_NAME_LABEL: spec.name},
             "ports": [
                 {"name": "rendezvous", "port": spec.master_port, "targetPort": spec.master_port},
-                {"name": "metrics", "port": spec.metrics_port, "targetPort": spec.metrics_port},
+                {
+                    "name": contract.METRICS_PORT_NAME,
+                    "port": spec.metrics_port,
+                    "targetPort": spec.metrics_port,
+                },
             ],
         },
     }
@@ -268,7 +272,7 @@ def _container(spec: Spec, attempt: int, mounts: list[Obj]) -> Obj:
         "env": container_env(spec, attempt),
         "ports": [
             {"name": "rendezvous", "containerPort": spec.master_port, "protocol": "TCP"},
-            {"name": "metrics", "containerPort": spec.metrics_port, "protocol": "TCP"},
+            {"name": contract.METRICS_PORT_NAME, "containerPort": spec.metrics_port, "protocol": "TCP"},
         ],
         **({"resources": resources} if (resources := container_resources(spec)) else {}),
         "volumeMounts": mounts,

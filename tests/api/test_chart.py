@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,10 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+
+from ddp_operator import render
+from ddp_operator.spec import parse
+from ddp_trainer import contract
 
 from .conftest import REPO
 
@@ -109,3 +114,83 @@ def test_watching_namespaces_binds_only_there() -> None:
     assert ("ClusterRoleBinding", None, "ddpjob-operator-jobs") not in bindings
     (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
     assert "--namespace=team-a" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+MONITORING = [
+    "--set",
+    "metrics.podMonitor.enabled=true,metrics.serviceMonitor.enabled=true",
+    "--set",
+    "prometheusRule.enabled=true,grafanaDashboard.enabled=true",
+]
+MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}  # the Prometheus Operator's CRDs
+
+
+def test_monitoring_is_off_by_default() -> None:
+    kinds = {o["kind"] for o in _template()}
+    assert not kinds & (MONITORING_KINDS | {"Service", "ConfigMap"})
+
+
+def test_monitoring_lints_strictly_and_passes_the_official_schemas() -> None:
+    ok = subprocess.run(
+        [_helm(), "lint", "--strict", str(CHART), *MONITORING], capture_output=True, text=True, timeout=60
+    )
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    objects = _template(*MONITORING)
+    assert MONITORING_KINDS | {"Service", "ConfigMap"} <= {o["kind"] for o in objects}
+    for obj in objects:
+        if obj["apiVersion"] in ("kopf.dev/v1", "monitoring.coreos.com/v1"):
+            continue  # not in the official schemas
+        kubernetes_validate.validate(obj, "1.34.0", strict=True)
+
+
+def test_monitoring_values_are_checked() -> None:
+    bad = subprocess.run(
+        [_helm(), "template", str(CHART), "--set", "metrics.podMonitor.enable=true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode != 0 and "enable" in bad.stderr
+
+
+def test_monitors_select_the_operator_and_the_trainer_pods() -> None:
+    objects = {o["kind"]: o for o in _template(*MONITORING)}
+    service, monitor = objects["Service"], objects["ServiceMonitor"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    (deployment,) = [o for o in _template() if o["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert service["spec"]["ports"][0]["targetPort"] in {
+        p["name"] for p in pod["spec"]["containers"][0]["ports"]
+    }
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert {"targetLabel": "job", "replacement": "ddpjob-operator"} in monitor["spec"]["endpoints"][0][
+        "relabelings"
+    ]
+    # the PodMonitor selects what render.py puts on every trainer pod, on the port it names
+    job = {"apiVersion": "ddpjob.io/v1alpha1", "kind": "DDPJob", "metadata": {"name": "j", "namespace": "n"}}
+    spec = parse({**job, "spec": {"nodes": 1, "device": "cpu"}})
+    trainer_labels = render.labels(spec, attempt=1)
+    pods = objects["PodMonitor"]["spec"]
+    assert pods["selector"]["matchLabels"].items() <= trainer_labels.items()
+    endpoint = pods["podMetricsEndpoints"][0]
+    assert endpoint["port"] == contract.METRICS_PORT_NAME
+    assert {"targetLabel": "job", "replacement": "ddpjob-trainer"} in endpoint["relabelings"]
+    assert pods["namespaceSelector"] == {"any": True}
+    scoped = {o["kind"]: o for o in _template(*MONITORING, "--set", "watchNamespaces={team-a}")}
+    assert scoped["PodMonitor"]["spec"]["namespaceSelector"] == {"matchNames": ["team-a"]}
+
+
+def test_rules_and_dashboard_are_the_committed_files() -> None:
+    objects = {o["kind"]: o for o in _template(*MONITORING, "--set", "grafanaDashboard.folder=ML")}
+    alerts = yaml.safe_load((CHART / "files" / "alerts.yaml").read_text())
+    assert objects["PrometheusRule"]["spec"] == alerts
+    dashboard = objects["ConfigMap"]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert dashboard["metadata"]["annotations"] == {"grafana_folder": "ML"}
+    assert json.loads(dashboard["data"]["ddpjob.json"]) == json.loads(
+        (CHART / "files" / "dashboard.json").read_text()
+    )
+    relabelled = _template("--set", "grafanaDashboard.enabled=true,grafanaDashboard.label=dash")
+    (config_map,) = [o for o in relabelled if o["kind"] == "ConfigMap"]
+    assert config_map["metadata"]["labels"]["dash"] == "1"

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
+from ddp_trainer import contract
 from ddp_trainer.metrics import TrainerMetrics
 
 
 def test_metrics_record_values_with_the_rank_labels() -> None:
     registry = CollectorRegistry()
-    labels = {"job": "j", "namespace": "n", "rank": "3", "node_rank": "1"}
+    labels = {"ddpjob": "j", "ddpjob_namespace": "n", "rank": "3", "node_rank": "1"}
     metrics = TrainerMetrics(labels, {"world_size": "4"}, registry)
     metrics.observe_step(1, 0.02, 16, 1.5, True, now=100.0)
     metrics.observe_step(2, 0.03, 16, float("nan"), False, now=101.0)
@@ -28,3 +29,22 @@ def test_metrics_record_values_with_the_rank_labels() -> None:
     assert value("ddp_step", labels) == 2
     assert value("ddp_sync_last_check_timestamp_seconds", labels) == 102.0
     assert value("ddp_sync_last_check_ok", labels) == 0
+
+
+def test_every_check_kind_and_result_exists_at_zero_before_any_check() -> None:
+    """A dashboard shows 0 mismatches, not "no data", and ``increase()`` sees the first mismatch."""
+    registry = CollectorRegistry()
+    labels = {"ddpjob": "j", "ddpjob_namespace": "n", "rank": "0", "node_rank": "0"}
+    TrainerMetrics(labels, {}, registry)
+    for kind in contract.CHECK_KINDS:
+        for result in contract.CHECK_RESULTS:
+            sample = labels | {"kind": kind, "result": result}
+            assert registry.get_sample_value(contract.counter_sample(contract.SYNC_CHECKS), sample) == 0
+    for family in (contract.SYNC_REPAIRS, contract.NONFINITE_LOSS_STEPS, contract.STEPS):
+        assert registry.get_sample_value(contract.counter_sample(family), labels) == 0
+
+
+def test_labels_do_not_collide_with_the_target_labels_prometheus_sets() -> None:
+    """With the default ``honor_labels: false`` a scraped ``job``/``namespace``/``instance``/``pod`` would be
+    renamed ``exported_*``; the trainer's identity labels are its own."""
+    assert not set(contract.METRIC_LABELS) & {"job", "instance", "namespace", "pod", "container", "endpoint"}

@@ -90,7 +90,7 @@ def test_metrics_show_every_local_rank_with_live_values(clean: CleanRun) -> None
         assert all(0 < last[r] <= 40 for r in expected_ranks)
         assert sum(last.values()) > sum(first.get(r, 0.0) for r in expected_ranks), "steps did not advance"
         labels = [lab for lab, _ in scrapes[-1]["ddp_steps_total"]]
-        assert {(lab["job"], lab["namespace"], lab["node_rank"]) for lab in labels} == {
+        assert {(lab["ddpjob"], lab["ddpjob_namespace"], lab["node_rank"]) for lab in labels} == {
             ("testjob", "testns", str(node))
         }
         info = scrapes[-1]["ddp_info"]
@@ -100,10 +100,12 @@ def test_metrics_show_every_local_rank_with_live_values(clean: CleanRun) -> None
         durations = by_rank(scrapes[-1], "ddp_step_duration_seconds_count")
         assert all(durations[r] == last[r] for r in expected_ranks)
         assert all(math.isfinite(v) and v > 0 for v in by_rank(scrapes[-1], "ddp_loss").values())
-        initial = [v for lab, v in scrapes[-1]["ddp_sync_checks_total"] if lab["kind"] == "initial"]
-        assert initial == [1.0, 1.0] and all(
-            lab["result"] == "ok" for lab, _ in scrapes[-1]["ddp_sync_checks_total"]
-        )
+        checks = scrapes[-1]["ddp_sync_checks_total"]
+        initial = [v for lab, v in checks if lab["kind"] == "initial" and lab["result"] == "ok"]
+        assert initial == [1.0, 1.0]
+        # every kind and result is there from the start, and no check found a mismatch
+        assert len(checks) == 2 * 4 * 2 and all(v == 0 for lab, v in checks if lab["result"] == "mismatch")
+        assert set(by_rank(scrapes[-1], "ddp_sync_every_steps").values()) == {10.0}
     skews = [v for s in clean.scrapes[0] for v in by_rank(s, "ddp_step_time_skew_ratio").values()]
     assert skews and all(0 <= v <= 1 for v in skews)
 

@@ -16,7 +16,7 @@ from ddp_trainer.model import MLP
 from ddp_trainer.state import TrainState
 from ddp_trainer.verify import DivergenceError, Tally, Verifier, control_state
 
-LABELS = {"job": "j", "namespace": "n", "rank": "0", "node_rank": "0"}
+LABELS = {"ddpjob": "j", "ddpjob_namespace": "n", "rank": "0", "node_rank": "0"}
 OK = sync.SyncReport(in_sync=True, checked=12)
 DIVERGED = sync.SyncReport(
     in_sync=False,

@@ -225,10 +225,15 @@ def checkpoint_status(report: Mapping[str, Any]) -> dict[str, Any]:
 
 RANK_LABEL: Final = "rank"
 NODE_RANK_LABEL: Final = "node_rank"
-JOB_LABEL: Final = "job"
-NAMESPACE_LABEL: Final = "namespace"
+JOB_LABEL: Final = "ddpjob"
+"""The DDPJob's name. Not ``job``: Prometheus sets ``job`` (the scrape job) and, under the Prometheus
+Operator, ``namespace`` and ``pod`` on every target, and with the default ``honor_labels: false`` a
+scraped label of the same name is renamed ``exported_<name>``, which breaks every query on it."""
+NAMESPACE_LABEL: Final = "ddpjob_namespace"
+"""The DDPJob's namespace (equal to the pod's ``namespace`` in a cluster; local mode has no pod)."""
 METRIC_LABELS: Final = (JOB_LABEL, NAMESPACE_LABEL, RANK_LABEL, NODE_RANK_LABEL)
-"""Every trainer series carries these labels."""
+"""Every trainer series carries these labels, so that jobs stay apart with default scrape settings, in a
+cluster and in local mode alike."""
 
 # Family names as registered; prometheus-client exposes a counter ``x`` as the sample ``x_total``.
 INFO: Final = "ddp_info"
@@ -244,6 +249,7 @@ SYNC_MAX_ABS_DIVERGENCE: Final = "ddp_sync_max_abs_divergence"
 SYNC_REPAIRS: Final = "ddp_sync_repairs"
 SYNC_LAST_CHECK_TIMESTAMP: Final = "ddp_sync_last_check_timestamp_seconds"
 SYNC_LAST_CHECK_OK: Final = "ddp_sync_last_check_ok"
+SYNC_EVERY_STEPS: Final = "ddp_sync_every_steps"
 SYNC_LAST_SUCCESS_TIMESTAMP: Final = "ddp_sync_last_success_timestamp_seconds"
 LAST_STEP_TIMESTAMP: Final = "ddp_last_step_timestamp_seconds"
 STEP_TIME_SKEW: Final = "ddp_step_time_skew_ratio"
@@ -251,6 +257,11 @@ NONFINITE_LOSS_STEPS: Final = "ddp_nonfinite_loss_steps"
 RESTARTS: Final = "ddp_restarts"
 CHECK_RESULT_OK: Final = "ok"
 CHECK_RESULT_MISMATCH: Final = "mismatch"
+CHECK_RESULTS: Final = (CHECK_RESULT_OK, CHECK_RESULT_MISMATCH)
+CHECK_KINDS: Final = ("initial", "periodic", "final", "repair")
+"""``ddp_sync_checks_total{kind,result}``: every combination exists from the start, at 0."""
+METRICS_PORT_NAME: Final = "metrics"
+"""The name of the trainer container's (and the operator's) metrics port, which the monitors select."""
 
 
 def counter_sample(family: str) -> str:

@@ -1,6 +1,8 @@
 """Prometheus metrics of the trainer: the ``ddp_*`` family of DESIGN.md.
 
-Every series carries ``job``, ``namespace``, ``rank`` (global) and ``node_rank``. One scrape port per
+Every series carries ``ddpjob`` (the DDPJob's name), ``ddpjob_namespace``, ``rank`` (global) and
+``node_rank`` (:data:`ddp_trainer.contract.METRIC_LABELS`: not ``job``/``namespace``, which Prometheus
+owns), and every label combination exists from the start, at 0. One scrape port per
 pod shows every local rank: each rank process writes its values to memory-mapped files in
 ``PROMETHEUS_MULTIPROC_DIR`` (prometheus-client's multiprocess mode, prepared by
 :func:`ddp_trainer.distributed.metrics_dir` before this module is imported) and local rank 0 serves
@@ -49,6 +51,9 @@ class TrainerMetrics:
         self.last_check_ok = gauge(
             contract.SYNC_LAST_CHECK_OK, "1 if the last sync check found every rank bit-identical, else 0."
         ).labels(**labels)
+        self.sync_every = gauge(
+            contract.SYNC_EVERY_STEPS, "Steps between periodic sync checks (the job's syncCheck.everySteps)."
+        ).labels(**labels)
         self.steps = counter(contract.STEPS, "Optimizer steps done by this rank.").labels(**labels)
         self.step_duration = Histogram(
             contract.STEP_DURATION,
@@ -64,6 +69,9 @@ class TrainerMetrics:
             "Sync checks by kind (initial, periodic, final, repair) and result.",
             ("kind", "result"),
         )
+        for kind in contract.CHECK_KINDS:
+            for result in contract.CHECK_RESULTS:
+                self.checks.labels(**labels, kind=kind, result=result)
         self.check_duration = Histogram(
             contract.SYNC_CHECK_DURATION,
             "Wall time of one sync check.",

@@ -49,6 +49,7 @@ def rank_metrics(
     }
     metrics = TrainerMetrics(labels, info)
     metrics.restarts.set(contract.restarts_before(pod.attempt) + launch.restart_count)
+    metrics.sync_every.set(config.sync_every)
     return metrics
 
 

@@ -1,0 +1,61 @@
+"""What the monitoring tests share: the chart's alert rules and dashboard, the real promtool/prometheus
+(Debian's ``prometheus`` package; ``make test`` installs it through hack/install_prometheus.sh)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ddp_trainer import contract
+
+REPO = Path(__file__).resolve().parents[2]
+FILES = REPO / "charts" / "ddpjob-operator" / "files"
+ALERTS = FILES / "alerts.yaml"
+DASHBOARD = FILES / "dashboard.json"
+OPERATOR_FAMILIES = {
+    "ddpjob_jobs",
+    "ddpjob_reconciles",
+    "ddpjob_reconcile_duration_seconds",
+    "ddpjob_gang_restarts",
+}
+"""The operator's families (:mod:`ddp_operator.opmetrics`)."""
+
+
+def tool(name: str) -> str:
+    found = shutil.which(name)
+    if found is None:
+        pytest.fail(
+            f"{name} is missing: `make test` installs Debian's prometheus (hack/install_prometheus.sh)"
+        )
+    return found
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    groups = yaml.safe_load(ALERTS.read_text())["groups"]
+    return [rule for group in groups for rule in group["rules"]]
+
+
+def trainer_families() -> set[str]:
+    """Every ``ddp_*`` family the contract names."""
+    return {
+        value for name, value in vars(contract).items() if isinstance(value, str) and value.startswith("ddp_")
+    }
+
+
+def known_sample(name: str) -> bool:
+    """Whether a sample name in PromQL is one the trainer or the operator exports."""
+    suffixes = ("_total", "_bucket", "_sum", "_count", "")
+    families = trainer_families() | OPERATOR_FAMILIES | {"up", "ALERTS"}
+    return any(name.removesuffix(suffix) in families for suffix in suffixes if name.endswith(suffix))
+
+
+def metric_names(promql: str) -> set[str]:
+    """The metric names a PromQL expression reads (label matchers and groupings taken out first)."""
+    bare = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", promql)
+    bare = re.sub(r"\{[^}]*\}", " ", bare)
+    return set(re.findall(r"\b(?:ddp_[a-z_]+|ddpjob_[a-z_]+|up)\b", bare))
