@@ -19,6 +19,7 @@ from kubernetes.client.exceptions import ApiException
 from . import crd, opmetrics
 from .plan import Plan
 from .reconcile import plan_for
+from .scraper import Scraper
 
 Logger = logging.Logger | kopf.ObjectLogger
 
@@ -29,12 +30,21 @@ def reconcile(
     pods: list[dict[str, Any]],
     logger: Logger,
     all_bodies: Mapping[Any, Iterable[Mapping[str, Any]]],
+    scraper: Scraper | None = None,
 ) -> None:
-    """Decide (pure) and carry out the plan for one DDPJob; record the reconcile's metrics."""
+    """Decide (pure) and carry out the plan for one DDPJob; record the reconcile's metrics. ``scraper``
+    holds the latest reading of the pods' metrics and takes the plan's next read (in the background)."""
     started = time.monotonic()
     result = "error"
+    key = (body["metadata"].get("namespace") or "", body["metadata"]["name"])
     try:
-        plan = plan_for(body, jobs, pods, dt.datetime.now(dt.UTC))
+        snapshot = scraper.latest(key) if scraper else None
+        plan = plan_for(body, jobs, pods, dt.datetime.now(dt.UTC), snapshot)
+        if scraper is not None:
+            if plan.scrape is None:
+                scraper.forget(key)
+            else:
+                scraper.want(key, plan.scrape.attempt, plan.scrape.port, plan.scrape.targets)
         try:
             carry_out(body, plan, logger)
         except ApiException as exc:
