@@ -114,7 +114,8 @@ def progress_status(snapshot: Snapshot, total_steps: int) -> dict[str, Any]:
     """``status.progress`` from a snapshot (only the fields the metrics tell)."""
     out: dict[str, Any] = {"computedAt": stamp(dt.datetime.fromtimestamp(snapshot.at, dt.UTC))}
     if snapshot.refused or snapshot.unreachable:
-        out["unreachable"] = sorted([*snapshot.refused, *(u.split(":")[0] for u in snapshot.unreachable)])
+        pods = [*snapshot.refused, *(u.split(":")[0] for u in snapshot.unreachable)]
+        out["unreachable"] = sorted(pods)[:64]
     now = snapshot.latest
     if now is None:
         return out
