@@ -58,6 +58,19 @@ def reconcile(
         opmetrics.observe_reconcile(result, time.monotonic() - started, all_bodies)
 
 
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch (RFC 7386) that turns ``old`` into ``new``: keys ``new`` dropped become null
+    (a merge patch keeps what it does not name, so a field once written would otherwise stay forever)."""
+    out: dict[str, Any] = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            out[key] = merge_patch(before, value)
+        else:
+            out[key] = value
+    return out
+
+
 def _ignore(codes: tuple[int, ...], call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
     try:
         call(*args, **kwargs)
@@ -92,7 +105,8 @@ def carry_out(body: Mapping[str, Any], plan: Plan, logger: Logger) -> None:
         job_name, suspend = plan.suspend_job
         _ignore((404,), batch.patch_namespaced_job, job_name, namespace, {"spec": {"suspend": suspend}})
     if plan.status != body.get("status"):
-        _ignore((404,), objects.patch_namespaced_custom_object_status, *custom, {"status": plan.status})
+        patch = {"status": merge_patch(body.get("status") or {}, plan.status)}
+        _ignore((404,), objects.patch_namespaced_custom_object_status, *custom, patch)
     for event in plan.events:
         _event(body, event.type, event.reason, event.message)
     if plan.delete_self:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ddp_operator import live, reconcile, render
+from ddp_operator import apply, live, reconcile, render
 from ddp_operator.plan import Plan
 from ddp_operator.progress import Progress
 from ddp_operator.spec import parse
@@ -428,3 +428,13 @@ def test_a_finished_job_is_not_read_and_says_its_time_and_throughput() -> None:
     assert plan.status["progress"]["summary"] == "100%" and plan.status["progress"]["eta"] == "0s"
     completed = [e.message for e in plan.events if e.reason == "Completed"]
     assert completed == ["attempt 1 completed in 2m00s: 300 steps, 640 samples/s"]
+
+
+def test_the_status_patch_removes_what_the_new_status_dropped() -> None:
+    old = {"phase": "Running", "progress": {"step": 3, "unreachable": ["p"]}, "gone": 1}
+    new = {"phase": "Running", "progress": {"step": 9}}
+    assert apply.merge_patch(old, new) == {
+        "phase": "Running",
+        "progress": {"step": 9, "unreachable": None},
+        "gone": None,
+    }
