@@ -119,12 +119,10 @@ def test_a_command_without_metrics_runs_healthy_and_the_status_says_so(
     metrics = _conditions(status)["MetricsScraped"]
     assert (metrics["status"], metrics["reason"]) == ("False", "NoMetrics"), metrics
     assert "port 9400" in metrics["message"]
-    assert sorted(status["progress"]["unreachable"]) == sorted(
-        p["metadata"]["name"]
-        for p in cluster.kubectl_json("get", "pods", "-n", namespace, "-l", "ddpjob.io/job-name=quiet")[
-            "items"
-        ]
-    )
+    pods = cluster.kubectl_json("get", "pods", "-n", namespace, "-l", "ddpjob.io/job-name=quiet")["items"]
+    # The pods that were running at the read (the other may still have been starting).
+    assert set(status["progress"]["unreachable"]) <= {pod["metadata"]["name"] for pod in pods}, status
+    assert status["progress"]["unreachable"], status
     assert "step" not in status["progress"]
     done = wait_phase(cluster, namespace, "quiet", "Succeeded", "Failed", timeout=120)["status"]
     assert done["phase"] == "Succeeded", done
