@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .plan import Event, StatusBuilder, parse_time, stamp
-from .progress import Progress, slowest
+from .progress import Progress, duration, slowest
 
 STATUS_SECONDS = 10.0
 """At most one change of ``status.progress`` per job in this time."""
@@ -98,16 +98,6 @@ def rates(snapshot: Snapshot) -> tuple[float | None, float | None]:
     done = sum(count for _, count in now.step_times.values())
     per_step = now.samples / done * len(now.step_times) if done else None
     return steps, steps * per_step if per_step is not None else None
-
-
-def duration(seconds: float) -> str:
-    """``1h02m``, ``3m20s``, ``45s``: what a column has room for."""
-    whole = max(0, round(seconds))
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def progress_status(snapshot: Snapshot, total_steps: int) -> dict[str, Any]:

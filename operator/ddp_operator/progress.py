@@ -194,17 +194,34 @@ def _sum_by_result(checks: Mapping[tuple[str, str, str], float]) -> dict[str, fl
     return out
 
 
+def duration(seconds: float) -> str:
+    """``1h02m``, ``3m20s``, ``45s``: what a column (and the ETA of the progress line) has room for."""
+    whole = max(0, round(seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
 def line(progress: Progress, total_steps: int, elapsed: float, first: Progress | None = None) -> str:
-    """One line: step/total, loss, samples/s since the first reading, and the sync checks so far."""
+    """One line: step/total, loss, samples/s since the first reading, ETA at the step rate since then,
+    and the sync checks so far."""
     percent = 100.0 * progress.step / total_steps if total_steps else 0.0
     loss = f"{progress.loss:.4f}" if progress.loss is not None else "-"
     base_samples = first.samples if first else 0.0
     rate = f"{(progress.samples - base_samples) / elapsed:,.0f}" if elapsed > 0.5 else "-"
+    steps = progress.step - (first.step if first else 0)
+    eta = (
+        f"  ETA {duration((total_steps - progress.step) * elapsed / steps)}"
+        if steps > 0 and elapsed > 0.5
+        else ""
+    )
     checks = f"{progress.checks_ok} ok"
     if progress.checks_mismatch:
         checks += f", {progress.checks_mismatch} MISMATCH"
     return (
-        f"step {progress.step}/{total_steps} ({percent:.0f}%)  loss {loss}  {rate} samples/s  "
+        f"step {progress.step}/{total_steps} ({percent:.0f}%)  loss {loss}  {rate} samples/s{eta}  "
         f"sync checks: {checks}"
     )
 

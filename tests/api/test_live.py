@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from ddp_operator import live
+from ddp_operator import live, progress
 from ddp_operator.plan import StatusBuilder
 from ddp_operator.progress import Progress
 
@@ -75,7 +75,7 @@ def test_pods_that_do_not_answer_are_named() -> None:
 
 
 def test_durations_fit_a_column() -> None:
-    assert [live.duration(s) for s in (0, 45.4, 200, 3720, -5)] == ["0s", "45s", "3m20s", "1h02m", "0s"]
+    assert [progress.duration(s) for s in (0, 45.4, 200, 3720, -5)] == ["0s", "45s", "3m20s", "1h02m", "0s"]
 
 
 def test_live_sync_names_the_last_checks_step_and_verdict() -> None:

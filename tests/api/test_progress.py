@@ -33,7 +33,7 @@ def test_progress_from_metrics() -> None:
     )
     first = progress.Progress(samples=936.0)
     assert progress.line(now, 200, 2.0, first) == (
-        "step 40/200 (20%)  loss 0.5000  1,500 samples/s  sync checks: 3 ok"
+        "step 40/200 (20%)  loss 0.5000  1,500 samples/s  ETA 8s  sync checks: 3 ok"
     )
     assert "1 MISMATCH" in progress.line(progress.parse([METRICS_POD1]), 200, 1.0)
 
