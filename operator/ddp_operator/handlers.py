@@ -79,6 +79,8 @@ def _owner(namespace: str | None, labels: kopf.Labels) -> Key:
 def on_ddpjob(namespace: str | None, name: str, type: str, **kwargs: Any) -> None:
     if type != "DELETED":
         reconcile((namespace or "", name), **kwargs)
+    else:
+        SCRAPER.forget((namespace or "", name))
 
 
 @kopf.on.event("batch", "v1", "jobs", labels=LABELS)
