@@ -222,17 +222,30 @@ def _condition(out: StatusBuilder, snapshot: Snapshot) -> None:
 
 
 def _sync_events(old: Mapping[str, Any], new: Mapping[str, Any], now: Progress) -> list[Event]:
+    """What changed since the last written reading (the gauges describe the last check only)."""
     events = []
     step = new.get("lastCheckStep", now.step)
     if not old.get("checks") and now.checks_ok and now.last_check_ok:
-        message = f"first sync check passed: every rank holds a bit-identical model (step {step})"
-        events.append(Event("Normal", "SyncVerified", message))
-    if int(new.get("mismatches", 0)) > int(old.get("mismatches", 0) or 0):
-        diff = f", max |difference| {now.max_abs_diff:g}" if now.max_abs_diff is not None else ""
         message = (
-            f"sync check at step {step} found {now.mismatched_tensors} tensor(s) differing between ranks"
-            f"{diff} (the final report names them)"
+            f"first sync check passed: every rank holds a bit-identical model (step {step})"
+            if now.checks_ok == 1
+            else f"sync checks pass: every rank holds a bit-identical model ({now.checks_ok} so far, "
+            f"the last at step {step})"
         )
+        events.append(Event("Normal", "SyncVerified", message))
+    found = int(new.get("mismatches", 0)) - int(old.get("mismatches", 0) or 0)
+    if found > 0:
+        if now.last_check_ok is False:
+            diff = f", max |difference| {now.max_abs_diff:g}" if now.max_abs_diff is not None else ""
+            message = (
+                f"the sync check at step {step} found {now.mismatched_tensors} tensor(s) differing between "
+                f"ranks{diff} (the final report names them)"
+            )
+        else:
+            message = (
+                f"{found} sync check(s) found ranks differing since the last reading; "
+                f"the last check, at step {step}, passed"
+            )
         events.append(Event("Warning", "SyncDivergence", message))
     if int(new.get("repairs", 0)) > int(old.get("repairs", 0) or 0):
         message = f"re-broadcast rank 0's model after a divergence ({new['repairs']} repair(s) so far)"

@@ -6,7 +6,7 @@ queues one read per job when the last is old enough and none is under way, and r
 thread pool does the reads (``http://<podIP>:<metricsPort>/metrics``, no token: the pod network, as a
 cluster's Prometheus reaches them); the next reconcile finds the :class:`~ddp_operator.live.Snapshot`.
 Each read times out after :data:`TIMEOUT_SECONDS` and stops at :data:`progress.SIZE_LIMIT` bytes; a job
-whose pods did not answer is read again only after :data:`RETRY_SECONDS`.
+whose pods did not answer in time is read again only after :data:`RETRY_SECONDS`.
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ class Scraper:
             if key in self._busy or not targets:
                 return False
             if last is not None and last.attempt == attempt:
-                wait = RETRY_SECONDS if last.latest is None else EVERY_SECONDS
+                # A refused connection costs nothing (the trainer may not listen yet); a silent pod does.
+                wait = RETRY_SECONDS if last.latest is None and last.unreachable else EVERY_SECONDS
                 if self._clock() - last.at < wait:
                     return False
             self._busy.add(key)

@@ -112,6 +112,20 @@ def test_events_for_the_first_good_check_a_divergence_and_a_repair() -> None:
         "Normal SyncVerified: first sync check passed: every rank holds a bit-identical model (step 50)"
     ]
     assert events({"checks": 1, "mismatches": 0}, first) == []
+    caught = _reading(
+        9,
+        0.0,
+        checks_ok=1,
+        checks_mismatch=1,
+        last_check_ok=False,
+        last_check_time=T0,
+        mismatched_tensors=2,
+        max_abs_diff=0.5,
+    )
+    assert events({"checks": 1, "mismatches": 0}, caught) == [
+        "Warning SyncDivergence: the sync check at step 9 found 2 tensor(s) differing between ranks, "
+        "max |difference| 0.5 (the final report names them)"
+    ]
     bad = _reading(
         100,
         0.0,
@@ -124,8 +138,8 @@ def test_events_for_the_first_good_check_a_divergence_and_a_repair() -> None:
         max_abs_diff=0.5,
     )
     assert events({"checks": 1, "mismatches": 0, "repairs": 0}, bad) == [
-        "Warning SyncDivergence: sync check at step 100 found 2 tensor(s) differing between ranks, "
-        "max |difference| 0.5 (the final report names them)",
+        "Warning SyncDivergence: 1 sync check(s) found ranks differing since the last reading; "
+        "the last check, at step 100, passed",
         "Normal SyncRepaired: re-broadcast rank 0's model after a divergence (1 repair(s) so far)",
     ]
 

@@ -141,3 +141,28 @@ def test_a_plain_script_runs_to_succeeded_with_no_progress_and_no_error(
     assert "step" not in done.get("progress", {})
     assert _conditions(done).get("MetricsScraped", {}).get("reason") in (None, "NoMetrics")
     assert "Warning" not in _events(cluster, namespace, "plain")
+
+
+def test_a_divergence_and_its_repair_are_said_while_the_job_runs(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    doc = ddpjob(
+        "repaired",
+        trainer={"steps": 200000, "checkpointEvery": 0},
+        syncCheck={"everySteps": 50, "onDivergence": "Repair"},
+        env=[{"name": "DDPJOB_CHAOS_DIVERGE", "value": "rank=1,step=120"}],
+    )
+    _apply(cluster, namespace, doc)
+
+    def repaired() -> dict[str, Any] | None:
+        status = _status(cluster, namespace, "repaired")
+        sync = status.get("sync", {})
+        return status if sync.get("mismatches", 0) >= 1 and sync.get("repairs", 0) >= 1 else None
+
+    status = wait_for(repaired, what="status.sync to count a mismatch and its repair", timeout=180, every=1)
+    assert status["phase"] == "Running" and status["sync"]["verified"] is True, status
+    events = _events(cluster, namespace, "repaired")
+    print(events)
+    assert "SyncDivergence" in events and "tensor(s) differing between ranks" in events
+    assert "SyncRepaired" in events
+    cluster.kubectl("delete", "ddpjob", "repaired", "-n", namespace, "--wait=true", "--timeout=60s")
