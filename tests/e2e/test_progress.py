@@ -161,8 +161,13 @@ def test_a_divergence_and_its_repair_are_said_while_the_job_runs(
 
     status = wait_for(repaired, what="status.sync to count a mismatch and its repair", timeout=180, every=1)
     assert status["phase"] == "Running" and status["sync"]["verified"] is True, status
-    events = _events(cluster, namespace, "repaired")
+
+    # The events follow the status patch: wait for them.
+    def posted() -> str | None:
+        text = _events(cluster, namespace, "repaired")
+        return text if "SyncRepaired" in text else None
+
+    events = wait_for(posted, what="the SyncRepaired event", timeout=30)
     print(events)
-    assert "SyncDivergence" in events and "tensor(s) differing between ranks" in events
-    assert "SyncRepaired" in events
+    assert "SyncDivergence" in events and "differing" in events, events
     cluster.kubectl("delete", "ddpjob", "repaired", "-n", namespace, "--wait=true", "--timeout=60s")
