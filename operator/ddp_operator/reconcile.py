@@ -110,7 +110,7 @@ def _base(inputs: Inputs) -> StatusBuilder:
         startTime=previous.get("startTime") or out.now,
         readyNodes=0,
     )
-    for kept in ("completionTime", "preemptions", "lastReport", "progress"):
+    for kept in ("completionTime", "preemptions", "lastReport", "progress", "checkpoint"):
         if previous.get(kept):
             out.values[kept] = previous[kept]
     if isinstance(previous.get("sync"), dict):
