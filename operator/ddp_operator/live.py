@@ -168,7 +168,6 @@ def update(
     total_steps: int,
     every: int,
     checkpoint_every: int,
-    now: dt.datetime,
 ) -> None:
     """Write a fresh reading into the status, at most every :data:`STATUS_SECONDS`; keep the last one
     otherwise. Posts the events of what changed since."""

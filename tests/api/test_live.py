@@ -104,7 +104,7 @@ def test_events_for_the_first_good_check_a_divergence_and_a_repair() -> None:
         out = StatusBuilder({"sync": old}, "2027-01-15T08:01:00Z")
         out.values["sync"] = old
         snap = live.record(None, 1, 9400, _answers("a"), T0, now)
-        live.update(out, snap, 1, 1000, 50, 0, dt.datetime.fromtimestamp(T0, dt.UTC))
+        live.update(out, snap, 1, 1000, 50, 0)
         return [f"{e.type} {e.reason}: {e.message}" for e in out.events]
 
     first = _reading(50, 0.0, checks_ok=1, last_check_ok=True, last_check_time=T0)
