@@ -19,6 +19,7 @@ from kubernetes.client.exceptions import ApiException
 from . import crd, opmetrics
 from .plan import Plan
 from .reconcile import plan_for
+from .scraper import Scraper
 
 Logger = logging.Logger | kopf.ObjectLogger
 
@@ -29,12 +30,21 @@ def reconcile(
     pods: list[dict[str, Any]],
     logger: Logger,
     all_bodies: Mapping[Any, Iterable[Mapping[str, Any]]],
+    scraper: Scraper | None = None,
 ) -> None:
-    """Decide (pure) and carry out the plan for one DDPJob; record the reconcile's metrics."""
+    """Decide (pure) and carry out the plan for one DDPJob; record the reconcile's metrics. ``scraper``
+    holds the latest reading of the pods' metrics and takes the plan's next read (in the background)."""
     started = time.monotonic()
     result = "error"
+    key = (body["metadata"].get("namespace") or "", body["metadata"]["name"])
     try:
-        plan = plan_for(body, jobs, pods, dt.datetime.now(dt.UTC))
+        snapshot = scraper.latest(key) if scraper else None
+        plan = plan_for(body, jobs, pods, dt.datetime.now(dt.UTC), snapshot)
+        if scraper is not None:
+            if plan.scrape is None:
+                scraper.forget(key)
+            else:
+                scraper.want(key, plan.scrape.attempt, plan.scrape.port, plan.scrape.targets)
         try:
             carry_out(body, plan, logger)
         except ApiException as exc:
@@ -46,6 +56,19 @@ def reconcile(
         result = "ok"
     finally:
         opmetrics.observe_reconcile(result, time.monotonic() - started, all_bodies)
+
+
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch (RFC 7386) that turns ``old`` into ``new``: keys ``new`` dropped become null
+    (a merge patch keeps what it does not name, so a field once written would otherwise stay forever)."""
+    out: dict[str, Any] = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            out[key] = merge_patch(before, value)
+        else:
+            out[key] = value
+    return out
 
 
 def _ignore(codes: tuple[int, ...], call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
@@ -82,7 +105,8 @@ def carry_out(body: Mapping[str, Any], plan: Plan, logger: Logger) -> None:
         job_name, suspend = plan.suspend_job
         _ignore((404,), batch.patch_namespaced_job, job_name, namespace, {"spec": {"suspend": suspend}})
     if plan.status != body.get("status"):
-        _ignore((404,), objects.patch_namespaced_custom_object_status, *custom, {"status": plan.status})
+        patch = {"status": merge_patch(body.get("status") or {}, plan.status)}
+        _ignore((404,), objects.patch_namespaced_custom_object_status, *custom, patch)
     for event in plan.events:
         _event(body, event.type, event.reason, event.message)
     if plan.delete_self:

@@ -17,11 +17,14 @@ import kubernetes
 
 from . import apply, crd, render
 from .reconcile import TERMINAL
+from .scraper import Scraper
 
 LABELS = {"app.kubernetes.io/managed-by": render.MANAGED_BY}
 Key = tuple[str, str]
 # One reconcile at a time per DDPJob: child events, the timer and the DDPJob's own events run in threads.
 _LOCKS: collections.defaultdict[Key, threading.Lock] = collections.defaultdict(threading.Lock)
+# The latest reading of each running DDPJob's /metrics, refreshed in background threads, never in a reconcile.
+SCRAPER = Scraper()
 
 
 @kopf.on.startup()
@@ -76,6 +79,8 @@ def _owner(namespace: str | None, labels: kopf.Labels) -> Key:
 def on_ddpjob(namespace: str | None, name: str, type: str, **kwargs: Any) -> None:
     if type != "DELETED":
         reconcile((namespace or "", name), **kwargs)
+    else:
+        SCRAPER.forget((namespace or "", name))
 
 
 @kopf.on.event("batch", "v1", "jobs", labels=LABELS)
@@ -112,4 +117,4 @@ def reconcile(
     with _LOCKS[key]:
         for body in list(ddpjob_bodies.get(key, []))[:1]:
             jobs, pods = list(ddpjob_jobs.get(key, [])), list(ddpjob_pods.get(key, []))
-            apply.reconcile(body, jobs, pods, logger, ddpjob_bodies)
+            apply.reconcile(body, jobs, pods, logger, ddpjob_bodies, SCRAPER)

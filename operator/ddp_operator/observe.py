@@ -15,6 +15,7 @@ from typing import Any
 from ddp_trainer import contract
 
 from . import policy, render
+from .plan import Target
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,8 @@ class Facts:
     """The scheduler's message when a pod of ``attempt`` cannot be scheduled."""
     report: contract.Report | None
     """Rank 0's termination report in ``attempt``, once it wrote one."""
+    targets: tuple[Target, ...] = ()
+    """The running pods of ``attempt`` and where each serves its metrics."""
 
 
 def attempt_of(obj: Mapping[str, Any]) -> int:
@@ -113,6 +116,19 @@ def unschedulable(pods: Sequence[Mapping[str, Any]]) -> str | None:
     return None
 
 
+def metrics_targets(pods: Sequence[Mapping[str, Any]], attempt: int, port: int) -> tuple[Target, ...]:
+    """The running pods of ``attempt`` that have an IP: where their trainer serves ``/metrics``."""
+    found = []
+    for pod in pods:
+        ip = pod.get("status", {}).get("podIP")
+        if attempt_of(pod) == attempt and ip and pod.get("status", {}).get("phase") == "Running":
+            host = f"[{ip}]" if ":" in ip else ip
+            found.append(
+                Target(pod["metadata"]["name"], completion_index(pod), f"http://{host}:{port}/metrics")
+            )
+    return tuple(sorted(found, key=lambda target: target.index))
+
+
 def rank0_report(pods: Sequence[Mapping[str, Any]]) -> contract.Report | None:
     """The trainer's report from the termination message of the pod at completion index 0."""
     for pod in pods:
@@ -164,7 +180,10 @@ def _failed_on_its_own(pod: Mapping[str, Any]) -> bool:
 
 
 def observe(
-    previous: Mapping[str, Any], jobs: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]]
+    previous: Mapping[str, Any],
+    jobs: Sequence[Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]],
+    metrics_port: int = contract.DEFAULT_METRICS_PORT,
 ) -> Facts:
     """The facts about one DDPJob, from its last status and the Jobs and pods that carry its label."""
     first = contract.FIRST_ATTEMPT
@@ -192,4 +211,5 @@ def observe(
         ready_nodes=sum(1 for pod in mine if ready(pod)),
         unschedulable=unschedulable(mine),
         report=report,
+        targets=metrics_targets(mine, attempt, metrics_port),
     )

@@ -19,6 +19,24 @@ class Event:
 
 
 @dataclass(frozen=True)
+class Target:
+    """A pod whose metrics to read: its name, completion index and ``http://<podIP>:<port>/metrics``."""
+
+    pod: str
+    index: int
+    url: str
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """Read these pods' metrics in the background (the job runs); the next reconcile gets the reading."""
+
+    attempt: int
+    port: int
+    targets: tuple[Target, ...]
+
+
+@dataclass(frozen=True)
 class Plan:
     status: Obj
     create_claim: Obj | None = None  # the checkpoint PersistentVolumeClaim, before the pods that mount it
@@ -28,6 +46,7 @@ class Plan:
     suspend_job: tuple[str, bool] | None = None
     events: tuple[Event, ...] = ()
     delete_self: bool = False  # ttlSecondsAfterFinished has passed
+    scrape: Scrape | None = None  # None: the job does not run; forget its metrics
 
 
 def stamp(moment: dt.datetime) -> str:

@@ -17,9 +17,9 @@ from typing import Any
 
 from ddp_trainer import contract
 
-from . import policy, render
+from . import live, policy, render
 from .observe import Facts, JobFacts, observe
-from .plan import Event, Plan, StatusBuilder, parse_time, stamp
+from .plan import Event, Plan, Scrape, StatusBuilder, parse_time, stamp
 from .spec import Spec, SpecError, checkpoints_durable, parse
 
 STOP_MARGIN_SECONDS = 30  # beyond the pods' termination grace period, before deciding without them
@@ -43,10 +43,16 @@ class Inputs:
     """The checkpoint PersistentVolumeClaim, rendered, when spec.checkpoint.volumeClaimTemplate asks."""
     job: dict[str, Any]
     """The Job of ``facts.attempt``, rendered."""
+    snapshot: live.Snapshot | None = None
+    """The latest reading of the pods' metrics (:mod:`ddp_operator.scraper`), if any."""
 
 
 def plan_for(
-    body: Mapping[str, Any], jobs: list[dict[str, Any]], pods: list[dict[str, Any]], now: dt.datetime
+    body: Mapping[str, Any],
+    jobs: list[dict[str, Any]],
+    pods: list[dict[str, Any]],
+    now: dt.datetime,
+    snapshot: live.Snapshot | None = None,
 ) -> Plan:
     """The plan for one DDPJob from its body and the children that carry its label."""
     previous = dict(body.get("status") or {})
@@ -55,10 +61,10 @@ def plan_for(
         spec = parse(body, admitted=True)
     except SpecError as exc:
         return invalid_spec(exc, previous, generation, now)
-    facts = observe(previous, jobs, pods)
+    facts = observe(previous, jobs, pods, spec.metrics_port)
     service, job = render.render_service(spec), render.render_job(spec, facts.attempt)
     claim = render.render_checkpoint_claim(spec)
-    return decide(Inputs(spec, generation, previous, facts, now, service, claim, job))
+    return decide(Inputs(spec, generation, previous, facts, now, service, claim, job, snapshot))
 
 
 def invalid_spec(error: SpecError, previous: Mapping[str, Any], generation: int, now: dt.datetime) -> Plan:
@@ -83,7 +89,11 @@ def decide(inputs: Inputs) -> Plan:
         return _create(inputs, out)
     if job.complete:
         _checkpoint_events(out, facts.report)
-        return _finish(out, True, "Completed", f"attempt {facts.attempt} completed")
+        steps = facts.report.get("step") if facts.report else None
+        if progress := live.final_progress(inputs.previous, steps, inputs.spec.trainer.steps, out.now):
+            out.values["progress"] = progress
+        message = live.completed_message(inputs.previous, facts.attempt, inputs.now, steps)
+        return _finish(out, True, "Completed", message)
     if job.failed:
         return _after_failure(inputs, out, job)
     return _running(inputs, out, job)
@@ -100,13 +110,14 @@ def _base(inputs: Inputs) -> StatusBuilder:
         startTime=previous.get("startTime") or out.now,
         readyNodes=0,
     )
-    for kept in ("completionTime", "preemptions", "lastReport"):
+    for kept in ("completionTime", "preemptions", "lastReport", "progress", "checkpoint"):
         if previous.get(kept):
             out.values[kept] = previous[kept]
     if isinstance(previous.get("sync"), dict):
         out.values["sync"] = dict(previous["sync"])
     if facts.report is not None:
-        out.values["sync"] = contract.sync_status(facts.report)
+        # The report is the last word; what the live readings said beyond it (last check's time) stays.
+        out.values["sync"] = {**out.values.get("sync", {}), **contract.sync_status(facts.report)}
         out.values["lastReport"] = contract.last_report_status(facts.report, facts.attempt)
         if checkpoint := contract.checkpoint_status(facts.report):
             out.values["checkpoint"] = checkpoint
@@ -232,8 +243,13 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
     else:
         out.phase("Pending", "Starting", f"starting {spec.nodes} pods of attempt {attempt}")
         out.condition("Ready", False, "Starting", f"{ready}/{spec.nodes} pods ready")
+    every, keep = spec.sync_check.every_steps, spec.trainer.checkpoint_every
+    live.update(out, inputs.snapshot, attempt, spec.trainer.steps, every, keep)
     _sync_condition(out)
-    return out.plan(suspend_job=toggle)
+    scrape = None
+    if facts.targets and not spec.suspend and not job.suspended:
+        scrape = Scrape(attempt, spec.metrics_port, facts.targets)
+    return out.plan(suspend_job=toggle, scrape=scrape)
 
 
 def _finish(
@@ -251,7 +267,8 @@ def _finish(
 def _sync_condition(out: StatusBuilder) -> None:
     sync = out.values.get("sync")
     if not sync:
-        out.condition("SyncVerified", None, "NotYetReported", "the trainer reports at the end of an attempt")
+        message = "no sync check reported yet (read from the pods' metrics, and rank 0's final report)"
+        out.condition("SyncVerified", None, "NotYetReported", message)
     elif sync.get("verified"):
         out.condition(
             "SyncVerified",

@@ -50,6 +50,8 @@ def test_names_columns_and_subresources() -> None:
         "Nodes",
         "Attempt",
         "Sync",
+        "Progress",
+        "ETA",
         "Age",
     ]
 

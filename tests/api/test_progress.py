@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from ddp_operator import progress
 
 METRICS_POD0 = """
@@ -29,7 +33,7 @@ def test_progress_from_metrics() -> None:
     )
     first = progress.Progress(samples=936.0)
     assert progress.line(now, 200, 2.0, first) == (
-        "step 40/200 (20%)  loss 0.5000  1,500 samples/s  sync checks: 3 ok"
+        "step 40/200 (20%)  loss 0.5000  1,500 samples/s  ETA 8s  sync checks: 3 ok"
     )
     assert "1 MISMATCH" in progress.line(progress.parse([METRICS_POD1]), 200, 1.0)
 
@@ -49,3 +53,80 @@ def test_sync_sentence() -> None:
     )
     assert diverged.startswith("replicas DIVERGED: 1 of 3 checks found ranks differing (0.weight)")
     assert progress.sync_sentence(None).startswith("not reported")
+
+
+# -- the operator's reading: per-rank step time, skew, sync verdict, edge cases --------------------------
+
+L0 = 'job="j",namespace="n",node_rank="0"'
+L1 = 'job="j",namespace="n",node_rank="1"'
+RUNNING_POD0 = f"""
+ddp_step{{{L0},rank="0"}} 120.0
+ddp_steps_total{{{L0},rank="0"}} 20.0
+ddp_samples_total{{{L0},rank="0"}} 640.0
+ddp_loss{{{L0},rank="0"}} 0.25
+ddp_step_duration_seconds_sum{{{L0},rank="0"}} 2.0
+ddp_step_duration_seconds_count{{{L0},rank="0"}} 20.0
+ddp_step_time_skew_ratio{{{L0},rank="0"}} 0.125
+ddp_sync_last_check_timestamp_seconds{{{L0},rank="0"}} 1.7e9
+ddp_sync_last_check_ok{{{L0},rank="0"}} 1.0
+ddp_last_step_timestamp_seconds{{{L0},rank="0"}} 1.7e9
+ddp_sync_checks_total{{{L0},kind="initial",rank="0",result="ok"}} 1.0
+ddp_sync_checks_total{{{L0},kind="periodic",rank="0",result="ok"}} 2.0
+ddp_sync_repairs_total{{{L0},rank="0"}} 0.0
+"""
+RUNNING_POD1 = f"""
+ddp_step{{{L1},rank="1"}} 120.0
+ddp_steps_total{{{L1},rank="1"}} 20.0
+ddp_samples_total{{{L1},rank="1"}} 640.0
+ddp_loss{{{L1},rank="1"}} 0.3
+ddp_step_duration_seconds_sum{{{L1},rank="1"}} 3.0
+ddp_step_duration_seconds_count{{{L1},rank="1"}} 20.0
+"""
+
+
+def test_the_operator_reads_step_slowest_rank_skew_and_verdict() -> None:
+    now = progress.parse([RUNNING_POD0, RUNNING_POD1])
+    assert (
+        now.step == 120
+    )  # the optimizer step (a resumed run counts from its checkpoint), not this run's count
+    assert now.loss == 0.25 and now.samples == 1280.0
+    assert now.slowest() == (1, 0.15)
+    assert now.skew == 0.125 and now.last_check_ok is True and now.last_check_time == 1.7e9
+    assert now.checks_ok == 3 and now.steps_per_second() == 10.0
+
+
+def test_slowest_rank_between_two_readings_and_after_a_rank_restarted() -> None:
+    before = progress.parse([RUNNING_POD0, RUNNING_POD1])
+    later = RUNNING_POD1.replace(
+        'sum{job="j",namespace="n",node_rank="1",rank="1"} 3.0', "sum{" + L1 + ',rank="1"} 3.5'
+    )
+    later = later.replace("count{" + L1 + ',rank="1"} 20.0', "count{" + L1 + ',rank="1"} 30.0')
+    faster = RUNNING_POD0.replace("_sum{" + L0 + ',rank="0"} 2.0', "_sum{" + L0 + ',rank="0"} 4.0')
+    faster = faster.replace("_count{" + L0 + ',rank="0"} 20.0', "_count{" + L0 + ',rank="0"} 30.0')
+    now = progress.parse([faster, later])
+    # Since the earlier reading rank 1 took 0.05 s a step, rank 0 0.2 s: rank 0 is the slow one now.
+    assert progress.slowest(now, before) == (0, 0.2)
+    # A histogram that went backwards (the rank restarted): its whole life counts.
+    restarted = progress.parse(
+        [RUNNING_POD0.replace("count{" + L0 + ',rank="0"} 20.0', "count{" + L0 + ',rank="0"} 5.0')]
+    )
+    assert progress.slowest(restarted, before) == (0, 0.4)
+
+
+def test_missing_counters_nan_loss_and_no_metrics() -> None:
+    assert progress.parse([]) == progress.Progress()
+    assert progress.parse([""]).slowest() is None
+    bare = progress.parse([f'ddp_loss{{{L0},rank="0"}} NaN\n'])
+    assert bare.loss is None and bare.step == 0 and bare.steps_per_second() is None
+    assert bare.last_check_ok is None and bare.skew is None and bare.last_check_time is None
+    # Gauges initialised at 0 and never set are no time.
+    zero = progress.parse([f'ddp_sync_last_check_timestamp_seconds{{{L0},rank="0"}} 0.0\n'])
+    assert zero.last_check_time is None
+
+
+def test_fetch_refuses_what_is_too_large(tmp_path: Any) -> None:
+    big = tmp_path / "metrics"
+    big.write_bytes(b"x" * 2048)
+    assert progress.fetch(big.as_uri(), limit=4096) == "x" * 2048
+    with pytest.raises(OSError, match="more than 1024 bytes"):
+        progress.fetch(big.as_uri(), limit=1024)

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from ddp_operator import reconcile, render
+from ddp_operator import apply, live, reconcile, render
 from ddp_operator.plan import Plan
+from ddp_operator.progress import Progress
 from ddp_operator.spec import parse
 
 NOW = dt.datetime(2026, 11, 22, 12, 0, 0, tzinfo=dt.UTC)
@@ -329,3 +330,111 @@ def test_rank0s_report_is_remembered_after_its_pod_is_deleted() -> None:
     assert gone.events[0].reason == "Preempted"
     stale = _reconcile({**seen.status, "attempt": 2}, [_job(2, condition="Failed")], [])
     assert stale.status.get("preemptions") is None  # a report of attempt 1 says nothing about attempt 2
+
+
+# -- live progress: the latest reading of the pods' metrics is one more input ----------------------------
+
+
+def _running_pods() -> list[dict[str, Any]]:
+    pods = [_pod(1, 0), _pod(1, 1)]
+    for i, pod in enumerate(pods):
+        pod["status"]["podIP"] = f"10.244.{i + 1}.7"
+    return pods
+
+
+def _snapshot(at: dt.datetime, step: int, attempt: int = 1, **extra: Any) -> live.Snapshot:
+    reading = Progress(step=step, samples=step * 64.0, ranks=4, step_times={"0": (step / 10, step)}, **extra)
+    answers = [live.Answer("job-1-0-abcde", "text"), live.Answer("job-1-1-abcde", "text")]
+    return live.record(None, attempt, 9400, answers, at.timestamp(), reading)
+
+
+def _running(previous: dict[str, Any], snapshot: live.Snapshot | None, now: dt.datetime = NOW) -> Plan:
+    body = _body(previous, trainer={"steps": 1000})
+    return reconcile.plan_for(body, [_job(1)], _running_pods(), now, snapshot)
+
+
+def test_a_running_job_is_read_and_its_progress_written() -> None:
+    previous = {"phase": "Running", "attempt": 1}
+    plan = _running(previous, None)
+    assert plan.scrape is not None and plan.scrape.port == 9400 and plan.scrape.attempt == 1
+    assert [t.url for t in plan.scrape.targets] == [
+        "http://10.244.1.7:9400/metrics",
+        "http://10.244.2.7:9400/metrics",
+    ]
+    assert "progress" not in plan.status  # nothing read yet: nothing said
+    checked = {"checks_ok": 2, "last_check_ok": True, "last_check_time": NOW.timestamp()}
+    plan = _running(previous, _snapshot(NOW, 250, **checked))
+    progress = plan.status["progress"]
+    assert (progress["step"], progress["totalSteps"], progress["summary"]) == (250, 1000, "25%")
+    assert (progress["etaSeconds"], progress["eta"], progress["samplesPerSecond"]) == (75, "1m15s", 640.0)
+    assert progress["computedAt"] == "2026-11-22T12:00:00Z" and progress["etaTime"] == "2026-11-22T12:01:15Z"
+    assert plan.status["sync"]["checks"] == 2 and plan.status["sync"]["verified"] is True
+    assert _conditions(plan)["SyncVerified"] == ("True", "BitIdentical")
+    assert _conditions(plan)["MetricsScraped"] == ("True", "Scraped")
+    assert "SyncVerified" in [e.reason for e in plan.events]
+
+
+def test_progress_changes_at_most_every_ten_seconds_and_a_quiet_reconcile_writes_nothing() -> None:
+    first = _running({"phase": "Running", "attempt": 1}, _snapshot(NOW, 250))
+    body_status = first.status
+    soon = NOW + dt.timedelta(seconds=5)
+    again = _running(body_status, _snapshot(soon, 300), now=soon)
+    assert again.status == body_status and again.events == ()  # apply writes nothing when they are equal
+    later = NOW + dt.timedelta(seconds=10)
+    moved = _running(body_status, _snapshot(later, 300), now=later)
+    assert moved.status["progress"]["step"] == 300
+    assert (
+        _running(moved.status, _snapshot(later, 300), now=later + dt.timedelta(seconds=1)).status
+        == moved.status
+    )
+
+
+def test_a_reading_of_another_attempt_is_ignored() -> None:
+    plan = _running({"phase": "Running", "attempt": 1}, _snapshot(NOW, 250, attempt=2))
+    assert "progress" not in plan.status
+
+
+def test_pods_without_metrics_leave_the_job_healthy_and_say_so() -> None:
+    answers = [
+        live.Answer("job-1-0-abcde", None, refused=True),
+        live.Answer("job-1-1-abcde", None, refused=True),
+    ]
+    snapshot = live.record(None, 1, 9400, answers, NOW.timestamp(), None)
+    plan = _running({"phase": "Running", "attempt": 1}, snapshot)
+    assert plan.status["phase"] == "Running" and _conditions(plan)["Ready"] == ("True", "AllNodesReady")
+    assert _conditions(plan)["MetricsScraped"] == ("False", "NoMetrics")
+    assert plan.status["progress"] == {
+        "computedAt": "2026-11-22T12:00:00Z",
+        "unreachable": ["job-1-0-abcde", "job-1-1-abcde"],
+    }
+    assert not [e for e in plan.events if e.type == "Warning"]
+    timed_out = [live.Answer("job-1-0-abcde", None, error="timed out"), live.Answer("job-1-1-abcde", "x")]
+    partly = live.record(None, 1, 9400, timed_out, NOW.timestamp(), Progress(step=3))
+    plan = _running({"phase": "Running", "attempt": 1}, partly)
+    assert _conditions(plan)["MetricsScraped"] == ("True", "PartlyUnreachable")
+    assert plan.status["progress"]["unreachable"] == ["job-1-0-abcde"]
+
+
+def test_a_finished_job_is_not_read_and_says_its_time_and_throughput() -> None:
+    previous = {
+        "phase": "Running",
+        "attempt": 1,
+        "startTime": "2026-11-22T11:58:00Z",
+        "progress": {"step": 280, "totalSteps": 300, "samplesPerSecond": 640.0, "eta": "3s"},
+    }
+    pods = [_pod(1, 0, phase="Succeeded", exit_code=0, message=json.dumps({**REPORT, "step": 300}))]
+    plan = _reconcile(previous, [_job(1, condition="Complete")], pods, trainer={"steps": 300})
+    assert plan.scrape is None
+    assert plan.status["progress"]["summary"] == "100%" and plan.status["progress"]["eta"] == "0s"
+    completed = [e.message for e in plan.events if e.reason == "Completed"]
+    assert completed == ["attempt 1 completed in 2m00s: 300 steps, 640 samples/s"]
+
+
+def test_the_status_patch_removes_what_the_new_status_dropped() -> None:
+    old = {"phase": "Running", "progress": {"step": 3, "unreachable": ["p"]}, "gone": 1}
+    new = {"phase": "Running", "progress": {"step": 9}}
+    assert apply.merge_patch(old, new) == {
+        "phase": "Running",
+        "progress": {"step": 9, "unreachable": None},
+        "gone": None,
+    }
