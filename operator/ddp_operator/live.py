@@ -133,9 +133,7 @@ def progress_status(snapshot: Snapshot, total_steps: int) -> dict[str, Any]:
     return out
 
 
-def sync_status(
-    previous: Mapping[str, Any], now: Progress, every: int, checkpoint_every: int
-) -> dict[str, Any]:
+def sync_status(previous: Mapping[str, Any], now: Progress) -> dict[str, Any]:
     """``status.sync`` while the job runs: the live count of checks, the last one's step, time and verdict."""
     checks = now.checks_ok + now.checks_mismatch
     out = dict(previous)
@@ -147,28 +145,12 @@ def sync_status(
         out["verified"] = now.last_check_ok and now.checks_mismatch <= now.repairs
     if now.last_check_time is not None:
         out["lastCheckTime"] = stamp(dt.datetime.fromtimestamp(now.last_check_time, dt.UTC))
-        out["lastCheckStep"] = _check_step(now, every, checkpoint_every)
+    if now.last_check_step is not None:
+        out["lastCheckStep"] = now.last_check_step
     return out
 
 
-def _check_step(now: Progress, every: int, checkpoint_every: int) -> int:
-    """The step of the last check: this step when it came after the last step, else the last step at which
-    one was due (every ``syncCheck.everySteps``, and before every checkpoint)."""
-    assert now.last_check_time is not None
-    if now.last_step_time is None or now.last_check_time >= now.last_step_time:
-        return now.step
-    due = [now.step - now.step % n for n in (every, checkpoint_every) if n > 0]
-    return max(due, default=now.step)
-
-
-def update(
-    out: StatusBuilder,
-    snapshot: Snapshot | None,
-    attempt: int,
-    total_steps: int,
-    every: int,
-    checkpoint_every: int,
-) -> None:
+def update(out: StatusBuilder, snapshot: Snapshot | None, attempt: int, total_steps: int) -> None:
     """Write a fresh reading into the status, at most every :data:`STATUS_SECONDS`; keep the last one
     otherwise. Posts the events of what changed since."""
     previous = out.previous
@@ -187,7 +169,7 @@ def update(
     _condition(out, snapshot)
     if snapshot.latest is not None:
         old_sync = out.values.get("sync") or {}
-        new_sync = sync_status(old_sync, snapshot.latest, every, checkpoint_every)
+        new_sync = sync_status(old_sync, snapshot.latest)
         if new_sync:
             out.values["sync"] = new_sync
         out.events.extend(_sync_events(old_sync, new_sync, snapshot.latest))

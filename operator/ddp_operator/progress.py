@@ -37,8 +37,8 @@ class Progress:
     """Unix time of the last sync check (any rank: they check together)."""
     last_check_ok: bool | None = None
     """Whether the last sync check found every rank bit-identical (rank 0's verdict)."""
-    last_step_time: float | None = None
-    """Unix time of rank 0's last finished step."""
+    last_check_step: int | None = None
+    """The optimizer step at which the last sync check ran (rank 0's)."""
     repairs: int = 0
     mismatched_tensors: int = 0
     """Tensors that differed at the last check (names are in the final report only)."""
@@ -128,6 +128,7 @@ def parse(texts: Iterable[str]) -> Progress:
     step = _rank0(gauges[contract.STEP])  # the optimizer step, resumed ones included
     loss = losses.get("0", next(iter(losses.values()), None))
     last_ok = _rank0(gauges[contract.SYNC_LAST_CHECK_OK])
+    check_step = _rank0(gauges[contract.SYNC_LAST_CHECK_STEP])
     checks_seen = bool(checks) and sum(checks.values()) > 0
     return Progress(
         step=int(step) if step is not None else (int(min(steps.values())) if steps else 0),
@@ -141,7 +142,7 @@ def parse(texts: Iterable[str]) -> Progress:
         skew=_finite(max(gauges[contract.STEP_TIME_SKEW].values(), default=None)),
         last_check_time=_time(max(gauges[contract.SYNC_LAST_CHECK_TIMESTAMP].values(), default=None)),
         last_check_ok=bool(last_ok) if last_ok is not None and checks_seen else None,
-        last_step_time=_time(_rank0(gauges[contract.LAST_STEP_TIMESTAMP])),
+        last_check_step=int(check_step) if check_step is not None and checks_seen else None,
         repairs=int(_rank0(gauges[contract.counter_sample(contract.SYNC_REPAIRS)]) or 0),
         mismatched_tensors=int(_finite(_rank0(gauges[contract.SYNC_MISMATCHED_TENSORS])) or 0),
         max_abs_diff=_finite(_rank0(gauges[contract.SYNC_MAX_ABS_DIVERGENCE])),
@@ -155,7 +156,7 @@ _GAUGES = (
     contract.STEP_TIME_SKEW,
     contract.SYNC_LAST_CHECK_TIMESTAMP,
     contract.SYNC_LAST_CHECK_OK,
-    contract.LAST_STEP_TIMESTAMP,
+    contract.SYNC_LAST_CHECK_STEP,
     contract.SYNC_MISMATCHED_TENSORS,
     contract.SYNC_MAX_ABS_DIVERGENCE,
     contract.counter_sample(contract.SYNC_REPAIRS),

@@ -243,8 +243,7 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
     else:
         out.phase("Pending", "Starting", f"starting {spec.nodes} pods of attempt {attempt}")
         out.condition("Ready", False, "Starting", f"{ready}/{spec.nodes} pods ready")
-    every, keep = spec.sync_check.every_steps, spec.trainer.checkpoint_every
-    live.update(out, inputs.snapshot, attempt, spec.trainer.steps, every, keep)
+    live.update(out, inputs.snapshot, attempt, spec.trainer.steps)
     _sync_condition(out)
     scrape = None
     if facts.targets and not spec.suspend and not job.suspended:

@@ -80,9 +80,9 @@ def test_durations_fit_a_column() -> None:
 
 def test_live_sync_names_the_last_checks_step_and_verdict() -> None:
     checked = _reading(
-        130, 0.0, checks_ok=3, last_check_ok=True, last_check_time=T0 - 5, last_step_time=T0
-    )  # the check came before the last step: at the last step a check was due
-    sync = live.sync_status({}, checked, every=50, checkpoint_every=40)
+        130, 0.0, checks_ok=3, last_check_ok=True, last_check_time=T0 - 5, last_check_step=120
+    )  # the check ran at step 120; training went on to step 130
+    sync = live.sync_status({}, checked)
     assert sync == {
         "checks": 3,
         "mismatches": 0,
@@ -92,11 +92,11 @@ def test_live_sync_names_the_last_checks_step_and_verdict() -> None:
         "lastCheckStep": 120,
         "lastCheckTime": "2027-01-15T07:59:55Z",
     }
-    just = _reading(130, 0.0, checks_ok=3, last_check_ok=True, last_check_time=T0, last_step_time=T0 - 1)
-    assert live.sync_status({}, just, every=50, checkpoint_every=0)["lastCheckStep"] == 130
+    just = _reading(130, 0.0, checks_ok=3, last_check_ok=True, last_check_time=T0, last_check_step=130)
+    assert live.sync_status({}, just)["lastCheckStep"] == 130
     diverged = _reading(130, 0.0, checks_ok=2, checks_mismatch=1, last_check_ok=False, last_check_time=T0)
-    assert live.sync_status({}, diverged, 50, 0)["verified"] is False
-    assert live.sync_status({"checks": 9}, _reading(0, 0.0), 50, 0) == {"checks": 9}
+    assert live.sync_status({}, diverged)["verified"] is False
+    assert live.sync_status({"checks": 9}, _reading(0, 0.0)) == {"checks": 9}
 
 
 def test_events_for_the_first_good_check_a_divergence_and_a_repair() -> None:
@@ -104,7 +104,7 @@ def test_events_for_the_first_good_check_a_divergence_and_a_repair() -> None:
         out = StatusBuilder({"sync": old}, "2027-01-15T08:01:00Z")
         out.values["sync"] = old
         snap = live.record(None, 1, 9400, _answers("a"), T0, now)
-        live.update(out, snap, 1, 1000, 50, 0)
+        live.update(out, snap, 1, 1000)
         return [f"{e.type} {e.reason}: {e.message}" for e in out.events]
 
     first = _reading(50, 0.0, checks_ok=1, last_check_ok=True, last_check_time=T0)

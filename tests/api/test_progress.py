@@ -57,8 +57,8 @@ def test_sync_sentence() -> None:
 
 # -- the operator's reading: per-rank step time, skew, sync verdict, edge cases --------------------------
 
-L0 = 'job="j",namespace="n",node_rank="0"'
-L1 = 'job="j",namespace="n",node_rank="1"'
+L0 = 'ddpjob="j",ddpjob_namespace="n",node_rank="0"'
+L1 = 'ddpjob="j",ddpjob_namespace="n",node_rank="1"'
 RUNNING_POD0 = f"""
 ddp_step{{{L0},rank="0"}} 120.0
 ddp_steps_total{{{L0},rank="0"}} 20.0
@@ -69,6 +69,7 @@ ddp_step_duration_seconds_count{{{L0},rank="0"}} 20.0
 ddp_step_time_skew_ratio{{{L0},rank="0"}} 0.125
 ddp_sync_last_check_timestamp_seconds{{{L0},rank="0"}} 1.7e9
 ddp_sync_last_check_ok{{{L0},rank="0"}} 1.0
+ddp_sync_last_check_step{{{L0},rank="0"}} 100.0
 ddp_last_step_timestamp_seconds{{{L0},rank="0"}} 1.7e9
 ddp_sync_checks_total{{{L0},kind="initial",rank="0",result="ok"}} 1.0
 ddp_sync_checks_total{{{L0},kind="periodic",rank="0",result="ok"}} 2.0
@@ -92,14 +93,12 @@ def test_the_operator_reads_step_slowest_rank_skew_and_verdict() -> None:
     assert now.loss == 0.25 and now.samples == 1280.0
     assert now.slowest() == (1, 0.15)
     assert now.skew == 0.125 and now.last_check_ok is True and now.last_check_time == 1.7e9
-    assert now.checks_ok == 3 and now.steps_per_second() == 10.0
+    assert now.checks_ok == 3 and now.steps_per_second() == 10.0 and now.last_check_step == 100
 
 
 def test_slowest_rank_between_two_readings_and_after_a_rank_restarted() -> None:
     before = progress.parse([RUNNING_POD0, RUNNING_POD1])
-    later = RUNNING_POD1.replace(
-        'sum{job="j",namespace="n",node_rank="1",rank="1"} 3.0', "sum{" + L1 + ',rank="1"} 3.5'
-    )
+    later = RUNNING_POD1.replace("sum{" + L1 + ',rank="1"} 3.0', "sum{" + L1 + ',rank="1"} 3.5')
     later = later.replace("count{" + L1 + ',rank="1"} 20.0', "count{" + L1 + ',rank="1"} 30.0')
     faster = RUNNING_POD0.replace("_sum{" + L0 + ',rank="0"} 2.0', "_sum{" + L0 + ',rank="0"} 4.0')
     faster = faster.replace("_count{" + L0 + ',rank="0"} 20.0', "_count{" + L0 + ',rank="0"} 30.0')
@@ -119,6 +118,7 @@ def test_missing_counters_nan_loss_and_no_metrics() -> None:
     bare = progress.parse([f'ddp_loss{{{L0},rank="0"}} NaN\n'])
     assert bare.loss is None and bare.step == 0 and bare.steps_per_second() is None
     assert bare.last_check_ok is None and bare.skew is None and bare.last_check_time is None
+    assert bare.last_check_step is None
     # Gauges initialised at 0 and never set are no time.
     zero = progress.parse([f'ddp_sync_last_check_timestamp_seconds{{{L0},rank="0"}} 0.0\n'])
     assert zero.last_check_time is None

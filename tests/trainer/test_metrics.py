@@ -14,7 +14,7 @@ def test_metrics_record_values_with_the_rank_labels() -> None:
     metrics = TrainerMetrics(labels, {"world_size": "4"}, registry)
     metrics.observe_step(1, 0.02, 16, 1.5, True, now=100.0)
     metrics.observe_step(2, 0.03, 16, float("nan"), False, now=101.0)
-    metrics.observe_check("periodic", False, 0.001, 2, 0.5, now=102.0)
+    metrics.observe_check("periodic", 120, False, 0.001, 2, 0.5, now=102.0)
     value = registry.get_sample_value
     assert value("ddp_steps_total", labels) == 2 and value("ddp_samples_total", labels) == 32
     assert value("ddp_loss", labels) == 1.5 and value("ddp_nonfinite_loss_steps_total", labels) == 1
@@ -25,6 +25,7 @@ def test_metrics_record_values_with_the_rank_labels() -> None:
         and value("ddp_sync_max_abs_divergence", labels) == 0.5
     )
     assert value("ddp_last_step_timestamp_seconds", labels) == 101.0
+    assert value("ddp_sync_last_check_step", labels) == 120
     assert value("ddp_sync_last_success_timestamp_seconds", labels) in (None, 0.0)
     assert value("ddp_step", labels) == 2
     assert value("ddp_sync_last_check_timestamp_seconds", labels) == 102.0

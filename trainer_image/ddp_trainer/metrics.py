@@ -51,6 +51,9 @@ class TrainerMetrics:
         self.last_check_ok = gauge(
             contract.SYNC_LAST_CHECK_OK, "1 if the last sync check found every rank bit-identical, else 0."
         ).labels(**labels)
+        self.last_check_step = gauge(
+            contract.SYNC_LAST_CHECK_STEP, "The optimizer step at which the last sync check ran."
+        ).labels(**labels)
         self.sync_every = gauge(
             contract.SYNC_EVERY_STEPS, "Steps between periodic sync checks (the job's syncCheck.everySteps)."
         ).labels(**labels)
@@ -119,7 +122,14 @@ class TrainerMetrics:
         self.last_step.set(now)
 
     def observe_check(
-        self, kind: str, in_sync: bool, duration_seconds: float, mismatched: int, max_abs: float, now: float
+        self,
+        kind: str,
+        step: int,
+        in_sync: bool,
+        duration_seconds: float,
+        mismatched: int,
+        max_abs: float,
+        now: float,
     ) -> None:
         """Record one sync check."""
         self.checks.labels(
@@ -132,6 +142,7 @@ class TrainerMetrics:
         self.max_abs.set(max_abs)
         self.last_check.set(now)
         self.last_check_ok.set(1 if in_sync else 0)
+        self.last_check_step.set(step)
         if in_sync:
             self.last_success.set(now)
 

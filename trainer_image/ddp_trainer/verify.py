@@ -124,7 +124,13 @@ class Verifier:
         tally.last_check_ok = report.in_sync
         if self.metrics is not None:
             self.metrics.observe_check(
-                kind, report.in_sync, duration, len(report.mismatches), report.max_abs_diff, time.time()
+                kind,
+                state.step,
+                report.in_sync,
+                duration,
+                len(report.mismatches),
+                report.max_abs_diff,
+                time.time(),
             )
         if report.in_sync:
             log.info(
