@@ -147,9 +147,9 @@ def remembered_report(previous: Mapping[str, Any], attempt: int) -> contract.Rep
 
 
 def outcome(
-    job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], report: contract.Report | None = None
+    job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], report: contract.Report | None
 ) -> policy.Outcome:
-    """A finished Job as the policy sees it (``report``: rank 0's, when its pod is gone)."""
+    """A finished Job as the policy sees it, with rank 0's ``report`` (from its pod, or remembered)."""
     codes = {
         completion_index(pod): int(state.get("exitCode", 0)) for pod in pods if (state := terminated(pod))
     }
@@ -157,17 +157,15 @@ def outcome(
     reason = str(failed.get("reason", "")) if failed else ""
     culprits = [f"node {i} exited {code}" for i, code in sorted(codes.items()) if code]
     message = ", ".join(culprits) or (str(failed.get("message", "")) if failed else "")
-    disrupted = any(condition(pod, "DisruptionTarget") for pod in pods)
-    crashed = [pod for pod in pods if _failed_on_its_own(pod)]
+    if reason != "DeadlineExceeded":
+        reason = policy.PREEMPTED if any(condition(pod, "DisruptionTarget") for pod in pods) else ""
     return policy.Outcome(
         succeeded=condition(job, "Complete") is not None,
         exit_codes=codes,
-        report=rank0_report(pods) or report,
-        reason="DeadlineExceeded"
-        if reason == "DeadlineExceeded"
-        else (policy.PREEMPTED if disrupted else ""),
+        report=report,
+        reason=reason,
         message=message,
-        crashed=bool(crashed),
+        crashed=any(_failed_on_its_own(pod) for pod in pods),
     )
 
 

@@ -48,10 +48,10 @@ def test_the_header_round_trips_and_its_digest_covers_header_and_payload() -> No
 
 
 def test_the_settings_digest_changes_with_every_setting_that_shapes_the_model_but_not_steps() -> None:
-    base = provenance.settings_digest(CONFIG, 4, precision="fp32", optimizer="AdamW")
+    base = provenance.digest(provenance.settings_of(CONFIG, 4, precision="fp32", optimizer="AdamW"))
     assert base == ME.settings_digest == provenance.digest(dict(reversed(SETTINGS.items())))
     same = dataclasses.replace(CONFIG, steps=10_000, sync_every=5, checkpoint_every=50, checkpoint_keep=9)
-    assert provenance.settings_digest(same, 4, precision="fp32", optimizer="AdamW") == base
+    assert provenance.digest(provenance.settings_of(same, 4, precision="fp32", optimizer="AdamW")) == base
     changed = [
         dataclasses.replace(CONFIG, **{name: value})
         for name, value in [
@@ -63,11 +63,13 @@ def test_the_settings_digest_changes_with_every_setting_that_shapes_the_model_bu
             ("learning_rate", 0.02),
         ]
     ]
-    digests = {provenance.settings_digest(c, 4, precision="fp32", optimizer="AdamW") for c in changed}
+    digests = {
+        provenance.digest(provenance.settings_of(c, 4, precision="fp32", optimizer="AdamW")) for c in changed
+    }
     digests |= {
-        provenance.settings_digest(CONFIG, 2, precision="fp32", optimizer="AdamW"),
-        provenance.settings_digest(CONFIG, 4, precision="bf16", optimizer="AdamW"),
-        provenance.settings_digest(CONFIG, 4, precision="fp32", optimizer="SGD"),
+        provenance.digest(provenance.settings_of(CONFIG, 2, precision="fp32", optimizer="AdamW")),
+        provenance.digest(provenance.settings_of(CONFIG, 4, precision="bf16", optimizer="AdamW")),
+        provenance.digest(provenance.settings_of(CONFIG, 4, precision="fp32", optimizer="SGD")),
     }
     assert base not in digests and len(digests) == 9
 

@@ -90,22 +90,23 @@ def skew_ratio(slowest: float, fastest: float) -> float:
 
 
 class SkewMeter:
-    """This rank's step times since the last publish."""
+    """This rank's step times since the last publish (their sum and count)."""
 
     def __init__(self) -> None:
-        self.step_times: list[float] = []
+        self.total, self.count = 0.0, 0
 
     def add(self, seconds: float) -> None:
         """One step's wall time."""
-        self.step_times.append(seconds)
+        self.total += seconds
+        self.count += 1
 
     def publish(self) -> float | None:
         """Collective (one all_reduce) unless no step was timed on this rank since the last call, which
         happens on every rank alike: the skew between the ranks' mean step times since then."""
-        if not self.step_times:
+        if not self.count:
             return None
-        mean = sum(self.step_times) / len(self.step_times)
-        self.step_times.clear()
+        mean = self.total / self.count
+        self.total, self.count = 0.0, 0
         both = torch.tensor([mean, -mean], dtype=torch.float64, device=sync.comm_device(None))
         dist.all_reduce(both, op=dist.ReduceOp.MAX)
         return skew_ratio(float(both[0]), -float(both[1]))

@@ -74,11 +74,6 @@ def digest(settings: Mapping[str, object]) -> str:
     return hashlib.sha256(_canonical(settings)).hexdigest()
 
 
-def settings_digest(config: TrainerConfig, world_size: int, *, precision: str, optimizer: str) -> str:
-    """:func:`digest` of :func:`settings_of`: equal digests, same model, optimizer and data order."""
-    return digest(settings_of(config, world_size, precision=precision, optimizer=optimizer))
-
-
 def settings_diff(then: Mapping[str, object], now: Mapping[str, object]) -> list[str]:
     """``name: <then> in the checkpoint, <now> now`` for each setting that differs."""
     return [
