@@ -111,11 +111,9 @@ def test_matches_the_reference_across_blocks(dtype: torch.dtype) -> None:
     assert fp(square) == int(fpmod.torch_fingerprint(square)) == reference(square)
 
 
-def test_the_cpu_default_is_the_compiled_pass_when_numba_imports() -> None:
-    from ddp_trainer import fingerprint_numba
-
-    if not fingerprint_numba.available():
-        pytest.skip("numba is not installed: the CPU fingerprint runs the NumPy path")
+def test_the_cpu_default_is_numpy_and_numba_is_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert fpmod.impl_for(torch.device("cpu")) == "numpy"
+    monkeypatch.setenv("DDPJOB_FINGERPRINT_IMPL", "numba")
     assert fpmod.impl_for(torch.device("cpu")) == "numba"
 
 
