@@ -70,16 +70,28 @@ def apply_env_defaults(env: MutableMapping[str, str], device: str) -> None:
             env.setdefault(key, value)
 
 
+def process_start(pid: int) -> str:
+    """The process's start time in clock ticks since boot (``/proc/<pid>/stat``), or ``"0"`` where
+    there is no ``/proc``: with the pid it names one process for as long as the machine is up."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "0"
+    return stat[stat.rfind(")") + 2 :].split()[19]  # field 22; fields after the name start at 3
+
+
 def metrics_dir(env: MutableMapping[str, str], launch: LaunchEnv) -> Path:
     """Prepare ``PROMETHEUS_MULTIPROC_DIR``, shared by the local ranks of one torchrun agent.
 
     Must run before ``prometheus_client`` is imported. The directory is new for every agent process
-    and worker restart (keyed on the agent's pid and the restart count), so no rank ever has to clear
-    another's files.
+    and worker restart (keyed on the agent's pid, its start time and the restart count), so no rank
+    ever has to clear another's files. The start time matters where ``/tmp`` outlives processes (local
+    mode, a shared host): a pid is reused, and a directory keyed on the pid alone would serve the
+    series a dead process left there as this run's.
     """
     if "PROMETHEUS_MULTIPROC_DIR" not in env:
         agent = os.getppid() if launch.launched else os.getpid()
-        name = f"ddpjob-metrics-{agent}-{launch.restart_count}"
+        name = f"ddpjob-metrics-{agent}-{process_start(agent)}-{launch.restart_count}"
         env["PROMETHEUS_MULTIPROC_DIR"] = str(Path(tempfile.gettempdir()) / name)
     path = Path(env["PROMETHEUS_MULTIPROC_DIR"])
     path.mkdir(parents=True, exist_ok=True)
