@@ -21,7 +21,8 @@ WHO_AM_I = """
 import json, os, ssl, urllib.request
 sa = "/var/run/secrets/kubernetes.io/serviceaccount"
 if not os.path.exists(sa + "/token"):
-    raise SystemExit("no token")
+    open(os.environ["DDPJOB_TERMINATION_LOG"], "w").write("no token")
+    raise SystemExit(1)
 token = open(sa + "/token").read()
 url = f"https://{os.environ['KUBERNETES_SERVICE_HOST']}:{os.environ['KUBERNETES_SERVICE_PORT']}"
 review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
@@ -112,12 +113,17 @@ def test_master_service_env_is_the_kubelets() -> None:
 def test_projected_volume_files() -> None:
     pod = {"metadata": {"name": "p", "namespace": "ns"}, "spec": {"serviceAccountName": "sa"}}
     asked: list[tuple[str, int, str | None]] = []
+
+    def token(account: str, seconds: int, audience: str | None) -> str:
+        asked.append((account, seconds, audience))
+        return "TOKEN"
+
     sources = Sources(
         config_map=lambda ns, name: (
             {"ca.crt": "CA", "other": "x"} if (ns, name) == ("ns", "kube-root-ca.crt") else None
         ),
         secret=lambda ns, name: None,
-        token=lambda sa, seconds, audience: asked.append((sa, seconds, audience)) or "TOKEN",
+        token=token,
     )
     volume = {
         "name": "kube-api-access-x",
