@@ -173,7 +173,7 @@ def test_the_chart_grants_only_what_the_operator_uses(cluster: Cluster, run: Run
     assert not set(NOT_EXERCISED) & used, "NOT_EXERCISED names a permission the run did use"
 
 
-def test_no_token_or_secret_in_operator_logs_or_events(cluster: Cluster, run: Run) -> None:
+def test_no_token_or_secret_in_logs_events_or_status(cluster: Cluster, run: Run) -> None:
     pod = run.operator_pod
     folder = (
         cluster.layout.pods
@@ -183,9 +183,14 @@ def test_no_token_or_secret_in_operator_logs_or_events(cluster: Cluster, run: Ru
     assert tokens, f"the node agent wrote no ServiceAccount token under {folder}"
     log = cluster.logs(run.release.namespace, pod["metadata"]["name"])
     events = json.dumps(run.events)
+    trainers = "".join(cluster.logs(run.release.jobs, p["metadata"]["name"]) for p in run.trainer_pods)
+    assert "final check passed" in trainers, trainers[-2000:]  # the logs were read
+    status = json.dumps(get(cluster, run.release.jobs, "trained")["status"])
     for secret in [*tokens, run.secret_value, *[t.split(".")[2] for t in tokens]]:
         assert secret not in log, "a secret appears in the operator's log"
         assert secret not in events, "a secret appears in an Event"
+        assert secret not in trainers, "a secret appears in a trainer's log"
+        assert secret not in status, "a secret appears in the DDPJob's status"
 
 
 def test_trainer_pods_run_non_root_without_a_token(cluster: Cluster, run: Run) -> None:
