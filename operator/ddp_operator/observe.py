@@ -157,7 +157,7 @@ def outcome(
     reason = str(failed.get("reason", "")) if failed else ""
     culprits = [f"node {i} exited {code}" for i, code in sorted(codes.items()) if code]
     message = ", ".join(culprits) or (str(failed.get("message", "")) if failed else "")
-    if reason != "DeadlineExceeded":
+    if reason not in ("DeadlineExceeded", policy.POD_FAILURE_POLICY):
         reason = policy.PREEMPTED if any(condition(pod, "DisruptionTarget") for pod in pods) else ""
     return policy.Outcome(
         succeeded=condition(job, "Complete") is not None,

@@ -273,7 +273,11 @@ def _sync_condition(out: StatusBuilder) -> None:
             "SyncVerified",
             True,
             "BitIdentical",
-            f"{sync.get('checks', 0)} checks found every rank bit-identical",
+            f"{sync.get('mismatches', 0)} of {sync.get('checks', 0)} checks found ranks differing; "
+            f"{sync['repairs']} repair(s) re-broadcast rank 0's model and the last check found every rank "
+            "bit-identical"
+            if sync.get("repairs")
+            else f"{sync.get('checks', 0)} checks found every rank bit-identical",
         )
     else:
         out.condition(

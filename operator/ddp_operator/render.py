@@ -333,6 +333,19 @@ def render_job(spec: Spec, attempt: int) -> Obj:
         "completions": spec.nodes,
         "parallelism": spec.nodes,
         "backoffLimit": 0,
+        # A configuration exit code (2 usage, 78 refused) can never succeed: say so on the Job itself.
+        "podFailurePolicy": {
+            "rules": [
+                {
+                    "action": "FailJob",
+                    "onExitCodes": {
+                        "containerName": CONTAINER_NAME,
+                        "operator": "In",
+                        "values": list(contract.CONFIGURATION_EXIT_CODES),
+                    },
+                }
+            ]
+        },
         # Kueue admits a queued Job by unsuspending it; a suspended DDPJob keeps its Job suspended.
         "suspend": spec.suspend or spec.queue_name is not None,
         "template": {

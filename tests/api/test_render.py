@@ -243,3 +243,14 @@ def test_a_retained_claim_has_no_owner_and_a_volume_needs_no_claim() -> None:
         is None
     )
     assert len(render.render(_with_checkpoint(volume={"nfs": {"server": "s", "path": "/p"}}))) == 2
+
+
+def test_configuration_exit_codes_fail_the_job_at_once() -> None:
+    """The Job's podFailurePolicy carries contract.CONFIGURATION_EXIT_CODES for the trainer container."""
+    job = render.render_job(_spec(INPUTS[0]), 1)
+    (rule,) = job["spec"]["podFailurePolicy"]["rules"]
+    assert rule == {
+        "action": "FailJob",
+        "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [2, 78]},
+    }
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"  # what podFailurePolicy requires

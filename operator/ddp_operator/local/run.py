@@ -19,7 +19,7 @@ from ddp_trainer import contract
 
 from .. import policy, progress
 from ..spec import Spec
-from . import gang, host, plan
+from . import gang, host, logs, plan
 
 GRACE_SECONDS = 30.0  # the trainer checkpoints at its next step boundary on SIGTERM, well within this
 POLL_SECONDS = 0.2
@@ -151,8 +151,10 @@ def _attempt(
     report = contract.parse_report(_read(pods[0].termination_path))
     failed = [(pod, code) for pod, code in zip(pods, first, strict=True) if code]
     for pod, code in failed[:2]:
-        console.say(f"{pod.name} exited {code}; its last lines (all in {pod.log_path}):")
-        for text in members.last_lines(pod.index, 12):
+        error = logs.first_error((_read(pod.log_path) or "").splitlines())
+        which = "its first error" if error else "its last lines"
+        console.say(f"{pod.name} exited {code}; {which} (all its output is in {pod.log_path}):")
+        for text in error or members.last_lines(pod.index, 12):
             console.say(f"  [{pod.name}] {text}")
     culprits = [f"node {pod.index} exited {code}" for pod, code in zip(pods, first, strict=True) if code]
     return policy.Outcome(
