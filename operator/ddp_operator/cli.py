@@ -88,17 +88,39 @@ def _operator(args: argparse.Namespace) -> int:
             handler.addFilter(_quiet_successes)
     opmetrics.serve(args.metrics_port)
     namespaces = args.namespace or []
+    standalone = args.standalone or _no_peering(namespaces)
     kopf.run(
         registry=kopf.get_default_registry(),
         clusterwide=not namespaces,
         namespaces=namespaces,
         liveness_endpoint=f"http://{args.liveness}/healthz",
-        standalone=args.standalone,
-        peering_name=None if args.standalone else "ddpjob-operator",
+        standalone=standalone,
+        peering_name=None if standalone else "ddpjob-operator",  # peering.NAME
         priority=args.priority,
     )
     del handlers  # imported for its registrations
     return 0
+
+
+def _no_peering(namespaces: list[str]) -> bool:
+    """True (after a warning) when the peering object is absent: Kopf would wait for it in silence."""
+    import kubernetes
+
+    from . import peering
+
+    log = logging.getLogger("ddpjob.operator")
+    try:
+        absent = peering.missing(namespaces)
+    except (OSError, kubernetes.config.ConfigException, kubernetes.client.exceptions.ApiException) as exc:
+        log.warning(
+            "cannot check for the peering object %s (%s); Kopf waits until it can read it and peer",
+            peering.NAME,
+            getattr(exc, "reason", None) or exc,
+        )
+        return False
+    if absent:
+        log.warning(peering.standalone_warning(absent))
+    return bool(absent)
 
 
 def _quiet_successes(record: logging.LogRecord) -> bool:
