@@ -15,6 +15,8 @@ from typing import Any
 from ddp_trainer import contract
 
 from . import crd
+from .podcheck import CHECKPOINT_VOLUME as CHECKPOINT_VOLUME
+from .podcheck import SHM_VOLUME as SHM_VOLUME
 from .spec import Spec
 
 MANAGED_BY = "ddpjob-operator"
@@ -23,8 +25,6 @@ ATTEMPT_LABEL = "ddpjob.io/attempt"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 CONTAINER_NAME = "trainer"
-SHM_VOLUME = "dshm"
-CHECKPOINT_VOLUME = "checkpoint"
 DEFAULT_CHECKPOINT_DIR = "/checkpoints"
 TERMINATION_GRACE_SECONDS = 120  # room for the trainer to checkpoint at the next step boundary on SIGTERM
 DEFAULT_CHECKPOINT_KEEP = 2  # spec.checkpoint.keep's default in the CRD

@@ -11,13 +11,13 @@ Long because the dataclasses mirror the CRD's spec one to one; the logic is ``pa
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from . import crd, schema
+from . import crd, podcheck, schema
 from .schema import Problem
 
 
@@ -121,6 +121,8 @@ class Spec:
     queue_name: str | None
     pod_template: PodTemplateSpec
     uid: str | None = None
+    given: frozenset[str] = frozenset()
+    """The spec fields the document itself sets (before defaults)."""
 
     @property
     def world_size(self) -> int:
@@ -202,10 +204,13 @@ def parse(doc: Any, source: str = "", *, admitted: bool = False) -> Spec:
         raise SpecError(problems, _label(doc, source))
     full = defaulted(doc)
     problems = [] if admitted else schema.validate(crd.openapi_schema(), full)
+    if not admitted and not problems:
+        problems = podcheck.problems(full)
     if problems:
         raise SpecError(problems, _label(doc, source))
     try:
-        return _build(full)
+        given = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
+        return replace(_build(full), given=frozenset(given))
     except (KeyError, TypeError, ValueError) as exc:
         raise SpecError(
             [
@@ -335,6 +340,13 @@ def warnings(spec: Spec) -> list[str]:
             f"spec.checkpoint: checkpoints go to a pod-local emptyDir, so the {spec.max_restarts} gang "
             "restart(s) of spec.maxRestarts will start from step 0; give spec.checkpoint.volumeClaimTemplate "
             "(the operator creates a PersistentVolumeClaim) or spec.checkpoint.volume"
+        )
+    ignored = sorted({"trainer", "syncCheck"} & spec.given)
+    if ignored and (spec.command is not None or spec.args is not None):
+        fields = " and ".join(f"spec.{name}" for name in ignored)
+        out.append(
+            f"{fields}: ignored, because spec.command/spec.args run your own program instead of the built-in "
+            "trainer, which alone reads them; remove them, or pass your program its settings in spec.args"
         )
     claim = spec.checkpoint.claim if spec.checkpoint else None
     if claim is not None and spec.nodes > 1 and "ReadWriteMany" not in claim.access_modes:

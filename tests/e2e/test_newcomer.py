@@ -3,19 +3,27 @@ its peering object says so, and what the CRD cannot refuse the API server's verd
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from api.test_refusals import VOLUME, doc_with
 from cluster.fixtures import Cluster, wait_for
+from ddp_operator import render, spec
 
 from .conftest import Operator, children, ddpjob, wait_phase
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+PYTHON_OK = {"command": ["python", "-c", "print('ok')"]}
 
 
 def _apply(cluster: Cluster, namespace: str, doc: dict[str, object]) -> None:
@@ -61,3 +69,67 @@ def test_the_operator_without_its_peering_object_runs_standalone_and_says_so(
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        (
+            {"resources": {"requests": {"memory": "2Gi"}, "limits": {"memory": "1Gi"}}},
+            "must be less than or equal",
+        ),
+        ({"resources": {"requests": {"nvidia.com/gpu": 1}}}, "Limit must be set for non overcommitable"),
+        ({"podTemplate": {"labels": {"team name": "a"}}}, "team name"),
+        ({"podTemplate": {"labels": {"team": "a b"}}}, "a b"),
+        (
+            {"podTemplate": {"volumes": [VOLUME], "volumeMounts": [{"name": "dta", "mountPath": "/d"}]}},
+            "dta",
+        ),
+        (
+            {"env": [{"name": "A", "value": "1", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]},
+            "valueFrom",
+        ),
+    ],
+    ids=[
+        "request-above-limit",
+        "gpu-request-on-cpu",
+        "label-key",
+        "label-value",
+        "mount",
+        "env-value-and-from",
+    ],
+)
+def test_what_validate_refuses_the_api_server_refuses(
+    cluster: Cluster, operator: Operator, namespace: str, fields: dict[str, Any], words: str
+) -> None:
+    """Each refusal of `ddpjob validate` matches the real API server's: the Job rendered without the offline
+    checks is refused at creation (dry run) for the same key and value."""
+    doc = doc_with(**copy.deepcopy(fields))
+    with pytest.raises(spec.SpecError):
+        spec.parse(doc)
+    parsed = dataclasses.replace(spec.parse(doc, admitted=True), namespace=namespace)
+    job = json.dumps(render.render_job(parsed, 1))
+    refused = cluster.kubectl("create", "--dry-run=server", "-f", "-", input=job, check=False)
+    assert refused.returncode != 0 and words in refused.stderr, refused.stderr
+
+
+def test_a_spec_the_crd_accepts_but_the_server_refuses_fails_at_once_creating_nothing(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    resources = {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}
+    _apply(cluster, namespace, ddpjob("greedy", resources=resources, **PYTHON_OK))
+    status = wait_phase(cluster, namespace, "greedy", "Failed", "Succeeded", timeout=120)["status"]
+    failed = {c["type"]: c for c in status["conditions"]}["Failed"]
+    assert failed["reason"] == "InvalidSpec", failed
+    assert "the API server refuses the Job greedy-1" in failed["message"], failed
+    assert "must be less than or equal to cpu limit" in failed["message"], failed
+    for kind in ("jobs", "services", "pods"):
+        assert children(cluster, namespace, kind, "greedy") == [], kind
+
+
+def test_the_crd_names_the_key_the_api_server_refuses(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    doc = ddpjob("labels", podTemplate={"labels": {"ddpjob.io/attempt": "9"}})
+    refused = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc), check=False)
+    assert refused.returncode != 0 and 'label key "ddpjob.io/attempt" is reserved' in refused.stderr, refused
