@@ -8,17 +8,19 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from . import __version__, crd, render
-from .spec import Spec, SpecError, parse_file, warnings
+from .spec import Spec, SpecError, load_documents, other_kinds, parse_file, warnings
 
 
-def _load(path: str) -> list[Spec] | None:
-    """The DDPJobs of a file, or None after printing why the API server would refuse it."""
+def _load(path: str, docs: list[Any] | None = None) -> list[Spec] | None:
+    """The DDPJobs of a file (or of ``docs`` read from it), or None after printing why the API server would
+    refuse it."""
     try:
-        return parse_file(Path(path))
+        return parse_file(Path(path), docs)
     except SpecError as exc:
         for line in exc.lines():
             print(line, file=sys.stderr)
@@ -60,7 +62,14 @@ def _render(args: argparse.Namespace) -> int:
 def _local(args: argparse.Namespace) -> int:
     from .local import plan, run  # the run's imports stay off validate's and render's path
 
-    specs = _load(args.file)
+    try:
+        docs, skipped = other_kinds(load_documents(Path(args.file)))
+    except SpecError as exc:
+        print("\n".join(exc.lines()), file=sys.stderr)
+        return run.EXIT_INVALID
+    for what in skipped:
+        print(f"{args.file}: skipped {what}: `ddpjob local` runs the DDPJob only", file=sys.stderr)
+    specs = _load(args.file, docs)
     if specs is None:
         return run.EXIT_INVALID
     if len(specs) != 1:

@@ -29,6 +29,11 @@ MASTER_PORT: Final = "MASTER_PORT"
 NNODES: Final = "NNODES"
 NODE_RANK: Final = "NODE_RANK"
 WORLD_SIZE: Final = "WORLD_SIZE"
+RANK: Final = "RANK"
+"""Set (to the node rank) only when procsPerNode is 1, so that a plain ``python`` script's
+``init_process_group()`` finds it; with more processes per pod only a launcher (torchrun) can set it."""
+LOCAL_RANK: Final = "LOCAL_RANK"
+"""0 when procsPerNode is 1, like :data:`RANK`."""
 # The DDPJob's own variables.
 JOB_NAME_ENV: Final = "DDPJOB_NAME"
 """The DDPJob's name."""
@@ -64,6 +69,9 @@ def restarts_before(attempt: int) -> int:
 
 # -- the trainer's command line -----------------------------------------------------------------------
 
+IMAGE_ENTRYPOINT: Final = ("torchrun",)
+"""The trainer image's ENTRYPOINT (the Dockerfile's): a DDPJob with ``args`` and no ``command`` runs
+``torchrun <args>``, in a cluster and in ``ddpjob local``."""
 TRAINER_MODULE: Final = "ddp_trainer"
 """The built-in trainer: ``torchrun --module ddp_trainer <flags>``."""
 
