@@ -213,7 +213,13 @@ def build_parser() -> argparse.ArgumentParser:
     operate.add_argument("--json-logs", action="store_true", help="structured (JSON) logs, one object a line")
     operate.set_defaults(run=_operator)
 
-    crd_cmd = commands.add_parser("crd", help="print the DDPJob CustomResourceDefinition")
+    crd_cmd = commands.add_parser(
+        "crd",
+        help="print the DDPJob CustomResourceDefinition",
+        description="Print the DDPJob CustomResourceDefinition (YAML) this ddpjob ships: its schema, "
+        "defaults and validation rules. Install it with `ddpjob crd | kubectl apply --server-side -f -`; "
+        "then `kubectl explain ddpjob.spec` documents every field.",
+    )
     crd_cmd.set_defaults(run=_crd)
     return parser
 

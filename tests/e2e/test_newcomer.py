@@ -133,3 +133,59 @@ def test_the_crd_names_the_key_the_api_server_refuses(
     doc = ddpjob("labels", podTemplate={"labels": {"ddpjob.io/attempt": "9"}})
     refused = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc), check=False)
     assert refused.returncode != 0 and 'label key "ddpjob.io/attempt" is reserved' in refused.stderr, refused
+
+
+POD_SETTINGS: dict[str, Any] = {
+    "imagePullSecrets": [{"name": "registry"}],
+    "runtimeClassName": "nvidia",
+    "securityContext": {"fsGroup": 2000, "runAsUser": 1001},
+    "containerSecurityContext": {"capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]}},
+    "hostNetwork": True,
+    "initContainers": [
+        {"name": "fetch", "image": "busybox", "command": ["true"]},
+        {"name": "logs", "image": "busybox", "command": ["sleep", "inf"], "restartPolicy": "Always"},
+    ],
+    "topologySpreadConstraints": [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": {"ddpjob.io/job-name": "demo"}},
+        }
+    ],
+}
+
+
+def test_a_pod_with_every_cluster_setting_is_accepted(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    """The settings real GPU clusters need, rendered into one Job, pass the real API server's validation
+    (a dry run: the RuntimeClass and Secret need not exist), and so does the DDPJob that asks for them."""
+    doc = doc_with(
+        podTemplate=POD_SETTINGS,
+        envFrom=[{"configMapRef": {"name": "settings"}}, {"secretRef": {"name": "tokens", "optional": True}}],
+        resources={"limits": {"rdma/hca": 1}},
+    )
+    parsed = dataclasses.replace(spec.parse(doc), namespace=namespace)
+    job = render.render_job(parsed, 1)
+    pod = job["spec"]["template"]["spec"]
+    assert pod["dnsPolicy"] == "ClusterFirstWithHostNet" and pod["containers"][0]["resources"]["limits"]
+    accepted = cluster.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(job))
+    stored = json.loads(accepted.stdout)["spec"]["template"]["spec"]
+    assert stored["initContainers"][1]["restartPolicy"] == "Always" and stored["hostNetwork"] is True
+    applied = cluster.kubectl(
+        "apply", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(doc), check=False
+    )
+    assert applied.returncode == 0, applied.stderr
+
+
+def test_a_plain_python_script_finds_its_rank(cluster: Cluster, operator: Operator, namespace: str) -> None:
+    """procsPerNode 1, no torchrun: init_process_group() reads RANK, WORLD_SIZE and MASTER_* from the pod."""
+    script = (
+        "import os, torch, torch.distributed as dist; dist.init_process_group('gloo'); "
+        "t = torch.ones(1); dist.all_reduce(t); assert t.item() == dist.get_world_size() == 2; "
+        "assert os.environ['LOCAL_RANK'] == '0'; dist.destroy_process_group()"
+    )
+    _apply(cluster, namespace, ddpjob("plain", command=["python", "-c", script], maxRestarts=0))
+    status = wait_phase(cluster, namespace, "plain", "Succeeded", "Failed", timeout=240)["status"]
+    assert status["phase"] == "Succeeded", status

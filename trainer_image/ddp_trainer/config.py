@@ -39,17 +39,17 @@ class TrainerConfig:
     """Collective backend; ``auto`` is nccl on cuda and gloo on cpu."""
     seed: int = 0
     """Seed for model initialization (the same on every rank) and data order."""
-    steps: int = 100
+    steps: int = 1000
     """Optimizer steps to train in total (a resumed run continues up to this step)."""
     batch_size: int = 32
     """Samples per micro-batch per rank."""
-    learning_rate: float = 1e-3
+    learning_rate: float = 0.01
     """AdamW learning rate (constant)."""
     grad_accumulation: int = 1
     """Micro-batches per optimizer step; all but the last run under DDP's ``no_sync()``."""
-    checkpoint_every: int = 0
-    """Save a verified checkpoint every N steps; 0 turns the schedule off (SIGTERM still saves one
-    when ``checkpoint_dir`` is set)."""
+    checkpoint_every: int = 100
+    """Save a verified checkpoint every N steps when ``checkpoint_dir`` is set; 0 turns the schedule off
+    (SIGTERM still saves one)."""
     checkpoint_dir: str = ""
     """Where checkpoints live; this job's newest intact one found here is restored at start (one written by
     another job or with other settings is refused). Empty: no checkpoints."""
