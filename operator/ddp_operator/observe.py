@@ -170,11 +170,17 @@ def outcome(
 
 
 def _failed_on_its_own(pod: Mapping[str, Any]) -> bool:
-    """A pod nobody deleted that exited non-zero, and not with the SIGTERM code (128 + 15) of a stop."""
+    """A pod nobody deleted that exited non-zero, and not with the SIGTERM code (128 + 15) of a stop, nor
+    after its own report says ``Interrupted``: when another pod of the gang is deleted, every rank agrees
+    to stop at the next step, and torchrun exits 1 for a worker that exited 143 (the Job's
+    podFailurePolicy lets the pods end on their own before it fails the Job)."""
     if pod.get("metadata", {}).get("deletionTimestamp"):
         return False
     state = terminated(pod)
-    return state is not None and int(state.get("exitCode", 0)) not in (0, contract.INTERRUPTED_EXIT_CODE)
+    if state is None or int(state.get("exitCode", 0)) in (0, contract.INTERRUPTED_EXIT_CODE):
+        return False
+    report = contract.parse_report(state.get("message"))
+    return report is None or report.get("result") != contract.INTERRUPTED
 
 
 def observe(

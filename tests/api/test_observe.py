@@ -107,3 +107,15 @@ def test_a_job_failed_by_its_pod_failure_policy_is_a_configuration_error() -> No
     assert facts.job is not None and facts.job.outcome is not None
     assert facts.job.outcome.reason == "PodFailurePolicy"
     assert policy.decide(facts.job.outcome, 1, 3).reason == "UsageError"
+
+
+def test_a_pod_that_stopped_with_the_gang_is_no_crash() -> None:
+    """Pod 1 deleted: all ranks stop at the next step; pod 0's torchrun exits 1, its report Interrupted."""
+    report = json.dumps({"result": "Interrupted", "reason": "Terminated", "message": "stopped"})
+    deleted = _pod(1, 1, code=143)
+    deleted["metadata"]["deletionTimestamp"] = "2026-11-22T12:00:00Z"
+    facts = observe.observe({}, [_job(1, "Failed")], [_pod(1, 0, code=1, message=report), deleted])
+    assert facts.job is not None and facts.job.outcome is not None and not facts.job.outcome.crashed
+    assert policy.decide(facts.job.outcome, 1, 3).reason == policy.PREEMPTED
+    crashed = observe.observe({}, [_job(1, "Failed")], [_pod(1, 0, code=1, message="Traceback ..."), deleted])
+    assert crashed.job is not None and crashed.job.outcome is not None and crashed.job.outcome.crashed
