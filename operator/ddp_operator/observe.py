@@ -15,6 +15,7 @@ from typing import Any
 from ddp_trainer import contract
 
 from . import policy, render
+from .local import logs
 from .plan import Target
 
 
@@ -155,7 +156,12 @@ def outcome(
     }
     failed = condition(job, "Failed")
     reason = str(failed.get("reason", "")) if failed else ""
-    culprits = [f"node {i} exited {code}" for i, code in sorted(codes.items()) if code]
+    errors = {completion_index(pod): error for pod in pods if (error := _first_error(pod))}
+    culprits = [
+        f"node {i} exited {code}" + (f": {errors[i]}" if i in errors else "")
+        for i, code in sorted(codes.items())
+        if code
+    ]
     message = ", ".join(culprits) or (str(failed.get("message", "")) if failed else "")
     if reason not in ("DeadlineExceeded", policy.POD_FAILURE_POLICY):
         reason = policy.PREEMPTED if any(condition(pod, "DisruptionTarget") for pod in pods) else ""
@@ -167,6 +173,17 @@ def outcome(
         message=message,
         crashed=any(_failed_on_its_own(pod) for pod in pods),
     )
+
+
+def _first_error(pod: Mapping[str, Any]) -> str:
+    """The exception (or usage error) in a failed pod's termination message when it is a log tail
+    (``FallbackToLogsOnError``), not a report: the failing rank's first error, not torchrun's summary."""
+    state = terminated(pod)
+    text = str((state or {}).get("message") or "")
+    if not text or contract.parse_report(text) is not None:
+        return ""
+    found = logs.first_error(text.splitlines())
+    return logs.strip_rank(found[-1]).strip()[:300] if found else ""
 
 
 def _failed_on_its_own(pod: Mapping[str, Any]) -> bool:

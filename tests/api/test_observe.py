@@ -119,3 +119,19 @@ def test_a_pod_that_stopped_with_the_gang_is_no_crash() -> None:
     assert policy.decide(facts.job.outcome, 1, 3).reason == policy.PREEMPTED
     crashed = observe.observe({}, [_job(1, "Failed")], [_pod(1, 0, code=1, message="Traceback ..."), deleted])
     assert crashed.job is not None and crashed.job.outcome is not None and crashed.job.outcome.crashed
+
+
+def test_a_crash_log_names_the_failing_ranks_first_error() -> None:
+    """A termination message that is a log tail (FallbackToLogsOnError): the exception, not torchrun's."""
+    tail = "\n".join(
+        [
+            "[rank1]: Traceback (most recent call last):",
+            '[rank1]:   File "/app/train.py", line 4, in <module>',
+            "[rank1]: KeyError: 'LABELS'",
+            "Root Cause (first observed failure):",
+            "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
+        ]
+    )
+    facts = observe.observe({}, [_job(1, "Failed")], [_pod(1, 0, code=143), _pod(1, 1, code=1, message=tail)])
+    assert facts.job is not None and facts.job.outcome is not None
+    assert facts.job.outcome.message == "node 0 exited 143, node 1 exited 1: KeyError: 'LABELS'"

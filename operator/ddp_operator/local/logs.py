@@ -40,8 +40,12 @@ def _rank_of(line: str) -> int | None:
     return int(match[1]) if match else None
 
 
-def _text(line: str) -> str:
+def strip_rank(line: str) -> str:
+    """A line without torchrun's ``[rankN]:`` prefix."""
     return _RANK_PREFIX.sub("", line, count=1)
+
+
+_text = strip_rank
 
 
 def _root_cause(lines: Sequence[str]) -> int | None:
