@@ -154,3 +154,27 @@ def test_round_trip_render_run_the_trainer_read_the_status(tmp_path: Path, attem
 )
 def test_parse_report(text: str | None, expected: dict[str, Any] | None) -> None:
     assert contract.parse_report(text) == expected
+
+
+def test_crd_defaults_are_the_trainers_defaults() -> None:
+    """A DDPJob that sets nothing trains exactly as `torchrun --module ddp_trainer` with no flags: the CRD's
+    defaults, mapped to trainer flags by render.trainer_values (the one mapping), equal TrainerConfig's."""
+    import dataclasses
+
+    from ddp_operator import render
+    from ddp_operator.spec import parse
+    from ddp_trainer.config import TrainerConfig
+
+    doc = {
+        "apiVersion": "ddpjob.io/v1alpha1",
+        "kind": "DDPJob",
+        "metadata": {"name": "d"},
+        "spec": {"nodes": 1},
+    }
+    values = render.trainer_values(parse(doc))
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainerConfig)}
+    # where the pod differs on purpose: the device the spec asks for, and the checkpoint volume's path
+    for own in ("device", "backend", "checkpoint_dir"):
+        values.pop(own)
+    assert values == {name: defaults[name] for name in values}
+    assert {"steps", "learning_rate", "checkpoint_every", "sync_every", "model"} <= set(values)

@@ -51,3 +51,14 @@ def test_images_install_the_wheel_of_this_version() -> None:
     assert sorted(extra for _, extra in installs) == ["operator", "trainer"]
     assert {wheel for wheel, _ in installs} == {f"ddpjob-{version}-py3-none-any.whl"}
     assert "--editable" not in (REPO / "Dockerfile").read_text()
+
+
+def test_the_trainer_entrypoint_is_the_contracts() -> None:
+    """`ddpjob local` runs a spec with only `args` as the image would: after contract.IMAGE_ENTRYPOINT."""
+    import json
+
+    from ddp_trainer import contract
+
+    trainer = re.split(r"^FROM ", (REPO / "Dockerfile").read_text(), flags=re.M)[-1]
+    (line,) = [line for line in trainer.splitlines() if line.startswith("ENTRYPOINT ")]
+    assert tuple(json.loads(line.removeprefix("ENTRYPOINT "))) == contract.IMAGE_ENTRYPOINT

@@ -7,6 +7,7 @@ or repeated reconciles and operator restarts never duplicate children.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -18,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from . import crd, opmetrics
 from .plan import Plan
-from .reconcile import plan_for
+from .reconcile import plan_for, refused
 from .scraper import Scraper
 
 Logger = logging.Logger | kopf.ObjectLogger
@@ -39,7 +40,11 @@ def reconcile(
     key = (body["metadata"].get("namespace") or "", body["metadata"]["name"])
     try:
         snapshot = scraper.latest(key) if scraper else None
-        plan = plan_for(body, jobs, pods, dt.datetime.now(dt.UTC), snapshot)
+        now = dt.datetime.now(dt.UTC)
+        plan = plan_for(body, jobs, pods, now, snapshot)
+        if (refusal := refused_in_dry_run(body, plan)) is not None:
+            generation = int(body["metadata"].get("generation") or 0)
+            plan = refused(dict(body.get("status") or {}), generation, now, refusal)
         if scraper is not None:
             if plan.scrape is None:
                 scraper.forget(key)
@@ -81,6 +86,39 @@ def _ignore(codes: tuple[int, ...], call: Callable[..., Any], *args: Any, **kwar
 
 def _event(body: Mapping[str, Any], type: str, reason: str, message: str) -> None:
     kopf.event(dict(body), type=type, reason=reason, message=message)  # type: ignore[arg-type]
+
+
+def refused_in_dry_run(body: Mapping[str, Any], plan: Plan) -> str | None:
+    """The API server's refusal of an object the plan creates, asked with ``dryRun`` before any is created
+    (so a spec the CRD could not refuse creates nothing half-way), or None when it would accept them all."""
+    if plan.create_job is None:
+        return None
+    namespace = body["metadata"]["namespace"]
+    core, batch = kubernetes.client.CoreV1Api(), kubernetes.client.BatchV1Api()
+    creates: list[tuple[Callable[..., Any], Mapping[str, Any] | None]] = [
+        (core.create_namespaced_persistent_volume_claim, plan.create_claim),
+        (core.create_namespaced_service, plan.create_service),
+        (batch.create_namespaced_job, plan.create_job),
+    ]
+    for create, obj in creates:
+        if obj is None:
+            continue
+        try:
+            create(namespace, obj, dry_run="All")
+        except ApiException as exc:
+            if exc.status in (400, 422):
+                kind, name = obj["kind"], obj["metadata"]["name"]
+                return f"the API server refuses the {kind} {name} this spec renders: {_server_message(exc)}"
+            if exc.status != 409:
+                raise
+    return None
+
+
+def _server_message(exc: ApiException) -> str:
+    try:
+        return str(json.loads(exc.body or "")["message"])
+    except (TypeError, ValueError, KeyError):
+        return f"{exc.status} {exc.reason}"
 
 
 def carry_out(body: Mapping[str, Any], plan: Plan, logger: Logger) -> None:

@@ -8,17 +8,19 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from . import __version__, crd, render
-from .spec import Spec, SpecError, parse_file, warnings
+from .spec import Spec, SpecError, load_documents, other_kinds, parse_file, warnings
 
 
-def _load(path: str) -> list[Spec] | None:
-    """The DDPJobs of a file, or None after printing why the API server would refuse it."""
+def _load(path: str, docs: list[Any] | None = None) -> list[Spec] | None:
+    """The DDPJobs of a file (or of ``docs`` read from it), or None after printing why the API server would
+    refuse it."""
     try:
-        return parse_file(Path(path))
+        return parse_file(Path(path), docs)
     except SpecError as exc:
         for line in exc.lines():
             print(line, file=sys.stderr)
@@ -60,7 +62,14 @@ def _render(args: argparse.Namespace) -> int:
 def _local(args: argparse.Namespace) -> int:
     from .local import plan, run  # the run's imports stay off validate's and render's path
 
-    specs = _load(args.file)
+    try:
+        docs, skipped = other_kinds(load_documents(Path(args.file)))
+    except SpecError as exc:
+        print("\n".join(exc.lines()), file=sys.stderr)
+        return run.EXIT_INVALID
+    for what in skipped:
+        print(f"{args.file}: skipped {what}: `ddpjob local` runs the DDPJob only", file=sys.stderr)
+    specs = _load(args.file, docs)
     if specs is None:
         return run.EXIT_INVALID
     if len(specs) != 1:
@@ -88,17 +97,39 @@ def _operator(args: argparse.Namespace) -> int:
             handler.addFilter(_quiet_successes)
     opmetrics.serve(args.metrics_port)
     namespaces = args.namespace or []
+    standalone = args.standalone or _no_peering(namespaces)
     kopf.run(
         registry=kopf.get_default_registry(),
         clusterwide=not namespaces,
         namespaces=namespaces,
         liveness_endpoint=f"http://{args.liveness}/healthz",
-        standalone=args.standalone,
-        peering_name=None if args.standalone else "ddpjob-operator",
+        standalone=standalone,
+        peering_name=None if standalone else "ddpjob-operator",  # peering.NAME
         priority=args.priority,
     )
     del handlers  # imported for its registrations
     return 0
+
+
+def _no_peering(namespaces: list[str]) -> bool:
+    """True (after a warning) when the peering object is absent: Kopf would wait for it in silence."""
+    import kubernetes
+
+    from . import peering
+
+    log = logging.getLogger("ddpjob.operator")
+    try:
+        absent = peering.missing(namespaces)
+    except (OSError, kubernetes.config.ConfigException, kubernetes.client.exceptions.ApiException) as exc:
+        log.warning(
+            "cannot check for the peering object %s (%s); Kopf waits until it can read it and peer",
+            peering.NAME,
+            getattr(exc, "reason", None) or exc,
+        )
+        return False
+    if absent:
+        log.warning(peering.standalone_warning(absent))
+    return bool(absent)
 
 
 def _quiet_successes(record: logging.LogRecord) -> bool:
@@ -182,7 +213,13 @@ def build_parser() -> argparse.ArgumentParser:
     operate.add_argument("--json-logs", action="store_true", help="structured (JSON) logs, one object a line")
     operate.set_defaults(run=_operator)
 
-    crd_cmd = commands.add_parser("crd", help="print the DDPJob CustomResourceDefinition")
+    crd_cmd = commands.add_parser(
+        "crd",
+        help="print the DDPJob CustomResourceDefinition",
+        description="Print the DDPJob CustomResourceDefinition (YAML) this ddpjob ships: its schema, "
+        "defaults and validation rules. Install it with `ddpjob crd | kubectl apply --server-side -f -`; "
+        "then `kubectl explain ddpjob.spec` documents every field.",
+    )
     crd_cmd.set_defaults(run=_crd)
     return parser
 

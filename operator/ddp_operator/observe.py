@@ -15,6 +15,7 @@ from typing import Any
 from ddp_trainer import contract
 
 from . import policy, render
+from .local import logs
 from .plan import Target
 
 
@@ -155,9 +156,14 @@ def outcome(
     }
     failed = condition(job, "Failed")
     reason = str(failed.get("reason", "")) if failed else ""
-    culprits = [f"node {i} exited {code}" for i, code in sorted(codes.items()) if code]
+    errors = {completion_index(pod): error for pod in pods if (error := _first_error(pod))}
+    culprits = [
+        f"node {i} exited {code}" + (f": {errors[i]}" if i in errors else "")
+        for i, code in sorted(codes.items())
+        if code
+    ]
     message = ", ".join(culprits) or (str(failed.get("message", "")) if failed else "")
-    if reason != "DeadlineExceeded":
+    if reason not in ("DeadlineExceeded", policy.POD_FAILURE_POLICY):
         reason = policy.PREEMPTED if any(condition(pod, "DisruptionTarget") for pod in pods) else ""
     return policy.Outcome(
         succeeded=condition(job, "Complete") is not None,
@@ -169,12 +175,29 @@ def outcome(
     )
 
 
+def _first_error(pod: Mapping[str, Any]) -> str:
+    """The exception (or usage error) in a failed pod's termination message when it is a log tail
+    (``FallbackToLogsOnError``), not a report: the failing rank's first error, not torchrun's summary."""
+    state = terminated(pod)
+    text = str((state or {}).get("message") or "")
+    if not text or contract.parse_report(text) is not None:
+        return ""
+    found = logs.first_error(text.splitlines())
+    return logs.strip_rank(found[-1]).strip()[:300] if found else ""
+
+
 def _failed_on_its_own(pod: Mapping[str, Any]) -> bool:
-    """A pod nobody deleted that exited non-zero, and not with the SIGTERM code (128 + 15) of a stop."""
+    """A pod nobody deleted that exited non-zero, and not with the SIGTERM code (128 + 15) of a stop, nor
+    after its own report says ``Interrupted``: when another pod of the gang is deleted, every rank agrees
+    to stop at the next step, and torchrun exits 1 for a worker that exited 143 (the Job's
+    podFailurePolicy lets the pods end on their own before it fails the Job)."""
     if pod.get("metadata", {}).get("deletionTimestamp"):
         return False
     state = terminated(pod)
-    return state is not None and int(state.get("exitCode", 0)) not in (0, contract.INTERRUPTED_EXIT_CODE)
+    if state is None or int(state.get("exitCode", 0)) in (0, contract.INTERRUPTED_EXIT_CODE):
+        return False
+    report = contract.parse_report(state.get("message"))
+    return report is None or report.get("result") != contract.INTERRUPTED
 
 
 def observe(

@@ -5,8 +5,10 @@ An attempt is one Indexed Job: all pods start together and one failed pod fails 
 - a sync divergence under ``onDivergence: Fail`` fails the DDPJob at once: restarting would resume the
   same diverged training, so the operator says what diverged instead of burning restarts;
 - an invalid spec fails at once as well: no restart can fix it, and neither can one after the deadline;
-- so does a refused checkpoint (another job's, or this job's written with other settings): every attempt
-  would find the same files in the same volume;
+- so does a configuration error: a refused checkpoint (another job's, or this job's written with other
+  settings: every attempt would find the same files in the same volume), a refused command line, any pod
+  that exits with one of ``contract.CONFIGURATION_EXIT_CODES`` (2 usage, 78 refused; the Job's
+  ``podFailurePolicy`` fails the Job on them too);
 - a preemption (a pod deleted gracefully or evicted: the trainer checkpointed at SIGTERM) restarts the
   gang without using up ``maxRestarts``;
 - any other failure starts attempt + 1 (resuming from the last good checkpoint) while restarts are left.
@@ -56,15 +58,31 @@ def diverged(outcome: Outcome) -> bool:
     return contract.DIVERGENCE_EXIT_CODE in outcome.exit_codes.values()
 
 
-def checkpoint_refused(outcome: Outcome) -> str:
-    """The report's reason (``ForeignCheckpoint``, ``SettingsChanged``) when the trainer refused the
-    checkpoint it found, ``CheckpointRefused`` when only the exit code says so, else ``""``."""
+def configuration_error(outcome: Outcome) -> str:
+    """Why the attempt can never succeed as configured, else ``""``: the report's reason
+    (``ForeignCheckpoint``, ``SettingsChanged``, ``InvalidArguments``), or what a configuration exit code
+    (``contract.CONFIGURATION_EXIT_CODES``) or the Job's ``podFailurePolicy`` says."""
     reason = (outcome.report or {}).get("reason")
-    if reason in contract.CHECKPOINT_REFUSED_REASONS:
+    if reason in contract.CONFIGURATION_REASONS:
         return str(reason)
-    if contract.CHECKPOINT_REFUSED_EXIT_CODE in outcome.exit_codes.values():
+    codes = set(outcome.exit_codes.values())
+    if contract.CHECKPOINT_REFUSED_EXIT_CODE in codes:
         return "CheckpointRefused"
+    if contract.USAGE_EXIT_CODE in codes:
+        return "UsageError"
+    if outcome.reason == POD_FAILURE_POLICY:
+        return "ConfigurationError"
     return ""
+
+
+POD_FAILURE_POLICY = "PodFailurePolicy"
+"""The reason of a Job's ``Failed`` condition when its ``podFailurePolicy`` failed it (a configuration exit
+code: see ``render``)."""
+_CONFIGURATION_WORDS = {
+    "UsageError": "exit code 2 is a usage error, which no restart can fix",
+    "CheckpointRefused": "exit code 78 means the checkpoint was refused, which no restart can fix",
+    "ConfigurationError": "a configuration exit code (the Job's podFailurePolicy), which no restart can fix",
+}
 
 
 def preempted(outcome: Outcome) -> bool:
@@ -89,9 +107,11 @@ def decide(outcome: Outcome, attempt: int, max_restarts: int, preemptions: int =
     if diverged(outcome):
         detail = (outcome.report or {}).get("message") or "the replicas are no longer bit-identical"
         return Decision(Action.FAIL, "SyncDivergence", f"attempt {attempt}: {detail}; not restarting")
-    refused = checkpoint_refused(outcome)
+    refused = configuration_error(outcome)
     if refused:
-        detail = (outcome.report or {}).get("message") or "the trainer refused the checkpoint it found"
+        detail = (outcome.report or {}).get("message") or (
+            f"{outcome.message or _failed_pods(outcome)}: {_CONFIGURATION_WORDS.get(refused, refused)}"
+        )
         return Decision(Action.FAIL, refused, f"attempt {attempt}: {detail}; not restarting")
     if outcome.reason == "InvalidSpec":
         return Decision(Action.FAIL, "InvalidSpec", outcome.message or "the spec is invalid; not restarting")
@@ -105,6 +125,9 @@ def decide(outcome: Outcome, attempt: int, max_restarts: int, preemptions: int =
             "checkpoint; restarting the gang from it (preemptions do not count against maxRestarts)",
         )
     why = outcome.message or _failed_pods(outcome)
+    report = outcome.report or {}
+    if report.get("result") == contract.FAILED and report.get("message"):
+        why += f"; rank 0: {report.get('reason', 'TrainerError')}: {report['message']}"
     restarts = contract.restarts_before(attempt) - preemptions
     if restarts < max_restarts:
         return Decision(

@@ -228,18 +228,38 @@ def line(progress: Progress, total_steps: int, elapsed: float, first: Progress |
 
 
 def sync_sentence(report: Mapping[str, Any] | None) -> str:
-    """The sync report in one sentence a person reads at a glance."""
+    """The sync report in one sentence a person reads at a glance: what happened, not a guess. "Diverged"
+    only for a divergence; a repaired run says how many mismatches it repaired; a single rank says that
+    its checks compare nothing."""
     if not report:
         return "not reported (the command is not the ddpjob trainer, or it stopped before its report)"
     checks, ranks = report.get("checks", 0), report.get("worldSize", "?")
-    if report.get("verified"):
-        repaired = f", after {report['repairs']} repair(s)" if report.get("repairs") else ""
-        return (
-            f"replicas verified bit-identical {checks} times across {ranks} ranks{repaired} "
-            f"(last check at step {report.get('lastCheckStep')})"
+    mismatches, repairs = report.get("mismatches", 0), report.get("repairs", 0)
+    result, reason = report.get("result"), report.get("reason", "")
+    last = f"last check at step {report.get('lastCheckStep')}"
+    if result == contract.FAILED:
+        seen = (
+            f"{mismatches} of {checks} sync checks found ranks differing"
+            if mismatches
+            else f"none of its {checks} sync checks found ranks differing"
         )
-    tensors = ", ".join(report.get("mismatchedTensors", [])[:5]) or "unknown tensors"
-    return (
-        f"replicas DIVERGED: {report.get('mismatches', 0)} of {checks} checks found ranks differing "
-        f"({tensors}); {report.get('message', '')}"
-    )
+        return f"no verdict: the trainer failed ({reason}: {report.get('message', '')}); {seen}"
+    if ranks == 1:
+        return (
+            f"a single rank: its {checks} sync checks had no other replica to compare with, so they prove "
+            "nothing about replicas agreeing (run 2 or more ranks for that)"
+        )
+    if result == contract.DIVERGED or (mismatches and not report.get("verified")):
+        tensors = ", ".join(report.get("mismatchedTensors", [])[:5]) or "unknown tensors"
+        ignored = " (ignored: onDivergence is Warn)" if result == contract.SUCCEEDED else ""
+        return (
+            f"replicas DIVERGED{ignored}: {mismatches} of {checks} checks found ranks differing "
+            f"({tensors}); {report.get('message', '')}"
+        )
+    so_far = " so far (interrupted)" if result == contract.INTERRUPTED else ""
+    if repairs:
+        return (
+            f"{mismatches} of {checks} checks found ranks differing across {ranks} ranks; {repairs} "
+            f"repair(s) re-broadcast rank 0's model, and the {last} found every rank bit-identical{so_far}"
+        )
+    return f"replicas verified bit-identical {checks} times across {ranks} ranks{so_far} ({last})"

@@ -69,10 +69,15 @@ def plan_for(
 
 def invalid_spec(error: SpecError, previous: Mapping[str, Any], generation: int, now: dt.datetime) -> Plan:
     """A spec the API server should have refused (a hand-edited object, an older CRD): fail, say why."""
+    return refused(previous, generation, now, "; ".join(str(problem) for problem in error.problems))
+
+
+def refused(previous: Mapping[str, Any], generation: int, now: dt.datetime, message: str) -> Plan:
+    """Fail with reason ``InvalidSpec`` and ``message``, creating nothing: a spec this operator cannot read,
+    or one whose children the API server refused in a dry run (``apply``)."""
     out = StatusBuilder(previous, stamp(now))
     out.values.update({k: v for k, v in previous.items() if k != "conditions"}, observedGeneration=generation)
-    message = "; ".join(str(problem) for problem in error.problems)[:1024]
-    return _finish(out, False, "InvalidSpec", message)
+    return _finish(out, False, "InvalidSpec", message[:1024])
 
 
 def decide(inputs: Inputs) -> Plan:
@@ -273,7 +278,11 @@ def _sync_condition(out: StatusBuilder) -> None:
             "SyncVerified",
             True,
             "BitIdentical",
-            f"{sync.get('checks', 0)} checks found every rank bit-identical",
+            f"{sync.get('mismatches', 0)} of {sync.get('checks', 0)} checks found ranks differing; "
+            f"{sync['repairs']} repair(s) re-broadcast rank 0's model and the last check found every rank "
+            "bit-identical"
+            if sync.get("repairs")
+            else f"{sync.get('checks', 0)} checks found every rank bit-identical",
         )
     else:
         out.condition(

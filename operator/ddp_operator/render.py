@@ -15,6 +15,8 @@ from typing import Any
 from ddp_trainer import contract
 
 from . import crd
+from .podcheck import CHECKPOINT_VOLUME as CHECKPOINT_VOLUME
+from .podcheck import SHM_VOLUME as SHM_VOLUME
 from .spec import Spec
 
 MANAGED_BY = "ddpjob-operator"
@@ -23,8 +25,6 @@ ATTEMPT_LABEL = "ddpjob.io/attempt"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 CONTAINER_NAME = "trainer"
-SHM_VOLUME = "dshm"
-CHECKPOINT_VOLUME = "checkpoint"
 DEFAULT_CHECKPOINT_DIR = "/checkpoints"
 TERMINATION_GRACE_SECONDS = 120  # room for the trainer to checkpoint at the next step boundary on SIGTERM
 DEFAULT_CHECKPOINT_KEEP = 2  # spec.checkpoint.keep's default in the CRD
@@ -188,6 +188,7 @@ def injected_env(spec: Spec, attempt: int) -> list[Obj]:
         _value(contract.NNODES, spec.nodes),
         _field(contract.NODE_RANK, index),
         _value(contract.WORLD_SIZE, spec.world_size),
+        *_single_process_ranks(spec, index),
         _value(contract.JOB_NAME_ENV, spec.name),
         _value(contract.JOB_UID_ENV, spec.uid or PLACEHOLDER_UID),
         _field(contract.JOB_NAMESPACE_ENV, "metadata.namespace"),
@@ -198,6 +199,31 @@ def injected_env(spec: Spec, attempt: int) -> list[Obj]:
     if spec.backend == "nccl":
         env += _nccl_env(spec)
     return env
+
+
+def _single_process_ranks(spec: Spec, index: str) -> list[Obj]:
+    """RANK and LOCAL_RANK for a plain ``python`` script, which reads them in ``init_process_group()``: with
+    one process per pod they are the node rank and 0 (torchrun sets its own per process, as always)."""
+    if spec.procs_per_node != 1:
+        return []
+    return [_field(contract.RANK, index), _value(contract.LOCAL_RANK, 0)]
+
+
+DEFAULT_CPU_MILLIS_PER_PROCESS = 500
+DEFAULT_MEMORY_GI_PER_PROCESS = 1
+
+
+def _default_requests(spec: Spec) -> dict[str, str]:
+    """CPU and memory requests for what the user neither requests nor limits (a pod without any is
+    BestEffort: evicted first, and packed onto a node with no regard for it)."""
+    given = {name for values in spec.resources.values() for name in values}
+    defaults = {
+        "cpu": f"{millis // 1000}"
+        if (millis := DEFAULT_CPU_MILLIS_PER_PROCESS * spec.procs_per_node) % 1000 == 0
+        else f"{millis}m",
+        "memory": f"{DEFAULT_MEMORY_GI_PER_PROCESS * spec.procs_per_node}Gi",
+    }
+    return {name: value for name, value in defaults.items() if name not in given}
 
 
 def _nccl_env(spec: Spec) -> list[Obj]:
@@ -224,12 +250,15 @@ def container_env(spec: Spec, attempt: int) -> list[Obj]:
 
 
 def container_resources(spec: Spec) -> Obj:
-    """The user's resources as quantity strings (the API's canonical form), plus one GPU per process."""
+    """The user's resources as quantity strings (the API's canonical form), plus one GPU per process and
+    default CPU and memory requests (``_default_requests``)."""
     resources: Obj = {
         kind: {name: str(value) for name, value in values.items()} for kind, values in spec.resources.items()
     }
     if spec.device == "cuda":
         resources.setdefault("limits", {}).setdefault("nvidia.com/gpu", str(spec.procs_per_node))
+    if defaults := _default_requests(spec):
+        resources["requests"] = {**defaults, **resources.get("requests", {})}
     return resources
 
 
@@ -270,6 +299,7 @@ def _container(spec: Spec, attempt: int, mounts: list[Obj]) -> Obj:
         "imagePullPolicy": "IfNotPresent",
         **_command(spec),
         "env": container_env(spec, attempt),
+        **({"envFrom": [dict(source) for source in spec.env_from]} if spec.env_from else {}),
         "ports": [
             {"name": "rendezvous", "containerPort": spec.master_port, "protocol": "TCP"},
             {"name": contract.METRICS_PORT_NAME, "containerPort": spec.metrics_port, "protocol": "TCP"},
@@ -282,6 +312,7 @@ def _container(spec: Spec, attempt: int, mounts: list[Obj]) -> Obj:
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
             "runAsNonRoot": True,
+            **spec.pod_template.container_security_context,
         },
     }
 
@@ -301,6 +332,7 @@ def _pod_spec(spec: Spec, attempt: int) -> Obj:
             "runAsGroup": RUN_AS_USER,
             "fsGroup": RUN_AS_USER,
             "seccompProfile": {"type": "RuntimeDefault"},
+            **template.security_context,
         },
         "containers": [_container(spec, attempt, mounts)],
         "volumes": volumes,
@@ -312,9 +344,24 @@ def _pod_spec(spec: Spec, attempt: int) -> Obj:
         "priorityClassName": template.priority_class_name,
         "schedulerName": template.scheduler_name,
         "serviceAccountName": template.service_account_name,
+        **_pod_settings(spec),
     }
     pod.update({key: value for key, value in optional.items() if value is not None})
     return pod
+
+
+def _pod_settings(spec: Spec) -> dict[str, Any]:
+    """The pod settings ``spec.podTemplate`` passes through (None: not given)."""
+    template = spec.pod_template
+    dns_policy = template.dns_policy or ("ClusterFirstWithHostNet" if template.host_network else None)
+    return {
+        "imagePullSecrets": [dict(s) for s in template.image_pull_secrets] or None,
+        "runtimeClassName": template.runtime_class_name,
+        "hostNetwork": template.host_network,
+        "dnsPolicy": dns_policy,
+        "initContainers": [dict(c) for c in template.init_containers] or None,
+        "topologySpreadConstraints": [dict(c) for c in template.topology_spread_constraints] or None,
+    }
 
 
 def render_job(spec: Spec, attempt: int) -> Obj:
@@ -333,6 +380,19 @@ def render_job(spec: Spec, attempt: int) -> Obj:
         "completions": spec.nodes,
         "parallelism": spec.nodes,
         "backoffLimit": 0,
+        # A configuration exit code (2 usage, 78 refused) can never succeed: say so on the Job itself.
+        "podFailurePolicy": {
+            "rules": [
+                {
+                    "action": "FailJob",
+                    "onExitCodes": {
+                        "containerName": CONTAINER_NAME,
+                        "operator": "In",
+                        "values": list(contract.CONFIGURATION_EXIT_CODES),
+                    },
+                }
+            ]
+        },
         # Kueue admits a queued Job by unsuspending it; a suspended DDPJob keeps its Job suspended.
         "suspend": spec.suspend or spec.queue_name is not None,
         "template": {

@@ -11,13 +11,13 @@ Long because the dataclasses mirror the CRD's spec one to one; the logic is ``pa
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from . import crd, schema
+from . import crd, podcheck, schema
 from .schema import Problem
 
 
@@ -90,6 +90,14 @@ class PodTemplateSpec:
     service_account_name: str | None = None
     volumes: tuple[Mapping[str, Any], ...] = ()
     volume_mounts: tuple[Mapping[str, Any], ...] = ()
+    image_pull_secrets: tuple[Mapping[str, Any], ...] = ()
+    runtime_class_name: str | None = None
+    security_context: Mapping[str, Any] = field(default_factory=dict)
+    container_security_context: Mapping[str, Any] = field(default_factory=dict)
+    host_network: bool | None = None
+    dns_policy: str | None = None
+    init_containers: tuple[Mapping[str, Any], ...] = ()
+    topology_spread_constraints: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -106,6 +114,7 @@ class Spec:
     command: tuple[str, ...] | None
     args: tuple[str, ...] | None
     env: tuple[Mapping[str, Any], ...]
+    env_from: tuple[Mapping[str, Any], ...]
     resources: Mapping[str, Mapping[str, int | str]]
     trainer: TrainerSpec
     sync_check: SyncCheckSpec
@@ -121,6 +130,8 @@ class Spec:
     queue_name: str | None
     pod_template: PodTemplateSpec
     uid: str | None = None
+    given: frozenset[str] = frozenset()
+    """The spec fields the document itself sets (before defaults)."""
 
     @property
     def world_size(self) -> int:
@@ -202,10 +213,13 @@ def parse(doc: Any, source: str = "", *, admitted: bool = False) -> Spec:
         raise SpecError(problems, _label(doc, source))
     full = defaulted(doc)
     problems = [] if admitted else schema.validate(crd.openapi_schema(), full)
+    if not admitted and not problems:
+        problems = podcheck.problems(full)
     if problems:
         raise SpecError(problems, _label(doc, source))
     try:
-        return _build(full)
+        given = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
+        return replace(_build(full), given=frozenset(given))
     except (KeyError, TypeError, ValueError) as exc:
         raise SpecError(
             [
@@ -219,10 +233,24 @@ def parse(doc: Any, source: str = "", *, admitted: bool = False) -> Spec:
         ) from exc
 
 
-def parse_file(path: Path) -> list[Spec]:
-    """Every DDPJob in a file; SpecError lists the problems of all of them."""
+def other_kinds(docs: Sequence[Any]) -> tuple[list[Any], list[str]]:
+    """The documents that may be DDPJobs, and ``Kind/name`` of each that is plainly another kind (a
+    Namespace or ConfigMap next to the DDPJob in one file, as ``kubectl apply -f`` takes them)."""
+    kept, skipped = [], []
+    for doc in docs:
+        kind = doc.get("kind") if isinstance(doc, dict) else None
+        if isinstance(kind, str) and kind != crd.KIND and doc.get("apiVersion") != crd.API_VERSION:
+            name = doc.get("metadata", {}).get("name") if isinstance(doc.get("metadata"), dict) else None
+            skipped.append(f"{kind}/{name or '?'}")
+        else:
+            kept.append(doc)
+    return kept, skipped
+
+
+def parse_file(path: Path, docs: Sequence[Any] | None = None) -> list[Spec]:
+    """Every DDPJob in a file (or in ``docs`` read from it); SpecError lists the problems of all of them."""
     specs, problems = [], []
-    for doc in load_documents(path):
+    for doc in load_documents(path) if docs is None else docs:
         try:
             specs.append(parse(doc, str(path)))
         except SpecError as exc:
@@ -259,6 +287,7 @@ def _build(doc: Mapping[str, Any]) -> Spec:
         command=tuple(s["command"]) if "command" in s else None,
         args=tuple(s["args"]) if "args" in s else None,
         env=tuple(s.get("env", ())),
+        env_from=tuple(s.get("envFrom", ())),
         resources={kind: dict(values) for kind, values in s.get("resources", {}).items()},
         trainer=TrainerSpec(
             seed=trainer["seed"],
@@ -298,6 +327,14 @@ def _build(doc: Mapping[str, Any]) -> Spec:
             service_account_name=template.get("serviceAccountName"),
             volumes=tuple(template.get("volumes", ())),
             volume_mounts=tuple(template.get("volumeMounts", ())),
+            image_pull_secrets=tuple(template.get("imagePullSecrets", ())),
+            runtime_class_name=template.get("runtimeClassName"),
+            security_context=dict(template.get("securityContext", {})),
+            container_security_context=dict(template.get("containerSecurityContext", {})),
+            host_network=template.get("hostNetwork"),
+            dns_policy=template.get("dnsPolicy"),
+            init_containers=tuple(template.get("initContainers", ())),
+            topology_spread_constraints=tuple(template.get("topologySpreadConstraints", ())),
         ),
     )
 
@@ -335,6 +372,13 @@ def warnings(spec: Spec) -> list[str]:
             f"spec.checkpoint: checkpoints go to a pod-local emptyDir, so the {spec.max_restarts} gang "
             "restart(s) of spec.maxRestarts will start from step 0; give spec.checkpoint.volumeClaimTemplate "
             "(the operator creates a PersistentVolumeClaim) or spec.checkpoint.volume"
+        )
+    ignored = sorted({"trainer", "syncCheck"} & spec.given)
+    if ignored and (spec.command is not None or spec.args is not None):
+        fields = " and ".join(f"spec.{name}" for name in ignored)
+        out.append(
+            f"{fields}: ignored, because spec.command/spec.args run your own program instead of the built-in "
+            "trainer, which alone reads them; remove them, or pass your program its settings in spec.args"
         )
     claim = spec.checkpoint.claim if spec.checkpoint else None
     if claim is not None and spec.nodes > 1 and "ReadWriteMany" not in claim.access_modes:

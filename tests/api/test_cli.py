@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 
 import pytest
@@ -29,3 +30,11 @@ def test_operator_logs_keep_what_changed(message: str, kept: bool) -> None:
 def test_attempt_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["render", "examples/quickstart.yaml", "--attempt", "0"]) == 2
     assert "--attempt: Invalid value: 0: must be ≥ 1" in capsys.readouterr().err
+
+
+def test_every_command_has_a_description() -> None:
+    parser = cli.build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, sub in commands.choices.items():
+        assert sub.description, f"`ddpjob {name} --help` has no description"
+    assert "kubectl explain" in commands.choices["crd"].format_help()

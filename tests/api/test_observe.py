@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ddp_operator import observe, render
+from ddp_operator import observe, policy, render
 from ddp_trainer import contract
 
 
@@ -95,3 +95,43 @@ def test_a_pod_that_failed_on_its_own_is_a_crash_and_deleted_or_stopped_pods_are
     deleted["metadata"]["deletionTimestamp"] = "2026-11-22T12:00:00Z"  # torchrun exits 1 when stopped
     stopped = observe.observe({}, [_job(1, "Failed")], [_pod(1, 0, code=143), deleted]).job
     assert stopped is not None and stopped.outcome is not None and not stopped.outcome.crashed
+
+
+def test_a_job_failed_by_its_pod_failure_policy_is_a_configuration_error() -> None:
+    job = _job(1, "Failed")
+    job["status"]["conditions"][0].update(
+        reason="PodFailurePolicy",
+        message="Container trainer for pod ns/job-1-0 failed with exit code 2 matching FailJob rule",
+    )
+    facts = observe.observe({}, [job], [_pod(1, 0, code=2)])
+    assert facts.job is not None and facts.job.outcome is not None
+    assert facts.job.outcome.reason == "PodFailurePolicy"
+    assert policy.decide(facts.job.outcome, 1, 3).reason == "UsageError"
+
+
+def test_a_pod_that_stopped_with_the_gang_is_no_crash() -> None:
+    """Pod 1 deleted: all ranks stop at the next step; pod 0's torchrun exits 1, its report Interrupted."""
+    report = json.dumps({"result": "Interrupted", "reason": "Terminated", "message": "stopped"})
+    deleted = _pod(1, 1, code=143)
+    deleted["metadata"]["deletionTimestamp"] = "2026-11-22T12:00:00Z"
+    facts = observe.observe({}, [_job(1, "Failed")], [_pod(1, 0, code=1, message=report), deleted])
+    assert facts.job is not None and facts.job.outcome is not None and not facts.job.outcome.crashed
+    assert policy.decide(facts.job.outcome, 1, 3).reason == policy.PREEMPTED
+    crashed = observe.observe({}, [_job(1, "Failed")], [_pod(1, 0, code=1, message="Traceback ..."), deleted])
+    assert crashed.job is not None and crashed.job.outcome is not None and crashed.job.outcome.crashed
+
+
+def test_a_crash_log_names_the_failing_ranks_first_error() -> None:
+    """A termination message that is a log tail (FallbackToLogsOnError): the exception, not torchrun's."""
+    tail = "\n".join(
+        [
+            "[rank1]: Traceback (most recent call last):",
+            '[rank1]:   File "/app/train.py", line 4, in <module>',
+            "[rank1]: KeyError: 'LABELS'",
+            "Root Cause (first observed failure):",
+            "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
+        ]
+    )
+    facts = observe.observe({}, [_job(1, "Failed")], [_pod(1, 0, code=143), _pod(1, 1, code=1, message=tail)])
+    assert facts.job is not None and facts.job.outcome is not None
+    assert facts.job.outcome.message == "node 0 exited 143, node 1 exited 1: KeyError: 'LABELS'"

@@ -60,6 +60,30 @@ POLICY = [
         "CheckpointRefused",
     ),
     (
+        "usage error, by exit code (a plain script)",
+        policy.Outcome(False, {0: 0, 1: contract.USAGE_EXIT_CODE}),
+        1,
+        3,
+        policy.Action.FAIL,
+        "UsageError",
+    ),
+    (
+        "refused command line, by report (torchrun exits 1)",
+        policy.Outcome(False, {0: 1}, {"result": "Failed", "reason": contract.INVALID_ARGUMENTS}),
+        1,
+        3,
+        policy.Action.FAIL,
+        "InvalidArguments",
+    ),
+    (
+        "the Job's podFailurePolicy failed it",
+        policy.Outcome(False, reason=policy.POD_FAILURE_POLICY),
+        1,
+        3,
+        policy.Action.FAIL,
+        "ConfigurationError",
+    ),
+    (
         "invalid spec",
         policy.Outcome(False, reason="InvalidSpec", message="no such command"),
         1,
@@ -131,3 +155,19 @@ def test_a_crash_that_stopped_the_others_is_no_preemption() -> None:
     crashed = policy.Outcome(False, {0: 143, 1: 137}, report, crashed=True)
     assert policy.decide(crashed, 1, 3).reason == "AttemptFailed"
     assert policy.decide(crashed, 1, 0).action is policy.Action.FAIL
+
+
+def test_a_trainer_error_says_rank_0s_reason() -> None:
+    report = {"result": "Failed", "reason": "TrainerError", "message": "ValueError: no module nosuchpkg"}
+    decision = policy.decide(policy.Outcome(False, {0: 1}, report), 1, 0)
+    assert decision.message == (
+        "attempt 1 failed (node 0 exited 1; rank 0: TrainerError: ValueError: no module nosuchpkg) "
+        "and 0 restart(s) are used up"
+    )
+
+
+def test_configuration_exit_codes_are_usage_and_refused() -> None:
+    assert contract.CONFIGURATION_EXIT_CODES == (2, 78)
+    for code in contract.CONFIGURATION_EXIT_CODES:
+        assert policy.decide(policy.Outcome(False, {0: code}), 1, 3).action is policy.Action.FAIL
+    assert policy.decide(policy.Outcome(False, {0: 1}), 1, 3).action is policy.Action.RESTART

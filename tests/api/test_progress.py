@@ -44,6 +44,7 @@ def test_sync_sentence() -> None:
     ) == ("replicas verified bit-identical 7 times across 4 ranks (last check at step 300)")
     diverged = progress.sync_sentence(
         {
+            "result": "Diverged",
             "verified": False,
             "checks": 3,
             "mismatches": 1,
@@ -53,6 +54,47 @@ def test_sync_sentence() -> None:
     )
     assert diverged.startswith("replicas DIVERGED: 1 of 3 checks found ranks differing (0.weight)")
     assert progress.sync_sentence(None).startswith("not reported")
+
+
+def test_sync_sentence_says_what_happened_not_diverged() -> None:
+    """A trainer that failed before any divergence (a missing model module) is no divergence."""
+    failed = progress.sync_sentence(
+        {"result": "Failed", "reason": "TrainerError", "message": "ValueError: no module nosuchpkg"}
+    )
+    assert "DIVERGED" not in failed
+    assert failed == (
+        "no verdict: the trainer failed (TrainerError: ValueError: no module nosuchpkg); "
+        "none of its 0 sync checks found ranks differing"
+    )
+
+
+def test_sync_sentence_counts_the_repairs() -> None:
+    repaired = progress.sync_sentence(
+        {
+            "result": "Succeeded",
+            "verified": True,
+            "checks": 5,
+            "mismatches": 2,
+            "repairs": 2,
+            "worldSize": 4,
+            "lastCheckStep": 50,
+        }
+    )
+    assert repaired == (
+        "2 of 5 checks found ranks differing across 4 ranks; 2 repair(s) re-broadcast rank 0's model, "
+        "and the last check at step 50 found every rank bit-identical"
+    )
+    ignored = progress.sync_sentence(
+        {"result": "Succeeded", "verified": False, "checks": 5, "mismatches": 1, "worldSize": 4}
+    )
+    assert ignored.startswith("replicas DIVERGED (ignored: onDivergence is Warn): 1 of 5 checks")
+
+
+def test_sync_sentence_single_rank_proves_nothing() -> None:
+    single = progress.sync_sentence(
+        {"result": "Succeeded", "verified": True, "checks": 6, "worldSize": 1, "lastCheckStep": 60}
+    )
+    assert "bit-identical" not in single and "prove nothing" in single
 
 
 # -- the operator's reading: per-rank step time, skew, sync verdict, edge cases --------------------------

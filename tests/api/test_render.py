@@ -111,7 +111,10 @@ def test_gpu_limit_defaults_to_procs_per_node() -> None:
     doc = yaml.safe_load((GOLDEN / "gpu-nccl.yaml").read_text())
     del doc["spec"]["resources"]
     container = _container(render.render_job(parse(doc), 1))
-    assert container["resources"] == {"limits": {"nvidia.com/gpu": "4"}}
+    assert container["resources"] == {
+        "limits": {"nvidia.com/gpu": "4"},
+        "requests": {"cpu": "2", "memory": "4Gi"},  # the default requests: 500m and 1Gi per process
+    }
 
 
 def test_pods_find_each_other_through_the_headless_service() -> None:
@@ -243,3 +246,66 @@ def test_a_retained_claim_has_no_owner_and_a_volume_needs_no_claim() -> None:
         is None
     )
     assert len(render.render(_with_checkpoint(volume={"nfs": {"server": "s", "path": "/p"}}))) == 2
+
+
+def test_configuration_exit_codes_fail_the_job_at_once() -> None:
+    """The Job's podFailurePolicy carries contract.CONFIGURATION_EXIT_CODES for the trainer container."""
+    job = render.render_job(_spec(INPUTS[0]), 1)
+    (rule,) = job["spec"]["podFailurePolicy"]["rules"]
+    assert rule == {
+        "action": "FailJob",
+        "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [2, 78]},
+    }
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"  # what podFailurePolicy requires
+
+
+def test_default_requests_fill_only_what_the_user_left_out() -> None:
+    """A pod is never BestEffort by default; what the user requests or limits is left as written."""
+    doc = yaml.safe_load((GOLDEN / "cpu.yaml").read_text())
+    doc["spec"]["procsPerNode"] = 1
+    doc["spec"]["resources"] = {}
+    assert _container(render.render_job(parse(doc), 1))["resources"] == {
+        "requests": {"cpu": "500m", "memory": "1Gi"}
+    }
+    doc["spec"]["resources"] = {"limits": {"memory": "8Gi"}, "requests": {"cpu": "3"}}
+    assert _container(render.render_job(parse(doc), 1))["resources"] == {
+        "limits": {"memory": "8Gi"},
+        "requests": {"cpu": "3"},
+    }
+
+
+def test_a_single_process_pod_gets_rank_and_local_rank_for_a_plain_script() -> None:
+    doc = yaml.safe_load((GOLDEN / "cpu.yaml").read_text())
+    doc["spec"]["procsPerNode"] = 1
+    env = {e["name"]: e for e in _container(render.render_job(parse(doc), 1))["env"]}
+    assert env["RANK"]["valueFrom"] == env["NODE_RANK"]["valueFrom"]
+    assert env["LOCAL_RANK"]["value"] == "0" and env["WORLD_SIZE"]["value"] == str(doc["spec"]["nodes"])
+    doc["spec"]["procsPerNode"] = 2  # torchrun sets them per process
+    env = {e["name"]: e for e in _container(render.render_job(parse(doc), 1))["env"]}
+    assert "RANK" not in env and "LOCAL_RANK" not in env
+
+
+def test_pod_settings_pass_through_and_merge_over_the_defaults() -> None:
+    doc = yaml.safe_load((GOLDEN / "cpu.yaml").read_text())
+    sidecar = {"name": "logs", "image": "busybox", "restartPolicy": "Always"}
+    doc["spec"]["envFrom"] = [{"configMapRef": {"name": "settings"}}]
+    doc["spec"]["podTemplate"] = {
+        "imagePullSecrets": [{"name": "registry"}],
+        "runtimeClassName": "nvidia",
+        "securityContext": {"fsGroup": 2000},
+        "containerSecurityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
+        "hostNetwork": True,
+        "initContainers": [sidecar],
+        "topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}
+        ],
+    }
+    pod = render.render_job(parse(doc), 1)["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "registry"}] and pod["runtimeClassName"] == "nvidia"
+    assert pod["securityContext"]["fsGroup"] == 2000 and pod["securityContext"]["runAsUser"] == 1000
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert pod["initContainers"] == [sidecar] and pod["topologySpreadConstraints"][0]["topologyKey"] == "zone"
+    container = pod["containers"][0]
+    assert container["envFrom"] == [{"configMapRef": {"name": "settings"}}]
+    assert container["securityContext"]["capabilities"] == {"add": ["IPC_LOCK"]}
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False

@@ -60,5 +60,6 @@ def test_another_local_job_in_the_same_folder_is_refused_and_a_warm_start_is_not
 
     code, out = _local(tmp_path, _job(b, folder, warmStartFrom=a))
     assert code == 0, out
-    report = yaml.safe_load((tmp_path / "runs" / b / "attempt-1" / f"{b}-1-0.termination-log").read_text())
+    # the second run's attempts follow the first's, whose logs stay
+    report = yaml.safe_load((tmp_path / "runs" / b / "attempt-2" / f"{b}-2-0.termination-log").read_text())
     assert (report["warmStartedFrom"], report["resumedFromStep"], report["step"]) == (f"default/{a}", 0, 20)

@@ -129,7 +129,8 @@ def test_ctrl_c_stops_everything_and_the_next_run_resumes(tmp_path: Path, name: 
     )
     assert code == 0, out
     assert "resuming from the checkpoint an earlier Interrupted run left" in out
-    report = yaml.safe_load((run_dir / "attempt-1" / f"{name}-1-0.termination-log").read_text())
+    assert "attempts continue at 2" in out and (run_dir / "attempt-1" / f"{name}-1-0.log").stat().st_size
+    report = yaml.safe_load((run_dir / "attempt-2" / f"{name}-2-0.termination-log").read_text())
     assert report["resumedFromStep"] > 0 and report["verified"] is True and report["step"] == 400
 
 

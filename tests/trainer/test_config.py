@@ -51,7 +51,7 @@ def test_defaults_run_alone_and_policies_are_case_insensitive() -> None:
     assert (cfg.model, cfg.on_divergence, cfg.checkpoint_every, cfg.grad_accumulation) == (
         "mlp",
         "Fail",
-        0,
+        100,
         1,
     )
     assert cfg.resolved_device(False) == "cpu" and cfg.resolved_backend("cpu") == "gloo"
@@ -81,3 +81,9 @@ def test_pod_environment() -> None:
     assert config.read_pod_env({}).uid == ""
     with pytest.raises(ValueError, match="DDPJOB_CHAOS_DIVERGE"):
         config.parse_chaos("rank=1")
+
+
+def test_help_opens_with_what_the_trainer_is() -> None:
+    text = config.build_parser().format_help()
+    description = text.split("\n\n")[1]
+    assert description.startswith("The ddpjob trainer:") and "Trainer configuration" not in text

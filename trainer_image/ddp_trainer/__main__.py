@@ -10,14 +10,21 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ddp_trainer.config import parse_args, read_pod_env
+from ddp_trainer.config import UsageExit, parse_args, read_pod_env
 from ddp_trainer.contract import Report
 from ddp_trainer.distributed import apply_env_defaults, metrics_dir, read_launch_env
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one trainer process; returns its exit code."""
-    config = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        config = parse_args(sys.argv[1:] if argv is None else argv)
+    except UsageExit as exc:  # argparse said why on stderr; the report says it to the operator
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            from ddp_trainer.report import usage, write_termination_message
+
+            write_termination_message(read_pod_env(os.environ).termination_log, usage(exc.message)[1])
+        raise
     launch = read_launch_env(os.environ)
     logging.basicConfig(
         level=logging.INFO if launch.rank == 0 else logging.WARNING,

@@ -16,9 +16,10 @@ import dataclasses
 import inspect
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args, get_type_hints
+from typing import Literal, NoReturn, get_args, get_type_hints
 
 from ddp_trainer import contract
 
@@ -38,17 +39,17 @@ class TrainerConfig:
     """Collective backend; ``auto`` is nccl on cuda and gloo on cpu."""
     seed: int = 0
     """Seed for model initialization (the same on every rank) and data order."""
-    steps: int = 100
+    steps: int = 1000
     """Optimizer steps to train in total (a resumed run continues up to this step)."""
     batch_size: int = 32
     """Samples per micro-batch per rank."""
-    learning_rate: float = 1e-3
+    learning_rate: float = 0.01
     """AdamW learning rate (constant)."""
     grad_accumulation: int = 1
     """Micro-batches per optimizer step; all but the last run under DDP's ``no_sync()``."""
-    checkpoint_every: int = 0
-    """Save a verified checkpoint every N steps; 0 turns the schedule off (SIGTERM still saves one
-    when ``checkpoint_dir`` is set)."""
+    checkpoint_every: int = 100
+    """Save a verified checkpoint every N steps when ``checkpoint_dir`` is set; 0 turns the schedule off
+    (SIGTERM still saves one)."""
     checkpoint_dir: str = ""
     """Where checkpoints live; this job's newest intact one found here is restored at start (one written by
     another job or with other settings is refused). Empty: no checkpoints."""
@@ -160,9 +161,32 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+class UsageExit(SystemExit):
+    """argparse's exit on a bad command line (code :data:`contract.USAGE_EXIT_CODE`), with its message, so
+    that the trainer can put it in its report."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(contract.USAGE_EXIT_CODE)
+        self.message = message
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise UsageExit(message)
+
+
+DESCRIPTION = (
+    "The ddpjob trainer: seeded, broadcast-verified PyTorch DDP training that checks, bit for bit, that "
+    "every rank holds the same model. Run it under torchrun: "
+    "torchrun --nproc-per-node 2 --module ddp_trainer --device=cpu"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """An argparse parser with one ``--kebab-case`` flag per :class:`TrainerConfig` field."""
-    parser = argparse.ArgumentParser(prog="python -m ddp_trainer", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="python -m ddp_trainer", description=DESCRIPTION)
     hints = get_type_hints(TrainerConfig)
     docs = field_docs(TrainerConfig)
     for f in dataclasses.fields(TrainerConfig):

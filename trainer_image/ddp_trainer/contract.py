@@ -29,6 +29,11 @@ MASTER_PORT: Final = "MASTER_PORT"
 NNODES: Final = "NNODES"
 NODE_RANK: Final = "NODE_RANK"
 WORLD_SIZE: Final = "WORLD_SIZE"
+RANK: Final = "RANK"
+"""Set (to the node rank) only when procsPerNode is 1, so that a plain ``python`` script's
+``init_process_group()`` finds it; with more processes per pod only a launcher (torchrun) can set it."""
+LOCAL_RANK: Final = "LOCAL_RANK"
+"""0 when procsPerNode is 1, like :data:`RANK`."""
 # The DDPJob's own variables.
 JOB_NAME_ENV: Final = "DDPJOB_NAME"
 """The DDPJob's name."""
@@ -64,6 +69,9 @@ def restarts_before(attempt: int) -> int:
 
 # -- the trainer's command line -----------------------------------------------------------------------
 
+IMAGE_ENTRYPOINT: Final = ("torchrun",)
+"""The trainer image's ENTRYPOINT (the Dockerfile's): a DDPJob with ``args`` and no ``command`` runs
+``torchrun <args>``, in a cluster and in ``ddpjob local``."""
 TRAINER_MODULE: Final = "ddp_trainer"
 """The built-in trainer: ``torchrun --module ddp_trainer <flags>``."""
 
@@ -112,6 +120,11 @@ CHECKPOINT_REFUSED_EXIT_CODE: Final = 78
 (report reason :data:`FOREIGN_CHECKPOINT` or :data:`SETTINGS_CHANGED`): a configuration error that no
 restart can fix, so the operator fails the DDPJob at once. 78 is ``EX_CONFIG`` of ``sysexits.h``; not
 argparse's 2, which other tools in a container exit with for their own reasons."""
+CONFIGURATION_EXIT_CODES: Final = (USAGE_EXIT_CODE, CHECKPOINT_REFUSED_EXIT_CODE)
+"""Exit codes that mean "configuration": the same pod can never succeed, so the DDPJob fails at once without
+using up gang restarts. The Indexed Job's ``podFailurePolicy`` says ``FailJob`` on them; ``ddpjob local``
+follows the same ``policy.decide``. torchrun exits 1 whatever its worker's code, so the trainer also says
+it in its report (:data:`CONFIGURATION_REASONS`)."""
 INTERRUPTED_EXIT_CODE: Final = 143
 """SIGTERM (128 + 15): the trainer stopped at the next step boundary and saved a checkpoint. Non-zero on
 purpose, so that a preempted pod is never counted as a finished one."""
@@ -131,6 +144,11 @@ SETTINGS_CHANGED: Final = "SettingsChanged"
 optimizer, world size, precision)."""
 CHECKPOINT_REFUSED_REASONS: Final = (FOREIGN_CHECKPOINT, SETTINGS_CHANGED)
 """Reasons that come with :data:`CHECKPOINT_REFUSED_EXIT_CODE`: fail at once, never restart."""
+INVALID_ARGUMENTS: Final = "InvalidArguments"
+"""Report reason: the trainer refused its command line (it exits :data:`USAGE_EXIT_CODE`)."""
+CONFIGURATION_REASONS: Final = (*CHECKPOINT_REFUSED_REASONS, INVALID_ARGUMENTS)
+"""Report reasons that mean "configuration" (the report's side of :data:`CONFIGURATION_EXIT_CODES`): fail
+at once, never restart."""
 REPORT_LIMIT: Final = 4096
 """Bytes Kubernetes keeps of a termination message."""
 
@@ -142,7 +160,8 @@ class Report(TypedDict, total=False):
     """How the run ended."""
     reason: str
     """CamelCase: ``AllChecksPassed``, ``RepairedDivergence``, ``DivergenceIgnored``, ``SyncDivergence``,
-    ``RepairFailed``, ``Terminated``, ``TrainerError``, ``ForeignCheckpoint``, ``SettingsChanged``."""
+    ``RepairFailed``, ``Terminated``, ``TrainerError``, ``ForeignCheckpoint``, ``SettingsChanged``,
+    ``InvalidArguments``."""
     message: str
     """One sentence for a person."""
     verified: bool

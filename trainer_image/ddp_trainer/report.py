@@ -108,6 +108,15 @@ def refused(reason: str, message: str, tally: Tally, facts: RunFacts) -> tuple[i
     return contract.CHECKPOINT_REFUSED_EXIT_CODE, build(contract.FAILED, reason, message, tally, facts)
 
 
+def usage(message: str) -> tuple[int, contract.Report]:
+    """The command line was refused (argparse's ``message``): a configuration error that no restart fixes."""
+    return contract.USAGE_EXIT_CODE, {
+        "result": contract.FAILED,
+        "reason": contract.INVALID_ARGUMENTS,
+        "message": f"the trainer's command line was refused: {message}",
+    }
+
+
 def failed(
     message: str, tally: Tally | None = None, facts: RunFacts | None = None
 ) -> tuple[int, contract.Report]:

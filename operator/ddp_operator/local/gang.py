@@ -59,14 +59,18 @@ class Member:
         env: dict[str, str],
         log_path: Path,
         on_line: Callable[[str, str], None],
+        cwd: Path | None = None,
     ) -> None:
         self.name = name
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        if cwd is not None:
+            cwd.mkdir(parents=True, exist_ok=True)
         self.tail: collections.deque[str] = collections.deque(maxlen=30)
         self._log: IO[str] = log_path.open("w", buffering=1)
         self.process = subprocess.Popen(
             argv,
             env=env,
+            cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

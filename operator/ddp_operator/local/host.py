@@ -7,6 +7,8 @@ import shutil
 import socket
 from pathlib import Path
 
+from ddp_trainer import contract
+
 from .. import render
 from .plan import LOCAL_ADDR
 
@@ -57,3 +59,14 @@ def prepare_run_dir(run_dir: Path, *, fresh: bool) -> str | None:
 def write_state(run_dir: Path, result: str) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "state").write_text(result + "\n")
+
+
+def next_attempt(run_dir: Path) -> int:
+    """The first attempt of this run: after the attempts an earlier, unfinished run left (their logs stay),
+    else the first."""
+    numbers = [
+        int(entry.name.removeprefix("attempt-"))
+        for entry in (run_dir.iterdir() if run_dir.is_dir() else ())
+        if entry.name.startswith("attempt-") and entry.name.removeprefix("attempt-").isdigit()
+    ]
+    return max(numbers, default=contract.FIRST_ATTEMPT - 1) + 1

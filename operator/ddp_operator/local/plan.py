@@ -41,6 +41,10 @@ class LocalPod:
     metrics_port: int
     log_path: Path
     termination_path: Path
+    workdir: Path
+    """The pod's own working directory (a container's is its own too)."""
+    volumes: tuple[Path, ...] = ()
+    """The folders its volumes map to, made before it starts (the kubelet mounts them first)."""
 
 
 def pod_object(job: Mapping[str, Any], index: int) -> Obj:
@@ -97,7 +101,8 @@ def remap(text: str, dirs: Mapping[str, Path]) -> str:
 
 def secrets_from_host(container: Mapping[str, Any], host_env: Mapping[str, str]) -> Obj:
     """The container with each ConfigMap/Secret-sourced variable taken from this machine's environment
-    (there is no API server to read them from); one that is not set here is an error naming it."""
+    (there is no API server to read them from); one that is not set here is an error naming it. ``envFrom``
+    sources are dropped: their variables come from this machine's environment, which reaches every pod."""
     env = []
     for var in container.get("env", []):
         source = var.get("valueFrom", {})
@@ -113,7 +118,7 @@ def secrets_from_host(container: Mapping[str, Any], host_env: Mapping[str, str])
                 f"which does not exist on this machine: export {var['name']}=... before `ddpjob local` "
                 "to provide it"
             )
-    return {**container, "env": env}
+    return {**{k: v for k, v in container.items() if k != "envFrom"}, "env": env}
 
 
 def plan_pods(
@@ -125,8 +130,11 @@ def plan_pods(
     metrics_ports: list[int],
     host_env: Mapping[str, str],
     gpus: list[int] | None = None,
+    launch_dir: Path = Path("/"),
 ) -> list[LocalPod]:
-    """Every pod of ``attempt``, its command line and environment resolved as the kubelet would."""
+    """Every pod of ``attempt``, its command line and environment resolved as the kubelet would. Each pod
+    runs in a working directory of its own; ``launch_dir`` (where ``ddpjob local`` was started) stands in
+    for the image's code: a relative path there becomes absolute, and it is on PYTHONPATH."""
     job = render.render_job(spec, attempt)
     container = secrets_from_host(job["spec"]["template"]["spec"]["containers"][0], host_env)
     dirs = volume_dirs(job, run_dir)
@@ -150,18 +158,48 @@ def plan_pods(
         if gpus is not None:
             per_pod = gpus[index * spec.procs_per_node : (index + 1) * spec.procs_per_node]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, per_pod))
-        argv = [remap(part, dirs) for part in kubeletenv.pod_command(container, env)]
+        argv = [remap(part, dirs) for part in kubeletenv.pod_command(with_entrypoint(container), env)]
         pods.append(
-            LocalPod(index, name, argv, env, metrics_ports[index], attempt_dir / f"{name}.log", termination)
+            LocalPod(
+                index,
+                name,
+                [absolute_if_here(part, launch_dir) for part in argv],
+                env,
+                metrics_ports[index],
+                attempt_dir / f"{name}.log",
+                termination,
+                workdir=attempt_dir / name,
+                volumes=tuple(path for path in dirs.values() if run_dir in path.parents),
+            )
         )
     return pods
 
 
-def process_env(pod: LocalPod, host_env: Mapping[str, str]) -> dict[str, str]:
-    """This machine's environment under the pod's, with this Python environment's scripts first on PATH."""
+def with_entrypoint(container: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A container without ``command`` runs the image's ENTRYPOINT with its ``args``: the trainer image's
+    (torchrun), as a pod of that image would."""
+    if container.get("command"):
+        return container
+    return {**container, "command": list(contract.IMAGE_ENTRYPOINT)}
+
+
+def absolute_if_here(part: str, launch_dir: Path) -> str:
+    """A relative path to a file in ``launch_dir`` as an absolute one (the pod runs elsewhere)."""
+    if part and not part.startswith(("-", "/")) and (launch_dir / part).exists():
+        return str(launch_dir / part)
+    return part
+
+
+def process_env(pod: LocalPod, host_env: Mapping[str, str], launch_dir: Path | None = None) -> dict[str, str]:
+    """This machine's environment under the pod's, with this Python environment's scripts first on PATH
+    and ``launch_dir`` last on PYTHONPATH (a model factory or module next to the DDPJob file imports)."""
     scripts = str(Path(sys.executable).parent)
     path = host_env.get("PATH", "")
-    return {**host_env, **pod.env, "PATH": f"{scripts}{os.pathsep}{path}" if path else scripts}
+    env = {**host_env, **pod.env, "PATH": f"{scripts}{os.pathsep}{path}" if path else scripts}
+    if launch_dir is not None:
+        python_path = env.get("PYTHONPATH", "")
+        env["PYTHONPATH"] = f"{python_path}{os.pathsep}{launch_dir}" if python_path else str(launch_dir)
+    return env
 
 
 def check_devices(spec: Spec, gpus_here: int) -> None:

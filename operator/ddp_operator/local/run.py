@@ -19,7 +19,7 @@ from ddp_trainer import contract
 
 from .. import policy, progress
 from ..spec import Spec
-from . import gang, host, plan
+from . import gang, host, logs, plan
 
 GRACE_SECONDS = 30.0  # the trainer checkpoints at its next step boundary on SIGTERM, well within this
 POLL_SECONDS = 0.2
@@ -34,6 +34,8 @@ class Console:
 
     stream: TextIO
     verbose: bool
+    shown: frozenset[str] = frozenset()
+    """Pods whose output is shown without --verbose (rank 0 of a custom command, as `kubectl logs`)."""
     _last_plain: float | None = None
     _live: bool = False
 
@@ -44,7 +46,7 @@ class Console:
         print(text, file=self.stream, flush=True)
 
     def pod_line(self, pod: str, text: str) -> None:
-        if self.verbose:
+        if self.verbose or pod in self.shown:
             self.say(f"[{pod}] {text}")
 
     def progress(self, text: str) -> None:
@@ -86,15 +88,17 @@ def run(
     plan.check_devices(spec, host.visible_gpus() if spec.device == "cuda" else 0)
     run_dir = workdir / spec.name
     note = host.prepare_run_dir(run_dir, fresh=fresh)
+    first_attempt = host.next_attempt(run_dir)
     console.say(
         f"ddpjob local: {spec.name}: {spec.nodes} pods × {spec.procs_per_node} processes = "
         f"{spec.world_size} ranks ({spec.device}/{spec.backend}) in {run_dir}"
     )
     console.say(f"  the image {spec.image} is not pulled: pods run in this Python environment ({sys.prefix})")
-    if note:
-        console.say(f"  {note}")
+    for line in [note, *_local_notes(spec, first_attempt)]:
+        if line:
+            console.say(f"  {line}")
     started = time.monotonic()
-    attempt = contract.FIRST_ATTEMPT
+    attempt = first_attempt
     with Interrupt() as interrupt:
         while True:
             outcome = _attempt(spec, attempt, run_dir, console, interrupt)
@@ -105,14 +109,18 @@ def run(
                     f"Run the same command again to resume from {run_dir / 'volumes'}"
                 )
                 return EXIT_INTERRUPTED
-            decision = policy.decide(outcome, attempt, spec.max_restarts)
+            # an earlier, interrupted run's attempts count like preemptions: not against maxRestarts
+            decision = policy.decide(
+                outcome, attempt, spec.max_restarts, first_attempt - contract.FIRST_ATTEMPT
+            )
             if decision.action is policy.Action.RESTART:
                 console.say(f"ddpjob local: {spec.name}: {decision.message}")
                 attempt += 1
                 continue
             succeeded = decision.action is policy.Action.SUCCEED
             host.write_state(run_dir, "Succeeded" if succeeded else "Failed")
-            _summary(console, spec, run_dir, attempt, decision, outcome, time.monotonic() - started)
+            attempts = attempt - first_attempt + 1
+            _summary(console, spec, run_dir, attempts, decision, outcome, time.monotonic() - started)
             return EXIT_OK if succeeded else EXIT_FAILED
 
 
@@ -130,8 +138,11 @@ def _attempt(
         metrics_ports=metrics_ports,
         host_env=os.environ,
         gpus=gpus,
+        launch_dir=Path.cwd(),
     )
     marker = gang.new_marker()
+    if spec.command is not None or spec.args is not None:  # a custom command's own output, as `kubectl logs`
+        console.shown = frozenset([pods[0].name])
     console.say(
         f"attempt {attempt}: rendezvous 127.0.0.1:{master_port}; metrics "
         + ", ".join(f"{p.name} :{p.metrics_port}" for p in pods)
@@ -140,8 +151,10 @@ def _attempt(
     members = gang.Gang(marker)
     try:
         for pod in pods:
-            env = {**plan.process_env(pod, os.environ), gang.MARKER: marker}
-            members.start(gang.Member(pod.name, pod.argv, env, pod.log_path, console.pod_line))
+            for folder in pod.volumes:
+                folder.mkdir(parents=True, exist_ok=True)
+            env = {**plan.process_env(pod, os.environ, Path.cwd()), gang.MARKER: marker}
+            members.start(gang.Member(pod.name, pod.argv, env, pod.log_path, console.pod_line, pod.workdir))
     except FileNotFoundError as exc:
         members.kill()
         return policy.Outcome(
@@ -151,8 +164,10 @@ def _attempt(
     report = contract.parse_report(_read(pods[0].termination_path))
     failed = [(pod, code) for pod, code in zip(pods, first, strict=True) if code]
     for pod, code in failed[:2]:
-        console.say(f"{pod.name} exited {code}; its last lines (all in {pod.log_path}):")
-        for text in members.last_lines(pod.index, 12):
+        error = logs.first_error((_read(pod.log_path) or "").splitlines())
+        which = "its first error" if error else "its last lines"
+        console.say(f"{pod.name} exited {code}; {which} (all its output is in {pod.log_path}):")
+        for text in error or members.last_lines(pod.index, 12):
             console.say(f"  [{pod.name}] {text}")
     culprits = [f"node {pod.index} exited {code}" for pod, code in zip(pods, first, strict=True) if code]
     return policy.Outcome(
@@ -188,6 +203,32 @@ def _watch(
         console.say("interrupted: stopping every pod (SIGTERM; the trainer checkpoints at its next step)")
     members.stop(0.0 if interrupt.count > 1 else GRACE_SECONDS)
     return codes, members.codes()
+
+
+def _local_notes(spec: Spec, first_attempt: int) -> list[str]:
+    """What runs differently here than in a cluster, said once at the start."""
+    notes = []
+    if spec.command is None and spec.args is not None:
+        notes.append(
+            "no spec.command: the args run after the trainer image's entrypoint, "
+            + " ".join(contract.IMAGE_ENTRYPOINT)
+        )
+    if spec.env_from:
+        notes.append(
+            "spec.envFrom: ConfigMaps and Secrets are not read here (no API server); this machine's "
+            "environment reaches every pod, so export their variables before `ddpjob local`"
+        )
+    if spec.pod_template.init_containers:
+        names = ", ".join(str(c.get("name")) for c in spec.pod_template.init_containers)
+        notes.append(
+            f"spec.podTemplate.initContainers ({names}): not run here; only the trainer container runs"
+        )
+    if first_attempt > contract.FIRST_ATTEMPT:
+        notes.append(
+            f"attempts continue at {first_attempt}: the earlier run's logs stay in its attempt-N folders "
+            "(and its attempts do not count against maxRestarts)"
+        )
+    return notes
 
 
 def _read(path: Path) -> str | None:

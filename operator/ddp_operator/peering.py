@@ -1,0 +1,53 @@
+"""Kopf peering before the operator starts: is the peering object there?
+
+Kopf with a peering name pauses until it can peer, and without the object it waits silently. The chart
+creates ``ClusterKopfPeering ddpjob-operator`` (or a ``KopfPeering`` in each watched namespace); a by-hand
+``ddpjob operator`` next to ``manifests/crd.yaml`` alone has only the CRDs. So the operator looks first:
+with the object it peers, without it it runs standalone and says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+NAME = "ddpjob-operator"
+GROUP, VERSION = "kopf.dev", "v1"
+
+
+def missing(namespaces: Sequence[str]) -> list[str]:
+    """The peering objects that are not in the cluster (``[]``: peer as usual). Clusterwide (no
+    ``namespaces``) the one ``ClusterKopfPeering``, else a ``KopfPeering`` in each namespace. An answer other
+    than found or not found (forbidden, unreachable) raises ``ApiException`` or ``OSError``."""
+    try:
+        kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()  # type: ignore[no-untyped-call]
+    api = kubernetes.client.CustomObjectsApi()
+    absent = []
+    wanted: list[str | None] = list(namespaces) or [None]
+    for namespace in wanted:
+        try:
+            if namespace is None:
+                api.get_cluster_custom_object(GROUP, VERSION, "clusterkopfpeerings", NAME)
+            else:
+                api.get_namespaced_custom_object(GROUP, VERSION, namespace, "kopfpeerings", NAME)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            absent.append(
+                f"ClusterKopfPeering {NAME}" if namespace is None else f"KopfPeering {namespace}/{NAME}"
+            )
+    return absent
+
+
+def standalone_warning(absent: Sequence[str]) -> str:
+    """What the operator says when it falls back to standalone."""
+    return (
+        f"no {', '.join(absent)} in the cluster (the chart creates it; manifests/crd.yaml installs only its "
+        "CRD): running standalone, without peering, so nothing pauses this operator when another one runs. "
+        "To peer, create it (kind ClusterKopfPeering, or KopfPeering in each namespace, apiVersion "
+        f"kopf.dev/v1, name {NAME}) and restart, or pass --standalone to say you mean it"
+    )

@@ -1,0 +1,59 @@
+"""Helpers for tests that run `ddpjob local` as a user would: a DDPJob file, the command, its output."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def unique_name() -> str:
+    return f"t{uuid.uuid4().hex[:8]}"
+
+
+def job(name: str, **spec: Any) -> dict[str, Any]:
+    """A small CPU DDPJob (2 nodes × 2 procs, 200 steps); ``spec`` replaces top-level spec fields."""
+    base = {
+        "nodes": 2,
+        "procsPerNode": 2,
+        "device": "cpu",
+        "trainer": {"steps": 200, "batchSize": 16, "checkpointEvery": 20},
+        "syncCheck": {"everySteps": 20},
+    }
+    return {
+        "apiVersion": "ddpjob.io/v1alpha1",
+        "kind": "DDPJob",
+        "metadata": {"name": name},
+        "spec": {**base, **spec},
+    }
+
+
+def run_local(
+    tmp_path: Path, docs: list[dict[str, Any]], *extra: str, timeout: float = 240
+) -> tuple[int, str]:
+    """`ddpjob local FILE` on a file of ``docs``, to the end; (exit code, everything it printed)."""
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ddp_operator",
+            "local",
+            str(path),
+            "--workdir",
+            str(tmp_path / "runs"),
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,
+        timeout=timeout,
+        check=False,
+    )
+    return done.returncode, done.stdout
