@@ -21,6 +21,7 @@ data = sys.argv[1]
 assert os.path.isdir(data), data
 open(os.path.join(data, f"rank-{dist.get_rank()}"), "w").close()
 open("here.txt", "w").write(os.environ["NODE_RANK"])
+import tempfile; open(os.path.join(tempfile.gettempdir(), "mine"), "w").close()  # the pod's own /tmp
 print(f"rank {dist.get_rank()} of {dist.get_world_size()} sum {t.item()} local {os.environ['LOCAL_RANK']}")
 dist.destroy_process_group()
 """
@@ -42,6 +43,7 @@ def test_a_plain_python_script_gets_its_rank_a_workdir_and_its_volumes(tmp_path:
     assert sorted(p.name for p in (run / "volumes" / "data").iterdir()) == ["rank-0", "rank-1"]
     for index in (0, 1):  # each pod wrote here.txt in a working directory of its own
         assert (run / "attempt-1" / f"{name}-1-{index}" / "here.txt").read_text() == str(index)
+        assert (run / "attempt-1" / f"{name}-1-{index}" / "tmp" / "mine").is_file()
 
 
 def test_args_alone_run_after_the_images_torchrun_and_other_kinds_are_skipped(tmp_path: Path) -> None:

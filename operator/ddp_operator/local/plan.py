@@ -190,12 +190,20 @@ def absolute_if_here(part: str, launch_dir: Path) -> str:
     return part
 
 
+def tmp_dir(pod: LocalPod) -> Path:
+    """The pod's ``/tmp``: inside its working directory, so nothing it leaves there outlives the run's
+    folder or is seen by another pod (the trainer's metrics files live there)."""
+    return pod.workdir / "tmp"
+
+
 def process_env(pod: LocalPod, host_env: Mapping[str, str], launch_dir: Path | None = None) -> dict[str, str]:
-    """This machine's environment under the pod's, with this Python environment's scripts first on PATH
-    and ``launch_dir`` last on PYTHONPATH (a model factory or module next to the DDPJob file imports)."""
+    """This machine's environment under the pod's, with this Python environment's scripts first on PATH,
+    ``launch_dir`` last on PYTHONPATH (a model factory or module next to the DDPJob file imports) and a
+    ``TMPDIR`` of the pod's own (:func:`tmp_dir`), as each container has its own ``/tmp``."""
     scripts = str(Path(sys.executable).parent)
     path = host_env.get("PATH", "")
     env = {**host_env, **pod.env, "PATH": f"{scripts}{os.pathsep}{path}" if path else scripts}
+    env["TMPDIR"] = str(tmp_dir(pod))
     if launch_dir is not None:
         python_path = env.get("PYTHONPATH", "")
         env["PYTHONPATH"] = f"{python_path}{os.pathsep}{launch_dir}" if python_path else str(launch_dir)

@@ -151,7 +151,7 @@ def _attempt(
     members = gang.Gang(marker)
     try:
         for pod in pods:
-            for folder in pod.volumes:
+            for folder in [*pod.volumes, plan.tmp_dir(pod)]:
                 folder.mkdir(parents=True, exist_ok=True)
             env = {**plan.process_env(pod, os.environ, Path.cwd()), gang.MARKER: marker}
             members.start(gang.Member(pod.name, pod.argv, env, pod.log_path, console.pod_line, pod.workdir))
