@@ -13,4 +13,5 @@ session fixture in :mod:`fixtures` does the same for pytest. Modules, one concep
 - :mod:`kubeapi`       a small JSON client on top of the ``kubernetes`` package's kubeconfig loading
 - :mod:`nodeagent`     registers Nodes, keeps leases fresh, runs bound pods (:mod:`podrunner`)
 - :mod:`kubeletapi`    the HTTPS endpoint the API server calls for ``kubectl logs``
+- :mod:`audit`         the API server's audit log: what each ServiceAccount asked for
 """

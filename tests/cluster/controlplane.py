@@ -3,7 +3,8 @@
 ``generate`` writes certificates, the static token file, kubeconfigs and the Corefile; ``start_*`` launch
 each component with its pid file and log under ``.cluster/``; ``wait_*`` poll their health endpoints.
 Authorization is Node,RBAC; every component authenticates with its own token, under the user name the
-built-in RBAC roles expect (``system:kube-controller-manager``, ``system:kube-scheduler``).
+built-in RBAC roles expect (``system:kube-controller-manager``, ``system:kube-scheduler``). The API server
+audits what ServiceAccounts outside kube-system do (:mod:`audit`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from . import certs, processes
+from . import audit, certs, processes
 from .layout import (
     APISERVER_PORT,
     BRIDGE_IP,
@@ -117,6 +118,7 @@ def generate(layout: Layout) -> None:
     layout.tokens_file.write_text("\n".join(lines) + "\n")
     layout.tokens_file.chmod(0o600)
     (layout.config / "Corefile").write_text(corefile(layout))
+    layout.audit_policy.write_text(audit.POLICY)
 
 
 def corefile(layout: Layout) -> str:
@@ -190,6 +192,10 @@ def start_apiserver(layout: Layout, bin_dir: Path) -> None:
             "--kubelet-preferred-address-types=InternalIP",
             "--allow-privileged=true",
             "--profiling=false",
+            f"--audit-policy-file={layout.audit_policy}",
+            f"--audit-log-path={layout.audit_log}",
+            "--audit-log-mode=blocking",
+            "--audit-log-maxsize=1024",  # MB: never rotated within a test run
         ],
     )
 

@@ -83,6 +83,15 @@ class Layout:
         return self.config / "tokens.csv"
 
     @property
+    def audit_policy(self) -> Path:
+        return self.config / "audit-policy.yaml"
+
+    @property
+    def audit_log(self) -> Path:
+        """The API server's audit log (:mod:`audit`)."""
+        return self.logs / "kube-apiserver-audit.log"
+
+    @property
     def bin_file(self) -> Path:
         """Records which cached binaries this cluster runs."""
         return self.root / "bin-dir"

@@ -1,0 +1,115 @@
+"""The API server's audit log: what ServiceAccounts outside ``kube-system`` asked of the API server.
+
+The test kube-apiserver runs with ``--audit-policy-file`` = :data:`POLICY` and ``--audit-log-path`` =
+``.cluster/logs/kube-apiserver-audit.log`` (JSON lines, blocking mode, so a request is in the log before
+its response is complete). The policy records every request of every ServiceAccount at ``Metadata``
+level (who, verb, resource, name, response code; no bodies) except those of ``kube-system``, whose
+ServiceAccounts are the controller-manager's own controllers. So the operator, which authenticates as the
+chart's ServiceAccount in every cluster test, is audited; the tests' admin user and the node agent are not.
+
+:class:`AuditLog` reads it: ``mark()`` then ``requests(since=mark, user=...)`` gives what one account did
+in between, one :class:`Request` per completed request (watches: when they end).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+  - level: None
+    userGroups: ["system:serviceaccounts:kube-system"]
+  - level: Metadata
+    userGroups: ["system:serviceaccounts"]
+  - level: None
+"""
+MUTATING = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+
+
+@dataclass(frozen=True)
+class Request:
+    """One completed API request."""
+
+    user: str
+    verb: str
+    group: str
+    resource: str
+    subresource: str
+    namespace: str
+    name: str
+    code: int
+
+    @property
+    def mutating(self) -> bool:
+        return self.verb in MUTATING
+
+    @property
+    def kind(self) -> str:
+        """``resource`` or ``resource/subresource`` (``ddpjobs/status``)."""
+        return f"{self.resource}/{self.subresource}" if self.subresource else self.resource
+
+
+def service_account(namespace: str, name: str) -> str:
+    """The user name a ServiceAccount's token authenticates as."""
+    return f"system:serviceaccount:{namespace}:{name}"
+
+
+class AuditLog:
+    """Reads the audit log at ``path`` (the API server appends; it is never rotated in a test run)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def mark(self) -> int:
+        """The log's end now: pass it to :meth:`requests` to see only what comes after."""
+        self._check()
+        return self.path.stat().st_size
+
+    def requests(self, *, since: int = 0, user: str | None = None) -> list[Request]:
+        """Completed requests logged after ``since`` (a :meth:`mark`), of ``user`` if given."""
+        self._check()
+        with self.path.open("rb") as log:
+            log.seek(since)
+            text = log.read()
+        out = []
+        for line in text.splitlines():
+            if not line.endswith(b"}"):
+                continue  # the API server is still writing this line
+            entry = json.loads(line)
+            if entry.get("stage") != "ResponseComplete":
+                continue
+            who = entry.get("user", {}).get("username", "")
+            if user is not None and who != user:
+                continue
+            ref = entry.get("objectRef") or {}
+            out.append(
+                Request(
+                    user=who,
+                    verb=entry.get("verb", ""),
+                    group=ref.get("apiGroup", ""),
+                    resource=ref.get("resource", ""),
+                    subresource=ref.get("subresource", ""),
+                    namespace=ref.get("namespace", ""),
+                    name=ref.get("name", ""),
+                    code=int((entry.get("responseStatus") or {}).get("code") or 0),
+                )
+            )
+        return out
+
+    def _check(self) -> None:
+        if not self.path.exists():
+            raise FileNotFoundError(
+                f"no audit log at {self.path}: this cluster was started without auditing "
+                "(by an older checkout?); restart it with `make cluster-down cluster-up`"
+            )
+
+
+def writes_by_kind(requests: list[Request]) -> collections.Counter[str]:
+    """Mutating requests counted by ``verb kind`` (``create jobs``, ``patch ddpjobs/status``)."""
+    return collections.Counter(f"{r.verb} {r.kind}" for r in requests if r.mutating)
