@@ -141,10 +141,12 @@ def sequential(cluster: Cluster, operator: Operator, count: int) -> dict[str, An
         started = time.monotonic()
         cluster.kube.create(DDPJOBS.format(ns=namespace), ddpjob(name, suspend=True))
         job = f"{name}-1"
+
+        def there(name: str = name, job: str = job) -> bool:
+            return name in seen["service"].times and job in seen["job"].times and name in seen["status"].times
+
         wait_for(
-            lambda name=name, job=job: (
-                name in seen["service"].times and job in seen["job"].times and name in seen["status"].times
-            ),
+            there,
             what=f"the Service, Job and Suspended status of {name}",
             timeout=60,
             every=0.002,
@@ -250,7 +252,10 @@ def main(argv: list[str] | None = None) -> int:
         namespaces: list[str] = []
         try:
             results["idle"] = {"memory_mib": operator.memory_mib()}
-            say = lambda key: print(f"{key}: {json.dumps(results[key])}", flush=True)  # noqa: E731
+
+            def say(key: str) -> None:
+                print(f"{key}: {json.dumps(results[key])}", flush=True)
+
             say("idle")
             if args.sequential:
                 results["sequential"] = sequential(cluster, operator, args.sequential)

@@ -146,7 +146,10 @@ def _kill_a_pod(cluster: Cluster, namespace: str, rng: random.Random) -> str | N
     folder = cluster.layout.pods / f"{namespace}_{meta['name']}_{meta['uid'][:8]}"
     for pid_file in folder.glob("*.pid"):
         if (pid := processes.read_pid(pid_file)) is not None:
-            os.kill(pid, signal.SIGKILL)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:  # it ended between the read and the kill
+                return None
             return f"SIGKILL {meta['name']} (pid {pid})"
     return None
 
