@@ -1,14 +1,14 @@
 """The API server's audit log: what ServiceAccounts outside ``kube-system`` asked of the API server.
 
-The test kube-apiserver runs with ``--audit-policy-file`` = :data:`POLICY` and ``--audit-log-path`` =
-``.cluster/logs/kube-apiserver-audit.log`` (JSON lines, blocking mode, so a request is in the log before
-its response is complete). The policy records every request of every ServiceAccount at ``Metadata``
-level (who, verb, resource, name, response code; no bodies) except those of ``kube-system``, whose
-ServiceAccounts are the controller-manager's own controllers. So the operator, which authenticates as the
-chart's ServiceAccount in every cluster test, is audited; the tests' admin user and the node agent are not.
+The test kube-apiserver logs every request of a ServiceAccount outside ``kube-system`` at ``Metadata``
+level (who, verb, resource, name, response code; no bodies) to :attr:`Layout.audit_log`, as JSON lines in
+the default blocking mode (the policy: :data:`controlplane.AUDIT_POLICY`). So the operator, which
+authenticates as the chart's ServiceAccount in every cluster test, is audited; the tests' admin user,
+the node agent and the controller-manager's own controllers (kube-system accounts) are not.
 
 :class:`AuditLog` reads it: ``mark()`` then ``requests(since=mark, user=...)`` gives what one account did
-in between, one :class:`Request` per completed request (watches: when they end).
+in between, one :class:`Request` per completed request (watches: when they end). It reads the current
+file only: the API server rotates it at 200 MB, far beyond what one test run writes.
 """
 
 from __future__ import annotations
@@ -18,17 +18,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-POLICY = """\
-apiVersion: audit.k8s.io/v1
-kind: Policy
-omitStages: ["RequestReceived"]
-rules:
-  - level: None
-    userGroups: ["system:serviceaccounts:kube-system"]
-  - level: Metadata
-    userGroups: ["system:serviceaccounts"]
-  - level: None
-"""
 MUTATING = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 
 
@@ -61,7 +50,7 @@ def service_account(namespace: str, name: str) -> str:
 
 
 class AuditLog:
-    """Reads the audit log at ``path`` (the API server appends; it is never rotated in a test run)."""
+    """Reads the audit log at ``path`` (the API server appends to it)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

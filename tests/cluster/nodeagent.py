@@ -11,18 +11,20 @@ Run: ``python -m cluster.nodeagent --kubeconfig .cluster/kubeconfig`` (``hack/cl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import logging
 import signal
 import threading
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-from . import kubeletapi
+from . import kubeletapi, serviceproxy
 from . import layout as layout_mod
 from .kubeapi import ApiError, Kube, final_delete_options
-from .layout import KUBELET_PORT, NODE_CAPACITY, NODE_NAMES, Layout, node_pod_cidr
+from .layout import APISERVER_PORT, KUBELET_PORT, NODE_CAPACITY, NODE_NAMES, Layout, node_pod_cidr
 from .podrunner import NodeInfo, PodRunner
 
 log = logging.getLogger("nodeagent")
@@ -31,6 +33,11 @@ LEASE_SECONDS = 40
 RENEW_EVERY = 10.0
 STATUS_EVERY = 30.0
 RESYNC_EVERY = 2.0
+SERVICE_ACCOUNT_MOUNT_POINTS = [
+    Path("/var/run/secrets/kubernetes.io/serviceaccount"),
+    Path("/var/run/secrets/kubernetes.io"),
+    Path("/var/run/secrets"),
+]
 KUBELET_VERSION = "v1.34.4"  # the version the Nodes report; the agent speaks for that kubelet's API
 
 
@@ -113,6 +120,8 @@ class IPAllocator:
     def __init__(self, cidr: str) -> None:
         self._free = [str(ip) for ip in list(ipaddress.ip_network(cidr).hosts())[1:]]
         self._lock = threading.Lock()
+        self.proxy: serviceproxy.ServiceProxy | None = None
+        self._absent_mount_points: list[Path] = []
 
     def take(self) -> str:
         with self._lock:
@@ -273,7 +282,9 @@ class NodeAgent:
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     def run(self) -> None:
+        self._absent_mount_points = [p for p in SERVICE_ACCOUNT_MOUNT_POINTS if not p.exists()]
         self.register()
+        self.proxy = self._start_service_proxy()
         for i, node in enumerate(self.nodes.values()):
             kubeletapi.serve(self, self.layout, port=KUBELET_PORT + i, name=node.name)
         threads = [
@@ -285,6 +296,18 @@ class NodeAgent:
         self.stopping.wait()
         self.shutdown()
 
+    def _start_service_proxy(self) -> serviceproxy.ServiceProxy:
+        """Pods reach the API server at the ``kubernetes`` Service's ClusterIP and port (see serviceproxy)."""
+        service = None
+        for _ in range(600):  # the API server creates it shortly after it is ready
+            service = self.kube.get_or_none(serviceproxy.MASTER_SERVICE_PATH)
+            if service or self.stopping.wait(0.1):
+                break
+        if not service:
+            raise RuntimeError("Service default/kubernetes did not appear within 60 s")
+        listen = (service["spec"]["clusterIP"], int(service["spec"]["ports"][0]["port"]))
+        return serviceproxy.ServiceProxy(listen, ("127.0.0.1", APISERVER_PORT)).start()
+
     def shutdown(self) -> None:
         """Agent stopping: kill every pod's processes now and remove their namespaces (not the Pods)."""
         with self._lock:
@@ -293,6 +316,11 @@ class NodeAgent:
             runner.terminate(0, delete=False)
         for runner in runners:
             runner.done.wait(10)
+        if self.proxy is not None:
+            self.proxy.close()
+        for folder in self._absent_mount_points:  # made on the host as mount points: remove them
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def default_nodes() -> list[NodeInfo]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -13,7 +14,17 @@ from cluster.fixtures import Cluster, wait_for
 
 from .operator_process import REPO, Operator, ddpjob, install
 
-__all__ = ["REPO", "Operator", "children", "ddpjob", "get", "operator", "settle", "wait_phase"]
+__all__ = [
+    "REPO",
+    "Operator",
+    "children",
+    "ddpjob",
+    "get",
+    "operator",
+    "session_operator_paused",
+    "settle",
+    "wait_phase",
+]
 
 
 @pytest.fixture(scope="session")
@@ -22,11 +33,30 @@ def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     running = Operator(kubeconfig, log)
     running.start()
+    SESSION_OPERATORS.append(running)
     try:
         yield running
     finally:
+        SESSION_OPERATORS.remove(running)
         running.stop()
         print(f"operator log: {log}")
+
+
+SESSION_OPERATORS: list[Operator] = []  # the `operator` fixture's, while the session holds it
+
+
+@contextlib.contextmanager
+def session_operator_paused() -> Iterator[None]:
+    """Stops the session's cluster-wide operator (when a test has started it) and starts it again after:
+    a test that installs the chart runs its own operator, and two must not reconcile the same DDPJobs."""
+    paused = [op for op in SESSION_OPERATORS if op.process is not None]
+    for op in paused:
+        op.stop()
+    try:
+        yield
+    finally:
+        for op in paused:
+            op.start()
 
 
 def get(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:

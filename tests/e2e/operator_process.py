@@ -35,6 +35,10 @@ class Operator:
     """`ddpjob operator` as a process; start and stop it at will (operator-restart tests)."""
 
     def __init__(self, kubeconfig: Path, log: Path) -> None:
+        user = yaml.safe_load(kubeconfig.read_text())["users"][0]["name"]
+        assert user.startswith("system:serviceaccount:"), (
+            f"the operator under test authenticates as the chart's ServiceAccount, not as {user}"
+        )
         self.kubeconfig, self.log = kubeconfig, log
         self.process: subprocess.Popen[bytes] | None = None
         self.metrics_port = 0
