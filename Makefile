@@ -78,6 +78,6 @@ bench-gpu:
 	$(BENCH_PY) bench/fingerprint_bench.py --gpu
 
 # The operator on the real control plane (the test cluster: root and its cached binaries, like `make test`'s
-# cluster tier; ~3 min): apply→children latency, 100 at once, API writes per DDPJob, operator memory.
+# cluster tier; ~5 min on 2 cores): apply→children latency, 100 at once, API writes per DDPJob, operator memory.
 bench-operator: $(STAMP) $(BIN)/helm
 	PYTHONPATH=operator:trainer_image:tests $(BIN)/python bench/operator_bench.py
