@@ -66,7 +66,7 @@ cluster-status:
 # `make bench`: the CPU parts, a few minutes. `make bench-gpu`: the CUDA parts in one command; it needs only
 # this checkout, torch and triton, so on a bare GPU box run `make bench-gpu BENCH_PY=python3`.
 BENCH_PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
-.PHONY: bench bench-gpu
+.PHONY: bench bench-gpu bench-operator
 
 bench: $(STAMP)
 	$(BIN)/python bench/fingerprint_bench.py
@@ -76,3 +76,8 @@ bench: $(STAMP)
 
 bench-gpu:
 	$(BENCH_PY) bench/fingerprint_bench.py --gpu
+
+# The operator on the real control plane (the test cluster: root and its cached binaries, like `make test`'s
+# cluster tier; ~5 min on 2 cores): apply→children latency, 100 at once, API writes per DDPJob, operator memory.
+bench-operator: $(STAMP) $(BIN)/helm
+	PYTHONPATH=operator:trainer_image:tests $(BIN)/python bench/operator_bench.py

@@ -16,6 +16,7 @@ import kopf
 import kubernetes
 
 from . import apply, crd, render
+from .recent import Recent
 from .reconcile import TERMINAL
 from .scraper import Scraper
 
@@ -25,6 +26,8 @@ Key = tuple[str, str]
 _LOCKS: collections.defaultdict[Key, threading.Lock] = collections.defaultdict(threading.Lock)
 # The latest reading of each running DDPJob's /metrics, refreshed in background threads, never in a reconcile.
 SCRAPER = Scraper()
+# What this operator wrote that the indexes above do not show yet (read your own writes).
+RECENT = Recent()
 
 
 @kopf.on.startup()
@@ -81,6 +84,7 @@ def on_ddpjob(namespace: str | None, name: str, type: str, **kwargs: Any) -> Non
         reconcile((namespace or "", name), **kwargs)
     else:
         SCRAPER.forget((namespace or "", name))
+        RECENT.forget((namespace or "", name))
 
 
 @kopf.on.event("batch", "v1", "jobs", labels=LABELS)
@@ -117,4 +121,4 @@ def reconcile(
     with _LOCKS[key]:
         for body in list(ddpjob_bodies.get(key, []))[:1]:
             jobs, pods = list(ddpjob_jobs.get(key, [])), list(ddpjob_pods.get(key, []))
-            apply.reconcile(body, jobs, pods, logger, ddpjob_bodies, SCRAPER)
+            apply.reconcile(body, jobs, pods, logger, ddpjob_bodies, SCRAPER, RECENT)

@@ -17,4 +17,5 @@ session fixture in :mod:`fixtures` does the same for pytest. Modules, one concep
   projected/configMap/secret/downwardAPI volumes (the ServiceAccount token, CA and namespace)
 - :mod:`images`        ENTRYPOINT and CMD of the project's images, from its Dockerfile
 - :mod:`serviceproxy`  the ``kubernetes`` Service's ClusterIP, proxied to the API server for pods
+- :mod:`audit`         the API server's audit log: what each ServiceAccount asked for
 """

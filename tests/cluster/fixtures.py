@@ -13,6 +13,7 @@ Registered for the tests under ``tests/cluster`` by their conftest; elsewhere th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ from typing import Any, TypeVar
 import pytest
 
 from . import lifecycle, serviceaccounts
+from .audit import AuditLog
 from .kubeapi import Kube
 from .layout import BUILD_SCRIPT, Layout
 
@@ -57,6 +59,11 @@ class Cluster:
     @property
     def kubeconfig(self) -> Path:
         return self.layout.kubeconfig
+
+    @property
+    def audit(self) -> AuditLog:
+        """What ServiceAccounts asked of the API server (:mod:`audit`)."""
+        return AuditLog(self.layout.audit_log)
 
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True, kubeconfig: Path | None = None
@@ -127,12 +134,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         say.write_line(f"test cluster build: {'done' if built.returncode == 0 else 'FAILED'}; log: {log}")
 
 
-@pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    layout = Layout.default()
+@contextlib.contextmanager
+def running_cluster(layout: Layout | None = None) -> Iterator[Cluster]:
+    """The cluster of ``layout``: the one already up, else one started here and stopped on exit
+    (unless ``DDPJOB_KEEP_CLUSTER`` is set). Outside pytest too (``bench/operator_bench.py``)."""
+    layout = layout or Layout.default()
     started_here = not lifecycle.is_up(layout)
     if started_here:
         lifecycle.up(layout)
@@ -141,6 +147,15 @@ def cluster() -> Iterator[Cluster]:
     finally:
         if started_here and not os.environ.get("DDPJOB_KEEP_CLUSTER"):
             lifecycle.down(layout)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    with running_cluster() as running:
+        yield running
 
 
 @pytest.fixture
@@ -200,5 +215,6 @@ __all__: Sequence[str] = [
     "manifests",
     "namespace",
     "python_pod",
+    "running_cluster",
     "wait_for",
 ]

@@ -1,0 +1,289 @@
+"""The operator on the real control plane: how fast it answers, how much it writes, how much memory it holds.
+
+    python bench/operator_bench.py [--sequential 50] [--burst 100] [--run 100]
+
+Needs what the `cluster` tests need (root, the cached control-plane binaries of hack/cluster/build.sh);
+reuses a cluster that `make cluster-up` started, else starts one and stops it at the end. The CRD and the
+chart's RBAC are applied and `ddpjob operator` runs as a local process authenticating as the chart's
+ServiceAccount, as in the e2e tests (tests/e2e/operator_process.py). Three phases, each in a fresh namespace:
+
+* sequential: ``--sequential`` suspended DDPJobs (nodes 2), created one after another through the API
+  (a POST, what ``kubectl apply`` does after its own start-up): time from the POST to both the headless
+  Service and the Job existing (seen by a watch), and to the status saying Suspended; p50, p99, max;
+* burst: ``--burst`` suspended DDPJobs in one ``kubectl apply -f`` of a List: wall time until every one has
+  its Service and Job, and until every status says Suspended;
+* run: ``--run`` tiny DDPJobs (nodes 1, ``python -c pass``: one pod each, run by the node agent as a host
+  process) in one ``kubectl apply``: wall time until every one is Succeeded (or Failed).
+
+API writes are counted from the API server's audit log (tests/cluster/audit.py): every create, update,
+patch and delete the operator's ServiceAccount made during a phase, until it has been quiet for 3 s; per
+DDPJob, by resource; "besides status" leaves out ``patch ddpjobs/status``. Memory is the operator
+process's VmRSS (now) and VmHWM (peak since start) from /proc/<pid>/status. Prints figures, never asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from cluster.audit import AuditLog, writes_by_kind  # noqa: E402
+from cluster.fixtures import Cluster, running_cluster, unavailable_reason, wait_for  # noqa: E402
+from cluster.kubeapi import ApiError, Kube  # noqa: E402
+from e2e.operator_process import OPERATOR_USER, Operator, ddpjob, install  # noqa: E402
+
+DDPJOBS = "/apis/ddpjob.io/v1alpha1/namespaces/{ns}/ddpjobs"
+FINAL = ("Succeeded", "Failed")
+
+
+class FirstSeen:
+    """Watches one namespaced collection in a thread; records, per object name, the first moment
+    (``time.monotonic()``) its watch event satisfied ``when``."""
+
+    def __init__(self, kubeconfig: Path, path: str, when: Callable[[dict[str, Any]], bool]) -> None:
+        self.kube, self.path, self.when = Kube(str(kubeconfig)), path, when
+        self.times: dict[str, float] = {}
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        version: str | None = None
+        while not self.stopping.is_set():
+            params = {"resourceVersion": version} if version else {}
+            try:
+                for event in self.kube.watch(self.path, timeout_seconds=5, **params):
+                    now, obj = time.monotonic(), event["object"]
+                    if event["type"] == "ERROR":  # 410 Gone: start again from now
+                        version = None
+                        break
+                    version = obj["metadata"]["resourceVersion"]
+                    name = obj["metadata"].get("name")
+                    if event["type"] in ("ADDED", "MODIFIED") and name not in self.times and self.when(obj):
+                        self.times[name] = now
+                    if self.stopping.is_set():
+                        break
+            except (ApiError, OSError):
+                time.sleep(0.5)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=20)
+
+
+def phase_is(*phases: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda obj: (obj.get("status") or {}).get("phase") in phases
+
+
+def watchers(cluster: Cluster, namespace: str, final: Iterable[str]) -> dict[str, FirstSeen]:
+    kubeconfig = cluster.kubeconfig
+    return {
+        "service": FirstSeen(kubeconfig, f"/api/v1/namespaces/{namespace}/services", lambda _: True),
+        "job": FirstSeen(kubeconfig, f"/apis/batch/v1/namespaces/{namespace}/jobs", lambda _: True),
+        "status": FirstSeen(kubeconfig, DDPJOBS.format(ns=namespace), phase_is(*final)),
+    }
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def quiet_writes(audit: AuditLog, since: int, *, quiet: float = 3.0, timeout: float = 60) -> list[Any]:
+    """The operator's requests since ``since``, once it has made no new one for ``quiet`` seconds."""
+    deadline = time.monotonic() + timeout
+    count, still_since = -1, time.monotonic()
+    while True:
+        requests = audit.requests(since=since, user=OPERATOR_USER)
+        if len(requests) != count:
+            count, still_since = len(requests), time.monotonic()
+        elif time.monotonic() - still_since >= quiet or time.monotonic() > deadline:
+            return requests
+        time.sleep(0.5)
+
+
+def describe_writes(requests: list[Any], jobs: int) -> dict[str, Any]:
+    counts = writes_by_kind(requests)
+    total = sum(counts.values())
+    status = counts.get("patch ddpjobs/status", 0)
+    events = sum(n for kind, n in counts.items() if kind.endswith(" events"))
+    return {
+        "by_kind_per_job": {kind: round(n / jobs, 2) for kind, n in sorted(counts.items())},
+        "per_job": round(total / jobs, 2),
+        "per_job_besides_status": round((total - status) / jobs, 2),
+        "per_job_besides_status_and_events": round((total - status - events) / jobs, 2),
+        "refused": sum(1 for r in requests if r.mutating and r.code >= 400),
+    }
+
+
+def new_namespace(cluster: Cluster, prefix: str) -> str:
+    return cluster.create_namespace(prefix)
+
+
+def sequential(cluster: Cluster, operator: Operator, count: int) -> dict[str, Any]:
+    namespace = new_namespace(cluster, "bench-seq")
+    seen = watchers(cluster, namespace, ["Suspended"])
+    mark = cluster.audit.mark()
+    children, reconciled = [], []
+    for i in range(count):
+        name = f"seq-{i:03d}"
+        started = time.monotonic()
+        cluster.kube.create(DDPJOBS.format(ns=namespace), ddpjob(name, suspend=True))
+        job = f"{name}-1"
+
+        def there(name: str = name, job: str = job) -> bool:
+            return name in seen["service"].times and job in seen["job"].times and name in seen["status"].times
+
+        wait_for(
+            there,
+            what=f"the Service, Job and Suspended status of {name}",
+            timeout=60,
+            every=0.002,
+        )
+        children.append(max(seen["service"].times[name], seen["job"].times[job]) - started)
+        reconciled.append(seen["status"].times[name] - started)
+    writes = describe_writes(quiet_writes(cluster.audit, mark), count)
+    for watcher in seen.values():
+        watcher.stop()
+    return {
+        "namespace": namespace,
+        "jobs": count,
+        "children_s": summary(children),
+        "status_s": summary(reconciled),
+        "writes": writes,
+        "memory_mib": operator.memory_mib(),
+    }
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "p50": round(statistics.median(values), 3),
+        "p99": round(percentile(values, 0.99), 3),
+        "max": round(max(values), 3),
+        "min": round(min(values), 3),
+    }
+
+
+def apply_at_once(
+    cluster: Cluster, operator: Operator, prefix: str, count: int, final: tuple[str, ...], **spec: Any
+) -> dict[str, Any]:
+    namespace = new_namespace(cluster, f"bench-{prefix}")
+    seen = watchers(cluster, namespace, final)
+    names = [f"{prefix}-{i:03d}" for i in range(count)]
+    documents = {"apiVersion": "v1", "kind": "List", "items": [ddpjob(n, **spec) for n in names]}
+    mark = cluster.audit.mark()
+    started = time.monotonic()
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(documents))
+    applied = time.monotonic() - started
+    every_child = wait_for(
+        lambda: (
+            all(n in seen["service"].times and f"{n}-1" in seen["job"].times for n in names)
+            and max(max(seen["service"].times.values()), max(seen["job"].times.values())) - started
+        ),
+        what=f"a Service and a Job for each of {count} DDPJobs",
+        timeout=600,
+        every=0.05,
+    )
+    every_status = wait_for(
+        lambda: (
+            all(n in seen["status"].times for n in names) and max(seen["status"].times.values()) - started
+        ),
+        what=f"{count} DDPJobs to be {' or '.join(final)}",
+        timeout=900,
+        every=0.05,
+    )
+    writes = describe_writes(quiet_writes(cluster.audit, mark), count)
+    for watcher in seen.values():
+        watcher.stop()
+    phases = [
+        j.get("status", {}).get("phase") for j in cluster.kube.get(DDPJOBS.format(ns=namespace))["items"]
+    ]
+    return {
+        "namespace": namespace,
+        "jobs": count,
+        "kubectl_apply_s": round(applied, 2),
+        "all_children_s": round(every_child, 2),
+        "all_final_s": round(every_status, 2),
+        "phases": {p: phases.count(p) for p in set(phases)},
+        "writes": writes,
+        "memory_mib": operator.memory_mib(),
+    }
+
+
+def delete_all(cluster: Cluster, operator: Operator, namespaces: list[str]) -> dict[str, Any]:
+    """Deletes every DDPJob (then the namespaces); the operator's writes for the deletions."""
+    mark = cluster.audit.mark()
+    started = time.monotonic()
+    count = 0
+    for namespace in namespaces:
+        count += len(cluster.kube.get(DDPJOBS.format(ns=namespace))["items"])
+        cluster.kubectl("delete", "ddpjobs", "--all", "-n", namespace, "--wait=true", "--timeout=300s")
+    took = time.monotonic() - started
+    writes = describe_writes(quiet_writes(cluster.audit, mark), max(count, 1))
+    for namespace in namespaces:
+        cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=300s")
+    return {"jobs": count, "delete_s": round(took, 2), "writes": writes, "memory_mib": operator.memory_mib()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sequential", type=int, default=50, help="suspended DDPJobs, one after another")
+    parser.add_argument("--burst", type=int, default=100, help="suspended DDPJobs in one kubectl apply")
+    parser.add_argument("--run", type=int, default=100, help="tiny DDPJobs that run, in one kubectl apply")
+    args = parser.parse_args(argv)
+    if reason := unavailable_reason():
+        print(f"operator_bench: {reason}", file=sys.stderr)
+        return 2
+    results: dict[str, Any] = {}
+    with running_cluster() as cluster, tempfile.TemporaryDirectory(prefix="operator-bench-") as tmp:
+        operator = Operator(install(cluster), Path(tmp) / "operator.log")
+        operator.start()
+        namespaces: list[str] = []
+        try:
+            results["idle"] = {"memory_mib": operator.memory_mib()}
+
+            def say(key: str) -> None:
+                print(f"{key}: {json.dumps(results[key])}", flush=True)
+
+            say("idle")
+            if args.sequential:
+                results["sequential"] = sequential(cluster, operator, args.sequential)
+                namespaces.append(results["sequential"]["namespace"])
+                say("sequential")
+            if args.burst:
+                results["burst"] = apply_at_once(
+                    cluster, operator, "burst", args.burst, ("Suspended",), suspend=True
+                )
+                namespaces.append(results["burst"]["namespace"])
+                say("burst")
+            if args.run:
+                tiny = {"nodes": 1, "command": ["python", "-c", "pass"], "maxRestarts": 0}
+                results["run"] = apply_at_once(cluster, operator, "run", args.run, FINAL, **tiny)
+                namespaces.append(results["run"]["namespace"])
+                say("run")
+            results["deleted"] = delete_all(cluster, operator, namespaces)
+            say("deleted")
+        finally:
+            operator.stop()
+            for namespace in namespaces:
+                cluster.kubectl(
+                    "delete", "namespace", namespace, "--ignore-not-found", "--wait=false", check=False
+                )
+    version = subprocess.run(["uname", "-srm"], capture_output=True, text=True).stdout.strip()
+    print(f"machine: {version}; operator user: {OPERATOR_USER}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,97 @@
+"""Read your own writes: what this operator wrote that its watches have not shown it yet.
+
+Kopf's indexes follow the watch streams, which trail the operator's own writes by milliseconds, or by
+seconds when a hundred DDPJobs start at once. A reconcile triggered in that window (by the Job it has just
+created, say) used to decide from the DDPJob as it was before its own status patch: it posted the same
+transition event again and patched the status again (five times for one suspended DDPJob, each time
+moving ``startTime``), and, not yet seeing the Job it had created, asked for the Service and Job again
+(refused with 409, but writes all the same). :class:`Recent` keeps, per DDPJob, the object its last
+status patch returned and the Jobs it created, and hands a reconcile whichever view is newer.
+
+"Newer" compares ``metadata.resourceVersion`` as integers: on an API server backed by etcd (every one) it
+is etcd's revision, which only grows. Where either value is not an integer the index wins, as before.
+Pure: no I/O, no clock of its own (``now`` is passed in, monotonic seconds).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+Key = tuple[str, str]
+JOB_MEMORY_SECONDS = 120.0
+"""A created Job the index has still not shown after this long is forgotten (the index is then right)."""
+
+
+def _version(obj: Mapping[str, Any]) -> int | None:
+    try:
+        return int(obj.get("metadata", {}).get("resourceVersion") or "")
+    except ValueError:
+        return None
+
+
+def newer(mine: Mapping[str, Any], indexed: Mapping[str, Any]) -> bool:
+    """Whether ``mine`` is a later version of the object than ``indexed``."""
+    a, b = _version(mine), _version(indexed)
+    same = mine.get("metadata", {}).get("uid") == indexed.get("metadata", {}).get("uid")
+    return a is not None and b is not None and same and a > b
+
+
+@dataclass
+class _Written:
+    body: dict[str, Any] | None = None
+    jobs: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
+
+
+class Recent:
+    """Per DDPJob: the body after our last status patch, the Jobs we created (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._written: dict[Key, _Written] = {}
+
+    def body(self, key: Key, indexed: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The newer of the index's DDPJob and the one our last status patch returned."""
+        with self._lock:
+            written = self._written.get(key)
+            if written is None or written.body is None:
+                return indexed
+            if newer(written.body, indexed):
+                return written.body
+            written.body = None  # the index has caught up (or moved past us): it is the truth again
+            return indexed
+
+    def jobs(self, key: Key, indexed: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+        """The index's Jobs plus those we created that it does not show yet."""
+        with self._lock:
+            written = self._written.get(key)
+            if written is None or not written.jobs:
+                return indexed
+            names = {job["metadata"]["name"] for job in indexed}
+            for name, (when, _) in list(written.jobs.items()):
+                if name in names or now - when > JOB_MEMORY_SECONDS:
+                    del written.jobs[name]
+            return [*indexed, *(job for _, job in written.jobs.values())]
+
+    def patched(self, key: Key, body: Mapping[str, Any]) -> None:
+        """Our status patch returned ``body``."""
+        with self._lock:
+            self._written.setdefault(key, _Written()).body = dict(body)
+
+    def created(self, key: Key, job: Mapping[str, Any], now: float) -> None:
+        """We created ``job`` (the API server's answer)."""
+        with self._lock:
+            self._written.setdefault(key, _Written()).jobs[job["metadata"]["name"]] = (now, dict(job))
+
+    def deleted(self, key: Key, job_name: str) -> None:
+        """We asked for ``job_name`` to be deleted: the index alone says when it has gone."""
+        with self._lock:
+            if written := self._written.get(key):
+                written.jobs.pop(job_name, None)
+
+    def forget(self, key: Key) -> None:
+        """The DDPJob is gone."""
+        with self._lock:
+            self._written.pop(key, None)
