@@ -28,15 +28,22 @@ def missing(namespaces: Sequence[str]) -> list[str]:
     api = kubernetes.client.CustomObjectsApi()
     absent = []
     wanted: list[str | None] = list(namespaces) or [None]
+    only = f"metadata.name={NAME}"  # list, not get: the chart grants Kopf's verbs (list, watch, patch) only
     for namespace in wanted:
         try:
             if namespace is None:
-                api.get_cluster_custom_object(GROUP, VERSION, "clusterkopfpeerings", NAME)
+                found = api.list_cluster_custom_object(
+                    GROUP, VERSION, "clusterkopfpeerings", field_selector=only
+                )
             else:
-                api.get_namespaced_custom_object(GROUP, VERSION, namespace, "kopfpeerings", NAME)
+                found = api.list_namespaced_custom_object(
+                    GROUP, VERSION, namespace, "kopfpeerings", field_selector=only
+                )
         except ApiException as exc:
-            if exc.status != 404:
+            if exc.status != 404:  # 404: no such kind (its CRD is missing)
                 raise
+            found = {}
+        if not found.get("items"):
             absent.append(
                 f"ClusterKopfPeering {NAME}" if namespace is None else f"KopfPeering {namespace}/{NAME}"
             )
