@@ -7,6 +7,7 @@ or repeated reconciles and operator restarts never duplicate children.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -18,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from . import crd, opmetrics
 from .plan import Plan
-from .reconcile import plan_for
+from .reconcile import plan_for, refused
 from .scraper import Scraper
 
 Logger = logging.Logger | kopf.ObjectLogger
@@ -46,7 +47,14 @@ def reconcile(
             else:
                 scraper.want(key, plan.scrape.attempt, plan.scrape.port, plan.scrape.targets)
         try:
-            carry_out(body, plan, logger)
+            try:
+                carry_out(body, plan, logger)
+            except Refused as exc:
+                logger.error(f"not creating anything: {exc}")
+                status = dict(body.get("status") or {})
+                generation = int(body["metadata"].get("generation") or 0)
+                plan = refused(str(exc), status, generation, dt.datetime.now(dt.UTC))
+                carry_out(body, plan, logger)
         except ApiException as exc:
             # Say so on the DDPJob itself (the API server folds repeats into one event with a count).
             reason = f"the API server refused a step of the plan: {exc.status} {exc.reason}"
@@ -83,6 +91,27 @@ def _event(body: Mapping[str, Any], type: str, reason: str, message: str) -> Non
     kopf.event(dict(body), type=type, reason=reason, message=message)  # type: ignore[arg-type]
 
 
+class Refused(Exception):
+    """The API server refuses the Job a plan would create (its dry run said so): nothing was created."""
+
+
+def _dry_run(batch: Any, namespace: str, job: Mapping[str, Any]) -> None:
+    """Creates ``job`` as a dry run (admission and validation, nothing stored), so that a Job the API
+    server refuses leaves no Service or claim behind; raises :class:`Refused` with the server's words."""
+    try:
+        batch.create_namespaced_job(namespace, job, dry_run="All")
+    except ApiException as exc:
+        if exc.status == 409:  # it exists already: the real create below ignores that too
+            return
+        if exc.status in (400, 422):
+            try:
+                message = str(json.loads(exc.body or "{}").get("message") or exc.reason)
+            except ValueError:
+                message = str(exc.body or exc.reason)
+            raise Refused(message) from None
+        raise
+
+
 def carry_out(body: Mapping[str, Any], plan: Plan, logger: Logger) -> None:
     """Apply a plan: children first, then the status, then the events."""
     metadata = body["metadata"]
@@ -90,9 +119,14 @@ def carry_out(body: Mapping[str, Any], plan: Plan, logger: Logger) -> None:
     core, batch = kubernetes.client.CoreV1Api(), kubernetes.client.BatchV1Api()
     objects = kubernetes.client.CustomObjectsApi()
     custom = (crd.GROUP, crd.VERSION, namespace, crd.PLURAL, name)
+    if plan.create_job is not None:
+        _dry_run(batch, namespace, plan.create_job)
     for job_name in plan.delete_jobs:
         logger.info(f"deleting Job {job_name} and its pods")
         _ignore((404,), batch.delete_namespaced_job, job_name, namespace, propagation_policy="Foreground")
+    for job_name in plan.abandon_jobs:  # a second delete, in the background, drops the foreground wait
+        logger.info(f"deleting Job {job_name} without waiting for its pods on a node that does not answer")
+        _ignore((404,), batch.delete_namespaced_job, job_name, namespace, propagation_policy="Background")
     if plan.create_claim is not None:
         logger.info(f"creating PersistentVolumeClaim {plan.create_claim['metadata']['name']} for checkpoints")
         _ignore((409,), core.create_namespaced_persistent_volume_claim, namespace, plan.create_claim)

@@ -53,6 +53,9 @@ class Facts:
     """Rank 0's termination report in ``attempt``, once it wrote one."""
     targets: tuple[Target, ...] = ()
     """The running pods of ``attempt`` and where each serves its metrics."""
+    stale_deadlines: tuple[tuple[str, dt.datetime], ...] = ()
+    """Stale Jobs going away whose pods are all being deleted too, with the latest of those pods'
+    ``deletionTimestamp`` (when their kubelet should have confirmed the stop at the latest)."""
 
 
 def attempt_of(obj: Mapping[str, Any]) -> int:
@@ -177,6 +180,25 @@ def _failed_on_its_own(pod: Mapping[str, Any]) -> bool:
     return state is not None and int(state.get("exitCode", 0)) not in (0, contract.INTERRUPTED_EXIT_CODE)
 
 
+def current_attempt(previous: Mapping[str, Any], jobs: Sequence[Mapping[str, Any]]) -> int:
+    """``max(status.attempt, the Jobs' attempt labels)``. The status is believed only as far as it can
+    be true (a hand-edited one is repaired): at least the first attempt, and beyond the newest Job N
+    only once that Job failed or is going away, then by one (the status names attempt N + 1 then, before
+    Job N + 1 exists)."""
+    first = contract.FIRST_ATTEMPT
+    try:
+        said = max(int(previous.get("attempt") or first), first)
+    except (TypeError, ValueError):
+        said = first
+    newest = max(jobs, key=attempt_of, default=None)
+    if newest is not None and attempt_of(newest) >= first:
+        over = condition(newest, "Failed") is not None or bool(
+            newest.get("metadata", {}).get("deletionTimestamp")
+        )
+        said = min(said, attempt_of(newest) + int(over))
+    return max([said, *map(attempt_of, jobs)])
+
+
 def observe(
     previous: Mapping[str, Any],
     jobs: Sequence[Mapping[str, Any]],
@@ -184,8 +206,7 @@ def observe(
     metrics_port: int = contract.DEFAULT_METRICS_PORT,
 ) -> Facts:
     """The facts about one DDPJob, from its last status and the Jobs and pods that carry its label."""
-    first = contract.FIRST_ATTEMPT
-    attempt = max([int(previous.get("attempt") or first), *map(attempt_of, jobs)])
+    attempt = current_attempt(previous, jobs)
     current = [job for job in jobs if attempt_of(job) == attempt]
     mine = [pod for pod in pods if attempt_of(pod) == attempt]
     report = rank0_report(mine) or remembered_report(previous, attempt)
@@ -210,4 +231,26 @@ def observe(
         unschedulable=unschedulable(mine),
         report=report,
         targets=metrics_targets(mine, attempt, metrics_port),
+        stale_deadlines=stale_deadlines(jobs, pods, attempt),
     )
+
+
+def stale_deadlines(
+    jobs: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]], attempt: int
+) -> tuple[tuple[str, dt.datetime], ...]:
+    """For each Job of an earlier attempt that is being deleted and still has pods, all of them being
+    deleted: the latest of their deletion deadlines. A pod past it is kept only by a kubelet that does
+    not answer (its node was lost): the API server waits for that kubelet forever."""
+    found = []
+    for job in jobs:
+        if attempt_of(job) >= attempt or not job.get("metadata", {}).get("deletionTimestamp"):
+            continue
+        left = [pod for pod in pods if attempt_of(pod) == attempt_of(job) and not _gone(pod)]
+        deadlines = [_time(pod.get("metadata", {}).get("deletionTimestamp")) for pod in left]
+        if left and all(deadlines):
+            found.append((job["metadata"]["name"], max(d for d in deadlines if d)))
+    return tuple(found)
+
+
+def _gone(pod: Mapping[str, Any]) -> bool:
+    return pod.get("status", {}).get("phase") in ("Succeeded", "Failed")

@@ -6,6 +6,8 @@ midway) and calls :func:`decide`, which picks exactly one branch below and retur
 status to write, the Service and Job to create, the Jobs to delete, the Job to (un)suspend, the events
 to post. :mod:`ddp_operator.apply` carries plans out; every branch here is unit-tested without an API
 server (``tests/api/test_reconcile.py``) and proven against one by the e2e tests.
+
+Long because the branches of one decision read best side by side, each a few lines.
 """
 
 from __future__ import annotations
@@ -69,17 +71,40 @@ def plan_for(
 
 def invalid_spec(error: SpecError, previous: Mapping[str, Any], generation: int, now: dt.datetime) -> Plan:
     """A spec the API server should have refused (a hand-edited object, an older CRD): fail, say why."""
+    return _invalid("; ".join(str(problem) for problem in error.problems), previous, generation, now)
+
+
+def refused(message: str, previous: Mapping[str, Any], generation: int, now: dt.datetime) -> Plan:
+    """The API server refused the Job rendered from the spec (a dry run, before any child was created): a
+    value the DDPJob schema lets through but Kubernetes does not (a label value, an annotation key).
+    No attempt could fix it: fail at once, with the API server's words."""
+    return _invalid(f"the API server refuses the Job this spec renders: {message}", previous, generation, now)
+
+
+def _invalid(message: str, previous: Mapping[str, Any], generation: int, now: dt.datetime) -> Plan:
     out = StatusBuilder(previous, stamp(now))
     out.values.update({k: v for k, v in previous.items() if k != "conditions"}, observedGeneration=generation)
-    message = "; ".join(str(problem) for problem in error.problems)[:1024]
-    return _finish(out, False, "InvalidSpec", message)
+    return _finish(out, False, "InvalidSpec", message[:1024])
+
+
+def finished(status: Mapping[str, Any]) -> bool:
+    """A terminal phase, with what this operator writes along with one: a completionTime and a True
+    Complete or Failed condition. A phase without them (a hand-edited status) is not believed: the next
+    decision repairs it from the children."""
+    conditions = status.get("conditions")
+    said = [
+        c
+        for c in (conditions if isinstance(conditions, list) else [])
+        if isinstance(c, Mapping) and c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+    ]
+    return status.get("phase") in TERMINAL and bool(status.get("completionTime")) and bool(said)
 
 
 def decide(inputs: Inputs) -> Plan:
     """The status to write and the next step: exactly one branch applies, checked in this order."""
     out = _base(inputs)
     facts, job = inputs.facts, inputs.facts.job
-    if inputs.previous.get("phase") in TERMINAL:
+    if finished(inputs.previous):
         return _finished(inputs, out)
     if (deadline := _deadline_passed(inputs)) is not None:
         return _finish(out, False, "DeadlineExceeded", deadline, delete=_all_jobs(facts))
@@ -110,9 +135,11 @@ def _base(inputs: Inputs) -> StatusBuilder:
         startTime=previous.get("startTime") or out.now,
         readyNodes=0,
     )
-    for kept in ("completionTime", "preemptions", "lastReport", "progress", "checkpoint"):
+    for kept in ("completionTime", "lastReport", "progress", "checkpoint"):
         if previous.get(kept):
             out.values[kept] = previous[kept]
+    if preemptions := _count(previous.get("preemptions")):
+        out.values["preemptions"] = preemptions
     if isinstance(previous.get("sync"), dict):
         out.values["sync"] = dict(previous["sync"])
     if facts.report is not None:
@@ -123,6 +150,11 @@ def _base(inputs: Inputs) -> StatusBuilder:
             out.values["checkpoint"] = checkpoint
     _durable_condition(out, inputs.spec)
     return out
+
+
+def _count(value: Any) -> int:
+    """A count from the status: a non-negative integer (anything else, hand-written, counts as 0)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def _durable_condition(out: StatusBuilder, spec: Spec) -> None:
@@ -174,10 +206,21 @@ def _deadline_passed(inputs: Inputs) -> str | None:
 
 
 def _stopping_old_attempts(inputs: Inputs, out: StatusBuilder) -> Plan:
+    """Old Jobs go (foreground: the next gang starts once their pods are gone), except that a Job whose
+    pods are past their deletion deadline by ``STOP_MARGIN_SECONDS`` is deleted without waiting for them:
+    their node does not answer (lost), and the API server would keep them Terminating until it does."""
     attempt = inputs.facts.attempt
+    margin = dt.timedelta(seconds=STOP_MARGIN_SECONDS)
+    lost = tuple(name for name, deadline in inputs.facts.stale_deadlines if inputs.now > deadline + margin)
     out.phase("Restarting", "GangRestart", f"stopping the pods of attempt(s) before {attempt}")
     out.condition("Ready", False, "GangRestart", "waiting for the pods of earlier attempts to go away")
-    return out.plan(delete_jobs=inputs.facts.stale_jobs)
+    for name in lost:
+        message = (
+            f"Job {name}: its pods were not confirmed stopped {STOP_MARGIN_SECONDS}s past their deletion "
+            "deadline (their node does not answer); not waiting for them"
+        )
+        out.events.append(Event("Warning", "NodeLost", message))
+    return out.plan(delete_jobs=inputs.facts.stale_jobs, abandon_jobs=lost)
 
 
 def _create(inputs: Inputs, out: StatusBuilder) -> Plan:
@@ -205,7 +248,7 @@ def _after_failure(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
         out.phase("Restarting", "StoppingAttempt", message)
         out.condition("Ready", False, "StoppingAttempt", message)
         return out.plan()
-    preemptions = int(inputs.previous.get("preemptions") or 0)
+    preemptions = _count(inputs.previous.get("preemptions"))
     decision = policy.decide(job.outcome, attempt, inputs.spec.max_restarts, preemptions)
     _checkpoint_events(out, inputs.facts.report)
     if decision.action is policy.Action.RESTART:

@@ -121,6 +121,7 @@ class Spec:
     queue_name: str | None
     pod_template: PodTemplateSpec
     uid: str | None = None
+    node_lost_toleration_seconds: int = 30
 
     @property
     def world_size(self) -> int:
@@ -283,6 +284,7 @@ def _build(doc: Mapping[str, Any]) -> Spec:
         shm_size=s["shmSize"],
         checkpoint=_checkpoint(s["checkpoint"]) if "checkpoint" in s else None,
         max_restarts=s["maxRestarts"],
+        node_lost_toleration_seconds=s["nodeLostTolerationSeconds"],
         ttl_seconds_after_finished=s.get("ttlSecondsAfterFinished"),
         active_deadline_seconds=s.get("activeDeadlineSeconds"),
         suspend=s["suspend"],
