@@ -71,7 +71,7 @@ def test_spec_changes_that_cannot_be_honoured_are_refused_and_the_rest_apply_at_
     _apply(cluster, namespace, ddpjob("fixed", command=["python", "-c", script], maxRestarts=2))
     wait_phase(cluster, namespace, "fixed", "Running", timeout=120)
     refused = {
-        "nodes": ({"spec": {"nodes": 3}}, "from 2 to 3"),
+        "nodes": ({"spec": {"nodes": 3}}, "cannot change after creation"),
         "device": ({"spec": {"device": "cuda"}}, "from cpu to cuda"),
         "trainer.learningRate": ({"spec": {"trainer": {"learningRate": 0.5}}}, "SettingsChanged"),
         "trainer.model": ({"spec": {"trainer": {"model": "pkg.mod:make"}}}, "from mlp to pkg.mod:make"),
