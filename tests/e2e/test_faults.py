@@ -32,26 +32,17 @@ def _durable(folder: Path, **spec: Any) -> dict[str, Any]:
     return {"checkpoint": {"volume": {"hostPath": {"path": str(folder)}}, "mountPath": str(folder)}, **spec}
 
 
-def _reached_step(cluster: Cluster, namespace: str, name: str, step: int) -> dict[str, Any] | None:
-    status: dict[str, Any] = get(cluster, namespace, name).get("status", {})
-    return status if status.get("progress", {}).get("step", 0) >= step else None
-
-
 def test_the_api_server_restarts_under_a_running_job(
     cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
 ) -> None:
     doc = ddpjob(
         "outage",
-        **_durable(tmp_path / "ckpt", trainer={"steps": 3000, "checkpointEvery": 500}),
-        syncCheck={"everySteps": 500},
+        **_durable(tmp_path / "ckpt", trainer={"steps": 800, "checkpointEvery": 50}),
+        syncCheck={"everySteps": 50},
     )
     _apply(cluster, namespace, doc)
-    before = wait_for(
-        lambda: _reached_step(cluster, namespace, "outage", 1),
-        what="the job to report progress",
-        timeout=180,
-        every=1,
-    )
+    wait_for(lambda: list((tmp_path / "ckpt").glob("step-*.pt")), what="a first checkpoint", timeout=240)
+    before = get(cluster, namespace, "outage")["status"]
     outage = cluster.restart_apiserver(down_seconds=5)
     assert operator.process is not None and operator.process.poll() is None, "the operator exited"
     status = wait_phase(cluster, namespace, "outage", "Succeeded", "Failed", timeout=300)["status"]
@@ -61,7 +52,52 @@ def test_the_api_server_restarts_under_a_running_job(
     assert status["sync"]["verified"] is True and status["progress"]["percent"] == 100, status
     assert [j["metadata"]["name"] for j in children(cluster, namespace, "jobs", "outage")] == ["outage-1"]
     assert [s["metadata"]["name"] for s in children(cluster, namespace, "services", "outage")] == ["outage"]
-    print(f"API server down {outage:.1f} s at step {before['progress']['step']} of 3000")
+    print(f"API server down {outage:.1f} s, from step {before.get('progress', {}).get('step')} of 800")
+
+
+def test_a_lost_node_restarts_the_gang_on_the_node_that_remains(
+    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
+) -> None:
+    folder = tmp_path / "ckpt"
+    doc = ddpjob(
+        "lost",
+        **_durable(folder, trainer={"steps": 400, "checkpointEvery": 20}),
+        syncCheck={"everySteps": 20},
+        nodeLostTolerationSeconds=10,
+    )
+    _apply(cluster, namespace, doc)
+    wait_for(lambda: list(folder.glob("step-*.pt")), what="a checkpoint", timeout=240)
+    pods = {
+        p["metadata"]["name"]: p["spec"]["nodeName"] for p in children(cluster, namespace, "pods", "lost")
+    }
+    (rank1,) = [
+        p
+        for p in children(cluster, namespace, "pods", "lost")
+        if p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == "1"
+    ]
+    node = rank1["spec"]["nodeName"]
+    others = {n for n in pods.values() if n != node}
+    try:
+        lost = cluster.lose_node(node)
+        assert f"{namespace}/{rank1['metadata']['name']}" in lost, lost
+        status = wait_phase(cluster, namespace, "lost", "Succeeded", "Failed", timeout=480)["status"]
+        assert status["phase"] == "Succeeded", status
+        assert status["attempt"] >= 2 and status["checkpoint"]["resumedFromStep"] > 0, status
+        final = [
+            p
+            for p in children(cluster, namespace, "pods", "lost")
+            if not p["metadata"].get("deletionTimestamp")
+        ]
+        assert final and all(p["spec"]["nodeName"] != node for p in final), (node, others, final)
+    finally:
+        cluster.restore_node(node)
+    wait_for(
+        lambda: (
+            not [p for p in children(cluster, namespace, "pods", "lost") if p["spec"]["nodeName"] == node]
+        ),
+        what=f"the pods left on {node} to be removed once it is back",
+        timeout=60,
+    )
 
 
 def test_spec_changes_that_cannot_be_honoured_are_refused_and_the_rest_apply_at_the_next_attempt(
