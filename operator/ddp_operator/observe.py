@@ -182,21 +182,16 @@ def _failed_on_its_own(pod: Mapping[str, Any]) -> bool:
 
 def current_attempt(previous: Mapping[str, Any], jobs: Sequence[Mapping[str, Any]]) -> int:
     """``max(status.attempt, the Jobs' attempt labels)``. The status is believed only as far as it can
-    be true (a hand-edited one is repaired): at least the first attempt, and beyond the newest Job N
-    only once that Job failed or is going away, then by one (the status names attempt N + 1 then, before
-    Job N + 1 exists)."""
+    be true (a hand-edited one is repaired): at least the first attempt, and at most one beyond the
+    newest Job (the status names attempt N + 1 once the operator decided to end Job N, before Job N + 1
+    exists)."""
     first = contract.FIRST_ATTEMPT
-    try:
-        said = max(int(previous.get("attempt") or first), first)
-    except (TypeError, ValueError):
-        said = first
-    newest = max(jobs, key=attempt_of, default=None)
-    if newest is not None and attempt_of(newest) >= first:
-        over = condition(newest, "Failed") is not None or bool(
-            newest.get("metadata", {}).get("deletionTimestamp")
-        )
-        said = min(said, attempt_of(newest) + int(over))
-    return max([said, *map(attempt_of, jobs)])
+    said = previous.get("attempt")
+    said = max(said, first) if isinstance(said, int) and not isinstance(said, bool) else first
+    labelled = [attempt_of(job) for job in jobs]
+    if labelled and max(labelled) >= first:
+        said = min(said, max(labelled) + 1)
+    return max([said, *labelled])
 
 
 def observe(

@@ -19,7 +19,7 @@ from typing import Any
 
 from ddp_trainer import contract
 
-from . import live, policy, render
+from . import live, policy, render, stall
 from .observe import Facts, JobFacts, observe
 from .plan import Event, Plan, Scrape, StatusBuilder, parse_time, stamp
 from .spec import Spec, SpecError, checkpoints_durable, parse
@@ -27,6 +27,7 @@ from .spec import Spec, SpecError, checkpoints_durable, parse
 STOP_MARGIN_SECONDS = 30  # beyond the pods' termination grace period, before deciding without them
 PHASES = ("Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
 TERMINAL = ("Succeeded", "Failed")
+STALLED = "Stalled"
 
 
 @dataclass(frozen=True)
@@ -248,8 +249,17 @@ def _after_failure(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
         out.phase("Restarting", "StoppingAttempt", message)
         out.condition("Ready", False, "StoppingAttempt", message)
         return out.plan()
+    return _end_attempt(inputs, out, job.name, job.outcome)
+
+
+def _end_attempt(
+    inputs: Inputs, out: StatusBuilder, job: str, outcome: policy.Outcome, stop: bool = False
+) -> Plan:
+    """The policy's decision on an ended attempt: the next attempt (Job ``job`` goes first), or the
+    DDPJob fails (deleting ``job`` too when its pods still run: ``stop``)."""
+    attempt = inputs.facts.attempt
     preemptions = _count(inputs.previous.get("preemptions"))
-    decision = policy.decide(job.outcome, attempt, inputs.spec.max_restarts, preemptions)
+    decision = policy.decide(outcome, attempt, inputs.spec.max_restarts, preemptions)
     _checkpoint_events(out, inputs.facts.report)
     if decision.action is policy.Action.RESTART:
         out.values.update(attempt=attempt + 1, restarts=contract.restarts_before(attempt + 1))
@@ -257,8 +267,8 @@ def _after_failure(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
             out.values["preemptions"] = preemptions + 1
         out.phase("Restarting", decision.reason, decision.message, warning=True)
         out.condition("Ready", False, decision.reason, decision.message)
-        return out.plan(delete_jobs=(job.name,))
-    return _finish(out, False, decision.reason, decision.message)
+        return out.plan(delete_jobs=(job,))
+    return _finish(out, False, decision.reason, decision.message, delete=(job,) if stop else ())
 
 
 def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
@@ -286,6 +296,9 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
     else:
         out.phase("Pending", "Starting", f"starting {spec.nodes} pods of attempt {attempt}")
         out.condition("Ready", False, "Starting", f"{ready}/{spec.nodes} pods ready")
+    running = ready == spec.nodes and not spec.suspend and not job.suspended
+    if running and (why := stall.stalled(inputs.snapshot, attempt, spec.stall_timeout_seconds)):
+        return _end_attempt(inputs, out, job.name, policy.Outcome(False, reason=STALLED, message=why), True)
     live.update(out, inputs.snapshot, attempt, spec.trainer.steps)
     _sync_condition(out)
     scrape = None

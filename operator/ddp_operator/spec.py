@@ -122,6 +122,7 @@ class Spec:
     pod_template: PodTemplateSpec
     uid: str | None = None
     node_lost_toleration_seconds: int = 30
+    stall_timeout_seconds: int = 600
 
     @property
     def world_size(self) -> int:
@@ -285,6 +286,7 @@ def _build(doc: Mapping[str, Any]) -> Spec:
         checkpoint=_checkpoint(s["checkpoint"]) if "checkpoint" in s else None,
         max_restarts=s["maxRestarts"],
         node_lost_toleration_seconds=s["nodeLostTolerationSeconds"],
+        stall_timeout_seconds=s["stallTimeoutSeconds"],
         ttl_seconds_after_finished=s.get("ttlSecondsAfterFinished"),
         active_deadline_seconds=s.get("activeDeadlineSeconds"),
         suspend=s["suspend"],

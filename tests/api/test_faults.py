@@ -27,9 +27,9 @@ def _deleting(obj: dict[str, Any], at: dt.datetime) -> dict[str, Any]:
         (-3, [], 1),
         ("x", [], 1),
         (4, [], 4),  # no Job left: the status is all there is
-        (99, [_job(1)], 1),  # a running Job 1: attempt 99 is not true
+        (99, [_job(1)], 2),  # at most one beyond the newest Job
         (2, [_job(1, condition="Failed")], 2),  # Job 1 failed: the status names the next attempt
-        (99, [_job(1, condition="Failed")], 2),
+        (True, [], 1),
         (1, [_job(3)], 3),
     ],
 )
@@ -42,7 +42,7 @@ def test_the_current_attempt_believes_the_status_only_as_far_as_it_can_be_true(
 def test_a_hand_edited_status_is_repaired_from_the_children() -> None:
     garbage = {
         "phase": "Succeeded",
-        "attempt": 7,
+        "attempt": -7,
         "restarts": -4,
         "readyNodes": 99,
         "preemptions": -2,

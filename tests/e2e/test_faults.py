@@ -152,7 +152,7 @@ def test_a_hand_edited_status_is_repaired(cluster: Cluster, operator: Operator, 
     garbage = {
         "status": {
             "phase": "Succeeded",
-            "attempt": 7,
+            "attempt": -7,
             "restarts": -4,
             "readyNodes": 99,
             "preemptions": -2,
