@@ -4,12 +4,16 @@ status. Each test says how long it waited for what; none sleeps to decide."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cluster import processes
 from cluster.fixtures import Cluster, wait_for
 
 from .conftest import Operator, children, ddpjob, get, wait_phase
@@ -30,6 +34,47 @@ def _patch(cluster: Cluster, namespace: str, name: str, patch: dict[str, Any], *
 def _durable(folder: Path, **spec: Any) -> dict[str, Any]:
     """A built-in trainer job whose checkpoints go to ``folder`` (pods are host processes here)."""
     return {"checkpoint": {"volume": {"hostPath": {"path": str(folder)}}, "mountPath": str(folder)}, **spec}
+
+
+def _pod_at(cluster: Cluster, namespace: str, job: str, index: int) -> dict[str, Any]:
+    (pod,) = [
+        p
+        for p in children(cluster, namespace, "pods", job)
+        if p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == str(index)
+        and not p["metadata"].get("deletionTimestamp")
+    ]
+    return pod
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc: the node agent runs pods as host processes)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        below = parents.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def _rank_process(cluster: Cluster, pod: dict[str, Any]) -> int:
+    """The training process of a pod with one rank: the leaf below torchrun that runs ddp_trainer."""
+    meta = pod["metadata"]
+    folder = cluster.layout.pods / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
+    main = processes.read_pid(folder / "trainer.pid")
+    assert main is not None, f"no running container process in {folder}"
+    tree = _descendants(main)
+    leaves = [
+        pid
+        for pid in tree
+        if not _descendants(pid) and b"ddp_trainer" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+    assert len(leaves) == 1, (tree, leaves)
+    return leaves[0]
 
 
 def test_the_api_server_restarts_under_a_running_job(
@@ -98,6 +143,46 @@ def test_a_lost_node_restarts_the_gang_on_the_node_that_remains(
         what=f"the pods left on {node} to be removed once it is back",
         timeout=60,
     )
+
+
+def test_a_hung_rank_restarts_the_gang_with_a_reason_naming_it(
+    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
+) -> None:
+    folder = tmp_path / "ckpt"
+    doc = ddpjob(
+        "hung",
+        **_durable(folder, trainer={"steps": 400, "checkpointEvery": 20}),
+        syncCheck={"everySteps": 20},
+        stallTimeoutSeconds=20,
+    )
+    _apply(cluster, namespace, doc)
+    wait_for(lambda: list(folder.glob("step-*.pt")), what="a checkpoint", timeout=240)
+    wait_for(
+        lambda: get(cluster, namespace, "hung").get("status", {}).get("progress", {}).get("step"),
+        what="a progress reading with a step",
+        timeout=60,
+        every=1,
+    )
+    victim = _pod_at(cluster, namespace, "hung", 1)
+    frozen = _rank_process(cluster, victim)
+    started = Path(f"/proc/{frozen}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+
+        def stalled() -> dict[str, Any] | None:
+            ready = {c["type"]: c for c in get(cluster, namespace, "hung")["status"]["conditions"]}["Ready"]
+            return ready if ready["reason"] == "Stalled" else None
+
+        ready = wait_for(stalled, what="the attempt to be ended as Stalled", timeout=120, every=1)
+        assert victim["metadata"]["name"] in ready["message"], ready
+        assert "spec.stallTimeoutSeconds" in ready["message"], ready
+        status = wait_phase(cluster, namespace, "hung", "Succeeded", "Failed", timeout=400)["status"]
+        assert status["phase"] == "Succeeded", status
+        assert status["attempt"] == 2 and status["checkpoint"]["resumedFromStep"] > 0, status
+    finally:  # the pod's own stop kills it after its grace period; a failed test must not leave it frozen
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{frozen}/stat").read_text().rsplit(")", 1)[1].split()[19] == started:
+                os.kill(frozen, signal.SIGKILL)
 
 
 def test_spec_changes_that_cannot_be_honoured_are_refused_and_the_rest_apply_at_the_next_attempt(
