@@ -5,12 +5,14 @@ transition rules that only the API server runs."""
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from ddp_operator import crd, reconcile, render, schema
+from ddp_operator import crd, live, reconcile, render, schema, stall
 from ddp_operator.observe import current_attempt
+from ddp_operator.progress import Progress
 
 from .test_reconcile import NOW, _body, _job, _pod, _reconcile, _spec
 
@@ -121,3 +123,61 @@ def test_transition_rules_are_left_to_the_api_server() -> None:
     assert "self.nodes == oldSelf.nodes" in rules and "self.trainer.model == oldSelf.trainer.model" in rules
     body = _body()
     assert schema.validate(crd.openapi_schema(), schema.apply_defaults(crd.openapi_schema(), body)) == []
+
+
+def _reading(step: int, step_times: dict[str, tuple[float, float]] | None = None) -> Progress:
+    return Progress(step=step, samples=32.0 * step, ranks=2, step_times=step_times or {})
+
+
+def _answers(*pods: str, hung: str | None = None) -> list[live.Answer]:
+    answers = [live.Answer(pod, "ddp_step 1\n") for pod in pods]
+    return answers + ([live.Answer(hung, None, error="timed out")] if hung else [])
+
+
+def test_a_reading_remembers_when_rank_0_last_stepped() -> None:
+    snap = live.record(None, 1, 9400, _answers("a", "b"), 1000.0, _reading(0))
+    assert (snap.best_step, snap.advanced_at) == (0, 0.0)
+    snap = live.record(snap, 1, 9400, _answers("a", "b"), 1010.0, _reading(50))
+    assert (snap.best_step, snap.advanced_at) == (50, 1010.0)
+    snap = live.record(snap, 1, 9400, _answers("a", hung="b"), 1020.0, _reading(51))
+    snap = live.record(snap, 1, 9400, _answers("a", hung="b"), 1030.0, _reading(51))
+    snap = live.record(snap, 1, 9400, [live.Answer("a", None, error="timed out")], 1040.0, None)
+    assert (snap.best_step, snap.advanced_at) == (51, 1020.0)
+    other = live.record(snap, 2, 9400, _answers("a", "b"), 1050.0, _reading(0))
+    assert (other.best_step, other.advanced_at) == (0, 0.0)
+
+
+def test_a_stall_names_the_pod_that_stopped_answering_and_the_ranks_behind() -> None:
+    times = {"0": (5.0, 50.0), "1": (5.0, 50.0), "2": (4.0, 40.0), "3": (5.0, 50.0)}
+    snap = live.record(None, 1, 9400, _answers("a", "b"), 1000.0, _reading(50, times))
+    for at in (1010.0, 1019.0):
+        snap = live.record(snap, 1, 9400, _answers("a", hung="job-1-1-xyz"), at, _reading(50, times))
+        assert stall.stalled(snap, 1, 20) is None
+    snap = live.record(snap, 1, 9400, _answers("a", hung="job-1-1-xyz"), 1020.0, _reading(50, times))
+    why = stall.stalled(snap, 1, 20)
+    assert why is not None and why.startswith(
+        "no optimizer step for 20s (rank 0 at step 50; the limit is 20s"
+    )
+    assert "pod job-1-1-xyz did not answer its metrics (timed out)" in why
+    assert "rank 2 is at step 40 of 50" in why and "rank 1 " not in why
+    assert stall.stalled(snap, 1, 0) is None and stall.stalled(snap, 2, 20) is None
+
+
+def test_a_slow_model_gets_twenty_step_times() -> None:
+    snap = live.record(None, 1, 9400, _answers("a"), 1000.0, _reading(5, {"0": (50.0, 5.0)}))  # 10 s/step
+    snap = live.record(snap, 1, 9400, _answers("a"), 1150.0, _reading(5, {"0": (50.0, 5.0)}))
+    assert stall.limit_seconds(snap, 20) == 200.0 and stall.stalled(snap, 1, 20) is None
+
+
+def test_a_stalled_attempt_restarts_the_gang_and_its_job_goes() -> None:
+    snap = live.record(None, 1, 9400, _answers("a"), NOW.timestamp() - 700, _reading(50))
+    snap = live.record(snap, 1, 9400, _answers("a", hung="job-1-1-xyz"), NOW.timestamp(), _reading(50))
+    body = _body({"phase": "Running", "attempt": 1})
+    plan = reconcile.plan_for(body, [_job(1)], [_pod(1, 0), _pod(1, 1)], NOW, snap)
+    assert plan.status["attempt"] == 2 and plan.status["phase"] == "Restarting"
+    ready = {c["type"]: c for c in plan.status["conditions"]}["Ready"]
+    assert ready["reason"] == "Stalled" and "job-1-1-xyz" in ready["message"]
+    assert "gang restart 1 of 2" in ready["message"] and plan.delete_jobs == ("job-1",)
+    body = _body({"phase": "Running", "attempt": 3})
+    spent = reconcile.plan_for(body, [_job(3)], [_pod(3, 0), _pod(3, 1)], NOW, replace(snap, attempt=3))
+    assert spent.status["phase"] == "Failed" and spent.delete_jobs == ("job-3",)
