@@ -32,7 +32,8 @@ class JobFacts:
     """When the Job's Failed condition became true."""
     stopping_pods: int = 0
     """Pods of the attempt that have not terminated yet (the Job controller stops them after a failure;
-    rank 0 writes its report, and its SIGTERM checkpoint, on the way out)."""
+    rank 0 writes its report, and its SIGTERM checkpoint, on the way out), except pods evicted from a
+    node that does not answer: the decision does not wait for them."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,13 @@ def terminated(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
             state = status.get("state", {}).get("terminated") or status.get("lastState", {}).get("terminated")
             return state if isinstance(state, dict) else None
     return None
+
+
+def evicted_from_lost_node(pod: Mapping[str, Any]) -> bool:
+    """Deleted by the taint-eviction controller (``DisruptionTarget``, ``DeletionByTaintManager``): its
+    node carries a NoExecute taint, usually because it stopped answering; its kubelet may never report."""
+    found = condition(pod, "DisruptionTarget")
+    return found is not None and found.get("reason") == "DeletionByTaintManager"
 
 
 def stopped(pod: Mapping[str, Any]) -> bool:
@@ -216,7 +224,7 @@ def observe(
             suspended=bool(job.get("spec", {}).get("suspend")),
             outcome=outcome(job, mine, report) if failed else None,
             failed_at=_time(failed.get("lastTransitionTime")) if failed else None,
-            stopping_pods=sum(1 for pod in mine if not stopped(pod)),
+            stopping_pods=sum(1 for pod in mine if not stopped(pod) and not evicted_from_lost_node(pod)),
         )
     return Facts(
         attempt=attempt,

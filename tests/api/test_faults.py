@@ -181,3 +181,17 @@ def test_a_stalled_attempt_restarts_the_gang_and_its_job_goes() -> None:
     body = _body({"phase": "Running", "attempt": 3})
     spent = reconcile.plan_for(body, [_job(3)], [_pod(3, 0), _pod(3, 1)], NOW, replace(snap, attempt=3))
     assert spent.status["phase"] == "Failed" and spent.delete_jobs == ("job-3",)
+
+
+def test_a_failed_attempt_does_not_wait_for_a_pod_evicted_from_a_lost_node() -> None:
+    lost = _pod(1, 1)
+    lost["status"]["conditions"].append(
+        {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}
+    )
+    failed = _job(1, condition="Failed", reason="BackoffLimitExceeded")
+    failed["status"]["conditions"][0]["lastTransitionTime"] = "2026-11-22T11:59:50Z"
+    crashed = _pod(1, 0, phase="Failed", exit_code=1)
+    plan = _reconcile({"phase": "Running", "attempt": 1}, [failed], [crashed, lost])
+    assert plan.status["attempt"] == 2 and plan.delete_jobs == ("job-1",), plan.status
+    waiting = _reconcile({"phase": "Running", "attempt": 1}, [failed], [crashed, _pod(1, 1)])
+    assert waiting.status["attempt"] == 1 and waiting.delete_jobs == ()
