@@ -76,6 +76,12 @@ def condition(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
     return None
 
 
+def failure(job: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The Job's ``Failed`` condition, or ``FailureTarget``: the Job controller has decided that the Job
+    fails and adds ``Failed`` only once every pod has terminated, which a pod on a lost node never does."""
+    return condition(job, "Failed") or condition(job, "FailureTarget")
+
+
 def completion_index(pod: Mapping[str, Any]) -> int:
     try:
         return int(pod["metadata"].get("annotations", {}).get(render.COMPLETION_INDEX_ANNOTATION, "-1"))
@@ -164,7 +170,7 @@ def outcome(
     codes = {
         completion_index(pod): int(state.get("exitCode", 0)) for pod in pods if (state := terminated(pod))
     }
-    failed = condition(job, "Failed")
+    failed = failure(job)
     reason = str(failed.get("reason", "")) if failed else ""
     culprits = [f"node {i} exited {code}" for i, code in sorted(codes.items()) if code]
     message = ", ".join(culprits) or (str(failed.get("message", "")) if failed else "")
@@ -216,7 +222,7 @@ def observe(
     job_facts = None
     if current:
         job = current[0]
-        failed = condition(job, "Failed")
+        failed = failure(job)
         job_facts = JobFacts(
             name=job["metadata"]["name"],
             complete=condition(job, "Complete") is not None,

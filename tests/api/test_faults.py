@@ -195,3 +195,15 @@ def test_a_failed_attempt_does_not_wait_for_a_pod_evicted_from_a_lost_node() -> 
     assert plan.status["attempt"] == 2 and plan.delete_jobs == ("job-1",), plan.status
     waiting = _reconcile({"phase": "Running", "attempt": 1}, [failed], [crashed, _pod(1, 1)])
     assert waiting.status["attempt"] == 1 and waiting.delete_jobs == ()
+
+
+def test_a_job_the_controller_marked_failure_target_has_failed() -> None:
+    """Kubernetes adds Failed only once every pod terminated; FailureTarget says so at once."""
+    target = _job(1, condition="FailureTarget", reason="BackoffLimitExceeded")
+    crashed = _pod(1, 0, phase="Failed", exit_code=1)
+    plan = _reconcile({"phase": "Running", "attempt": 1}, [target], [crashed, _pod(1, 1)], NOW)
+    assert plan.status["phase"] == "Restarting" and plan.status["attempt"] == 1  # waits for pod 1 first
+    later = NOW + dt.timedelta(seconds=render.TERMINATION_GRACE_SECONDS + reconcile.STOP_MARGIN_SECONDS + 1)
+    target["status"]["conditions"][0]["lastTransitionTime"] = NOW.strftime("%Y-%m-%dT%H:%M:%SZ")
+    plan = _reconcile({"phase": "Running", "attempt": 1}, [target], [crashed, _pod(1, 1)], later)
+    assert plan.status["attempt"] == 2 and plan.delete_jobs == ("job-1",)
