@@ -213,8 +213,14 @@ def _stopping_old_attempts(inputs: Inputs, out: StatusBuilder) -> Plan:
     attempt = inputs.facts.attempt
     margin = dt.timedelta(seconds=STOP_MARGIN_SECONDS)
     lost = tuple(name for name, deadline in inputs.facts.stale_deadlines if inputs.now > deadline + margin)
-    out.phase("Restarting", "GangRestart", f"stopping the pods of attempt(s) before {attempt}")
-    out.condition("Ready", False, "GangRestart", "waiting for the pods of earlier attempts to go away")
+    said = {c.get("type"): c for c in inputs.previous.get("conditions", []) or []}.get("Ready") or {}
+    if inputs.previous.get("phase") == "Restarting" and said.get("reason") and said.get("message"):
+        # Why the gang restarts (Stalled, NodeLost, AttemptFailed, ...) stays said until the next attempt.
+        out.phase("Restarting", said["reason"], said["message"])
+        out.condition("Ready", False, said["reason"], said["message"])
+    else:
+        out.phase("Restarting", "GangRestart", f"stopping the pods of attempt(s) before {attempt}")
+        out.condition("Ready", False, "GangRestart", "waiting for the pods of earlier attempts to go away")
     for name in lost:
         message = (
             f"Job {name}: its pods were not confirmed stopped {STOP_MARGIN_SECONDS}s past their deletion "

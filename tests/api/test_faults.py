@@ -207,3 +207,20 @@ def test_a_job_the_controller_marked_failure_target_has_failed() -> None:
     target["status"]["conditions"][0]["lastTransitionTime"] = NOW.strftime("%Y-%m-%dT%H:%M:%SZ")
     plan = _reconcile({"phase": "Running", "attempt": 1}, [target], [crashed, _pod(1, 1)], later)
     assert plan.status["attempt"] == 2 and plan.delete_jobs == ("job-1",)
+
+
+def test_why_the_gang_restarts_stays_said_while_the_old_pods_go() -> None:
+    snap = live.record(None, 1, 9400, _answers("a"), NOW.timestamp() - 700, _reading(50))
+    snap = live.record(snap, 1, 9400, _answers("a", hung="job-1-1-xyz"), NOW.timestamp(), _reading(50))
+    decided = reconcile.plan_for(
+        _body({"phase": "Running", "attempt": 1}), [_job(1)], [_pod(1, 0), _pod(1, 1)], NOW, snap
+    )
+    going = _deleting(_job(1), NOW)
+    later = _reconcile(decided.status, [going], [_pod(1, 0)], NOW + dt.timedelta(seconds=5))
+    ready = {c["type"]: c for c in later.status["conditions"]}["Ready"]
+    assert (
+        later.status["phase"] == "Restarting"
+        and ready["reason"] == "Stalled"
+        and "job-1-1-xyz" in ready["message"]
+    )
+    assert later.events == () and later.delete_jobs == ("job-1",)

@@ -176,6 +176,11 @@ def test_a_hung_rank_restarts_the_gang_with_a_reason_naming_it(
         ready = wait_for(stalled, what="the attempt to be ended as Stalled", timeout=120, every=1)
         assert victim["metadata"]["name"] in ready["message"], ready
         assert "spec.stallTimeoutSeconds" in ready["message"], ready
+        events = cluster.kubectl_json(
+            "get", "events", "-n", namespace, "--field-selector", "involvedObject.name=hung,reason=Stalled"
+        )["items"]
+        assert events and victim["metadata"]["name"] in events[0]["message"], events
+        print(f"hung rank: {ready['message']}")
         status = wait_phase(cluster, namespace, "hung", "Succeeded", "Failed", timeout=400)["status"]
         assert status["phase"] == "Succeeded", status
         assert status["attempt"] == 2 and status["checkpoint"]["resumedFromStep"] > 0, status
