@@ -13,4 +13,8 @@ session fixture in :mod:`fixtures` does the same for pytest. Modules, one concep
 - :mod:`kubeapi`       a small JSON client on top of the ``kubernetes`` package's kubeconfig loading
 - :mod:`nodeagent`     registers Nodes, keeps leases fresh, runs bound pods (:mod:`podrunner`)
 - :mod:`kubeletapi`    the HTTPS endpoint the API server calls for ``kubectl logs``
+- :mod:`volumes`       a container's volume mounts as bind mounts; :mod:`projected` the files of
+  projected/configMap/secret/downwardAPI volumes (the ServiceAccount token, CA and namespace)
+- :mod:`images`        ENTRYPOINT and CMD of the project's images, from its Dockerfile
+- :mod:`serviceproxy`  the ``kubernetes`` Service's ClusterIP, proxied to the API server for pods
 """

@@ -3,7 +3,8 @@
 ``generate`` writes certificates, the static token file, kubeconfigs and the Corefile; ``start_*`` launch
 each component with its pid file and log under ``.cluster/``; ``wait_*`` poll their health endpoints.
 Authorization is Node,RBAC; every component authenticates with its own token, under the user name the
-built-in RBAC roles expect (``system:kube-controller-manager``, ``system:kube-scheduler``).
+built-in RBAC roles expect (``system:kube-controller-manager``, ``system:kube-scheduler``). The API server
+writes an audit log of ServiceAccounts' requests (``.cluster/logs/audit.log``, :data:`AUDIT_POLICY`).
 """
 
 from __future__ import annotations
@@ -117,6 +118,22 @@ def generate(layout: Layout) -> None:
     layout.tokens_file.write_text("\n".join(lines) + "\n")
     layout.tokens_file.chmod(0o600)
     (layout.config / "Corefile").write_text(corefile(layout))
+    layout.audit_policy.write_text(AUDIT_POLICY)
+
+
+# Metadata (who, verb, resource, name, response code) for every request of a ServiceAccount outside
+# kube-system (the controller-manager's controllers are kube-system accounts): the tests read which verbs
+# the operator used. Nothing else is logged, so the file stays small.
+AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: None
+    userGroups: ["system:serviceaccounts:kube-system"]
+  - level: Metadata
+    userGroups: ["system:serviceaccounts"]
+  - level: None
+"""
 
 
 def corefile(layout: Layout) -> str:
@@ -190,6 +207,11 @@ def start_apiserver(layout: Layout, bin_dir: Path) -> None:
             "--kubelet-preferred-address-types=InternalIP",
             "--allow-privileged=true",
             "--profiling=false",
+            f"--audit-policy-file={layout.audit_policy}",
+            f"--audit-log-path={layout.audit_log}",
+            "--audit-log-format=json",
+            "--audit-log-maxsize=200",  # MB, then one rotated file
+            "--audit-log-maxbackup=1",
         ],
     )
 

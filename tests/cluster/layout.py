@@ -87,6 +87,15 @@ class Layout:
         """Records which cached binaries this cluster runs."""
         return self.root / "bin-dir"
 
+    @property
+    def audit_policy(self) -> Path:
+        return self.config / "audit-policy.yaml"
+
+    @property
+    def audit_log(self) -> Path:
+        """The API server's audit log (JSON lines): every request of a ServiceAccount outside kube-system."""
+        return self.logs / "audit.log"
+
     def component_kubeconfig(self, name: str) -> Path:
         return self.config / f"{name}.kubeconfig"
 

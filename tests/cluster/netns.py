@@ -1,11 +1,13 @@
 """The pod network: one Linux bridge, and one network namespace per pod attached to it by a veth pair.
 
-The bridge holds the gateway address (10.244.0.1/16) and the cluster DNS address (10.96.0.10/32) on which
-CoreDNS listens. A pod's namespace gets ``eth0`` with its own IP, a route to the service network via the
-bridge (so the DNS address is reachable) and no default route: pod traffic can reach other pods and the
-host's bridge addresses, and nothing else. ``ip netns exec`` bind-mounts ``/etc/netns/<ns>/resolv.conf``
-and ``hosts`` over ``/etc/...`` for the process, which is how each pod gets cluster DNS as its resolver.
-ClusterIP Services are not routed (there is no kube-proxy); headless Services need nothing more.
+The bridge holds the gateway address (10.244.0.1/16), the cluster DNS address (10.96.0.10/32) on which
+CoreDNS listens, and the ``kubernetes`` Service's address (10.96.0.1/32) on which the node agent proxies to
+the API server (:mod:`serviceproxy`). A pod's namespace gets ``eth0`` with its own IP, a route to the
+service network via the bridge (so those two addresses are reachable) and no default route: pod traffic
+can reach other pods and the host's bridge addresses, and nothing else. ``ip netns exec`` bind-mounts
+``/etc/netns/<ns>/resolv.conf`` and ``hosts`` over ``/etc/...`` for the process, which is how each pod
+gets cluster DNS as its resolver.
+Other ClusterIP Services are not routed (there is no kube-proxy); headless Services need nothing more.
 """
 
 from __future__ import annotations
@@ -16,7 +18,16 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from .layout import BRIDGE, BRIDGE_IP, CLUSTER_DOMAIN, DNS_SERVICE_IP, NETNS_PREFIX, POD_CIDR, SERVICE_CIDR
+from .layout import (
+    BRIDGE,
+    BRIDGE_IP,
+    CLUSTER_DOMAIN,
+    DNS_SERVICE_IP,
+    KUBERNETES_SERVICE_IP,
+    NETNS_PREFIX,
+    POD_CIDR,
+    SERVICE_CIDR,
+)
 
 ETC_NETNS = Path("/etc/netns")
 PREFIX_LEN = int(POD_CIDR.split("/")[1])
@@ -38,6 +49,7 @@ def ensure_bridge() -> None:
         _ip("link", "add", BRIDGE, "type", "bridge")
     _ip("addr", "replace", f"{BRIDGE_IP}/{PREFIX_LEN}", "dev", BRIDGE)
     _ip("addr", "replace", f"{DNS_SERVICE_IP}/32", "dev", BRIDGE)
+    _ip("addr", "replace", f"{KUBERNETES_SERVICE_IP}/32", "dev", BRIDGE)  # the node agent's service proxy
     _ip("link", "set", BRIDGE, "up")
 
 

@@ -11,18 +11,20 @@ Run: ``python -m cluster.nodeagent --kubeconfig .cluster/kubeconfig`` (``hack/cl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import logging
 import signal
 import threading
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-from . import kubeletapi
+from . import kubeletapi, serviceproxy
 from . import layout as layout_mod
 from .kubeapi import ApiError, Kube, final_delete_options
-from .layout import KUBELET_PORT, NODE_CAPACITY, NODE_NAMES, Layout, node_pod_cidr
+from .layout import APISERVER_PORT, KUBELET_PORT, NODE_CAPACITY, NODE_NAMES, Layout, node_pod_cidr
 from .podrunner import NodeInfo, PodRunner
 
 log = logging.getLogger("nodeagent")
@@ -31,6 +33,11 @@ LEASE_SECONDS = 16  # = the controller-manager's --node-monitor-grace-period (co
 RENEW_EVERY = 4.0
 STATUS_EVERY = 30.0
 RESYNC_EVERY = 2.0
+SERVICE_ACCOUNT_MOUNT_POINTS = [
+    Path("/var/run/secrets/kubernetes.io/serviceaccount"),
+    Path("/var/run/secrets/kubernetes.io"),
+    Path("/var/run/secrets"),
+]
 KUBELET_VERSION = "v1.34.4"  # the version the Nodes report; the agent speaks for that kubelet's API
 
 
@@ -132,6 +139,8 @@ class NodeAgent:
         self.wake = threading.Event()
         self.stopping = threading.Event()
         self._lock = threading.Lock()
+        self.proxy: serviceproxy.ServiceProxy | None = None
+        self._absent_mount_points: list[Path] = []
 
     # -- nodes --------------------------------------------------------------------------------------------
     def register(self) -> None:
@@ -173,6 +182,7 @@ class NodeAgent:
     def heartbeat_loop(self) -> None:
         last_status = time.monotonic()
         while not self.stopping.wait(RENEW_EVERY):
+            self._ensure_service_proxy()
             for node in self.nodes.values():
                 try:
                     self._renew_lease(node)
@@ -301,7 +311,9 @@ class NodeAgent:
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     def run(self) -> None:
+        self._absent_mount_points = [p for p in SERVICE_ACCOUNT_MOUNT_POINTS if not p.exists()]
         self.register()
+        self._ensure_service_proxy()
         for node in self.nodes.values():
             kubeletapi.serve(self, self.layout, port=KUBELET_PORT + node.index, name=node.name)
         threads = [
@@ -313,6 +325,28 @@ class NodeAgent:
         self.stopping.wait()
         self.shutdown()
 
+    def _ensure_service_proxy(self) -> None:
+        """One agent per Node, one host network: the first agent to bind the ``kubernetes`` Service's
+        address serves it; the others try again at every heartbeat, so one takes over when it stops."""
+        if self.proxy is not None:
+            return
+        try:
+            self.proxy = self._start_service_proxy()
+        except OSError as exc:
+            log.debug("service proxy served by another agent (%s)", exc)
+
+    def _start_service_proxy(self) -> serviceproxy.ServiceProxy:
+        """Pods reach the API server at the ``kubernetes`` Service's ClusterIP and port (see serviceproxy)."""
+        service = None
+        for _ in range(600):  # the API server creates it shortly after it is ready
+            service = self.kube.get_or_none(serviceproxy.MASTER_SERVICE_PATH)
+            if service or self.stopping.wait(0.1):
+                break
+        if not service:
+            raise RuntimeError("Service default/kubernetes did not appear within 60 s")
+        listen = (service["spec"]["clusterIP"], int(service["spec"]["ports"][0]["port"]))
+        return serviceproxy.ServiceProxy(listen, ("127.0.0.1", APISERVER_PORT)).start()
+
     def shutdown(self) -> None:
         """Agent stopping: kill every pod's processes now and remove their namespaces (not the Pods)."""
         with self._lock:
@@ -321,6 +355,11 @@ class NodeAgent:
             runner.terminate(0, delete=False)
         for runner in runners:
             runner.done.wait(10)
+        if self.proxy is not None:
+            self.proxy.close()
+        for folder in self._absent_mount_points:  # made on the host as mount points: remove them
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def default_nodes() -> list[NodeInfo]:

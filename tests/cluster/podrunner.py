@@ -30,7 +30,7 @@ from typing import Any
 
 from ddp_operator.local import kubeletenv as podenv
 
-from . import netns, podstatus, processes, volumes
+from . import images, netns, podstatus, processes, projected, serviceproxy, volumes
 from .kubeapi import Kube, final_delete_options
 from .layout import CLUSTER_DOMAIN, Layout
 from .podstatus import ContainerRun
@@ -247,6 +247,7 @@ class PodRunner:
         return False
 
     def _launch(self, container: dict[str, Any], run: ContainerRun) -> bool:
+        container = images.container_argv(container)  # no command: the image's ENTRYPOINT (and CMD)
         try:
             env = podenv.resolve_env(
                 self.pod,
@@ -259,6 +260,7 @@ class PodRunner:
             )
             argv = podenv.pod_command(container, env)
             binds = volumes.mounts(self.spec, container, self.dir, self._bound_pv)
+            self._write_volume_files(container)
         except (podenv.ResolveError, volumes.VolumeError) as exc:
             run.state, run.reason, run.message = "waiting", "CreateContainerConfigError", str(exc)
             return False
@@ -267,6 +269,7 @@ class PodRunner:
         full_env = {
             **base_environment(),
             "HOSTNAME": self.hostname,
+            **serviceproxy.master_service_env(self.kube.get_or_none(serviceproxy.MASTER_SERVICE_PATH)),
             **env,
             "DDPJOB_TERMINATION_LOG": str(termination_log),
         }
@@ -340,6 +343,30 @@ class PodRunner:
             return
         if result:
             self._last_status = result.get("status") or {}
+
+    def _write_volume_files(self, container: dict[str, Any]) -> None:
+        """The files of the file-backed volumes ``container`` mounts (ServiceAccount token, CA, ...)."""
+        sources = projected.Sources(config_map=self._config_map, secret=self._secret, token=self._token)
+        wanted = {m["name"] for m in container.get("volumeMounts") or []}
+        for volume in self.spec.get("volumes") or []:
+            if volume["name"] in wanted and projected.is_file_volume(volume):
+                folder = volumes.host_folder(volume, self.dir, self._bound_pv)
+                assert folder is not None
+                projected.write(folder, projected.volume_files(self.pod, volume, sources))
+
+    def _token(self, account: str, seconds: int, audience: str | None) -> str:
+        """A token for ``account`` bound to this pod (TokenRequest API), as the kubelet asks for one."""
+        spec: dict[str, Any] = {
+            "expirationSeconds": seconds,
+            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": self.name, "uid": self.uid},
+        }
+        if audience:
+            spec["audiences"] = [audience]
+        path = f"/api/v1/namespaces/{self.namespace}/serviceaccounts/{account}/token"
+        result = self.kube.create(
+            path, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+        )
+        return str(result["status"]["token"])
 
     def _config_map(self, namespace: str, name: str) -> Mapping[str, str] | None:
         obj = self.kube.get_or_none(f"/api/v1/namespaces/{namespace}/configmaps/{name}")

@@ -113,6 +113,7 @@ def test_mounts_map_every_volume_kind() -> None:
         Mount(Path("/pods/p/volumes/scratch"), "/scratch"),
         Mount(Path("/srv/data"), "/data", read_only=True),
         Mount(Path("/pv/job"), "/checkpoints"),
+        Mount(Path("/pods/p/volumes/conf"), "/etc/conf"),  # its files written there first (projected.py)
     ]
     assert shell_prefix(got[1:2]) == (
         "mkdir -p /srv/data /data && mount --bind /srv/data /data && mount -o remount,bind,ro /data && "

@@ -9,7 +9,12 @@ path the manifest names and nothing else changes:
 - ``hostPath``: the host's folder itself (created when missing, as ``DirectoryOrCreate`` does);
 - ``persistentVolumeClaim``: the folder of the PersistentVolume the claim is bound to (the real
   controller-manager binds it; the scheduler does not place a pod whose claim is unbound), from the PV's
-  ``hostPath`` or ``local`` path.
+  ``hostPath`` or ``local`` path;
+- ``projected``, ``configMap``, ``secret``, ``downwardAPI``: a folder of this pod alone, like an
+  ``emptyDir``, into which the agent writes the files first (:mod:`projected`): this is how the
+  ServiceAccount token and CA reach ``/var/run/secrets/kubernetes.io/serviceaccount``.
+
+A mount point the host lacks is created on the host (the file system is the host's).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+FILE_VOLUMES = ("projected", "configMap", "secret", "downwardAPI")
 ClaimLookup = Callable[[str], Mapping[str, Any] | None]  # claim name → its bound PV, or None
 
 
@@ -36,7 +42,7 @@ class Mount:
 
 def host_folder(volume: Mapping[str, Any], pod_dir: Path, bound_pv: ClaimLookup) -> Path | None:
     """Where ``volume`` lives on the host; None for a volume the agent leaves alone."""
-    if "emptyDir" in volume:
+    if "emptyDir" in volume or any(k in volume for k in FILE_VOLUMES):  # file volumes: see projected.py
         return pod_dir / "volumes" / volume["name"]
     if "hostPath" in volume:
         return Path(volume["hostPath"]["path"])

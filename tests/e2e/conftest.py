@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -34,6 +35,10 @@ class Operator:
     """`ddpjob operator` as a process; start and stop it at will (operator-restart tests)."""
 
     def __init__(self, kubeconfig: Path, log: Path) -> None:
+        user = yaml.safe_load(kubeconfig.read_text())["users"][0]["name"]
+        assert user.startswith("system:serviceaccount:"), (
+            f"the operator under test authenticates as the chart's ServiceAccount, not as {user}"
+        )
         self.kubeconfig, self.log = kubeconfig, log
         self.process: subprocess.Popen[bytes] | None = None
         self.metrics_port = 0
@@ -111,11 +116,30 @@ def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     running = Operator(kubeconfig, log)
     running.start()
+    SESSION_OPERATORS.append(running)
     try:
         yield running
     finally:
+        SESSION_OPERATORS.remove(running)
         running.stop()
         print(f"operator log: {log}")
+
+
+SESSION_OPERATORS: list[Operator] = []  # the `operator` fixture's, while the session holds it
+
+
+@contextlib.contextmanager
+def session_operator_paused() -> Iterator[None]:
+    """Stops the session's cluster-wide operator (when a test has started it) and starts it again after:
+    a test that installs the chart runs its own operator, and two must not reconcile the same DDPJobs."""
+    paused = [op for op in SESSION_OPERATORS if op.process is not None]
+    for op in paused:
+        op.stop()
+    try:
+        yield
+    finally:
+        for op in paused:
+            op.start()
 
 
 def ddpjob(name: str, **spec: Any) -> dict[str, Any]:

@@ -111,10 +111,18 @@ def test_matches_the_reference_across_blocks(dtype: torch.dtype) -> None:
     assert fp(square) == int(fpmod.torch_fingerprint(square)) == reference(square)
 
 
-def test_the_cpu_default_is_numpy_and_numba_is_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cpu_default_is_numba_else_numpy_and_both_can_be_forced(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddp_trainer import fingerprint_numba
+
+    monkeypatch.delenv("DDPJOB_FINGERPRINT_IMPL", raising=False)
+    assert fingerprint_numba.available()  # a dependency of the trainer: the default path is the fast one
+    assert fpmod.impl_for(torch.device("cpu")) == "numba"
+    monkeypatch.setattr(fingerprint_numba, "available", lambda: False)
     assert fpmod.impl_for(torch.device("cpu")) == "numpy"
     monkeypatch.setenv("DDPJOB_FINGERPRINT_IMPL", "numba")
     assert fpmod.impl_for(torch.device("cpu")) == "numba"
+    monkeypatch.setenv("DDPJOB_FINGERPRINT_IMPL", "numpy")
+    assert fpmod.impl_for(torch.device("cpu")) == "numpy"
 
 
 def test_uint_and_other_dtypes_without_arithmetic_match_too() -> None:
@@ -323,3 +331,20 @@ def test_cuda_equals_cpu(impl: str, monkeypatch: pytest.MonkeyPatch) -> None:
         torch.cuda.set_sync_debug_mode("default")
     assert torch.equal(first, again)
     assert again.cpu().tolist() == [e for e, t in zip(expected, tensors, strict=True) if t.is_contiguous()]
+
+
+def test_numba_without_a_writable_cache_compiles_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only image run as another user has nowhere to cache the compiled kernel: still the same bits."""
+    from numba.core import caching
+
+    from ddp_trainer import fingerprint_numba
+
+    monkeypatch.setattr(caching.CacheImpl, "_locator_classes", [])
+    kernel = fingerprint_numba._kernel.__wrapped__()
+    assert type(kernel._cache).__name__ == "NullCache"  # not cached, and not refused
+    t = sample(torch.float32, 3 * LANES_PER_BLOCK + 5)
+    lanes = fpmod._np_lanes(t)
+    keys = np.arange(1, LANES_PER_BLOCK + 1, dtype=np.uint64) * np.uint64(fpmod.G)
+    out = np.zeros(-(-lanes.size // LANES_PER_BLOCK), dtype=np.uint64)
+    kernel(lanes, keys, out)
+    assert np.array_equal(out, fingerprint_numba.block_sums(lanes, keys, out.size))

@@ -39,8 +39,8 @@ Implementations, bit-identical (tests check each against an independent NumPy re
   one launch for the per-tensor fold (the default on CUDA when Triton imports).
 
 ``DDPJOB_FINGERPRINT_IMPL=numba|numpy|torch|triton`` forces one (Numba and NumPy: CPU tensors only). On
-the CPU the default is NumPy; ``numba`` (``fingerprint_numba``: the block sums in one compiled pass,
-about 4x the NumPy path) is opt-in.
+the CPU the default is Numba where it imports (``fingerprint_numba``: the block sums in one compiled
+pass, about 4x the NumPy path), else NumPy.
 
 Long because the hash's exact definition lives here once, with the NumPy and torch paths that must
 match it bit for bit (the Triton kernel is in ``fingerprint_triton``).
@@ -271,7 +271,8 @@ IMPLS = ("numba", "numpy", "torch", "triton")
 
 
 def impl_for(device: torch.device) -> str:
-    """``DDPJOB_FINGERPRINT_IMPL`` if set, else NumPy on the CPU, Triton on CUDA if it imports, else torch."""
+    """``DDPJOB_FINGERPRINT_IMPL`` if set, else on the CPU Numba if it imports, else NumPy; on CUDA Triton
+    if it imports, else torch."""
     forced = os.environ.get("DDPJOB_FINGERPRINT_IMPL", "").strip().lower()
     if forced and forced not in IMPLS:
         raise ValueError(f"DDPJOB_FINGERPRINT_IMPL={forced!r}: expected one of {', '.join(IMPLS)}")
@@ -280,10 +281,9 @@ def impl_for(device: torch.device) -> str:
     if forced:
         return forced
     if device.type == "cpu":
-        # NumPy by default: with Numba loaded, a gloo worker sometimes aborted at exit ("terminate called
-        # without an active exception") in the multi-process tests; Numba stays opt-in until that is
-        # understood.
-        return "numpy"
+        from ddp_trainer import fingerprint_numba  # lazy: Numba is optional and compiles on first use
+
+        return "numba" if fingerprint_numba.available() else "numpy"
     if device.type == "cuda":
         from ddp_trainer import fingerprint_triton  # lazy: Triton is optional
 

@@ -30,7 +30,6 @@ def _kernel() -> Any:
     m1, m2 = np.uint64(M1), np.uint64(M2)
     s30, s27, s31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
-    @numba.njit(cache=True, nogil=True)  # type: ignore[misc,untyped-decorator,unused-ignore]
     def block_sums(lanes: Any, keys: Any, out: Any) -> None:  # pragma: no cover - compiled
         for b in range(out.size):
             start = b * BLOCK
@@ -46,7 +45,10 @@ def _kernel() -> Any:
                 s += z
             out[b] = s
 
-    return block_sums
+    try:  # the compiled code is cached beside the module or in the user's cache folder
+        return numba.njit(cache=True, nogil=True)(block_sums)
+    except RuntimeError:  # neither is writable (a read-only image as another user): compile per process
+        return numba.njit(cache=False, nogil=True)(block_sums)
 
 
 def block_sums(lanes: np.ndarray, keys: np.ndarray, blocks: int) -> np.ndarray:
