@@ -182,7 +182,6 @@ class NodeAgent:
     def heartbeat_loop(self) -> None:
         last_status = time.monotonic()
         while not self.stopping.wait(RENEW_EVERY):
-            self._ensure_service_proxy()
             for node in self.nodes.values():
                 try:
                     self._renew_lease(node)
@@ -192,6 +191,7 @@ class NodeAgent:
                     log.warning("node %s heartbeat failed: %s", node.name, exc)
             if time.monotonic() - last_status >= STATUS_EVERY:
                 last_status = time.monotonic()
+            self._ensure_service_proxy()  # after the Leases: it must never delay them
 
     # -- pods ---------------------------------------------------------------------------------------------
     def watch_loop(self) -> None:
@@ -332,8 +332,8 @@ class NodeAgent:
             return
         try:
             self.proxy = self._start_service_proxy()
-        except OSError as exc:
-            log.debug("service proxy served by another agent (%s)", exc)
+        except Exception as exc:  # bound by another agent, or the API server is away: the next beat retries
+            log.debug("service proxy not started here: %s", exc)
 
     def _start_service_proxy(self) -> serviceproxy.ServiceProxy:
         """Pods reach the API server at the ``kubernetes`` Service's ClusterIP and port (see serviceproxy)."""
