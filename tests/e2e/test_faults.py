@@ -103,6 +103,7 @@ def test_the_api_server_restarts_under_a_running_job(
 def test_a_lost_node_restarts_the_gang_on_the_node_that_remains(
     cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
 ) -> None:
+    cluster.kubectl("wait", "--for=condition=Ready", "node", "--all", "--timeout=120s")  # two nodes to start
     folder = tmp_path / "ckpt"
     doc = ddpjob(
         "lost",
