@@ -153,6 +153,9 @@ def carry_out(body: Mapping[str, Any], plan: Plan, logger: Logger, recent: Recen
         logger.info(f"deleting Job {job_name} and its pods")
         _ignore((404,), batch.delete_namespaced_job, job_name, namespace, propagation_policy="Foreground")
         recent.deleted(key, job_name)
+    for job_name in plan.abandon_jobs:  # a second delete, in the background, drops the foreground wait
+        logger.info(f"deleting Job {job_name} without waiting for its pods on a node that does not answer")
+        _ignore((404,), batch.delete_namespaced_job, job_name, namespace, propagation_policy="Background")
     if plan.create_claim is not None:
         logger.info(f"creating PersistentVolumeClaim {plan.create_claim['metadata']['name']} for checkpoints")
         _ignore((409,), core.create_namespaced_persistent_volume_claim, namespace, plan.create_claim)

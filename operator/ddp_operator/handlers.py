@@ -17,7 +17,7 @@ import kubernetes
 
 from . import apply, crd, render
 from .recent import Recent
-from .reconcile import TERMINAL
+from .reconcile import finished
 from .scraper import Scraper
 
 LABELS = {"app.kubernetes.io/managed-by": render.MANAGED_BY}
@@ -99,7 +99,7 @@ def on_pod(namespace: str | None, labels: kopf.Labels, **kwargs: Any) -> None:
 
 def _watched(spec: kopf.Spec, status: kopf.Status, **_: Any) -> bool:
     """Finished DDPJobs need no timer, unless their ttlSecondsAfterFinished is still running."""
-    return status.get("phase") not in TERMINAL or spec.get("ttlSecondsAfterFinished") is not None
+    return not finished(status) or spec.get("ttlSecondsAfterFinished") is not None
 
 
 @kopf.timer(crd.GROUP, crd.VERSION, crd.PLURAL, interval=5, idle=0, when=_watched)

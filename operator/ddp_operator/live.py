@@ -51,6 +51,10 @@ class Snapshot:
     """Parsed from every pod that answered; None when none did."""
     earlier: Progress | None = None
     earlier_at: float = 0.0
+    best_step: int = 0
+    """The highest step rank 0 reported in this attempt."""
+    advanced_at: float = 0.0
+    """Unix time of the reading that first showed ``best_step`` (0 before any step)."""
 
 
 def record(
@@ -70,7 +74,14 @@ def record(
             base, base_at = previous.latest, previous.at
         if base is not None and latest.step >= base.step and latest.samples >= base.samples:
             earlier, earlier_at = base, base_at
+    best, since = 0, 0.0
+    if previous is not None and previous.attempt == attempt:
+        best, since = previous.best_step, previous.advanced_at
+    if latest is not None and latest.step > best:
+        best, since = latest.step, at
     return Snapshot(
+        best_step=best,
+        advanced_at=since,
         attempt=attempt,
         at=at,
         port=port,

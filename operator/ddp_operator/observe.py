@@ -33,7 +33,8 @@ class JobFacts:
     """When the Job's Failed condition became true."""
     stopping_pods: int = 0
     """Pods of the attempt that have not terminated yet (the Job controller stops them after a failure;
-    rank 0 writes its report, and its SIGTERM checkpoint, on the way out)."""
+    rank 0 writes its report, and its SIGTERM checkpoint, on the way out), except pods evicted from a
+    node that does not answer: the decision does not wait for them."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,9 @@ class Facts:
     """Rank 0's termination report in ``attempt``, once it wrote one."""
     targets: tuple[Target, ...] = ()
     """The running pods of ``attempt`` and where each serves its metrics."""
+    stale_deadlines: tuple[tuple[str, dt.datetime], ...] = ()
+    """Stale Jobs going away whose pods are all being deleted too, with the latest of those pods'
+    ``deletionTimestamp`` (when their kubelet should have confirmed the stop at the latest)."""
 
 
 def attempt_of(obj: Mapping[str, Any]) -> int:
@@ -73,6 +77,12 @@ def condition(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
     return None
 
 
+def failure(job: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The Job's ``Failed`` condition, or ``FailureTarget``: the Job controller has decided that the Job
+    fails and adds ``Failed`` only once every pod has terminated, which a pod on a lost node never does."""
+    return condition(job, "Failed") or condition(job, "FailureTarget")
+
+
 def completion_index(pod: Mapping[str, Any]) -> int:
     try:
         return int(pod["metadata"].get("annotations", {}).get(render.COMPLETION_INDEX_ANNOTATION, "-1"))
@@ -87,6 +97,13 @@ def terminated(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
             state = status.get("state", {}).get("terminated") or status.get("lastState", {}).get("terminated")
             return state if isinstance(state, dict) else None
     return None
+
+
+def evicted_from_lost_node(pod: Mapping[str, Any]) -> bool:
+    """Deleted by the taint-eviction controller (``DisruptionTarget``, ``DeletionByTaintManager``): its
+    node carries a NoExecute taint, usually because it stopped answering; its kubelet may never report."""
+    found = condition(pod, "DisruptionTarget")
+    return found is not None and found.get("reason") == "DeletionByTaintManager"
 
 
 def stopped(pod: Mapping[str, Any]) -> bool:
@@ -154,7 +171,7 @@ def outcome(
     codes = {
         completion_index(pod): int(state.get("exitCode", 0)) for pod in pods if (state := terminated(pod))
     }
-    failed = condition(job, "Failed")
+    failed = failure(job)
     reason = str(failed.get("reason", "")) if failed else ""
     errors = {completion_index(pod): error for pod in pods if (error := _first_error(pod))}
     culprits = [
@@ -200,6 +217,20 @@ def _failed_on_its_own(pod: Mapping[str, Any]) -> bool:
     return report is None or report.get("result") != contract.INTERRUPTED
 
 
+def current_attempt(previous: Mapping[str, Any], jobs: Sequence[Mapping[str, Any]]) -> int:
+    """``max(status.attempt, the Jobs' attempt labels)``. The status is believed only as far as it can
+    be true (a hand-edited one is repaired): at least the first attempt, and at most one beyond the
+    newest Job (the status names attempt N + 1 once the operator decided to end Job N, before Job N + 1
+    exists)."""
+    first = contract.FIRST_ATTEMPT
+    said = previous.get("attempt")
+    said = max(said, first) if isinstance(said, int) and not isinstance(said, bool) else first
+    labelled = [attempt_of(job) for job in jobs]
+    if labelled and max(labelled) >= first:
+        said = min(said, max(labelled) + 1)
+    return max([said, *labelled])
+
+
 def observe(
     previous: Mapping[str, Any],
     jobs: Sequence[Mapping[str, Any]],
@@ -207,15 +238,14 @@ def observe(
     metrics_port: int = contract.DEFAULT_METRICS_PORT,
 ) -> Facts:
     """The facts about one DDPJob, from its last status and the Jobs and pods that carry its label."""
-    first = contract.FIRST_ATTEMPT
-    attempt = max([int(previous.get("attempt") or first), *map(attempt_of, jobs)])
+    attempt = current_attempt(previous, jobs)
     current = [job for job in jobs if attempt_of(job) == attempt]
     mine = [pod for pod in pods if attempt_of(pod) == attempt]
     report = rank0_report(mine) or remembered_report(previous, attempt)
     job_facts = None
     if current:
         job = current[0]
-        failed = condition(job, "Failed")
+        failed = failure(job)
         job_facts = JobFacts(
             name=job["metadata"]["name"],
             complete=condition(job, "Complete") is not None,
@@ -223,7 +253,7 @@ def observe(
             suspended=bool(job.get("spec", {}).get("suspend")),
             outcome=outcome(job, mine, report) if failed else None,
             failed_at=_time(failed.get("lastTransitionTime")) if failed else None,
-            stopping_pods=sum(1 for pod in mine if not stopped(pod)),
+            stopping_pods=sum(1 for pod in mine if not stopped(pod) and not evicted_from_lost_node(pod)),
         )
     return Facts(
         attempt=attempt,
@@ -233,4 +263,26 @@ def observe(
         unschedulable=unschedulable(mine),
         report=report,
         targets=metrics_targets(mine, attempt, metrics_port),
+        stale_deadlines=stale_deadlines(jobs, pods, attempt),
     )
+
+
+def stale_deadlines(
+    jobs: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]], attempt: int
+) -> tuple[tuple[str, dt.datetime], ...]:
+    """For each Job of an earlier attempt that is being deleted and still has pods, all of them being
+    deleted: the latest of their deletion deadlines. A pod past it is kept only by a kubelet that does
+    not answer (its node was lost): the API server waits for that kubelet forever."""
+    found = []
+    for job in jobs:
+        if attempt_of(job) >= attempt or not job.get("metadata", {}).get("deletionTimestamp"):
+            continue
+        left = [pod for pod in pods if attempt_of(pod) == attempt_of(job) and not _gone(pod)]
+        deadlines = [_time(pod.get("metadata", {}).get("deletionTimestamp")) for pod in left]
+        if left and all(deadlines):
+            found.append((job["metadata"]["name"], max(d for d in deadlines if d)))
+    return tuple(found)
+
+
+def _gone(pod: Mapping[str, Any]) -> bool:
+    return pod.get("status", {}).get("phase") in ("Succeeded", "Failed")

@@ -9,6 +9,7 @@ with the object it peers, without it it runs standalone and says so.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import kubernetes
 from kubernetes.client.exceptions import ApiException
@@ -30,6 +31,7 @@ def missing(namespaces: Sequence[str]) -> list[str]:
     wanted: list[str | None] = list(namespaces) or [None]
     only = f"metadata.name={NAME}"  # list, not get: the chart grants Kopf's verbs (list, watch, patch) only
     for namespace in wanted:
+        found: Any
         try:
             if namespace is None:
                 found = api.list_cluster_custom_object(

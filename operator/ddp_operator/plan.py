@@ -43,6 +43,7 @@ class Plan:
     create_service: Obj | None = None  # created (or found already there) before create_job
     create_job: Obj | None = None
     delete_jobs: tuple[str, ...] = ()
+    abandon_jobs: tuple[str, ...] = ()  # deleted without waiting for pods whose node does not answer
     suspend_job: tuple[str, bool] | None = None
     events: tuple[Event, ...] = ()
     delete_self: bool = False  # ttlSecondsAfterFinished has passed

@@ -6,6 +6,8 @@ midway) and calls :func:`decide`, which picks exactly one branch below and retur
 status to write, the Service and Job to create, the Jobs to delete, the Job to (un)suspend, the events
 to post. :mod:`ddp_operator.apply` carries plans out; every branch here is unit-tested without an API
 server (``tests/api/test_reconcile.py``) and proven against one by the e2e tests.
+
+Long because the branches of one decision read best side by side, each a few lines.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 from ddp_trainer import contract
 
-from . import live, policy, render
+from . import live, policy, render, stall
 from .observe import Facts, JobFacts, observe
 from .plan import Event, Plan, Scrape, StatusBuilder, parse_time, stamp
 from .spec import Spec, SpecError, checkpoints_durable, parse
@@ -25,6 +27,7 @@ from .spec import Spec, SpecError, checkpoints_durable, parse
 STOP_MARGIN_SECONDS = 30  # beyond the pods' termination grace period, before deciding without them
 PHASES = ("Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
 TERMINAL = ("Succeeded", "Failed")
+STALLED = "Stalled"
 
 
 @dataclass(frozen=True)
@@ -80,11 +83,24 @@ def refused(previous: Mapping[str, Any], generation: int, now: dt.datetime, mess
     return _finish(out, False, "InvalidSpec", message[:1024])
 
 
+def finished(status: Mapping[str, Any]) -> bool:
+    """A terminal phase, with what this operator writes along with one: a completionTime and a True
+    Complete or Failed condition. A phase without them (a hand-edited status) is not believed: the next
+    decision repairs it from the children."""
+    conditions = status.get("conditions")
+    said = [
+        c
+        for c in (conditions if isinstance(conditions, list) else [])
+        if isinstance(c, Mapping) and c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+    ]
+    return status.get("phase") in TERMINAL and bool(status.get("completionTime")) and bool(said)
+
+
 def decide(inputs: Inputs) -> Plan:
     """The status to write and the next step: exactly one branch applies, checked in this order."""
     out = _base(inputs)
     facts, job = inputs.facts, inputs.facts.job
-    if inputs.previous.get("phase") in TERMINAL:
+    if finished(inputs.previous):
         return _finished(inputs, out)
     if (deadline := _deadline_passed(inputs)) is not None:
         return _finish(out, False, "DeadlineExceeded", deadline, delete=_all_jobs(facts))
@@ -115,9 +131,11 @@ def _base(inputs: Inputs) -> StatusBuilder:
         startTime=previous.get("startTime") or out.now,
         readyNodes=0,
     )
-    for kept in ("completionTime", "preemptions", "lastReport", "progress", "checkpoint"):
+    for kept in ("completionTime", "lastReport", "progress", "checkpoint"):
         if previous.get(kept):
             out.values[kept] = previous[kept]
+    if preemptions := _count(previous.get("preemptions")):
+        out.values["preemptions"] = preemptions
     if isinstance(previous.get("sync"), dict):
         out.values["sync"] = dict(previous["sync"])
     if facts.report is not None:
@@ -128,6 +146,11 @@ def _base(inputs: Inputs) -> StatusBuilder:
             out.values["checkpoint"] = checkpoint
     _durable_condition(out, inputs.spec)
     return out
+
+
+def _count(value: Any) -> int:
+    """A count from the status: a non-negative integer (anything else, hand-written, counts as 0)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def _durable_condition(out: StatusBuilder, spec: Spec) -> None:
@@ -179,10 +202,27 @@ def _deadline_passed(inputs: Inputs) -> str | None:
 
 
 def _stopping_old_attempts(inputs: Inputs, out: StatusBuilder) -> Plan:
+    """Old Jobs go (foreground: the next gang starts once their pods are gone), except that a Job whose
+    pods are past their deletion deadline by ``STOP_MARGIN_SECONDS`` is deleted without waiting for them:
+    their node does not answer (lost), and the API server would keep them Terminating until it does."""
     attempt = inputs.facts.attempt
-    out.phase("Restarting", "GangRestart", f"stopping the pods of attempt(s) before {attempt}")
-    out.condition("Ready", False, "GangRestart", "waiting for the pods of earlier attempts to go away")
-    return out.plan(delete_jobs=inputs.facts.stale_jobs)
+    margin = dt.timedelta(seconds=STOP_MARGIN_SECONDS)
+    lost = tuple(name for name, deadline in inputs.facts.stale_deadlines if inputs.now > deadline + margin)
+    said = {c.get("type"): c for c in inputs.previous.get("conditions", []) or []}.get("Ready") or {}
+    if inputs.previous.get("phase") == "Restarting" and said.get("reason") and said.get("message"):
+        # Why the gang restarts (Stalled, NodeLost, AttemptFailed, ...) stays said until the next attempt.
+        out.phase("Restarting", said["reason"], said["message"])
+        out.condition("Ready", False, said["reason"], said["message"])
+    else:
+        out.phase("Restarting", "GangRestart", f"stopping the pods of attempt(s) before {attempt}")
+        out.condition("Ready", False, "GangRestart", "waiting for the pods of earlier attempts to go away")
+    for name in lost:
+        message = (
+            f"Job {name}: its pods were not confirmed stopped {STOP_MARGIN_SECONDS}s past their deletion "
+            "deadline (their node does not answer); not waiting for them"
+        )
+        out.events.append(Event("Warning", "NodeLost", message))
+    return out.plan(delete_jobs=inputs.facts.stale_jobs, abandon_jobs=lost)
 
 
 def _create(inputs: Inputs, out: StatusBuilder) -> Plan:
@@ -210,8 +250,17 @@ def _after_failure(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
         out.phase("Restarting", "StoppingAttempt", message)
         out.condition("Ready", False, "StoppingAttempt", message)
         return out.plan()
-    preemptions = int(inputs.previous.get("preemptions") or 0)
-    decision = policy.decide(job.outcome, attempt, inputs.spec.max_restarts, preemptions)
+    return _end_attempt(inputs, out, job.name, job.outcome)
+
+
+def _end_attempt(
+    inputs: Inputs, out: StatusBuilder, job: str, outcome: policy.Outcome, stop: bool = False
+) -> Plan:
+    """The policy's decision on an ended attempt: the next attempt (Job ``job`` goes first), or the
+    DDPJob fails (deleting ``job`` too when its pods still run: ``stop``)."""
+    attempt = inputs.facts.attempt
+    preemptions = _count(inputs.previous.get("preemptions"))
+    decision = policy.decide(outcome, attempt, inputs.spec.max_restarts, preemptions)
     _checkpoint_events(out, inputs.facts.report)
     if decision.action is policy.Action.RESTART:
         out.values.update(attempt=attempt + 1, restarts=contract.restarts_before(attempt + 1))
@@ -219,8 +268,8 @@ def _after_failure(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
             out.values["preemptions"] = preemptions + 1
         out.phase("Restarting", decision.reason, decision.message, warning=True)
         out.condition("Ready", False, decision.reason, decision.message)
-        return out.plan(delete_jobs=(job.name,))
-    return _finish(out, False, decision.reason, decision.message)
+        return out.plan(delete_jobs=(job,))
+    return _finish(out, False, decision.reason, decision.message, delete=(job,) if stop else ())
 
 
 def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
@@ -248,6 +297,9 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
     else:
         out.phase("Pending", "Starting", f"starting {spec.nodes} pods of attempt {attempt}")
         out.condition("Ready", False, "Starting", f"{ready}/{spec.nodes} pods ready")
+    running = ready == spec.nodes and not spec.suspend and not job.suspended
+    if running and (why := stall.stalled(inputs.snapshot, attempt, spec.stall_timeout_seconds)):
+        return _end_attempt(inputs, out, job.name, policy.Outcome(False, reason=STALLED, message=why), True)
     live.update(out, inputs.snapshot, attempt, spec.trainer.steps)
     _sync_condition(out)
     scrape = None

@@ -339,7 +339,7 @@ def _pod_spec(spec: Spec, attempt: int) -> Obj:
     }
     optional = {
         "nodeSelector": dict(template.node_selector) or None,
-        "tolerations": [dict(t) for t in template.tolerations] or None,
+        "tolerations": _tolerations(spec),
         "affinity": dict(template.affinity) if template.affinity else None,
         "priorityClassName": template.priority_class_name,
         "schedulerName": template.scheduler_name,
@@ -362,6 +362,22 @@ def _pod_settings(spec: Spec) -> dict[str, Any]:
         "initContainers": [dict(c) for c in template.init_containers] or None,
         "topologySpreadConstraints": [dict(c) for c in template.topology_spread_constraints] or None,
     }
+
+
+NODE_LOST_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
+
+def _tolerations(spec: Spec) -> list[Obj]:
+    """The pod template's tolerations, then ``spec.nodeLostTolerationSeconds`` for a node that stopped
+    answering (unless the template names those taints itself): Kubernetes would wait 300 s."""
+    given = [dict(t) for t in spec.pod_template.tolerations]
+    named = {t.get("key") for t in given}
+    seconds = spec.node_lost_toleration_seconds
+    return given + [
+        {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": seconds}
+        for key in NODE_LOST_TAINTS
+        if key not in named
+    ]
 
 
 def render_job(spec: Spec, attempt: int) -> Obj:

@@ -132,6 +132,8 @@ class Spec:
     uid: str | None = None
     given: frozenset[str] = frozenset()
     """The spec fields the document itself sets (before defaults)."""
+    node_lost_toleration_seconds: int = 30
+    stall_timeout_seconds: int = 600
 
     @property
     def world_size(self) -> int:
@@ -312,6 +314,8 @@ def _build(doc: Mapping[str, Any]) -> Spec:
         shm_size=s["shmSize"],
         checkpoint=_checkpoint(s["checkpoint"]) if "checkpoint" in s else None,
         max_restarts=s["maxRestarts"],
+        node_lost_toleration_seconds=s["nodeLostTolerationSeconds"],
+        stall_timeout_seconds=s["stallTimeoutSeconds"],
         ttl_seconds_after_finished=s.get("ttlSecondsAfterFinished"),
         active_deadline_seconds=s.get("activeDeadlineSeconds"),
         suspend=s["suspend"],

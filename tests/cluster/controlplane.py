@@ -234,6 +234,10 @@ def start_controller_manager(layout: Layout, bin_dir: Path) -> None:
             f"--cluster-signing-cert-file={pki / 'ca.crt'}",
             f"--cluster-signing-key-file={pki / 'ca.key'}",
             "--allocate-node-cidrs=false",  # the node agent sets each Node's podCIDR itself
+            # A lost node is NotReady (and tainted unreachable) 16 s after its last Lease renewal (the
+            # agent renews every 4 s), not 50 s: tests of node loss wait for it.
+            "--node-monitor-grace-period=16s",
+            "--node-monitor-period=2s",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--profiling=false",
         ],

@@ -25,7 +25,8 @@ from .layout import BUILD_SCRIPT, NODE_NAMES, Layout
 if TYPE_CHECKING:
     from . import kubeapi
 
-COMPONENTS = ("etcd", "kube-apiserver", "coredns", "kube-controller-manager", "kube-scheduler", "node-agent")
+AGENTS = tuple(f"node-agent-{node}" for node in NODE_NAMES)  # one per Node, like kubelets
+COMPONENTS = ("etcd", "kube-apiserver", "coredns", "kube-controller-manager", "kube-scheduler", *AGENTS)
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # on PYTHONPATH, the node agent is cluster.nodeagent
 # Ports, the bridge and the pod namespaces are machine-wide: one cluster per machine. This file names the
 # cluster directory that owns them, so a second work tree refuses to start instead of breaking the first.
@@ -68,9 +69,9 @@ def rss_kib(layout: Layout) -> dict[str, int]:
     return sizes
 
 
-def _nodes_ready(kube: kubeapi.Kube) -> bool:
+def _nodes_ready(kube: kubeapi.Kube, names: tuple[str, ...] = NODE_NAMES) -> bool:
     nodes = {n["metadata"]["name"]: n for n in kube.get("/api/v1/nodes")["items"]}
-    for name in NODE_NAMES:
+    for name in names:
         conditions = {
             c["type"]: c["status"] for c in (nodes.get(name, {}).get("status") or {}).get("conditions", [])
         }
@@ -123,17 +124,10 @@ def up(layout: Layout | None = None, *, say: Say = _say) -> dict[str, float]:
     controlplane.start_coredns(layout, bin_dir)
     controlplane.start_controller_manager(layout, bin_dir)
     controlplane.start_scheduler(layout, bin_dir)
-    processes.spawn(
-        "node-agent",
-        [sys.executable, "-m", "cluster.nodeagent", "--kubeconfig", str(layout.kubeconfig)],
-        pid_file=layout.pid("node-agent"),
-        log_file=layout.log("node-agent"),
-        env={**os.environ, "PYTHONPATH": str(PACKAGE_PARENT), "PYTHONUNBUFFERED": "1"},
-    )
+    for node in NODE_NAMES:
+        start_node(layout, node)
     controlplane.wait_until("CoreDNS", controlplane.coredns_ready, timeout=120, log=layout.log("coredns"))
-    controlplane.wait_until(
-        "Nodes Ready", lambda: _nodes_ready(kube), timeout=120, log=layout.log("node-agent")
-    )
+    controlplane.wait_until("Nodes Ready", lambda: _nodes_ready(kube), timeout=120, log=layout.log(AGENTS[0]))
     controlplane.wait_until(
         "ServiceAccount default/default",
         lambda: kube.get_or_none("/api/v1/namespaces/default/serviceaccounts/default") is not None,
@@ -151,6 +145,65 @@ def up(layout: Layout | None = None, *, say: Say = _say) -> dict[str, float]:
     return timings
 
 
+def start_node(layout: Layout, node: str) -> None:
+    """Starts the node agent of ``node`` (it registers the Node again if it is gone, and reports the
+    pods a previous agent of the node had started as Failed: their processes went with it)."""
+    name = f"node-agent-{node}"
+    processes.spawn(
+        name,
+        [sys.executable, "-m", "cluster.nodeagent", "--kubeconfig", str(layout.kubeconfig), "--node", node],
+        pid_file=layout.pid(name),
+        log_file=layout.log(name),
+        env={**os.environ, "PYTHONPATH": str(PACKAGE_PARENT), "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def restore_node(layout: Layout, kube: kubeapi.Kube, node: str) -> None:
+    """Starts a lost node's agent again and waits until its Node is Ready."""
+    start_node(layout, node)
+    controlplane.wait_until(
+        f"Node {node} Ready again",
+        lambda: _nodes_ready(kube, (node,)),
+        timeout=120,
+        log=layout.log(f"node-agent-{node}"),
+    )
+
+
+def lose_node(layout: Layout, kube: kubeapi.Kube, node: str) -> list[str]:
+    """The node drops dead: its agent is killed (SIGKILL: it reports nothing more, its Lease stops), then
+    every process of its pods, and their network namespaces. The Pods stay in the API as they were, as
+    for a real node that lost power. Returns the pods that were bound to the node."""
+    pid = processes.read_pid(layout.pid(f"node-agent-{node}"))
+    if pid is not None:
+        processes.kill_group(pid)
+    lost = []
+    for pod in kube.get("/api/v1/pods", fieldSelector=f"spec.nodeName={node}")["items"]:
+        meta = pod["metadata"]
+        lost.append(f"{meta['namespace']}/{meta['name']}")
+        for pid_file in (layout.pods / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}").glob("*.pid"):
+            if (container := processes.read_pid(pid_file)) is not None:
+                processes.kill_group(container)
+        netns.delete_pod_netns(netns.netns_name(meta["uid"]))
+    return lost
+
+
+def restart_apiserver(layout: Layout, *, down_seconds: float = 0.0) -> float:
+    """Stops kube-apiserver (SIGTERM, SIGKILL 2 s later), waits ``down_seconds``, starts it again on the
+    same etcd and waits until it is ready; returns how long it was unreachable."""
+    bin_dir = Path(layout.bin_file.read_text().strip())
+    stopped = time.monotonic()
+    processes.stop(layout.pid("kube-apiserver"), grace=2)  # a crash, not a drain of every watch
+    time.sleep(down_seconds)  # the outage itself (what the test is about), not a wait for a condition
+    controlplane.start_apiserver(layout, bin_dir)
+    controlplane.wait_until(
+        "kube-apiserver (restarted)",
+        lambda: controlplane.apiserver_ready(layout),
+        timeout=180,
+        log=layout.log("kube-apiserver"),
+    )
+    return time.monotonic() - stopped
+
+
 def _owner() -> Path | None:
     try:
         return Path(OWNER_FILE.read_text().strip())
@@ -164,7 +217,7 @@ def down(layout: Layout | None = None, *, say: Say = _say, force: bool = False) 
     layout = layout or Layout.default()
     stopped = []
     for name in reversed(COMPONENTS):  # node agent first: it stops its pods
-        if processes.stop(layout.pid(name), grace=15 if name == "node-agent" else 10):
+        if processes.stop(layout.pid(name), grace=15 if name in AGENTS else 10):
             stopped.append(name)
     leftovers = 0
     if layout.pods.exists():

@@ -29,8 +29,8 @@ from .podrunner import NodeInfo, PodRunner
 
 log = logging.getLogger("nodeagent")
 
-LEASE_SECONDS = 40
-RENEW_EVERY = 10.0
+LEASE_SECONDS = 16  # = the controller-manager's --node-monitor-grace-period (controlplane.py)
+RENEW_EVERY = 4.0
 STATUS_EVERY = 30.0
 RESYNC_EVERY = 2.0
 SERVICE_ACCOUNT_MOUNT_POINTS = [
@@ -120,8 +120,6 @@ class IPAllocator:
     def __init__(self, cidr: str) -> None:
         self._free = [str(ip) for ip in list(ipaddress.ip_network(cidr).hosts())[1:]]
         self._lock = threading.Lock()
-        self.proxy: serviceproxy.ServiceProxy | None = None
-        self._absent_mount_points: list[Path] = []
 
     def take(self) -> str:
         with self._lock:
@@ -141,6 +139,8 @@ class NodeAgent:
         self.wake = threading.Event()
         self.stopping = threading.Event()
         self._lock = threading.Lock()
+        self.proxy: serviceproxy.ServiceProxy | None = None
+        self._absent_mount_points: list[Path] = []
 
     # -- nodes --------------------------------------------------------------------------------------------
     def register(self) -> None:
@@ -191,6 +191,7 @@ class NodeAgent:
                     log.warning("node %s heartbeat failed: %s", node.name, exc)
             if time.monotonic() - last_status >= STATUS_EVERY:
                 last_status = time.monotonic()
+            self._ensure_service_proxy()  # after the Leases: it must never delay them
 
     # -- pods ---------------------------------------------------------------------------------------------
     def watch_loop(self) -> None:
@@ -248,6 +249,9 @@ class NodeAgent:
             return
         if done or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             return
+        if (pod.get("status") or {}).get("containerStatuses"):
+            self._lost(pod)  # started by this node's agent before it stopped: its processes are gone
+            return
         runner = PodRunner(
             kube=self.kube,
             layout=self.layout,
@@ -262,6 +266,31 @@ class NodeAgent:
             "pod %s/%s on %s: starting (IP %s)", meta["namespace"], meta["name"], node.name, runner.pod_ip
         )
         runner.start()
+
+    def _lost(self, pod: dict[str, Any]) -> None:
+        """What the kubelet reports for a pod whose containers vanished while it was away: Failed, each
+        container terminated with 137 and reason ContainerStatusUnknown (restartPolicy is never honoured
+        again for them: a test pod's processes do not survive its agent)."""
+        meta = pod["metadata"]
+        gone = {
+            "exitCode": 137,
+            "reason": "ContainerStatusUnknown",
+            "message": "The container could not be located when the pod was terminated",
+            "finishedAt": _now(),
+        }
+        statuses = [
+            {**status, "ready": False, "started": False, "state": {"terminated": gone}}
+            for status in pod["status"]["containerStatuses"]
+        ]
+        log.info(
+            "pod %s/%s: its processes went with a previous agent; reporting it Failed",
+            meta["namespace"],
+            meta["name"],
+        )
+        self.kube.patch(
+            f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
+            {"status": {"phase": "Failed", "containerStatuses": statuses}},
+        )
 
     def _runner_exited(self, runner: PodRunner) -> None:
         with self._lock:
@@ -284,9 +313,9 @@ class NodeAgent:
     def run(self) -> None:
         self._absent_mount_points = [p for p in SERVICE_ACCOUNT_MOUNT_POINTS if not p.exists()]
         self.register()
-        self.proxy = self._start_service_proxy()
-        for i, node in enumerate(self.nodes.values()):
-            kubeletapi.serve(self, self.layout, port=KUBELET_PORT + i, name=node.name)
+        self._ensure_service_proxy()
+        for node in self.nodes.values():
+            kubeletapi.serve(self, self.layout, port=KUBELET_PORT + node.index, name=node.name)
         threads = [
             threading.Thread(target=t, name=t.__name__, daemon=True)
             for t in (self.heartbeat_loop, self.watch_loop, self.sync_loop)
@@ -295,6 +324,16 @@ class NodeAgent:
             t.start()
         self.stopping.wait()
         self.shutdown()
+
+    def _ensure_service_proxy(self) -> None:
+        """One agent per Node, one host network: the first agent to bind the ``kubernetes`` Service's
+        address serves it; the others try again at every heartbeat, so one takes over when it stops."""
+        if self.proxy is not None:
+            return
+        try:
+            self.proxy = self._start_service_proxy()
+        except Exception as exc:  # bound by another agent, or the API server is away: the next beat retries
+            log.debug("service proxy not started here: %s", exc)
 
     def _start_service_proxy(self) -> serviceproxy.ServiceProxy:
         """Pods reach the API server at the ``kubernetes`` Service's ClusterIP and port (see serviceproxy)."""
@@ -333,13 +372,20 @@ def default_nodes() -> list[NodeInfo]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kubeconfig", default=str(Layout.default().kubeconfig))
+    parser.add_argument(
+        "--node",
+        action="append",
+        choices=NODE_NAMES,
+        help="a Node this agent runs (repeatable; default: all)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    agent = NodeAgent(Kube(args.kubeconfig), layout_mod.Layout.default(), default_nodes())
+    nodes = [node for node in default_nodes() if not args.node or node.name in args.node]
+    agent = NodeAgent(Kube(args.kubeconfig), layout_mod.Layout.default(), nodes)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.stopping.set())
     agent.run()

@@ -83,6 +83,15 @@ def stop(pid_file: Path, *, grace: float = 10.0) -> bool:
     return stop_group(pid, grace=grace)
 
 
+def kill_group(pid: int) -> None:
+    """SIGKILL to process group ``pid`` at once (no SIGTERM: nothing gets to clean up), and waits for it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def stop_group(pid: int, *, grace: float) -> bool:
     """SIGTERM to process group ``pid`` (a session leader we started), SIGKILL after ``grace`` s."""
     try:

@@ -1,0 +1,281 @@
+"""Faults and bad input on the real control plane: the API server restarting under a running job, a node
+lost mid-run, spec changes the API server refuses, a spec whose Job Kubernetes refuses, and a hand-edited
+status. Each test says how long it waited for what; none sleeps to decide."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cluster import processes
+from cluster.fixtures import Cluster, wait_for
+
+from .conftest import Operator, children, ddpjob, get, wait_phase
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+def _apply(cluster: Cluster, namespace: str, doc: dict[str, Any]) -> None:
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
+
+
+def _patch(cluster: Cluster, namespace: str, name: str, patch: dict[str, Any], *extra: str) -> Any:
+    return cluster.kubectl(
+        "patch", "ddpjob", name, "-n", namespace, "--type=merge", "-p", json.dumps(patch), *extra, check=False
+    )
+
+
+def _durable(folder: Path, **spec: Any) -> dict[str, Any]:
+    """A built-in trainer job whose checkpoints go to ``folder`` (pods are host processes here)."""
+    return {"checkpoint": {"volume": {"hostPath": {"path": str(folder)}}, "mountPath": str(folder)}, **spec}
+
+
+def _pod_at(cluster: Cluster, namespace: str, job: str, index: int) -> dict[str, Any]:
+    (pod,) = [
+        p
+        for p in children(cluster, namespace, "pods", job)
+        if p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == str(index)
+        and not p["metadata"].get("deletionTimestamp")
+    ]
+    return pod
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc: the node agent runs pods as host processes)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        below = parents.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def _rank_process(cluster: Cluster, pod: dict[str, Any]) -> int:
+    """The training process of a pod with one rank: the leaf below torchrun that runs ddp_trainer."""
+    meta = pod["metadata"]
+    folder = cluster.layout.pods / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
+    main = processes.read_pid(folder / "trainer.pid")
+    assert main is not None, f"no running container process in {folder}"
+    tree = _descendants(main)
+    leaves = [
+        pid
+        for pid in tree
+        if not _descendants(pid) and b"ddp_trainer" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+    assert len(leaves) == 1, (tree, leaves)
+    return leaves[0]
+
+
+def test_the_api_server_restarts_under_a_running_job(
+    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
+) -> None:
+    doc = ddpjob(
+        "outage",
+        **_durable(tmp_path / "ckpt", trainer={"steps": 800, "checkpointEvery": 50}),
+        syncCheck={"everySteps": 50},
+    )
+    _apply(cluster, namespace, doc)
+    wait_for(lambda: list((tmp_path / "ckpt").glob("step-*.pt")), what="a first checkpoint", timeout=240)
+    before = get(cluster, namespace, "outage")["status"]
+    outage = cluster.restart_apiserver(down_seconds=5)
+    assert operator.process is not None and operator.process.poll() is None, "the operator exited"
+    status = wait_phase(cluster, namespace, "outage", "Succeeded", "Failed", timeout=300)["status"]
+    assert status["phase"] == "Succeeded", status
+    assert (status["attempt"], status["restarts"]) == (1, 0), status
+    assert status["startTime"] == before["startTime"], (before, status)
+    assert status["sync"]["verified"] is True and status["progress"]["percent"] == 100, status
+    assert [j["metadata"]["name"] for j in children(cluster, namespace, "jobs", "outage")] == ["outage-1"]
+    assert [s["metadata"]["name"] for s in children(cluster, namespace, "services", "outage")] == ["outage"]
+    print(f"API server down {outage:.1f} s, from step {before.get('progress', {}).get('step')} of 800")
+
+
+def test_a_lost_node_restarts_the_gang_on_the_node_that_remains(
+    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
+) -> None:
+    cluster.kubectl("wait", "--for=condition=Ready", "node", "--all", "--timeout=120s")  # two nodes to start
+    folder = tmp_path / "ckpt"
+    doc = ddpjob(
+        "lost",
+        **_durable(folder, trainer={"steps": 400, "checkpointEvery": 20}),
+        syncCheck={"everySteps": 20},
+        nodeLostTolerationSeconds=10,
+    )
+    _apply(cluster, namespace, doc)
+    wait_for(lambda: list(folder.glob("step-*.pt")), what="a checkpoint", timeout=240)
+    pods = {
+        p["metadata"]["name"]: p["spec"]["nodeName"] for p in children(cluster, namespace, "pods", "lost")
+    }
+    (rank1,) = [
+        p
+        for p in children(cluster, namespace, "pods", "lost")
+        if p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == "1"
+    ]
+    node = rank1["spec"]["nodeName"]
+    others = {n for n in pods.values() if n != node}
+    try:
+        lost = cluster.lose_node(node)
+        assert f"{namespace}/{rank1['metadata']['name']}" in lost, lost
+        status = wait_phase(cluster, namespace, "lost", "Succeeded", "Failed", timeout=480)["status"]
+        assert status["phase"] == "Succeeded", status
+        assert status["attempt"] >= 2 and status["checkpoint"]["resumedFromStep"] > 0, status
+        final = [
+            p
+            for p in children(cluster, namespace, "pods", "lost")
+            if not p["metadata"].get("deletionTimestamp")
+        ]
+        assert final and all(p["spec"]["nodeName"] != node for p in final), (node, others, final)
+    finally:
+        cluster.restore_node(node)
+    wait_for(
+        lambda: (
+            not [p for p in children(cluster, namespace, "pods", "lost") if p["spec"]["nodeName"] == node]
+        ),
+        what=f"the pods left on {node} to be removed once it is back",
+        timeout=60,
+    )
+
+
+def test_a_hung_rank_restarts_the_gang_with_a_reason_naming_it(
+    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
+) -> None:
+    folder = tmp_path / "ckpt"
+    doc = ddpjob(  # more steps than the test waits for: it ends once the next attempt has resumed
+        "hung",
+        **_durable(folder, trainer={"steps": 1000000, "checkpointEvery": 20}),
+        syncCheck={"everySteps": 20},
+        stallTimeoutSeconds=20,
+    )
+    _apply(cluster, namespace, doc)
+    wait_for(lambda: list(folder.glob("step-*.pt")), what="a checkpoint", timeout=240)
+    wait_for(
+        lambda: get(cluster, namespace, "hung").get("status", {}).get("progress", {}).get("step"),
+        what="a progress reading with a step",
+        timeout=60,
+        every=1,
+    )
+    victim = _pod_at(cluster, namespace, "hung", 1)
+    frozen = _rank_process(cluster, victim)
+    started = Path(f"/proc/{frozen}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+
+        def stalled() -> dict[str, Any] | None:
+            ready = {c["type"]: c for c in get(cluster, namespace, "hung")["status"]["conditions"]}["Ready"]
+            return ready if ready["reason"] == "Stalled" else None
+
+        ready = wait_for(stalled, what="the attempt to be ended as Stalled", timeout=120, every=1)
+        assert victim["metadata"]["name"] in ready["message"], ready
+        assert "spec.stallTimeoutSeconds" in ready["message"], ready
+        events = cluster.kubectl_json(
+            "get", "events", "-n", namespace, "--field-selector", "involvedObject.name=hung,reason=Stalled"
+        )["items"]
+        assert events and victim["metadata"]["name"] in events[0]["message"], events
+        print(f"hung rank: {ready['message']}")
+
+        def resumed() -> str | None:  # the hung pod goes after its 120 s grace period, then attempt 2 starts
+            pods = [
+                p
+                for p in children(cluster, namespace, "pods", "hung")
+                if p["metadata"]["labels"]["ddpjob.io/attempt"] == "2"
+                and p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == "0"
+                and p["status"].get("phase") == "Running"
+            ]
+            log = cluster.logs(namespace, pods[0]["metadata"]["name"]) if pods else ""
+            return next((line for line in log.splitlines() if "restored" in line), None)
+
+        line = wait_for(resumed, what="attempt 2 to restore a checkpoint", timeout=300, every=2)
+        assert "(step 0;" not in line, line
+        status = get(cluster, namespace, "hung")["status"]
+        assert (status["attempt"], status["restarts"]) == (2, 1), status
+    finally:  # the pod's own stop kills it after its grace period; a failed test must not leave it frozen
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{frozen}/stat").read_text().rsplit(")", 1)[1].split()[19] == started:
+                os.kill(frozen, signal.SIGKILL)
+    cluster.kubectl("delete", "ddpjob", "hung", "-n", namespace, "--wait=true", "--timeout=180s")
+
+
+def test_spec_changes_that_cannot_be_honoured_are_refused_and_the_rest_apply_at_the_next_attempt(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    script = "import os, sys, time\nif os.environ.get('STAGE') == 'two': sys.exit(0)\ntime.sleep(600)\n"
+    _apply(cluster, namespace, ddpjob("fixed", command=["python", "-c", script], maxRestarts=2))
+    wait_phase(cluster, namespace, "fixed", "Running", timeout=120)
+    refused = {
+        "nodes": ({"spec": {"nodes": 3}}, "cannot change after creation"),
+        "device": ({"spec": {"device": "cuda"}}, "from cpu to cuda"),
+        "trainer.learningRate": ({"spec": {"trainer": {"learningRate": 0.5}}}, "SettingsChanged"),
+        "trainer.model": ({"spec": {"trainer": {"model": "pkg.mod:make"}}}, "from mlp to pkg.mod:make"),
+    }
+    for field, (patch, said) in refused.items():
+        result = _patch(cluster, namespace, "fixed", patch)
+        assert result.returncode != 0, f"spec.{field} changed on a running DDPJob"
+        assert f"spec.{field}" in result.stderr and said in result.stderr, result.stderr
+        assert "delete the DDPJob and apply it again" in result.stderr, result.stderr
+    # What can be honoured is accepted, and waits for the next attempt: the running Job is not touched.
+    accepted = _patch(cluster, namespace, "fixed", {"spec": {"env": [{"name": "STAGE", "value": "two"}]}})
+    assert accepted.returncode == 0, accepted.stderr
+    (job,) = children(cluster, namespace, "jobs", "fixed")
+    env = job["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert "STAGE" not in {e["name"] for e in env}, env
+    victim = children(cluster, namespace, "pods", "fixed")[0]["metadata"]["name"]
+    cluster.kubectl("delete", "pod", victim, "-n", namespace, "--wait=false")
+    status = wait_phase(cluster, namespace, "fixed", "Succeeded", "Failed", timeout=240)["status"]
+    assert status["phase"] == "Succeeded" and status["attempt"] == 2, status
+    (job,) = children(cluster, namespace, "jobs", "fixed")
+    assert {"name": "STAGE", "value": "two"} in job["spec"]["template"]["spec"]["containers"][0]["env"]
+
+
+def test_a_spec_whose_job_kubernetes_refuses_fails_at_once_and_leaves_nothing(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    # The DDPJob schema lets any string through as a label value; Kubernetes does not.
+    doc = ddpjob("refused", podTemplate={"labels": {"team": "a b"}})
+    _apply(cluster, namespace, doc)
+    status = wait_phase(cluster, namespace, "refused", "Failed", "Succeeded", timeout=60)["status"]
+    failed = {c["type"]: c for c in status["conditions"]}["Failed"]
+    assert failed["reason"] == "InvalidSpec", status
+    assert "the API server refuses the Job" in failed["message"] and "a b" in failed["message"], failed
+    for kind in ("jobs", "services", "pods", "persistentvolumeclaims"):
+        assert not children(cluster, namespace, kind, "refused"), f"the refused DDPJob left {kind}"
+
+
+def test_a_hand_edited_status_is_repaired(cluster: Cluster, operator: Operator, namespace: str) -> None:
+    script = "import time; time.sleep(600)"
+    _apply(cluster, namespace, ddpjob("edited", command=["python", "-c", script]))
+    wait_phase(cluster, namespace, "edited", "Running", timeout=120)
+    garbage = {
+        "status": {
+            "phase": "Succeeded",
+            "attempt": -7,
+            "restarts": -4,
+            "readyNodes": 99,
+            "preemptions": -2,
+            "conditions": [{"type": "Bogus", "status": "True"}],
+            "progress": {"step": -3, "unreachable": ["nobody"]},
+            "lastReport": {"attempt": 7, "result": "Nonsense"},
+        }
+    }
+    result = _patch(cluster, namespace, "edited", garbage, "--subresource=status")
+    assert result.returncode == 0, result.stderr
+
+    def repaired() -> dict[str, Any] | None:
+        status: dict[str, Any] = get(cluster, namespace, "edited").get("status", {})
+        ok = (status.get("phase"), status.get("attempt"), status.get("restarts")) == ("Running", 1, 0)
+        return status if ok and status.get("readyNodes") == 2 else None
+
+    status = wait_for(repaired, what="the operator to repair the hand-edited status", timeout=60, every=1)
+    assert [j["metadata"]["name"] for j in children(cluster, namespace, "jobs", "edited")] == ["edited-1"]
+    assert operator.process is not None and operator.process.poll() is None, "the operator exited"
+    assert "Bogus" not in {c["type"] for c in status["conditions"]}, status
+    cluster.kubectl("delete", "ddpjob", "edited", "-n", namespace, "--wait=true", "--timeout=60s")
