@@ -2,6 +2,10 @@
 
 The handlers hand over the objects Kopf's indexes hold (dicts shaped like the API server's); nothing here
 calls the API or decides what to do: :mod:`ddp_operator.reconcile` decides from the :class:`Facts`.
+
+Long because the ways an attempt ends are read here together, each with what Kubernetes does and does
+not say about it: the Job's conditions, rank 0's report, a preemption told from a crash, and a lost node
+(whose pods the API server keeps Terminating and the Job controller never counts as failed).
 """
 
 from __future__ import annotations
@@ -164,14 +168,41 @@ def remembered_report(previous: Mapping[str, Any], attempt: int) -> contract.Rep
     return contract.parse_report(json.dumps({k: v for k, v in last.items() if k != "attempt"}))
 
 
+def lost_node_failure(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The attempt's failure when a pod of it was evicted from a node that stopped answering, as a Job
+    condition would say it, or None. The Job controller never says it itself under the Job's
+    ``podFailurePolicy``: it waits for the evicted pod to reach a terminal phase, which a pod on a lost
+    node never does (its kubelet does not answer), and the Job would run on with one pod short forever."""
+    if condition(job, "Complete") is not None:
+        return None
+    evicted = [pod for pod in pods if evicted_from_lost_node(pod)]
+    if not evicted:
+        return None
+    names = ", ".join(
+        f"{pod['metadata']['name']} on {pod.get('spec', {}).get('nodeName', '?')}" for pod in evicted
+    )
+    since = [str(pod["metadata"].get("deletionTimestamp") or "") for pod in evicted]
+    return {
+        "type": "FailureTarget",
+        "status": "True",
+        "reason": "NodeLost",
+        "message": f"evicted from a node that does not answer: {names}",
+        "lastTransitionTime": min(since),
+    }
+
+
 def outcome(
-    job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], report: contract.Report | None
+    job: Mapping[str, Any],
+    pods: Sequence[Mapping[str, Any]],
+    report: contract.Report | None,
+    failed: Mapping[str, Any] | None = None,
 ) -> policy.Outcome:
-    """A finished Job as the policy sees it, with rank 0's ``report`` (from its pod, or remembered)."""
+    """A finished Job as the policy sees it, with rank 0's ``report`` (from its pod, or remembered);
+    ``failed`` is its failure condition (default: the Job's own)."""
     codes = {
         completion_index(pod): int(state.get("exitCode", 0)) for pod in pods if (state := terminated(pod))
     }
-    failed = failure(job)
+    failed = failed if failed is not None else failure(job)
     reason = str(failed.get("reason", "")) if failed else ""
     errors = {completion_index(pod): error for pod in pods if (error := _first_error(pod))}
     culprits = [
@@ -245,15 +276,19 @@ def observe(
     job_facts = None
     if current:
         job = current[0]
-        failed = failure(job)
+        lost = None if failure(job) else lost_node_failure(job, mine)
+        failed = failure(job) or lost
         job_facts = JobFacts(
             name=job["metadata"]["name"],
             complete=condition(job, "Complete") is not None,
             failed=failed is not None,
             suspended=bool(job.get("spec", {}).get("suspend")),
-            outcome=outcome(job, mine, report) if failed else None,
+            outcome=outcome(job, mine, report, failed) if failed else None,
             failed_at=_time(failed.get("lastTransitionTime")) if failed else None,
-            stopping_pods=sum(1 for pod in mine if not stopped(pod) and not evicted_from_lost_node(pod)),
+            # after a lost node nothing stops the other pods but the Job's deletion: do not wait for them
+            stopping_pods=0
+            if lost
+            else sum(1 for pod in mine if not stopped(pod) and not evicted_from_lost_node(pod)),
         )
     return Facts(
         attempt=attempt,

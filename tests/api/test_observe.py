@@ -135,3 +135,24 @@ def test_a_crash_log_names_the_failing_ranks_first_error() -> None:
     facts = observe.observe({}, [_job(1, "Failed")], [_pod(1, 0, code=143), _pod(1, 1, code=1, message=tail)])
     assert facts.job is not None and facts.job.outcome is not None
     assert facts.job.outcome.message == "node 0 exited 143, node 1 exited 1: KeyError: 'LABELS'"
+
+
+def test_a_pod_evicted_from_a_lost_node_fails_the_attempt_at_once_as_a_preemption() -> None:
+    """Under the Job's podFailurePolicy the Job controller waits for the evicted pod to end, which a pod
+    on a node that does not answer never does: the attempt fails from the eviction itself, and the pods
+    left running are not waited for (only the Job's deletion stops them)."""
+    healthy, evicted = _pod(1, 0, ready=True), _pod(1, 1, ready=True)
+    evicted["metadata"].update(name="p-1", deletionTimestamp="2026-01-01T00:00:40Z")
+    evicted["spec"] = {"nodeName": "node-2"}
+    evicted["status"]["conditions"].append(
+        {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}
+    )
+    job = observe.observe({"attempt": 1}, [_job(1)], [healthy, evicted]).job
+    assert job is not None and job.failed and job.stopping_pods == 0
+    assert job.outcome is not None and job.outcome.reason == policy.PREEMPTED
+    assert "p-1 on node-2" in job.outcome.message and not job.outcome.crashed
+    # without the eviction the same Job runs on; a complete Job stays complete
+    running = observe.observe({"attempt": 1}, [_job(1)], [healthy, _pod(1, 1, ready=True)]).job
+    assert running is not None and not running.failed
+    done = observe.observe({"attempt": 1}, [_job(1, "Complete")], [healthy, evicted]).job
+    assert done is not None and done.complete and not done.failed

@@ -269,12 +269,14 @@ class PodRunner:
         full_env = {
             **base_environment(),
             "HOSTNAME": self.hostname,
+            "TMPDIR": str(self.dir / "tmp"),  # the container's own /tmp (pods share the host's file system)
             **serviceproxy.master_service_env(self.kube.get_or_none(serviceproxy.MASTER_SERVICE_PATH)),
             **env,
             "DDPJOB_TERMINATION_LOG": str(termination_log),
         }
         workdir = Path(container.get("workingDir") or self.dir / "work")
         workdir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "tmp").mkdir(exist_ok=True)
         proc = processes.spawn(
             run.name,
             [*netns.exec_prefix(self.netns, self.hostname, volumes.shell_prefix(binds)), *argv],

@@ -127,7 +127,9 @@ def launch(
             DDPJOB_NAMESPACE="testns",
             DDPJOB_METRICS_PORT=str(free_port()),
             DDPJOB_TERMINATION_LOG=str(workdir / f"termination-{k}.json"),
+            TMPDIR=str(workdir / f"tmp-{k}"),  # the node's own /tmp, as a pod's: nothing left in the host's
         )
+        (workdir / f"tmp-{k}").mkdir(exist_ok=True)
         node_env.update(env or {})
         log = workdir / f"node-{k}.log"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--node-rank", str(k)]
