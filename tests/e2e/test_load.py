@@ -59,7 +59,11 @@ def _creates(requests: list[Request], namespace: str, resource: str) -> collecti
     return collections.Counter(
         r.name
         for r in requests
-        if r.verb == "create" and r.resource == resource and r.namespace == namespace and r.code == 201
+        if r.verb == "create"
+        and r.resource == resource
+        and r.namespace == namespace
+        and r.code == 201
+        and not r.dry_run  # the operator's dry run of each attempt's children stores nothing
     )
 
 

@@ -110,11 +110,15 @@ def test_a_command_without_metrics_runs_healthy_and_the_status_says_so(
     doc = ddpjob("quiet", command=["python", "-c", "import time; time.sleep(30)"])
     _apply(cluster, namespace, doc)
 
-    def said() -> dict[str, Any] | None:
+    def said() -> dict[str, Any] | None:  # the first pod may be read before the second one is ready
         status = _status(cluster, namespace, "quiet")
-        return status if "MetricsScraped" in _conditions(status) else None
+        return (
+            status if "MetricsScraped" in _conditions(status) and status.get("phase") == "Running" else None
+        )
 
-    status = wait_for(said, what="the status to say the pods export no metrics", timeout=120, every=1)
+    status = wait_for(
+        said, what="the status to say Running and that the pods export no metrics", timeout=120, every=1
+    )
     assert status["phase"] == "Running", status
     metrics = _conditions(status)["MetricsScraped"]
     assert (metrics["status"], metrics["reason"]) == ("False", "NoMetrics"), metrics
