@@ -33,9 +33,10 @@ def job(name: str, **spec: Any) -> dict[str, Any]:
 
 
 def run_local(
-    tmp_path: Path, docs: list[dict[str, Any]], *extra: str, timeout: float = 240
+    tmp_path: Path, docs: list[dict[str, Any]], *extra: str, timeout: float = 240, workdir: str | None = None
 ) -> tuple[int, str]:
-    """`ddpjob local FILE` on a file of ``docs``, to the end; (exit code, everything it printed)."""
+    """`ddpjob local FILE` on a file of ``docs``, run in ``tmp_path``, to the end; (exit code, everything it
+    printed). ``workdir``: the ``--workdir`` as given (relative to ``tmp_path``), default ``runs``."""
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump_all(docs))
     done = subprocess.run(
@@ -46,7 +47,7 @@ def run_local(
             "local",
             str(path),
             "--workdir",
-            str(tmp_path / "runs"),
+            workdir if workdir is not None else str(tmp_path / "runs"),
             *extra,
         ],
         stdout=subprocess.PIPE,

@@ -84,3 +84,20 @@ def test_a_second_run_keeps_the_first_runs_logs(tmp_path: Path) -> None:
     run = tmp_path / "runs" / name
     assert (run / "attempt-1" / f"{name}-1-0.log").read_text() == "attempt 1\n"
     assert (run / "attempt-2" / f"{name}-2-0.log").read_text() == "attempt 2\n"
+
+
+def test_the_default_relative_workdir_reaches_every_pod(tmp_path: Path) -> None:
+    """`make demo` runs with the default `--workdir .ddpjob`, relative to where it is started, while each
+    pod runs in a folder of its own: the report, the checkpoints and the logs must still land in the run's
+    folder (a relative path handed to a pod once sent them into the pod's own folder, and the summary said
+    "sync: not reported")."""
+    name = unique_name()
+    doc = job(
+        name, trainer={"steps": 40, "batchSize": 16, "checkpointEvery": 20}, syncCheck={"everySteps": 20}
+    )
+    code, out = run_local(tmp_path, [doc], workdir=".ddpjob")
+    assert code == 0, out
+    assert "verified bit-identical" in out and "not reported" not in out, out
+    run = tmp_path / ".ddpjob" / name
+    assert sorted(p.name for p in (run / "volumes" / "checkpoint").glob("step-*.pt")), list(run.rglob("*"))
+    assert not list((run / "attempt-1").rglob(".ddpjob")), "a pod wrote into a .ddpjob of its own folder"

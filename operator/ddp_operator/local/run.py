@@ -86,7 +86,8 @@ def run(
     """Run the DDPJob here until it succeeds, fails for good, or is interrupted; returns the exit code."""
     console = Console(stream, verbose)
     plan.check_devices(spec, host.visible_gpus() if spec.device == "cuda" else 0)
-    run_dir = workdir / spec.name
+    # absolute: each pod runs in a folder of its own, so every path handed to it must be
+    run_dir = workdir.absolute() / spec.name
     note = host.prepare_run_dir(run_dir, fresh=fresh)
     first_attempt = host.next_attempt(run_dir)
     console.say(
