@@ -55,6 +55,18 @@ def _all_final(cluster: Cluster, namespace: str, count: int, timeout: float) -> 
         raise AssertionError(f"{exc}; not final: {stuck}") from None
 
 
+def _apply_all(cluster: Cluster, namespace: str, documents: list[dict[str, Any]]) -> None:
+    """One `kubectl apply` of every document at once (a List), as a user applies a folder of jobs."""
+    cluster.kubectl(
+        "apply",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": documents}),
+    )
+
+
 def _creates(requests: list[Request], namespace: str, resource: str) -> collections.Counter[str]:
     return collections.Counter(
         r.name
@@ -105,14 +117,7 @@ def test_a_hundred_jobs_at_once_all_finish_with_one_service_and_job_each(
     documents = [ddpjob(n, nodes=1, command=["python", "-c", "pass"]) for n in names]
     mark = cluster.audit.mark()
     started = time.monotonic()
-    cluster.kubectl(
-        "apply",
-        "-n",
-        namespace,
-        "-f",
-        "-",
-        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": documents}),
-    )
+    _apply_all(cluster, namespace, documents)
     jobs = _all_final(cluster, namespace, count, timeout=420)
     took = time.monotonic() - started
     phases = collections.Counter(j["status"]["phase"] for j in jobs)
@@ -171,14 +176,7 @@ def test_a_soak_of_short_jobs_under_random_pod_kills_ends_with_every_job_final_a
     ]
     mark = cluster.audit.mark()
     started = time.monotonic()
-    cluster.kubectl(
-        "apply",
-        "-n",
-        namespace,
-        "-f",
-        "-",
-        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": documents}),
-    )
+    _apply_all(cluster, namespace, documents)
     kills: list[str] = []
     deadline = time.monotonic() + 180
     while len(kills) < kills_wanted and time.monotonic() < deadline:

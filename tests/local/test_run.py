@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,28 +14,14 @@ from typing import Any
 import pytest
 import yaml
 
+from local.jobs import job, unique_name
+
 pytestmark = pytest.mark.slow
-
-
-def _job(name: str, **spec: Any) -> dict[str, Any]:
-    base = {
-        "nodes": 2,
-        "procsPerNode": 2,
-        "device": "cpu",
-        "trainer": {"steps": 200, "batchSize": 16, "checkpointEvery": 20},
-        "syncCheck": {"everySteps": 20},
-    }
-    return {
-        "apiVersion": "ddpjob.io/v1alpha1",
-        "kind": "DDPJob",
-        "metadata": {"name": name},
-        "spec": {**base, **spec},
-    }
 
 
 @pytest.fixture
 def name() -> str:
-    return f"t{uuid.uuid4().hex[:8]}"
+    return unique_name()
 
 
 def _start(tmp_path: Path, doc: dict[str, Any], *extra: str) -> subprocess.Popen[str]:
@@ -92,7 +77,7 @@ def _wait_for_checkpoint(run_dir: Path, process: subprocess.Popen[str], timeout:
 
 
 def test_killed_pod_restarts_the_gang_which_resumes(tmp_path: Path, name: str) -> None:
-    process = _start(tmp_path, _job(name, trainer={"steps": 400, "batchSize": 16, "checkpointEvery": 20}))
+    process = _start(tmp_path, job(name, trainer={"steps": 400, "batchSize": 16, "checkpointEvery": 20}))
     _wait_for_checkpoint(tmp_path / "runs" / name, process)
     launchers = [
         pid
@@ -113,7 +98,7 @@ def test_killed_pod_restarts_the_gang_which_resumes(tmp_path: Path, name: str) -
 
 
 def test_ctrl_c_stops_everything_and_the_next_run_resumes(tmp_path: Path, name: str) -> None:
-    process = _start(tmp_path, _job(name, trainer={"steps": 400, "batchSize": 16, "checkpointEvery": 20}))
+    process = _start(tmp_path, job(name, trainer={"steps": 400, "batchSize": 16, "checkpointEvery": 20}))
     run_dir = tmp_path / "runs" / name
     _wait_for_checkpoint(run_dir, process)
     assert list(_processes_of(name))
@@ -125,7 +110,7 @@ def test_ctrl_c_stops_everything_and_the_next_run_resumes(tmp_path: Path, name: 
     checkpoints = sorted((run_dir / "volumes" / "checkpoint").glob("step-*.pt"))
     assert checkpoints
     code, out = _finish(
-        _start(tmp_path, _job(name, trainer={"steps": 400, "batchSize": 16, "checkpointEvery": 20}))
+        _start(tmp_path, job(name, trainer={"steps": 400, "batchSize": 16, "checkpointEvery": 20}))
     )
     assert code == 0, out
     assert "resuming from the checkpoint an earlier Interrupted run left" in out
@@ -135,7 +120,7 @@ def test_ctrl_c_stops_everything_and_the_next_run_resumes(tmp_path: Path, name: 
 
 
 def test_divergence_fails_without_restart(tmp_path: Path, name: str) -> None:
-    doc = _job(name, env=[{"name": "DDPJOB_CHAOS_DIVERGE", "value": "rank=3,step=30"}])
+    doc = job(name, env=[{"name": "DDPJOB_CHAOS_DIVERGE", "value": "rank=3,step=30"}])
     code, out = _finish(_start(tmp_path, doc))
     assert code == 1, out
     assert f"ddpjob local: {name}: Failed" in out and "after 1 attempt(s)" in out
@@ -156,7 +141,7 @@ def test_plain_torchrun_script_runs_unchanged(tmp_path: Path, name: str) -> None
         "os.write(1, line.encode())\n"
         "dist.destroy_process_group()\n"
     )
-    doc = _job(name, command=["torchrun"], args=[str(script)])
+    doc = job(name, command=["torchrun"], args=[str(script)])
     code, out = _finish(_start(tmp_path, doc, "--verbose"))
     assert code == 0, out
     assert f"[{name}-1-1] plain script rank 2 sum 6.0 node 1" in out
@@ -164,7 +149,7 @@ def test_plain_torchrun_script_runs_unchanged(tmp_path: Path, name: str) -> None
 
 
 def test_bad_spec_is_refused_before_anything_starts(tmp_path: Path, name: str) -> None:
-    code, out = _finish(_start(tmp_path, _job(name, nodes=0, device="tpu")))
+    code, out = _finish(_start(tmp_path, job(name, nodes=0, device="tpu")))
     assert code == 2
     assert f"DDPJob/{name}: spec.device: Unsupported value" in out and "spec.nodes: Invalid value: 0" in out
     assert not (tmp_path / "runs").exists()
@@ -175,7 +160,7 @@ def test_cuda_job_without_gpus_is_refused(tmp_path: Path, name: str) -> None:
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the refusal only happens without one")
-    code, out = _finish(_start(tmp_path, _job(name, device="cuda")))
+    code, out = _finish(_start(tmp_path, job(name, device="cuda")))
     assert code == 2
     assert "spec.device is cuda and the job needs 4 GPUs" in out and "set device: cpu" in out
     assert not (tmp_path / "runs").exists()
