@@ -1,15 +1,64 @@
-"""A plain wheel (`pip install .`, not editable) works outside the checkout: the CRD ships as package data."""
+"""Packaging: a plain wheel (`pip install .`, not editable) works outside the checkout (the CRD ships as
+package data), and building either kind of wheel, as `pip install .` and `pip install -e .` do, prints no
+warning and leaves out no package, data-only ones included."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+PACKAGE_ROOTS = {"ddp_operator": REPO / "operator", "ddp_trainer": REPO / "trainer_image"}
+
+# What pip runs in its build subprocess (pyproject_hooks' _in_process): the project's backend, imported from
+# backend-path while warnings are recorded, and its hooks; pip prints every UserWarning recorded, even at -q.
+_BUILD = """
+import importlib, json, sys, warnings
+sys.path[:0] = json.loads(sys.argv[1])
+with warnings.catch_warnings(record=True) as said:
+    backend = importlib.import_module(sys.argv[2])
+    built = [backend.build_wheel(sys.argv[3]), backend.build_editable(sys.argv[3])]
+shown = [f"{w.category.__name__}: {w.message}" for w in said if issubclass(w.category, UserWarning)]
+print(json.dumps({"built": built, "warnings": shown}))
+"""
+
+
+def _shipped_files() -> set[str]:
+    """Every file a wheel must carry: modules, py.typed markers and data, in every (sub)package."""
+    found = set()
+    for package, root in PACKAGE_ROOTS.items():
+        for path in (root / package).rglob("*"):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+                found.add(path.relative_to(root).as_posix())
+    return found
+
+
+def test_building_the_wheels_prints_no_warning_and_ships_every_package(tmp_path: Path) -> None:
+    system = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]
+    paths = [str(REPO / p) for p in system.get("backend-path", [])]
+    built = subprocess.run(
+        [sys.executable, "-c", _BUILD, json.dumps(paths), system["build-backend"], str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
+    result = json.loads(built.stdout.splitlines()[-1])
+    assert result["warnings"] == [], "\n\n".join(result["warnings"])
+    wheel, editable = result["built"]
+    names = set(zipfile.ZipFile(tmp_path / wheel).namelist())
+    expected = _shipped_files()
+    assert {"ddp_operator/crds/ddpjobs.ddpjob.io.yaml", "ddp_trainer/py.typed"} <= expected
+    assert expected - names == set(), "left out of the wheel"
+    assert "editable" in editable
 
 
 @pytest.mark.slow
