@@ -38,6 +38,7 @@ def problems(doc: Mapping[str, Any]) -> list[Problem]:
     template = spec.get("podTemplate", {})
     return [
         *_namespace(doc.get("metadata", {})),
+        *_nonnegative(spec.get("resources", {})),
         *_requests_within_limits(spec.get("resources", {})),
         *_labels("spec.podTemplate.labels", template.get("labels", {}), values=True),
         *_labels("spec.podTemplate.nodeSelector", template.get("nodeSelector", {}), values=True),
@@ -55,6 +56,28 @@ def _namespace(metadata: Mapping[str, Any]) -> Iterator[Problem]:
         )
 
 
+def is_dns_subdomain(name: str) -> bool:
+    """Kubernetes' rule for most object names (RFC 1123 subdomain): at most 253 characters, lowercase
+    letters, digits, '-' and '.', alphanumeric at both ends."""
+    return len(name) <= 253 and bool(_DNS_SUBDOMAIN.match(name))
+
+
+def _nonnegative(resources: Mapping[str, Any]) -> Iterator[Problem]:
+    """The CRD's quantity pattern (Kubernetes' own) takes a sign; a container's requests and limits may not
+    be negative, which the API server says only of the Job."""
+    for kind in ("limits", "requests"):
+        for name, value in resources.get(kind, {}).items():
+            try:
+                negative = parse_quantity(value) < 0
+            except ResolveError:
+                continue  # the schema's pattern has said so already
+            if negative:
+                yield Problem(
+                    join(f"spec.resources.{kind}", name),
+                    f"Invalid value: {show(str(value))}: must be greater than or equal to 0",
+                )
+
+
 def _requests_within_limits(resources: Mapping[str, Any]) -> Iterator[Problem]:
     limits, requests = resources.get("limits", {}), resources.get("requests", {})
     for name, request in requests.items():
@@ -66,8 +89,9 @@ def _requests_within_limits(resources: Mapping[str, Any]) -> Iterator[Problem]:
             continue  # the schema's pattern has said so already
         if above:
             yield Problem(
-                join("spec.resources.requests", name),
-                f"Invalid value: {show(str(request))}: must be less than or equal to the limit "
+                "spec.resources.requests",  # the API server names the map, not the key
+                f"Invalid value: {show(str(request))}: {join('spec.resources.requests', name)} must be less "
+                "than or equal to the limit "
                 f"{join('spec.resources.limits', name)} {show(str(limits[name]))}",
             )
 
