@@ -2,10 +2,10 @@
 names, in one run, every field the real API server names.
 
 Each file says, in its header, where the server refuses it (``refused-on: DDPJob``, when it is applied;
-``refused-on: Job``, when the operator dry-runs the Job it renders from a DDPJob the server took) and the
-fields it names (``fields:``, a YAML list; ``""`` is a problem at no field, which the server prints as
-``<nil>``). The offline half holds `validate` to the header; the cluster half holds the API server to it
-and to `validate`, so the header cannot drift from the server.
+``Job`` or ``PersistentVolumeClaim``, when the operator dry-runs what it renders from a DDPJob the server
+took) and the fields it names (``fields:``, a YAML list; ``""`` is a problem at no field, which the server
+prints as ``<nil>``). The offline half holds `validate` to the header; the cluster half holds the API
+server to it and to `validate`, so the header cannot drift from the server.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ddp_operator import cli, crd, render, schema, spec
+from ddp_operator import cli, crd, podcheck, render, schema, spec
 
 CORPUS = sorted((Path(__file__).parent / "refused").glob("*.yaml"))
 
@@ -34,7 +34,9 @@ class Case:
 def case(path: Path) -> Case:
     text = path.read_text()
     header = dict(re.findall(r"^# ([-a-z]+): (.*)$", text, re.MULTILINE))
-    assert header.get("refused-on") in ("DDPJob", "Job") and "fields" in header, f"{path}: header"
+    assert header.get("refused-on") in ("DDPJob", "PersistentVolumeClaim", "Job") and "fields" in header, (
+        f"{path}: header"
+    )
     return Case(yaml.safe_load(text), header["refused-on"], frozenset(yaml.safe_load(header["fields"])))
 
 
@@ -47,7 +49,7 @@ def validate_fields(doc: dict[str, Any]) -> frozenset[str]:
 def test_the_corpus_has_files_with_several_problems_each() -> None:
     cases = [case(path) for path in CORPUS]
     assert len(cases) >= 4 and sum(len(c.fields) >= 3 for c in cases) >= 3
-    assert {c.refused_on for c in cases} == {"DDPJob", "Job"}
+    assert {c.refused_on for c in cases} == {"DDPJob", "PersistentVolumeClaim", "Job"}
 
 
 @pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
@@ -63,20 +65,26 @@ def test_validate_names_every_field_in_one_run(
 
 # --- the real API server --------------------------------------------------------------------------------
 
-# A field of the rendered Job → the DDPJob field it comes from.
-_FROM_JOB = {"spec.template.spec.containers[0].resources.": "spec.resources."}
 _KEYED = re.compile(r"^(.*)\[([^\]]+)\]$")
+_CONTAINER = "spec.template.spec.containers[0]."
+_INDEXED = re.compile(r"^spec\.template\.spec\.(?:volumes|containers\[0\]\.volumeMounts)\[(\d+)\]\.")
 
 
-def ddpjob_field(job_field: str) -> str:
-    """``spec.template.spec.containers[0].resources.limits[cpu]`` → ``spec.resources.limits.cpu``; a field
-    with no DDPJob counterpart stays as the Job's, marked, so that a comparison shows it."""
-    for job_prefix, prefix in _FROM_JOB.items():
-        if job_field.startswith(job_prefix):
-            rest = prefix + job_field.removeprefix(job_prefix)
-            keyed = _KEYED.match(rest)
-            return schema.join(keyed[1], keyed[2]) if keyed else rest
-    return f"Job {job_field}"
+def ddpjob_field(kind: str, field: str, obj: dict[str, Any]) -> str:
+    """The DDPJob field a refused field of a rendered object comes from
+    (``spec.template.spec.containers[0].resources.limits[cpu]`` of the Job → ``spec.resources.limits.cpu``);
+    one with no counterpart here stays as the object's, marked, so that the comparison shows it."""
+    if kind == "PersistentVolumeClaim" and field == "spec.resources[storage]":
+        return "spec.checkpoint.volumeClaimTemplate.size"
+    if kind == "Job" and field.startswith(_CONTAINER + "resources."):
+        keyed = _KEYED.match("spec." + field.removeprefix(_CONTAINER))
+        return schema.join(keyed[1], keyed[2]) if keyed else "spec." + field.removeprefix(_CONTAINER)
+    if kind == "Job" and (indexed := _INDEXED.match(field)):
+        pod = obj["spec"]["template"]["spec"]
+        listed = pod["volumes"] if ".volumes[" in field else pod["containers"][0]["volumeMounts"]
+        if listed[int(indexed[1])]["name"] == podcheck.SHM_VOLUME:  # the volume, or its mount
+            return "spec.shmSize"
+    return f"{kind} {field}"
 
 
 def server_fields(refusal: Any) -> frozenset[str]:
@@ -90,24 +98,45 @@ def server_fields(refusal: Any) -> frozenset[str]:
 @pytest.mark.cluster
 @pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
 def test_the_api_server_names_the_same_fields(path: Path, cluster: Any, namespace: str) -> None:
+    """The DDPJob is created with ``dryRun``; one the server takes is rendered, and its objects are created
+    with ``dryRun`` in the operator's order (``apply.refused_in_dry_run``) up to the first it refuses."""
     from cluster.kubeapi import ApiError
 
     cluster.kubectl("apply", "--server-side", "-f", "-", input=crd.crd_text())
     cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd.PLURAL}.{crd.GROUP}", "--timeout=60s")
     expected = case(path)
     dry_run = {"dryRun": "All", "fieldValidation": "Strict"}
-    ddpjobs = f"/apis/{crd.API_VERSION}/namespaces/{namespace}/{crd.PLURAL}"
     try:
-        cluster.kube.request("POST", ddpjobs, expected.doc, params=dry_run)
+        cluster.kube.request(
+            "POST",
+            f"/apis/{crd.API_VERSION}/namespaces/{namespace}/{crd.PLURAL}",
+            expected.doc,
+            params=dry_run,
+        )
     except ApiError as refused:
-        assert expected.refused_on == "DDPJob", f"the server refuses the DDPJob itself: {refused}"
-        fields = server_fields(refused)
+        refused_on, fields = "DDPJob", server_fields(refused)
     else:
-        assert expected.refused_on == "Job", "the server takes the DDPJob"
         parsed = dataclasses.replace(spec.parse(expected.doc, admitted=True), namespace=namespace)
-        job = render.render_job(parsed, 1)
-        with pytest.raises(ApiError) as refused_job:
-            cluster.kube.request("POST", f"/apis/batch/v1/namespaces/{namespace}/jobs", job, params=dry_run)
-        fields = frozenset(ddpjob_field(field) for field in server_fields(refused_job.value))
+        creates = [
+            (
+                "PersistentVolumeClaim",
+                "/api/v1",
+                "persistentvolumeclaims",
+                render.render_checkpoint_claim(parsed),
+            ),
+            ("Service", "/api/v1", "services", render.render_service(parsed)),
+            ("Job", "/apis/batch/v1", "jobs", render.render_job(parsed, 1)),
+        ]
+        for refused_on, api, plural, obj in creates:
+            if obj is None:
+                continue
+            try:
+                cluster.kube.request("POST", f"{api}/namespaces/{namespace}/{plural}", obj, params=dry_run)
+            except ApiError as refused:
+                fields = frozenset(ddpjob_field(refused_on, f, obj) for f in server_fields(refused))
+                break
+        else:
+            pytest.fail("the API server takes the DDPJob and every object it renders")
+    assert refused_on == expected.refused_on
     assert fields == expected.fields, f"the API server names {sorted(fields)}"
     assert validate_fields(expected.doc) == fields
