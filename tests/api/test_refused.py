@@ -63,6 +63,19 @@ def test_validate_names_every_field_in_one_run(
     assert len(lines) == len(expected.fields), "one line per problem:\n" + "\n".join(lines)
 
 
+def test_the_boundaries_are_accepted() -> None:
+    """The quantity checks refuse below the server's bounds, not at them: zero requests, limits and /dev/shm
+    size, and the smallest claim, pass."""
+    doc = case(CORPUS[0]).doc | {"metadata": {"name": "edges"}}
+    doc["spec"] = {
+        "nodes": 2,
+        "resources": {"limits": {"cpu": "0"}, "requests": {"memory": "0"}},
+        "shmSize": "0",
+        "checkpoint": {"volumeClaimTemplate": {"size": "1", "accessModes": ["ReadWriteMany"]}},
+    }
+    assert spec.parse(doc).shm_size == "0"
+
+
 # --- the real API server --------------------------------------------------------------------------------
 
 _KEYED = re.compile(r"^(.*)\[([^\]]+)\]$")
