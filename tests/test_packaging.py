@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
 import tomllib
 import zipfile
 from pathlib import Path
@@ -21,10 +23,12 @@ PACKAGE_ROOTS = {"ddp_operator": REPO / "operator", "ddp_trainer": REPO / "train
 # backend-path while warnings are recorded, and its hooks; pip prints every UserWarning recorded, even at -q.
 _BUILD = """
 import importlib, json, sys, warnings
-sys.path[:0] = json.loads(sys.argv[1])
+paths, name, out, count = sys.argv[1:]  # read first: setuptools' hooks rewrite sys.argv
+sys.path[:0] = json.loads(paths)
 with warnings.catch_warnings(record=True) as said:
-    backend = importlib.import_module(sys.argv[2])
-    built = [backend.build_wheel(sys.argv[3]), backend.build_editable(sys.argv[3])]
+    backend = importlib.import_module(name)
+    hooks = [backend.build_wheel, backend.build_editable, backend.build_sdist][: int(count)]
+    built = [hook(out) for hook in hooks]
 shown = [f"{w.category.__name__}: {w.message}" for w in said if issubclass(w.category, UserWarning)]
 print(json.dumps({"built": built, "warnings": shown}))
 """
@@ -40,12 +44,14 @@ def _shipped_files() -> set[str]:
     return found
 
 
-def test_building_the_wheels_prints_no_warning_and_ships_every_package(tmp_path: Path) -> None:
-    system = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]
-    paths = [str(REPO / p) for p in system.get("backend-path", [])]
+def _build(source: Path, out: Path, hooks: int) -> list[str]:
+    """The first ``hooks`` of build_wheel, build_editable and build_sdist run on ``source``, as pip runs
+    them; what they built. Fails on any warning they record."""
+    system = tomllib.loads((source / "pyproject.toml").read_text())["build-system"]
+    paths = [str(source / p) for p in system.get("backend-path", [])]
     built = subprocess.run(
-        [sys.executable, "-c", _BUILD, json.dumps(paths), system["build-backend"], str(tmp_path)],
-        cwd=REPO,
+        [sys.executable, "-c", _BUILD, json.dumps(paths), system["build-backend"], str(out), str(hooks)],
+        cwd=source,
         capture_output=True,
         text=True,
         timeout=300,
@@ -53,12 +59,41 @@ def test_building_the_wheels_prints_no_warning_and_ships_every_package(tmp_path:
     assert built.returncode == 0, built.stdout + built.stderr
     result = json.loads(built.stdout.splitlines()[-1])
     assert result["warnings"] == [], "\n\n".join(result["warnings"])
-    wheel, editable = result["built"]
+    names: list[str] = result["built"]
+    return names
+
+
+def _fresh_checkout(into: Path) -> Path:
+    """The checkout's files (tracked, or new and not ignored) without its build leftovers: a stale
+    ``*.egg-info`` manifest would put in the sdist what a fresh checkout's leaves out."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")
+    for name in filter(None, listed):
+        if (REPO / name).is_file():
+            (into / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, into / name)
+    return into
+
+
+@pytest.mark.slow
+def test_building_the_wheels_prints_no_warning_and_ships_every_package(tmp_path: Path) -> None:
+    source = _fresh_checkout(tmp_path / "checkout")
+    wheel, editable, sdist = _build(source, tmp_path, 3)
     names = set(zipfile.ZipFile(tmp_path / wheel).namelist())
     expected = _shipped_files()
     assert {"ddp_operator/crds/ddpjobs.ddpjob.io.yaml", "ddp_trainer/py.typed"} <= expected
     assert expected - names == set(), "left out of the wheel"
-    assert "editable" in editable
+    assert "editable" in editable and (tmp_path / editable).is_file()
+    with tarfile.open(tmp_path / sdist) as archive:  # a wheel builds from the sdist too (python -m build)
+        archive.extractall(tmp_path / "sdist", filter="data")
+    (unpacked,) = (tmp_path / "sdist").iterdir()
+    (again,) = _build(unpacked, tmp_path / "again", 1)
+    assert expected - set(zipfile.ZipFile(tmp_path / "again" / again).namelist()) == set()
 
 
 @pytest.mark.slow
