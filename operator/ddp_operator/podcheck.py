@@ -1,4 +1,5 @@
-"""What the API server refuses when the Job is created, though the DDPJob's own schema cannot say it.
+"""What the API server refuses when the Job (or the checkpoint claim) is created, though the DDPJob's own
+schema cannot say it.
 
 A CRD's CEL has no resource quantities in every server this project supports (nor in cel-python), and
 Kubernetes' label-key grammar is a poor fit for it; so ``ddpjob validate`` checks these here, on the
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
+from decimal import Decimal
 from typing import Any
 
 from .local.kubeletenv import ResolveError, parse_quantity
@@ -38,6 +40,8 @@ def problems(doc: Mapping[str, Any]) -> list[Problem]:
     template = spec.get("podTemplate", {})
     return [
         *_namespace(doc.get("metadata", {})),
+        *_nonnegative(spec.get("resources", {})),
+        *_sizes(spec),
         *_requests_within_limits(spec.get("resources", {})),
         *_labels("spec.podTemplate.labels", template.get("labels", {}), values=True),
         *_labels("spec.podTemplate.nodeSelector", template.get("nodeSelector", {}), values=True),
@@ -55,19 +59,56 @@ def _namespace(metadata: Mapping[str, Any]) -> Iterator[Problem]:
         )
 
 
+def is_dns_subdomain(name: str) -> bool:
+    """Kubernetes' rule for most object names (RFC 1123 subdomain): at most 253 characters, lowercase
+    letters, digits, '-' and '.', alphanumeric at both ends."""
+    return len(name) <= 253 and bool(_DNS_SUBDOMAIN.match(name))
+
+
+def _quantity(value: Any) -> Decimal | None:
+    try:
+        return parse_quantity(value)
+    except ResolveError:
+        return None  # the schema's pattern has said so already
+
+
+def _nonnegative(resources: Mapping[str, Any]) -> Iterator[Problem]:
+    """The CRD's quantity pattern (Kubernetes' own) takes a sign; a container's requests and limits may not
+    be negative, which the API server says only of the Job."""
+    for kind in ("limits", "requests"):
+        for name, value in resources.get(kind, {}).items():
+            if (quantity := _quantity(value)) is not None and quantity < 0:
+                yield Problem(
+                    join(f"spec.resources.{kind}", name),
+                    f"Invalid value: {show(str(value))}: must be greater than or equal to 0",
+                )
+
+
+def _sizes(spec: Mapping[str, Any]) -> Iterator[Problem]:
+    """/dev/shm's size limit may not be negative (the Job's emptyDir), nor a claim's size zero or less (the
+    PersistentVolumeClaim's storage request)."""
+    shm = spec.get("shmSize")
+    if (quantity := _quantity(shm)) is not None and quantity < 0:
+        yield Problem("spec.shmSize", f"Invalid value: {show(str(shm))}: must be greater than or equal to 0")
+    size = spec.get("checkpoint", {}).get("volumeClaimTemplate", {}).get("size")
+    if size is not None and (quantity := _quantity(size)) is not None and quantity <= 0:
+        yield Problem(
+            "spec.checkpoint.volumeClaimTemplate.size",
+            f"Invalid value: {show(str(size))}: must be greater than zero",
+        )
+
+
 def _requests_within_limits(resources: Mapping[str, Any]) -> Iterator[Problem]:
     limits, requests = resources.get("limits", {}), resources.get("requests", {})
     for name, request in requests.items():
         if name not in limits:
             continue
-        try:
-            above = parse_quantity(request) > parse_quantity(limits[name])
-        except ResolveError:
-            continue  # the schema's pattern has said so already
-        if above:
+        request_quantity, limit_quantity = _quantity(request), _quantity(limits[name])
+        if request_quantity is not None and limit_quantity is not None and request_quantity > limit_quantity:
             yield Problem(
-                join("spec.resources.requests", name),
-                f"Invalid value: {show(str(request))}: must be less than or equal to the limit "
+                "spec.resources.requests",  # the API server names the map, not the key
+                f"Invalid value: {show(str(request))}: {join('spec.resources.requests', name)} must be less "
+                "than or equal to the limit "
                 f"{join('spec.resources.limits', name)} {show(str(limits[name]))}",
             )
 

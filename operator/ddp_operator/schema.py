@@ -147,10 +147,34 @@ def to_json_schema(schema: Schema, *, root: bool = True) -> dict[str, Any]:
     return out
 
 
-def _schema_problems(schema: Schema, value: Any) -> Iterator[Problem]:
+# The schema errors after which the API server runs no CEL rule (its ``hasBlockingErr``: a wrong type, an
+# unsupported enum value, a missing required field, too long, too many items or entries), for no rule
+# could reason about such a value; it says so in a last line (NOT_CHECKED). After any other error (a
+# bound, a pattern) the rules still run, and every problem is reported at once. An unknown field is
+# refused before validation (strict decoding): no rule runs, and the server has no line for that.
+_BLOCKING = {"type", "enum", "required", "maxLength", "maxItems", "maxProperties"}
+NOT_CHECKED = (
+    "some validation rules were not checked because the object was invalid; correct the existing errors "
+    "to complete validation"
+)
+"""The API server's words (at no field) when a blocking error kept the CEL rules from running."""
+
+
+def _blocks(error: jsonschema.ValidationError) -> bool:
+    if str(error.validator) == "anyOf":  # int-or-string: a string off the pattern is a pattern error
+        return isinstance(error.instance, bool) or not isinstance(error.instance, int | str)
+    return str(error.validator) in _BLOCKING
+
+
+def _schema_problems(schema: Schema, value: Any) -> tuple[list[Problem], str]:
+    """Every schema problem, by path, and what keeps the CEL rules from running: "unknown" (a field),
+    "blocking" (a blocking error) or nothing."""
     validator = jsonschema.Draft202012Validator(to_json_schema(schema))
-    problems = [problem for error in validator.iter_errors(value) for problem in _describe(error)]
-    yield from sorted(problems, key=lambda problem: problem.path)
+    errors = list(validator.iter_errors(value))
+    problems = [problem for error in errors for problem in _describe(error)]
+    unknown = any(str(error.validator) == "additionalProperties" for error in errors)
+    blocking = "unknown" if unknown else "blocking" if any(_blocks(error) for error in errors) else ""
+    return sorted(problems, key=lambda problem: problem.path), blocking
 
 
 def _path_of(error: jsonschema.ValidationError) -> str:
@@ -317,10 +341,13 @@ def _cel_problems(schema: Schema, value: Any, path: str) -> Iterator[Problem]:
 
 
 def validate(schema: Schema, value: Any) -> list[Problem]:
-    """Every problem with an already-defaulted value: the schema's first, then (once the shape is right,
-    so that no rule reasons about a value of the wrong type) the CEL rules'."""
-    problems = list(_schema_problems(schema, value))
+    """Every problem with an already-defaulted value, as the API server reports them: the schema's, then
+    the CEL rules' — unless a schema problem blocks them (a value of the wrong shape, which no rule should
+    reason about): then, as the server does, a last line says the rules were not checked."""
+    problems, blocked = _schema_problems(schema, value)
     problems += _list_map_problems(schema, value, "")
-    if not problems:
+    if blocked == "blocking":
+        problems.append(Problem("", NOT_CHECKED))
+    elif not blocked:
         problems += _cel_problems(schema, value, "")
     return problems

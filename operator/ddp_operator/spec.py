@@ -1,9 +1,10 @@
 """A DDPJob document → a frozen, defaulted, validated ``Spec``.
 
 The verdict is the API server's: the CRD's own schema and CEL rules (``schema.validate``), plus the checks
-the server does before it ever reaches the schema (apiVersion, kind, a name). Every problem names the field,
-the value and what would be accepted; ``SpecError`` carries all of them at once. ``warnings`` says what
-is valid but probably unintended (restarts that would start from step 0, say).
+the server does before it ever reaches the schema (apiVersion, kind, a name) and of every object's name;
+once the server would take the DDPJob, what it would refuse of the Job (``podcheck``). Every problem names
+the field, the value and what would be accepted; ``SpecError`` carries all of them at once. ``warnings`` says
+what is valid but probably unintended (restarts that would start from step 0, say).
 
 Long because the dataclasses mirror the CRD's spec one to one; the logic is ``parse`` and ``_build``.
 """
@@ -197,6 +198,21 @@ def _envelope_problems(doc: Any) -> list[Problem]:
     return problems
 
 
+def _name_problems(name: str) -> list[Problem]:
+    """The API server's rule for every custom object's name, checked next to the CRD's own schema and rules
+    (which say more of it), all reported at once."""
+    if podcheck.is_dns_subdomain(name):
+        return []
+    return [
+        Problem(
+            "metadata.name",
+            f"Invalid value: {schema.show(name)}: a lowercase RFC 1123 subdomain must consist of lowercase "
+            "letters, digits, '-' or '.', start and end with a letter or digit, and have at most 253 "
+            "characters (e.g. example.com)",
+        )
+    ]
+
+
 def defaulted(doc: Mapping[str, Any]) -> dict[str, Any]:
     """The document with the CRD's defaults applied, as the API server stores it."""
     result: dict[str, Any] = schema.apply_defaults(crd.openapi_schema(), doc)
@@ -214,9 +230,13 @@ def parse(doc: Any, source: str = "", *, admitted: bool = False) -> Spec:
     if problems:
         raise SpecError(problems, _label(doc, source))
     full = defaulted(doc)
-    problems = [] if admitted else schema.validate(crd.openapi_schema(), full)
+    problems = (
+        []
+        if admitted
+        else [*_name_problems(doc["metadata"]["name"]), *schema.validate(crd.openapi_schema(), full)]
+    )
     if not admitted and not problems:
-        problems = podcheck.problems(full)
+        problems = podcheck.problems(full)  # what the server says of the Job, once it takes the DDPJob
     if problems:
         raise SpecError(problems, _label(doc, source))
     try:

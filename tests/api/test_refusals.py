@@ -42,8 +42,9 @@ REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
     (
         "request above limit",
         {"resources": {"requests": {"memory": "2Gi"}, "limits": {"memory": "1Gi"}}},
-        "spec.resources.requests.memory",
-        'Invalid value: "2Gi": must be less than or equal to the limit spec.resources.limits.memory "1Gi"',
+        "spec.resources.requests",
+        'Invalid value: "2Gi": spec.resources.requests.memory must be less than or equal to the limit '
+        'spec.resources.limits.memory "1Gi"',
     ),
     (
         "invalid label key",

@@ -72,8 +72,17 @@ def test_broken_message_expression_falls_back_to_message() -> None:
 
 
 def test_cel_waits_for_a_well_shaped_value() -> None:
+    """As the API server: a value of the wrong type blocks the rules, and a last line says so."""
     problems = schema.validate(SCHEMA, schema.apply_defaults(SCHEMA, {"spec": {"low": "7", "high": 3}}))
-    assert [p.path for p in problems] == ["spec.low"]
+    assert [p.path for p in problems] == ["spec.low", ""]
+    assert problems[-1].message == schema.NOT_CHECKED
+
+
+def test_cel_runs_after_a_bound_or_pattern_problem() -> None:
+    """A value off its bounds or pattern is well shaped: the rules run too, and both problems show."""
+    doc = {"spec": {"low": 7, "high": 3, "size": "4GB"}}
+    problems = schema.validate(SCHEMA, schema.apply_defaults(SCHEMA, doc))
+    assert [p.path for p in problems] == ["spec.size", "spec.high"]
 
 
 def test_show_shortens() -> None:
