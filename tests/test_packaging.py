@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,16 @@ def test_a_wheel_installed_elsewhere_runs_crd_and_validate(tmp_path: Path) -> No
     good, bad = ddpjob("validate", "job.yaml"), ddpjob("validate", "bad.yaml")
     assert good.returncode == 0, good.stdout + good.stderr
     assert bad.returncode != 0 and "spec.nodes" in bad.stdout + bad.stderr
+
+
+def test_every_package_folder_is_listed_for_the_wheel() -> None:
+    """``[tool.setuptools] packages`` names packages one by one: a subpackage left out is missing from the
+    wheel (and the image), while the editable install of the checkout still finds it."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    roots = project["tool"]["setuptools"]["package-dir"]
+    found = {
+        ".".join((name, *init.parent.relative_to(REPO / root).parts))
+        for name, root in roots.items()
+        for init in (REPO / root).rglob("__init__.py")
+    }
+    assert found == set(project["tool"]["setuptools"]["packages"])
