@@ -53,14 +53,14 @@ def best_in_turns(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str
 
 def cpu(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
-    from ddp_trainer import fingerprint_numba
+    from ddp_trainer.fingerprint import numba_kernel
 
-    if fingerprint_numba.available():
+    if numba_kernel.available():
         import numba
 
         numba.set_num_threads(1)
     print(f"CPU, 1 thread; torch {torch.__version__}; best of {args.repeat} runs taken in turns")
-    paths = ("numba", "numpy", "torch") if fingerprint_numba.available() else ("numpy", "torch")
+    paths = ("numba", "numpy", "torch") if numba_kernel.available() else ("numpy", "torch")
     header = f"{'params':>8} {'dtype':>8} {'MB':>7} {'read':>8} " + " ".join(f"{p:>8}" for p in paths)
     print(header + "  " + " ".join(f"{'read/' + p:>11}" for p in paths))
     for millions in args.sizes:
@@ -120,10 +120,10 @@ def forced(impl: str, tensors: list[torch.Tensor]) -> Callable[[], torch.Tensor]
 def gpu(args: argparse.Namespace) -> None:
     if not torch.cuda.is_available():
         sys.exit("--gpu: torch.cuda.is_available() is False")
-    from ddp_trainer import fingerprint_triton
+    from ddp_trainer.fingerprint import triton_kernel
 
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; median of {args.repeat} runs")
-    print(f"triton: {'available' if fingerprint_triton.available() else 'NOT available'}")
+    print(f"triton: {'available' if triton_kernel.available() else 'NOT available'}")
     probe = torch.empty(2 * 1024**3 // 4, dtype=torch.float32, device="cuda").normal_()
     bandwidth = probe.numel() * 4 / cuda_median(probe.sum, args.repeat)
     del probe

@@ -7,6 +7,7 @@ a GPU, on CUDA.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -20,9 +21,10 @@ import torch
 
 from ddp_trainer import fingerprint as fpmod
 from ddp_trainer import sync
+from ddp_trainer.fingerprint import dispatch, numba_kernel, numpy_kernel
 from ddp_trainer.model import MLP
 
-# --- the reference: the formula of ddp_trainer/fingerprint.py's docstring, written again in NumPy ----
+# --- the reference: the formula of fingerprint/definition.py's docstring, written again in NumPy ----
 U64 = np.uint64
 LANES_PER_BLOCK = 1 << 16
 REF_G, REF_H = 0x9E3779B97F4A7C15, 0xD1B54A32D192ED03
@@ -112,17 +114,35 @@ def test_matches_the_reference_across_blocks(dtype: torch.dtype) -> None:
 
 
 def test_the_cpu_default_is_numba_else_numpy_and_both_can_be_forced(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ddp_trainer import fingerprint_numba
-
     monkeypatch.delenv("DDPJOB_FINGERPRINT_IMPL", raising=False)
-    assert fingerprint_numba.available()  # a dependency of the trainer: the default path is the fast one
+    assert numba_kernel.available()  # a dependency of the trainer: the default path is the fast one
     assert fpmod.impl_for(torch.device("cpu")) == "numba"
-    monkeypatch.setattr(fingerprint_numba, "available", lambda: False)
+    monkeypatch.setattr(numba_kernel, "available", lambda: False)
     assert fpmod.impl_for(torch.device("cpu")) == "numpy"
     monkeypatch.setenv("DDPJOB_FINGERPRINT_IMPL", "numba")
     assert fpmod.impl_for(torch.device("cpu")) == "numba"
     monkeypatch.setenv("DDPJOB_FINGERPRINT_IMPL", "numpy")
     assert fpmod.impl_for(torch.device("cpu")) == "numpy"
+
+
+def test_the_kernels_import_only_the_definition() -> None:
+    """The layers of the package: kernels below (each on the hash's definition alone), dispatch above."""
+    package = Path(fpmod.__file__).parent
+    for kernel in ("numpy_kernel", "numba_kernel", "torch_kernel", "triton_kernel"):
+        tree = ast.parse((package / f"{kernel}.py").read_text())
+        ours = {
+            node.module
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ddp_trainer")
+        }
+        ours |= {
+            alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import)
+            for alias in node.names
+            if alias.name.startswith("ddp_trainer")
+        }
+        assert ours == {"ddp_trainer.fingerprint.definition"}, (kernel, ours)
 
 
 def test_uint_and_other_dtypes_without_arithmetic_match_too() -> None:
@@ -270,13 +290,14 @@ TRITON_SCRIPT = textwrap.dedent(
     """
     import json, sys
     import torch
-    from ddp_trainer import fingerprint, fingerprint_triton
+    from ddp_trainer import fingerprint
+    from ddp_trainer.fingerprint import triton_kernel
     sys.path.insert(0, sys.argv[1])
     from test_fingerprint import ALL, reference, sample
     tensors = [sample(d, n, seed=n) for d in ALL for n in (1, 5, 333)]
     tensors += [sample(torch.float32, 2 * 65536 * 2 + 7), sample(torch.bfloat16, 4001)[3:3000]]
     tensors += [torch.zeros(0), torch.randn(40, 30).t(), torch.tensor(2.5)]
-    kernel = fingerprint_triton.fingerprint_tensors(tensors).tolist()
+    kernel = triton_kernel.fingerprint_tensors(tensors).tolist()
     torch_path = [int(fingerprint.torch_fingerprint(t)) for t in tensors]
     numpy_path = [fingerprint.numpy_fingerprint(t) for t in tensors]
     refs = [reference(t) for t in tensors]
@@ -322,6 +343,8 @@ def test_cuda_equals_cpu(impl: str, monkeypatch: pytest.MonkeyPatch) -> None:
     expected = [reference(t) for t in tensors]
     on_gpu = [t.cuda() for t in tensors]
     assert sync.fingerprint_tensors(on_gpu).cpu().tolist() == expected
+    if impl:  # the kernel asked for ran: a failing Triton kernel would fall back to torch and pass unseen
+        assert fpmod.impl_for(on_gpu[0].device) == impl
     contiguous = [t for t in on_gpu if t.is_contiguous()]
     first = sync.fingerprint_tensors(contiguous)  # builds (and uploads) the kernel's tables once
     torch.cuda.set_sync_debug_mode("error")  # the next call reads nothing back to the host
@@ -337,14 +360,89 @@ def test_numba_without_a_writable_cache_compiles_per_process(monkeypatch: pytest
     """A read-only image run as another user has nowhere to cache the compiled kernel: still the same bits."""
     from numba.core import caching
 
-    from ddp_trainer import fingerprint_numba
-
     monkeypatch.setattr(caching.CacheImpl, "_locator_classes", [])
-    kernel = fingerprint_numba._kernel.__wrapped__()
+    kernel = numba_kernel._kernel.__wrapped__()
     assert type(kernel._cache).__name__ == "NullCache"  # not cached, and not refused
     t = sample(torch.float32, 3 * LANES_PER_BLOCK + 5)
-    lanes = fpmod._np_lanes(t)
+    lanes = numpy_kernel._np_lanes(t)
     keys = np.arange(1, LANES_PER_BLOCK + 1, dtype=np.uint64) * np.uint64(fpmod.G)
     out = np.zeros(-(-lanes.size // LANES_PER_BLOCK), dtype=np.uint64)
     kernel(lanes, keys, out)
-    assert np.array_equal(out, fingerprint_numba.block_sums(lanes, keys, out.size))
+    assert np.array_equal(out, numba_kernel.block_sums(lanes, keys, out.size))
+
+
+# --- the fallback from a compiled kernel that fails --------------------------------------------------------
+@pytest.fixture
+def fresh_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No kernel retired and nothing said yet in this process (the dispatcher's state is per process)."""
+    monkeypatch.setattr(dispatch, "_broken", {})
+    monkeypatch.setattr(dispatch, "_said", set())
+
+
+def fallback_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == dispatch.__name__]
+
+
+@pytest.mark.usefixtures("fresh_dispatch")
+def test_a_triton_kernel_that_fails_falls_back_to_torch_and_says_so_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from ddp_trainer.fingerprint import triton_kernel
+
+    def launch(tensors: list[torch.Tensor]) -> torch.Tensor:
+        raise RuntimeError("PassManager::run failed")  # what a Triton build error looks like
+
+    monkeypatch.setattr(triton_kernel, "available", lambda: True)  # as on a CUDA machine
+    monkeypatch.setattr(triton_kernel, "fingerprint_tensors", launch)
+    monkeypatch.setenv("DDPJOB_FINGERPRINT_IMPL", "triton")  # CPU tensors reach the Triton path
+    assert fpmod.impl_for(torch.device("cpu")) == "triton"
+    tensors = [sample(torch.float32, 777), sample(torch.bfloat16, 5)]
+    assert sync.fingerprint_tensors(tensors).tolist() == [reference(t) for t in tensors]
+    assert fpmod.impl_for(torch.device("cpu")) == "torch"  # for the rest of the process
+    assert fp(tensors[0]) == reference(tensors[0])
+    lines = fallback_lines(caplog)
+    assert len(lines) == 1, lines
+    assert (
+        "triton kernel failed" in lines[0] and "PassManager::run failed" in lines[0] and "torch" in lines[0]
+    )
+
+
+@pytest.mark.usefixtures("fresh_dispatch")
+def test_a_numba_kernel_that_fails_falls_back_to_numpy(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def compile_error(lanes: np.ndarray, keys: np.ndarray, blocks: int) -> np.ndarray:
+        raise TypeError("No matching definition for argument type(s)")
+
+    monkeypatch.delenv("DDPJOB_FINGERPRINT_IMPL", raising=False)
+    monkeypatch.setattr(numba_kernel, "block_sums", compile_error)
+    assert fpmod.impl_for(torch.device("cpu")) == "numba"
+    t = sample(torch.float16, 999)
+    assert fp(t) == fp(t) == reference(t)
+    assert fpmod.impl_for(torch.device("cpu")) == "numpy"
+    assert len(fallback_lines(caplog)) == 1
+
+
+@pytest.mark.usefixtures("fresh_dispatch")
+def test_a_failure_of_a_plain_path_is_not_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(t: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setenv("DDPJOB_FINGERPRINT_IMPL", "torch")
+    monkeypatch.setattr(fpmod.dispatch.torch_kernel, "fingerprint", broken)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        fp(torch.zeros(3))
+
+
+@pytest.mark.usefixtures("fresh_dispatch")
+def test_cuda_without_triton_uses_torch_and_says_so_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from ddp_trainer.fingerprint import triton_kernel
+
+    monkeypatch.delenv("DDPJOB_FINGERPRINT_IMPL", raising=False)
+    monkeypatch.setattr(triton_kernel, "available", lambda: False)
+    cuda = torch.device("cuda", 0)  # impl_for only reads the device's type: no GPU is touched
+    assert fpmod.impl_for(cuda) == fpmod.impl_for(cuda) == "torch"
+    lines = fallback_lines(caplog)
+    assert len(lines) == 1 and "no Triton kernel" in lines[0], lines

@@ -49,3 +49,18 @@ def test_labels_do_not_collide_with_the_target_labels_prometheus_sets() -> None:
     """With the default ``honor_labels: false`` a scraped ``job``/``namespace``/``instance``/``pod`` would be
     renamed ``exported_*``; the trainer's identity labels are its own."""
     assert not set(contract.METRIC_LABELS) & {"job", "instance", "namespace", "pod", "container", "endpoint"}
+
+
+def test_a_changed_description_replaces_the_info_series() -> None:
+    """After a fingerprint kernel falls back, ``ddp_info`` names the one in use (the old series reads 0)."""
+    registry = CollectorRegistry()
+    labels = {"ddpjob": "j", "ddpjob_namespace": "n", "rank": "0", "node_rank": "0"}
+    metrics = TrainerMetrics(labels, {"device": "cuda", "fingerprint": "triton"}, registry)
+    before, after = labels | {"device": "cuda", "fingerprint": "triton"}, labels | {"device": "cuda"}
+    assert registry.get_sample_value(contract.INFO, before) == 1
+    metrics.describe(fingerprint="triton")  # unchanged: nothing new
+    assert registry.get_sample_value(contract.INFO, after | {"fingerprint": "torch"}) is None
+    metrics.describe(fingerprint="torch")
+    assert registry.get_sample_value(contract.INFO, before) == 0
+    assert registry.get_sample_value(contract.INFO, after | {"fingerprint": "torch"}) == 1
+    assert metrics.info == {"device": "cuda", "fingerprint": "torch"}

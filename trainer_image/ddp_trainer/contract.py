@@ -7,6 +7,8 @@ trainer's flags, the NCCL/torch defaults, the exit codes, the termination report
 names. This module imports nothing but the standard library (the operator image has no torch), and
 ``tests/test_contract.py`` renders a pod, runs a real trainer in its environment and reads the report
 back through the operator's status, so a drift between the two halves fails a test.
+
+Long because it is the one list of everything that crosses the boundary, each name with its meaning.
 """
 
 from __future__ import annotations
@@ -87,6 +89,49 @@ def trainer_argv(values: Mapping[str, object]) -> list[str]:
         f"{trainer_flag(name)}={value!r}" if isinstance(value, float) else f"{trainer_flag(name)}={value}"
         for name, value in values.items()
     ]
+
+
+# -- what a checkpoint records, and the spec fields that cannot change ----------------------------------
+# Declared here once: ``provenance.settings_of`` records exactly RECORDED_SETTINGS' keys, the CRD fixes
+# exactly FIXED_SPEC_FIELDS with CEL transition rules (``oldSelf``) and docs/operator.md lists the same
+# table; tests/test_fixed_fields.py fails, naming the field, when one of them lacks it.
+
+RECORDED_SETTINGS: Final[dict[str, tuple[str, ...]]] = {
+    "model": ("trainer.model",),
+    "dataset": (),
+    "seed": ("trainer.seed",),
+    "batch_size": ("trainer.batchSize",),
+    "grad_accumulation": ("trainer.gradAccumulation",),
+    "learning_rate": ("trainer.learningRate",),
+    "world_size": ("nodes", "procsPerNode"),
+    "precision": ("device",),
+    "optimizer": (),
+}
+"""The settings every checkpoint records (the trainer refuses to resume under other values:
+``SettingsChanged``) → the spec fields (paths under ``spec``) that decide them, fixed after creation so
+that ``kubectl`` refuses the change at once. ``()``: no spec field sets it (``dataset`` is a trainer flag
+the DDPJob API does not expose, ``optimizer`` the trainer's code)."""
+CHECKPOINT_PLACE_FIELDS: Final = (
+    "checkpoint",
+    "checkpoint.volume",
+    "checkpoint.volumeClaimTemplate",
+    "checkpoint.mountPath",
+    "checkpoint.warmStartFrom",
+)
+"""Spec fields fixed because the next attempt must find the checkpoints (``checkpoint``: not removed)."""
+FIXED_SPEC_FIELDS: Final = (
+    *(path for paths in RECORDED_SETTINGS.values() for path in paths),
+    *CHECKPOINT_PLACE_FIELDS,
+)
+"""Every spec field that cannot change after creation (derived from the two above)."""
+CHANGEABLE_TRAINER_SETTINGS: Final = frozenset(
+    {"steps", "checkpoint_every", "checkpoint_dir", "checkpoint_keep", "sync_every", "on_divergence"}
+    | {"timeout_seconds", "backend", "warm_start_from"}
+)
+"""Trainer flags the operator renders that a job may change between attempts (checkpoints do not record
+them: a new schedule or step count is a legitimate way to continue)."""
+RECORDED_FROM_FLAG: Final = {"device": "precision"}
+"""Rendered trainer flags recorded under another name (the precision is resolved for the device)."""
 
 
 # -- NCCL and torch.distributed -----------------------------------------------------------------------

@@ -42,8 +42,12 @@ class TrainerMetrics:
         def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
             return Counter(name, doc, LABELS + extra, registry=registry)
 
-        info_gauge = gauge(contract.INFO, "Always 1; labels describe the rank.", tuple(sorted(info)))
-        info_gauge.labels(**labels, **info).set(1)
+        self.info = dict(info)
+        """The rank's description now (the labels of its ``ddp_info`` series at 1)."""
+        self._info = gauge(
+            contract.INFO, "1; labels describe the rank (0: a replaced description).", tuple(sorted(info))
+        )
+        self._info.labels(**labels, **info).set(1)
         self.step = gauge(contract.STEP, "The optimizer step this rank finished last.").labels(**labels)
         self.last_check = gauge(
             contract.SYNC_LAST_CHECK_TIMESTAMP, "Unix time of the last sync check, passed or not."
@@ -106,6 +110,16 @@ class TrainerMetrics:
         self.restarts = gauge(
             contract.RESTARTS, "Restarts before this run: gang attempts + torchrun restarts."
         ).labels(**labels)
+
+    def describe(self, **changes: str) -> None:
+        """Change labels of the description (``fingerprint`` after a kernel fell back): the new series of
+        ``ddp_info`` is 1 and the replaced one 0 (the multiprocess files keep every series they saw)."""
+        new = self.info | changes
+        assert set(new) == set(self.info), changes
+        if new != self.info:
+            self._info.labels(**self.labels, **self.info).set(0)
+            self._info.labels(**self.labels, **new).set(1)
+            self.info = new
 
     def observe_step(
         self, step: int, duration_seconds: float, samples: int, loss: float, finite: bool, now: float

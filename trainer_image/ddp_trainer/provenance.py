@@ -55,7 +55,8 @@ def settings_of(
     Resuming under other values would silently train something else: another architecture or data,
     another sample order (seed, batch size, accumulation and world size decide which micro-batches a rank
     skips and sees), other optimizer moments. ``steps``, the check and save schedules and the timeout are
-    left out: changing them is a legitimate way to continue a job."""
+    left out: changing them is a legitimate way to continue a job. The keys are
+    :data:`contract.RECORDED_SETTINGS`' (tests/test_fixed_fields.py keeps them equal)."""
     return {
         "model": config.model,
         "dataset": config.dataset,

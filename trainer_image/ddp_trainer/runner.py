@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_trainer import boundary, checkpoint, contract, provenance, report, sync
+from ddp_trainer import boundary, checkpoint, contract, fingerprint, provenance, report, sync
 from ddp_trainer.config import PodEnv, TrainerConfig
 from ddp_trainer.data import build_dataset, micro_batches
 from ddp_trainer.distributed import LaunchEnv
@@ -46,6 +46,7 @@ def rank_metrics(
         "model": config.model,
         "attempt": str(pod.attempt),
         "torch_version": torch.__version__,
+        "fingerprint": fingerprint.impl_for(device),
     }
     metrics = TrainerMetrics(labels, info)
     metrics.restarts.set(contract.restarts_before(pod.attempt) + launch.restart_count)
@@ -85,8 +86,16 @@ class Session:
         device_ids = [self.device] if self.device.type == "cuda" else None
         state.model = DistributedDataParallel(model, device_ids=device_ids)  # broadcasts rank 0's tensors
         self.state = state
-        self.verifier.verify(state, "initial")  # trust DDP's silent broadcast, then verify
+        self.verify(state, "initial")  # trust DDP's silent broadcast, then verify
         return state
+
+    def verify(self, state: TrainState, kind: CheckKind) -> sync.SyncReport:
+        """One check (:class:`Verifier`), then the fingerprint kernel in use into ``ddp_info``: a compiled
+        kernel that failed during the check has fallen back (:mod:`ddp_trainer.fingerprint.dispatch`)."""
+        try:
+            return self.verifier.verify(state, kind)
+        finally:
+            self.metrics.describe(fingerprint=fingerprint.impl_for(self.device))
 
     def writer_for(self, optimizer: str) -> provenance.Writer:
         """What this run's checkpoints record: the DDPJob, the settings that shape the model, the attempt."""
@@ -130,7 +139,7 @@ class Session:
         skew = self.skew.publish()
         if skew is not None:
             self.metrics.skew.set(skew)
-        return self.verifier.verify(state, kind)
+        return self.verify(state, kind)
 
     def on_step(self, result: StepResult) -> bool:
         """The step boundary, in this order: metrics; the fire drill; agree with the other ranks on whether

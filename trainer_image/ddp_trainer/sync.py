@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_trainer.fingerprint import BLOCK, fingerprint_tensor, fingerprint_tensors
+from ddp_trainer.fingerprint import BLOCK, byte_view, fingerprint_tensor, fingerprint_tensors
 
 __all__ = [
     "SyncReport",
@@ -59,11 +59,6 @@ __all__ = [
 # ddp_trainer.fingerprint; it is re-exported here as part of this module's public API.
 _BLOCK = BLOCK  # lanes per block (tests/trainer/test_trainer_gpu.py sizes a tensor with it)
 _STRUCTURE = "<structure>"
-
-
-def _byte_view(t: torch.Tensor) -> torch.Tensor:
-    """The same storage as 1-D bytes: every backend can broadcast uint8 (gloo has no int16, say)."""
-    return t.reshape(-1).view(torch.uint8)
 
 
 def named_tensors(module: nn.Module, *, buffers: bool = True) -> list[tuple[str, torch.Tensor]]:
@@ -222,7 +217,7 @@ def _compare(
         for j, idx in enumerate(bad):
             local = named[idx][1].detach()
             reference = local.to(vec.device, copy=True).contiguous()
-            dist.broadcast(_byte_view(reference), src=_global(group, references[j]), group=group)
+            dist.broadcast(byte_view(reference), src=_global(group, references[j]), group=group)
             delta = (local.to(vec.device).double() - reference.double()).abs()
             diffs[j] = torch.nan_to_num(delta, nan=math.inf).max() if delta.numel() else 0.0
         dist.all_reduce(diffs, op=dist.ReduceOp.MAX, group=group)
@@ -240,10 +235,10 @@ def broadcast_tensors_(
     device = comm_device(group)
     for t in tensors:
         if t.is_contiguous() and t.device == device:
-            dist.broadcast(_byte_view(t), src=src, group=group)
+            dist.broadcast(byte_view(t), src=src, group=group)
         else:
             staged = t.detach().to(device, copy=True).contiguous()
-            dist.broadcast(_byte_view(staged), src=src, group=group)
+            dist.broadcast(byte_view(staged), src=src, group=group)
             t.copy_(staged)
 
 

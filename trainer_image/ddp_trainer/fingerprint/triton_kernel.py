@@ -1,4 +1,4 @@
-"""The fingerprint of :mod:`ddp_trainer.fingerprint` as two Triton launches, for CUDA tensors.
+"""The fingerprint of :mod:`ddp_trainer.fingerprint.definition` as two Triton launches, for CUDA tensors.
 
 Launch 1 has one program per block (``BLOCK`` lanes) of every tensor; it reads the block's lanes straight
 from the tensor's memory (its address is in a table) and writes the block sum ``s[b]``. Launch 2 has one
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ddp_trainer.fingerprint import BLOCK, byte_view, lane_count, meta_hash, signed
+from ddp_trainer.fingerprint.definition import BLOCK, byte_view, lane_count, meta_hash, signed
 
 try:  # Triton is optional: the pure-torch path serves when it is missing
     import triton  # type: ignore[import-untyped,unused-ignore]

@@ -1,9 +1,11 @@
 """The fingerprint's block sums on the CPU in one compiled pass (Numba: LLVM, no C compiler needed).
 
-Computes exactly the ``s[b]`` of :mod:`ddp_trainer.fingerprint` (step 3): for each block of ``BLOCK``
-lanes, ``sum_j F(v[i] + (j + 1) * G)`` modulo 2**64. One fused loop per block reads each lane once and
-keeps the mixer in registers, where the NumPy path needs about ten passes; LLVM vectorises it. Optional:
-without Numba the NumPy path runs, with the same bits (a test keeps them equal).
+Computes exactly the ``s[b]`` of :mod:`ddp_trainer.fingerprint.definition` (step 3): for each block of
+``BLOCK`` lanes, ``sum_j F(v[i] + (j + 1) * G)`` modulo 2**64. One fused loop per block reads each lane
+once and keeps the mixer in registers, where the NumPy path needs about ten passes; LLVM vectorises it.
+Optional: without Numba the NumPy path runs, with the same bits (a test keeps them equal).
+``block_sums`` has the signature of ``numpy_kernel.BlockSums``; ``dispatch`` passes it to
+``numpy_kernel.fingerprint``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import functools
 from typing import Any
 
 import numpy as np
+
+from ddp_trainer.fingerprint.definition import BLOCK, M1, M2
 
 
 def available() -> bool:
@@ -25,7 +29,6 @@ def _kernel() -> Any:
         import numba
     except ImportError:
         return None
-    from ddp_trainer.fingerprint import BLOCK, M1, M2
 
     m1, m2 = np.uint64(M1), np.uint64(M2)
     s30, s27, s31 = np.uint64(30), np.uint64(27), np.uint64(31)

@@ -1,0 +1,152 @@
+"""Which kernel computes a fingerprint, and what happens when a compiled one is missing or fails.
+
+Four kernels compute the same bits (tests check each against an independent NumPy reference):
+
+* Numba (``numba_kernel``), CPU tensors, the default there: the block sums in one compiled pass (about
+  4x the NumPy path), with the NumPy fold around them;
+* NumPy (``numpy_kernel``), CPU tensors: zero-copy on the tensor's memory, passes of 32K lanes through
+  two reused uint64 buffers;
+* pure torch (``torch_kernel``), any device: in-place int64 vector operations, no host synchronisation;
+* Triton (``triton_kernel``), CUDA, the default there: one launch over a cached table of every block of
+  every tensor, one launch for the per-tensor fold.
+
+``DDPJOB_FINGERPRINT_IMPL=numba|numpy|torch|triton`` forces one (Numba and NumPy: CPU tensors only).
+
+The fallback. A compiled kernel (Triton, Numba) that raises while it builds or runs is replaced, for the
+rest of the process, by the plain path of the same device (torch, NumPy), and the failed call is
+computed again there: the check goes on, and since every path computes the same definition, a rank that
+fell back still agrees with one that did not. It is said once, as a warning naming the kernel and the
+error; Triton missing on a CUDA machine is said once too. :func:`impl_for` names the path in use, before
+and after (the trainer shows it as the ``fingerprint`` label of ``ddp_info``). An error that leaves the
+CUDA context unusable (an illegal memory access) fails the torch path as well: that one propagates.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from types import ModuleType
+
+import torch
+
+from ddp_trainer.fingerprint import numba_kernel, numpy_kernel, torch_kernel
+
+log = logging.getLogger(__name__)
+
+IMPLS = ("numba", "numpy", "torch", "triton")
+FALLBACK = {"triton": "torch", "numba": "numpy"}
+"""The plain path that replaces a compiled kernel that failed."""
+_broken: dict[str, str] = {}  # kernel -> the error that retired it, for the rest of the process
+_said: set[str] = set()
+
+
+def _say_once(key: str, message: str, *args: object) -> None:
+    if key not in _said:
+        _said.add(key)
+        log.warning(message, *args)
+
+
+def _triton() -> ModuleType | None:
+    """The Triton kernel's module where Triton imports and a CUDA device is present, else None (said once)."""
+    try:
+        from ddp_trainer.fingerprint import triton_kernel  # lazy: importing Triton takes a while
+    except Exception as error:  # a broken install can fail with more than ImportError
+        reason = f"importing it failed: {type(error).__name__}: {error}"
+    else:
+        if triton_kernel.available():
+            return triton_kernel
+        reason = "Triton is not installed"
+    _say_once(
+        "triton-missing",
+        "fingerprint: no Triton kernel on this CUDA device (%s); the torch path computes the same bits",
+        reason,
+    )
+    return None
+
+
+def impl_for(device: torch.device) -> str:
+    """The kernel that fingerprints tensors on ``device`` now: ``DDPJOB_FINGERPRINT_IMPL`` if set, else on
+    the CPU Numba if it imports, else NumPy; on CUDA Triton if it imports, else torch — and in place of a
+    compiled kernel that failed in this process, its fallback."""
+    forced = os.environ.get("DDPJOB_FINGERPRINT_IMPL", "").strip().lower()
+    if forced and forced not in IMPLS:
+        raise ValueError(f"DDPJOB_FINGERPRINT_IMPL={forced!r}: expected one of {', '.join(IMPLS)}")
+    if forced in ("numpy", "numba") and device.type != "cpu":
+        forced = ""  # NumPy cannot read device memory
+    if forced:
+        impl = forced
+    elif device.type == "cpu":
+        impl = "numba" if numba_kernel.available() else "numpy"
+    elif device.type == "cuda" and _triton() is not None:
+        impl = "triton"
+    else:
+        impl = "torch"
+    while impl in _broken:
+        impl = FALLBACK[impl]
+    return impl
+
+
+def numpy_fingerprint(t: torch.Tensor, *, compiled: bool = False) -> int:
+    """One CPU tensor's fingerprint as a signed int, by NumPy (``compiled``: the block sums by Numba)."""
+    return numpy_kernel.fingerprint(t, numba_kernel.block_sums if compiled else numpy_kernel.block_sums)
+
+
+def torch_fingerprint(t: torch.Tensor) -> torch.Tensor:
+    """0-d int64 fingerprint of one tensor, pure torch, on its own device."""
+    return torch_kernel.fingerprint(t)
+
+
+def _run(tensors: list[torch.Tensor], impl: str) -> torch.Tensor:
+    if impl in ("numpy", "numba"):
+        compiled = impl == "numba"
+        return torch.tensor([numpy_fingerprint(t, compiled=compiled) for t in tensors], dtype=torch.int64)
+    if impl == "triton":
+        kernel = _triton()
+        if kernel is None:
+            raise RuntimeError("Triton is not available")
+        result: torch.Tensor = kernel.fingerprint_tensors(tensors)
+        return result
+    return torch.stack([torch_fingerprint(t) for t in tensors])
+
+
+def _fingerprint_group(tensors: list[torch.Tensor], impl: str) -> torch.Tensor:
+    """One int64 per tensor (all on one device) with ``impl``, or its fallback if that kernel raises."""
+    try:
+        return _run(tensors, impl)
+    except Exception as error:
+        fallback = FALLBACK.get(impl)
+        if fallback is None:
+            raise
+        _broken[impl] = f"{type(error).__name__}: {error}"
+        _say_once(
+            f"{impl}-failed",
+            "fingerprint: the %s kernel failed (%s); the %s path computes the same bits from now on",
+            impl,
+            _broken[impl],
+            fallback,
+        )
+        return _fingerprint_group(tensors, fallback)
+
+
+def fingerprint_tensor(t: torch.Tensor) -> torch.Tensor:
+    """0-d int64 fingerprint of one tensor, on its own device."""
+    return fingerprint_tensors([t])[0]
+
+
+def fingerprint_tensors(tensors: Iterable[torch.Tensor], device: torch.device | None = None) -> torch.Tensor:
+    """One int64 per tensor, on ``device`` (default: the first tensor's). No host synchronisation."""
+    items = list(tensors)
+    if not items:
+        return torch.zeros(0, dtype=torch.int64, device=device)
+    target = device if device is not None else items[0].device
+    by_device: dict[torch.device, list[int]] = {}
+    for i, t in enumerate(items):
+        by_device.setdefault(t.device, []).append(i)
+    if len(by_device) == 1:
+        return _fingerprint_group(items, impl_for(items[0].device)).to(target)
+    out = torch.empty(len(items), dtype=torch.int64, device=target)
+    for dev, indices in by_device.items():
+        values = _fingerprint_group([items[i] for i in indices], impl_for(dev))
+        out[torch.tensor(indices, device=target)] = values.to(target)
+    return out
