@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from ddp_operator import policy, reconcile, render
+from ddp_operator import policy, reconcile, render, status
 from ddp_operator.local import host
 from ddp_operator.local import plan as local
 from ddp_operator.spec import parse, parse_file
@@ -138,7 +138,7 @@ def test_round_trip_render_run_the_trainer_read_the_status(tmp_path: Path, attem
     written = reconcile.plan_for(body, [job], [_pod_with_report(job, message, 0)], now).status
     assert written["phase"] == "Succeeded"
     assert (written["attempt"], written["restarts"]) == (attempt, contract.restarts_before(attempt))
-    assert written["sync"] == contract.sync_status(report)
+    assert written["sync"] == status.report_sync(report)
     assert written["sync"]["checks"] == report["checks"] >= 3  # initial, steps 2 and 4
 
 

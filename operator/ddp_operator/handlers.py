@@ -17,8 +17,8 @@ import kubernetes
 
 from . import apply, crd, render
 from .recent import Recent
-from .reconcile import finished
 from .scraper import Scraper
+from .status import finished
 
 LABELS = {"app.kubernetes.io/managed-by": render.MANAGED_BY}
 Key = tuple[str, str]

@@ -13,6 +13,7 @@ import pytest
 from ddp_operator import crd, live, reconcile, render, schema, stall
 from ddp_operator.observe import current_attempt
 from ddp_operator.progress import Progress
+from ddp_operator.status import finished
 
 from .test_reconcile import NOW, _body, _job, _pod, _reconcile, _spec
 
@@ -64,7 +65,7 @@ def test_a_hand_edited_status_is_repaired_from_the_children() -> None:
 
 def test_a_real_finish_still_sticks() -> None:
     done = _reconcile({"attempt": 1}, [_job(1, condition="Complete")], [_pod(1, 0, phase="Succeeded")])
-    assert reconcile.finished(done.status)
+    assert finished(done.status)
     again = _reconcile(done.status, [_job(1)], [_pod(1, 0)])
     assert again.status["phase"] == "Succeeded" and again.create_job is None
 
@@ -76,7 +77,7 @@ def test_a_refused_job_fails_the_ddpjob_and_creates_nothing() -> None:
     assert plan.status["phase"] == "Failed" and failed["reason"] == "InvalidSpec"
     assert failed["message"] == said
     assert (plan.create_job, plan.create_service, plan.create_claim) == (None, None, None)
-    assert reconcile.finished(plan.status)
+    assert finished(plan.status)
 
 
 def test_a_stale_job_kept_only_by_pods_past_their_deadline_is_let_go() -> None:

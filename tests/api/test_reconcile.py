@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ddp_operator import apply, live, reconcile, render
+from ddp_operator import apply, live, reconcile, render, status
 from ddp_operator.plan import Plan
 from ddp_operator.progress import Progress
 from ddp_operator.spec import parse
@@ -231,7 +231,7 @@ def test_transition_times_are_kept_while_a_condition_holds() -> None:
     assert later.events == ()
 
 
-@pytest.mark.parametrize("phase", reconcile.PHASES)
+@pytest.mark.parametrize("phase", status.PHASES)
 def test_phases_are_the_crd_enum(phase: str) -> None:
     from ddp_operator import crd
 
