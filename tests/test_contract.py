@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from ddp_operator import policy, reconcile, render, status
+from ddp_operator import names, policy, reconcile, render, status
 from ddp_operator.local import host
 from ddp_operator.local import plan as local
 from ddp_operator.spec import parse, parse_file
@@ -95,7 +95,7 @@ def _pod_with_report(job: dict[str, Any], message: str, code: int) -> dict[str, 
     pod = local.pod_object(job, 0)
     terminated = {"exitCode": code, "message": message}
     pod["status"] = {
-        "containerStatuses": [{"name": render.CONTAINER_NAME, "state": {"terminated": terminated}}]
+        "containerStatuses": [{"name": names.CONTAINER_NAME, "state": {"terminated": terminated}}]
     }
     return pod
 

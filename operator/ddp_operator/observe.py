@@ -18,7 +18,7 @@ from typing import Any
 
 from ddp_trainer import contract
 
-from . import policy, render
+from . import names, policy
 from .local import logs
 from .plan import Target
 
@@ -67,7 +67,7 @@ class Facts:
 def attempt_of(obj: Mapping[str, Any]) -> int:
     """The attempt label of a Job or pod (0 when missing or malformed: never the current attempt)."""
     try:
-        return int(obj.get("metadata", {}).get("labels", {}).get(render.ATTEMPT_LABEL, "0"))
+        return int(obj.get("metadata", {}).get("labels", {}).get(names.ATTEMPT_LABEL, "0"))
     except ValueError:
         return 0
 
@@ -89,7 +89,7 @@ def failure(job: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 def completion_index(pod: Mapping[str, Any]) -> int:
     try:
-        return int(pod["metadata"].get("annotations", {}).get(render.COMPLETION_INDEX_ANNOTATION, "-1"))
+        return int(pod["metadata"].get("annotations", {}).get(names.COMPLETION_INDEX_ANNOTATION, "-1"))
     except ValueError:
         return -1
 
@@ -97,7 +97,7 @@ def completion_index(pod: Mapping[str, Any]) -> int:
 def terminated(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The trainer container's terminated state (or its last one)."""
     for status in pod.get("status", {}).get("containerStatuses", []) or []:
-        if status.get("name") == render.CONTAINER_NAME:
+        if status.get("name") == names.CONTAINER_NAME:
             state = status.get("state", {}).get("terminated") or status.get("lastState", {}).get("terminated")
             return state if isinstance(state, dict) else None
     return None

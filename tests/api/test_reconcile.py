@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ddp_operator import apply, live, reconcile, render, status
+from ddp_operator import apply, live, names, reconcile, render, status
 from ddp_operator.plan import Plan
 from ddp_operator.progress import Progress
 from ddp_operator.spec import parse
@@ -65,8 +65,8 @@ def _pod(
     return {
         "metadata": {
             "name": f"job-{attempt}-{index}-abcde",
-            "labels": {render.ATTEMPT_LABEL: str(attempt), render.JOB_NAME_LABEL: "job"},
-            "annotations": {render.COMPLETION_INDEX_ANNOTATION: str(index)},
+            "labels": {names.ATTEMPT_LABEL: str(attempt), names.JOB_NAME_LABEL: "job"},
+            "annotations": {names.COMPLETION_INDEX_ANNOTATION: str(index)},
         },
         "status": {"phase": phase, "conditions": conditions, "containerStatuses": [container]},
     }

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ddp_trainer import contract
 
-from .. import render
+from .. import names
 from .plan import LOCAL_ADDR
 
 
@@ -47,7 +47,7 @@ def prepare_run_dir(run_dir: Path, *, fresh: bool) -> str | None:
     if fresh or previous == "Succeeded":
         shutil.rmtree(run_dir, ignore_errors=True)
         return None
-    checkpoint = run_dir / "volumes" / render.CHECKPOINT_VOLUME
+    checkpoint = run_dir / "volumes" / names.CHECKPOINT_VOLUME
     if checkpoint.is_dir() and any(checkpoint.iterdir()):
         return (
             f"resuming from the checkpoint an earlier {previous or 'unfinished'} run left in {checkpoint} "

@@ -18,7 +18,7 @@ from typing import Any
 
 from ddp_trainer import contract
 
-from .. import render
+from .. import names, render
 from ..spec import Spec
 from . import kubeletenv
 
@@ -53,7 +53,7 @@ def pod_object(job: Mapping[str, Any], index: int) -> Obj:
     name = f"{job['metadata']['name']}-{index}"
     annotations = {
         **template["metadata"].get("annotations", {}),
-        render.COMPLETION_INDEX_ANNOTATION: str(index),
+        names.COMPLETION_INDEX_ANNOTATION: str(index),
     }
     return {
         "apiVersion": "v1",
@@ -63,7 +63,7 @@ def pod_object(job: Mapping[str, Any], index: int) -> Obj:
             "namespace": job["metadata"]["namespace"],
             "labels": {
                 **template["metadata"].get("labels", {}),
-                render.COMPLETION_INDEX_ANNOTATION: str(index),
+                names.COMPLETION_INDEX_ANNOTATION: str(index),
             },
             "annotations": annotations,
         },
