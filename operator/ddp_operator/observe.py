@@ -18,8 +18,7 @@ from typing import Any
 
 from ddp_trainer import contract
 
-from . import names, policy
-from .local import logs
+from . import names, podlogs, policy
 from .plan import Target
 
 
@@ -230,8 +229,8 @@ def _first_error(pod: Mapping[str, Any]) -> str:
     text = str((state or {}).get("message") or "")
     if not text or contract.parse_report(text) is not None:
         return ""
-    found = logs.first_error(text.splitlines())
-    return logs.strip_rank(found[-1]).strip()[:300] if found else ""
+    found = podlogs.first_error(text.splitlines())
+    return podlogs.strip_rank(found[-1]).strip()[:300] if found else ""
 
 
 def _failed_on_its_own(pod: Mapping[str, Any]) -> bool:

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .local.kubeletenv import ResolveError, parse_quantity
+from .kubelet import ResolveError, parse_quantity
 from .names import CHECKPOINT_VOLUME, SHM_VOLUME
 from .schema import Problem, join, show
 

@@ -17,9 +17,9 @@ from typing import Any, TextIO
 
 from ddp_trainer import contract
 
-from .. import policy, progress
+from .. import podlogs, policy, progress
 from ..spec import Spec
-from . import gang, host, logs, plan
+from . import gang, host, plan
 
 GRACE_SECONDS = 30.0  # the trainer checkpoints at its next step boundary on SIGTERM, well within this
 POLL_SECONDS = 0.2
@@ -165,7 +165,7 @@ def _attempt(
     report = contract.parse_report(_read(pods[0].termination_path))
     failed = [(pod, code) for pod, code in zip(pods, first, strict=True) if code]
     for pod, code in failed[:2]:
-        error = logs.first_error((_read(pod.log_path) or "").splitlines())
+        error = podlogs.first_error((_read(pod.log_path) or "").splitlines())
         which = "its first error" if error else "its last lines"
         console.say(f"{pod.name} exited {code}; {which} (all its output is in {pod.log_path}):")
         for text in error or members.last_lines(pod.index, 12):
