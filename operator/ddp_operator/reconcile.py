@@ -1,6 +1,6 @@
 """Facts → the next step for a DDPJob, and its phase. Pure: one function of what is observed.
 
-:func:`plan_for` parses the DDPJob, reads its children into :class:`~ddp_operator.observe.Facts`, renders
+:func:`decide_for` parses the DDPJob, reads its children into :class:`~ddp_operator.observe.Facts`, renders
 the objects of the current attempt (a value the plan may carry, never something the decision asks for
 midway) and calls :func:`decide`, which picks exactly one branch below and returns a :class:`Plan`: the
 status to write, the Service and Job to create, the Jobs to delete, the Job to (un)suspend, the events
@@ -48,7 +48,7 @@ class Inputs:
     """The latest reading of the pods' metrics (:mod:`ddp_operator.scraper`), if any."""
 
 
-def plan_for(
+def decide_for(
     body: Mapping[str, Any],
     jobs: list[dict[str, Any]],
     pods: list[dict[str, Any]],

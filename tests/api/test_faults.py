@@ -175,13 +175,13 @@ def test_a_stalled_attempt_restarts_the_gang_and_its_job_goes() -> None:
     snap = live.record(None, 1, 9400, _answers("a"), NOW.timestamp() - 700, _reading(50))
     snap = live.record(snap, 1, 9400, _answers("a", hung="job-1-1-xyz"), NOW.timestamp(), _reading(50))
     body = _body({"phase": "Running", "attempt": 1})
-    plan = reconcile.plan_for(body, [_job(1)], [_pod(1, 0), _pod(1, 1)], NOW, snap)
+    plan = reconcile.decide_for(body, [_job(1)], [_pod(1, 0), _pod(1, 1)], NOW, snap)
     assert plan.status["attempt"] == 2 and plan.status["phase"] == "Restarting"
     ready = {c["type"]: c for c in plan.status["conditions"]}["Ready"]
     assert ready["reason"] == "Stalled" and "job-1-1-xyz" in ready["message"]
     assert "gang restart 1 of 2" in ready["message"] and plan.delete_jobs == ("job-1",)
     body = _body({"phase": "Running", "attempt": 3})
-    spent = reconcile.plan_for(body, [_job(3)], [_pod(3, 0), _pod(3, 1)], NOW, replace(snap, attempt=3))
+    spent = reconcile.decide_for(body, [_job(3)], [_pod(3, 0), _pod(3, 1)], NOW, replace(snap, attempt=3))
     assert spent.status["phase"] == "Failed" and spent.delete_jobs == ("job-3",)
 
 
@@ -214,7 +214,7 @@ def test_a_job_the_controller_marked_failure_target_has_failed() -> None:
 def test_why_the_gang_restarts_stays_said_while_the_old_pods_go() -> None:
     snap = live.record(None, 1, 9400, _answers("a"), NOW.timestamp() - 700, _reading(50))
     snap = live.record(snap, 1, 9400, _answers("a", hung="job-1-1-xyz"), NOW.timestamp(), _reading(50))
-    decided = reconcile.plan_for(
+    decided = reconcile.decide_for(
         _body({"phase": "Running", "attempt": 1}), [_job(1)], [_pod(1, 0), _pod(1, 1)], NOW, snap
     )
     going = _deleting(_job(1), NOW)

@@ -1,5 +1,5 @@
-"""The machine ``ddpjob local`` runs on: free ports, visible GPUs, the run folder. The I/O of local mode's
-planning, kept apart from the pure planner (``plan``)."""
+"""The machine ``ddpjob local`` runs on: free ports, visible GPUs, the run folder. The I/O that local mode's
+pod processes need, kept apart from the pure ``processes``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from ddp_trainer import contract
 
 from .. import names
-from .plan import LOCAL_ADDR
+from .processes import LOCAL_ADDR
 
 
 def free_port() -> int:

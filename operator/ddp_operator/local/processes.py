@@ -120,7 +120,7 @@ def secrets_from_host(container: Mapping[str, Any], host_env: Mapping[str, str])
     return {**{k: v for k, v in container.items() if k != "envFrom"}, "env": env}
 
 
-def plan_pods(
+def local_pods(
     spec: Spec,
     attempt: int,
     run_dir: Path,
