@@ -17,9 +17,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from ddp_operator import policy, reconcile, render
+from ddp_operator import names, policy, reconcile, render, status
 from ddp_operator.local import host
-from ddp_operator.local import plan as local
+from ddp_operator.local import processes as local
 from ddp_operator.spec import parse, parse_file
 from ddp_trainer import contract
 from ddp_trainer.config import parse_args, read_pod_env
@@ -75,7 +75,7 @@ def test_rendered_nccl_settings_are_the_trainers_and_the_docs() -> None:
 def test_rendered_pod_environment_reads_back_as_the_trainers_pod_env() -> None:
     spec = parse(_job("envjob", env=[{"name": "EXTRA", "value": "1"}]))
     for attempt in (contract.FIRST_ATTEMPT, contract.FIRST_ATTEMPT + 1):
-        (pod,) = local.plan_pods(spec, attempt, Path("/run"), master_port=1, metrics_ports=[9], host_env={})
+        (pod,) = local.local_pods(spec, attempt, Path("/run"), master_port=1, metrics_ports=[9], host_env={})
         env = read_pod_env(pod.env)
         assert (env.job, env.namespace, env.attempt, env.metrics_port) == ("envjob", "contract", attempt, 9)
         assert contract.restarts_before(env.attempt) == attempt - 1
@@ -95,7 +95,7 @@ def _pod_with_report(job: dict[str, Any], message: str, code: int) -> dict[str, 
     pod = local.pod_object(job, 0)
     terminated = {"exitCode": code, "message": message}
     pod["status"] = {
-        "containerStatuses": [{"name": render.CONTAINER_NAME, "state": {"terminated": terminated}}]
+        "containerStatuses": [{"name": names.CONTAINER_NAME, "state": {"terminated": terminated}}]
     }
     return pod
 
@@ -105,7 +105,7 @@ def _pod_with_report(job: dict[str, Any], message: str, code: int) -> dict[str, 
 def test_round_trip_render_run_the_trainer_read_the_status(tmp_path: Path, attempt: int) -> None:
     spec = parse(_job("roundtrip", trainer={"steps": 4, "batchSize": 8}, syncCheck={"everySteps": 2}))
     assert spec.sync_check.every_steps == 2
-    (pod,) = local.plan_pods(
+    (pod,) = local.local_pods(
         spec,
         attempt,
         tmp_path,
@@ -135,10 +135,10 @@ def test_round_trip_render_run_the_trainer_read_the_status(tmp_path: Path, attem
     now = dt.datetime(2026, 1, 1, 0, 1, tzinfo=dt.UTC)
     body = {**_job("roundtrip"), "status": previous}
     body["spec"] = {**body["spec"], "trainer": {"steps": 4, "batchSize": 8}, "syncCheck": {"everySteps": 2}}
-    written = reconcile.plan_for(body, [job], [_pod_with_report(job, message, 0)], now).status
+    written = reconcile.decide_for(body, [job], [_pod_with_report(job, message, 0)], now).status
     assert written["phase"] == "Succeeded"
     assert (written["attempt"], written["restarts"]) == (attempt, contract.restarts_before(attempt))
-    assert written["sync"] == contract.sync_status(report)
+    assert written["sync"] == status.report_sync(report)
     assert written["sync"]["checks"] == report["checks"] >= 3  # initial, steps 2 and 4
 
 

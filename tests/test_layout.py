@@ -108,3 +108,43 @@ def test_modules_stay_small_or_say_why(name: str) -> None:
     lines = len(text.splitlines())
     reason = "Long because" in (ast.get_docstring(ast.parse(text)) or "")
     assert lines <= LONG or reason, f"{name} has {lines} lines: split it, or say why at its top"
+
+
+EDGES = ("ddp_operator.local", "ddp_operator.cli", "ddp_operator.__main__")
+"""The operator's edges: local mode and the command line (``__main__`` only calls it). They sit on the
+core; the core (observe, decide, apply, render, ...) imports neither, so a cluster never runs local code."""
+
+
+def _under(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """``<module> imports <edge>`` for each import from the operator's core into one of its edges."""
+    core = [n for n in sorted(graph) if _under(n, "ddp_operator") and not any(_under(n, e) for e in EDGES)]
+    return [
+        f"{name} imports {dep}"
+        for name in core
+        for dep in sorted(graph[name])
+        if any(_under(dep, edge) for edge in ("ddp_operator.local", "ddp_operator.cli"))
+    ]
+
+
+def test_the_core_never_imports_local_mode_or_the_cli() -> None:
+    assert {"ddp_operator.local.run", "ddp_operator.cli", "ddp_operator.observe"} <= GRAPH.keys()
+    assert layer_violations(GRAPH) == []
+
+
+def test_the_layer_check_can_fail() -> None:
+    graph = {
+        "ddp_operator.observe": {"ddp_operator.local", "ddp_operator.local.logs", "ddp_trainer.contract"},
+        "ddp_operator.spec": {"ddp_operator.cli"},
+        "ddp_operator.local.run": {"ddp_operator.observe", "ddp_operator.local.gang"},
+        "ddp_operator.cli": {"ddp_operator.local.run"},
+        "ddp_operator.localish": {"ddp_operator.spec"},
+    }
+    assert layer_violations(graph) == [
+        "ddp_operator.observe imports ddp_operator.local",
+        "ddp_operator.observe imports ddp_operator.local.logs",
+        "ddp_operator.spec imports ddp_operator.cli",
+    ]

@@ -22,7 +22,7 @@ from kubernetes.client.exceptions import ApiException
 from . import crd, opmetrics
 from .plan import Plan
 from .recent import Recent
-from .reconcile import plan_for, refused
+from .reconcile import decide_for, refused
 from .scraper import Scraper
 
 Logger = logging.Logger | kopf.ObjectLogger
@@ -48,7 +48,7 @@ def reconcile(
         body, jobs = recent.body(key, body), recent.jobs(key, jobs, started)
         snapshot = scraper.latest(key) if scraper else None
         now = dt.datetime.now(dt.UTC)
-        plan = plan_for(body, jobs, pods, now, snapshot)
+        plan = decide_for(body, jobs, pods, now, snapshot)
         if (refusal := refused_in_dry_run(body, plan)) is not None:
             generation = int(body["metadata"].get("generation") or 0)
             plan = refused(dict(body.get("status") or {}), generation, now, refusal)

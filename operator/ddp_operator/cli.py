@@ -60,7 +60,7 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _local(args: argparse.Namespace) -> int:
-    from .local import plan, run  # the run's imports stay off validate's and render's path
+    from .local import processes, run  # the run's imports stay off validate's and render's path
 
     try:
         docs, skipped = other_kinds(load_documents(Path(args.file)))
@@ -80,7 +80,7 @@ def _local(args: argparse.Namespace) -> int:
         return run.EXIT_INVALID
     try:
         return run.run(specs[0], workdir=Path(args.workdir), verbose=args.verbose, fresh=args.fresh)
-    except plan.LocalError as exc:
+    except processes.LocalError as exc:
         print(f"{args.file}: {crd.KIND}/{specs[0].name}: {exc}", file=sys.stderr)
         return run.EXIT_INVALID
 

@@ -15,12 +15,12 @@ from typing import Any
 import kopf
 import kubernetes
 
-from . import apply, crd, render
+from . import apply, crd, names
 from .recent import Recent
-from .reconcile import finished
 from .scraper import Scraper
+from .status import finished
 
-LABELS = {"app.kubernetes.io/managed-by": render.MANAGED_BY}
+LABELS = {names.MANAGED_BY_LABEL: names.MANAGED_BY}
 Key = tuple[str, str]
 # One reconcile at a time per DDPJob: child events, the timer and the DDPJob's own events run in threads.
 _LOCKS: collections.defaultdict[Key, threading.Lock] = collections.defaultdict(threading.Lock)
@@ -75,7 +75,7 @@ def ddpjob_pods(
 
 def _owner(namespace: str | None, labels: kopf.Labels) -> Key:
     """The DDPJob a child belongs to, by its label."""
-    return (namespace or "", labels.get(render.JOB_NAME_LABEL, ""))
+    return (namespace or "", labels.get(names.JOB_NAME_LABEL, ""))
 
 
 @kopf.on.event(crd.GROUP, crd.VERSION, crd.PLURAL)

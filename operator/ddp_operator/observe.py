@@ -18,8 +18,7 @@ from typing import Any
 
 from ddp_trainer import contract
 
-from . import policy, render
-from .local import logs
+from . import names, podlogs, policy
 from .plan import Target
 
 
@@ -67,7 +66,7 @@ class Facts:
 def attempt_of(obj: Mapping[str, Any]) -> int:
     """The attempt label of a Job or pod (0 when missing or malformed: never the current attempt)."""
     try:
-        return int(obj.get("metadata", {}).get("labels", {}).get(render.ATTEMPT_LABEL, "0"))
+        return int(obj.get("metadata", {}).get("labels", {}).get(names.ATTEMPT_LABEL, "0"))
     except ValueError:
         return 0
 
@@ -89,7 +88,7 @@ def failure(job: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 def completion_index(pod: Mapping[str, Any]) -> int:
     try:
-        return int(pod["metadata"].get("annotations", {}).get(render.COMPLETION_INDEX_ANNOTATION, "-1"))
+        return int(pod["metadata"].get("annotations", {}).get(names.COMPLETION_INDEX_ANNOTATION, "-1"))
     except ValueError:
         return -1
 
@@ -97,7 +96,7 @@ def completion_index(pod: Mapping[str, Any]) -> int:
 def terminated(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The trainer container's terminated state (or its last one)."""
     for status in pod.get("status", {}).get("containerStatuses", []) or []:
-        if status.get("name") == render.CONTAINER_NAME:
+        if status.get("name") == names.CONTAINER_NAME:
             state = status.get("state", {}).get("terminated") or status.get("lastState", {}).get("terminated")
             return state if isinstance(state, dict) else None
     return None
@@ -230,8 +229,8 @@ def _first_error(pod: Mapping[str, Any]) -> str:
     text = str((state or {}).get("message") or "")
     if not text or contract.parse_report(text) is not None:
         return ""
-    found = logs.first_error(text.splitlines())
-    return logs.strip_rank(found[-1]).strip()[:300] if found else ""
+    found = podlogs.first_error(text.splitlines())
+    return podlogs.strip_rank(found[-1]).strip()[:300] if found else ""
 
 
 def _failed_on_its_own(pod: Mapping[str, Any]) -> bool:

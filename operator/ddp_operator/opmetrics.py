@@ -12,7 +12,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from .plan import Plan
-from .reconcile import PHASES
+from .status import PHASES
 
 JOBS = Gauge("ddpjob_jobs", "DDPJobs this operator watches, by phase.", ["phase"])
 RECONCILES = Counter("ddpjob_reconciles", "Reconciles of one DDPJob, by result (ok, error).", ["result"])

@@ -15,13 +15,9 @@ from collections.abc import Iterator, Mapping
 from decimal import Decimal
 from typing import Any
 
-from .local.kubeletenv import ResolveError, parse_quantity
+from .kubelet import ResolveError, parse_quantity
+from .names import CHECKPOINT_VOLUME, SHM_VOLUME
 from .schema import Problem, join, show
-
-SHM_VOLUME = "dshm"
-"""The pod's /dev/shm volume (``render``); a name the CRD reserves."""
-CHECKPOINT_VOLUME = "checkpoint"
-"""The pod's checkpoint volume (``render``); a name the CRD reserves."""
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

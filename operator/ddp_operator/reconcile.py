@@ -1,13 +1,12 @@
-"""Facts → the DDPJob's status and the next step. Pure: one function of what is observed.
+"""Facts → the next step for a DDPJob, and its phase. Pure: one function of what is observed.
 
-:func:`plan_for` parses the DDPJob, reads its children into :class:`~ddp_operator.observe.Facts`, renders
+:func:`decide_for` parses the DDPJob, reads its children into :class:`~ddp_operator.observe.Facts`, renders
 the objects of the current attempt (a value the plan may carry, never something the decision asks for
 midway) and calls :func:`decide`, which picks exactly one branch below and returns a :class:`Plan`: the
 status to write, the Service and Job to create, the Jobs to delete, the Job to (un)suspend, the events
-to post. :mod:`ddp_operator.apply` carries plans out; every branch here is unit-tested without an API
+to post. Each branch says its phase and ``Ready`` condition; :mod:`ddp_operator.status` builds the rest
+of the status. :mod:`ddp_operator.apply` carries plans out; every branch here is unit-tested without an API
 server (``tests/api/test_reconcile.py``) and proven against one by the e2e tests.
-
-Long because the branches of one decision read best side by side, each a few lines.
 """
 
 from __future__ import annotations
@@ -19,14 +18,13 @@ from typing import Any
 
 from ddp_trainer import contract
 
-from . import live, policy, render, stall
+from . import live, policy, render, stall, status
 from .observe import Facts, JobFacts, observe
-from .plan import Event, Plan, Scrape, StatusBuilder, parse_time, stamp
-from .spec import Spec, SpecError, checkpoints_durable, parse
+from .plan import Event, Plan, Scrape
+from .spec import Spec, SpecError, parse
+from .status import StatusBuilder, parse_time, stamp
 
 STOP_MARGIN_SECONDS = 30  # beyond the pods' termination grace period, before deciding without them
-PHASES = ("Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
-TERMINAL = ("Succeeded", "Failed")
 STALLED = "Stalled"
 
 
@@ -50,7 +48,7 @@ class Inputs:
     """The latest reading of the pods' metrics (:mod:`ddp_operator.scraper`), if any."""
 
 
-def plan_for(
+def decide_for(
     body: Mapping[str, Any],
     jobs: list[dict[str, Any]],
     pods: list[dict[str, Any]],
@@ -83,24 +81,13 @@ def refused(previous: Mapping[str, Any], generation: int, now: dt.datetime, mess
     return _finish(out, False, "InvalidSpec", message[:1024])
 
 
-def finished(status: Mapping[str, Any]) -> bool:
-    """A terminal phase, with what this operator writes along with one: a completionTime and a True
-    Complete or Failed condition. A phase without them (a hand-edited status) is not believed: the next
-    decision repairs it from the children."""
-    conditions = status.get("conditions")
-    said = [
-        c
-        for c in (conditions if isinstance(conditions, list) else [])
-        if isinstance(c, Mapping) and c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
-    ]
-    return status.get("phase") in TERMINAL and bool(status.get("completionTime")) and bool(said)
-
-
 def decide(inputs: Inputs) -> Plan:
     """The status to write and the next step: exactly one branch applies, checked in this order."""
-    out = _base(inputs)
     facts, job = inputs.facts, inputs.facts.job
-    if finished(inputs.previous):
+    out = status.begin(
+        inputs.previous, inputs.now, inputs.generation, facts.attempt, facts.report, inputs.spec
+    )
+    if status.finished(inputs.previous):
         return _finished(inputs, out)
     if (deadline := _deadline_passed(inputs)) is not None:
         return _finish(out, False, "DeadlineExceeded", deadline, delete=_all_jobs(facts))
@@ -109,73 +96,15 @@ def decide(inputs: Inputs) -> Plan:
     if job is None:
         return _create(inputs, out)
     if job.complete:
-        _checkpoint_events(out, facts.report)
+        status.checkpoint_events(out, facts.report)
         steps = facts.report.get("step") if facts.report else None
-        if progress := live.final_progress(inputs.previous, steps, inputs.spec.trainer.steps, out.now):
+        if progress := status.final_progress(inputs.previous, steps, inputs.spec.trainer.steps, out.now):
             out.values["progress"] = progress
-        message = live.completed_message(inputs.previous, facts.attempt, inputs.now, steps)
+        message = status.completed_message(inputs.previous, facts.attempt, inputs.now, steps)
         return _finish(out, True, "Completed", message)
     if job.failed:
         return _after_failure(inputs, out, job)
     return _running(inputs, out, job)
-
-
-def _base(inputs: Inputs) -> StatusBuilder:
-    """The status fields every branch writes, and the sync report when rank 0 has written one."""
-    previous, facts = inputs.previous, inputs.facts
-    out = StatusBuilder(previous, stamp(inputs.now))
-    out.values.update(
-        attempt=facts.attempt,
-        restarts=contract.restarts_before(facts.attempt),  # derived from the attempt, never counted apart
-        observedGeneration=inputs.generation,
-        startTime=previous.get("startTime") or out.now,
-        readyNodes=0,
-    )
-    for kept in ("completionTime", "lastReport", "progress", "checkpoint"):
-        if previous.get(kept):
-            out.values[kept] = previous[kept]
-    if preemptions := _count(previous.get("preemptions")):
-        out.values["preemptions"] = preemptions
-    if isinstance(previous.get("sync"), dict):
-        out.values["sync"] = dict(previous["sync"])
-    if facts.report is not None:
-        # The report is the last word; what the live readings said beyond it (last check's time) stays.
-        out.values["sync"] = {**out.values.get("sync", {}), **contract.sync_status(facts.report)}
-        out.values["lastReport"] = contract.last_report_status(facts.report, facts.attempt)
-        if checkpoint := contract.checkpoint_status(facts.report):
-            out.values["checkpoint"] = checkpoint
-    _durable_condition(out, inputs.spec)
-    return out
-
-
-def _count(value: Any) -> int:
-    """A count from the status: a non-negative integer (anything else, hand-written, counts as 0)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-def _durable_condition(out: StatusBuilder, spec: Spec) -> None:
-    if checkpoints_durable(spec):
-        out.condition("CheckpointsDurable", True, "Volume", "checkpoints outlive the pods: restarts resume")
-    elif spec.max_restarts > 0:
-        message = (
-            "checkpoints go to a pod-local emptyDir: restarts will start from step 0 "
-            "(set spec.checkpoint.volumeClaimTemplate or spec.checkpoint.volume)"
-        )
-        out.condition("CheckpointsDurable", False, "EmptyDir", message)
-    else:
-        out.condition("CheckpointsDurable", False, "EmptyDir", "checkpoints go to a pod-local emptyDir")
-
-
-def _checkpoint_events(out: StatusBuilder, report: Mapping[str, Any] | None) -> None:
-    """Say what the attempt restored when it was not simply its own newest checkpoint (once per attempt)."""
-    if report is None:
-        return
-    if report.get("warmStartedFrom"):
-        source = report["warmStartedFrom"]
-        message = f"warm start: the weights of {source} seeded this job (spec.checkpoint.warmStartFrom)"
-        out.events.append(Event("Normal", "WarmStarted", message))
-    for skipped in list(report.get("skippedCheckpoints") or [])[:4]:
-        out.events.append(Event("Warning", "CheckpointSkipped", str(skipped)))
 
 
 def _all_jobs(facts: Facts) -> tuple[str, ...]:
@@ -184,10 +113,8 @@ def _all_jobs(facts: Facts) -> tuple[str, ...]:
 
 def _finished(inputs: Inputs, out: StatusBuilder) -> Plan:
     """A terminal phase sticks; old Jobs go; the DDPJob itself goes once its TTL has passed."""
-    previous = inputs.previous
-    out.values["phase"] = previous["phase"]
-    out.conditions.update({c["type"]: dict(c) for c in previous.get("conditions", []) or []})
-    finished = parse_time(previous.get("completionTime"))
+    status.keep_finished(out)
+    finished = parse_time(inputs.previous.get("completionTime"))
     ttl = inputs.spec.ttl_seconds_after_finished
     expired = ttl is not None and finished is not None and (inputs.now - finished).total_seconds() >= ttl
     return Plan(out.plan().status, delete_jobs=inputs.facts.stale_jobs, delete_self=expired)
@@ -259,9 +186,9 @@ def _end_attempt(
     """The policy's decision on an ended attempt: the next attempt (Job ``job`` goes first), or the
     DDPJob fails (deleting ``job`` too when its pods still run: ``stop``)."""
     attempt = inputs.facts.attempt
-    preemptions = _count(inputs.previous.get("preemptions"))
+    preemptions = status.count(inputs.previous.get("preemptions"))
     decision = policy.decide(outcome, attempt, inputs.spec.max_restarts, preemptions)
-    _checkpoint_events(out, inputs.facts.report)
+    status.checkpoint_events(out, inputs.facts.report)
     if decision.action is policy.Action.RESTART:
         out.values.update(attempt=attempt + 1, restarts=contract.restarts_before(attempt + 1))
         if decision.reason == policy.PREEMPTED:
@@ -300,8 +227,8 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
     running = ready == spec.nodes and not spec.suspend and not job.suspended
     if running and (why := stall.stalled(inputs.snapshot, attempt, spec.stall_timeout_seconds)):
         return _end_attempt(inputs, out, job.name, policy.Outcome(False, reason=STALLED, message=why), True)
-    live.update(out, inputs.snapshot, attempt, spec.trainer.steps)
-    _sync_condition(out)
+    status.write_reading(out, inputs.snapshot, attempt, spec.trainer.steps)
+    status.sync_condition(out)
     scrape = None
     if facts.targets and not spec.suspend and not job.suspended:
         scrape = Scrape(attempt, spec.metrics_port, facts.targets)
@@ -311,35 +238,5 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
 def _finish(
     out: StatusBuilder, succeeded: bool, reason: str, message: str, delete: tuple[str, ...] = ()
 ) -> Plan:
-    phase = "Succeeded" if succeeded else "Failed"
-    out.values["completionTime"] = out.values.get("completionTime") or out.now
-    out.phase(phase, reason, message, warning=not succeeded)
-    out.condition("Ready", False, reason, message)
-    out.condition("Complete" if succeeded else "Failed", True, reason, message)
-    _sync_condition(out)
+    status.finish(out, succeeded, reason, message)
     return out.plan(delete_jobs=delete)
-
-
-def _sync_condition(out: StatusBuilder) -> None:
-    sync = out.values.get("sync")
-    if not sync:
-        message = "no sync check reported yet (read from the pods' metrics, and rank 0's final report)"
-        out.condition("SyncVerified", None, "NotYetReported", message)
-    elif sync.get("verified"):
-        out.condition(
-            "SyncVerified",
-            True,
-            "BitIdentical",
-            f"{sync.get('mismatches', 0)} of {sync.get('checks', 0)} checks found ranks differing; "
-            f"{sync['repairs']} repair(s) re-broadcast rank 0's model and the last check found every rank "
-            "bit-identical"
-            if sync.get("repairs")
-            else f"{sync.get('checks', 0)} checks found every rank bit-identical",
-        )
-    else:
-        out.condition(
-            "SyncVerified",
-            False,
-            "Diverged",
-            f"{sync.get('mismatches', 0)} of {sync.get('checks', 0)} checks found ranks differing",
-        )

@@ -15,16 +15,19 @@ from typing import Any
 from ddp_trainer import contract
 
 from . import crd
-from .podcheck import CHECKPOINT_VOLUME as CHECKPOINT_VOLUME
-from .podcheck import SHM_VOLUME as SHM_VOLUME
+from .names import (
+    ATTEMPT_LABEL,
+    CHECKPOINT_VOLUME,
+    COMPLETION_INDEX_ANNOTATION,
+    CONTAINER_NAME,
+    JOB_NAME_LABEL,
+    KUEUE_QUEUE_LABEL,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    SHM_VOLUME,
+)
 from .spec import Spec
 
-MANAGED_BY = "ddpjob-operator"
-JOB_NAME_LABEL = "ddpjob.io/job-name"
-ATTEMPT_LABEL = "ddpjob.io/attempt"
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
-CONTAINER_NAME = "trainer"
 DEFAULT_CHECKPOINT_DIR = "/checkpoints"
 TERMINATION_GRACE_SECONDS = 120  # room for the trainer to checkpoint at the next step boundary on SIGTERM
 DEFAULT_CHECKPOINT_KEEP = 2  # spec.checkpoint.keep's default in the CRD
@@ -40,7 +43,7 @@ def labels(spec: Spec, attempt: int | None = None) -> dict[str, str]:
         "app.kubernetes.io/name": "ddpjob",
         "app.kubernetes.io/instance": spec.name,
         "app.kubernetes.io/component": "trainer",
-        "app.kubernetes.io/managed-by": MANAGED_BY,
+        MANAGED_BY_LABEL: MANAGED_BY,
         JOB_NAME_LABEL: spec.name,
     }
     if attempt is not None:

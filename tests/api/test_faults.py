@@ -13,6 +13,7 @@ import pytest
 from ddp_operator import crd, live, reconcile, render, schema, stall
 from ddp_operator.observe import current_attempt
 from ddp_operator.progress import Progress
+from ddp_operator.status import finished
 
 from .test_reconcile import NOW, _body, _job, _pod, _reconcile, _spec
 
@@ -64,7 +65,7 @@ def test_a_hand_edited_status_is_repaired_from_the_children() -> None:
 
 def test_a_real_finish_still_sticks() -> None:
     done = _reconcile({"attempt": 1}, [_job(1, condition="Complete")], [_pod(1, 0, phase="Succeeded")])
-    assert reconcile.finished(done.status)
+    assert finished(done.status)
     again = _reconcile(done.status, [_job(1)], [_pod(1, 0)])
     assert again.status["phase"] == "Succeeded" and again.create_job is None
 
@@ -76,7 +77,7 @@ def test_a_refused_job_fails_the_ddpjob_and_creates_nothing() -> None:
     assert plan.status["phase"] == "Failed" and failed["reason"] == "InvalidSpec"
     assert failed["message"] == said
     assert (plan.create_job, plan.create_service, plan.create_claim) == (None, None, None)
-    assert reconcile.finished(plan.status)
+    assert finished(plan.status)
 
 
 def test_a_stale_job_kept_only_by_pods_past_their_deadline_is_let_go() -> None:
@@ -174,13 +175,13 @@ def test_a_stalled_attempt_restarts_the_gang_and_its_job_goes() -> None:
     snap = live.record(None, 1, 9400, _answers("a"), NOW.timestamp() - 700, _reading(50))
     snap = live.record(snap, 1, 9400, _answers("a", hung="job-1-1-xyz"), NOW.timestamp(), _reading(50))
     body = _body({"phase": "Running", "attempt": 1})
-    plan = reconcile.plan_for(body, [_job(1)], [_pod(1, 0), _pod(1, 1)], NOW, snap)
+    plan = reconcile.decide_for(body, [_job(1)], [_pod(1, 0), _pod(1, 1)], NOW, snap)
     assert plan.status["attempt"] == 2 and plan.status["phase"] == "Restarting"
     ready = {c["type"]: c for c in plan.status["conditions"]}["Ready"]
     assert ready["reason"] == "Stalled" and "job-1-1-xyz" in ready["message"]
     assert "gang restart 1 of 2" in ready["message"] and plan.delete_jobs == ("job-1",)
     body = _body({"phase": "Running", "attempt": 3})
-    spent = reconcile.plan_for(body, [_job(3)], [_pod(3, 0), _pod(3, 1)], NOW, replace(snap, attempt=3))
+    spent = reconcile.decide_for(body, [_job(3)], [_pod(3, 0), _pod(3, 1)], NOW, replace(snap, attempt=3))
     assert spent.status["phase"] == "Failed" and spent.delete_jobs == ("job-3",)
 
 
@@ -213,7 +214,7 @@ def test_a_job_the_controller_marked_failure_target_has_failed() -> None:
 def test_why_the_gang_restarts_stays_said_while_the_old_pods_go() -> None:
     snap = live.record(None, 1, 9400, _answers("a"), NOW.timestamp() - 700, _reading(50))
     snap = live.record(snap, 1, 9400, _answers("a", hung="job-1-1-xyz"), NOW.timestamp(), _reading(50))
-    decided = reconcile.plan_for(
+    decided = reconcile.decide_for(
         _body({"phase": "Running", "attempt": 1}), [_job(1)], [_pod(1, 0), _pod(1, 1)], NOW, snap
     )
     going = _deleting(_job(1), NOW)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ddp_operator import observe, policy, render
+from ddp_operator import names, observe, policy
 from ddp_trainer import contract
 
 
 def _job(attempt: int | str, condition: str | None = None, suspend: bool = False) -> dict[str, Any]:
     job: dict[str, Any] = {
-        "metadata": {"name": f"job-{attempt}", "labels": {render.ATTEMPT_LABEL: str(attempt)}},
+        "metadata": {"name": f"job-{attempt}", "labels": {names.ATTEMPT_LABEL: str(attempt)}},
         "spec": {"suspend": suspend},
     }
     if condition:
@@ -23,13 +23,13 @@ def _pod(attempt: int, index: int, *, code: int | None = None, message: str = ""
     state = {"terminated": {"exitCode": code, "message": message}} if code is not None else {}
     return {
         "metadata": {
-            "labels": {render.ATTEMPT_LABEL: str(attempt)},
-            "annotations": {render.COMPLETION_INDEX_ANNOTATION: str(index)},
+            "labels": {names.ATTEMPT_LABEL: str(attempt)},
+            "annotations": {names.COMPLETION_INDEX_ANNOTATION: str(index)},
         },
         "status": {
             "phase": "Running" if ready else "Pending",
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
-            "containerStatuses": [{"name": render.CONTAINER_NAME, "state": state}],
+            "containerStatuses": [{"name": names.CONTAINER_NAME, "state": state}],
         },
     }
 

@@ -1,4 +1,4 @@
-"""reconcile.plan_for: every branch, from fabricated Jobs and pods shaped like the API server's."""
+"""reconcile.decide_for: every branch, from fabricated Jobs and pods shaped like the API server's."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ddp_operator import apply, live, reconcile, render
+from ddp_operator import apply, live, names, reconcile, render, status
 from ddp_operator.plan import Plan
 from ddp_operator.progress import Progress
 from ddp_operator.spec import parse
@@ -65,8 +65,8 @@ def _pod(
     return {
         "metadata": {
             "name": f"job-{attempt}-{index}-abcde",
-            "labels": {render.ATTEMPT_LABEL: str(attempt), render.JOB_NAME_LABEL: "job"},
-            "annotations": {render.COMPLETION_INDEX_ANNOTATION: str(index)},
+            "labels": {names.ATTEMPT_LABEL: str(attempt), names.JOB_NAME_LABEL: "job"},
+            "annotations": {names.COMPLETION_INDEX_ANNOTATION: str(index)},
         },
         "status": {"phase": phase, "conditions": conditions, "containerStatuses": [container]},
     }
@@ -79,7 +79,7 @@ def _reconcile(
     now: dt.datetime = NOW,
     **spec: Any,
 ) -> Plan:
-    return reconcile.plan_for(_body(previous, **spec), jobs or [], pods or [], now)
+    return reconcile.decide_for(_body(previous, **spec), jobs or [], pods or [], now)
 
 
 REPORT = {
@@ -231,7 +231,7 @@ def test_transition_times_are_kept_while_a_condition_holds() -> None:
     assert later.events == ()
 
 
-@pytest.mark.parametrize("phase", reconcile.PHASES)
+@pytest.mark.parametrize("phase", status.PHASES)
 def test_phases_are_the_crd_enum(phase: str) -> None:
     from ddp_operator import crd
 
@@ -241,7 +241,7 @@ def test_phases_are_the_crd_enum(phase: str) -> None:
 def test_an_invalid_spec_fails_at_once_saying_why_and_creates_nothing() -> None:
     body = _body({"phase": "Running", "attempt": 2, "startTime": "2026-11-22T11:00:00Z"})
     body["spec"]["trainer"] = "oops"  # a shape this operator cannot read (an older CRD stored it)
-    plan = reconcile.plan_for(body, [_job(2)], [], NOW)
+    plan = reconcile.decide_for(body, [_job(2)], [], NOW)
     assert plan.create_job is None and plan.create_service is None and plan.delete_jobs == ()
     assert plan.status["phase"] == "Failed" and plan.status["observedGeneration"] == 3
     assert plan.status["attempt"] == 2 and plan.status["completionTime"] == "2026-11-22T12:00:00Z"
@@ -350,7 +350,7 @@ def _snapshot(at: dt.datetime, step: int, attempt: int = 1, **extra: Any) -> liv
 
 def _running(previous: dict[str, Any], snapshot: live.Snapshot | None, now: dt.datetime = NOW) -> Plan:
     body = _body(previous, trainer={"steps": 1000})
-    return reconcile.plan_for(body, [_job(1)], _running_pods(), now, snapshot)
+    return reconcile.decide_for(body, [_job(1)], _running_pods(), now, snapshot)
 
 
 def test_a_running_job_is_read_and_its_progress_written() -> None:

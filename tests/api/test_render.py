@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from ddp_operator import cli, render
+from ddp_operator import cli, names, render
 from ddp_operator.spec import Spec, parse, parse_file
 
 from .conftest import GOLDEN, REPO
@@ -229,7 +229,7 @@ def test_a_claim_template_becomes_an_owned_claim_mounted_by_every_pod() -> None:
     }
     assert claim["metadata"]["ownerReferences"][0]["uid"] == "1234"
     volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
-    assert volumes[render.CHECKPOINT_VOLUME]["persistentVolumeClaim"] == {
+    assert volumes[names.CHECKPOINT_VOLUME]["persistentVolumeClaim"] == {
         "claimName": claim["metadata"]["name"]
     }
     kubernetes_validate.validate(claim, KUBERNETES_RELEASES[-1], strict=True)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddp_operator.local import kubeletenv
+from ddp_operator import kubelet
 
 from .volumes import FILE_VOLUMES, VolumeError
 
@@ -65,7 +65,7 @@ def _downward(pod: Mapping[str, Any], items: list[Mapping[str, Any]]) -> dict[st
     for item in items:
         if "fieldRef" not in item:
             raise VolumeError(f"downwardAPI item {item.get('path')!r}: only fieldRef is supported")
-        out[item["path"]] = kubeletenv.field_value(pod, item["fieldRef"]["fieldPath"])
+        out[item["path"]] = kubelet.field_value(pod, item["fieldRef"]["fieldPath"])
     return out
 
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 from torchrun_helpers import Launch, checkpoints, launch
 
+from ddp_operator import status
 from ddp_trainer import contract, provenance
 
 pytestmark = pytest.mark.slow
@@ -137,7 +138,7 @@ def test_a_corrupt_newest_checkpoint_is_skipped_and_the_one_before_resumed(
     (skipped,) = report["skippedCheckpoints"]
     assert skipped.startswith("step-00000020.a.pt: contents do not match their sha256")
     assert f"checkpoint skipped: {skipped}" in run.logs()
-    assert contract.checkpoint_status(report)["skipped"] == [skipped]
+    assert status.report_checkpoint(report)["skipped"] == [skipped]
     # The corrupt file was replaced by this attempt's own step 20, and keep=2 left 20 and 30.
     assert checkpoints(folder) == ["step-00000020.a.pt", "step-00000030.a.pt"]
     provenance.decode(newest.read_bytes())

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from ddp_operator import status
 from ddp_trainer import contract, report
 from ddp_trainer.verify import Tally
 
@@ -103,7 +104,7 @@ def test_a_refused_checkpoint_fails_with_the_never_retry_exit_code_and_what_was_
     assert (r["result"], r["reason"], r["message"]) == (contract.FAILED, "ForeignCheckpoint", message)
     assert (r["step"], r["checks"], r["resumedFromStep"]) == (0, 0, 0)
     assert r["skippedCheckpoints"] == list(skipped) and "warmStartedFrom" not in r
-    assert contract.checkpoint_status(r) == {"resumedFromStep": 0, "skipped": list(skipped)}
+    assert status.report_checkpoint(r) == {"resumedFromStep": 0, "skipped": list(skipped)}
 
 
 def test_a_warm_start_is_reported_and_many_skipped_files_are_cut_to_fit() -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, Final, Literal, TypedDict
+from typing import Final, Literal, TypedDict
 
 # -- the pod environment ------------------------------------------------------------------------------
 
@@ -260,29 +260,6 @@ def parse_report(text: str | None) -> Report | None:
     if not isinstance(report, dict) or report.get("result") not in (SUCCEEDED, DIVERGED, FAILED, INTERRUPTED):
         return None
     return report  # type: ignore[return-value]
-
-
-def sync_status(report: Mapping[str, Any]) -> dict[str, Any]:
-    """The part of a report that becomes ``status.sync``."""
-    return {key: report[key] for key in SYNC_STATUS_KEYS if key in report}
-
-
-def last_report_status(report: Mapping[str, Any], attempt: int) -> dict[str, Any]:
-    """What ``status.lastReport`` keeps of a report: enough to decide after the pod is gone."""
-    kept = {key: report[key] for key in ("result", "reason") if key in report}
-    return {"attempt": attempt, **kept, "message": str(report.get("message", ""))[:1024]}
-
-
-def checkpoint_status(report: Mapping[str, Any]) -> dict[str, Any]:
-    """The part of a report that becomes ``status.checkpoint``."""
-    out: dict[str, Any] = {}
-    if "resumedFromStep" in report:
-        out["resumedFromStep"] = report["resumedFromStep"]
-    if report.get("warmStartedFrom"):
-        out["warmStartedFrom"] = report["warmStartedFrom"]
-    if report.get("skippedCheckpoints"):
-        out["skipped"] = list(report["skippedCheckpoints"])[:16]
-    return out
 
 
 # -- metrics ------------------------------------------------------------------------------------------

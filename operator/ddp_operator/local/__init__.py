@@ -1,8 +1,6 @@
 """``ddpjob local``: the very same DDPJob on this machine, with no cluster.
 
-- ``plan``: pure; the rendered Job's pods as local processes (command line, environment, folders).
-- ``kubeletenv``: pure; the kubelet's rules for a container's environment and command line (also used by
-  the test cluster's node agent).
+- ``processes``: pure; the rendered Job's pods as local processes (command line, environment, folders).
 - ``host``: this machine: free ports, visible GPUs, the run folder.
 - ``gang``: the pods' process groups: start together, stop together, leave nothing behind.
 - ``run``: the edge: start each attempt, watch it, ask ``policy`` what next, print progress and a summary.

@@ -1,5 +1,5 @@
-"""The machine ``ddpjob local`` runs on: free ports, visible GPUs, the run folder. The I/O of local mode's
-planning, kept apart from the pure planner (``plan``)."""
+"""The machine ``ddpjob local`` runs on: free ports, visible GPUs, the run folder. The I/O that local mode's
+pod processes need, kept apart from the pure ``processes``."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 from ddp_trainer import contract
 
-from .. import render
-from .plan import LOCAL_ADDR
+from .. import names
+from .processes import LOCAL_ADDR
 
 
 def free_port() -> int:
@@ -47,7 +47,7 @@ def prepare_run_dir(run_dir: Path, *, fresh: bool) -> str | None:
     if fresh or previous == "Succeeded":
         shutil.rmtree(run_dir, ignore_errors=True)
         return None
-    checkpoint = run_dir / "volumes" / render.CHECKPOINT_VOLUME
+    checkpoint = run_dir / "volumes" / names.CHECKPOINT_VOLUME
     if checkpoint.is_dir() and any(checkpoint.iterdir()):
         return (
             f"resuming from the checkpoint an earlier {previous or 'unfinished'} run left in {checkpoint} "

@@ -1,6 +1,6 @@
 """The I/O edge of ``ddpjob local``: start the pods of each attempt, watch them, report, restart or stop.
 
-Everything it decides comes from pure functions: ``plan.plan_pods`` (what runs), ``policy.decide`` (what
+Everything it decides comes from pure functions: ``processes.local_pods`` (what runs), ``policy.decide`` (what
 happens after an attempt) and ``progress`` (what a person sees).
 """
 
@@ -17,9 +17,9 @@ from typing import Any, TextIO
 
 from ddp_trainer import contract
 
-from .. import policy, progress
+from .. import podlogs, policy, progress
 from ..spec import Spec
-from . import gang, host, logs, plan
+from . import gang, host, processes
 
 GRACE_SECONDS = 30.0  # the trainer checkpoints at its next step boundary on SIGTERM, well within this
 POLL_SECONDS = 0.2
@@ -85,7 +85,7 @@ def run(
 ) -> int:
     """Run the DDPJob here until it succeeds, fails for good, or is interrupted; returns the exit code."""
     console = Console(stream, verbose)
-    plan.check_devices(spec, host.visible_gpus() if spec.device == "cuda" else 0)
+    processes.check_devices(spec, host.visible_gpus() if spec.device == "cuda" else 0)
     # absolute: each pod runs in a folder of its own, so every path handed to it must be
     run_dir = workdir.absolute() / spec.name
     note = host.prepare_run_dir(run_dir, fresh=fresh)
@@ -131,7 +131,7 @@ def _attempt(
     master_port = spec.master_port if host.port_is_free(spec.master_port) else host.free_port()
     metrics_ports = [host.free_port() for _ in range(spec.nodes)]
     gpus = list(range(spec.world_size)) if spec.device == "cuda" else None
-    pods = plan.plan_pods(
+    pods = processes.local_pods(
         spec,
         attempt,
         run_dir,
@@ -152,9 +152,9 @@ def _attempt(
     members = gang.Gang(marker)
     try:
         for pod in pods:
-            for folder in [*pod.volumes, plan.tmp_dir(pod)]:
+            for folder in [*pod.volumes, processes.tmp_dir(pod)]:
                 folder.mkdir(parents=True, exist_ok=True)
-            env = {**plan.process_env(pod, os.environ, Path.cwd()), gang.MARKER: marker}
+            env = {**processes.process_env(pod, os.environ, Path.cwd()), gang.MARKER: marker}
             members.start(gang.Member(pod.name, pod.argv, env, pod.log_path, console.pod_line, pod.workdir))
     except FileNotFoundError as exc:
         members.kill()
@@ -165,7 +165,7 @@ def _attempt(
     report = contract.parse_report(_read(pods[0].termination_path))
     failed = [(pod, code) for pod, code in zip(pods, first, strict=True) if code]
     for pod, code in failed[:2]:
-        error = logs.first_error((_read(pod.log_path) or "").splitlines())
+        error = podlogs.first_error((_read(pod.log_path) or "").splitlines())
         which = "its first error" if error else "its last lines"
         console.say(f"{pod.name} exited {code}; {which} (all its output is in {pod.log_path}):")
         for text in error or members.last_lines(pod.index, 12):
@@ -182,7 +182,7 @@ def _attempt(
 
 
 def _watch(
-    spec: Spec, pods: list[plan.LocalPod], members: gang.Gang, console: Console, interrupt: Interrupt
+    spec: Spec, pods: list[processes.LocalPod], members: gang.Gang, console: Console, interrupt: Interrupt
 ) -> tuple[list[int | None], list[int | None]]:
     """Wait for all pods to succeed, one to fail, or an interrupt; then make sure none is left.
     Returns the exit codes when that happened (who failed first) and after every pod stopped."""

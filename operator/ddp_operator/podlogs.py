@@ -2,7 +2,8 @@
 
 torchrun ends a failed run with its own generic block ("Root Cause (first observed failure) … To enable
 traceback see …"); the real cause (argparse's ``error: unrecognized arguments``, the worker's traceback)
-is further up. This finds the first of them.
+is further up. This finds the first of them: in a pod's termination message (the operator's ``observe``)
+and in a local pod's log file (``ddpjob local``).
 """
 
 from __future__ import annotations

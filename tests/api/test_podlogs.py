@@ -1,8 +1,8 @@
-"""logs.first_error: the failing rank's first error, not torchrun's generic tail."""
+"""podlogs.first_error: the failing rank's first error, not torchrun's generic tail."""
 
 from __future__ import annotations
 
-from ddp_operator.local.logs import first_error
+from ddp_operator.podlogs import first_error
 
 # The shape of a real `torchrun --nproc-per-node 2 boom.py` (torch 2.15) where rank 1 raised and rank 0
 # then lost its peer; cut down.

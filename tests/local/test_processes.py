@@ -1,4 +1,4 @@
-"""`ddpjob local`'s pure parts: pods planned from the rendered Job, the policy, the progress line."""
+"""`ddpjob local`'s pure parts: the rendered Job's pods as local processes, the policy, the progress line."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ddp_operator import render
-from ddp_operator.local import plan as local
+from ddp_operator.local import processes as local
 from ddp_operator.spec import parse
 
 DOC: dict[str, Any] = {
@@ -19,14 +19,14 @@ DOC: dict[str, Any] = {
 }
 
 
-def _plan(doc: dict[str, Any] = DOC, attempt: int = 2, **kwargs: Any) -> list[local.LocalPod]:
+def _pods(doc: dict[str, Any] = DOC, attempt: int = 2, **kwargs: Any) -> list[local.LocalPod]:
     options: dict[str, Any] = {"master_port": 40000, "metrics_ports": [41000, 41001, 41002], "host_env": {}}
     options.update(kwargs)
-    return local.plan_pods(parse(doc), attempt, Path("/run/plan"), **options)
+    return local.local_pods(parse(doc), attempt, Path("/run/plan"), **options)
 
 
 def test_each_pod_gets_the_kubelet_environment_with_local_addresses() -> None:
-    pods = _plan()
+    pods = _pods()
     assert [pod.name for pod in pods] == ["plan-2-0", "plan-2-1", "plan-2-2"]
     for index, pod in enumerate(pods):
         env = pod.env
@@ -57,7 +57,7 @@ def test_user_env_still_wins_and_expands() -> None:
             ],
         },
     }
-    pod = _plan(doc)[1]
+    pod = _pods(doc)[1]
     assert pod.env["MASTER_PORT"] == pod.env["PET_MASTER_PORT"] == "23456"
     assert pod.env["TAG"] == "plan-1"
     assert pod.argv == ["torchrun", "train.py", "--out=/run/plan/volumes/checkpoint/x"]
@@ -71,14 +71,14 @@ def test_secrets_come_from_this_machine_or_are_named() -> None:
             "env": [{"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "key"}}}],
         },
     }
-    assert _plan(doc, host_env={"API_KEY": "s3cret"})[0].env["API_KEY"] == "s3cret"
+    assert _pods(doc, host_env={"API_KEY": "s3cret"})[0].env["API_KEY"] == "s3cret"
     with pytest.raises(local.LocalError, match=r"API_KEY comes from Secret 'creds'.*export API_KEY="):
-        _plan(doc)
+        _pods(doc)
 
 
 def test_gpus_are_split_between_pods() -> None:
     doc = {**DOC, "spec": {**DOC["spec"], "device": "cuda"}}
-    pods = _plan(doc, gpus=list(range(6)))
+    pods = _pods(doc, gpus=list(range(6)))
     assert [pod.env["CUDA_VISIBLE_DEVICES"] for pod in pods] == ["0,1", "2,3", "4,5"]
 
 

@@ -1,7 +1,8 @@
 """A container's environment and command line, computed from its Pod exactly as the kubelet does.
 
-Pure functions, no I/O: the node agent of the test cluster uses them, and so can anything else that runs
-a pod's container as a local process (``ddpjob local``). The rules follow the kubelet's
+Pure functions, no I/O, shared by every mode: ``ddpjob local`` runs a pod's container as a local process
+with them, the operator's ``podcheck`` reads resource quantities with them, and the node agent of the test
+cluster starts its pods' containers with them. The rules follow the kubelet's
 ``makeEnvironmentVariables`` and ``third_party/forked/golang/expansion``:
 
 - ``envFrom`` sources first, then ``env`` in order; a later name replaces an earlier one.

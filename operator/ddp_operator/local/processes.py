@@ -1,7 +1,7 @@
 """What runs where in ``ddpjob local``: the pods of one attempt as local processes. Pure: no I/O.
 
 The Indexed Job that ``render`` produces expands into one "pod" per completion index; each pod's container
-command runs as a local process group with the environment the kubelet would give it (``kubeletenv``),
+command runs as a local process group with the environment the kubelet would give it (``kubelet``),
 except that the rank-0 host name resolves to this machine, each pod gets its own metrics port, and volumes
 map to folders under the run directory. Ports, folders and processes are the business of ``host`` and
 ``run``; this module only computes.
@@ -18,9 +18,8 @@ from typing import Any
 
 from ddp_trainer import contract
 
-from .. import render
+from .. import kubelet, names, render
 from ..spec import Spec
-from . import kubeletenv
 
 Obj = dict[str, Any]
 LOCAL_ADDR = "127.0.0.1"
@@ -53,7 +52,7 @@ def pod_object(job: Mapping[str, Any], index: int) -> Obj:
     name = f"{job['metadata']['name']}-{index}"
     annotations = {
         **template["metadata"].get("annotations", {}),
-        render.COMPLETION_INDEX_ANNOTATION: str(index),
+        names.COMPLETION_INDEX_ANNOTATION: str(index),
     }
     return {
         "apiVersion": "v1",
@@ -63,7 +62,7 @@ def pod_object(job: Mapping[str, Any], index: int) -> Obj:
             "namespace": job["metadata"]["namespace"],
             "labels": {
                 **template["metadata"].get("labels", {}),
-                render.COMPLETION_INDEX_ANNOTATION: str(index),
+                names.COMPLETION_INDEX_ANNOTATION: str(index),
             },
             "annotations": annotations,
         },
@@ -121,7 +120,7 @@ def secrets_from_host(container: Mapping[str, Any], host_env: Mapping[str, str])
     return {**{k: v for k, v in container.items() if k != "envFrom"}, "env": env}
 
 
-def plan_pods(
+def local_pods(
     spec: Spec,
     attempt: int,
     run_dir: Path,
@@ -146,7 +145,7 @@ def plan_pods(
     pods = []
     for index in range(spec.nodes):
         pod = pod_object(job, index)
-        env = kubeletenv.resolve_env(pod, container, pod_ip=LOCAL_ADDR, host_ip=LOCAL_ADDR)
+        env = kubelet.resolve_env(pod, container, pod_ip=LOCAL_ADDR, host_ip=LOCAL_ADDR)
         for key in ("PET_MASTER_ADDR", "MASTER_ADDR", "PET_MASTER_PORT", "MASTER_PORT"):
             if key in env:
                 env[key] = replacements.get(env[key], env[key])
@@ -158,7 +157,7 @@ def plan_pods(
         if gpus is not None:
             per_pod = gpus[index * spec.procs_per_node : (index + 1) * spec.procs_per_node]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, per_pod))
-        argv = [remap(part, dirs) for part in kubeletenv.pod_command(with_entrypoint(container), env)]
+        argv = [remap(part, dirs) for part in kubelet.pod_command(with_entrypoint(container), env)]
         pods.append(
             LocalPod(
                 index,

@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pytest
 
-from ddp_operator.local.kubeletenv import (
+from ddp_operator.kubelet import (
     ResolveError,
     expand,
     field_value,

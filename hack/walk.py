@@ -1,0 +1,133 @@
+"""The newcomer's walk: follow one DDPJob body through ``apply.reconcile`` and count the rooms (modules).
+
+Runs one reconcile of a running two-pod DDPJob (a metrics reading in hand, so the live status is built
+too) with the API calls left out (``apply._ignore`` and ``apply._event`` answer nothing), and records,
+with ``sys.setprofile``, which of this project's modules the code is in at every call and every return.
+Consecutive steps in the same module are one stop. It prints the stops in order, then
+
+    stops: N, returns: M, modules: K
+
+where ``returns`` counts the stops at a module the walk had already left (a reader going back to a file
+already read). Third-party code (kubernetes, prometheus_client, jsonschema, celpy) is not counted: the
+walk passes through it as through a corridor. A first reconcile warms the caches (the CRD, the schema);
+the second is the one counted. Usage: ``.venv/bin/python hack/walk.py [-q]`` (``-q``: the totals only).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import ddp_operator
+import ddp_trainer
+from ddp_operator import apply, live, render
+from ddp_operator.progress import Progress
+from ddp_operator.spec import parse
+
+ROOTS = {Path(ddp_operator.__file__).parent: "ddp_operator", Path(ddp_trainer.__file__).parent: "ddp_trainer"}
+
+
+def module_of(frame: FrameType | None) -> str | None:
+    """The project module of the nearest project frame at or above ``frame``."""
+    while frame is not None:
+        path = Path(frame.f_code.co_filename)
+        for root, package in ROOTS.items():
+            if path.is_relative_to(root):
+                parts = path.relative_to(root).with_suffix("").parts
+                return ".".join((package, *parts)).removesuffix(".__init__")
+        frame = frame.f_back
+    return None
+
+
+def _body() -> dict[str, Any]:
+    return {
+        "apiVersion": "ddpjob.io/v1alpha1",
+        "kind": "DDPJob",
+        "metadata": {"name": "walk", "namespace": "ns", "generation": 1, "uid": "u-1"},
+        "spec": {"nodes": 2, "procsPerNode": 1, "device": "cpu", "maxRestarts": 1},
+        "status": {"phase": "Pending", "attempt": 1, "startTime": "2026-01-01T00:00:00Z"},
+    }
+
+
+def _children(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    job = render.render_job(parse(body), 1)
+    pod_meta = job["spec"]["template"]["metadata"]
+    pods = [
+        {
+            "metadata": {
+                "name": f"walk-1-{i}-x",
+                "labels": dict(pod_meta["labels"]),
+                "annotations": {"batch.kubernetes.io/job-completion-index": str(i)},
+            },
+            "status": {
+                "phase": "Running",
+                "podIP": f"10.0.0.{i + 1}",
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "containerStatuses": [{"name": "trainer", "state": {"running": {}}}],
+            },
+        }
+        for i in range(2)
+    ]
+    return [job], pods
+
+
+class _Scraper:
+    """Holds one reading of the pods' metrics, as :class:`ddp_operator.scraper.Scraper` would."""
+
+    def __init__(self) -> None:
+        reading = Progress(
+            step=10, samples=320.0, ranks=2, checks_ok=2, last_check_ok=True, last_check_step=10
+        )
+        answers = [live.Answer(f"walk-1-{i}-x", "text") for i in range(2)]
+        self.snapshot = live.record(None, 1, 9400, answers, time.time(), reading)
+
+    def latest(self, key: object) -> live.Snapshot:
+        return self.snapshot
+
+    def want(self, *args: object) -> bool:
+        return True
+
+    def forget(self, key: object) -> None:
+        pass
+
+
+def walk() -> list[str]:
+    apply._ignore = lambda *args, **kwargs: None  # type: ignore[assignment]  # no API server
+    apply._event = lambda *args, **kwargs: None  # type: ignore[assignment]
+    body = _body()
+    jobs, pods = _children(body)
+    logger = __import__("logging").getLogger("walk")
+    apply.reconcile(body, jobs, pods, logger, {}, _Scraper())  # type: ignore[arg-type]  # warm the caches
+    scraper, stops = _Scraper(), list[str]()
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        if event == "call":
+            here = module_of(frame)
+        elif event == "return":
+            here = module_of(frame.f_back)
+        else:
+            return
+        if here is not None and (not stops or stops[-1] != here):
+            stops.append(here)
+
+    sys.setprofile(profile)
+    try:
+        apply.reconcile(body, jobs, pods, logger, {}, scraper)  # type: ignore[arg-type]
+    finally:
+        sys.setprofile(None)
+    return stops
+
+
+def main() -> None:
+    stops = walk()
+    returns = sum(1 for i, name in enumerate(stops) if name in stops[:i])
+    if "-q" not in sys.argv:
+        print(" → ".join(name.removeprefix("ddp_operator.") for name in stops))
+    print(f"stops: {len(stops)}, returns: {returns}, modules: {len(set(stops))}")
+
+
+if __name__ == "__main__":
+    main()

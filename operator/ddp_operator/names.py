@@ -1,0 +1,27 @@
+"""The names every part of the operator shares: the labels and annotations on the children, the trainer
+container's name and the pod's volume names. ``render`` writes them, ``observe`` and ``handlers`` select
+and read by them, ``podcheck`` reserves the volume names, local mode lays out its folders by them.
+
+Names that cross the pod boundary (environment variables, the metrics port's name, metric labels) are the
+trainer's too and live in :mod:`ddp_trainer.contract`.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
+MANAGED_BY: Final = "ddpjob-operator"
+"""The value of :data:`MANAGED_BY_LABEL` on every child: the operator watches Jobs and pods by it."""
+JOB_NAME_LABEL: Final = "ddpjob.io/job-name"
+"""The owning DDPJob's name, on every child (the Service selects the pods by it)."""
+ATTEMPT_LABEL: Final = "ddpjob.io/attempt"
+"""The attempt a Job and its pods belong to."""
+KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+COMPLETION_INDEX_ANNOTATION: Final = "batch.kubernetes.io/job-completion-index"
+"""Set by the Job controller on an Indexed Job's pods: the node rank."""
+CONTAINER_NAME: Final = "trainer"
+SHM_VOLUME: Final = "dshm"
+"""The pod's /dev/shm volume; a name the CRD reserves."""
+CHECKPOINT_VOLUME: Final = "checkpoint"
+"""The pod's checkpoint volume; a name the CRD reserves."""

@@ -1,0 +1,103 @@
+"""status: the live status.sync, the sync events, the Succeeded event and the final status.progress."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from ddp_operator import live, status
+from ddp_operator.progress import Progress
+from ddp_operator.status import StatusBuilder
+
+T0 = 1_800_000_000.0
+
+
+def _reading(step: int, samples: float, **extra: object) -> Progress:
+    return Progress(step=step, samples=samples, ranks=2, **extra)  # type: ignore[arg-type]
+
+
+def _answers(*texts: str | None) -> list[live.Answer]:
+    return [
+        live.Answer(f"job-1-{i}", text, error="" if text else "timed out") for i, text in enumerate(texts)
+    ]
+
+
+def test_live_sync_names_the_last_checks_step_and_verdict() -> None:
+    checked = _reading(
+        130, 0.0, checks_ok=3, last_check_ok=True, last_check_time=T0 - 5, last_check_step=120
+    )  # the check ran at step 120; training went on to step 130
+    sync = status.live_sync({}, checked)
+    assert sync == {
+        "checks": 3,
+        "mismatches": 0,
+        "repairs": 0,
+        "lastCheckResult": "BitIdentical",
+        "verified": True,
+        "lastCheckStep": 120,
+        "lastCheckTime": "2027-01-15T07:59:55Z",
+    }
+    just = _reading(130, 0.0, checks_ok=3, last_check_ok=True, last_check_time=T0, last_check_step=130)
+    assert status.live_sync({}, just)["lastCheckStep"] == 130
+    diverged = _reading(130, 0.0, checks_ok=2, checks_mismatch=1, last_check_ok=False, last_check_time=T0)
+    assert status.live_sync({}, diverged)["verified"] is False
+    assert status.live_sync({"checks": 9}, _reading(0, 0.0)) == {"checks": 9}
+
+
+def test_events_for_the_first_good_check_a_divergence_and_a_repair() -> None:
+    def events(old: dict[str, object], now: Progress) -> list[str]:
+        out = StatusBuilder({"sync": old}, "2027-01-15T08:01:00Z")
+        out.values["sync"] = old
+        snap = live.record(None, 1, 9400, _answers("a"), T0, now)
+        status.write_reading(out, snap, 1, 1000)
+        return [f"{e.type} {e.reason}: {e.message}" for e in out.events]
+
+    first = _reading(50, 0.0, checks_ok=1, last_check_ok=True, last_check_time=T0)
+    assert events({}, first) == [
+        "Normal SyncVerified: first sync check passed: every rank holds a bit-identical model (step 50)"
+    ]
+    assert events({"checks": 1, "mismatches": 0}, first) == []
+    caught = _reading(
+        9,
+        0.0,
+        checks_ok=1,
+        checks_mismatch=1,
+        last_check_ok=False,
+        last_check_time=T0,
+        mismatched_tensors=2,
+        max_abs_diff=0.5,
+    )
+    assert events({"checks": 1, "mismatches": 0}, caught) == [
+        "Warning SyncDivergence: the sync check at step 9 found 2 tensor(s) differing between ranks, "
+        "max |difference| 0.5 (the final report names them)"
+    ]
+    bad = _reading(
+        100,
+        0.0,
+        checks_ok=1,
+        checks_mismatch=1,
+        repairs=1,
+        last_check_ok=True,
+        last_check_time=T0,
+        mismatched_tensors=2,
+        max_abs_diff=0.5,
+    )
+    assert events({"checks": 1, "mismatches": 0, "repairs": 0}, bad) == [
+        "Warning SyncDivergence: 1 sync check(s) found ranks differing since the last reading; "
+        "the last check, at step 100, passed",
+        "Normal SyncRepaired: re-broadcast rank 0's model after a divergence (1 repair(s) so far)",
+    ]
+
+
+def test_the_succeeded_event_says_time_and_throughput() -> None:
+    previous = {"startTime": "2027-01-15T08:00:00Z", "progress": {"samplesPerSecond": 1234.5}}
+    now = dt.datetime(2027, 1, 15, 8, 3, 20, tzinfo=dt.UTC)
+    assert (
+        status.completed_message(previous, 1, now, 600)
+        == "attempt 1 completed in 3m20s: 600 steps, 1,234 samples/s"
+    )
+    assert status.completed_message({}, 2, now, None) == "attempt 2 completed"
+    final = status.final_progress(previous, 600, 600, "2027-01-15T08:03:20Z")
+    assert final is not None and (final["percent"], final["eta"], final["samplesPerSecond"]) == (
+        100,
+        "0s",
+        1234.5,
+    )
