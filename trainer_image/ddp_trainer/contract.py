@@ -49,6 +49,12 @@ TERMINATION_LOG_ENV: Final = "DDPJOB_TERMINATION_LOG"
 """Where the final report goes (default: the container's ``/dev/termination-log`` when writable)."""
 CHAOS_ENV: Final = "DDPJOB_CHAOS_DIVERGE"
 """The fire drill, ``rank=R,step=S``: rank R nudges one parameter after step S."""
+SYNC_EVERY_ENV: Final = "DDPJOB_SYNC_EVERY"
+"""``spec.syncCheck.everySteps``: steps between periodic checks, for any command (``SyncHealth`` reads it;
+the built-in trainer gets the same value as ``--sync-every``)."""
+ON_DIVERGENCE_ENV: Final = "DDPJOB_ON_DIVERGENCE"
+"""``spec.syncCheck.onDivergence``: ``Fail``, ``Repair`` or ``Warn``, for any command (as
+``--on-divergence`` for the built-in trainer)."""
 
 TERMINATION_LOG_PATH: Final = "/dev/termination-log"
 DEFAULT_METRICS_PORT: Final = 9400

@@ -108,14 +108,16 @@ class TrainerMetrics:
         ).labels(**labels)
 
     def observe_step(
-        self, step: int, duration_seconds: float, samples: int, loss: float, finite: bool, now: float
+        self, step: int, duration_seconds: float, samples: int, loss: float | None, finite: bool, now: float
     ) -> None:
-        """Record one finished step."""
+        """Record one finished step (``loss`` None: not known, the gauge keeps its value)."""
         self.steps.inc()
         self.step.set(step)
         self.step_duration.observe(duration_seconds)
         self.samples.inc(samples)
-        if finite:
+        if loss is None:
+            pass
+        elif finite:
             self.loss.set(loss)
         else:
             self.nonfinite.inc()

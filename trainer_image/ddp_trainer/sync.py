@@ -41,6 +41,7 @@ from torch import nn
 from ddp_trainer.fingerprint import BLOCK, fingerprint_tensor, fingerprint_tensors
 
 __all__ = [
+    "SyncHealth",  # noqa: F822 (imported on first use by __getattr__)
     "SyncReport",
     "TensorMismatch",
     "average_module_",
@@ -64,6 +65,15 @@ _STRUCTURE = "<structure>"
 def _byte_view(t: torch.Tensor) -> torch.Tensor:
     """The same storage as 1-D bytes: every backend can broadcast uint8 (gloo has no int16, say)."""
     return t.reshape(-1).view(torch.uint8)
+
+
+def __getattr__(name: str) -> object:
+    """``SyncHealth`` (:mod:`ddp_trainer.health`), imported on first use: it builds on this module."""
+    if name == "SyncHealth":
+        from ddp_trainer.health import SyncHealth
+
+        return SyncHealth
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def named_tensors(module: nn.Module, *, buffers: bool = True) -> list[tuple[str, torch.Tensor]]:
