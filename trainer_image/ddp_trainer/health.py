@@ -156,7 +156,9 @@ class SyncHealth:
     ``broadcast_buffers`` (whether DDP copies rank 0's buffers at each forward; default: what the DDP
     wrapper says, False for a plain module), ``peer_timeout`` (seconds a check waits for its peers),
     ``state`` (an existing train state to check instead of counting steps here: the reference trainer's),
-    ``metrics`` (existing series; then nothing is served here), ``write_report`` (False: the caller writes
+    ``pod`` (the ``DDPJOB_*`` settings, instead of reading them from the environment),
+    ``start_step`` (the step a resumed loop starts from), ``metrics`` (existing series; then nothing is
+    served here), ``write_report`` (False: the caller writes
     it), ``initial_check`` (False: the caller runs the first check when it wants).
     """
 
@@ -173,10 +175,12 @@ class SyncHealth:
         broadcast_buffers: bool | None = None,
         peer_timeout: float | None = None,
         state: Any = None,
+        pod: PodEnv | None = None,
         metrics: TrainerMetrics | None = None,
         write_report: bool = True,
         initial_check: bool = True,
         env: Mapping[str, str] | None = None,
+        start_step: int = 0,
     ) -> None:
         environ: Mapping[str, str] = os.environ if env is None else env
         if not torch_version_ok(torch.__version__):
@@ -207,10 +211,10 @@ class SyncHealth:
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size(group)
         self.launch: LaunchEnv = read_launch_env(environ)
-        self.pod: PodEnv = read_pod_env(environ)
+        self.pod: PodEnv = pod if pod is not None else read_pod_env(environ)
         self.broadcast_buffers = broadcast_buffers
         self.peer_timeout = DEFAULT_PEER_TIMEOUT if peer_timeout is None else float(peer_timeout)
-        self.subject: Any = state if state is not None else Tracked(model, optimizer, scaler)
+        self.subject: Any = state if state is not None else Tracked(model, optimizer, scaler, start_step)
         self._owns_steps = state is None
         self.write_report = write_report
         self.metrics = metrics if metrics is not None else self._metrics(environ, model)
@@ -415,6 +419,18 @@ class SyncHealth:
             report.write_termination_message(self.pod.termination_log, rep)
         if self.rank == 0:
             log.info("sync health report: %s", report.termination_message(rep))
+
+    def close_on_uncaught_exception(self) -> None:
+        """Write the report also when an exception nobody catches ends the process (for frameworks whose
+        loops give a callback no way to see it): chains ``sys.excepthook``."""
+        previous = sys.excepthook
+
+        def hook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
+            if not (isinstance(error, SystemExit) and error.code == contract.DIVERGENCE_EXIT_CODE):
+                self.close(error)
+            previous(kind, error, tb)
+
+        sys.excepthook = hook
 
     def __enter__(self) -> SyncHealth:
         return self
