@@ -232,7 +232,10 @@ def sync_sentence(report: Mapping[str, Any] | None) -> str:
     only for a divergence; a repaired run says how many mismatches it repaired; a single rank says that
     its checks compare nothing."""
     if not report:
-        return "not reported (the command is not the ddpjob trainer, or it stopped before its report)"
+        return (
+            "not reported (the command wrote no sync report: it uses neither the ddpjob trainer nor "
+            "ddp_trainer's SyncHealth or a callback, see docs/your-code.md; or it stopped before its report)"
+        )
     checks, ranks = report.get("checks", 0), report.get("worldSize", "?")
     mismatches, repairs = report.get("mismatches", 0), report.get("repairs", 0)
     result, reason = report.get("result"), report.get("reason", "")
