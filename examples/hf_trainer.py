@@ -31,7 +31,10 @@ class Tokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
 def main() -> None:
     steps = int(os.environ.get("STEPS", "40"))
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=64, vocab_size=256))
+    config = GPT2Config(
+        n_layer=2, n_head=2, n_embd=64, n_positions=64, vocab_size=256, bos_token_id=0, eos_token_id=0
+    )
+    model = GPT2LMHeadModel(config)
     args = TrainingArguments(
         output_dir="hf-output",
         max_steps=steps,

@@ -38,9 +38,9 @@ def main() -> None:
     result: dict[str, Any] = {}
     started = time.monotonic()
     try:
-        if scenario == "other_model":  # rank 1 built a different model: refused at the first check
-            net = model(8 if rank == 0 else 9)
-            SyncHealth(net, every=5)
+        if scenario == "other_model":  # rank 1 passes another (unwrapped) model: refused at the first check
+            width = 8 if rank == 0 else 9
+            SyncHealth(nn.Sequential(nn.Linear(4, width), nn.ReLU(), nn.Linear(width, 1)), every=5)
         elif scenario == "more_steps":  # rank 1 takes 2 steps more: its check is never joined
             net = model()
             optimizer = torch.optim.SGD(net.parameters(), lr=0.1)

@@ -219,6 +219,8 @@ class SyncHealth:
         self.write_report = write_report
         self.metrics = metrics if metrics is not None else self._metrics(environ, model)
         self.metrics.sync_every.set(self.every)
+        if total_steps is not None:
+            self.metrics.total_steps.set(total_steps)
         self.verifier = Verifier(self.policy, self.metrics, check=self._check, repair=self._repair)
         self.skew = boundary.SkewMeter()
         self.closed = False

@@ -57,6 +57,9 @@ class TrainerMetrics:
         self.sync_every = gauge(
             contract.SYNC_EVERY_STEPS, "Steps between periodic sync checks (the job's syncCheck.everySteps)."
         ).labels(**labels)
+        self.total_steps = gauge(
+            contract.TOTAL_STEPS, "The run's total optimizer steps where known, else 0."
+        ).labels(**labels)
         self.steps = counter(contract.STEPS, "Optimizer steps done by this rank.").labels(**labels)
         self.step_duration = Histogram(
             contract.STEP_DURATION,
