@@ -155,3 +155,20 @@ def test_repair_rebroadcasts_and_ends_verified(tmp_path: Path) -> None:
         1,
         1,
     )
+
+
+def test_an_old_framework_is_refused_naming_the_version_needed() -> None:
+    from ddp_trainer.integrations import require, version_tuple
+
+    assert version_tuple("4.57.0.dev0") == (4, 57) and version_tuple("main") > (4, 57)
+    require("transformers", "4.57.1", (4, 57), "x")  # new enough: no error
+    with pytest.raises(ImportError, match=re.escape("x needs lightning >= 2.4; this is lightning 2.3.3")):
+        require("lightning", "2.3.3", (2, 4), "x")
+
+
+def test_a_callback_without_a_process_group_stays_out_of_the_way(caplog: pytest.LogCaptureFixture) -> None:
+    from ddp_trainer.integrations import distributed
+
+    assert not dist.is_initialized()
+    assert distributed() is False
+    assert "no torch.distributed process group (not under torchrun?): no checks in this run" in caplog.text

@@ -10,6 +10,23 @@ user's dependencies, not the trainer's.
 
 from __future__ import annotations
 
+import logging
+
+log = logging.getLogger("ddp_trainer")
+
+
+def distributed() -> bool:
+    """Whether a process group exists; a callback in a run without one (the same script run as plain
+    ``python``) says once that there is nothing to compare, and stays out of the way."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return True
+    log.warning(
+        "sync health: no torch.distributed process group (not under torchrun?): no checks in this run"
+    )
+    return False
+
 
 def version_tuple(version: str) -> tuple[int, int]:
     """``"4.57.1"`` → ``(4, 57)``; a version that does not parse counts as new enough."""

@@ -17,7 +17,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from ddp_trainer.health import SyncHealth
-from ddp_trainer.integrations import require
+from ddp_trainer.integrations import distributed, require
 
 MIN_VERSION = (2, 4)
 require("lightning", lightning.__version__, MIN_VERSION, "ddp_trainer.integrations.lightning")
@@ -43,6 +43,8 @@ class SyncHealthCallback(Callback):  # type: ignore[misc]
         self.seen = 0
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not distributed():
+            return
         optimizers = list(trainer.optimizers)
         total: int | None = None
         if trainer.max_steps and trainer.max_steps > 0:

@@ -14,7 +14,7 @@ import transformers
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from ddp_trainer.health import SyncHealth
-from ddp_trainer.integrations import require
+from ddp_trainer.integrations import distributed, require
 
 MIN_VERSION = (4, 57)
 require("transformers", transformers.__version__, MIN_VERSION, "ddp_trainer.integrations.transformers")
@@ -38,6 +38,8 @@ class SyncHealthCallback(TrainerCallback):  # type: ignore[misc]
         optimizer: Any = None,
         **kwargs: Any,
     ) -> None:
+        if not distributed():
+            return
         if model is None:
             raise ValueError("SyncHealthCallback: the Trainer passed no model to on_train_begin")
         optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper holds the real one
