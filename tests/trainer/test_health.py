@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -172,3 +173,28 @@ def test_a_callback_without_a_process_group_stays_out_of_the_way(caplog: pytest.
     assert not dist.is_initialized()
     assert distributed() is False
     assert "no torch.distributed process group (not under torchrun?): no checks in this run" in caplog.text
+
+
+def test_local_rank_0_serves_the_ddp_series(single_rank: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from prometheus_client import values
+    from torchrun_helpers import free_port
+
+    port = free_port()
+    monkeypatch.setenv(contract.METRICS_PORT_ENV, str(port))
+    before = values.ValueClass
+    try:
+        net = nn.Linear(2, 1)
+        sh = SyncHealth(net, torch.optim.SGD(net.parameters(), lr=0.1), total_steps=3, every=2)
+        for _ in range(3):
+            sh.step(0.25, samples=2)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        values.ValueClass = before  # the swap to multiprocess values is for this process's lifetime
+    labels = 'ddpjob="",ddpjob_namespace="",node_rank="0",rank="0"'
+    samples = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line[:1] != "#"
+    }
+    assert samples[f"ddp_step{{{labels}}}"] == 3.0 and samples[f"ddp_total_steps{{{labels}}}"] == 3.0
+    assert samples[f"ddp_loss{{{labels}}}"] == 0.25 and samples[f"ddp_samples_total{{{labels}}}"] == 6.0
+    checks = {k: v for k, v in samples.items() if k.startswith("ddp_sync_checks_total") and v}
+    assert sorted(checks.values()) == [1.0, 1.0, 1.0], checks  # initial, periodic (2), final (3)

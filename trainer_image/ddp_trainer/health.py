@@ -61,6 +61,8 @@ DEFAULT_PEER_TIMEOUT = 30.0
 each other, so a peer that is not there by then never comes."""
 MIN_TORCH = (2, 4)
 POLICIES: tuple[str, ...] = get_args(Policy)
+_PRECISIONS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+"""``ddp_info``'s precision for code the trainer does not configure: the parameters' dtype."""
 _SERVED: set[int] = set()  # ports this process serves metrics on
 
 
@@ -255,7 +257,7 @@ class SyncHealth:
             "world_size": str(self.world_size),
             "device": first.device.type if first is not None else "cpu",
             "backend": str(dist.get_backend(self.group)),
-            "precision": "fp32",
+            "precision": _PRECISIONS.get(first.dtype, str(first.dtype)) if first is not None else "fp32",
             "model": type(inner).__name__,
             "attempt": str(self.pod.attempt),
             "torch_version": torch.__version__,
