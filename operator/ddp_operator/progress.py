@@ -45,6 +45,12 @@ class Progress:
     max_abs_diff: float | None = None
     nonfinite_steps: int = 0
     """Steps whose loss was NaN or infinite (rank 0)."""
+    total_steps: int | None = None
+    """``ddp_total_steps``: the run's total as its code knows it (rank 0's), None where it does not say."""
+
+    def total(self, spec_steps: int) -> int:
+        """The total to show: what the code said, else the spec's (``spec.trainer.steps``)."""
+        return self.total_steps or spec_steps
 
     def slowest(self) -> tuple[int, float] | None:
         """The rank with the longest mean step time, and that time (seconds); None before any step."""
@@ -147,6 +153,7 @@ def parse(texts: Iterable[str]) -> Progress:
         mismatched_tensors=int(_finite(_rank0(gauges[contract.SYNC_MISMATCHED_TENSORS])) or 0),
         max_abs_diff=_finite(_rank0(gauges[contract.SYNC_MAX_ABS_DIVERGENCE])),
         nonfinite_steps=int(_rank0(gauges[contract.counter_sample(contract.NONFINITE_LOSS_STEPS)]) or 0),
+        total_steps=int(_finite(_rank0(gauges[contract.TOTAL_STEPS])) or 0) or None,
     )
 
 
@@ -161,6 +168,7 @@ _GAUGES = (
     contract.SYNC_MAX_ABS_DIVERGENCE,
     contract.counter_sample(contract.SYNC_REPAIRS),
     contract.counter_sample(contract.NONFINITE_LOSS_STEPS),
+    contract.TOTAL_STEPS,
 )
 _DURATION_SUM = contract.STEP_DURATION + "_sum"
 _DURATION_COUNT = contract.STEP_DURATION + "_count"
@@ -207,7 +215,8 @@ def duration(seconds: float) -> str:
 
 def line(progress: Progress, total_steps: int, elapsed: float, first: Progress | None = None) -> str:
     """One line: step/total, loss, samples/s since the first reading, ETA at the step rate since then,
-    and the sync checks so far."""
+    and the sync checks so far. ``total_steps`` is the spec's: the code's own total wins where it says."""
+    total_steps = progress.total(total_steps)
     percent = 100.0 * progress.step / total_steps if total_steps else 0.0
     loss = f"{progress.loss:.4f}" if progress.loss is not None else "-"
     base_samples = first.samples if first else 0.0
@@ -232,7 +241,10 @@ def sync_sentence(report: Mapping[str, Any] | None) -> str:
     only for a divergence; a repaired run says how many mismatches it repaired; a single rank says that
     its checks compare nothing."""
     if not report:
-        return "not reported (the command is not the ddpjob trainer, or it stopped before its report)"
+        return (
+            "not reported (the command wrote no sync report: it uses neither the ddpjob trainer nor "
+            "ddp_trainer's SyncHealth or a callback, see docs/your-code.md; or it stopped before its report)"
+        )
     checks, ranks = report.get("checks", 0), report.get("worldSize", "?")
     mismatches, repairs = report.get("mismatches", 0), report.get("repairs", 0)
     result, reason = report.get("result"), report.get("reason", "")

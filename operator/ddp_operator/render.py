@@ -197,6 +197,9 @@ def injected_env(spec: Spec, attempt: int) -> list[Obj]:
         _field(contract.JOB_NAMESPACE_ENV, "metadata.namespace"),
         _value(contract.ATTEMPT_ENV, attempt),
         _value(contract.METRICS_PORT_ENV, spec.metrics_port),
+        # spec.syncCheck for any command (SyncHealth reads them; the built-in trainer also gets the flags)
+        _value(contract.SYNC_EVERY_ENV, spec.sync_check.every_steps),
+        _value(contract.ON_DIVERGENCE_ENV, spec.sync_check.on_divergence),
         _value("PYTHONUNBUFFERED", "1"),
     ]
     if spec.backend == "nccl":

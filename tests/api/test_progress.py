@@ -172,3 +172,16 @@ def test_fetch_refuses_what_is_too_large(tmp_path: Any) -> None:
     assert progress.fetch(big.as_uri(), limit=4096) == "x" * 2048
     with pytest.raises(OSError, match="more than 1024 bytes"):
         progress.fetch(big.as_uri(), limit=1024)
+
+
+def test_the_codes_own_total_wins_over_the_spec() -> None:
+    labels = 'ddpjob="j",ddpjob_namespace="n",rank="0",node_rank="0"'
+    text = (
+        f"# TYPE ddp_step gauge\nddp_step{{{labels}}} 5.0\n"
+        f"# TYPE ddp_total_steps gauge\nddp_total_steps{{{labels}}} 40.0\n"
+    )
+    now = progress.parse([text])
+    assert now.total_steps == 40 and now.total(1000) == 40
+    assert progress.line(now, 1000, 0.0).startswith("step 5/40 (12%)")
+    unknown = progress.parse([text.replace("40.0", "0.0")])
+    assert unknown.total_steps is None and unknown.total(1000) == 1000

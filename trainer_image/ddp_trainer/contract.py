@@ -51,6 +51,12 @@ TERMINATION_LOG_ENV: Final = "DDPJOB_TERMINATION_LOG"
 """Where the final report goes (default: the container's ``/dev/termination-log`` when writable)."""
 CHAOS_ENV: Final = "DDPJOB_CHAOS_DIVERGE"
 """The fire drill, ``rank=R,step=S``: rank R nudges one parameter after step S."""
+SYNC_EVERY_ENV: Final = "DDPJOB_SYNC_EVERY"
+"""``spec.syncCheck.everySteps``: steps between periodic checks, for any command (``SyncHealth`` reads it;
+the built-in trainer gets the same value as ``--sync-every``)."""
+ON_DIVERGENCE_ENV: Final = "DDPJOB_ON_DIVERGENCE"
+"""``spec.syncCheck.onDivergence``: ``Fail``, ``Repair`` or ``Warn``, for any command (as
+``--on-divergence`` for the built-in trainer)."""
 
 TERMINATION_LOG_PATH: Final = "/dev/termination-log"
 DEFAULT_METRICS_PORT: Final = 9400
@@ -292,6 +298,9 @@ SYNC_LAST_CHECK_TIMESTAMP: Final = "ddp_sync_last_check_timestamp_seconds"
 SYNC_LAST_CHECK_OK: Final = "ddp_sync_last_check_ok"
 SYNC_LAST_CHECK_STEP: Final = "ddp_sync_last_check_step"
 SYNC_EVERY_STEPS: Final = "ddp_sync_every_steps"
+TOTAL_STEPS: Final = "ddp_total_steps"
+"""The run's total optimizer steps where the code knows it (0: not known); progress and ETA prefer it to
+``spec.trainer.steps``, which only the built-in trainer reads."""
 SYNC_LAST_SUCCESS_TIMESTAMP: Final = "ddp_sync_last_success_timestamp_seconds"
 LAST_STEP_TIMESTAMP: Final = "ddp_last_step_timestamp_seconds"
 STEP_TIME_SKEW: Final = "ddp_step_time_skew_ratio"

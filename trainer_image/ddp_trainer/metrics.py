@@ -61,6 +61,9 @@ class TrainerMetrics:
         self.sync_every = gauge(
             contract.SYNC_EVERY_STEPS, "Steps between periodic sync checks (the job's syncCheck.everySteps)."
         ).labels(**labels)
+        self.total_steps = gauge(
+            contract.TOTAL_STEPS, "The run's total optimizer steps where known, else 0."
+        ).labels(**labels)
         self.steps = counter(contract.STEPS, "Optimizer steps done by this rank.").labels(**labels)
         self.step_duration = Histogram(
             contract.STEP_DURATION,
@@ -122,14 +125,16 @@ class TrainerMetrics:
             self.info = new
 
     def observe_step(
-        self, step: int, duration_seconds: float, samples: int, loss: float, finite: bool, now: float
+        self, step: int, duration_seconds: float, samples: int, loss: float | None, finite: bool, now: float
     ) -> None:
-        """Record one finished step."""
+        """Record one finished step (``loss`` None: not known, the gauge keeps its value)."""
         self.steps.inc()
         self.step.set(step)
         self.step_duration.observe(duration_seconds)
         self.samples.inc(samples)
-        if finite:
+        if loss is None:
+            pass
+        elif finite:
             self.loss.set(loss)
         else:
             self.nonfinite.inc()

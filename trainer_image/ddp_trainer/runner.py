@@ -1,14 +1,14 @@
 """One trainer process from start to report: seed, build, restore, wrap in DDP, verify, train, verify.
 
-:class:`Session` only assembles: verification and its policy are :mod:`ddp_trainer.verify`, what happens
-between steps :mod:`ddp_trainer.boundary`, the loop :mod:`ddp_trainer.loop`, the report
+:class:`Session` only assembles: the checks, their policy, the step metrics and the fire drill are the
+same :class:`ddp_trainer.health.SyncHealth` users put in their own loops, what else happens between steps
+:mod:`ddp_trainer.boundary`, the loop :mod:`ddp_trainer.loop`, the report
 :mod:`ddp_trainer.report`; :meth:`Session.on_step` plugs them into the loop.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
 import torch
@@ -19,11 +19,12 @@ from ddp_trainer import boundary, checkpoint, contract, fingerprint, provenance,
 from ddp_trainer.config import PodEnv, TrainerConfig
 from ddp_trainer.data import build_dataset, micro_batches
 from ddp_trainer.distributed import LaunchEnv
+from ddp_trainer.health import SyncHealth
 from ddp_trainer.loop import Precision, StepResult, train
 from ddp_trainer.metrics import TrainerMetrics
 from ddp_trainer.model import build_model, compute_loss
 from ddp_trainer.state import TrainState
-from ddp_trainer.verify import CheckKind, DivergenceError, Verifier, model_digest
+from ddp_trainer.verify import CheckKind, DivergenceError, Tally, model_digest
 
 log = logging.getLogger("ddp_trainer")
 
@@ -63,8 +64,8 @@ class Session:
         self.config, self.pod, self.launch, self.device = config, pod, launch, device
         self.precision = Precision.of(device, precision)
         self.metrics = rank_metrics(config, pod, launch, device, precision)
-        self.verifier = Verifier(config.on_divergence, self.metrics)
-        self.skew = boundary.SkewMeter()
+        self.health: SyncHealth | None = None
+        """Built once the model is wrapped in DDP (its first check is the initial one)."""
         self.stop = boundary.StopRequest()
         self.ckpt_dir = Path(config.checkpoint_dir) if config.checkpoint_dir else None
         self.precision_name = precision
@@ -86,16 +87,24 @@ class Session:
         device_ids = [self.device] if self.device.type == "cuda" else None
         state.model = DistributedDataParallel(model, device_ids=device_ids)  # broadcasts rank 0's tensors
         self.state = state
-        self.verify(state, "initial")  # trust DDP's silent broadcast, then verify
+        self.health = SyncHealth(  # trust DDP's silent broadcast, then verify (the initial check)
+            state.model,
+            state.optimizer,
+            total_steps=self.config.steps,
+            every=self.config.sync_every,
+            on_divergence=self.config.on_divergence,
+            scaler=state.scaler,
+            state=state,
+            pod=self.pod,
+            metrics=self.metrics,
+            write_report=False,
+        )
         return state
 
-    def verify(self, state: TrainState, kind: CheckKind) -> sync.SyncReport:
-        """One check (:class:`Verifier`), then the fingerprint kernel in use into ``ddp_info``: a compiled
-        kernel that failed during the check has fallen back (:mod:`ddp_trainer.fingerprint.dispatch`)."""
-        try:
-            return self.verifier.verify(state, kind)
-        finally:
-            self.metrics.describe(fingerprint=fingerprint.impl_for(self.device))
+    @property
+    def tally(self) -> Tally:
+        """The checks so far (none before the model was built)."""
+        return self.health.tally if self.health is not None else Tally()
 
     def writer_for(self, optimizer: str) -> provenance.Writer:
         """What this run's checkpoints record: the DDPJob, the settings that shape the model, the attempt."""
@@ -136,27 +145,18 @@ class Session:
 
     def check(self, state: TrainState, kind: CheckKind) -> sync.SyncReport:
         """A periodic or final check, with the step-time skew since the previous one."""
-        skew = self.skew.publish()
-        if skew is not None:
-            self.metrics.skew.set(skew)
-        return self.verify(state, kind)
+        assert self.health is not None and self.health.subject is state
+        return self.health.check(kind)
 
     def on_step(self, result: StepResult) -> bool:
         """The step boundary, in this order: metrics; the fire drill; agree with the other ranks on whether
         to stop (so that a SIGTERM reaching only some ranks stops all of them at the same step); verify
         when due, applying ``--on-divergence``; save a checkpoint when due and verified. Returns whether
         to go on."""
-        state, rank = self.state, self.launch.rank
-        assert state is not None
-        self.metrics.observe_step(
-            result.step, result.duration_seconds, result.samples, result.loss, result.finite, time.time()
-        )
-        self.skew.add(result.duration_seconds)
-        if boundary.drill_fires(self.pod.chaos, rank, result.step):
-            name = boundary.nudge(state.model)
-            log.warning(
-                "fire drill: rank %d nudged %s by %g at step %d", rank, name, boundary.CHAOS_NUDGE, state.step
-            )
+        state, health = self.state, self.health
+        assert state is not None and health is not None
+        health.observe(result.duration_seconds, result.samples, result.loss)
+        health.drill()
         stop = boundary.agree_stop(self.stop.requested)
         due = boundary.due_at(result.step, self.config, saving=self.ckpt_dir is not None, stop=stop)
         if due.check is not None:
@@ -196,9 +196,9 @@ class Session:
             loss_fn=compute_loss,
             on_step=self.on_step,
         )
-        if self.verifier.tally.last_check_step != state.step:  # e.g. resumed at or past the last step
+        if self.tally.last_check_step != state.step:  # e.g. resumed at or past the last step
             self.check(state, "final")
-        return report.finished(self.verifier.tally, self.facts(), config.steps, model_digest(state.model))
+        return report.finished(self.tally, self.facts(), config.steps, model_digest(state.model))
 
     def facts(self) -> report.RunFacts:
         """What the report states beside the tally."""
@@ -209,12 +209,12 @@ class Session:
 
     def diverged(self, err: DivergenceError) -> tuple[int, contract.Report]:
         """The exit code and report for a divergence under ``Fail`` (or a repair that did not take)."""
-        return report.diverged(self.verifier.tally, self.facts(), err.reason, str(err))
+        return report.diverged(self.tally, self.facts(), err.reason, str(err))
 
     def refused(self, err: checkpoint.CheckpointRefused) -> tuple[int, contract.Report]:
         """The exit code and report when the checkpoint volume holds a checkpoint this run must not load."""
-        return report.refused(err.reason, str(err), self.verifier.tally, self.facts())
+        return report.refused(err.reason, str(err), self.tally, self.facts())
 
     def failed(self, message: str) -> tuple[int, contract.Report]:
         """The exit code and report for any other error."""
-        return report.failed(message, self.verifier.tally, self.facts())
+        return report.failed(message, self.tally, self.facts())

@@ -41,6 +41,7 @@ from torch import nn
 from ddp_trainer.fingerprint import BLOCK, byte_view, fingerprint_tensor, fingerprint_tensors
 
 __all__ = [
+    "SyncHealth",  # noqa: F822 (imported on first use by __getattr__)
     "SyncReport",
     "TensorMismatch",
     "average_module_",
@@ -59,6 +60,15 @@ __all__ = [
 # ddp_trainer.fingerprint; it is re-exported here as part of this module's public API.
 _BLOCK = BLOCK  # lanes per block (tests/trainer/test_trainer_gpu.py sizes a tensor with it)
 _STRUCTURE = "<structure>"
+
+
+def __getattr__(name: str) -> object:
+    """``SyncHealth`` (:mod:`ddp_trainer.health`), imported on first use: it builds on this module."""
+    if name == "SyncHealth":
+        from ddp_trainer.health import SyncHealth
+
+        return SyncHealth
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def named_tensors(module: nn.Module, *, buffers: bool = True) -> list[tuple[str, torch.Tensor]]:

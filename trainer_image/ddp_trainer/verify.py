@@ -15,22 +15,42 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+import torch
 from torch import nn
 
 from ddp_trainer import sync
 from ddp_trainer.config import Policy
-from ddp_trainer.metrics import TrainerMetrics
-from ddp_trainer.state import TrainState
+
+if TYPE_CHECKING:  # no runtime import: prometheus_client must not load before PROMETHEUS_MULTIPROC_DIR is set
+    from ddp_trainer.metrics import TrainerMetrics
 
 log = logging.getLogger("ddp_trainer")
 
 CheckKind = Literal["initial", "periodic", "final", "repair"]
 """Why a check runs (the ``kind`` label of ``ddp_sync_checks_total``): before step 1, every
 ``--sync-every`` steps or before a checkpoint, at the end or when stopping, after a repair."""
-CheckFn = Callable[[TrainState], sync.SyncReport]
-RepairFn = Callable[[TrainState], None]
+
+
+class Subject(Protocol):
+    """What a check reads: the model and the control state beside it (:class:`ddp_trainer.state.TrainState`
+    is one; :class:`ddp_trainer.health.SyncHealth` keeps one for a loop it does not own)."""
+
+    @property
+    def model(self) -> nn.Module: ...
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None: ...
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def epoch(self) -> int | None: ...
+
+
+CheckFn = Callable[[Subject], sync.SyncReport]
+RepairFn = Callable[[Subject], None]
 
 
 class DivergenceError(Exception):
@@ -64,25 +84,34 @@ class Tally:
         return self.checks > 0 and self.mismatches == self.repairs and self.last_check_ok
 
 
-def control_state(state: TrainState) -> dict[str, Any]:
-    """What a check compares beside parameters and buffers: step, epoch, loss scale, learning rates and
-    the optimizer's state tensors."""
-    extras: dict[str, Any] = {
-        "control.step": state.step,
-        "control.epoch": state.epoch,
-        "control.loss_scale": float(state.scaler.get_scale()) if state.scaler.is_enabled() else 1.0,
-    }
-    for i, group in enumerate(state.optimizer.param_groups):
-        extras[f"control.lr.{i}"] = float(group["lr"])
-    extras.update(sync.optimizer_state_tensors(state.optimizer, state.model))
+def control_state(state: Subject) -> dict[str, Any]:
+    """What a check compares beside parameters and buffers: step, epoch (where known), loss scale (1.0
+    without an enabled scaler), learning rates and the optimizer's state tensors (where there is one)."""
+    scaler = state.scaler
+    extras: dict[str, Any] = {"control.step": state.step}
+    if state.epoch is not None:
+        extras["control.epoch"] = state.epoch
+    extras["control.loss_scale"] = (
+        float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0
+    )
+    if state.optimizer is not None:
+        for i, group in enumerate(state.optimizer.param_groups):
+            extras[f"control.lr.{i}"] = float(group["lr"])
+        extras.update(sync.optimizer_state_tensors(state.optimizer, state.model))
     return extras
 
 
-def check_state(state: TrainState) -> sync.SyncReport:
-    """Collective: one check of parameters, buffers, optimizer and control state on every rank."""
-    if getattr(state.model, "broadcast_buffers", False):
-        sync.broadcast_buffers_(state.model)  # what DDP does at the next forward, one step early
-    return sync.check_in_sync(state.model, extra=control_state(state))
+def check_state(
+    state: Subject, group: Any = None, *, broadcast_buffers: bool | None = None
+) -> sync.SyncReport:
+    """Collective: one check of parameters, buffers, optimizer and control state on every rank of
+    ``group``. Buffers are first copied from rank 0 when DDP does so at each forward (``broadcast_buffers``;
+    None: as the DDP wrapper says, no copy for a plain module)."""
+    if broadcast_buffers is None:
+        broadcast_buffers = bool(getattr(state.model, "broadcast_buffers", False))
+    if broadcast_buffers:
+        sync.broadcast_buffers_(state.model, group=group)  # what DDP does at the next forward, one step early
+    return sync.check_in_sync(state.model, group, extra=control_state(state))
 
 
 def model_digest(model: nn.Module) -> str:
@@ -90,10 +119,12 @@ def model_digest(model: nn.Module) -> str:
     return hashlib.sha256(str(sync.fingerprint(model).tolist()).encode()).hexdigest()[:16]
 
 
-def broadcast_state(state: TrainState) -> None:
+def broadcast_state(state: Subject, group: Any = None) -> None:
     """Collective: every rank takes rank 0's model and optimizer state."""
-    sync.broadcast_module_(state.model, src=0)
-    sync.broadcast_tensors_(sync.optimizer_state_tensors(state.optimizer, state.model).values(), src=0)
+    sync.broadcast_module_(state.model, src=0, group=group)
+    if state.optimizer is not None:
+        tensors = sync.optimizer_state_tensors(state.optimizer, state.model).values()
+        sync.broadcast_tensors_(tensors, src=0, group=group)
 
 
 class Verifier:
@@ -113,7 +144,7 @@ class Verifier:
         self.repair = repair
         self.tally = Tally()
 
-    def verify(self, state: TrainState, kind: CheckKind) -> sync.SyncReport:
+    def verify(self, state: Subject, kind: CheckKind) -> sync.SyncReport:
         """Check, count, observe; on a divergence apply the policy (which may raise or repair)."""
         started = time.perf_counter()
         report = self.check(state)
@@ -162,7 +193,7 @@ class Verifier:
             return report
         return self._repair(state)
 
-    def _repair(self, state: TrainState) -> sync.SyncReport:
+    def _repair(self, state: Subject) -> sync.SyncReport:
         """Re-broadcast from rank 0, then verify again (raises if the repair did not take)."""
         self.repair(state)
         report = self.verify(state, "repair")

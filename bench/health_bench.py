@@ -1,0 +1,136 @@
+"""The sync check's share of training inside a Hugging Face ``Trainer`` run, beside the reference trainer's.
+
+    python bench/health_bench.py [--ranks 2] [--steps 300] [--every 100]
+
+CPU, gloo, one thread per rank, the check at the default interval (every 100 steps). Both sides train a
+model of about 4 M parameters under torchrun:
+
+* hf: a ``transformers.Trainer`` on a random-init GPT-2 (5 layers, width 256, vocabulary 1024; synthetic
+  tokens, batch 8 × 64 per rank) with ``SyncHealthCallback``;
+* trainer: ``torchrun -m ddp_trainer`` on an MLP 32-2048-2048-10 (4.3 M parameters), batch 256 per rank.
+
+Each side's rank 0 logs every check with its duration ("check passed (N tensors, X ms)"); the share is the
+sum of the periodic and final checks' durations over the wall time from the initial check's log line to
+the final one's (the training in between, checks included). Prints figures, never asserts timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+LINE = re.compile(r"^(\S+ \S+) \[rank 0\] INFO step (\d+): (\w+) check passed \((\d+) tensors, ([\d.]+) ms\)")
+
+
+def hf(steps: int, every: int) -> None:
+    """The Hugging Face side, run under torchrun."""
+    import logging
+
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from ddp_trainer.integrations.transformers import SyncHealthCallback
+
+    rank = int(os.environ.get("RANK", "0"))
+    logging.getLogger("ddp_trainer").setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(message)s"))
+    logging.getLogger("ddp_trainer").addHandler(handler)
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_layer=5, n_head=4, n_embd=256, n_positions=64, vocab_size=1024, bos_token_id=0, eos_token_id=0
+    )
+    model = GPT2LMHeadModel(config)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    tokens = torch.randint(1024, (steps * 8 * world, 64), generator=torch.Generator().manual_seed(0))
+    data = [{"input_ids": t, "labels": t} for t in tokens]
+    args = TrainingArguments(
+        output_dir="hf-output",
+        max_steps=steps,
+        per_device_train_batch_size=8,
+        use_cpu=True,
+        ddp_backend="gloo",
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+    )
+    callback = SyncHealthCallback(every=every)
+    Trainer(model=model, args=args, train_dataset=data, callbacks=[callback]).train()
+
+
+def build(config: object) -> object:
+    """The reference trainer's model: MLP 32-2048-2048-10."""
+    from torch import nn
+
+    return nn.Sequential(
+        nn.Linear(32, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10)
+    )
+
+
+def run(kind: str, args: argparse.Namespace, workdir: Path) -> tuple[float, float, int, int]:
+    """(seconds in periodic and final checks, seconds from the initial check to the final one, checks
+    counted, tensors per check)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DDPJOB_", "PROMETHEUS_"))}
+    env |= {
+        "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT / "trainer_image"), env.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+        "DDPJOB_METRICS_PORT": "0",
+        "DDPJOB_TERMINATION_LOG": str(workdir / f"{kind}.json"),
+    }
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.ranks)]
+    if kind == "trainer":
+        cmd += ["--module", "ddp_trainer", "--device=cpu", "--backend=gloo", "--model=health_bench:build"]
+        cmd += [
+            f"--steps={args.steps}",
+            "--batch-size=256",
+            f"--sync-every={args.every}",
+            "--checkpoint-every=0",
+        ]
+    else:
+        cmd += [str(Path(__file__).resolve()), "--hf-steps", str(args.steps), "--every", str(args.every)]
+    done = subprocess.run(cmd, env=env, cwd=workdir, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{kind} run failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    found = [m for line in (done.stdout + done.stderr).splitlines() if (m := LINE.match(line))]
+    if len(found) < 2:
+        sys.exit(f"{kind}: no check lines in the output:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+
+    def when(stamp: str) -> dt.datetime:
+        return dt.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f")
+
+    checked = sum(float(m[5]) / 1e3 for m in found if m[3] != "initial")
+    span = (when(found[-1][1]) - when(found[0][1])).total_seconds()
+    return checked, span, len(found) - 1, int(found[-1][4])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--every", type=int, default=100)
+    parser.add_argument("--hf-steps", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.hf_steps is not None:
+        hf(args.hf_steps, args.every)
+        return
+    print(f"{args.ranks} ranks, gloo, CPU, 1 thread per rank; {args.steps} steps, a check every {args.every}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind, what in (("hf", "HF Trainer, GPT-2 4.2 M"), ("trainer", "reference trainer, MLP 4.3 M")):
+            checked, span, checks, tensors = run(kind, args, Path(tmp))
+            print(
+                f"  {what:32s} {checks} checks of {tensors} tensors: {checked * 1e3:8.1f} ms in checks "
+                f"of {span:6.1f} s training = {100 * checked / span:.3f} % (goal <= 0.5 %)"
+            )
+
+
+if __name__ == "__main__":
+    main()

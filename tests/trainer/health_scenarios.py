@@ -1,0 +1,71 @@
+"""SyncHealth across real ranks (run by tests/trainer/test_health.py under torchrun, gloo): one scenario
+per run, named by argv[1]; each rank writes what happened to ``<out>/rank<R>.json``."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from ddp_trainer.sync import SyncHealth
+
+
+def model(width: int = 8) -> nn.Module:
+    torch.manual_seed(0)
+    return DistributedDataParallel(nn.Sequential(nn.Linear(4, width), nn.ReLU(), nn.Linear(width, 1)))
+
+
+def train(health: SyncHealth, net: nn.Module, optimizer: torch.optim.Optimizer, steps: int) -> None:
+    for _ in range(steps):
+        loss = net(torch.randn(4, 4)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        health.step(loss, samples=4)
+
+
+def main() -> None:
+    scenario, out = sys.argv[1], Path(sys.argv[2])
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    result: dict[str, Any] = {}
+    started = time.monotonic()
+    try:
+        if scenario == "other_model":  # rank 1 passes another (unwrapped) model: refused at the first check
+            width = 8 if rank == 0 else 9
+            SyncHealth(nn.Sequential(nn.Linear(4, width), nn.ReLU(), nn.Linear(width, 1)), every=5)
+        elif scenario == "more_steps":  # rank 1 takes 2 steps more: its check is never joined
+            net = model()
+            optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+            with SyncHealth(net, optimizer, every=5, peer_timeout=5) as health:
+                train(health, net, optimizer, 12 if rank == 0 else 14)
+        elif scenario == "repair":  # rank 1 drifts; Repair re-broadcasts rank 0's model and goes on
+            net = model()
+            optimizer = torch.optim.AdamW(net.parameters(), lr=0.01)
+            with SyncHealth(net, optimizer, total_steps=10, every=5, on_divergence="Repair") as health:
+                train(health, net, optimizer, 3)
+                if rank == 1:
+                    with torch.no_grad():
+                        next(net.parameters()).view(-1)[0] += 1e-3
+                train(health, net, optimizer, 7)
+            result["report"] = health.last_report
+        result["ok"] = True
+    except Exception as err:  # what the scenario is about: the error and how long it took
+        result.update(ok=False, error=f"{type(err).__name__}: {err}")
+    result["seconds"] = time.monotonic() - started
+    (out / f"rank{rank}.json").write_text(json.dumps(result))
+    sys.stdout.flush()
+    import os
+
+    os._exit(0)  # the peers may be gone: no teardown of the process group
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""SyncHealth (ddp_trainer.health): its settings and bad input on one process, and real ranks (torchrun,
+gloo) for what only several ranks show: a model that differs between ranks, ranks that disagree on the
+number of steps, a repair."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrun_helpers import HERE, launch
+
+from ddp_trainer import contract, health
+from ddp_trainer.health import SyncHealth, SyncHealthError
+
+
+def test_settings_come_from_the_arguments_then_the_ddpjob_environment_then_the_defaults() -> None:
+    env = {contract.SYNC_EVERY_ENV: "7", contract.ON_DIVERGENCE_ENV: "Warn"}
+    assert health.settings({}, None, None) == (100, "Fail")
+    assert health.settings(env, None, None) == (7, "Warn")
+    assert health.settings(env, 3, "Repair") == (3, "Repair")
+
+
+@pytest.mark.parametrize(
+    ("env", "every", "policy", "message"),
+    [
+        ({}, 0, None, "every=0: expected a whole number of steps, at least 1"),
+        ({contract.SYNC_EVERY_ENV: "0"}, None, None, "DDPJOB_SYNC_EVERY=0: expected a whole number"),
+        ({contract.SYNC_EVERY_ENV: "ten"}, None, None, "DDPJOB_SYNC_EVERY='ten': expected a whole number"),
+        ({}, None, "Ignore", "on_divergence='Ignore': expected one of Fail, Repair, Warn"),
+        ({contract.ON_DIVERGENCE_ENV: "fail"}, None, None, "DDPJOB_ON_DIVERGENCE='fail': expected one of"),
+    ],
+)
+def test_bad_settings_name_the_value_and_what_is_accepted(
+    env: dict[str, str], every: int | None, policy: str | None, message: str
+) -> None:
+    with pytest.raises(SyncHealthError, match=message.replace("(", r"\(")):
+        health.settings(env, every, policy)
+
+
+def test_old_torch_versions_are_refused() -> None:
+    assert health.torch_version_ok("2.4.0") and health.torch_version_ok("2.15.0+cu132")
+    assert not health.torch_version_ok("2.3.1") and not health.torch_version_ok("1.13.0")
+
+
+def test_disagreement_names_the_cause() -> None:
+    named = [("w", torch.zeros(3))]
+    same = health.header(5, named).tolist()
+    assert health.disagreement(same, same[::2], 0) is None
+    steps = [12, -10, *same[2:]]  # ranks at steps 10 to 12
+    assert "different steps (from 10 to 12; rank 1 is at 10)" in str(health.disagreement(steps, [10], 1))
+    counts = [*same[:2], 3, -2, *same[4:]]
+    assert "different numbers of tensors (from 2 to 3" in str(health.disagreement(counts, [5, 2], 0))
+
+
+@pytest.fixture
+def single_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A one-rank process group (in-memory store), this test's own metrics folder and report file."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "metrics"))
+    monkeypatch.setenv(contract.METRICS_PORT_ENV, "0")
+    monkeypatch.setenv(contract.TERMINATION_LOG_ENV, str(tmp_path / "report.json"))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # type: ignore[attr-defined]
+    try:
+        yield tmp_path / "report.json"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_bad_input_leaves_training_as_it_was(single_rank: Path) -> None:
+    net = nn.Linear(2, 2)
+    before = [p.detach().clone() for p in net.parameters()]
+    with pytest.raises(SyncHealthError, match="every=0: expected a whole number of steps, at least 1"):
+        SyncHealth(net, every=0)
+    with pytest.raises(SyncHealthError, match=re.escape("model: expected a torch.nn.Module")):
+        SyncHealth("model")  # type: ignore[arg-type]
+    with pytest.raises(SyncHealthError, match="total_steps=0: expected a positive number of steps"):
+        SyncHealth(net, total_steps=0)
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
+    assert not single_rank.exists()
+
+
+def test_a_hand_written_loop_gets_checks_and_a_report(single_rank: Path) -> None:
+    net = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    with SyncHealth(net, optimizer, total_steps=6, every=4) as sh:
+        for _ in range(6):
+            net(torch.ones(1, 2)).sum().backward()
+            optimizer.step()
+            sh.step(0.5, samples=1)
+        assert sh.checks == 3  # initial, step 4, step 6 (the last)
+    report: dict[str, Any] = json.loads(single_rank.read_text())
+    assert (report["result"], report["reason"], report["checks"], report["step"]) == (
+        "Succeeded",
+        "AllChecksPassed",
+        3,
+        6,
+    )
+
+
+def test_an_exception_writes_the_report_and_propagates(single_rank: Path) -> None:
+    with pytest.raises(ZeroDivisionError), SyncHealth(nn.Linear(2, 1), every=2) as sh:
+        sh.step()
+        raise ZeroDivisionError("in the user's loop")
+    report: dict[str, Any] = json.loads(single_rank.read_text())
+    assert (report["result"], report["reason"]) == ("Failed", "TrainerError")
+    assert report["message"] == "ZeroDivisionError: in the user's loop" and report["checks"] == 1
+
+
+def test_not_initialized_is_a_clear_error() -> None:
+    assert not dist.is_initialized()
+    with pytest.raises(SyncHealthError, match=re.escape("torch.distributed is not initialized")):
+        SyncHealth(nn.Linear(2, 1))
+
+
+def scenario(tmp_path: Path, name: str) -> list[dict[str, Any]]:
+    run = launch(tmp_path, [str(HERE / "health_scenarios.py"), name, str(tmp_path)], nnodes=1, nproc=2)
+    run.wait(180)
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.slow
+def test_a_model_that_differs_between_ranks_is_refused_on_every_rank(tmp_path: Path) -> None:
+    for result in scenario(tmp_path, "other_model"):
+        assert not result["ok"]
+        assert "different numbers of tensors" not in result["error"]  # same count, other shapes
+        assert "models whose tensor names, shapes and dtypes differ" in result["error"], result
+
+
+@pytest.mark.slow
+def test_ranks_that_disagree_on_steps_fail_within_seconds(tmp_path: Path) -> None:
+    first, second = scenario(tmp_path, "more_steps")
+    # Rank 0 ends at step 12 and its final check waits for rank 1, which is in its 13th step: the check
+    # fails after the 5 s peer timeout (not the job's 30 min) and says why; rank 1's step then fails as
+    # rank 0 leaves.
+    assert not first["ok"] and first["seconds"] < 60, first
+    assert "at step 12 on rank 0 was not joined by the other ranks" in first["error"], first
+    assert "took a different number of steps" in first["error"], first
+    assert not second["ok"] and second["seconds"] < 90, second
+
+
+@pytest.mark.slow
+def test_repair_rebroadcasts_and_ends_verified(tmp_path: Path) -> None:
+    first, _ = scenario(tmp_path, "repair")
+    assert first["ok"], first
+    report = first["report"]
+    assert (report["result"], report["reason"], report["mismatches"], report["repairs"]) == (
+        "Succeeded",
+        "RepairedDivergence",
+        1,
+        1,
+    )
+
+
+def test_an_old_framework_is_refused_naming_the_version_needed() -> None:
+    from ddp_trainer.integrations import require, version_tuple
+
+    assert version_tuple("4.57.0.dev0") == (4, 57) and version_tuple("main") > (4, 57)
+    require("transformers", "4.57.1", (4, 57), "x")  # new enough: no error
+    with pytest.raises(ImportError, match=re.escape("x needs lightning >= 2.4; this is lightning 2.3.3")):
+        require("lightning", "2.3.3", (2, 4), "x")
+
+
+def test_a_callback_without_a_process_group_stays_out_of_the_way(caplog: pytest.LogCaptureFixture) -> None:
+    from ddp_trainer.integrations import distributed
+
+    assert not dist.is_initialized()
+    assert distributed() is False
+    assert "no torch.distributed process group (not under torchrun?): no checks in this run" in caplog.text
+
+
+def test_local_rank_0_serves_the_ddp_series(single_rank: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from prometheus_client import values
+    from torchrun_helpers import free_port
+
+    port = free_port()
+    monkeypatch.setenv(contract.METRICS_PORT_ENV, str(port))
+    before = values.ValueClass
+    try:
+        net = nn.Linear(2, 1)
+        sh = SyncHealth(net, torch.optim.SGD(net.parameters(), lr=0.1), total_steps=3, every=2)
+        for _ in range(3):
+            sh.step(0.25, samples=2)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        values.ValueClass = before  # the swap to multiprocess values is for this process's lifetime
+    labels = 'ddpjob="",ddpjob_namespace="",node_rank="0",rank="0"'
+    samples = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line[:1] != "#"
+    }
+    assert samples[f"ddp_step{{{labels}}}"] == 3.0 and samples[f"ddp_total_steps{{{labels}}}"] == 3.0
+    assert samples[f"ddp_loss{{{labels}}}"] == 0.25 and samples[f"ddp_samples_total{{{labels}}}"] == 6.0
+    checks = {k: v for k, v in samples.items() if k.startswith("ddp_sync_checks_total") and v}
+    assert sorted(checks.values()) == [1.0, 1.0, 1.0], checks  # initial, periodic (2), final (3)

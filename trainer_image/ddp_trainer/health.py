@@ -1,0 +1,455 @@
+"""Sync health for any DDP loop: :class:`SyncHealth`, the object the reference trainer and users' own code
+share.
+
+Built from the model (DDP-wrapped or not) and, optionally, the optimizer and the number of steps, and
+called once after each optimizer step, it does what the reference trainer does at a check: copies rank 0's
+buffers when DDP broadcasts them, fingerprints parameters, buffers, optimizer state and control state
+(step, epoch where known, learning rates, loss scale where known), applies the ``Fail``/``Repair``/``Warn``
+policy, keeps the ``ddp_*`` metrics (local rank 0 serves its pod's ranks on ``DDPJOB_METRICS_PORT``), runs
+the fire drill (``DDPJOB_CHAOS_DIVERGE``) and, at the end, writes the termination report the operator and
+``ddpjob local`` read. Its settings come from the DDPJob (``DDPJOB_SYNC_EVERY``, ``DDPJOB_ON_DIVERGENCE``)
+unless given::
+
+    from ddp_trainer.sync import SyncHealth
+
+    with SyncHealth(ddp_model, optimizer, total_steps=steps) as health:
+        for batch in batches:
+            ...; optimizer.step()
+            health.step(loss)
+
+A check is two small collectives more than :func:`ddp_trainer.sync.check_in_sync`: before the fingerprint
+all-reduce every rank contributes a header (its step, its number of tensors, a hash of their names, shapes
+and dtypes) to one all-reduce, on a gloo group of its own with a short timeout. Ranks built from different
+models, or that disagree on how many steps they took, get a :class:`SyncHealthError` naming the cause
+within ``peer_timeout`` seconds instead of a collective that hangs until the job's timeout.
+
+Long because it is the one public object: setup from the environment, the step, the check, the close.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, get_args
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddp_trainer import boundary, contract, fingerprint, report, sync
+from ddp_trainer.config import PodEnv, Policy, read_pod_env
+from ddp_trainer.distributed import LaunchEnv, metrics_dir, read_launch_env
+from ddp_trainer.verify import CheckKind, DivergenceError, Tally, Verifier, broadcast_state, check_state
+from ddp_trainer.verify import model_digest as digest_of
+
+if TYPE_CHECKING:  # prometheus_client loads only after PROMETHEUS_MULTIPROC_DIR is set (see _metrics)
+    from ddp_trainer.metrics import TrainerMetrics
+
+log = logging.getLogger("ddp_trainer")
+
+DEFAULT_EVERY = 100
+DEFAULT_POLICY: Policy = "Fail"
+DEFAULT_PEER_TIMEOUT = 30.0
+"""Seconds a check waits for its peers to join it (after the first): DDP keeps ranks within one step of
+each other, so a peer that is not there by then never comes."""
+MIN_TORCH = (2, 4)
+POLICIES: tuple[str, ...] = get_args(Policy)
+_PRECISIONS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+"""``ddp_info``'s precision for code the trainer does not configure: the parameters' dtype."""
+_SERVED: set[int] = set()  # ports this process serves metrics on
+
+
+class SyncHealthError(RuntimeError):
+    """Bad input, or ranks that do not check together: the check cannot run (training is left as it was)."""
+
+
+@dataclass
+class Tracked:
+    """The :class:`ddp_trainer.verify.Subject` of a loop that :class:`SyncHealth` does not own."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer | None
+    scaler: torch.amp.GradScaler | None
+    step: int = 0
+    epoch: int | None = None
+
+
+def torch_version_ok(version: str) -> bool:
+    """Whether ``version`` (``torch.__version__``) is at least :data:`MIN_TORCH`."""
+    try:
+        major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
+    except ValueError:
+        return True  # a development build: give it the benefit of the doubt
+    return (major, minor) >= MIN_TORCH
+
+
+def settings(env: Mapping[str, str], every: int | None, on_divergence: str | None) -> tuple[int, Policy]:
+    """The check interval and the policy: the arguments, else the DDPJob's environment, else the defaults.
+    Raises :class:`SyncHealthError` naming the argument (or variable), its value and what is accepted."""
+    source = "every"
+    if every is None:
+        raw = env.get(contract.SYNC_EVERY_ENV, "").strip()
+        source = contract.SYNC_EVERY_ENV
+        try:
+            every = int(raw) if raw else DEFAULT_EVERY
+        except ValueError:
+            raise SyncHealthError(f"{source}={raw!r}: expected a whole number of steps, at least 1") from None
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise SyncHealthError(f"{source}={every!r}: expected a whole number of steps, at least 1")
+    policy_source = "on_divergence"
+    if on_divergence is None:
+        on_divergence = env.get(contract.ON_DIVERGENCE_ENV, "").strip() or DEFAULT_POLICY
+        policy_source = contract.ON_DIVERGENCE_ENV
+    if on_divergence not in POLICIES:
+        raise SyncHealthError(f"{policy_source}={on_divergence!r}: expected one of {', '.join(POLICIES)}")
+    return every, on_divergence  # type: ignore[return-value]
+
+
+def header(step: int, named: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
+    """What ranks must agree on before comparing fingerprints: the step, the number of tensors, and a
+    hash of their names, shapes and dtypes; each with its negation, so one MAX all-reduce gives both the
+    largest and the smallest value."""
+    structure = int(sync._structure_fingerprint(named).item())
+    values = [step, len(named), structure]
+    return torch.tensor([v for x in values for v in (x, -x)], dtype=torch.int64)
+
+
+def disagreement(reduced: list[int], mine: list[int], rank: int) -> str | None:
+    """Why the ranks cannot compare fingerprints (from the reduced header and this rank's), or None."""
+    names = ("step", "number of tensors", "tensor names, shapes and dtypes")
+    for i, what in enumerate(names):
+        high, low = reduced[2 * i], -reduced[2 * i + 1]
+        if high != low:
+            if i == 0:
+                return (
+                    f"the ranks are at different steps (from {low} to {high}; rank {rank} is at {mine[0]}): "
+                    "they took different numbers of optimizer steps, or called SyncHealth.step() a "
+                    "different number of times"
+                )
+            if i == 1:
+                return (
+                    f"the ranks hold models with different numbers of tensors (from {low} to {high}; rank "
+                    f"{rank} has {mine[1]}): build SyncHealth from the same model on every rank"
+                )
+            return (
+                f"the ranks hold models whose {what} differ: build SyncHealth from the same model everywhere"
+            )
+    return None
+
+
+class SyncHealth:
+    """Sync health of one DDP model: checks, policy, metrics, progress and the termination report.
+
+    Collective: every rank builds it at the same point (after the model is wrapped in DDP, or at least
+    after every rank holds its copy) and calls :meth:`step` after each optimizer step. Building it runs
+    the initial check. ``every`` and ``on_divergence`` default to the DDPJob's ``DDPJOB_SYNC_EVERY`` and
+    ``DDPJOB_ON_DIVERGENCE``, else 100 and ``Fail``. Under ``Fail`` a divergence writes the report and
+    exits the process with :data:`ddp_trainer.contract.DIVERGENCE_EXIT_CODE` (``SystemExit``), on every
+    rank at the same check.
+
+    Optional keyword arguments: ``scaler`` (a ``torch.amp.GradScaler``, whose scale is compared),
+    ``broadcast_buffers`` (whether DDP copies rank 0's buffers at each forward; default: what the DDP
+    wrapper says, False for a plain module), ``peer_timeout`` (seconds a check waits for its peers),
+    ``state`` (an existing train state to check instead of counting steps here: the reference trainer's),
+    ``pod`` (the ``DDPJOB_*`` settings, instead of reading them from the environment),
+    ``start_step`` (the step a resumed loop starts from), ``metrics`` (existing series; then nothing is
+    served here), ``write_report`` (False: the caller writes
+    it), ``initial_check`` (False: the caller runs the first check when it wants).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        total_steps: int | None = None,
+        every: int | None = None,
+        on_divergence: str | None = None,
+        group: dist.ProcessGroup | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+        broadcast_buffers: bool | None = None,
+        peer_timeout: float | None = None,
+        state: Any = None,
+        pod: PodEnv | None = None,
+        metrics: TrainerMetrics | None = None,
+        write_report: bool = True,
+        initial_check: bool = True,
+        env: Mapping[str, str] | None = None,
+        start_step: int = 0,
+    ) -> None:
+        environ: Mapping[str, str] = os.environ if env is None else env
+        if not torch_version_ok(torch.__version__):
+            raise SyncHealthError(
+                f"torch {torch.__version__} is not supported: SyncHealth needs torch "
+                f">= {MIN_TORCH[0]}.{MIN_TORCH[1]}"
+            )
+        if not isinstance(model, nn.Module):
+            raise SyncHealthError(
+                f"model: expected a torch.nn.Module (DDP-wrapped or not), got {type(model)!r}"
+            )
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise SyncHealthError(
+                f"optimizer: expected a torch.optim.Optimizer or None, got {type(optimizer)!r}"
+            )
+        if total_steps is not None and (isinstance(total_steps, bool) or total_steps < 1):
+            raise SyncHealthError(
+                f"total_steps={total_steps!r}: expected a positive number of steps, or None"
+            )
+        self.every, self.policy = settings(environ, every, on_divergence)
+        if not dist.is_available() or not dist.is_initialized():
+            raise SyncHealthError(
+                "torch.distributed is not initialized: build SyncHealth after init_process_group() (under "
+                "torchrun), on every rank"
+            )
+        self.total_steps = total_steps
+        self.group = group
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size(group)
+        self.launch: LaunchEnv = read_launch_env(environ)
+        self.pod: PodEnv = pod if pod is not None else read_pod_env(environ)
+        self.broadcast_buffers = broadcast_buffers
+        self.peer_timeout = DEFAULT_PEER_TIMEOUT if peer_timeout is None else float(peer_timeout)
+        self.subject: Any = state if state is not None else Tracked(model, optimizer, scaler, start_step)
+        self._owns_steps = state is None
+        self.write_report = write_report
+        self.metrics = metrics if metrics is not None else self._metrics(environ, model)
+        self.metrics.sync_every.set(self.every)
+        if total_steps is not None:
+            self.metrics.total_steps.set(total_steps)
+        self.verifier = Verifier(self.policy, self.metrics, check=self._check, repair=self._repair)
+        self.skew = boundary.SkewMeter()
+        self.closed = False
+        self.last_report: contract.Report | None = None
+        # The header's own group: gloo (CPU) with a short timeout, so a peer that never comes is noticed.
+        ranks = None if group is None else dist.get_process_group_ranks(group)
+        peers = dist.new_group(ranks=ranks, backend="gloo", timeout=timedelta(seconds=self.peer_timeout))
+        self.peers = peers if isinstance(peers, dist.ProcessGroup) else None
+        self._last = time.perf_counter()
+        if initial_check:
+            self.check("initial")
+
+    # -- setup ----------------------------------------------------------------------------------------
+
+    def _metrics(self, environ: Mapping[str, str], model: nn.Module) -> TrainerMetrics:
+        """This rank's ``ddp_*`` series; local rank 0 serves its pod's on ``DDPJOB_METRICS_PORT``."""
+        directory = metrics_dir(os.environ, self.launch)  # before prometheus_client loads
+        values = sys.modules.get("prometheus_client.values")
+        if values is not None and "PROMETHEUS_MULTIPROC_DIR" in os.environ:  # loaded earlier by the user
+            values.ValueClass = values.get_value_class()  # type: ignore[attr-defined]
+        from ddp_trainer import metrics as metrics_module
+
+        first = next(model.parameters(), None)
+        labels = {
+            contract.JOB_LABEL: self.pod.job,
+            contract.NAMESPACE_LABEL: self.pod.namespace,
+            contract.RANK_LABEL: str(self.rank),
+            contract.NODE_RANK_LABEL: str(self.launch.node_rank),
+        }
+        inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+        info = {
+            "world_size": str(self.world_size),
+            "device": first.device.type if first is not None else "cpu",
+            "backend": str(dist.get_backend(self.group)),
+            "precision": _PRECISIONS.get(first.dtype, str(first.dtype)) if first is not None else "fp32",
+            "model": type(inner).__name__,
+            "attempt": str(self.pod.attempt),
+            "torch_version": torch.__version__,
+            "fingerprint": fingerprint.impl_for(first.device if first is not None else torch.device("cpu")),
+        }
+        series = metrics_module.TrainerMetrics(labels, info)
+        series.restarts.set(contract.restarts_before(self.pod.attempt) + self.launch.restart_count)
+        port = self.pod.metrics_port
+        if (
+            self.launch.local_rank == 0
+            and port
+            and port not in _SERVED
+            and metrics_module.serve(port, directory)
+        ):
+            _SERVED.add(port)
+        return series
+
+    # -- the step -------------------------------------------------------------------------------------
+
+    @property
+    def checks(self) -> int:
+        """Checks done so far (the tally)."""
+        return self.tally.checks
+
+    @property
+    def tally(self) -> Tally:
+        """The sync bookkeeping the report states."""
+        return self.verifier.tally
+
+    @property
+    def current_step(self) -> int:
+        """Optimizer steps done (counting from the state's step when one was given)."""
+        return int(self.subject.step)
+
+    def step(self, loss: float | torch.Tensor | None = None, samples: int | None = None) -> None:
+        """Call once after each optimizer step: progress metrics; the fire drill; the check when due (every
+        ``every`` steps and at ``total_steps``), with the policy applied."""
+        if self._owns_steps:
+            self.subject.step += 1
+        now = time.perf_counter()
+        duration, self._last = now - self._last, now
+        value = float(loss.detach()) if isinstance(loss, torch.Tensor) else loss
+        self.observe(duration, samples or 0, value)
+        self.drill()
+        step = self.current_step
+        final = self.total_steps is not None and step >= self.total_steps
+        if final or step % self.every == 0:
+            self._checked("final" if final else "periodic")
+
+    def observe(self, duration_seconds: float, samples: int, loss: float | None) -> None:
+        """Record one finished step in the metrics and the step-time skew."""
+        finite = loss is None or math.isfinite(loss)
+        self.metrics.observe_step(self.current_step, duration_seconds, samples, loss, finite, time.time())
+        self.skew.add(duration_seconds)
+
+    def drill(self) -> None:
+        """The fire drill: when ``DDPJOB_CHAOS_DIVERGE`` names this rank and step, nudge one parameter."""
+        step = self.current_step
+        if boundary.drill_fires(self.pod.chaos, self.rank, step):
+            name = boundary.nudge(self.subject.model)
+            log.warning(
+                "fire drill: rank %d nudged %s by %g at step %d", self.rank, name, boundary.CHAOS_NUDGE, step
+            )
+
+    def _checked(self, kind: CheckKind) -> None:
+        """A check from :meth:`step`: a divergence under ``Fail`` writes the report and exits."""
+        try:
+            self.check(kind)
+        except DivergenceError as err:
+            self.close(err)
+            raise SystemExit(contract.DIVERGENCE_EXIT_CODE) from err
+
+    # -- the check ------------------------------------------------------------------------------------
+
+    def check(self, kind: CheckKind) -> sync.SyncReport:
+        """One check now (collective), with the step-time skew since the previous one; applies the policy
+        (raises :class:`DivergenceError` under ``Fail`` or when a repair does not take). Then the
+        fingerprint kernel in use goes into ``ddp_info``: a compiled kernel that failed during the check has
+        fallen back (:mod:`ddp_trainer.fingerprint.dispatch`)."""
+        try:
+            return self.verifier.verify(self.subject, kind)
+        finally:
+            first = next(self.subject.model.parameters(), None)
+            device = first.device if first is not None else torch.device("cpu")
+            self.metrics.describe(fingerprint=fingerprint.impl_for(device))
+
+    def agree(self, kind: str) -> None:
+        """Collective on the header's group: every rank at the same step with the same tensors, or a
+        :class:`SyncHealthError` naming the cause (also when the peers do not come within the timeout)."""
+        named = sync.named_tensors(self.subject.model)
+        mine = header(self.current_step, named)
+        reduced = mine.clone()
+        # The first check may wait for slow starters (the job's own timeout); later ones need no such wait.
+        first = self.tally.checks == 0
+        group = self.group if first else self.peers
+        device = sync.comm_device(group) if first else torch.device("cpu")
+        reduced = reduced.to(device)
+        started = time.monotonic()
+        try:
+            dist.all_reduce(reduced, op=dist.ReduceOp.MAX, group=group)
+        except RuntimeError as err:
+            waited = time.monotonic() - started
+            raise SyncHealthError(
+                f"the {kind} at step {self.current_step} on rank {self.rank} was not joined by "
+                f"the other ranks within {waited:.0f} s (timeout {self.peer_timeout:g} s): they ended, or "
+                f"took a different number of steps ({type(err).__name__}: {str(err).splitlines()[0][:200]})"
+            ) from None
+        why = disagreement(reduced.cpu().tolist(), mine.tolist()[::2], self.rank)
+        if why is not None:
+            raise SyncHealthError(f"the {kind} at step {self.current_step} cannot run: {why}")
+
+    def _check(self, subject: Any) -> sync.SyncReport:
+        self.agree("sync check")  # first: the skew and the fingerprint need every rank
+        skew = self.skew.publish()
+        if skew is not None:
+            self.metrics.skew.set(skew)
+        return check_state(subject, self.group, broadcast_buffers=self.broadcast_buffers)
+
+    def _repair(self, subject: Any) -> None:
+        broadcast_state(subject, self.group)
+
+    # -- the end --------------------------------------------------------------------------------------
+
+    def close(self, error: BaseException | None = None) -> None:
+        """The final check (when the run ended normally and the last step was not checked) and the
+        termination report (local rank 0 writes it); idempotent. A divergence at the final check under
+        ``Fail`` exits like one at any other check."""
+        if self.closed:
+            return
+        self.closed = True
+        if error is None:
+            try:
+                if self.tally.last_check_step != self.current_step:
+                    self.check("final")
+                else:
+                    self.agree(
+                        "end-of-run agreement"
+                    )  # the ranks end at the same step (cheap: one small all-reduce)
+            except DivergenceError as err:
+                self._publish(*self.diverged(err))
+                raise SystemExit(contract.DIVERGENCE_EXIT_CODE) from err
+            except BaseException as err:
+                self._publish(*self.failed(err))
+                raise
+            self._publish(*self.finished())
+        elif isinstance(error, DivergenceError):
+            self._publish(*self.diverged(error))
+        elif isinstance(error, KeyboardInterrupt):
+            self._publish(*self.finished())  # the step count says it stopped early
+        else:
+            self._publish(*self.failed(error))
+
+    def facts(self) -> report.RunFacts:
+        return report.RunFacts(self.current_step, self.world_size, 0, self.pod.attempt)
+
+    def finished(self) -> tuple[int, contract.Report]:
+        total = self.total_steps if self.total_steps is not None else self.current_step
+        return report.finished(self.tally, self.facts(), total, digest_of(self.subject.model))
+
+    def diverged(self, err: DivergenceError) -> tuple[int, contract.Report]:
+        return report.diverged(self.tally, self.facts(), err.reason, str(err))
+
+    def failed(self, err: BaseException) -> tuple[int, contract.Report]:
+        return report.failed(f"{type(err).__name__}: {err}", self.tally, self.facts())
+
+    def _publish(self, code: int, rep: contract.Report) -> None:
+        self.last_report = rep
+        if not self.write_report:
+            return
+        if self.launch.local_rank == 0:
+            report.write_termination_message(self.pod.termination_log, rep)
+        if self.rank == 0:
+            log.info("sync health report: %s", report.termination_message(rep))
+
+    def close_on_uncaught_exception(self) -> None:
+        """Write the report also when an exception nobody catches ends the process (for frameworks whose
+        loops give a callback no way to see it): chains ``sys.excepthook``."""
+        previous = sys.excepthook
+
+        def hook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
+            if not (isinstance(error, SystemExit) and error.code == contract.DIVERGENCE_EXIT_CODE):
+                self.close(error)
+            previous(kind, error, tb)
+
+        sys.excepthook = hook
+
+    def __enter__(self) -> SyncHealth:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if isinstance(error, SystemExit) and error.code == contract.DIVERGENCE_EXIT_CODE:
+            return  # the report is written
+        self.close(error)

@@ -1,0 +1,78 @@
+"""Sync health for Lightning: ``lightning.pytorch.Trainer(..., callbacks=[SyncHealthCallback()])``.
+
+The callback builds a :class:`ddp_trainer.health.SyncHealth` when training starts (the LightningModule,
+the first optimizer, the total from ``max_steps`` or the estimated stepping batches, whether the DDP
+wrapper broadcasts buffers) and calls it after each batch that ended with an optimizer step; an exception
+in training writes the report. Keyword arguments go to ``SyncHealth`` (``every=``, ``on_divergence=``, ...).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import lightning
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+from ddp_trainer.health import SyncHealth
+from ddp_trainer.integrations import distributed, require
+
+MIN_VERSION = (2, 4)
+require("lightning", lightning.__version__, MIN_VERSION, "ddp_trainer.integrations.lightning")
+
+
+def batch_size(batch: Any) -> int:
+    """The number of samples in a batch: the first dimension of its first tensor (0 when there is none)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, Mapping):
+        return next((batch_size(v) for v in batch.values() if batch_size(v)), 0)
+    if isinstance(batch, Sequence) and not isinstance(batch, str):
+        return next((batch_size(v) for v in batch if batch_size(v)), 0)
+    return 0
+
+
+class SyncHealthCallback(Callback):  # type: ignore[misc]
+    """Checks that every rank holds the same model while a Lightning ``Trainer`` trains."""
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+        self.health: SyncHealth | None = None
+        self.seen = 0
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not distributed():
+            return
+        optimizers = list(trainer.optimizers)
+        total: int | None = None
+        if trainer.max_steps and trainer.max_steps > 0:
+            total = int(trainer.max_steps)
+        elif math.isfinite(float(trainer.estimated_stepping_batches)):
+            total = int(trainer.estimated_stepping_batches)
+        options = {
+            "total_steps": total,
+            "broadcast_buffers": getattr(trainer.strategy.model, "broadcast_buffers", None),
+            "start_step": trainer.global_step,
+            **self.options,
+        }
+        self.seen = trainer.global_step
+        self.health = SyncHealth(pl_module, optimizers[0] if optimizers else None, **options)
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.health is None or trainer.global_step == self.seen:  # accumulating: no optimizer step
+            return
+        self.seen = trainer.global_step
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        self.health.step(loss if isinstance(loss, torch.Tensor | float) else None, batch_size(batch))
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.health is not None:
+            self.health.close()
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if self.health is not None:
+            self.health.close(exception)
