@@ -397,12 +397,12 @@ def warnings(spec: Spec) -> list[str]:
             "restart(s) of spec.maxRestarts will start from step 0; give spec.checkpoint.volumeClaimTemplate "
             "(the operator creates a PersistentVolumeClaim) or spec.checkpoint.volume"
         )
-    ignored = sorted({"trainer", "syncCheck"} & spec.given)
-    if ignored and (spec.command is not None or spec.args is not None):
-        fields = " and ".join(f"spec.{name}" for name in ignored)
+    if "trainer" in spec.given and (spec.command is not None or spec.args is not None):
+        # spec.syncCheck is not ignored: it reaches any program as DDPJOB_SYNC_EVERY/DDPJOB_ON_DIVERGENCE,
+        # which SyncHealth and its callbacks read (docs/your-code.md)
         out.append(
-            f"{fields}: ignored, because spec.command/spec.args run your own program instead of the built-in "
-            "trainer, which alone reads them; remove them, or pass your program its settings in spec.args"
+            "spec.trainer: ignored, because spec.command/spec.args run your own program instead of the "
+            "built-in trainer, which alone reads it; remove it, or pass your program its settings in spec.args"
         )
     claim = spec.checkpoint.claim if spec.checkpoint else None
     if claim is not None and spec.nodes > 1 and "ReadWriteMany" not in claim.access_modes:

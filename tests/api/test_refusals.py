@@ -119,5 +119,8 @@ def test_the_good_twins_are_accepted() -> None:
 def test_a_custom_command_with_trainer_settings_warns() -> None:
     parsed = spec.parse(doc_with(command=["python", "train.py"], trainer={"steps": 10}, syncCheck={}))
     (warning,) = [w for w in spec.warnings(parsed) if "ignored" in w]
-    assert warning.startswith("spec.syncCheck and spec.trainer: ignored, because spec.command/spec.args")
+    assert warning.startswith("spec.trainer: ignored, because spec.command/spec.args")
+    # spec.syncCheck reaches any program (DDPJOB_SYNC_EVERY, DDPJOB_ON_DIVERGENCE): no warning for it alone
+    alone = spec.parse(doc_with(command=["python", "train.py"], syncCheck={"everySteps": 5}))
+    assert not [w for w in spec.warnings(alone) if "ignored" in w]
     assert not [w for w in spec.warnings(spec.parse(doc_with(trainer={"steps": 10}))) if "ignored" in w]

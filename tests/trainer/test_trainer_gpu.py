@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_trainer import sync
+from ddp_trainer import replicas, sync
 from ddp_trainer.model import MLP
 
 pytestmark = [
@@ -24,7 +24,7 @@ pytestmark = [
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64])
 def test_fingerprint_is_the_same_on_cuda_and_cpu(dtype: torch.dtype) -> None:
-    t = (torch.randn(3 * sync._BLOCK // 2 + 7) * 100).to(dtype)
+    t = (torch.randn(3 * replicas._BLOCK // 2 + 7) * 100).to(dtype)
     assert int(sync.fingerprint_tensors([t])[0]) == int(sync.fingerprint_tensors([t.cuda()])[0])
     model = MLP()
     assert torch.equal(sync.fingerprint(model), sync.fingerprint(model.cuda()).cpu())

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_trainer import sync
+from ddp_trainer import replicas
 from ddp_trainer.config import ChaosSpec, TrainerConfig
 from ddp_trainer.verify import CheckKind
 
@@ -54,7 +54,7 @@ def drill_fires(chaos: ChaosSpec | None, rank: int, step: int) -> bool:
 
 def nudge(model: nn.Module, amount: float = CHAOS_NUDGE) -> str:
     """The fire drill: move the first element of the first parameter by ``amount``; returns its name."""
-    name, param = sync.named_tensors(model, buffers=False)[0]
+    name, param = replicas.named_tensors(model, buffers=False)[0]
     with torch.no_grad():
         param.view(-1)[0] += amount
     return name
@@ -62,7 +62,7 @@ def nudge(model: nn.Module, amount: float = CHAOS_NUDGE) -> str:
 
 def agree_stop(requested: bool) -> bool:
     """Collective (one 4-byte all_reduce): stop if any rank was asked to, so all stop at the same step."""
-    flag = torch.tensor([int(requested)], dtype=torch.int32, device=sync.comm_device(None))
+    flag = torch.tensor([int(requested)], dtype=torch.int32, device=replicas.comm_device(None))
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
 
@@ -107,6 +107,6 @@ class SkewMeter:
             return None
         mean = self.total / self.count
         self.total, self.count = 0.0, 0
-        both = torch.tensor([mean, -mean], dtype=torch.float64, device=sync.comm_device(None))
+        both = torch.tensor([mean, -mean], dtype=torch.float64, device=replicas.comm_device(None))
         dist.all_reduce(both, op=dist.ReduceOp.MAX)
         return skew_ratio(float(both[0]), -float(both[1]))

@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_trainer import boundary, contract, fingerprint, report, sync
+from ddp_trainer import boundary, contract, fingerprint, replicas, report
 from ddp_trainer.config import PodEnv, Policy, read_pod_env
 from ddp_trainer.distributed import LaunchEnv, metrics_dir, read_launch_env
 from ddp_trainer.verify import CheckKind, DivergenceError, Tally, Verifier, broadcast_state, check_state
@@ -116,7 +116,7 @@ def header(step: int, named: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
     """What ranks must agree on before comparing fingerprints: the step, the number of tensors, and a
     hash of their names, shapes and dtypes; each with its negation, so one MAX all-reduce gives both the
     largest and the smallest value."""
-    structure = int(sync._structure_fingerprint(named).item())
+    structure = int(replicas._structure_fingerprint(named).item())
     values = [step, len(named), structure]
     return torch.tensor([v for x in values for v in (x, -x)], dtype=torch.int64)
 
@@ -332,7 +332,7 @@ class SyncHealth:
 
     # -- the check ------------------------------------------------------------------------------------
 
-    def check(self, kind: CheckKind) -> sync.SyncReport:
+    def check(self, kind: CheckKind) -> replicas.SyncReport:
         """One check now (collective), with the step-time skew since the previous one; applies the policy
         (raises :class:`DivergenceError` under ``Fail`` or when a repair does not take). Then the
         fingerprint kernel in use goes into ``ddp_info``: a compiled kernel that failed during the check has
@@ -347,13 +347,13 @@ class SyncHealth:
     def agree(self, kind: str) -> None:
         """Collective on the header's group: every rank at the same step with the same tensors, or a
         :class:`SyncHealthError` naming the cause (also when the peers do not come within the timeout)."""
-        named = sync.named_tensors(self.subject.model)
+        named = replicas.named_tensors(self.subject.model)
         mine = header(self.current_step, named)
         reduced = mine.clone()
         # The first check may wait for slow starters (the job's own timeout); later ones need no such wait.
         first = self.tally.checks == 0
         group = self.group if first else self.peers
-        device = sync.comm_device(group) if first else torch.device("cpu")
+        device = replicas.comm_device(group) if first else torch.device("cpu")
         reduced = reduced.to(device)
         started = time.monotonic()
         try:
@@ -369,7 +369,7 @@ class SyncHealth:
         if why is not None:
             raise SyncHealthError(f"the {kind} at step {self.current_step} cannot run: {why}")
 
-    def _check(self, subject: Any) -> sync.SyncReport:
+    def _check(self, subject: Any) -> replicas.SyncReport:
         self.agree("sync check")  # first: the skew and the fingerprint need every rank
         skew = self.skew.publish()
         if skew is not None:

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_trainer import boundary, checkpoint, contract, fingerprint, provenance, report, sync
+from ddp_trainer import boundary, checkpoint, contract, fingerprint, provenance, replicas, report
 from ddp_trainer.config import PodEnv, TrainerConfig
 from ddp_trainer.data import build_dataset, micro_batches
 from ddp_trainer.distributed import LaunchEnv
@@ -143,7 +143,7 @@ class Session:
                 self.ckpt_dir,
             )
 
-    def check(self, state: TrainState, kind: CheckKind) -> sync.SyncReport:
+    def check(self, state: TrainState, kind: CheckKind) -> replicas.SyncReport:
         """A periodic or final check, with the step-time skew since the previous one."""
         assert self.health is not None and self.health.subject is state
         return self.health.check(kind)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import torch
 from torch import nn
 
-from ddp_trainer import sync
+from ddp_trainer import replicas
 from ddp_trainer.config import Policy
 
 if TYPE_CHECKING:  # no runtime import: prometheus_client must not load before PROMETHEUS_MULTIPROC_DIR is set
@@ -49,14 +49,14 @@ class Subject(Protocol):
     def epoch(self) -> int | None: ...
 
 
-CheckFn = Callable[[Subject], sync.SyncReport]
+CheckFn = Callable[[Subject], replicas.SyncReport]
 RepairFn = Callable[[Subject], None]
 
 
 class DivergenceError(Exception):
     """The ranks hold different models and the policy says stop."""
 
-    def __init__(self, report: sync.SyncReport, reason: str) -> None:
+    def __init__(self, report: replicas.SyncReport, reason: str) -> None:
         super().__init__(
             f"{len(report.mismatches)} tensor(s) differ between ranks: {', '.join(report.mismatched[:5])}"
         )
@@ -97,34 +97,36 @@ def control_state(state: Subject) -> dict[str, Any]:
     if state.optimizer is not None:
         for i, group in enumerate(state.optimizer.param_groups):
             extras[f"control.lr.{i}"] = float(group["lr"])
-        extras.update(sync.optimizer_state_tensors(state.optimizer, state.model))
+        extras.update(replicas.optimizer_state_tensors(state.optimizer, state.model))
     return extras
 
 
 def check_state(
     state: Subject, group: Any = None, *, broadcast_buffers: bool | None = None
-) -> sync.SyncReport:
+) -> replicas.SyncReport:
     """Collective: one check of parameters, buffers, optimizer and control state on every rank of
     ``group``. Buffers are first copied from rank 0 when DDP does so at each forward (``broadcast_buffers``;
     None: as the DDP wrapper says, no copy for a plain module)."""
     if broadcast_buffers is None:
         broadcast_buffers = bool(getattr(state.model, "broadcast_buffers", False))
     if broadcast_buffers:
-        sync.broadcast_buffers_(state.model, group=group)  # what DDP does at the next forward, one step early
-    return sync.check_in_sync(state.model, group, extra=control_state(state))
+        replicas.broadcast_buffers_(
+            state.model, group=group
+        )  # what DDP does at the next forward, one step early
+    return replicas.check_in_sync(state.model, group, extra=control_state(state))
 
 
 def model_digest(model: nn.Module) -> str:
     """A digest of this rank's fingerprint of ``model``: equal digests mean bit-identical models."""
-    return hashlib.sha256(str(sync.fingerprint(model).tolist()).encode()).hexdigest()[:16]
+    return hashlib.sha256(str(replicas.fingerprint(model).tolist()).encode()).hexdigest()[:16]
 
 
 def broadcast_state(state: Subject, group: Any = None) -> None:
     """Collective: every rank takes rank 0's model and optimizer state."""
-    sync.broadcast_module_(state.model, src=0, group=group)
+    replicas.broadcast_module_(state.model, src=0, group=group)
     if state.optimizer is not None:
-        tensors = sync.optimizer_state_tensors(state.optimizer, state.model).values()
-        sync.broadcast_tensors_(tensors, src=0, group=group)
+        tensors = replicas.optimizer_state_tensors(state.optimizer, state.model).values()
+        replicas.broadcast_tensors_(tensors, src=0, group=group)
 
 
 class Verifier:
@@ -144,7 +146,7 @@ class Verifier:
         self.repair = repair
         self.tally = Tally()
 
-    def verify(self, state: Subject, kind: CheckKind) -> sync.SyncReport:
+    def verify(self, state: Subject, kind: CheckKind) -> replicas.SyncReport:
         """Check, count, observe; on a divergence apply the policy (which may raise or repair)."""
         started = time.perf_counter()
         report = self.check(state)
@@ -193,7 +195,7 @@ class Verifier:
             return report
         return self._repair(state)
 
-    def _repair(self, state: Subject) -> sync.SyncReport:
+    def _repair(self, state: Subject) -> replicas.SyncReport:
         """Re-broadcast from rank 0, then verify again (raises if the repair did not take)."""
         self.repair(state)
         report = self.verify(state, "repair")
