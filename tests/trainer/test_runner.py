@@ -41,5 +41,5 @@ def test_the_info_series_names_the_fingerprint_kernel_in_use_after_a_fallback(
     assert session.metrics.info["fingerprint"] == "numba"
     monkeypatch.setattr(numba_kernel, "block_sums", compile_error)
     session.build()  # the initial check: the Numba kernel fails, NumPy computes the same bits
-    assert session.verifier.tally.checks == 1 and session.verifier.tally.last_check_ok
+    assert session.tally.checks == 1 and session.tally.last_check_ok
     assert session.metrics.info["fingerprint"] == "numpy"
