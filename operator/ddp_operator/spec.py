@@ -402,7 +402,8 @@ def warnings(spec: Spec) -> list[str]:
         # which SyncHealth and its callbacks read (docs/your-code.md)
         out.append(
             "spec.trainer: ignored, because spec.command/spec.args run your own program instead of the "
-            "built-in trainer, which alone reads it; remove it, or pass your program its settings in spec.args"
+            "built-in trainer, which alone reads it; remove it, or pass your program its settings in "
+            "spec.args"
         )
     claim = spec.checkpoint.claim if spec.checkpoint else None
     if claim is not None and spec.nodes > 1 and "ReadWriteMany" not in claim.access_modes:

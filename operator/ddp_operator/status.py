@@ -297,7 +297,7 @@ def progress_status(snapshot: Snapshot, total_steps: int) -> dict[str, Any]:
     now = snapshot.latest
     if now is None:
         return out
-    total_steps = now.total(total_steps)  # the code's own total where it says (e.g. a Trainer's max_steps)
+    total_steps = now.total_steps or total_steps  # the code's own total where it says (a Trainer's max_steps)
     percent = min(100, int(100 * now.step / total_steps)) if total_steps else 0
     out.update(step=now.step, totalSteps=total_steps, percent=percent, summary=f"{percent}%")
     steps_per_s, samples_per_s = rates(snapshot)
