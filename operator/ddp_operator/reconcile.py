@@ -6,7 +6,7 @@ midway) and calls :func:`decide`, which picks exactly one branch below and retur
 status to write, the Service and Job to create, the Jobs to delete, the Job to (un)suspend, the events
 to post. Each branch says its phase and ``Ready`` condition; :mod:`ddp_operator.status` builds the rest
 of the status. :mod:`ddp_operator.apply` carries plans out; every branch here is unit-tested without an API
-server (``tests/api/test_reconcile.py``) and proven against one by the e2e tests.
+server (``tests/operator_tests/test_reconcile.py``) and proven against one by the e2e tests.
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from api.test_refusals import VOLUME, doc_with
 from cluster.fixtures import Cluster, wait_for
 from ddp_operator import render, spec
+from operator_tests.test_refusals import VOLUME, doc_with
 
 from .conftest import Operator, children, ddpjob, wait_phase
 

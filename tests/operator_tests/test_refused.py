@@ -1,4 +1,5 @@
-"""A corpus of refused specs (``tests/api/refused/*.yaml``, several problems in most): `ddpjob validate`
+"""A corpus of refused specs (``tests/operator_tests/refused/*.yaml``, several problems in most):
+`ddpjob validate`
 names, in one run, every field the real API server names.
 
 Each file says, in its header, where the server refuses it (``refused-on: DDPJob``, when it is applied;
