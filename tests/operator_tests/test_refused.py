@@ -1,6 +1,5 @@
 """A corpus of refused specs (``tests/operator_tests/refused/*.yaml``, several problems in most):
-`ddpjob validate`
-names, in one run, every field the real API server names.
+`ddpjob validate` names, in one run, every field the real API server names.
 
 Each file says, in its header, where the server refuses it (``refused-on: DDPJob``, when it is applied;
 ``Job`` or ``PersistentVolumeClaim``, when the operator dry-runs what it renders from a DDPJob the server
