@@ -31,8 +31,11 @@ lint: tools
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# Two lanes side by side (tests/conftest.py): the cluster tier in one xdist worker, everything else in the
+# other; the slowest tests are listed at the end, so a test that grows is seen.
+PYTEST_LANES ?= -n 2 --dist loadgroup --durations=15
 unit: tools
-	$(BIN)/pytest
+	$(BIN)/pytest $(PYTEST_LANES)
 
 test: lint typecheck unit
 

@@ -1,3 +1,43 @@
-"""Suite-wide: the real control plane's fixtures (``cluster``, ``namespace``) for every `cluster` test."""
+"""Suite-wide: the real control plane's fixtures (``cluster``, ``namespace``) for every `cluster` test, and
+the two lanes of a parallel run.
+
+``make test`` runs pytest with two xdist workers (``-n 2 --dist loadgroup``): every `cluster` test in one
+lane (one control plane, one operator, tests one after another as before), everything else in the other.
+The cluster tier mostly waits (for a node to be declared lost, a grace period, a scrape), so the host tier
+runs in that time; within a lane nothing changes, so no test shares a resource it did not share before.
+Without ``-n`` the groups are ignored and the suite runs in one process.
+"""
+
+from __future__ import annotations
+
+import pytest
 
 pytest_plugins = ["cluster_fixtures"]
+
+CLUSTER_LANE = "cluster"
+HOST_LANE = "host"
+
+
+def lane(item: pytest.Item) -> str:
+    """The xdist group of a test: the cluster's or the host's."""
+    return CLUSTER_LANE if item.get_closest_marker("cluster") else HOST_LANE
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the group into each test's id
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(lane(item)))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Under ``--dist loadgroup``, refuses to run if xdist did not put the lanes into the tests' ids (as
+    with pytest 9 and xdist 3.8): the cluster tests would be spread over both workers, each starting a
+    control plane on the same ports."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    ungrouped = [item.nodeid for item in session.items if not item.nodeid.endswith(f"@{lane(item)}")]
+    if ungrouped:
+        raise pytest.UsageError(
+            f"pytest-xdist did not group {len(ungrouped)} test(s) into lanes (first: {ungrouped[0]}); "
+            f"pytest {pytest.__version__} with this xdist cannot run `make test`'s lanes: see pyproject.toml"
+        )

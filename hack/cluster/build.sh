@@ -19,6 +19,16 @@ missing() { for b in "$@"; do [[ -x "$bin/$b" ]] || return 0; done; return 1; }
 if ! missing "${k8s_bins[@]}" coredns; then echo "$bin"; exit 0; fi
 if [[ "${1:-}" == "--check" ]]; then exit 1; fi  # --check: print the directory if built, else fail
 
+# One build at a time (two pytest workers, or a developer's `make cluster-up` beside `make test`): a second
+# caller waits for the first, says so, and then finds the binaries built.
+mkdir -p "$(dirname "$cache")"
+exec 9>"$cache.lock"
+if ! flock -n 9; then
+  echo "waiting for another build of the test cluster to finish (lock $cache.lock)" >&2
+  flock 9
+fi
+if ! missing "${k8s_bins[@]}" coredns; then echo "$bin"; exit 0; fi
+
 GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
 export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
 # sum.golang.org is not reachable from these machines; go.sum (committed) still pins every hash.

@@ -81,8 +81,8 @@ def test_the_api_server_restarts_under_a_running_job(
     cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
 ) -> None:
     doc = ddpjob(
-        "outage",
-        **_durable(tmp_path / "ckpt", trainer={"steps": 800, "checkpointEvery": 50}),
+        "outage",  # long enough to outlast the outage (about 15 s), no longer
+        **_durable(tmp_path / "ckpt", trainer={"steps": 400, "checkpointEvery": 50}),
         syncCheck={"everySteps": 50},
     )
     _apply(cluster, namespace, doc)
@@ -97,7 +97,7 @@ def test_the_api_server_restarts_under_a_running_job(
     assert status["sync"]["verified"] is True and status["progress"]["percent"] == 100, status
     assert [j["metadata"]["name"] for j in children(cluster, namespace, "jobs", "outage")] == ["outage-1"]
     assert [s["metadata"]["name"] for s in children(cluster, namespace, "services", "outage")] == ["outage"]
-    print(f"API server down {outage:.1f} s, from step {before.get('progress', {}).get('step')} of 800")
+    print(f"API server down {outage:.1f} s, from step {before.get('progress', {}).get('step')} of 400")
 
 
 def test_a_lost_node_restarts_the_gang_on_the_node_that_remains(
@@ -106,8 +106,8 @@ def test_a_lost_node_restarts_the_gang_on_the_node_that_remains(
     cluster.kubectl("wait", "--for=condition=Ready", "node", "--all", "--timeout=120s")  # two nodes to start
     folder = tmp_path / "ckpt"
     doc = ddpjob(
-        "lost",
-        **_durable(folder, trainer={"steps": 400, "checkpointEvery": 20}),
+        "lost",  # the node goes at the first checkpoint; what is left after the resume proves it, no more
+        **_durable(folder, trainer={"steps": 160, "checkpointEvery": 20}),
         syncCheck={"everySteps": 20},
         nodeLostTolerationSeconds=10,
     )
