@@ -59,8 +59,8 @@ class Facts:
     targets: tuple[Target, ...] = ()
     """The running pods of ``attempt`` and where each serves its metrics."""
     stale_deadlines: tuple[tuple[str, dt.datetime], ...] = ()
-    """Stale Jobs going away whose pods are all being deleted too, with the latest of those pods'
-    ``deletionTimestamp`` (when their kubelet should have confirmed the stop at the latest)."""
+    """Stale Jobs going away whose pods are all being deleted too, with the time after which waiting for
+    those pods is pointless (:func:`stale_deadlines`)."""
 
 
 def attempt_of(obj: Mapping[str, Any]) -> int:
@@ -301,18 +301,36 @@ def observe(
     )
 
 
+STOP_MARGIN_SECONDS = 30
+"""Beyond a pod's deletion deadline (its termination grace period), before deciding without it."""
+
+
+def give_up_at(pod: Mapping[str, Any]) -> dt.datetime | None:
+    """When waiting for a pod being deleted is pointless, or None (it is not being deleted). A pod the
+    taint-eviction controller took from a lost node: at once (its kubelet does not answer, and no grace
+    period brings an answer; ``spec.nodeLostTolerationSeconds`` was the wait). Any other: its deletion
+    deadline plus :data:`STOP_MARGIN_SECONDS`; a pod past that is kept only by a kubelet that does not
+    answer, for which the API server waits forever."""
+    if evicted_from_lost_node(pod):
+        evicted = condition(pod, "DisruptionTarget") or {}
+        return _time(evicted.get("lastTransitionTime")) or _time(
+            pod.get("metadata", {}).get("creationTimestamp")
+        )
+    deadline = _time(pod.get("metadata", {}).get("deletionTimestamp"))
+    return deadline + dt.timedelta(seconds=STOP_MARGIN_SECONDS) if deadline else None
+
+
 def stale_deadlines(
     jobs: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]], attempt: int
 ) -> tuple[tuple[str, dt.datetime], ...]:
     """For each Job of an earlier attempt that is being deleted and still has pods, all of them being
-    deleted: the latest of their deletion deadlines. A pod past it is kept only by a kubelet that does
-    not answer (its node was lost): the API server waits for that kubelet forever."""
+    deleted: the latest time after which waiting for them is pointless (:func:`give_up_at`)."""
     found = []
     for job in jobs:
         if attempt_of(job) >= attempt or not job.get("metadata", {}).get("deletionTimestamp"):
             continue
         left = [pod for pod in pods if attempt_of(pod) == attempt_of(job) and not _gone(pod)]
-        deadlines = [_time(pod.get("metadata", {}).get("deletionTimestamp")) for pod in left]
+        deadlines = [give_up_at(pod) for pod in left]
         if left and all(deadlines):
             found.append((job["metadata"]["name"], max(d for d in deadlines if d)))
     return tuple(found)

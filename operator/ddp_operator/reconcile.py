@@ -19,12 +19,13 @@ from typing import Any
 from ddp_trainer import contract
 
 from . import live, policy, render, stall, status
+from . import observe as observe_module
 from .observe import Facts, JobFacts, observe
 from .plan import Event, Plan, Scrape
 from .spec import Spec, SpecError, parse
 from .status import StatusBuilder, parse_time, stamp
 
-STOP_MARGIN_SECONDS = 30  # beyond the pods' termination grace period, before deciding without them
+STOP_MARGIN_SECONDS = observe_module.STOP_MARGIN_SECONDS
 STALLED = "Stalled"
 
 
@@ -130,11 +131,11 @@ def _deadline_passed(inputs: Inputs) -> str | None:
 
 def _stopping_old_attempts(inputs: Inputs, out: StatusBuilder) -> Plan:
     """Old Jobs go (foreground: the next gang starts once their pods are gone), except that a Job whose
-    pods are past their deletion deadline by ``STOP_MARGIN_SECONDS`` is deleted without waiting for them:
-    their node does not answer (lost), and the API server would keep them Terminating until it does."""
+    pods were evicted from a lost node, or are past their deletion deadline by ``STOP_MARGIN_SECONDS``, is
+    deleted without waiting for them: their node does not answer, and the API server would keep them
+    Terminating until it does (``observe.give_up_at``)."""
     attempt = inputs.facts.attempt
-    margin = dt.timedelta(seconds=STOP_MARGIN_SECONDS)
-    lost = tuple(name for name, deadline in inputs.facts.stale_deadlines if inputs.now > deadline + margin)
+    lost = tuple(name for name, give_up in inputs.facts.stale_deadlines if inputs.now >= give_up)
     said = {c.get("type"): c for c in inputs.previous.get("conditions", []) or []}.get("Ready") or {}
     if inputs.previous.get("phase") == "Restarting" and said.get("reason") and said.get("message"):
         # Why the gang restarts (Stalled, NodeLost, AttemptFailed, ...) stays said until the next attempt.
@@ -145,8 +146,8 @@ def _stopping_old_attempts(inputs: Inputs, out: StatusBuilder) -> Plan:
         out.condition("Ready", False, "GangRestart", "waiting for the pods of earlier attempts to go away")
     for name in lost:
         message = (
-            f"Job {name}: its pods were not confirmed stopped {STOP_MARGIN_SECONDS}s past their deletion "
-            "deadline (their node does not answer); not waiting for them"
+            f"Job {name}: its pods' node does not answer (evicted from a lost node, or not confirmed "
+            f"stopped {STOP_MARGIN_SECONDS}s past their deletion deadline); not waiting for them"
         )
         out.events.append(Event("Warning", "NodeLost", message))
     return out.plan(delete_jobs=inputs.facts.stale_jobs, abandon_jobs=lost)

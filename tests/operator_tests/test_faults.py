@@ -90,6 +90,21 @@ def test_a_stale_job_kept_only_by_pods_past_their_deadline_is_let_go() -> None:
     assert "NodeLost" in [e.reason for e in plan.events]
 
 
+def test_a_stale_job_kept_by_a_pod_evicted_from_a_lost_node_is_let_go_at_once() -> None:
+    stale = _deleting(_job(1, condition="Failed"), NOW - dt.timedelta(seconds=5))
+    evicted = {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}
+    evicted["lastTransitionTime"] = (NOW - dt.timedelta(seconds=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    lost = _deleting(_pod(1, 1), NOW + dt.timedelta(seconds=115))  # well within its grace period
+    lost["status"]["conditions"].append(evicted)
+    plan = _reconcile({"attempt": 2, "phase": "Restarting"}, [stale], [lost])
+    assert plan.delete_jobs == ("job-1",) and plan.abandon_jobs == ("job-1",)
+    assert any("evicted from a lost node" in e.message for e in plan.events if e.reason == "NodeLost")
+    # the same pod and another that may still stop (a node that answers): that one is waited for
+    other = _deleting(_pod(1, 0), NOW + dt.timedelta(seconds=115))
+    plan = _reconcile({"attempt": 2, "phase": "Restarting"}, [stale], [lost, other])
+    assert plan.delete_jobs == ("job-1",) and plan.abandon_jobs == ()
+
+
 def test_a_stale_job_whose_pods_may_still_stop_is_waited_for() -> None:
     stale = _deleting(_job(1, condition="Failed"), NOW)
     soon = _deleting(_pod(1, 1), NOW + dt.timedelta(seconds=60))  # within its grace period
