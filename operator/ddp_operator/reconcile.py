@@ -249,12 +249,25 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
     running = ready == spec.nodes and not spec.suspend and not job.suspended
     if running and (why := stall.stalled(inputs.snapshot, attempt, spec.stall_timeout_seconds)):
         return _end_attempt(inputs, out, job.name, policy.Outcome(False, reason=STALLED, message=why), True)
+    if running and (why := _never_started(inputs, out)):
+        return _end_attempt(inputs, out, job.name, policy.Outcome(False, reason=STALLED, message=why), True)
     status.write_reading(out, inputs.snapshot, attempt, spec.trainer.steps)
     status.sync_condition(out)
     scrape = None
     if facts.targets and not spec.suspend and not job.suspended:
         scrape = Scrape(attempt, spec.metrics_port, facts.targets)
     return out.plan(suspend_job=toggle, scrape=scrape)
+
+
+def _never_started(inputs: Inputs, out: StatusBuilder) -> str | None:
+    """A gang whose pods all run (since the ``Ready`` condition turned True) but that never stepped."""
+    spec = inputs.spec
+    since = parse_time(out.conditions["Ready"]["lastTransitionTime"])
+    running = (inputs.now - since).total_seconds() if since else 0.0
+    built_in = spec.command is None and spec.args is None and spec.metrics_port != 0
+    return stall.never_started(
+        inputs.snapshot, inputs.facts.attempt, running, spec.start_timeout_seconds, spec.world_size, built_in
+    )
 
 
 def _finish(

@@ -33,9 +33,9 @@ def test_causes_across_pods_are_ranked_the_same_way() -> None:
 
 
 @pytest.mark.parametrize(
-    ("codes", "expected"), [([1, -9], None), ([1, 78], 78), ([2], 2), ([86, 1], 86), ([143], None)]
+    ("codes", "expected"), [([1, -9], None), ([1, 78], 78), ([2], 2), ([86, 1], 86), ([143], 143)]
 )
-def test_configuration_and_divergence_codes_are_never_restarted_in_place(
+def test_configuration_divergence_and_sigterm_codes_are_never_restarted_in_place(
     codes: list[int], expected: int | None
 ) -> None:
     assert launcher.not_retried(codes) == expected

@@ -99,10 +99,15 @@ def _sentence(rank: int, code: int, message: str) -> str:
     return f"rank {rank} exited {code}{': ' + detail if detail else ''}"
 
 
+NO_RETRY = (*contract.NOT_RETRIED_EXIT_CODES, contract.INTERRUPTED_EXIT_CODE)
+"""Configuration and divergence codes, and 143: a worker that stopped at SIGTERM was asked to stop from
+outside (the pod is being deleted, evicted or preempted), which a restart in place would defeat."""
+
+
 def not_retried(codes: Sequence[int]) -> int | None:
-    """The exit code that forbids an in-place restart, if any worker exited with one."""
+    """The exit code that forbids an in-place restart, if any worker exited with one (:data:`NO_RETRY`)."""
     for code in codes:
-        if code in contract.NOT_RETRIED_EXIT_CODES:
+        if code in NO_RETRY:
             return code
     return None
 
