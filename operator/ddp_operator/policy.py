@@ -11,7 +11,9 @@ An attempt is one Indexed Job: all pods start together and one failed pod fails 
   ``podFailurePolicy`` fails the Job on them too);
 - a preemption (a pod deleted gracefully or evicted: the trainer checkpointed at SIGTERM) restarts the
   gang without using up ``maxRestarts``;
-- any other failure starts attempt + 1 (resuming from the last good checkpoint) while restarts are left.
+- any other failure starts attempt + 1 (resuming from the last good checkpoint) while restarts are left;
+  the restarts done in place inside the attempts' pods (torchrun's agents, ``ddp_trainer.launch``) count
+  against the same ``maxRestarts`` (:func:`restarts_used`), and the next Job's agents get what is left.
 """
 
 from __future__ import annotations
