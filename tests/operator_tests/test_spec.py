@@ -204,7 +204,8 @@ GPU_BAD: list[tuple[str, dict[str, Any], str, str]] = [
         {"nodes": 2, "nccl": {"timeoutSeconds": 1}},
         "spec.nccl.timeoutSeconds",
         "must be ≥ 10",
-    ),    (
+    ),
+    (
         "negative start timeout",
         {"nodes": 2, "startTimeoutSeconds": -1},
         "spec.startTimeoutSeconds",
