@@ -118,6 +118,21 @@ def exit_code_of(failures: Mapping[int, int]) -> int:
     return not_retried(list(failures.values())) or contract.FAILURE_EXIT_CODE
 
 
+def rendezvous_host(env: Mapping[str, str]) -> dict[str, str]:
+    """Node rank 0 hosts the ``c10d`` rendezvous store, the others connect to it: said explicitly
+    (``is_host``), since torch would guess it from whether the endpoint's name resolves to this machine, which
+    pods that share a host (``ddpjob local``) or whose hostname is not the endpoint's name can get wrong.
+    Nothing when the user set ``PET_RDZV_CONF`` or the rendezvous is not ``c10d``."""
+    node = env.get(contract.PET_NODE_RANK, "").strip()
+    if (
+        env.get(contract.PET_RDZV_BACKEND) != contract.RDZV_BACKEND
+        or "PET_RDZV_CONF" in env
+        or not node.isdigit()
+    ):
+        return {}
+    return {"PET_RDZV_CONF": f"is_host={1 if int(node) == 0 else 0}"}
+
+
 def write_error_file(message: str) -> None:
     """Tell the agent this worker's error (torch's error-file format), so the cause it records is the
     worker's own words rather than only its exit code."""
@@ -196,6 +211,7 @@ def main(argv: Sequence[str]) -> int:
     # A fresh store for the workers of every round: the shared one keeps the last round's keys, and a
     # restarted gang read its dead peers' addresses from it (gloo: connectFullMesh refused).
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    os.environ.update(rendezvous_host(os.environ))
     _install(_Book(Path(state)))
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
