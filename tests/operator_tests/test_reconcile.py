@@ -469,3 +469,13 @@ def test_restarts_in_place_are_counted_once_from_the_pods_readings_with_their_ca
     assert job is not None
     env = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env[contract.PET_MAX_RESTARTS] == "0" and env[contract.PET_RDZV_BACKEND] == "c10d"
+
+
+def test_a_restart_in_place_keeps_a_queued_jobs_admission() -> None:
+    """Kueue admitted the Job (unsuspended it); a restart in place changes no child: the Job is neither
+    re-suspended, deleted nor replaced, so the gang keeps its admission and its nodes."""
+    body = _body({"phase": "Running", "attempt": 1}, queueName="team", trainer={"steps": 1000})
+    reading = _snapshot(NOW, 40, restarts_in_place=1, restart_cause="rank 1 killed by signal 9")
+    plan = reconcile.decide_for(body, [_job(1)], _running_pods(), NOW, reading)
+    assert plan.status["restartsInPlace"] == 1 and plan.status["phase"] == "Running"
+    assert plan.suspend_job is None and plan.delete_jobs == () and plan.create_job is None
