@@ -228,8 +228,8 @@ def _local_notes(spec: Spec, first_attempt: int) -> list[str]:
     notes = []
     if spec.command is None and spec.args is not None:
         notes.append(
-            "no spec.command: the args run after the trainer image's entrypoint, "
-            + " ".join(contract.IMAGE_ENTRYPOINT)
+            "no spec.command: the args run after the trainer image's entrypoint "
+            "(torchrun, under the launcher), " + " ".join(contract.IMAGE_ENTRYPOINT)
         )
     if spec.env_from:
         notes.append(
