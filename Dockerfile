@@ -31,5 +31,6 @@ FROM runtime AS trainer
 RUN pip install --no-cache-dir "/wheels/ddpjob-0.1.0-py3-none-any.whl[trainer]"
 USER 1000:1000
 EXPOSE 29500 9400
-ENTRYPOINT ["torchrun"]
+# torchrun (its elastic agent restarts the gang in place) with the bookkeeping of ddp_trainer.launch
+ENTRYPOINT ["python", "-m", "ddp_trainer.launch"]
 CMD ["--module", "ddp_trainer"]

@@ -24,6 +24,11 @@ RECONCILE_SECONDS = Histogram(
 GANG_RESTARTS = Counter(
     "ddpjob_gang_restarts", "Gang restarts started, by the DDPJob's namespace.", ["ddpjob_namespace"]
 )
+GANG_RESTARTS_IN_PLACE = Counter(
+    "ddpjob_gang_restarts_in_place",
+    "Gang restarts done in place (same pods; also counted in ddpjob_gang_restarts), by namespace.",
+    ["ddpjob_namespace"],
+)
 RECONCILE_RESULTS = ("ok", "error")
 for _result in RECONCILE_RESULTS:
     RECONCILES.labels(_result)
@@ -38,6 +43,10 @@ def observe_plan(body: Mapping[str, Any], plan: Plan) -> None:
     after = int(plan.status.get("restarts") or 0)
     if after > before:
         GANG_RESTARTS.labels(body["metadata"]["namespace"]).inc(after - before)
+    before = int((body.get("status") or {}).get("restartsInPlace") or 0)
+    after = int(plan.status.get("restartsInPlace") or 0)
+    if after > before:
+        GANG_RESTARTS_IN_PLACE.labels(body["metadata"]["namespace"]).inc(after - before)
 
 
 def observe_reconcile(result: str, seconds: float, bodies: Mapping[Any, Iterable[Mapping[str, Any]]]) -> None:

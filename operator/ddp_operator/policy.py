@@ -11,7 +11,9 @@ An attempt is one Indexed Job: all pods start together and one failed pod fails 
   ``podFailurePolicy`` fails the Job on them too);
 - a preemption (a pod deleted gracefully or evicted: the trainer checkpointed at SIGTERM) restarts the
   gang without using up ``maxRestarts``;
-- any other failure starts attempt + 1 (resuming from the last good checkpoint) while restarts are left.
+- any other failure starts attempt + 1 (resuming from the last good checkpoint) while restarts are left;
+  the restarts done in place inside the attempts' pods (torchrun's agents, ``ddp_trainer.launch``) count
+  against the same ``maxRestarts`` (:func:`restarts_used`), and the next Job's agents get what is left.
 """
 
 from __future__ import annotations
@@ -99,9 +101,18 @@ def preempted(outcome: Outcome) -> bool:
 PREEMPTED = "Preempted"
 
 
-def decide(outcome: Outcome, attempt: int, max_restarts: int, preemptions: int = 0) -> Decision:
+def restarts_used(attempt: int, preemptions: int = 0, in_place: int = 0) -> int:
+    """Gang restarts counted against ``maxRestarts`` before ``attempt`` ends: the attempts before it but
+    the preemptions, plus the restarts done in place (same pods) in every attempt so far."""
+    return contract.restarts_before(attempt) - preemptions + in_place
+
+
+def decide(
+    outcome: Outcome, attempt: int, max_restarts: int, preemptions: int = 0, in_place: int = 0
+) -> Decision:
     """What to do after ``attempt`` (1-based) ended with ``outcome``; restarts so far are attempt - 1, of
-    which ``preemptions`` were preemptions (they do not count against ``max_restarts``)."""
+    which ``preemptions`` were preemptions (they do not count against ``max_restarts``), plus ``in_place``
+    restarts inside the same pods (:func:`restarts_used`)."""
     if outcome.succeeded:
         return Decision(Action.SUCCEED, "Completed", f"attempt {attempt} completed")
     if diverged(outcome):
@@ -128,7 +139,7 @@ def decide(outcome: Outcome, attempt: int, max_restarts: int, preemptions: int =
     report = outcome.report or {}
     if report.get("result") == contract.FAILED and report.get("message"):
         why += f"; rank 0: {report.get('reason', 'TrainerError')}: {report['message']}"
-    restarts = contract.restarts_before(attempt) - preemptions
+    restarts = restarts_used(attempt, preemptions, in_place)
     if restarts < max_restarts:
         return Decision(
             Action.RESTART,

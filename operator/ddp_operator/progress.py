@@ -47,6 +47,11 @@ class Progress:
     """Steps whose loss was NaN or infinite (rank 0)."""
     total_steps: int | None = None
     """``ddp_total_steps``: the run's total as its code knows it (rank 0's), None where it does not say."""
+    restarts_in_place: int = 0
+    """``ddp_restarts_in_place``: gang restarts done in place in this attempt (the highest any pod says)."""
+    restart_cause: str = ""
+    """Why the last of them happened: of the pods' ``ddp_last_restart_info`` causes for it, the one that
+    names the failing rank best (``contract.blame``)."""
 
     def total(self, spec_steps: int) -> int:
         """The total to show: what the code said, else the spec's (``spec.trainer.steps``)."""
@@ -113,6 +118,7 @@ def parse(texts: Iterable[str]) -> Progress:
     checks: dict[tuple[str, str, str], float] = {}
     gauges: dict[str, dict[str, float]] = {name: {} for name in _GAUGES}
     durations: dict[str, list[float]] = {}
+    causes: dict[str, float] = {}
     for text in texts:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
@@ -125,6 +131,9 @@ def parse(texts: Iterable[str]) -> Progress:
                     steps[rank] = sample.value
                 elif sample.name == contract.counter_sample(contract.SAMPLES):
                     samples[rank] = sample.value
+                elif sample.name == contract.LAST_RESTART_INFO:
+                    cause = sample.labels.get("cause", "")
+                    causes[cause] = max(causes.get(cause, 0.0), sample.value)
                 elif sample.name == contract.LOSS:
                     losses[rank] = sample.value
                 elif sample.name == contract.counter_sample(contract.SYNC_CHECKS):
@@ -154,6 +163,12 @@ def parse(texts: Iterable[str]) -> Progress:
         max_abs_diff=_finite(_rank0(gauges[contract.SYNC_MAX_ABS_DIVERGENCE])),
         nonfinite_steps=int(_rank0(gauges[contract.counter_sample(contract.NONFINITE_LOSS_STEPS)]) or 0),
         total_steps=int(_finite(_rank0(gauges[contract.TOTAL_STEPS])) or 0) or None,
+        restarts_in_place=(restarts := int(max(gauges[contract.RESTARTS_IN_PLACE].values(), default=0))),
+        restart_cause=min(
+            (cause for cause, value in causes.items() if restarts and int(value) == restarts),
+            key=contract.blame,
+            default="",
+        ),
     )
 
 
@@ -169,6 +184,7 @@ _GAUGES = (
     contract.counter_sample(contract.SYNC_REPAIRS),
     contract.counter_sample(contract.NONFINITE_LOSS_STEPS),
     contract.TOTAL_STEPS,
+    contract.RESTARTS_IN_PLACE,
 )
 _DURATION_SUM = contract.STEP_DURATION + "_sum"
 _DURATION_COUNT = contract.STEP_DURATION + "_count"

@@ -64,7 +64,12 @@ def decide_for(
     except SpecError as exc:
         return invalid_spec(exc, previous, generation, now)
     facts = observe(previous, jobs, pods, spec.metrics_port)
-    service, job = render.render_service(spec), render.render_job(spec, facts.attempt)
+    used = policy.restarts_used(
+        facts.attempt,
+        status.count(previous.get("preemptions")),
+        status.count(previous.get(status.RESTARTS_IN_PLACE)),
+    )
+    service, job = render.render_service(spec), render.render_job(spec, facts.attempt, used)
     claim = render.render_checkpoint_claim(spec)
     return decide(Inputs(spec, generation, previous, facts, now, service, claim, job, snapshot))
 
@@ -88,6 +93,8 @@ def decide(inputs: Inputs) -> Plan:
     out = status.begin(
         inputs.previous, inputs.now, inputs.generation, facts.attempt, facts.report, inputs.spec
     )
+    seen, cause = _in_place(inputs)
+    status.restarted_in_place(out, facts.attempt, seen, cause, inputs.spec.max_restarts)
     if status.finished(inputs.previous):
         return _finished(inputs, out)
     if (deadline := _deadline_passed(inputs)) is not None:
@@ -106,6 +113,19 @@ def decide(inputs: Inputs) -> Plan:
     if job.failed:
         return _after_failure(inputs, out, job)
     return _running(inputs, out, job)
+
+
+def _in_place(inputs: Inputs) -> tuple[int, str]:
+    """The restarts in place the current attempt's pods reported (the metrics while it runs, rank 0's
+    report at its end: the higher count wins), and the cause of the last."""
+    attempt, report, snapshot = inputs.facts.attempt, inputs.facts.report or {}, inputs.snapshot
+    seen, cause = 0, ""
+    if snapshot is not None and snapshot.attempt == attempt and snapshot.latest is not None:
+        seen, cause = snapshot.latest.restarts_in_place, snapshot.latest.restart_cause
+    said = report.get("restartsInPlace")
+    if report.get("attempt") == attempt and isinstance(said, int) and said > seen:
+        seen, cause = said, str(report.get("lastRestart") or cause)
+    return seen, cause
 
 
 def _all_jobs(facts: Facts) -> tuple[str, ...]:
@@ -188,10 +208,12 @@ def _end_attempt(
     DDPJob fails (deleting ``job`` too when its pods still run: ``stop``)."""
     attempt = inputs.facts.attempt
     preemptions = status.count(inputs.previous.get("preemptions"))
-    decision = policy.decide(outcome, attempt, inputs.spec.max_restarts, preemptions)
+    in_place = status.count(out.values.get(status.RESTARTS_IN_PLACE))
+    decision = policy.decide(outcome, attempt, inputs.spec.max_restarts, preemptions, in_place)
     status.checkpoint_events(out, inputs.facts.report)
     if decision.action is policy.Action.RESTART:
-        out.values.update(attempt=attempt + 1, restarts=contract.restarts_before(attempt + 1))
+        out.values.update(attempt=attempt + 1, restarts=contract.restarts_before(attempt + 1) + in_place)
+        status.recreated(out, attempt + 1, decision.reason, decision.message)
         if decision.reason == policy.PREEMPTED:
             out.values["preemptions"] = preemptions + 1
         out.phase("Restarting", decision.reason, decision.message, warning=True)
@@ -228,12 +250,25 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
     running = ready == spec.nodes and not spec.suspend and not job.suspended
     if running and (why := stall.stalled(inputs.snapshot, attempt, spec.stall_timeout_seconds)):
         return _end_attempt(inputs, out, job.name, policy.Outcome(False, reason=STALLED, message=why), True)
+    if running and (why := _never_started(inputs, out)):
+        return _end_attempt(inputs, out, job.name, policy.Outcome(False, reason=STALLED, message=why), True)
     status.write_reading(out, inputs.snapshot, attempt, spec.trainer.steps)
     status.sync_condition(out)
     scrape = None
     if facts.targets and not spec.suspend and not job.suspended:
         scrape = Scrape(attempt, spec.metrics_port, facts.targets)
     return out.plan(suspend_job=toggle, scrape=scrape)
+
+
+def _never_started(inputs: Inputs, out: StatusBuilder) -> str | None:
+    """A gang whose pods all run (since the ``Ready`` condition turned True) but that never stepped."""
+    spec = inputs.spec
+    since = parse_time(out.conditions["Ready"]["lastTransitionTime"])
+    running = (inputs.now - since).total_seconds() if since else 0.0
+    built_in = spec.command is None and spec.args is None and spec.metrics_port != 0
+    return stall.never_started(
+        inputs.snapshot, inputs.facts.attempt, running, spec.start_timeout_seconds, spec.world_size, built_in
+    )
 
 
 def _finish(

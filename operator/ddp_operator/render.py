@@ -176,7 +176,28 @@ def _field(name: str, path: str) -> Obj:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def injected_env(spec: Spec, attempt: int) -> list[Obj]:
+def restarts_in_place(spec: Spec, attempt: int, used: int | None = None) -> int:
+    """The in-place gang restarts each pod's torchrun may do (``--max-restarts``): what is left of
+    ``spec.maxRestarts`` after the ``used`` restarts of both kinds (default: the attempts before this one)."""
+    done = contract.restarts_before(attempt) if used is None else used
+    return max(0, spec.max_restarts - done)
+
+
+def _elastic_env(spec: Spec, attempt: int, used: int | None) -> list[Obj]:
+    """torchrun's agent: the ``c10d`` rendezvous on node rank 0 (so a restart on one node restarts every
+    node), one rendezvous per attempt, this pod's own name as its address (rank 0's is its workers'
+    MASTER_ADDR; the agents are ordered by it, so pod 0 holds rank 0), and the restart budget."""
+    own = f"{job_name(spec, attempt)}-$({contract.PET_NODE_RANK}).{service_name(spec)}"
+    return [
+        _value(contract.PET_RDZV_BACKEND, contract.RDZV_BACKEND),
+        _value(contract.PET_RDZV_ENDPOINT, f"$({contract.PET_MASTER_ADDR}):$({contract.PET_MASTER_PORT})"),
+        _value(contract.PET_RDZV_ID, f"{spec.uid or spec.name}-{attempt}"),
+        _value(contract.PET_LOCAL_ADDR, own),
+        _value(contract.PET_MAX_RESTARTS, restarts_in_place(spec, attempt, used)),
+    ]
+
+
+def injected_env(spec: Spec, attempt: int, used: int | None = None) -> list[Obj]:
     """The environment contract of DESIGN.md, before the user's env is laid over it."""
     index = f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"
     addr = master_addr(spec, attempt)
@@ -186,6 +207,7 @@ def injected_env(spec: Spec, attempt: int) -> list[Obj]:
         _field(contract.PET_NODE_RANK, index),
         _value(contract.PET_MASTER_ADDR, addr),
         _value(contract.PET_MASTER_PORT, spec.master_port),
+        *_elastic_env(spec, attempt, used),
         _value(contract.MASTER_ADDR, addr),
         _value(contract.MASTER_PORT, spec.master_port),
         _value(contract.NNODES, spec.nodes),
@@ -249,10 +271,11 @@ def _nccl_env(spec: Spec) -> list[Obj]:
     return env
 
 
-def container_env(spec: Spec, attempt: int) -> list[Obj]:
+def container_env(spec: Spec, attempt: int, used: int | None = None) -> list[Obj]:
     """Injected variables the user did not set, then the user's (which may refer to them with $(VAR))."""
     users = {entry["name"] for entry in spec.env}
-    return [e for e in injected_env(spec, attempt) if e["name"] not in users] + [dict(e) for e in spec.env]
+    injected = injected_env(spec, attempt, used)
+    return [e for e in injected if e["name"] not in users] + [dict(e) for e in spec.env]
 
 
 def container_resources(spec: Spec) -> Obj:
@@ -270,7 +293,10 @@ def container_resources(spec: Spec) -> Obj:
 
 def _command(spec: Spec) -> Obj:
     if spec.command is None and spec.args is None:
-        return {"command": ["torchrun"], "args": ["--module", contract.TRAINER_MODULE, *trainer_args(spec)]}
+        return {
+            "command": list(contract.IMAGE_ENTRYPOINT),
+            "args": ["--module", contract.TRAINER_MODULE, *trainer_args(spec)],
+        }
     out: Obj = {}
     if spec.command is not None:
         out["command"] = list(spec.command)
@@ -298,13 +324,13 @@ def _volumes(spec: Spec) -> tuple[list[Obj], list[Obj]]:
     return volumes, mounts
 
 
-def _container(spec: Spec, attempt: int, mounts: list[Obj]) -> Obj:
+def _container(spec: Spec, attempt: int, mounts: list[Obj], used: int | None) -> Obj:
     return {
         "name": CONTAINER_NAME,
         "image": spec.image,
         "imagePullPolicy": "IfNotPresent",
         **_command(spec),
-        "env": container_env(spec, attempt),
+        "env": container_env(spec, attempt, used),
         **({"envFrom": [dict(source) for source in spec.env_from]} if spec.env_from else {}),
         "ports": [
             {"name": "rendezvous", "containerPort": spec.master_port, "protocol": "TCP"},
@@ -323,7 +349,7 @@ def _container(spec: Spec, attempt: int, mounts: list[Obj]) -> Obj:
     }
 
 
-def _pod_spec(spec: Spec, attempt: int) -> Obj:
+def _pod_spec(spec: Spec, attempt: int, used: int | None) -> Obj:
     template = spec.pod_template
     volumes, mounts = _volumes(spec)
     pod: Obj = {
@@ -340,7 +366,7 @@ def _pod_spec(spec: Spec, attempt: int) -> Obj:
             "seccompProfile": {"type": "RuntimeDefault"},
             **template.security_context,
         },
-        "containers": [_container(spec, attempt, mounts)],
+        "containers": [_container(spec, attempt, mounts, used)],
         "volumes": volumes,
     }
     optional = {
@@ -386,8 +412,10 @@ def _tolerations(spec: Spec) -> list[Obj]:
     ]
 
 
-def render_job(spec: Spec, attempt: int) -> Obj:
-    """The Indexed Job of one attempt: pod i is node rank i; one failed pod fails the attempt."""
+def render_job(spec: Spec, attempt: int, used: int | None = None) -> Obj:
+    """The Indexed Job of one attempt: pod i is node rank i; one failed pod fails the attempt (a failed
+    process inside a pod restarts the gang in place first, while ``used`` restarts leave some:
+    :func:`restarts_in_place`)."""
     metadata = _metadata(spec, job_name(spec, attempt), attempt)
     if spec.queue_name:
         metadata["labels"][KUEUE_QUEUE_LABEL] = spec.queue_name
@@ -422,7 +450,7 @@ def render_job(spec: Spec, attempt: int) -> Obj:
                 "labels": {**spec.pod_template.labels, **labels(spec, attempt)},
                 "annotations": pod_annotations,
             },
-            "spec": _pod_spec(spec, attempt),
+            "spec": _pod_spec(spec, attempt, used),
         },
     }
     if spec.active_deadline_seconds is not None:

@@ -135,6 +135,7 @@ class Spec:
     """The spec fields the document itself sets (before defaults)."""
     node_lost_toleration_seconds: int = 30
     stall_timeout_seconds: int = 600
+    start_timeout_seconds: int = 900
 
     @property
     def world_size(self) -> int:
@@ -336,6 +337,7 @@ def _build(doc: Mapping[str, Any]) -> Spec:
         max_restarts=s["maxRestarts"],
         node_lost_toleration_seconds=s["nodeLostTolerationSeconds"],
         stall_timeout_seconds=s["stallTimeoutSeconds"],
+        start_timeout_seconds=s["startTimeoutSeconds"],
         ttl_seconds_after_finished=s.get("ttlSecondsAfterFinished"),
         active_deadline_seconds=s.get("activeDeadlineSeconds"),
         suspend=s["suspend"],

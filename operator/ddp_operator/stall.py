@@ -37,6 +37,49 @@ def stalled(snapshot: Snapshot | None, attempt: int, timeout_seconds: int) -> st
     )
 
 
+def never_started(
+    snapshot: Snapshot | None,
+    attempt: int,
+    running_seconds: float,
+    timeout_seconds: int,
+    world_size: int,
+    built_in: bool,
+) -> str | None:
+    """Why the attempt has stalled before its first step, or None: every pod has run for
+    ``running_seconds``, past ``timeout_seconds`` (``spec.startTimeoutSeconds``; 0: off), and the pods'
+    metrics show no step. A reading of this attempt is needed, and a command that exports no metrics is never
+    judged: unless it is the built-in trainer (``built_in``, which always does), some rank must have
+    answered.
+    Names the pods whose trainer does not answer (not started: torchrun's agent starts its workers only
+    once every pod has joined the rendezvous) and the ranks that never reported."""
+    if not timeout_seconds or running_seconds < timeout_seconds:
+        return None
+    if snapshot is None or snapshot.attempt != attempt or snapshot.best_step:
+        return None
+    if not built_in and (snapshot.latest is None or not snapshot.latest.step_times):
+        return None
+    said = [f"pod {pod} has no trainer answering its metrics yet" for pod in snapshot.refused]
+    said += [
+        f"pod {entry.split(':')[0]} did not answer its metrics ({entry.split(': ', 1)[-1]})"
+        for entry in snapshot.unreachable
+    ]
+    seen = sorted(int(rank) for rank in (snapshot.latest.step_times if snapshot.latest else {}))
+    missing = [rank for rank in range(world_size) if rank not in seen]
+    if seen and missing:
+        said.append(
+            f"rank(s) {', '.join(map(str, missing))} never reported (seen: {', '.join(map(str, seen))})"
+        )
+    elif not seen:
+        said.append(
+            "no rank has reported yet: the gang never formed (torchrun's rendezvous, or the process "
+            "group's first collective, waits for a rank that did not arrive)"
+        )
+    return (
+        f"no first optimizer step {running_seconds:.0f}s after every pod was running (the limit is "
+        f"{timeout_seconds}s, spec.startTimeoutSeconds): {'; '.join(said)}"
+    )
+
+
 def culprits(snapshot: Snapshot) -> str:
     """The pods that did not answer their metrics, and the ranks behind the others."""
     said = [

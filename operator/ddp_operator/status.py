@@ -120,12 +120,13 @@ def begin(
     out = StatusBuilder(previous, stamp(now))
     out.values.update(
         attempt=attempt,
-        restarts=contract.restarts_before(attempt),  # derived from the attempt, never counted apart
+        # derived from the attempt and the restarts in place the pods reported, never counted apart
+        restarts=contract.restarts_before(attempt) + count(previous.get(RESTARTS_IN_PLACE)),
         observedGeneration=generation,
         startTime=previous.get("startTime") or out.now,
         readyNodes=0,
     )
-    for kept in ("completionTime", "lastReport", "progress", "checkpoint"):
+    for kept in ("completionTime", "lastReport", "progress", "checkpoint", RESTARTS_IN_PLACE, LAST_RESTART):
         if previous.get(kept):
             out.values[kept] = previous[kept]
     if preemptions := count(previous.get("preemptions")):
@@ -140,6 +141,60 @@ def begin(
             out.values["checkpoint"] = checkpoint
     durable_condition(out, spec)
     return out
+
+
+# -- gang restarts ------------------------------------------------------------------------------------
+
+RESTARTS_IN_PLACE = "restartsInPlace"
+LAST_RESTART = "lastRestart"
+IN_PLACE, RECREATE = "InPlace", "Recreate"
+RESTARTED_IN_PLACE = "RestartedInPlace"
+"""The reason (and the event's) of a gang restart done in place."""
+
+
+def in_place_so_far(previous: Mapping[str, Any], attempt: int) -> int:
+    """The restarts in place of ``attempt`` the status already counts."""
+    last = previous.get(LAST_RESTART)
+    if isinstance(last, Mapping) and last.get("kind") == IN_PLACE and last.get("attempt") == attempt:
+        return count(last.get("inAttempt"))
+    return 0
+
+
+def restarted_in_place(out: StatusBuilder, attempt: int, seen: int, cause: str, max_restarts: int) -> None:
+    """Count the restarts in place the pods of ``attempt`` reported (``seen`` so far in the attempt; the
+    cause of the last) beyond what the status counts: ``restarts``, ``restartsInPlace``, ``lastRestart``
+    and a Warning event."""
+    known = in_place_so_far(out.previous, attempt)
+    if seen <= known:
+        return
+    total = count(out.values.get(RESTARTS_IN_PLACE)) + seen - known
+    out.values[RESTARTS_IN_PLACE] = total
+    out.values["restarts"] = count(out.values.get("restarts")) + seen - known
+    why = cause or "a process failed"
+    message = (
+        f"attempt {attempt}: gang restarted in place ({seen} in this attempt, {out.values['restarts']} of "
+        f"maxRestarts {max_restarts} used): {why}; same pods, resuming from the last checkpoint"
+    )
+    out.values[LAST_RESTART] = {
+        "kind": IN_PLACE,
+        "attempt": attempt,
+        "inAttempt": seen,
+        "reason": RESTARTED_IN_PLACE,
+        "message": message[:1024],
+        "time": out.now,
+    }
+    out.events.append(Event("Warning", RESTARTED_IN_PLACE, message))
+
+
+def recreated(out: StatusBuilder, attempt: int, reason: str, message: str) -> None:
+    """The gang restarts as ``attempt`` (a new Job and new pods)."""
+    out.values[LAST_RESTART] = {
+        "kind": RECREATE,
+        "attempt": attempt,
+        "reason": reason,
+        "message": message[:1024],
+        "time": out.now,
+    }
 
 
 def report_sync(report: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from ddp_trainer import contract
 from local.jobs import job, run_local, unique_name
 
 pytestmark = pytest.mark.slow
@@ -53,7 +54,8 @@ def test_args_alone_run_after_the_images_torchrun_and_other_kinds_are_skipped(tm
     code, out = run_local(tmp_path, [namespace, job(name, nodes=1, procsPerNode=1, args=args)])
     assert code == 0, out
     assert "skipped Namespace/team-a: `ddpjob local` runs the DDPJob only" in out, out
-    assert "no spec.command: the args run after the trainer image's entrypoint, torchrun" in out, out
+    entrypoint = "(torchrun, under the launcher), " + " ".join(contract.IMAGE_ENTRYPOINT)
+    assert f"no spec.command: the args run after the trainer image's entrypoint {entrypoint}" in out, out
     assert f"ddpjob local: {name}: Succeeded" in out
 
 

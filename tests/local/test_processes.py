@@ -10,6 +10,7 @@ import pytest
 from ddp_operator import render
 from ddp_operator.local import processes as local
 from ddp_operator.spec import parse
+from ddp_trainer import contract
 
 DOC: dict[str, Any] = {
     "apiVersion": "ddpjob.io/v1alpha1",
@@ -38,7 +39,11 @@ def test_each_pod_gets_the_kubelet_environment_with_local_addresses() -> None:
         assert env["DDPJOB_ATTEMPT"] == "2"
         assert env["DDPJOB_METRICS_PORT"] == str(41000 + index)
         assert env["DDPJOB_TERMINATION_LOG"] == f"/run/plan/attempt-2/plan-2-{index}.termination-log"
-        assert pod.argv[:3] == ["torchrun", "--module", "ddp_trainer"]
+        assert pod.argv[:5] == [*contract.IMAGE_ENTRYPOINT, "--module", "ddp_trainer"]
+        # torchrun's agents meet in the c10d rendezvous on pod 0; pod 0 sorts first, so it holds rank 0
+        assert env["PET_RDZV_BACKEND"] == "c10d"
+        assert env["PET_RDZV_ENDPOINT"] == "127.0.0.1:40000"
+        assert env["PET_LOCAL_ADDR"] == f"127.0.0.{index + 1}"
         assert "--checkpoint-dir=/run/plan/volumes/checkpoint" in pod.argv
         assert pod.log_path == Path(f"/run/plan/attempt-2/plan-2-{index}.log")
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from ddp_trainer import contract
 from local.jobs import job, unique_name
 
 pytestmark = pytest.mark.slow
@@ -82,9 +83,9 @@ def test_killed_pod_restarts_the_gang_which_resumes(tmp_path: Path, name: str) -
     launchers = [
         pid
         for pid, env, argv in _processes_of(name)
-        if env.get("NODE_RANK") == "1" and any(a.endswith("torchrun") for a in argv[:2])
+        if env.get("NODE_RANK") == "1" and contract.LAUNCHER_MODULE in argv[:3]
     ]
-    assert launchers, "no torchrun process for node 1"
+    assert launchers, "no launcher (torchrun) process for node 1"
     os.kill(launchers[0], signal.SIGKILL)
     code, out = _finish(process)
     assert code == 0, out
@@ -95,6 +96,34 @@ def test_killed_pod_restarts_the_gang_which_resumes(tmp_path: Path, name: str) -
     report = (tmp_path / "runs" / name / "attempt-2" / f"{name}-2-0.termination-log").read_text()
     assert '"resumedFromStep":0' not in report and '"resumedFromStep":' in report
     assert not list(_processes_of(name))
+
+
+def test_killed_rank_restarts_the_gang_in_place(tmp_path: Path, name: str) -> None:
+    """A worker process SIGKILLed: torchrun's agents restart every rank of both pods in the same pods
+    (c10d rendezvous), the gang resumes from its checkpoint, is verified again and finishes in attempt 1."""
+    process = _start(tmp_path, job(name, trainer={"steps": 400, "batchSize": 16, "checkpointEvery": 20}))
+    run_dir = tmp_path / "runs" / name
+    _wait_for_checkpoint(run_dir, process)
+    pods = sorted(pid for pid, _, argv in _processes_of(name) if contract.LAUNCHER_MODULE in argv[:3])
+    (victim,) = [pid for pid, env, argv in _processes_of(name) if env.get("RANK") == "3"]
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while victim in {pid for pid, _, _ in _processes_of(name)} and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # the same pod processes (launchers) run the restarted ranks
+    assert sorted(pid for pid, _, argv in _processes_of(name) if contract.LAUNCHER_MODULE in argv[:3]) == pods
+    code, out = _finish(process)
+    assert code == 0, out
+    assert f"ddpjob local: {name}: Succeeded" in out and "after 1 attempt(s)" in out, out
+    assert "restarted its gang in place 1 time(s) in the same pods (last: rank 3 killed by signal 9" in out
+    report = yaml.safe_load((run_dir / "attempt-1" / f"{name}-1-0.termination-log").read_text())
+    assert report["restartsInPlace"] == 1 and report["resumedFromStep"] > 0, report
+    assert report["verified"] is True and report["step"] == 400
+    for pod in (0, 1):  # both pods' agents restarted their workers: the whole gang, not one node
+        assert (
+            "[launcher] gang restart in place 1:"
+            in (run_dir / "attempt-1" / f"{name}-1-{pod}.log").read_text()
+        )
 
 
 def test_ctrl_c_stops_everything_and_the_next_run_resumes(tmp_path: Path, name: str) -> None:
@@ -125,7 +154,7 @@ def test_divergence_fails_without_restart(tmp_path: Path, name: str) -> None:
     assert code == 1, out
     assert f"ddpjob local: {name}: Failed" in out and "after 1 attempt(s)" in out
     assert "SyncDivergence" in out and "replicas DIVERGED" in out
-    assert "attempt 2" not in out
+    assert "attempt 2" not in out and "in place" not in out  # 86 is never restarted, in place or not
 
 
 def test_plain_torchrun_script_runs_unchanged(tmp_path: Path, name: str) -> None:

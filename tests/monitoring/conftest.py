@@ -22,6 +22,7 @@ OPERATOR_FAMILIES = {
     "ddpjob_reconciles",
     "ddpjob_reconcile_duration_seconds",
     "ddpjob_gang_restarts",
+    "ddpjob_gang_restarts_in_place",
 }
 """The operator's families (:mod:`ddp_operator.opmetrics`)."""
 

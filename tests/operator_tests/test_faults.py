@@ -200,6 +200,35 @@ def test_a_stalled_attempt_restarts_the_gang_and_its_job_goes() -> None:
     assert spent.status["phase"] == "Failed" and spent.delete_jobs == ("job-3",)
 
 
+def test_a_gang_that_never_steps_is_stalled_naming_the_pod_and_ranks_that_did_not_arrive() -> None:
+    refused = [live.Answer("job-1-0-abc", "ddp_step 0\n"), live.Answer("job-1-1-xyz", None, refused=True)]
+    times = {"0": (0.0, 0.0), "1": (0.0, 0.0)}
+    snap = live.record(None, 1, 9400, refused, 1000.0, _reading(0, times))
+    assert stall.never_started(snap, 1, 899.0, 900, 4, built_in=True) is None  # not yet
+    why = stall.never_started(snap, 1, 900.0, 900, 4, built_in=True)
+    assert why is not None and why.startswith("no first optimizer step 900s after every pod was running")
+    assert "spec.startTimeoutSeconds" in why and "pod job-1-1-xyz has no trainer answering" in why
+    assert "rank(s) 2, 3 never reported (seen: 0, 1)" in why
+    assert stall.never_started(snap, 1, 900.0, 0, 4, built_in=True) is None  # 0 turns it off
+    stepped = live.record(snap, 1, 9400, refused, 1010.0, _reading(1, times))
+    assert stall.never_started(stepped, 1, 2000.0, 900, 4, built_in=True) is None
+    silent = live.record(None, 1, 9400, [live.Answer("a", None, refused=True)], 1000.0, None)
+    assert stall.never_started(silent, 1, 2000.0, 900, 4, built_in=False) is None  # no metrics: not judged
+    assert "the gang never formed" in (stall.never_started(silent, 1, 2000.0, 900, 4, built_in=True) or "")
+
+
+def test_a_gang_that_never_steps_ends_its_attempt_as_stalled() -> None:
+    silent = [live.Answer("job-1-0-abc", None, refused=True), live.Answer("job-1-1-xyz", None, refused=True)]
+    snap = live.record(None, 1, 9400, silent, NOW.timestamp(), None)
+    ready_since = (NOW - dt.timedelta(seconds=61)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    ready = {"type": "Ready", "status": "True", "reason": "AllNodesReady", "lastTransitionTime": ready_since}
+    body = _body({"phase": "Running", "attempt": 1, "conditions": [ready]}, startTimeoutSeconds=60)
+    plan = reconcile.decide_for(body, [_job(1)], [_pod(1, 0), _pod(1, 1)], NOW, snap)
+    said = {c["type"]: c for c in plan.status["conditions"]}["Ready"]
+    assert said["reason"] == "Stalled" and "job-1-1-xyz" in said["message"], said
+    assert plan.status["attempt"] == 2 and plan.delete_jobs == ("job-1",)
+
+
 def test_a_failed_attempt_does_not_wait_for_a_pod_evicted_from_a_lost_node() -> None:
     lost = _pod(1, 1)
     lost["status"]["conditions"].append(

@@ -171,3 +171,12 @@ def test_configuration_exit_codes_are_usage_and_refused() -> None:
     for code in contract.CONFIGURATION_EXIT_CODES:
         assert policy.decide(policy.Outcome(False, {0: code}), 1, 3).action is policy.Action.FAIL
     assert policy.decide(policy.Outcome(False, {0: 1}), 1, 3).action is policy.Action.RESTART
+
+
+def test_restarts_in_place_count_against_max_restarts() -> None:
+    """One bound for both kinds: restarts done in place (same pods) use up maxRestarts like new attempts."""
+    crashed = policy.Outcome(False, {0: 1})
+    assert policy.restarts_used(2, preemptions=1, in_place=2) == 2
+    assert policy.decide(crashed, 1, 2, in_place=2).reason == "MaxRestartsExceeded"
+    restart = policy.decide(crashed, 2, 3, in_place=1)  # 1 new attempt + 1 in place so far
+    assert restart.action is policy.Action.RESTART and restart.message.endswith("gang restart 3 of 3")

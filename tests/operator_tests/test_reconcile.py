@@ -12,6 +12,7 @@ from ddp_operator import apply, live, names, reconcile, render, status
 from ddp_operator.plan import Plan
 from ddp_operator.progress import Progress
 from ddp_operator.spec import parse
+from ddp_trainer import contract
 
 NOW = dt.datetime(2026, 11, 22, 12, 0, 0, tzinfo=dt.UTC)
 
@@ -438,3 +439,43 @@ def test_the_status_patch_removes_what_the_new_status_dropped() -> None:
         "progress": {"step": 9, "unreachable": None},
         "gone": None,
     }
+
+
+def test_restarts_in_place_are_counted_once_from_the_pods_readings_with_their_cause() -> None:
+    cause = "rank 3 killed by signal 9"
+    first = _running(
+        {"phase": "Running", "attempt": 1}, _snapshot(NOW, 50, restarts_in_place=1, restart_cause=cause)
+    )
+    status = first.status
+    assert (status["attempt"], status["restarts"], status["restartsInPlace"]) == (1, 1, 1)
+    assert status["lastRestart"]["kind"] == "InPlace" and status["lastRestart"]["inAttempt"] == 1
+    assert (
+        cause in status["lastRestart"]["message"]
+        and "1 of maxRestarts 2 used" in status["lastRestart"]["message"]
+    )
+    assert [e.reason for e in first.events if e.type == "Warning"] == ["RestartedInPlace"]
+    later = NOW + dt.timedelta(seconds=30)
+    again = _running(status, _snapshot(later, 90, restarts_in_place=1, restart_cause=cause), later)
+    assert again.status["restarts"] == 1 and not [e for e in again.events if e.reason == "RestartedInPlace"]
+    # the next Job's torchrun gets what is left of maxRestarts: 2 - 1 new attempt - 1 in place = 0
+    failed = _reconcile(
+        {**status, "phase": "Running"},
+        [_job(1, condition="Failed", reason="BackoffLimitExceeded")],
+        [_pod(1, 0, phase="Failed", exit_code=1), _pod(1, 1, phase="Failed", exit_code=1)],
+    )
+    assert failed.status["attempt"] == 2 and failed.status["restarts"] == 2
+    assert failed.status["lastRestart"]["kind"] == "Recreate"
+    job = reconcile.decide_for(_body(failed.status), [], [], NOW).create_job
+    assert job is not None
+    env = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env[contract.PET_MAX_RESTARTS] == "0" and env[contract.PET_RDZV_BACKEND] == "c10d"
+
+
+def test_a_restart_in_place_keeps_a_queued_jobs_admission() -> None:
+    """Kueue admitted the Job (unsuspended it); a restart in place changes no child: the Job is neither
+    re-suspended, deleted nor replaced, so the gang keeps its admission and its nodes."""
+    body = _body({"phase": "Running", "attempt": 1}, queueName="team", trainer={"steps": 1000})
+    reading = _snapshot(NOW, 40, restarts_in_place=1, restart_cause="rank 1 killed by signal 9")
+    plan = reconcile.decide_for(body, [_job(1)], _running_pods(), NOW, reading)
+    assert plan.status["restartsInPlace"] == 1 and plan.status["phase"] == "Running"
+    assert plan.suspend_job is None and plan.delete_jobs == () and plan.create_job is None

@@ -205,6 +205,12 @@ GPU_BAD: list[tuple[str, dict[str, Any], str, str]] = [
         "spec.nccl.timeoutSeconds",
         "must be ≥ 10",
     ),
+    (
+        "negative start timeout",
+        {"nodes": 2, "startTimeoutSeconds": -1},
+        "spec.startTimeoutSeconds",
+        "must be ≥ 0",
+    ),
 ]
 
 

@@ -10,9 +10,11 @@ import os
 import sys
 from collections.abc import Sequence
 
+from ddp_trainer import contract
 from ddp_trainer.config import UsageExit, parse_args, read_pod_env
 from ddp_trainer.contract import Report
 from ddp_trainer.distributed import apply_env_defaults, metrics_dir, read_launch_env
+from ddp_trainer.launch import write_error_file
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -74,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_termination_message(pod.termination_log, report)
     if launch.rank == 0:
         log.info("report: %s", termination_message(report))
+    if code not in (0, contract.INTERRUPTED_EXIT_CODE):  # the launcher's agent records this as the cause
+        write_error_file(f"{report.get('reason', 'TrainerError')}: {report.get('message', '')}")
     return code
 
 

@@ -142,6 +142,9 @@ class PodEnv:
     writable, else nowhere (the report is always logged)."""
     chaos: ChaosSpec | None = None
     """``DDPJOB_CHAOS_DIVERGE="rank=R,step=S"``: the fire drill; unset in normal runs."""
+    crash: ChaosSpec | None = None
+    """``DDPJOB_CHAOS_CRASH="rank=R,step=S"``: the recovery drill (rank R dies by SIGKILL after step S in
+    the first run of attempt 1); unset in normal runs."""
 
 
 def _flag(name: str) -> str:
@@ -225,13 +228,13 @@ def parse_args(argv: Sequence[str]) -> TrainerConfig:
 _CHAOS = re.compile(r"^\s*rank\s*=\s*(\d+)\s*,\s*step\s*=\s*(\d+)\s*$")
 
 
-def parse_chaos(value: str) -> ChaosSpec | None:
+def parse_chaos(value: str, name: str = contract.CHAOS_ENV) -> ChaosSpec | None:
     """Parse ``"rank=R,step=S"``; empty means no drill. Raises ``ValueError`` naming the variable."""
     if not value.strip():
         return None
     match = _CHAOS.match(value)
     if not match:
-        raise ValueError(f'{contract.CHAOS_ENV}={value!r}: expected "rank=R,step=S", e.g. "rank=1,step=50"')
+        raise ValueError(f'{name}={value!r}: expected "rank=R,step=S", e.g. "rank=1,step=50"')
     return ChaosSpec(rank=int(match[1]), step=int(match[2]))
 
 
@@ -264,4 +267,5 @@ def read_pod_env(env: Mapping[str, str]) -> PodEnv:
         metrics_port=_int_env(env, contract.METRICS_PORT_ENV, contract.DEFAULT_METRICS_PORT),
         termination_log=termination,
         chaos=parse_chaos(env.get(contract.CHAOS_ENV, "")),
+        crash=parse_chaos(env.get(contract.CHAOS_CRASH_ENV, ""), contract.CHAOS_CRASH_ENV),
     )

@@ -51,12 +51,29 @@ TERMINATION_LOG_ENV: Final = "DDPJOB_TERMINATION_LOG"
 """Where the final report goes (default: the container's ``/dev/termination-log`` when writable)."""
 CHAOS_ENV: Final = "DDPJOB_CHAOS_DIVERGE"
 """The fire drill, ``rank=R,step=S``: rank R nudges one parameter after step S."""
+CHAOS_CRASH_ENV: Final = "DDPJOB_CHAOS_CRASH"
+"""The recovery fire drill, ``rank=R,step=S``: rank R kills itself with SIGKILL after step S, in the first
+run of attempt 1 only (so the restarted gang goes past S)."""
 SYNC_EVERY_ENV: Final = "DDPJOB_SYNC_EVERY"
 """``spec.syncCheck.everySteps``: steps between periodic checks, for any command (``SyncHealth`` reads it;
 the built-in trainer gets the same value as ``--sync-every``)."""
 ON_DIVERGENCE_ENV: Final = "DDPJOB_ON_DIVERGENCE"
 """``spec.syncCheck.onDivergence``: ``Fail``, ``Repair`` or ``Warn``, for any command (as
 ``--on-divergence`` for the built-in trainer)."""
+
+LAUNCH_STATE_ENV: Final = "DDPJOB_LAUNCH_STATE"
+"""Set by the launcher (:mod:`ddp_trainer.launch`) for its workers: a JSON file in which it keeps the gang
+restarts it did in place in this pod (:class:`LaunchState` keys), which the trainer reports."""
+# torchrun's elastic agent, configured by the operator through its PET_ variables (see ``render``).
+PET_RDZV_BACKEND: Final = "PET_RDZV_BACKEND"
+PET_RDZV_ENDPOINT: Final = "PET_RDZV_ENDPOINT"
+PET_RDZV_ID: Final = "PET_RDZV_ID"
+PET_LOCAL_ADDR: Final = "PET_LOCAL_ADDR"
+PET_MAX_RESTARTS: Final = "PET_MAX_RESTARTS"
+RDZV_BACKEND: Final = "c10d"
+"""The rendezvous torchrun's agents meet in. Not ``static``: with ``c10d`` an agent whose workers failed
+re-opens the rendezvous, and every other node's agent sees the waiting node and restarts its own workers
+(``static`` restarts only the node that failed; the others hang in their next collective)."""
 
 TERMINATION_LOG_PATH: Final = "/dev/termination-log"
 DEFAULT_METRICS_PORT: Final = 9400
@@ -77,9 +94,11 @@ def restarts_before(attempt: int) -> int:
 
 # -- the trainer's command line -----------------------------------------------------------------------
 
-IMAGE_ENTRYPOINT: Final = ("torchrun",)
+LAUNCHER_MODULE: Final = "ddp_trainer.launch"
+"""torchrun with the gang-restart bookkeeping: ``python -m ddp_trainer.launch`` takes torchrun's arguments."""
+IMAGE_ENTRYPOINT: Final = ("python", "-m", LAUNCHER_MODULE)
 """The trainer image's ENTRYPOINT (the Dockerfile's): a DDPJob with ``args`` and no ``command`` runs
-``torchrun <args>``, in a cluster and in ``ddpjob local``."""
+``python -m ddp_trainer.launch <args>`` (torchrun's arguments), in a cluster and in ``ddpjob local``."""
 TRAINER_MODULE: Final = "ddp_trainer"
 """The built-in trainer: ``torchrun --module ddp_trainer <flags>``."""
 
@@ -176,6 +195,9 @@ CONFIGURATION_EXIT_CODES: Final = (USAGE_EXIT_CODE, CHECKPOINT_REFUSED_EXIT_CODE
 using up gang restarts. The Indexed Job's ``podFailurePolicy`` says ``FailJob`` on them; ``ddpjob local``
 follows the same ``policy.decide``. torchrun exits 1 whatever its worker's code, so the trainer also says
 it in its report (:data:`CONFIGURATION_REASONS`)."""
+NOT_RETRIED_EXIT_CODES: Final = (*CONFIGURATION_EXIT_CODES, DIVERGENCE_EXIT_CODE)
+"""A worker that exits with one of these ends its pod at once, with the same code: the launcher never
+restarts the gang in place for them (torchrun's agent would restart on any failure)."""
 INTERRUPTED_EXIT_CODE: Final = 143
 """SIGTERM (128 + 15): the trainer stopped at the next step boundary and saved a checkpoint. Non-zero on
 purpose, so that a preempted pod is never counted as a finished one."""
@@ -249,6 +271,10 @@ class Report(TypedDict, total=False):
     """The attempt that wrote the report (``DDPJOB_ATTEMPT``)."""
     modelDigest: str
     """A digest of rank 0's final fingerprint: equal digests mean bit-identical final models."""
+    restartsInPlace: int
+    """Gang restarts done in place (same pods) during this attempt (present only when there were any)."""
+    lastRestart: str
+    """Why the last in-place gang restart happened: the failing rank, its exit code and first error."""
 
 
 SYNC_STATUS_KEYS: Final = ("verified", "checks", "mismatches", "repairs", "lastCheckStep")
@@ -306,6 +332,35 @@ LAST_STEP_TIMESTAMP: Final = "ddp_last_step_timestamp_seconds"
 STEP_TIME_SKEW: Final = "ddp_step_time_skew_ratio"
 NONFINITE_LOSS_STEPS: Final = "ddp_nonfinite_loss_steps"
 RESTARTS: Final = "ddp_restarts"
+RESTARTS_IN_PLACE: Final = "ddp_restarts_in_place"
+"""Gang restarts done in place in this attempt (every pod restarts together, so every pod says the same)."""
+OTHER_NODE_FAILED: Final = "a rank on another node failed"
+"""The restart cause a pod states when its agent restarted because another node's agent re-opened the
+rendezvous (only the failing node's agent saw the failure)."""
+COLLATERAL_ERRORS: Final = (
+    "Connection reset",
+    "Connection closed",
+    "connectFullMesh",
+    "Broken pipe",
+    "Connection refused",
+)
+"""Words of an error a rank gets because a peer died (seen through a collective): the peer is the cause."""
+
+
+def blame(cause: str) -> tuple[int, str]:
+    """Sort key for restart causes (``rank R killed by signal S`` / ``rank R exited C: error``), most
+    likely first: a death by a signal other than SIGTERM (the agent's own), then an error of the rank's
+    own, then an error caused by a dead peer, then :data:`OTHER_NODE_FAILED`."""
+    if cause == OTHER_NODE_FAILED or not cause:
+        return (3, cause)
+    if " killed by signal " in cause and " killed by signal 15" not in cause:
+        return (0, cause)
+    return (2 if any(word in cause for word in COLLATERAL_ERRORS) else 1, cause)
+
+
+LAST_RESTART_INFO: Final = "ddp_last_restart_info"
+"""Value: the in-place restart it describes; label ``cause``: the failing rank, exit code and first error, as
+the pod whose agent saw it says (other pods say ``a rank on another node failed``)."""
 CHECK_RESULT_OK: Final = "ok"
 CHECK_RESULT_MISMATCH: Final = "mismatch"
 CHECK_RESULTS: Final = (CHECK_RESULT_OK, CHECK_RESULT_MISMATCH)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 import sys
 import time
 from collections.abc import Mapping
@@ -44,6 +45,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_trainer import boundary, contract, fingerprint, replicas, report
+from ddp_trainer import launch as launcher
 from ddp_trainer.config import PodEnv, Policy, read_pod_env
 from ddp_trainer.distributed import LaunchEnv, metrics_dir, read_launch_env
 from ddp_trainer.verify import CheckKind, DivergenceError, Tally, Verifier, broadcast_state, check_state
@@ -231,6 +233,10 @@ class SyncHealth:
         ranks = None if group is None else dist.get_process_group_ranks(group)
         peers = dist.new_group(ranks=ranks, backend="gloo", timeout=timedelta(seconds=self.peer_timeout))
         self.peers = peers if isinstance(peers, dist.ProcessGroup) else None
+        self.restart = self._restarts(environ)
+        """The gang restarts done in place in this attempt, and the cause of the last (every rank's)."""
+        self.metrics.restarts.set(contract.restarts_before(self.pod.attempt) + self.restart.restarts)
+        self.metrics.restarted(self.restart.restarts, self.restart.cause)
         self._last = time.perf_counter()
         if initial_check:
             self.check("initial")
@@ -264,7 +270,7 @@ class SyncHealth:
             "fingerprint": fingerprint.impl_for(first.device if first is not None else torch.device("cpu")),
         }
         series = metrics_module.TrainerMetrics(labels, info)
-        series.restarts.set(contract.restarts_before(self.pod.attempt) + self.launch.restart_count)
+        series.restarts.set(contract.restarts_before(self.pod.attempt))
         port = self.pod.metrics_port
         if (
             self.launch.local_rank == 0
@@ -321,6 +327,33 @@ class SyncHealth:
             log.warning(
                 "fire drill: rank %d nudged %s by %g at step %d", self.rank, name, boundary.CHAOS_NUDGE, step
             )
+        if boundary.drill_fires(self.pod.crash, self.rank, step) and self._first_run():
+            # logged at ERROR so every rank's line shows (the recovery benchmark reads its timestamp)
+            log.error("fire drill: rank %d kills itself (SIGKILL) after step %d", self.rank, step)
+            logging.shutdown()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def _restarts(self, environ: Mapping[str, str]) -> launcher.LaunchState:
+        """This attempt's restarts in place as the whole gang knows them: each pod's launcher saw only its
+        own side (the failing rank's cause on its pod, "another node" elsewhere), so under a launcher the
+        ranks share theirs (one small all-gather at start) and keep the cause that names a rank best."""
+        own = launcher.read_state(environ)
+        if contract.LAUNCH_STATE_ENV not in environ or self.peers is None:
+            return own
+        states: list[launcher.LaunchState | None] = [None] * dist.get_world_size(self.peers)
+        dist.all_gather_object(states, own, group=self.peers)
+        known = [state for state in states if state is not None]
+        count = max(state.restarts for state in known)
+        latest = [state for state in known if state.restarts == count]
+        best = min(latest, key=lambda state: contract.blame(state.cause))
+        if count and self.rank == 0:
+            log.warning("gang restart in place %d of this attempt: %s", count, best.cause)
+        return launcher.LaunchState(count, best.cause, min(state.at for state in latest))
+
+    def _first_run(self) -> bool:
+        """The first run of attempt 1 (no gang restart of either kind yet): when the recovery drill fires."""
+        restarts = launcher.read_state(os.environ).restarts
+        return self.pod.attempt == contract.FIRST_ATTEMPT and not restarts
 
     def _checked(self, kind: CheckKind) -> None:
         """A check from :meth:`step`: a divergence under ``Fail`` writes the report and exits."""

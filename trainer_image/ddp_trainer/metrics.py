@@ -111,8 +111,20 @@ class TrainerMetrics:
             contract.NONFINITE_LOSS_STEPS, "Steps whose loss was NaN or infinite."
         ).labels(**labels)
         self.restarts = gauge(
-            contract.RESTARTS, "Restarts before this run: gang attempts + torchrun restarts."
+            contract.RESTARTS, "Restarts before this run: gang attempts + gang restarts in place."
         ).labels(**labels)
+        self.restarts_in_place = gauge(
+            contract.RESTARTS_IN_PLACE, "Gang restarts done in place (same pods) in this attempt."
+        ).labels(**labels)
+        self._last_restart = gauge(
+            contract.LAST_RESTART_INFO, "The last in-place gang restart (value) and its cause.", ("cause",)
+        )
+
+    def restarted(self, count: int, cause: str) -> None:
+        """This attempt's in-place gang restarts so far, and why the last one happened."""
+        self.restarts_in_place.set(count)
+        if count:
+            self._last_restart.labels(**self.labels, cause=cause).set(count)
 
     def describe(self, **changes: str) -> None:
         """Change labels of the description (``fingerprint`` after a kernel fell back): the new series of

@@ -45,6 +45,10 @@ class RunFacts:
     """``namespace/name`` of the DDPJob whose weights seeded a warm start ("" when there was none)."""
     skipped_checkpoints: tuple[str, ...] = ()
     """Checkpoint files passed over at restore, each ``<file>: <why>``."""
+    restarts_in_place: int = 0
+    """Gang restarts done in place in this attempt before this run (the launcher's count)."""
+    last_restart: str = ""
+    """Why the last of them happened."""
 
 
 def build(
@@ -72,6 +76,9 @@ def build(
         report["warmStartedFrom"] = facts.warm_started_from
     if facts.skipped_checkpoints:
         report["skippedCheckpoints"] = list(facts.skipped_checkpoints)
+    if facts.restarts_in_place:
+        report["restartsInPlace"] = facts.restarts_in_place
+        report["lastRestart"] = facts.last_restart[:512]
     return report
 
 

@@ -9,6 +9,7 @@ same :class:`ddp_trainer.health.SyncHealth` users put in their own loops, what e
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import torch
@@ -16,6 +17,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_trainer import boundary, checkpoint, contract, fingerprint, provenance, replicas, report
+from ddp_trainer import launch as launcher
 from ddp_trainer.config import PodEnv, TrainerConfig
 from ddp_trainer.data import build_dataset, micro_batches
 from ddp_trainer.distributed import LaunchEnv
@@ -50,7 +52,7 @@ def rank_metrics(
         "fingerprint": fingerprint.impl_for(device),
     }
     metrics = TrainerMetrics(labels, info)
-    metrics.restarts.set(contract.restarts_before(pod.attempt) + launch.restart_count)
+    metrics.restarts.set(contract.restarts_before(pod.attempt))  # SyncHealth adds the restarts in place
     metrics.sync_every.set(config.sync_every)
     return metrics
 
@@ -70,6 +72,7 @@ class Session:
         self.ckpt_dir = Path(config.checkpoint_dir) if config.checkpoint_dir else None
         self.precision_name = precision
         self.resumed_from = 0
+        self.stepped = False
         self.warm_from = ""
         self.skipped: tuple[str, ...] = ()
         self.writer: provenance.Writer | None = None
@@ -156,6 +159,14 @@ class Session:
         state, health = self.state, self.health
         assert state is not None and health is not None
         health.observe(result.duration_seconds, result.samples, result.loss)
+        if not self.stepped:
+            self.stepped = True
+            if self.launch.rank == 0:  # the recovery benchmark reads this line's timestamp
+                log.info(
+                    "first optimizer step of this run: step %d (resumed from %d)",
+                    result.step,
+                    self.resumed_from,
+                )
         health.drill()
         stop = boundary.agree_stop(self.stop.requested)
         due = boundary.due_at(result.step, self.config, saving=self.ckpt_dir is not None, stop=stop)
@@ -203,8 +214,16 @@ class Session:
     def facts(self) -> report.RunFacts:
         """What the report states beside the tally."""
         step = self.state.step if self.state is not None else 0
+        restarted = self.health.restart if self.health is not None else launcher.read_state(os.environ)
         return report.RunFacts(
-            step, self.launch.world_size, self.resumed_from, self.pod.attempt, self.warm_from, self.skipped
+            step,
+            self.launch.world_size,
+            self.resumed_from,
+            self.pod.attempt,
+            self.warm_from,
+            self.skipped,
+            restarted.restarts,
+            restarted.cause,
         )
 
     def diverged(self, err: DivergenceError) -> tuple[int, contract.Report]:

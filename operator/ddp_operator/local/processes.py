@@ -130,11 +130,12 @@ def local_pods(
     host_env: Mapping[str, str],
     gpus: list[int] | None = None,
     launch_dir: Path = Path("/"),
+    restarts_used: int | None = None,
 ) -> list[LocalPod]:
     """Every pod of ``attempt``, its command line and environment resolved as the kubelet would. Each pod
     runs in a working directory of its own; ``launch_dir`` (where ``ddpjob local`` was started) stands in
     for the image's code: a relative path there becomes absolute, and it is on PYTHONPATH."""
-    job = render.render_job(spec, attempt)
+    job = render.render_job(spec, attempt, restarts_used)
     container = secrets_from_host(job["spec"]["template"]["spec"]["containers"][0], host_env)
     dirs = volume_dirs(job, run_dir)
     attempt_dir = run_dir / f"attempt-{attempt}"
@@ -149,6 +150,10 @@ def local_pods(
         for key in ("PET_MASTER_ADDR", "MASTER_ADDR", "PET_MASTER_PORT", "MASTER_PORT"):
             if key in env:
                 env[key] = replacements.get(env[key], env[key])
+        if contract.PET_RDZV_ENDPOINT in env:
+            env[contract.PET_RDZV_ENDPOINT] = f"{LOCAL_ADDR}:{master_port}"
+        if contract.PET_LOCAL_ADDR in env:  # torchrun orders the agents by it: pod 0 must come first
+            env[contract.PET_LOCAL_ADDR] = f"127.0.0.{index + 1}"
         env = {key: remap(value, dirs) for key, value in env.items()}
         name = pod["metadata"]["name"]
         termination = attempt_dir / f"{name}.termination-log"

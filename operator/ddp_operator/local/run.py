@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -100,9 +101,20 @@ def run(
             console.say(f"  {line}")
     started = time.monotonic()
     attempt = first_attempt
+    earlier = first_attempt - contract.FIRST_ATTEMPT
+    in_place = 0  # gang restarts done in place (same pods), as the pods' reports say
     with Interrupt() as interrupt:
         while True:
-            outcome = _attempt(spec, attempt, run_dir, console, interrupt)
+            used = policy.restarts_used(attempt, earlier, in_place)
+            outcome = _attempt(spec, attempt, run_dir, console, interrupt, used)
+            now_in_place = _in_place(outcome.report, attempt)
+            if now_in_place:
+                in_place += now_in_place
+                console.say(
+                    f"ddpjob local: {spec.name}: attempt {attempt} restarted its gang in place "
+                    f"{now_in_place} time(s) in the same pods (last: "
+                    f"{(outcome.report or {}).get('lastRestart', 'a process failed')})"
+                )
             if interrupt.count:
                 host.write_state(run_dir, "Interrupted")
                 console.say(
@@ -111,9 +123,7 @@ def run(
                 )
                 return EXIT_INTERRUPTED
             # an earlier, interrupted run's attempts count like preemptions: not against maxRestarts
-            decision = policy.decide(
-                outcome, attempt, spec.max_restarts, first_attempt - contract.FIRST_ATTEMPT
-            )
+            decision = policy.decide(outcome, attempt, spec.max_restarts, earlier, in_place)
             if decision.action is policy.Action.RESTART:
                 console.say(f"ddpjob local: {spec.name}: {decision.message}")
                 attempt += 1
@@ -125,8 +135,14 @@ def run(
             return EXIT_OK if succeeded else EXIT_FAILED
 
 
+def _in_place(report: Mapping[str, Any] | None, attempt: int) -> int:
+    """The gang restarts done in place during ``attempt``, as rank 0's report says."""
+    said = (report or {}).get("restartsInPlace")
+    return said if (report or {}).get("attempt") == attempt and isinstance(said, int) and said > 0 else 0
+
+
 def _attempt(
-    spec: Spec, attempt: int, run_dir: Path, console: Console, interrupt: Interrupt
+    spec: Spec, attempt: int, run_dir: Path, console: Console, interrupt: Interrupt, used: int
 ) -> policy.Outcome:
     master_port = spec.master_port if host.port_is_free(spec.master_port) else host.free_port()
     metrics_ports = [host.free_port() for _ in range(spec.nodes)]
@@ -140,6 +156,7 @@ def _attempt(
         host_env=os.environ,
         gpus=gpus,
         launch_dir=Path.cwd(),
+        restarts_used=used,
     )
     marker = gang.new_marker()
     if spec.command is not None or spec.args is not None:  # a custom command's own output, as `kubectl logs`
@@ -211,8 +228,8 @@ def _local_notes(spec: Spec, first_attempt: int) -> list[str]:
     notes = []
     if spec.command is None and spec.args is not None:
         notes.append(
-            "no spec.command: the args run after the trainer image's entrypoint, "
-            + " ".join(contract.IMAGE_ENTRYPOINT)
+            "no spec.command: the args run after the trainer image's entrypoint "
+            "(torchrun, under the launcher), " + " ".join(contract.IMAGE_ENTRYPOINT)
         )
     if spec.env_from:
         notes.append(

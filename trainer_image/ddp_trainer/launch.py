@@ -1,0 +1,229 @@
+"""``python -m ddp_trainer.launch [torchrun args]``: torchrun, running its own elastic agent, with two
+additions that in-place gang restarts need.
+
+torchrun's agent (``--max-restarts``, which the operator sets as ``PET_MAX_RESTARTS``) restarts every local
+worker when one fails, and with the ``c10d`` rendezvous (``PET_RDZV_BACKEND``) every other node's agent
+sees the re-opened rendezvous and restarts its workers too: the whole gang restarts in the same pods and
+resumes from the last checkpoint. This launcher adds:
+
+1. **No retry for what a retry cannot fix.** The agent restarts on any worker failure; a worker that exits
+   with one of :data:`contract.NOT_RETRIED_EXIT_CODES` (2 usage, 78 refused checkpoint, 86 divergence under
+   ``Fail``) takes the agent's remaining restarts away, so the agent stops, and the launcher exits with that
+   code: the pod fails with it, the Job's ``podFailurePolicy`` and the operator's policy see it.
+2. **Bookkeeping the operator reads.** Each gang restart this pod's agent does is counted, with its cause
+   (the failing rank, its exit code and its first error, as torch's error file or the signal says; "a rank
+   on another node failed" on the other pods), in the JSON file :data:`contract.LAUNCH_STATE_ENV` names.
+   The restarted workers read it (:func:`read_state`) into ``ddp_restarts_in_place``,
+   ``ddp_last_restart_info`` and their report, so the operator learns of every restart from the pods.
+
+The agent's methods are wrapped, not replaced (``_monitor_workers`` and ``_restart_workers`` of
+``LocalElasticAgent``, the same since torch 1.9); ``tests/local/test_inplace.py`` runs the real thing.
+The pure parts (:func:`cause`, :func:`not_retried`, :class:`LaunchState`) import no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ddp_trainer import contract
+
+log = logging.getLogger("ddp_trainer.launch")
+
+OTHER_NODE = contract.OTHER_NODE_FAILED
+ERROR_LIMIT = 240
+"""Characters of the first error kept (it ends up in a metric label and the status)."""
+
+
+@dataclass(frozen=True)
+class LaunchState:
+    """What the launcher tells its workers: the gang restarts done in place in this pod."""
+
+    restarts: int = 0
+    cause: str = ""
+    """Why the last one happened (``""`` before any)."""
+    at: float = 0.0
+    """Unix time the launcher saw the failure (or the re-opened rendezvous)."""
+
+
+def read_state(env: Mapping[str, str]) -> LaunchState:
+    """The launcher's state for this worker; a fresh one without a launcher (plain torchrun)."""
+    path = env.get(contract.LAUNCH_STATE_ENV, "")
+    if not path:
+        return LaunchState()
+    try:
+        data = json.loads(Path(path).read_text())
+        return LaunchState(int(data["restarts"]), str(data["cause"]), float(data["at"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return LaunchState()
+
+
+def write_state(path: Path, state: LaunchState) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(state)))
+    tmp.replace(path)
+
+
+def first_line(message: str) -> str:
+    """The first meaningful line of an error (a traceback's last line is its exception)."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    chosen = lines[-1] if lines[0].startswith("Traceback") else lines[0]
+    return chosen[:ERROR_LIMIT]
+
+
+def cause(failures: Mapping[int, tuple[int, str]]) -> str:
+    """One sentence for the failed workers ``{global rank: (exit code, message)}``: the one most likely to
+    have failed first names the cause (:func:`contract.blame`; the others usually failed because of it)."""
+    if not failures:
+        return OTHER_NODE
+    sentences = [_sentence(rank, code, message) for rank, (code, message) in sorted(failures.items())]
+    first = min(sentences, key=contract.blame)
+    more = f" (and {len(failures) - 1} more rank(s) on this node)" if len(failures) > 1 else ""
+    return first + more
+
+
+def _sentence(rank: int, code: int, message: str) -> str:
+    if code < 0:  # a signal's message only repeats the signal
+        return f"rank {rank} killed by signal {-code}"
+    detail = first_line(message)
+    return f"rank {rank} exited {code}{': ' + detail if detail else ''}"
+
+
+NO_RETRY = (*contract.NOT_RETRIED_EXIT_CODES, contract.INTERRUPTED_EXIT_CODE)
+"""Configuration and divergence codes, and 143: a worker that stopped at SIGTERM was asked to stop from
+outside (the pod is being deleted, evicted or preempted), which a restart in place would defeat."""
+
+
+def not_retried(codes: Sequence[int]) -> int | None:
+    """The exit code that forbids an in-place restart, if any worker exited with one (:data:`NO_RETRY`)."""
+    for code in codes:
+        if code in NO_RETRY:
+            return code
+    return None
+
+
+def exit_code_of(failures: Mapping[int, int]) -> int:
+    """The launcher's exit code when the agent gave up: a not-retried code if a worker had one, else 1
+    (as torchrun)."""
+    return not_retried(list(failures.values())) or contract.FAILURE_EXIT_CODE
+
+
+def rendezvous_host(env: Mapping[str, str]) -> dict[str, str]:
+    """Node rank 0 hosts the ``c10d`` rendezvous store, the others connect to it: said explicitly
+    (``is_host``), since torch would guess it from whether the endpoint's name resolves to this machine, which
+    pods that share a host (``ddpjob local``) or whose hostname is not the endpoint's name can get wrong.
+    Nothing when the user set ``PET_RDZV_CONF`` or the rendezvous is not ``c10d``."""
+    node = env.get(contract.PET_NODE_RANK, "").strip()
+    if (
+        env.get(contract.PET_RDZV_BACKEND) != contract.RDZV_BACKEND
+        or "PET_RDZV_CONF" in env
+        or not node.isdigit()
+    ):
+        return {}
+    return {"PET_RDZV_CONF": f"is_host={1 if int(node) == 0 else 0}"}
+
+
+def write_error_file(message: str) -> None:
+    """Tell the agent this worker's error (torch's error-file format), so the cause it records is the
+    worker's own words rather than only its exit code."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE", "")
+    if not path:
+        return
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps({"message": message[:2000], "timestamp": int(time.time())}))
+    except OSError:
+        pass
+
+
+class _Book:
+    """The launcher's side of the bookkeeping: the failure seen, then the restart that follows it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.state = LaunchState()
+        self.pending: tuple[str, float] | None = None
+        write_state(path, self.state)
+
+    def failed(self, failures: Mapping[int, tuple[int, str]]) -> None:
+        self.pending = (cause(failures), time.time())
+
+    def restarting(self) -> None:
+        why, at = self.pending or (OTHER_NODE, time.time())
+        self.pending = None
+        self.state = LaunchState(self.state.restarts + 1, why, at)
+        write_state(self.path, self.state)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) + f",{int(at % 1 * 1000):03d}"
+        print(
+            f"{stamp} [launcher] gang restart in place {self.state.restarts}: {why}; restarting this pod's "
+            "workers from the last checkpoint",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _install(book: _Book) -> None:
+    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    monitor = LocalElasticAgent._monitor_workers
+    restart = LocalElasticAgent._restart_workers
+
+    def monitor_workers(self: Any, group: Any) -> Any:
+        result = monitor(self, group)
+        if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+            failures = {rank: (f.exitcode, f.message) for rank, f in result.failures.items()}
+            book.failed(failures)
+            code = not_retried([code for code, _ in failures.values()])
+            if code is not None and self._remaining_restarts > 0:
+                print(
+                    f"[launcher] a worker exited {code}, which no restart can fix",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                self._remaining_restarts = 0
+        return result
+
+    def restart_workers(self: Any, group: Any) -> None:
+        book.restarting()
+        restart(self, group)
+
+    LocalElasticAgent._monitor_workers = monitor_workers  # type: ignore[method-assign]
+    LocalElasticAgent._restart_workers = restart_workers  # type: ignore[method-assign]
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run torchrun with ``argv``; its exit code (a not-retried worker code passes through)."""
+    state = os.environ.get(contract.LAUNCH_STATE_ENV) or os.path.join(
+        tempfile.mkdtemp(prefix="ddpjob-launch-"), "state.json"
+    )
+    os.environ[contract.LAUNCH_STATE_ENV] = state  # the workers inherit it
+    # A fresh store for the workers of every round: the shared one keeps the last round's keys, and a
+    # restarted gang read its dead peers' addresses from it (gloo: connectFullMesh refused).
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    os.environ.update(rendezvous_host(os.environ))
+    _install(_Book(Path(state)))
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    try:
+        torchrun.run(torchrun.parse_args(list(argv)))  # type: ignore[no-untyped-call]
+    except ChildFailedError as err:
+        code = exit_code_of({rank: failure.exitcode for rank, failure in err.failures.items()})
+        print(err.format_msg(), file=sys.stderr, flush=True)  # type: ignore[no-untyped-call]
+        return code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
