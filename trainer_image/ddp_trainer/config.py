@@ -142,6 +142,11 @@ class PodEnv:
     writable, else nowhere (the report is always logged)."""
     chaos: ChaosSpec | None = None
     """``DDPJOB_CHAOS_DIVERGE="rank=R,step=S"``: the fire drill; unset in normal runs."""
+    sdc: ChaosSpec | None = None
+    """``DDPJOB_CHAOS_SDC="rank=R,step=S"``: the silent-data-corruption drill (rank R computes wrong from
+    step S on); unset in normal runs."""
+    node: str = ""
+    """``DDPJOB_NODE_NAME``: the pod's node (the downward API's ``spec.nodeName``); empty outside a pod."""
 
 
 def _flag(name: str) -> str:
@@ -225,13 +230,14 @@ def parse_args(argv: Sequence[str]) -> TrainerConfig:
 _CHAOS = re.compile(r"^\s*rank\s*=\s*(\d+)\s*,\s*step\s*=\s*(\d+)\s*$")
 
 
-def parse_chaos(value: str) -> ChaosSpec | None:
-    """Parse ``"rank=R,step=S"``; empty means no drill. Raises ``ValueError`` naming the variable."""
+def parse_chaos(value: str, name: str = contract.CHAOS_ENV) -> ChaosSpec | None:
+    """Parse ``"rank=R,step=S"`` (the variable ``name``'s value); empty means no drill. Raises
+    ``ValueError`` naming the variable."""
     if not value.strip():
         return None
     match = _CHAOS.match(value)
     if not match:
-        raise ValueError(f'{contract.CHAOS_ENV}={value!r}: expected "rank=R,step=S", e.g. "rank=1,step=50"')
+        raise ValueError(f'{name}={value!r}: expected "rank=R,step=S", e.g. "rank=1,step=50"')
     return ChaosSpec(rank=int(match[1]), step=int(match[2]))
 
 
@@ -264,4 +270,6 @@ def read_pod_env(env: Mapping[str, str]) -> PodEnv:
         metrics_port=_int_env(env, contract.METRICS_PORT_ENV, contract.DEFAULT_METRICS_PORT),
         termination_log=termination,
         chaos=parse_chaos(env.get(contract.CHAOS_ENV, "")),
+        sdc=parse_chaos(env.get(contract.CHAOS_SDC_ENV, ""), contract.CHAOS_SDC_ENV),
+        node=env.get(contract.NODE_NAME_ENV, ""),
     )
