@@ -63,7 +63,8 @@ def decide_for(
     except SpecError as exc:
         return invalid_spec(exc, previous, generation, now)
     facts = observe(previous, jobs, pods, spec.metrics_port)
-    service, job = render.render_service(spec), render.render_job(spec, facts.attempt)
+    avoid = status.avoided_nodes(previous)  # where the compute probe found a faulty rank
+    service, job = render.render_service(spec), render.render_job(spec, facts.attempt, avoid)
     claim = render.render_checkpoint_claim(spec)
     return decide(Inputs(spec, generation, previous, facts, now, service, claim, job, snapshot))
 
@@ -189,6 +190,8 @@ def _end_attempt(
     preemptions = status.count(inputs.previous.get("preemptions"))
     decision = policy.decide(outcome, attempt, inputs.spec.max_restarts, preemptions)
     status.checkpoint_events(out, inputs.facts.report)
+    if decision.reason == contract.FAULTY_RANK:
+        status.avoid_nodes(out, policy.faulty_nodes(outcome))
     if decision.action is policy.Action.RESTART:
         out.values.update(attempt=attempt + 1, restarts=contract.restarts_before(attempt + 1))
         if decision.reason == policy.PREEMPTED:

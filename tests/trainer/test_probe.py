@@ -197,3 +197,28 @@ def test_clean_runs_never_accuse_anyone(tmp_path: Path) -> None:
     results = drill(tmp_path, "clean", {})
     for r in results:
         assert len(r["verdicts"]) >= 40 and {v[0] for v in r["verdicts"]} == {"agree"}, r
+
+
+@pytest.mark.slow
+def test_the_reference_trainer_fails_the_attempt_naming_rank_and_node(tmp_path: Path) -> None:
+    per_node = [{contract.NODE_NAME_ENV: f"node-{k}", "HOSTNAME": f"pod-{k}"} for k in range(2)]
+    target = [
+        "--module",
+        "ddp_trainer",
+        "--device=cpu",
+        "--steps=12",
+        "--sync-every=4",
+        "--timeout-seconds=60",
+    ]
+    env = {contract.CHAOS_SDC_ENV: "rank=2,step=5", contract.PROBE_EVERY_ENV: "4"}
+    run = launch(tmp_path, [*target, f"--checkpoint-dir={tmp_path / 'ckpt'}"], env=env, per_node=per_node)
+    assert run.wait(120) == [1, 1], run.logs()  # torchrun collapses the ranks' 87 into 1: the report says it
+    report = run.report(0)
+    assert (report["result"], report["reason"]) == ("Failed", contract.FAULTY_RANK), report
+    assert (report["faultyRanks"], report["faultyNodes"], report["faultyPods"]) == (
+        [2],
+        ["node-1"],
+        ["pod-1"],
+    )
+    assert report["verified"] is True and report["mismatches"] == 0  # the replica check saw nothing wrong
+    assert report["step"] == 8 and report["probes"] == 2  # step 4 agreed; step 8 (after the drill) named it

@@ -300,6 +300,7 @@ class SyncHealth:
             raise SyncHealthError(str(err)) from None
         self.probes = 0
         self.faulty_found = 0
+        self.last_faulty: probe.ProbeResult | None = None
         self.prober: probe.Probe | None = None
         if self.probe_every:
             group = self.peers if self.peers is not None else self.group
@@ -396,6 +397,7 @@ class SyncHealth:
             log.warning("%s", result.message)
         if kind == "faulty":
             self.faulty_found += 1
+            self.last_faulty = result
             if self.on_faulty_rank == "Fail":
                 raise probe.FaultyRankError(result)
         return result
@@ -496,9 +498,15 @@ class SyncHealth:
     def finished(self) -> tuple[int, contract.Report]:
         total = self.total_steps if self.total_steps is not None else self.current_step
         code, rep = report.finished(self.tally, self.facts(), total, digest_of(self.subject.model))
+        return code, self.probe_summary(rep)
+
+    def probe_summary(self, rep: contract.Report) -> contract.Report:
+        """``rep`` with the probes run and, when one named a faulty rank (under ``Warn``), where."""
         if self.prober is not None:
             rep["probes"] = self.probes
-        return code, rep
+        if (found := self.last_faulty) is not None:
+            report.with_faulty(rep, list(found.verdict.ranks), list(found.nodes), list(found.pods))
+        return rep
 
     def faulty(self, err: probe.FaultyRankError) -> tuple[int, contract.Report]:
         found = err.result

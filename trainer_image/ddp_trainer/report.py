@@ -113,9 +113,16 @@ def faulty(
 ) -> tuple[int, contract.Report]:
     """The compute probe named faulty ``ranks`` (on ``nodes``, in ``pods``) under ``onFaultyRank: Fail``."""
     report = build(contract.FAILED, contract.FAULTY_RANK, message, tally, facts)
+    return contract.FAULTY_RANK_EXIT_CODE, with_faulty(report, ranks, nodes, pods)
+
+
+def with_faulty(
+    report: contract.Report, ranks: list[int], nodes: list[str], pods: list[str]
+) -> contract.Report:
+    """``report`` naming the faulty ranks, their nodes and pods (also a finished run's, under ``Warn``)."""
     report["faultyRanks"], report["faultyNodes"] = list(ranks)[:16], list(nodes)[:16]
     report["faultyPods"] = list(pods)[:16]
-    return contract.FAULTY_RANK_EXIT_CODE, report
+    return report
 
 
 def usage(message: str) -> tuple[int, contract.Report]:

@@ -202,9 +202,7 @@ class Session:
         if self.tally.last_check_step != state.step:  # e.g. resumed at or past the last step
             self.check(state, "final")
         code, rep = report.finished(self.tally, self.facts(), config.steps, model_digest(state.model))
-        if self.health is not None and self.health.prober is not None:
-            rep["probes"] = self.health.probes
-        return code, rep
+        return code, self.health.probe_summary(rep) if self.health is not None else rep
 
     def facts(self) -> report.RunFacts:
         """What the report states beside the tally."""
