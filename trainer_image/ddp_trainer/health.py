@@ -190,6 +190,7 @@ class SyncHealth:
         on_faulty_rank: str | None = None,
         probe_batch: Any = None,
         probe_loss: Callable[[nn.Module], torch.Tensor] | None = None,
+        probe_step: probe.StepFn | None = None,
     ) -> None:
         environ: Mapping[str, str] = os.environ if env is None else env
         if not torch_version_ok(torch.__version__):
@@ -238,7 +239,7 @@ class SyncHealth:
         ranks = None if group is None else dist.get_process_group_ranks(group)
         peers = dist.new_group(ranks=ranks, backend="gloo", timeout=timedelta(seconds=self.peer_timeout))
         self.peers = peers if isinstance(peers, dist.ProcessGroup) else None
-        self._start_probe(environ, model, probe_every, on_faulty_rank, probe_batch, probe_loss)
+        self._start_probe(environ, model, probe_every, on_faulty_rank, probe_batch, probe_loss, probe_step)
         self._last = time.perf_counter()
         if initial_check:
             self.check("initial")
@@ -291,6 +292,7 @@ class SyncHealth:
         policy: str | None,
         batch: Any,
         loss: Callable[[nn.Module], torch.Tensor] | None,
+        step: probe.StepFn | None,
     ) -> None:
         """The compute probe (:mod:`ddp_trainer.probe`) when on, and the SDC fire drill when it names this
         rank."""
@@ -304,7 +306,9 @@ class SyncHealth:
         self.prober: probe.Probe | None = None
         if self.probe_every:
             group = self.peers if self.peers is not None else self.group
-            self.prober = probe.Probe(model, group=group, batch=batch, loss=loss, node=self.pod.node)
+            self.prober = probe.Probe(
+                model, group=group, batch=batch, loss=loss, step=step, node=self.pod.node
+            )
             self.metrics.start_probe(self.probe_every, self.pod.node, self.prober.pod)
         sdc = self.pod.sdc
         if sdc is not None and sdc.rank == self.rank:

@@ -20,7 +20,9 @@ gives every rank the same table, and :func:`verdict` (pure) reads it:
 The batch: the one given to :class:`Probe` (a tensor or a tuple of a model's positional arguments), or
 a callable ``loss(model) -> scalar`` for a model whose forward needs more; else the first input the
 model's ``forward`` sees on rank 0 (a one-shot forward pre-hook: works for the reference trainer, the
-framework callbacks and hand-written loops alike), sent to every rank once. The scalar is the output's
+Hugging Face callback and hand-written loops alike), or the first batch a framework offers
+(:meth:`Probe.offer`, run by its ``step(model, batch)``: the Lightning callback's ``training_step``), sent
+to every rank once. The scalar is the output's
 ``loss`` where the model computes one (Hugging Face models given labels), else the mean square of the
 first output tensor: any fixed function of the output serves, it only has to be the same everywhere.
 
@@ -55,6 +57,8 @@ DEFAULT_PROBE_EVERY = 1000
 PROBE_POLICIES = ("Fail", "Warn")
 Kind = Literal["agree", "faulty", "flaky", "undecidable"]
 LossFn = Callable[[nn.Module], torch.Tensor]
+StepFn = Callable[[nn.Module, Any], Any]
+"""``step(model, batch) -> output``: how a framework runs one batch it offered (:meth:`Probe.offer`)."""
 
 
 class FaultyRankError(Exception):
@@ -230,12 +234,14 @@ class Probe:
         group: dist.ProcessGroup | None,
         batch: Any = None,
         loss: LossFn | None = None,
+        step: StepFn | None = None,
         pod: str = "",
         node: str = "",
     ) -> None:
         self.model = unwrap(model)
         self.group = group
         self.loss = loss
+        self.step = step
         self.batch: Any = None if batch is None else (batch if isinstance(batch, tuple) else (batch,), {})
         self.shared = batch is not None or loss is not None  # the same on every rank by the caller's word
         self.pod = pod or os.environ.get("HOSTNAME", "") or socket.gethostname()
@@ -245,8 +251,13 @@ class Probe:
             self._hook = self.model.register_forward_pre_hook(self._capture, with_kwargs=True)
 
     def _capture(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if self.batch is None:
-            self.batch = _map((args, kwargs), lambda t: t.detach().to("cpu", copy=True))
+        self.offer((args, kwargs) if self.step is None else args[0] if len(args) == 1 else args)
+
+    def offer(self, batch: Any) -> None:
+        """The probe batch, if none was taken yet (a framework's callback offers the batch it sees before
+        the forward; with a ``step`` function it is what ``step`` receives)."""
+        if self.batch is None and not self.shared:
+            self.batch = _map(batch, lambda t: t.detach().to("cpu", copy=True))
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
@@ -264,7 +275,10 @@ class Probe:
     def _loss(self, device: torch.device) -> torch.Tensor:
         if self.loss is not None:
             return self.loss(self.model)
-        args, kwargs = _map(self.batch, lambda t: t.to(device))
+        batch = _map(self.batch, lambda t: t.to(device))
+        if self.step is not None:
+            return scalar(self.step(self.model, batch))
+        args, kwargs = batch
         return scalar(self.model(*args, **kwargs))
 
     def digest(self) -> int:

@@ -1,10 +1,10 @@
 """The silent-data-corruption fire drill: ``DDPJOB_CHAOS_SDC="rank=R,step=S"`` makes rank R compute wrong.
 
-:func:`install_sdc_drill` hooks the unwrapped module's forward on rank R and, after step S (from step
-S + 1 on, and in every compute probe from step S), scales one element of its output as a flip of that
-element's highest mantissa bit would move it. It happens before DDP's all-reduce, so the corrupted
-gradient is averaged into every replica: the replica check sees identical models, and only the compute
-probe (:mod:`ddp_trainer.probe`) can name rank R.
+:func:`install_sdc_drill` hooks the forward of the unwrapped model's last layer on rank R and, after step
+S (from step S + 1 on, and in every compute probe from step S), scales one element of its output as a
+flip of that element's highest mantissa bit would move it. It happens before DDP's all-reduce, so the
+corrupted gradient is averaged into every replica: the replica check sees identical models, and only the
+compute probe (:mod:`ddp_trainer.probe`) can name rank R.
 """
 
 from __future__ import annotations
@@ -55,11 +55,18 @@ def _corrupt_output(output: Any) -> Any:
 
 
 def install_sdc_drill(model: nn.Module, active: Callable[[], bool]) -> Any:
-    """Corrupt the model's forward output on this rank while ``active()`` says so; returns the hook
-    handle. Hooked on the unwrapped module: the corruption happens before DDP's all-reduce."""
+    """Corrupt the output of the model's last layer (:func:`last_layer`) on this rank while ``active()``
+    says so; returns the hook handle. Inside the unwrapped module: before DDP's all-reduce."""
 
     def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
         return _corrupt_output(output) if active() else output
 
     inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
-    return inner.register_forward_hook(hook)
+    return last_layer(inner).register_forward_hook(hook)
+
+
+def last_layer(model: nn.Module) -> nn.Module:
+    """The last submodule (in definition order) that holds parameters of its own: its output feeds the loss
+    most directly, and it runs whatever calls the model (``forward``, a Lightning ``training_step``)."""
+    owners = [m for m in model.modules() if next(m.parameters(recurse=False), None) is not None]
+    return owners[-1] if owners else model
