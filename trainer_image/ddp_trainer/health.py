@@ -165,6 +165,11 @@ class SyncHealth:
     ``start_step`` (the step a resumed loop starts from), ``metrics`` (existing series; then nothing is
     served here), ``write_report`` (False: the caller writes
     it), ``initial_check`` (False: the caller runs the first check when it wants).
+
+    The compute probe (:mod:`ddp_trainer.probe`): ``probe_every`` (default ``DDPJOB_PROBE_EVERY``,
+    else 1000; 0 off), ``on_faulty_rank`` (``Fail``: the report, then exit
+    :data:`ddp_trainer.contract.FAULTY_RANK_EXIT_CODE`; ``Warn``), ``probe_batch``, ``probe_loss``,
+    ``probe_step`` (what it runs; default: the first input the model saw on rank 0).
     """
 
     def __init__(

@@ -320,7 +320,7 @@ class Probe:
             return ProbeResult(step, verdict(first, hardware), seconds=time.perf_counter() - started)
         second = [row[0] for row in self._gather([self.digest()])]
         found = verdict(first, hardware, second)
-        pods, nodes = self.where(found.ranks)
+        pods, nodes = self.where(found.ranks) if found.ranks else ((), ())  # the same verdict everywhere
         return ProbeResult(step, found, pods, nodes, time.perf_counter() - started)
 
     def where(self, ranks: tuple[int, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
