@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddp_trainer import contract
 from ddp_trainer.fingerprint import fingerprint_tensor, fingerprint_tensors
 
 log = logging.getLogger("ddp_trainer")
@@ -334,8 +335,6 @@ def settings(env: Mapping[str, str], every: int | None, policy: str | None) -> t
     """The probe interval (0: off) and ``onFaultyRank`` policy: the arguments, else the DDPJob's
     environment (``DDPJOB_PROBE_EVERY``, ``DDPJOB_ON_FAULTY_RANK``), else the defaults. Raises
     ``ValueError`` naming the argument (or variable), its value and what is accepted."""
-    from ddp_trainer import contract  # the standard library only
-
     source = "probe_every"
     if every is None:
         raw = env.get(contract.PROBE_EVERY_ENV, "").strip()
