@@ -73,6 +73,14 @@ ZERO_IS_GOOD = {
 }
 JOB = "{{ddpjob}}"
 PER_RANK = "{{ddpjob}} rank {{rank}}"
+FAULTY = {
+    "mappings": [
+        {"type": "value", "options": {"0": {"text": "OK", "color": "green", "index": 0}}},
+        {"type": "value", "options": {"1": {"text": "FAULTY", "color": "red", "index": 1}}},
+    ],
+    **ZERO_IS_GOOD,
+}
+WHERE = "{{ddpjob}} rank {{rank}} on {{node}}"
 
 
 def p(
@@ -138,6 +146,37 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "s",
                 (3, 5),
                 (quantile(0.99, c.SYNC_CHECK_DURATION, BY_JOB), JOB),
+            ),
+        ],
+    ),
+    (
+        "Compute probe (a rank whose arithmetic differs from its peers')",
+        [
+            p(
+                "Faulty rank, by node",
+                "stat",
+                "none",
+                (9, 5),
+                (f"max by ({BY_JOB}, rank, node) ({c.PROBE_FAULTY}{{{SEL}}})", WHERE),
+                defaults=FAULTY,
+            ),
+            p(
+                "Flaky rank, by node",
+                "stat",
+                "none",
+                (9, 5),
+                (f"max by ({BY_JOB}, rank, node) ({c.PROBE_FLAKY}{{{SEL}}})", WHERE),
+                defaults=ZERO_IS_GOOD,
+            ),
+            p(
+                "Probes by result",
+                "stat",
+                "short",
+                (6, 5),
+                (
+                    f"max by ({BY_JOB}, result) ({total(c.PROBES)}{{{SEL}}})",
+                    "{{ddpjob}} {{result}}",
+                ),
             ),
         ],
     ),

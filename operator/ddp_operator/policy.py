@@ -9,6 +9,9 @@ An attempt is one Indexed Job: all pods start together and one failed pod fails 
   settings: every attempt would find the same files in the same volume), a refused command line, any pod
   that exits with one of ``contract.CONFIGURATION_EXIT_CODES`` (2 usage, 78 refused; the Job's
   ``podFailurePolicy`` fails the Job on them too);
+- a faulty rank named by the compute probe under ``onFaultyRank: Fail`` (report reason ``FaultyRank``,
+  exit code 87) restarts the gang while restarts are left; the next attempt's pods avoid the node
+  (:func:`faulty_nodes`, ``status.probe.faultyNodes``, ``render.avoiding``);
 - a preemption (a pod deleted gracefully or evicted: the trainer checkpointed at SIGTERM) restarts the
   gang without using up ``maxRestarts``;
 - any other failure starts attempt + 1 (resuming from the last good checkpoint) while restarts are left;
@@ -77,6 +80,19 @@ def configuration_error(outcome: Outcome) -> str:
     return ""
 
 
+def faulty_rank(outcome: Outcome) -> bool:
+    """The compute probe named a faulty rank and the job's policy was to stop the attempt."""
+    if (outcome.report or {}).get("reason") == contract.FAULTY_RANK:
+        return True
+    return contract.FAULTY_RANK_EXIT_CODE in outcome.exit_codes.values()
+
+
+def faulty_nodes(outcome: Outcome) -> tuple[str, ...]:
+    """The nodes of the faulty ranks the report names (empty names, from outside a pod, left out)."""
+    nodes = (outcome.report or {}).get("faultyNodes") or []
+    return tuple(dict.fromkeys(str(n) for n in nodes if isinstance(n, str) and n))
+
+
 POD_FAILURE_POLICY = "PodFailurePolicy"
 """The reason of a Job's ``Failed`` condition when its ``podFailurePolicy`` failed it (a configuration exit
 code: see ``render``)."""
@@ -128,6 +144,8 @@ def decide(
         return Decision(Action.FAIL, "InvalidSpec", outcome.message or "the spec is invalid; not restarting")
     if outcome.reason == "DeadlineExceeded":
         return Decision(Action.FAIL, "DeadlineExceeded", "activeDeadlineSeconds passed; not restarting")
+    if faulty_rank(outcome):
+        return _away_from_faulty(outcome, attempt, max_restarts, preemptions)
     if preempted(outcome):
         return Decision(
             Action.RESTART,
@@ -150,6 +168,24 @@ def decide(
         Action.FAIL,
         "MaxRestartsExceeded" if max_restarts else (outcome.reason or "AttemptFailed"),
         f"attempt {attempt} failed ({why}) and {max_restarts} restart(s) are used up",
+    )
+
+
+def _away_from_faulty(outcome: Outcome, attempt: int, max_restarts: int, preemptions: int) -> Decision:
+    detail = (outcome.report or {}).get("message") or "the compute probe named a faulty rank"
+    nodes = faulty_nodes(outcome)
+    where = f"away from node(s) {', '.join(nodes)}" if nodes else "(its node is not known: none avoided)"
+    restarts = contract.restarts_before(attempt) - preemptions
+    if restarts < max_restarts:
+        return Decision(
+            Action.RESTART,
+            contract.FAULTY_RANK,
+            f"attempt {attempt}: {detail}; gang restart {restarts + 1} of {max_restarts}, {where}",
+        )
+    return Decision(
+        Action.FAIL,
+        contract.FAULTY_RANK,
+        f"attempt {attempt}: {detail}; {max_restarts} restart(s) are used up",
     )
 
 

@@ -69,7 +69,9 @@ def decide_for(
         status.count(previous.get("preemptions")),
         status.count(previous.get(status.RESTARTS_IN_PLACE)),
     )
-    service, job = render.render_service(spec), render.render_job(spec, facts.attempt, used)
+    avoid = status.avoided_nodes(previous)  # where the compute probe found a faulty rank
+    service = render.render_service(spec)
+    job = render.render_job(spec, facts.attempt, used, avoid_nodes=avoid)
     claim = render.render_checkpoint_claim(spec)
     return decide(Inputs(spec, generation, previous, facts, now, service, claim, job, snapshot))
 
@@ -211,6 +213,8 @@ def _end_attempt(
     in_place = status.count(out.values.get(status.RESTARTS_IN_PLACE))
     decision = policy.decide(outcome, attempt, inputs.spec.max_restarts, preemptions, in_place)
     status.checkpoint_events(out, inputs.facts.report)
+    if decision.reason == contract.FAULTY_RANK:
+        status.avoid_nodes(out, policy.faulty_nodes(outcome))
     if decision.action is policy.Action.RESTART:
         out.values.update(attempt=attempt + 1, restarts=contract.restarts_before(attempt + 1) + in_place)
         status.recreated(out, attempt + 1, decision.reason, decision.message)

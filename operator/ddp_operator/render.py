@@ -9,7 +9,8 @@ place: every function here is a small pure piece of one Job.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import copy
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ddp_trainer import contract
@@ -222,6 +223,9 @@ def injected_env(spec: Spec, attempt: int, used: int | None = None) -> list[Obj]
         # spec.syncCheck for any command (SyncHealth reads them; the built-in trainer also gets the flags)
         _value(contract.SYNC_EVERY_ENV, spec.sync_check.every_steps),
         _value(contract.ON_DIVERGENCE_ENV, spec.sync_check.on_divergence),
+        _value(contract.PROBE_EVERY_ENV, spec.sync_check.probe_every_steps),
+        _value(contract.ON_FAULTY_RANK_ENV, spec.sync_check.on_faulty_rank),
+        _field(contract.NODE_NAME_ENV, "spec.nodeName"),  # the compute probe names a faulty rank's node
         _value("PYTHONUNBUFFERED", "1"),
     ]
     if spec.backend == "nccl":
@@ -349,7 +353,7 @@ def _container(spec: Spec, attempt: int, mounts: list[Obj], used: int | None) ->
     }
 
 
-def _pod_spec(spec: Spec, attempt: int, used: int | None) -> Obj:
+def _pod_spec(spec: Spec, attempt: int, used: int | None, avoid_nodes: Sequence[str] = ()) -> Obj:
     template = spec.pod_template
     volumes, mounts = _volumes(spec)
     pod: Obj = {
@@ -372,7 +376,7 @@ def _pod_spec(spec: Spec, attempt: int, used: int | None) -> Obj:
     optional = {
         "nodeSelector": dict(template.node_selector) or None,
         "tolerations": _tolerations(spec),
-        "affinity": dict(template.affinity) if template.affinity else None,
+        "affinity": avoiding(template.affinity, avoid_nodes),
         "priorityClassName": template.priority_class_name,
         "schedulerName": template.scheduler_name,
         "serviceAccountName": template.service_account_name,
@@ -412,10 +416,31 @@ def _tolerations(spec: Spec) -> list[Obj]:
     ]
 
 
-def render_job(spec: Spec, attempt: int, used: int | None = None) -> Obj:
+def avoiding(affinity: Mapping[str, Any] | None, nodes: Sequence[str]) -> Obj | None:
+    """``affinity`` (the user's, or none) with a required ``NotIn`` node affinity for ``nodes`` added to
+    every node selector term (terms are ORed: each must exclude them), or unchanged when ``nodes`` is empty.
+    ``matchFields`` on ``metadata.name``: the node's name itself (what the pods saw as ``spec.nodeName``),
+    which a ``kubernetes.io/hostname`` label need not equal."""
+    out: Obj = copy.deepcopy(dict(affinity)) if affinity else {}
+    if not nodes:
+        return out or None
+    avoid = {"key": "metadata.name", "operator": "NotIn", "values": sorted(set(nodes))}
+    required = out.setdefault("nodeAffinity", {}).setdefault(
+        "requiredDuringSchedulingIgnoredDuringExecution", {"nodeSelectorTerms": []}
+    )
+    terms = required.setdefault("nodeSelectorTerms", [])
+    if not terms:
+        terms.append({})
+    for term in terms:
+        term.setdefault("matchFields", []).append(dict(avoid))
+    return out
+
+
+def render_job(spec: Spec, attempt: int, used: int | None = None, avoid_nodes: Sequence[str] = ()) -> Obj:
     """The Indexed Job of one attempt: pod i is node rank i; one failed pod fails the attempt (a failed
     process inside a pod restarts the gang in place first, while ``used`` restarts leave some:
-    :func:`restarts_in_place`)."""
+    :func:`restarts_in_place`). Its pods stay off ``avoid_nodes`` (where the compute probe found a faulty
+    rank: ``status.probe.faultyNodes``)."""
     metadata = _metadata(spec, job_name(spec, attempt), attempt)
     if spec.queue_name:
         metadata["labels"][KUEUE_QUEUE_LABEL] = spec.queue_name
@@ -450,7 +475,7 @@ def render_job(spec: Spec, attempt: int, used: int | None = None) -> Obj:
                 "labels": {**spec.pod_template.labels, **labels(spec, attempt)},
                 "annotations": pod_annotations,
             },
-            "spec": _pod_spec(spec, attempt, used),
+            "spec": _pod_spec(spec, attempt, used, avoid_nodes),
         },
     }
     if spec.active_deadline_seconds is not None:

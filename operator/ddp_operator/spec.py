@@ -50,6 +50,8 @@ class TrainerSpec:
 class SyncCheckSpec:
     every_steps: int
     on_divergence: str
+    probe_every_steps: int = 1000
+    on_faulty_rank: str = "Fail"
 
 
 @dataclass(frozen=True)
@@ -321,7 +323,12 @@ def _build(doc: Mapping[str, Any]) -> Spec:
             checkpoint_every=trainer["checkpointEvery"],
             model=trainer["model"],
         ),
-        sync_check=SyncCheckSpec(every_steps=check["everySteps"], on_divergence=check["onDivergence"]),
+        sync_check=SyncCheckSpec(
+            every_steps=check["everySteps"],
+            on_divergence=check["onDivergence"],
+            probe_every_steps=check["probeEverySteps"],
+            on_faulty_rank=check["onFaultyRank"],
+        ),
         nccl=NcclSpec(
             timeout_seconds=nccl["timeoutSeconds"],
             trace_buffer_size=nccl["traceBufferSize"],

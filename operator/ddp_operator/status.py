@@ -126,7 +126,15 @@ def begin(
         startTime=previous.get("startTime") or out.now,
         readyNodes=0,
     )
-    for kept in ("completionTime", "lastReport", "progress", "checkpoint", RESTARTS_IN_PLACE, LAST_RESTART):
+    for kept in (
+        "completionTime",
+        "lastReport",
+        "progress",
+        "checkpoint",
+        "probe",
+        RESTARTS_IN_PLACE,
+        LAST_RESTART,
+    ):
         if previous.get(kept):
             out.values[kept] = previous[kept]
     if preemptions := count(previous.get("preemptions")):
@@ -139,6 +147,8 @@ def begin(
         out.values["lastReport"] = last_report(report, attempt)
         if checkpoint := report_checkpoint(report):
             out.values["checkpoint"] = checkpoint
+        if report.get("faultyRanks"):
+            out.values["probe"] = probe_finding(out.values.get("probe") or {}, report, attempt)
     durable_condition(out, spec)
     return out
 
@@ -195,6 +205,32 @@ def recreated(out: StatusBuilder, attempt: int, reason: str, message: str) -> No
         "message": message[:1024],
         "time": out.now,
     }
+
+
+def probe_finding(previous: Mapping[str, Any], report: Mapping[str, Any], attempt: int) -> dict[str, Any]:
+    """``status.probe`` after a report that names faulty ranks: the finding (ranks, message, attempt);
+    ``faultyNodes`` (the nodes later attempts avoid) is kept as it was (:func:`avoid_nodes` adds to it)."""
+    out = dict(previous)
+    out.update(
+        faultyRanks=[r for r in report.get("faultyRanks") or [] if isinstance(r, int)][:16],
+        attempt=attempt,
+        message=str(report.get("message", ""))[:1024],
+    )
+    return out
+
+
+def avoided_nodes(status: Mapping[str, Any]) -> tuple[str, ...]:
+    """``status.probe.faultyNodes``: where the compute probe found a faulty rank under ``Fail``."""
+    probe = status.get("probe")
+    nodes = probe.get("faultyNodes") if isinstance(probe, Mapping) else None
+    return tuple(n for n in nodes if isinstance(n, str) and n) if isinstance(nodes, list) else ()
+
+
+def avoid_nodes(out: StatusBuilder, nodes: tuple[str, ...]) -> None:
+    """Add ``nodes`` to ``status.probe.faultyNodes``: the next attempts' pods stay off them."""
+    probe = dict(out.values.get("probe") or {})
+    probe["faultyNodes"] = list(dict.fromkeys([*avoided_nodes(out.values), *nodes]))
+    out.values["probe"] = probe
 
 
 def report_sync(report: Mapping[str, Any]) -> dict[str, Any]:

@@ -193,3 +193,23 @@ def test_cuda_job_without_gpus_is_refused(tmp_path: Path, name: str) -> None:
     assert code == 2
     assert "spec.device is cuda and the job needs 4 GPUs" in out and "set device: cpu" in out
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_faulty_rank_found_by_the_probe_ends_the_attempt_naming_it(tmp_path: Path, name: str) -> None:
+    """The SDC drill on rank 3 under ``ddpjob local`` (2 x 2): every sync check passes, the probe names rank 3
+    and the attempt ends with FaultyRank (no restart left: maxRestarts 0)."""
+    doc = job(
+        name,
+        trainer={"steps": 60, "batchSize": 16, "checkpointEvery": 0},
+        syncCheck={"everySteps": 10, "probeEverySteps": 20},
+        maxRestarts=0,
+        env=[{"name": "DDPJOB_CHAOS_SDC", "value": "rank=3,step=25"}],
+    )
+    code, out = _finish(_start(tmp_path, doc))
+    assert code == 1, out
+    assert f"ddpjob local: {name}: Failed" in out and "FaultyRank" in out, out
+    assert "compute probe at step 40: faulty rank 3" in out, out
+    report = yaml.safe_load(
+        (tmp_path / "runs" / name / "attempt-1" / f"{name}-1-0.termination-log").read_text()
+    )
+    assert (report["faultyRanks"], report["mismatches"], report["probes"]) == ([3], 0, 2), report

@@ -77,3 +77,21 @@ def test_a_fire_drill_is_caught_at_the_next_check(tmp_path: Path, file: str) -> 
     rep = report(tmp_path, name)
     assert (rep["result"], rep["reason"], rep["lastCheckStep"]) == ("Diverged", "SyncDivergence", 10)
     assert rep["mismatchedTensors"] == [SCRIPTS[file]] and rep["divergedRanks"] == [3], rep
+
+
+@pytest.mark.parametrize("file", sorted(SCRIPTS))
+def test_the_compute_probe_names_a_faulty_rank_in_users_code(tmp_path: Path, file: str) -> None:
+    """The SDC drill on rank 3 after step 3: every sync check passes, and the probe at step 10 (on the first
+    batch rank 0's model saw, captured by SyncHealth itself) names rank 3 (FaultyRank, exit 87)."""
+    name = unique_name()
+    doc = example(file, name, {"DDPJOB_CHAOS_SDC": "rank=3,step=3"})
+    doc["spec"]["syncCheck"]["probeEverySteps"] = 10
+    code, out = run_local(tmp_path, [doc], timeout=400)
+    assert code == 1 and "FaultyRank" in out and "exitcode  : 87" in out, out
+    rep = report(tmp_path, name)
+    assert (rep["reason"], rep["faultyRanks"], rep["mismatches"], rep["step"]) == (
+        "FaultyRank",
+        [3],
+        0,
+        10,
+    ), rep

@@ -171,7 +171,7 @@ def test_dashboard_has_data_and_a_healthy_run_raises_no_alert(prometheus: Promet
         assert len(slowest) == 1 and slowest[0]["metric"]["rank"] in ("0", "1")
         # the rules are loaded and evaluated, and nothing is firing or even pending
         rules = prometheus.get("/api/v1/rules")["data"]["groups"]
-        assert sum(len(group["rules"]) for group in rules) == 8
+        assert sum(len(group["rules"]) for group in rules) == 10
         assert all(rule["health"] == "ok" for group in rules for rule in group["rules"]), rules
         assert run.running(), "the run ended before the checks: make it longer"
         assert prometheus.query("ALERTS") == []
@@ -193,5 +193,30 @@ def test_fire_drill_fires_the_divergence_alert(prometheus: Prometheus, tmp_path:
         firing = prometheus.query('ALERTS{alertstate="firing"}')
         assert {a["metric"]["alertname"] for a in firing} == {"DDPJobDivergenceDetected"}
         print(f"\nfiring after the drill: {[a['metric'] for a in firing]}")
+    finally:
+        run.kill()
+
+
+def test_sdc_drill_fires_the_faulty_rank_alert_naming_the_node(
+    prometheus: Prometheus, tmp_path: Path
+) -> None:
+    """DDPJOB_CHAOS_SDC on rank 3 of 2 x 2 (a majority needs 3 ranks or more), onFaultyRank Warn: the sync
+    check sees nothing, the probe names rank 3, and the alert carries its node."""
+    env = {
+        "DDPJOB_NAME": "sdc",
+        "DDPJOB_CHAOS_SDC": "rank=3,step=10",
+        "DDPJOB_PROBE_EVERY": "20",
+        "DDPJOB_ON_FAULTY_RANK": "Warn",
+    }
+    per_node = [{"DDPJOB_NODE_NAME": f"node-{k}"} for k in range(2)]
+    run = launch(tmp_path, [*RUN, "--steps=2000"], nnodes=2, nproc=2, env=env, per_node=per_node)
+    try:
+        prometheus.scrape(run)
+        query = 'ALERTS{alertname="DDPJobFaultyRank",alertstate="firing",ddpjob="sdc"}'
+        prometheus.wait(lambda: prometheus.query(query), 120, "firing DDPJobFaultyRank")
+        (alert,) = prometheus.query(query)
+        assert (alert["metric"]["rank"], alert["metric"]["node"]) == ("3", "node-1")
+        assert not prometheus.query('ALERTS{alertname="DDPJobDivergenceDetected",ddpjob="sdc"}')
+        assert run.running(), "Warn keeps training"
     finally:
         run.kill()

@@ -97,3 +97,25 @@ def test_defaults_match_the_design() -> None:
     assert props["maxRestarts"]["default"] == 3
     assert props["syncCheck"]["properties"]["everySteps"]["default"] == 100
     assert props["syncCheck"]["properties"]["onDivergence"]["default"] == "Fail"
+
+
+SCHEMA_KEYWORDS = {
+    *("type", "description", "properties", "items", "default", "enum", "format", "required", "nullable"),
+    *("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "pattern", "title"),
+    *("minLength", "maxLength", "minItems", "maxItems", "uniqueItems", "minProperties", "maxProperties"),
+    *("additionalProperties", "anyOf", "oneOf", "allOf", "not", "example"),
+    *("x-kubernetes-validations", "x-kubernetes-preserve-unknown-fields", "x-kubernetes-list-type"),
+    *("x-kubernetes-list-map-keys", "x-kubernetes-int-or-string", "x-kubernetes-embedded-resource"),
+    "x-kubernetes-map-type",
+}
+
+
+def test_every_schema_node_has_only_schema_keywords() -> None:
+    """A YAML flow mapping with an unquoted comma in its description (``{description: a, b}``) makes ``b`` a
+    key: the API server refuses the whole CRD (``field not declared in schema``); say which node here."""
+    stray = [
+        (path, sorted(set(node) - SCHEMA_KEYWORDS))
+        for path, node in _nodes(crd.openapi_schema())
+        if set(node) - SCHEMA_KEYWORDS
+    ]
+    assert stray == []

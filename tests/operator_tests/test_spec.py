@@ -95,6 +95,18 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
         "spec.syncCheck.onDivergence",
         '"Fail", "Repair", "Warn"',
     ),
+    (
+        "unknown faulty-rank policy",
+        _with("spec.syncCheck", {"onFaultyRank": "Repair"}),
+        "spec.syncCheck.onFaultyRank",
+        'Unsupported value: "Repair": supported values: "Fail", "Warn"',
+    ),
+    (
+        "negative probe interval",
+        _with("spec.syncCheck", {"probeEverySteps": -1}),
+        "spec.syncCheck.probeEverySteps",
+        "Invalid value: -1: must be ≥ 0",
+    ),
     ("port zero", _with("spec.masterPort", 0), "spec.masterPort", "must be ≥ 1"),
     (
         "port too high",

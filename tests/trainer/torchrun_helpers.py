@@ -105,8 +105,10 @@ def launch(
     nnodes: int = 2,
     nproc: int = 2,
     env: dict[str, str] | None = None,
+    per_node: list[dict[str, str]] | None = None,
 ) -> Launch:
-    """Start ``nnodes`` torchrun agents with ``nproc`` workers each; ``target`` follows torchrun's options."""
+    """Start ``nnodes`` torchrun agents with ``nproc`` workers each; ``target`` follows torchrun's options;
+    ``per_node[k]``: variables of node k alone (its pod's ``HOSTNAME``, ``DDPJOB_NODE_NAME``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     master = free_port()
     result = Launch()
@@ -131,6 +133,7 @@ def launch(
         )
         (workdir / f"tmp-{k}").mkdir(exist_ok=True)
         node_env.update(env or {})
+        node_env.update((per_node or [{}] * nnodes)[k])
         log = workdir / f"node-{k}.log"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--node-rank", str(k)]
         cmd += ["--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1", "--master-port", str(master)]

@@ -40,6 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ddp_trainer import metrics, runner
     from ddp_trainer.checkpoint import CheckpointRefused
     from ddp_trainer.distributed import pick_device, process_group
+    from ddp_trainer.probe import FaultyRankError
     from ddp_trainer.report import failed, termination_message, write_termination_message
     from ddp_trainer.verify import DivergenceError
 
@@ -63,6 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except DivergenceError as err:
             assert session is not None
             code, report = session.diverged(err)
+        except FaultyRankError as err:  # every rank holds the same verdict; the report names the node
+            assert session is not None
+            code, report = session.faulty(err)
         except CheckpointRefused as err:  # every rank learns it from rank 0's broadcast; one says it
             assert session is not None
             if launch.rank == 0:

@@ -145,6 +145,11 @@ class PodEnv:
     crash: ChaosSpec | None = None
     """``DDPJOB_CHAOS_CRASH="rank=R,step=S"``: the recovery drill (rank R dies by SIGKILL after step S in
     the first run of attempt 1); unset in normal runs."""
+    sdc: ChaosSpec | None = None
+    """``DDPJOB_CHAOS_SDC="rank=R,step=S"``: the silent-data-corruption drill (rank R computes wrong from
+    step S on); unset in normal runs."""
+    node: str = ""
+    """``DDPJOB_NODE_NAME``: the pod's node (the downward API's ``spec.nodeName``); empty outside a pod."""
 
 
 def _flag(name: str) -> str:
@@ -229,7 +234,8 @@ _CHAOS = re.compile(r"^\s*rank\s*=\s*(\d+)\s*,\s*step\s*=\s*(\d+)\s*$")
 
 
 def parse_chaos(value: str, name: str = contract.CHAOS_ENV) -> ChaosSpec | None:
-    """Parse ``"rank=R,step=S"``; empty means no drill. Raises ``ValueError`` naming the variable."""
+    """Parse ``"rank=R,step=S"`` (the variable ``name``'s value); empty means no drill. Raises
+    ``ValueError`` naming the variable."""
     if not value.strip():
         return None
     match = _CHAOS.match(value)
@@ -268,4 +274,6 @@ def read_pod_env(env: Mapping[str, str]) -> PodEnv:
         termination_log=termination,
         chaos=parse_chaos(env.get(contract.CHAOS_ENV, "")),
         crash=parse_chaos(env.get(contract.CHAOS_CRASH_ENV, ""), contract.CHAOS_CRASH_ENV),
+        sdc=parse_chaos(env.get(contract.CHAOS_SDC_ENV, ""), contract.CHAOS_SDC_ENV),
+        node=env.get(contract.NODE_NAME_ENV, ""),
     )

@@ -60,6 +60,17 @@ the built-in trainer gets the same value as ``--sync-every``)."""
 ON_DIVERGENCE_ENV: Final = "DDPJOB_ON_DIVERGENCE"
 """``spec.syncCheck.onDivergence``: ``Fail``, ``Repair`` or ``Warn``, for any command (as
 ``--on-divergence`` for the built-in trainer)."""
+PROBE_EVERY_ENV: Final = "DDPJOB_PROBE_EVERY"
+"""``spec.syncCheck.probeEverySteps``: steps between compute probes (0: off), for any command
+(``SyncHealth`` reads it, in the built-in trainer too)."""
+ON_FAULTY_RANK_ENV: Final = "DDPJOB_ON_FAULTY_RANK"
+"""``spec.syncCheck.onFaultyRank``: ``Fail`` or ``Warn``, what a probe that names a faulty rank does."""
+NODE_NAME_ENV: Final = "DDPJOB_NODE_NAME"
+"""The pod's node (``spec.nodeName`` through the downward API): the probe names a faulty rank's node."""
+CHAOS_SDC_ENV: Final = "DDPJOB_CHAOS_SDC"
+"""The silent-data-corruption fire drill, ``rank=R,step=S``: rank R corrupts its local forward output
+(one bit of one element, before the all-reduce) after step S; the replica check cannot see it, the compute
+probe must name rank R."""
 
 LAUNCH_STATE_ENV: Final = "DDPJOB_LAUNCH_STATE"
 """Set by the launcher (:mod:`ddp_trainer.launch`) for its workers: a JSON file in which it keeps the gang
@@ -195,9 +206,13 @@ CONFIGURATION_EXIT_CODES: Final = (USAGE_EXIT_CODE, CHECKPOINT_REFUSED_EXIT_CODE
 using up gang restarts. The Indexed Job's ``podFailurePolicy`` says ``FailJob`` on them; ``ddpjob local``
 follows the same ``policy.decide``. torchrun exits 1 whatever its worker's code, so the trainer also says
 it in its report (:data:`CONFIGURATION_REASONS`)."""
-NOT_RETRIED_EXIT_CODES: Final = (*CONFIGURATION_EXIT_CODES, DIVERGENCE_EXIT_CODE)
+FAULTY_RANK_EXIT_CODE: Final = 87
+"""The compute probe named a rank whose arithmetic differs from its peers' and ``onFaultyRank`` was
+``Fail`` (report reason :data:`FAULTY_RANK`): the operator restarts the gang away from that rank's node."""
+NOT_RETRIED_EXIT_CODES: Final = (*CONFIGURATION_EXIT_CODES, DIVERGENCE_EXIT_CODE, FAULTY_RANK_EXIT_CODE)
 """A worker that exits with one of these ends its pod at once, with the same code: the launcher never
-restarts the gang in place for them (torchrun's agent would restart on any failure)."""
+restarts the gang in place for them (torchrun's agent would restart on any failure; a faulty rank must
+restart away from its node)."""
 INTERRUPTED_EXIT_CODE: Final = 143
 """SIGTERM (128 + 15): the trainer stopped at the next step boundary and saved a checkpoint. Non-zero on
 purpose, so that a preempted pod is never counted as a finished one."""
@@ -217,6 +232,9 @@ SETTINGS_CHANGED: Final = "SettingsChanged"
 optimizer, world size, precision)."""
 CHECKPOINT_REFUSED_REASONS: Final = (FOREIGN_CHECKPOINT, SETTINGS_CHANGED)
 """Reasons that come with :data:`CHECKPOINT_REFUSED_EXIT_CODE`: fail at once, never restart."""
+FAULTY_RANK: Final = "FaultyRank"
+"""Report reason (result ``Failed``): the compute probe named a faulty rank under ``onFaultyRank: Fail``;
+the report's ``faultyRanks``/``faultyNodes``/``faultyPods`` say where."""
 INVALID_ARGUMENTS: Final = "InvalidArguments"
 """Report reason: the trainer refused its command line (it exits :data:`USAGE_EXIT_CODE`)."""
 CONFIGURATION_REASONS: Final = (*CHECKPOINT_REFUSED_REASONS, INVALID_ARGUMENTS)
@@ -275,6 +293,14 @@ class Report(TypedDict, total=False):
     """Gang restarts done in place (same pods) during this attempt (present only when there were any)."""
     lastRestart: str
     """Why the last in-place gang restart happened: the failing rank, its exit code and first error."""
+    probes: int
+    """Compute probes run (present when the probe is on)."""
+    faultyRanks: list[int]
+    """Ranks the compute probe named faulty (present only then)."""
+    faultyNodes: list[str]
+    """Their nodes (``DDPJOB_NODE_NAME``; ``""`` where unknown), in the order of ``faultyRanks``."""
+    faultyPods: list[str]
+    """Their pods (``HOSTNAME``), in the same order."""
 
 
 SYNC_STATUS_KEYS: Final = ("verified", "checks", "mismatches", "repairs", "lastCheckStep")
@@ -361,6 +387,19 @@ def blame(cause: str) -> tuple[int, str]:
 LAST_RESTART_INFO: Final = "ddp_last_restart_info"
 """Value: the in-place restart it describes; label ``cause``: the failing rank, exit code and first error, as
 the pod whose agent saw it says (other pods say ``a rank on another node failed``)."""
+PROBES: Final = "ddp_probes"
+"""Compute probes by ``result`` (:data:`PROBE_RESULTS`)."""
+PROBE_FAULTY: Final = "ddp_probe_faulty"
+"""1 while the last probe named this rank faulty (labels ``node``, ``pod``: where it runs), else 0."""
+PROBE_FLAKY: Final = "ddp_probe_flaky"
+"""1 while the last probe named this rank flaky (it did not reproduce its own result), else 0."""
+PROBE_DURATION: Final = "ddp_probe_duration_seconds"
+PROBE_EVERY_STEPS: Final = "ddp_probe_every_steps"
+PROBE_LAST_TIMESTAMP: Final = "ddp_probe_last_timestamp_seconds"
+PROBE_RESULTS: Final = ("agree", "faulty", "flaky", "undecidable")
+NODE_LABEL: Final = "node"
+POD_LABEL: Final = "pod_name"
+"""Not ``pod``: the Prometheus Operator sets ``pod`` on every target (see :data:`JOB_LABEL`)."""
 CHECK_RESULT_OK: Final = "ok"
 CHECK_RESULT_MISMATCH: Final = "mismatch"
 CHECK_RESULTS: Final = (CHECK_RESULT_OK, CHECK_RESULT_MISMATCH)

@@ -34,7 +34,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
@@ -44,8 +44,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_trainer import boundary, contract, fingerprint, replicas, report
+from ddp_trainer import boundary, contract, fingerprint, probe, replicas, report
 from ddp_trainer import launch as launcher
+from ddp_trainer import sdc as sdc_drill
 from ddp_trainer.config import PodEnv, Policy, read_pod_env
 from ddp_trainer.distributed import LaunchEnv, metrics_dir, read_launch_env
 from ddp_trainer.verify import CheckKind, DivergenceError, Tally, Verifier, broadcast_state, check_state
@@ -65,6 +66,8 @@ MIN_TORCH = (2, 4)
 POLICIES: tuple[str, ...] = get_args(Policy)
 _PRECISIONS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 """``ddp_info``'s precision for code the trainer does not configure: the parameters' dtype."""
+_REPORTED = (contract.DIVERGENCE_EXIT_CODE, contract.FAULTY_RANK_EXIT_CODE)
+"""Exit codes :class:`SyncHealth` raises (``SystemExit``) after writing the report itself."""
 _SERVED: set[int] = set()  # ports this process serves metrics on
 
 
@@ -164,6 +167,11 @@ class SyncHealth:
     ``start_step`` (the step a resumed loop starts from), ``metrics`` (existing series; then nothing is
     served here), ``write_report`` (False: the caller writes
     it), ``initial_check`` (False: the caller runs the first check when it wants).
+
+    The compute probe (:mod:`ddp_trainer.probe`): ``probe_every`` (default ``DDPJOB_PROBE_EVERY``,
+    else 1000; 0 off), ``on_faulty_rank`` (``Fail``: the report, then exit
+    :data:`ddp_trainer.contract.FAULTY_RANK_EXIT_CODE`; ``Warn``), ``probe_batch``, ``probe_loss``,
+    ``probe_step`` (what it runs; default: the first input the model saw on rank 0).
     """
 
     def __init__(
@@ -185,6 +193,11 @@ class SyncHealth:
         initial_check: bool = True,
         env: Mapping[str, str] | None = None,
         start_step: int = 0,
+        probe_every: int | None = None,
+        on_faulty_rank: str | None = None,
+        probe_batch: Any = None,
+        probe_loss: Callable[[nn.Module], torch.Tensor] | None = None,
+        probe_step: probe.StepFn | None = None,
     ) -> None:
         environ: Mapping[str, str] = os.environ if env is None else env
         if not torch_version_ok(torch.__version__):
@@ -237,6 +250,7 @@ class SyncHealth:
         """The gang restarts done in place in this attempt, and the cause of the last (every rank's)."""
         self.metrics.restarts.set(contract.restarts_before(self.pod.attempt) + self.restart.restarts)
         self.metrics.restarted(self.restart.restarts, self.restart.cause)
+        self._start_probe(environ, model, probe_every, on_faulty_rank, probe_batch, probe_loss, probe_step)
         self._last = time.perf_counter()
         if initial_check:
             self.check("initial")
@@ -281,6 +295,42 @@ class SyncHealth:
             _SERVED.add(port)
         return series
 
+    def _start_probe(
+        self,
+        environ: Mapping[str, str],
+        model: nn.Module,
+        every: int | None,
+        policy: str | None,
+        batch: Any,
+        loss: Callable[[nn.Module], torch.Tensor] | None,
+        step: probe.StepFn | None,
+    ) -> None:
+        """The compute probe (:mod:`ddp_trainer.probe`) when on, and the SDC fire drill when it names this
+        rank."""
+        try:
+            self.probe_every, self.on_faulty_rank = probe.settings(environ, every, policy)
+        except ValueError as err:
+            raise SyncHealthError(str(err)) from None
+        self.probes = 0
+        self.faulty_found = 0
+        self.last_faulty: probe.ProbeResult | None = None
+        self.prober: probe.Probe | None = None
+        if self.probe_every:
+            group = self.peers if self.peers is not None else self.group
+            self.prober = probe.Probe(
+                model, group=group, batch=batch, loss=loss, step=step, node=self.pod.node
+            )
+            self.metrics.start_probe(self.probe_every, self.pod.node, self.prober.pod)
+        sdc = self.pod.sdc
+        if sdc is not None and sdc.rank == self.rank:
+            sdc_drill.install_sdc_drill(model, lambda: self.current_step >= sdc.step)
+            log.warning(
+                "fire drill: rank %d computes wrong after step %d (%s)",
+                self.rank,
+                sdc.step,
+                contract.CHAOS_SDC_ENV,
+            )
+
     # -- the step -------------------------------------------------------------------------------------
 
     @property
@@ -310,8 +360,11 @@ class SyncHealth:
         self.drill()
         step = self.current_step
         final = self.total_steps is not None and step >= self.total_steps
-        if final or step % self.every == 0:
+        probing = self.probe_due()
+        if final or step % self.every == 0 or probing:
             self._checked("final" if final else "periodic")
+        if probing and self.tally.last_check_ok:  # only on verified parameters: never a false accusation
+            self._probed()
 
     def observe(self, duration_seconds: float, samples: int, loss: float | None) -> None:
         """Record one finished step in the metrics and the step-time skew."""
@@ -362,6 +415,42 @@ class SyncHealth:
         except DivergenceError as err:
             self.close(err)
             raise SystemExit(contract.DIVERGENCE_EXIT_CODE) from err
+
+    # -- the compute probe -----------------------------------------------------------------------------
+
+    def probe_due(self) -> bool:
+        """Whether the compute probe runs at this step (right after the check it needs)."""
+        return self.prober is not None and probe.due(self.current_step, self.probe_every)
+
+    def run_probe(self) -> probe.ProbeResult:
+        """One compute probe now (collective; call right after a check that passed): metrics, log, and
+        under ``onFaultyRank: Fail`` a :class:`ddp_trainer.probe.FaultyRankError` when a rank is named
+        faulty. Undecidable and flaky verdicts are said, never acted on."""
+        assert self.prober is not None, "the compute probe is off"
+        result = self.prober.run(self.current_step)
+        self.probes += 1
+        kind = result.verdict.kind
+        if self.metrics.probe is not None:
+            named = self.rank in result.verdict.ranks
+            self.metrics.probe.observe(kind, named, result.seconds, time.time())
+        if kind == "agree":
+            return result
+        if self.rank == 0:
+            log.warning("%s", result.message)
+        if kind == "faulty":
+            self.faulty_found += 1
+            self.last_faulty = result
+            if self.on_faulty_rank == "Fail":
+                raise probe.FaultyRankError(result)
+        return result
+
+    def _probed(self) -> None:
+        """A probe from :meth:`step`: a faulty rank under ``Fail`` writes the report and exits."""
+        try:
+            self.run_probe()
+        except probe.FaultyRankError as err:
+            self.close(err)
+            raise SystemExit(contract.FAULTY_RANK_EXIT_CODE) from err
 
     # -- the check ------------------------------------------------------------------------------------
 
@@ -438,6 +527,8 @@ class SyncHealth:
             self._publish(*self.finished())
         elif isinstance(error, DivergenceError):
             self._publish(*self.diverged(error))
+        elif isinstance(error, probe.FaultyRankError):
+            self._publish(*self.faulty(error))
         elif isinstance(error, KeyboardInterrupt):
             self._publish(*self.finished())  # the step count says it stopped early
         else:
@@ -448,7 +539,29 @@ class SyncHealth:
 
     def finished(self) -> tuple[int, contract.Report]:
         total = self.total_steps if self.total_steps is not None else self.current_step
-        return report.finished(self.tally, self.facts(), total, digest_of(self.subject.model))
+        code, rep = report.finished(self.tally, self.facts(), total, digest_of(self.subject.model))
+        return code, self.probe_summary(rep)
+
+    def probe_summary(self, rep: contract.Report) -> contract.Report:
+        """``rep`` with the probes run and, when one named a faulty rank (under ``Warn``), where."""
+        if self.prober is not None:
+            rep["probes"] = self.probes
+        if (found := self.last_faulty) is not None:
+            report.with_faulty(rep, list(found.verdict.ranks), list(found.nodes), list(found.pods))
+        return rep
+
+    def faulty(self, err: probe.FaultyRankError) -> tuple[int, contract.Report]:
+        found = err.result
+        code, rep = report.faulty(
+            found.message,
+            list(found.verdict.ranks),
+            list(found.nodes),
+            list(found.pods),
+            self.tally,
+            self.facts(),
+        )
+        rep["probes"] = self.probes
+        return code, rep
 
     def diverged(self, err: DivergenceError) -> tuple[int, contract.Report]:
         return report.diverged(self.tally, self.facts(), err.reason, str(err))
@@ -471,7 +584,7 @@ class SyncHealth:
         previous = sys.excepthook
 
         def hook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
-            if not (isinstance(error, SystemExit) and error.code == contract.DIVERGENCE_EXIT_CODE):
+            if not (isinstance(error, SystemExit) and error.code in _REPORTED):
                 self.close(error)
             previous(kind, error, tb)
 
@@ -483,6 +596,6 @@ class SyncHealth:
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if isinstance(error, SystemExit) and error.code == contract.DIVERGENCE_EXIT_CODE:
+        if isinstance(error, SystemExit) and error.code in _REPORTED:
             return  # the report is written
         self.close(error)

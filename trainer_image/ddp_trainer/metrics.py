@@ -119,12 +119,19 @@ class TrainerMetrics:
         self._last_restart = gauge(
             contract.LAST_RESTART_INFO, "The last in-place gang restart (value) and its cause.", ("cause",)
         )
+        self._registry = registry
+        self.probe: ProbeSeries | None = None
 
     def restarted(self, count: int, cause: str) -> None:
         """This attempt's in-place gang restarts so far, and why the last one happened."""
         self.restarts_in_place.set(count)
         if count:
             self._last_restart.labels(**self.labels, cause=cause).set(count)
+
+    def start_probe(self, every: int, node: str, pod: str) -> ProbeSeries:
+        """The ``ddp_probe_*`` series of this rank, at 0 (only when the compute probe is on)."""
+        self.probe = ProbeSeries(self.labels, every, node, pod, self._registry)
+        return self.probe
 
     def describe(self, **changes: str) -> None:
         """Change labels of the description (``fingerprint`` after a kernel fell back): the new series of
@@ -176,6 +183,68 @@ class TrainerMetrics:
         self.last_check_step.set(step)
         if in_sync:
             self.last_success.set(now)
+
+
+class ProbeSeries:
+    """The compute probe's series of one rank: runs by result, the last verdict on this rank (``faulty``
+    and ``flaky`` carry the rank's ``node`` and ``pod_name``, so an alert can say where), the duration."""
+
+    def __init__(
+        self, labels: dict[str, str], every: int, node: str, pod: str, registry: CollectorRegistry | None
+    ) -> None:
+        where = {contract.NODE_LABEL: node, contract.POD_LABEL: pod}
+        extra = tuple(where)
+        self.runs = Counter(
+            contract.PROBES, "Compute probes by result.", (*LABELS, "result"), registry=registry
+        )
+        for result in contract.PROBE_RESULTS:
+            self.runs.labels(**labels, result=result)
+        self.labels = labels
+        self.faulty = Gauge(
+            contract.PROBE_FAULTY,
+            "1 if the last compute probe named this rank faulty (its gradients differ from its peers').",
+            LABELS + extra,
+            registry=registry,
+            multiprocess_mode="mostrecent",
+        ).labels(**labels, **where)
+        self.flaky = Gauge(
+            contract.PROBE_FLAKY,
+            "1 if the last compute probe named this rank flaky (it did not reproduce its own result).",
+            LABELS + extra,
+            registry=registry,
+            multiprocess_mode="mostrecent",
+        ).labels(**labels, **where)
+        self.duration = Histogram(
+            contract.PROBE_DURATION,
+            "Wall time of one compute probe.",
+            LABELS,
+            registry=registry,
+            buckets=CHECK_BUCKETS,
+        ).labels(**labels)
+        self.last = Gauge(
+            contract.PROBE_LAST_TIMESTAMP,
+            "Unix time of the last compute probe.",
+            LABELS,
+            registry=registry,
+            multiprocess_mode="mostrecent",
+        ).labels(**labels)
+        Gauge(
+            contract.PROBE_EVERY_STEPS,
+            "Steps between compute probes (the job's syncCheck.probeEverySteps).",
+            LABELS,
+            registry=registry,
+            multiprocess_mode="mostrecent",
+        ).labels(**labels).set(every)
+        self.faulty.set(0)
+        self.flaky.set(0)
+
+    def observe(self, result: str, this_rank_named: bool, seconds: float, now: float) -> None:
+        """Record one probe: its result, whether it named this rank, how long it took."""
+        self.runs.labels(**self.labels, result=result).inc()
+        self.faulty.set(1 if this_rank_named and result == "faulty" else 0)
+        self.flaky.set(1 if this_rank_named and result == "flaky" else 0)
+        self.duration.observe(seconds)
+        self.last.set(now)
 
 
 def serve(port: int, directory: Path) -> bool:

@@ -115,6 +115,23 @@ def refused(reason: str, message: str, tally: Tally, facts: RunFacts) -> tuple[i
     return contract.CHECKPOINT_REFUSED_EXIT_CODE, build(contract.FAILED, reason, message, tally, facts)
 
 
+def faulty(
+    message: str, ranks: list[int], nodes: list[str], pods: list[str], tally: Tally, facts: RunFacts
+) -> tuple[int, contract.Report]:
+    """The compute probe named faulty ``ranks`` (on ``nodes``, in ``pods``) under ``onFaultyRank: Fail``."""
+    report = build(contract.FAILED, contract.FAULTY_RANK, message, tally, facts)
+    return contract.FAULTY_RANK_EXIT_CODE, with_faulty(report, ranks, nodes, pods)
+
+
+def with_faulty(
+    report: contract.Report, ranks: list[int], nodes: list[str], pods: list[str]
+) -> contract.Report:
+    """``report`` naming the faulty ranks, their nodes and pods (also a finished run's, under ``Warn``)."""
+    report["faultyRanks"], report["faultyNodes"] = list(ranks)[:16], list(nodes)[:16]
+    report["faultyPods"] = list(pods)[:16]
+    return report
+
+
 def usage(message: str) -> tuple[int, contract.Report]:
     """The command line was refused (argparse's ``message``): a configuration error that no restart fixes."""
     return contract.USAGE_EXIT_CODE, {

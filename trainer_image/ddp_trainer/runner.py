@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_trainer import boundary, checkpoint, contract, fingerprint, provenance, replicas, report
+from ddp_trainer import boundary, checkpoint, contract, fingerprint, probe, provenance, replicas, report
 from ddp_trainer import launch as launcher
 from ddp_trainer.config import PodEnv, TrainerConfig
 from ddp_trainer.data import build_dataset, micro_batches
@@ -170,8 +170,11 @@ class Session:
         health.drill()
         stop = boundary.agree_stop(self.stop.requested)
         due = boundary.due_at(result.step, self.config, saving=self.ckpt_dir is not None, stop=stop)
-        if due.check is not None:
-            verified = self.check(state, due.check).in_sync
+        probing = health.probe_due()  # the compute probe needs just-verified parameters: a check first
+        if due.check is not None or probing:
+            verified = self.check(state, due.check or "periodic").in_sync
+            if probing and verified:
+                health.run_probe()  # under onFaultyRank Fail, raises FaultyRankError naming the rank
             if due.save and verified:
                 self.save(state)
         return not stop
@@ -209,7 +212,8 @@ class Session:
         )
         if self.tally.last_check_step != state.step:  # e.g. resumed at or past the last step
             self.check(state, "final")
-        return report.finished(self.tally, self.facts(), config.steps, model_digest(state.model))
+        code, rep = report.finished(self.tally, self.facts(), config.steps, model_digest(state.model))
+        return code, self.health.probe_summary(rep) if self.health is not None else rep
 
     def facts(self) -> report.RunFacts:
         """What the report states beside the tally."""
@@ -229,6 +233,14 @@ class Session:
     def diverged(self, err: DivergenceError) -> tuple[int, contract.Report]:
         """The exit code and report for a divergence under ``Fail`` (or a repair that did not take)."""
         return report.diverged(self.tally, self.facts(), err.reason, str(err))
+
+    def faulty(self, err: probe.FaultyRankError) -> tuple[int, contract.Report]:
+        """The exit code and report when the compute probe named a faulty rank (``onFaultyRank: Fail``)."""
+        found = err.result
+        ranks, nodes, pods = list(found.verdict.ranks), list(found.nodes), list(found.pods)
+        code, rep = report.faulty(found.message, ranks, nodes, pods, self.tally, self.facts())
+        rep["probes"] = self.health.probes if self.health is not None else 0
+        return code, rep
 
     def refused(self, err: checkpoint.CheckpointRefused) -> tuple[int, contract.Report]:
         """The exit code and report when the checkpoint volume holds a checkpoint this run must not load."""

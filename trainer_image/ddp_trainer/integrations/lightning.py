@@ -3,7 +3,9 @@
 The callback builds a :class:`ddp_trainer.health.SyncHealth` when training starts (the LightningModule,
 the first optimizer, the total from ``max_steps`` or the estimated stepping batches, whether the DDP
 wrapper broadcasts buffers) and calls it after each batch that ended with an optimizer step; an exception
-in training writes the report. Keyword arguments go to ``SyncHealth`` (``every=``, ``on_divergence=``, ...).
+in training writes the report. The compute probe runs ``training_step`` on the first batch rank 0 saw
+(once every ``probeEverySteps`` steps, in eval mode; what that call logs is logged). Keyword arguments go
+to ``SyncHealth`` (``every=``, ``on_divergence=``, ...).
 """
 
 from __future__ import annotations
@@ -34,6 +36,13 @@ def batch_size(batch: Any) -> int:
     return 0
 
 
+def probe_step(module: torch.nn.Module, batch: Any) -> Any:
+    """How the compute probe runs a batch of a LightningModule: its ``training_step`` (whose ``forward``
+    may not exist); what it returns (a loss, or a dict with one) is the probe's scalar."""
+    assert isinstance(module, LightningModule), type(module)
+    return module.training_step(batch, 0)
+
+
 class SyncHealthCallback(Callback):  # type: ignore[misc]
     """Checks that every rank holds the same model while a Lightning ``Trainer`` trains."""
 
@@ -55,10 +64,17 @@ class SyncHealthCallback(Callback):  # type: ignore[misc]
             "total_steps": total,
             "broadcast_buffers": getattr(trainer.strategy.model, "broadcast_buffers", None),
             "start_step": trainer.global_step,
+            "probe_step": probe_step,
             **self.options,
         }
         self.seen = trainer.global_step
         self.health = SyncHealth(pl_module, optimizers[0] if optimizers else None, **options)
+
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self.health is not None and self.health.prober is not None:
+            self.health.prober.offer(batch)  # the probe's batch: the first one (rank 0's is used)
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int

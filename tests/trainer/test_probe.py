@@ -1,0 +1,224 @@
+"""The compute probe (ddp_trainer.probe): the verdict's pure rules, one rank's digest, the SDC drill; and
+across 2 nodes x 2 processes (gloo), the drill that the replica check misses and the probe names."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from prometheus_client import values as prometheus_values
+from torch import nn
+from torchrun_helpers import HERE, launch
+
+from ddp_trainer import contract, probe, sdc
+from ddp_trainer.config import parse_chaos, read_pod_env
+from ddp_trainer.health import SyncHealth, SyncHealthError
+
+A, B, C = 11, 22, 33
+CPU = [7, 7, 7, 7]
+
+
+def test_agreeing_ranks_need_no_repeat() -> None:
+    assert probe.verdict([A, A, A, A], CPU).kind == "agree"
+
+
+def test_the_odd_rank_out_of_a_reproducible_majority_is_faulty() -> None:
+    found = probe.verdict([A, A, A, B], CPU, [A, A, A, B])
+    assert (found.kind, found.ranks) == ("faulty", (3,))
+    assert probe.verdict([A, B, A], [7, 7, 7], [A, B, A]).ranks == (1,)
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "why"),
+    [
+        ([A, B], [A, B], "no majority: the ranks split 1-1"),
+        ([A, A, B, B], [A, A, B, B], "split 2-2"),
+        ([A, B, C, A], [A, B, C, A], "split 2-1-1"),
+    ],
+)
+def test_without_a_strict_majority_nobody_is_accused(first: list[int], second: list[int], why: str) -> None:
+    found = probe.verdict(first, [7] * len(first), second)
+    assert (found.kind, found.ranks) == ("undecidable", ())
+    assert why in found.why
+
+
+def test_mixed_hardware_is_undecidable_before_any_repeat() -> None:
+    found = probe.verdict([A, A, A, B], [7, 7, 7, 8])  # no `second`: it is not even needed
+    assert (found.kind, found.ranks) == ("undecidable", ())
+    assert "2 kinds of hardware" in found.why
+
+
+def test_a_rank_that_disagrees_with_itself_is_flaky_not_faulty() -> None:
+    found = probe.verdict([A, A, A, B], CPU, [A, A, A, C])
+    assert (found.kind, found.ranks) == ("flaky", (3,))
+    with pytest.raises(ValueError, match="repeat the probe"):
+        probe.verdict([A, A, A, B], CPU)
+
+
+def test_due_and_settings() -> None:
+    assert [s for s in range(0, 9) if probe.due(s, 4)] == [4, 8]
+    assert not any(probe.due(s, 0) for s in range(10))
+    assert probe.settings({}, None, None) == (probe.DEFAULT_PROBE_EVERY, "Fail")
+    env = {contract.PROBE_EVERY_ENV: "0", contract.ON_FAULTY_RANK_ENV: "Warn"}
+    assert probe.settings(env, None, None) == (0, "Warn")
+    assert probe.settings(env, 50, "Fail") == (50, "Fail")
+    with pytest.raises(
+        ValueError, match="DDPJOB_PROBE_EVERY='x': expected a whole number of steps, 0 for off"
+    ):
+        probe.settings({contract.PROBE_EVERY_ENV: "x"}, None, None)
+    with pytest.raises(ValueError, match="on_faulty_rank='Repair': expected one of Fail, Warn"):
+        probe.settings({}, None, "Repair")
+
+
+def test_the_sdc_drill_is_parsed_beside_the_divergence_drill() -> None:
+    pod = read_pod_env({contract.CHAOS_SDC_ENV: "rank=3,step=5", contract.NODE_NAME_ENV: "n1"})
+    assert (pod.sdc, pod.chaos, pod.node) == (parse_chaos("rank=3,step=5"), None, "n1")
+    with pytest.raises(ValueError, match="DDPJOB_CHAOS_SDC='3': expected"):
+        read_pod_env({contract.CHAOS_SDC_ENV: "3"})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_flip_bit_changes_one_bit_of_one_element(dtype: torch.dtype) -> None:
+    x = torch.linspace(1, 2, 6, dtype=dtype)
+    y = sdc.flip_bit(x)
+    assert torch.equal(x[1:], y[1:]) and x[0] != y[0] and torch.isfinite(y).all()
+    assert sdc.corrupt(x)[0] == y[0]
+
+
+@pytest.fixture
+def single_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "metrics"))
+    monkeypatch.setattr(prometheus_values, "ValueClass", prometheus_values.ValueClass)
+    monkeypatch.setenv(contract.METRICS_PORT_ENV, "0")
+    monkeypatch.setenv(contract.TERMINATION_LOG_ENV, str(tmp_path / "report.json"))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # type: ignore[attr-defined]
+    try:
+        yield tmp_path / "report.json"
+    finally:
+        dist.destroy_process_group()
+
+
+def net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Dropout(0.5), nn.Linear(8, 1))
+
+
+def test_a_probe_reproduces_itself_and_leaves_training_untouched(single_rank: Path) -> None:
+    model = net()
+    model(torch.randn(5, 4)).sum().backward()  # training gradients the probe must not touch
+    grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    buffers = [b.clone() for b in model.buffers()]
+    prober = probe.Probe(model, group=None, batch=torch.randn(5, 4))
+    rng = torch.get_rng_state()
+    first, second = prober.digest(), prober.digest()
+    assert first == second  # deterministic: eval mode, no dropout, same batch
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters(), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(buffers, model.buffers(), strict=True))
+    assert torch.equal(rng, torch.get_rng_state()) and model.training
+    with torch.no_grad():
+        next(model.parameters()).view(-1)[0] += 1e-6
+    assert prober.digest() != first  # it sees one changed parameter element
+
+
+def test_the_probe_batch_is_the_first_input_the_model_sees(single_rank: Path) -> None:
+    model = net()
+    prober = probe.Probe(model, group=None)
+    first = torch.randn(5, 4)
+    model(first)
+    model(torch.randn(5, 4))  # later inputs do not replace it
+    result = prober.run(1)
+    assert result.verdict.kind == "agree"
+    assert torch.equal(prober.batch[0][0], first)
+
+
+def test_the_drill_corrupts_the_probe_on_its_rank_only_from_its_step(single_rank: Path) -> None:
+    model = net()
+    step = [0]
+    prober = probe.Probe(model, group=None, batch=torch.randn(5, 4))
+    clean = prober.digest()
+    sdc.install_sdc_drill(model, lambda: step[0] >= 3)
+    assert prober.digest() == clean
+    step[0] = 3
+    assert prober.digest() != clean
+
+
+def test_synchealth_refuses_bad_probe_settings(single_rank: Path) -> None:
+    with pytest.raises(SyncHealthError, match="probe_every=-1: expected a whole number of steps"):
+        SyncHealth(nn.Linear(2, 1), probe_every=-1)
+
+
+def test_a_hand_written_loop_is_probed_at_its_interval(single_rank: Path) -> None:
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with SyncHealth(model, optimizer, total_steps=6, every=5, probe_every=2) as health:
+        for _ in range(6):
+            loss = model(torch.randn(3, 4)).square().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            health.step(loss)
+    assert health.probes == 3 and health.last_report is not None
+    assert health.last_report["probes"] == 3 and health.last_report["reason"] == "AllChecksPassed"
+    assert health.checks == 5  # initial, steps 2, 4, 5 (periodic) and 6 (final): the probe needs a check
+
+
+def drill(tmp_path: Path, scenario: str, extra: dict[str, str]) -> list[dict[str, object]]:
+    per_node = [{contract.NODE_NAME_ENV: f"node-{k}", "HOSTNAME": f"pod-{k}"} for k in range(2)]
+    run = launch(
+        tmp_path, [str(HERE / "probe_scenarios.py"), scenario, str(tmp_path)], env=extra, per_node=per_node
+    )
+    codes = run.wait(180)
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    for r in results:
+        r["codes"] = codes
+    assert all("error" not in r for r in results), (results, run.logs())
+    return results
+
+
+@pytest.mark.slow
+def test_the_replica_check_misses_the_sdc_drill_and_the_probe_names_rank_and_node(tmp_path: Path) -> None:
+    results = drill(tmp_path, "sdc", {contract.CHAOS_SDC_ENV: "rank=3,step=3"})
+    for r in results:
+        # every check passed (DDP averaged the corrupted gradient into every replica) ...
+        assert r["checks_ok"] == r["checks"] > 2, r
+        # ... the probes before the drill agreed, and the first one after it named rank 3 on node-1
+        assert r["verdicts"][0] == ["agree", [], [], []], r
+        assert ["faulty", [3], ["pod-1"], ["node-1"]] in r["verdicts"], r
+    assert results[0]["report"]["reason"] == "AllChecksPassed"  # Warn: counted, and training went on
+    assert results[0]["report"]["verified"] is True
+
+
+@pytest.mark.slow
+def test_clean_runs_never_accuse_anyone(tmp_path: Path) -> None:
+    results = drill(tmp_path, "clean", {})
+    for r in results:
+        assert len(r["verdicts"]) >= 40 and {v[0] for v in r["verdicts"]} == {"agree"}, r
+
+
+@pytest.mark.slow
+def test_the_reference_trainer_fails_the_attempt_naming_rank_and_node(tmp_path: Path) -> None:
+    per_node = [{contract.NODE_NAME_ENV: f"node-{k}", "HOSTNAME": f"pod-{k}"} for k in range(2)]
+    target = [
+        "--module",
+        "ddp_trainer",
+        "--device=cpu",
+        "--steps=12",
+        "--sync-every=4",
+        "--timeout-seconds=60",
+    ]
+    env = {contract.CHAOS_SDC_ENV: "rank=2,step=5", contract.PROBE_EVERY_ENV: "4"}
+    run = launch(tmp_path, [*target, f"--checkpoint-dir={tmp_path / 'ckpt'}"], env=env, per_node=per_node)
+    assert run.wait(120) == [1, 1], run.logs()  # torchrun collapses the ranks' 87 into 1: the report says it
+    report = run.report(0)
+    assert (report["result"], report["reason"]) == ("Failed", contract.FAULTY_RANK), report
+    assert (report["faultyRanks"], report["faultyNodes"], report["faultyPods"]) == (
+        [2],
+        ["node-1"],
+        ["pod-1"],
+    )
+    assert report["verified"] is True and report["mismatches"] == 0  # the replica check saw nothing wrong
+    assert report["step"] == 8 and report["probes"] == 2  # step 4 agreed; step 8 (after the drill) named it
