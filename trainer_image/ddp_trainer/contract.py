@@ -58,6 +58,16 @@ ON_DIVERGENCE_ENV: Final = "DDPJOB_ON_DIVERGENCE"
 """``spec.syncCheck.onDivergence``: ``Fail``, ``Repair`` or ``Warn``, for any command (as
 ``--on-divergence`` for the built-in trainer)."""
 
+SYNC_HOOK_DIR: Final = "/ddpjob-sync"
+"""Where the trainer container of a DDPJob with its own command finds the no-code-change hook
+(``spec.syncCheck.autoInstrument``): an emptyDir that the init container fills with
+``python -m ddp_trainer.inject`` (:data:`SYNC_HOOK_INSTALL`), first on the container's ``PYTHONPATH``."""
+SYNC_HOOK_INSTALL: Final = ("python", "-m", "ddp_trainer.inject", SYNC_HOOK_DIR)
+"""The init container's command (in the trainer image)."""
+SYNC_HOOK_OFF_ENV: Final = "DDPJOB_SYNC_HOOK"
+"""``0`` turns the hook off in one process (``ddp_trainer/bootstrap/sitecustomize.py`` spells it too)."""
+PYTHONPATH: Final = "PYTHONPATH"
+
 TERMINATION_LOG_PATH: Final = "/dev/termination-log"
 DEFAULT_METRICS_PORT: Final = 9400
 DEFAULT_MASTER_PORT: Final = 29500
