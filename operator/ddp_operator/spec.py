@@ -50,6 +50,7 @@ class TrainerSpec:
 class SyncCheckSpec:
     every_steps: int
     on_divergence: str
+    auto_instrument: bool = True
 
 
 @dataclass(frozen=True)
@@ -320,7 +321,11 @@ def _build(doc: Mapping[str, Any]) -> Spec:
             checkpoint_every=trainer["checkpointEvery"],
             model=trainer["model"],
         ),
-        sync_check=SyncCheckSpec(every_steps=check["everySteps"], on_divergence=check["onDivergence"]),
+        sync_check=SyncCheckSpec(
+            every_steps=check["everySteps"],
+            on_divergence=check["onDivergence"],
+            auto_instrument=check["autoInstrument"],
+        ),
         nccl=NcclSpec(
             timeout_seconds=nccl["timeoutSeconds"],
             trace_buffer_size=nccl["traceBufferSize"],
@@ -388,9 +393,30 @@ def checkpoints_durable(spec: Spec) -> bool:
     return c is not None and (c.claim is not None or "emptyDir" not in (c.volume or {}))
 
 
+def _python_path(spec: Spec) -> Mapping[str, Any] | None:
+    return next((e for e in spec.env if e.get("name") == "PYTHONPATH"), None)
+
+
+def sync_hook(spec: Spec) -> bool:
+    """Whether the pods get the no-code-change sync hook: ``spec.syncCheck.autoInstrument`` on, a command of
+    the user's (the built-in trainer checks itself), and a ``PYTHONPATH`` the hook's folder can go in front
+    of (not one from ``valueFrom``)."""
+    if not spec.sync_check.auto_instrument or (spec.command is None and spec.args is None):
+        return False
+    user = _python_path(spec)
+    return user is None or "valueFrom" not in user
+
+
 def warnings(spec: Spec) -> list[str]:
     """What is valid but probably not what the author wants, each naming the field and the fix."""
     out = []
+    custom = spec.command is not None or spec.args is not None
+    if spec.sync_check.auto_instrument and custom and not sync_hook(spec):
+        out.append(
+            "spec.env PYTHONPATH: it comes from valueFrom, so the sync hook of spec.syncCheck.autoInstrument "
+            "cannot be put in front of it and is off; give PYTHONPATH a value, or set autoInstrument: false "
+            "to say so"
+        )
     if spec.max_restarts > 0 and not checkpoints_durable(spec):
         out.append(
             f"spec.checkpoint: checkpoints go to a pod-local emptyDir, so the {spec.max_restarts} gang "

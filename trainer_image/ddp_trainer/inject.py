@@ -16,6 +16,7 @@ container starts in well under a second.
 
 from __future__ import annotations
 
+import compileall
 import importlib.util
 import shutil
 import sys
@@ -38,10 +39,15 @@ def install(dest: Path) -> int:
     """Copy the hook, ``ddp_trainer`` and the vendored packages into ``dest``; the number of files."""
     dest.mkdir(parents=True, exist_ok=True)
     here = Path(__file__).resolve().parent
+    if here == (dest / "ddp_trainer").resolve():
+        raise SystemExit(f"ddp_trainer.inject: {dest} is where this ddp_trainer runs from: nothing to copy")
     shutil.copytree(here, dest / "ddp_trainer", ignore=_IGNORE, dirs_exist_ok=True)
     shutil.copyfile(here / "bootstrap" / "sitecustomize.py", dest / "sitecustomize.py")
     for name in VENDORED:
         shutil.copytree(package_dir(name), dest / "vendor" / name, ignore=_IGNORE, dirs_exist_ok=True)
+    # the trainer container mounts it read-only: compiled here, its modules need no compiling per process
+    # (where its Python is this one's; another version compiles them in memory, as Python does)
+    compileall.compile_dir(dest, quiet=2)
     return sum(1 for path in dest.rglob("*") if path.is_file())
 
 

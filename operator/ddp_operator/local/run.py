@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from typing import Any, TextIO
 from ddp_trainer import contract
 
 from .. import podlogs, policy, progress
-from ..spec import Spec
+from ..spec import Spec, sync_hook
 from . import gang, host, processes
 
 GRACE_SECONDS = 30.0  # the trainer checkpoints at its next step boundary on SIGTERM, well within this
@@ -155,6 +156,9 @@ def _attempt(
             for folder in [*pod.volumes, processes.tmp_dir(pod)]:
                 folder.mkdir(parents=True, exist_ok=True)
             env = {**processes.process_env(pod, os.environ, Path.cwd()), gang.MARKER: marker}
+            if init_failed := _init(pod, {**processes.init_env(os.environ), gang.MARKER: marker}):
+                members.kill()
+                return init_failed
             members.start(gang.Member(pod.name, pod.argv, env, pod.log_path, console.pod_line, pod.workdir))
     except FileNotFoundError as exc:
         members.kill()
@@ -179,6 +183,23 @@ def _attempt(
         # the pods that failed first, on their own (the rest were stopped by the gang: SIGTERM)
         crashed=any(code not in (None, 0, contract.INTERRUPTED_EXIT_CODE) for code in first),
     )
+
+
+def _init(pod: processes.LocalPod, env: dict[str, str]) -> policy.Outcome | None:
+    """Run the pod's init commands (the sync hook's) to completion, their output in its log; the outcome
+    of a failed attempt when one fails (as a pod whose init container fails never starts)."""
+    pod.workdir.mkdir(parents=True, exist_ok=True)
+    for argv in pod.init:
+        with open(pod.log_path, "ab") as log:
+            done = subprocess.run(argv, env=env, cwd=pod.workdir, stdout=log, stderr=subprocess.STDOUT)
+        if done.returncode != 0:
+            return policy.Outcome(
+                False,
+                reason="InitContainerFailed",
+                message=f"{pod.name}: the sync hook's init container ({' '.join(argv)}) exited "
+                f"{done.returncode}; its output is in {pod.log_path}",
+            )
+    return None
 
 
 def _watch(
@@ -223,6 +244,11 @@ def _local_notes(spec: Spec, first_attempt: int) -> list[str]:
         names = ", ".join(str(c.get("name")) for c in spec.pod_template.init_containers)
         notes.append(
             f"spec.podTemplate.initContainers ({names}): not run here; only the trainer container runs"
+        )
+    if sync_hook(spec):
+        notes.append(
+            "spec.syncCheck.autoInstrument: the sync hook's init container copies ddp_trainer from this "
+            f"Python environment into the pods' {contract.SYNC_HOOK_DIR} volume, first on their PYTHONPATH"
         )
     if first_attempt > contract.FIRST_ATTEMPT:
         notes.append(
