@@ -21,7 +21,7 @@ from ddp_trainer import contract
 from . import live, policy, render, stall, status
 from .observe import Facts, JobFacts, observe
 from .plan import Event, Plan, Scrape
-from .spec import Spec, SpecError, parse
+from .spec import Spec, SpecError, known_total_steps, parse
 from .status import StatusBuilder, parse_time, stamp
 
 STOP_MARGIN_SECONDS = 30  # beyond the pods' termination grace period, before deciding without them
@@ -98,7 +98,7 @@ def decide(inputs: Inputs) -> Plan:
     if job.complete:
         status.checkpoint_events(out, facts.report)
         steps = facts.report.get("step") if facts.report else None
-        if progress := status.final_progress(inputs.previous, steps, inputs.spec.trainer.steps, out.now):
+        if progress := status.final_progress(inputs.previous, steps, known_total_steps(inputs.spec), out.now):
             out.values["progress"] = progress
         message = status.completed_message(inputs.previous, facts.attempt, inputs.now, steps)
         return _finish(out, True, "Completed", message)
@@ -227,7 +227,7 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
     running = ready == spec.nodes and not spec.suspend and not job.suspended
     if running and (why := stall.stalled(inputs.snapshot, attempt, spec.stall_timeout_seconds)):
         return _end_attempt(inputs, out, job.name, policy.Outcome(False, reason=STALLED, message=why), True)
-    status.write_reading(out, inputs.snapshot, attempt, spec.trainer.steps)
+    status.write_reading(out, inputs.snapshot, attempt, known_total_steps(spec))
     status.sync_condition(out)
     scrape = None
     if facts.targets and not spec.suspend and not job.suspended:

@@ -393,6 +393,13 @@ def checkpoints_durable(spec: Spec) -> bool:
     return c is not None and (c.claim is not None or "emptyDir" not in (c.volume or {}))
 
 
+def known_total_steps(spec: Spec) -> int:
+    """The run's total optimizer steps as the spec knows it: ``spec.trainer.steps`` for the built-in
+    trainer, 0 (not known) for a command of the user's, which does not read it (its code may say so:
+    ``ddp_total_steps``)."""
+    return spec.trainer.steps if spec.command is None and spec.args is None else 0
+
+
 def _python_path(spec: Spec) -> Mapping[str, Any] | None:
     return next((e for e in spec.env if e.get("name") == "PYTHONPATH"), None)
 

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 from ddp_trainer import contract
 
 from .. import podlogs, policy, progress
-from ..spec import Spec, sync_hook
+from ..spec import Spec, known_total_steps, sync_hook
 from . import gang, host, processes
 
 GRACE_SECONDS = 30.0  # the trainer checkpoints at its next step boundary on SIGTERM, well within this
@@ -220,7 +220,9 @@ def _watch(
             if texts and (now := progress.parse(texts)).step > 0:
                 if first is None:
                     first, first_at = now, time.monotonic()
-                console.progress(progress.line(now, spec.trainer.steps, time.monotonic() - first_at, first))
+                console.progress(
+                    progress.line(now, known_total_steps(spec), time.monotonic() - first_at, first)
+                )
     if interrupt.count:
         console.say("interrupted: stopping every pod (SIGTERM; the trainer checkpoints at its next step)")
     members.stop(0.0 if interrupt.count > 1 else GRACE_SECONDS)
