@@ -15,8 +15,8 @@ from cluster.fixtures import Cluster, wait_for
 from .conftest import REPO, Operator, children, ddpjob, get, wait_phase
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
-STEPS = 8000
-EVERY = 500
+STEPS = 3000
+EVERY = 300
 
 
 def test_a_script_with_no_ddpjob_code_shows_sync_and_progress(
@@ -55,7 +55,7 @@ def test_a_script_with_no_ddpjob_code_shows_sync_and_progress(
     assert row[header.index("SYNC")] == "true", table
     assert row[header.index("PROGRESS")] not in ("", "<none>"), table
 
-    done = wait_phase(cluster, namespace, "nocode", "Succeeded", "Failed", timeout=300)["status"]
+    done = wait_phase(cluster, namespace, "nocode", "Succeeded", "Failed", timeout=420)["status"]
     assert done["phase"] == "Succeeded", done
     checks = 1 + STEPS // EVERY  # the initial check, then every EVERY steps (the last at the last step)
     assert done["sync"]["verified"] is True and done["sync"]["checks"] == checks, done
