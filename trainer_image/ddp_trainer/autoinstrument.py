@@ -199,13 +199,13 @@ def _safe(hook: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(hook)
     def wrapped(*args: Any) -> None:
-        from ddp_trainer.health import SyncHealthError
-
         try:
             hook(*args)
-        except (SystemExit, SyncHealthError):
-            raise
         except Exception as error:
+            from ddp_trainer.health import SyncHealthError  # loaded by then: it raised it
+
+            if isinstance(error, SyncHealthError):
+                raise
             HOOK.state = "off"
             say(f"off: {type(error).__name__}: {error}")
 
