@@ -1,4 +1,4 @@
-"""A DDPJob whose command is a user's torchrun script with no ddpjob code (examples/plain_ddp.py), on the
+"""A DDPJob whose command is a user's torchrun script with no ddpjob code (tests/e2e/no_code_train.py), on the
 real control plane: the operator's init container puts the sync hook on the pods' PYTHONPATH
 (spec.syncCheck.autoInstrument, on by default), and the DDPJob shows SYNC and PROGRESS as for the built-in
 trainer — live from the pods' metrics while it runs, and from rank 0's report at the end."""
@@ -6,17 +6,18 @@ trainer — live from the pods' metrics while it runs, and from rank 0's report 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cluster.fixtures import Cluster, wait_for
 
-from .conftest import REPO, Operator, children, ddpjob, get, wait_phase
+from .conftest import Operator, children, ddpjob, get, wait_phase
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
-STEPS = 3000
-EVERY = 300
+STEPS = 1500
+EVERY = 150
 
 
 def test_a_script_with_no_ddpjob_code_shows_sync_and_progress(
@@ -25,8 +26,8 @@ def test_a_script_with_no_ddpjob_code_shows_sync_and_progress(
     doc = ddpjob(
         "nocode",
         command=["torchrun"],
-        args=[str(REPO / "examples" / "plain_ddp.py")],
-        env=[{"name": "STEPS", "value": str(STEPS)}],
+        args=[str(Path(__file__).with_name("no_code_train.py"))],
+        env=[{"name": "STEPS", "value": str(STEPS)}, {"name": "STEP_SECONDS", "value": "0.02"}],
         syncCheck={"everySteps": EVERY},
         maxRestarts=0,
     )
@@ -38,8 +39,11 @@ def test_a_script_with_no_ddpjob_code_shows_sync_and_progress(
     (init,) = job["spec"]["template"]["spec"]["initContainers"]
     assert init["command"][:3] == ["python", "-m", "ddp_trainer.inject"], init
 
+    last: list[dict[str, Any]] = []
+
     def live() -> dict[str, Any] | None:
         status: dict[str, Any] = get(cluster, namespace, "nocode").get("status", {})
+        last[:] = [status]
         running = status.get("phase") == "Running" and status.get("progress", {}).get("step", 0) > 0
         return status if running and status.get("sync", {}).get("checks", 0) >= 2 else None
 
