@@ -25,3 +25,8 @@ SHM_VOLUME: Final = "dshm"
 """The pod's /dev/shm volume; a name the CRD reserves."""
 CHECKPOINT_VOLUME: Final = "checkpoint"
 """The pod's checkpoint volume; a name the CRD reserves."""
+SYNC_HOOK_VOLUME: Final = "ddpjob-sync"
+"""The emptyDir that carries the no-code-change hook (``spec.syncCheck.autoInstrument``) from the init
+container to the trainer container (mounted at :data:`ddp_trainer.contract.SYNC_HOOK_DIR`); reserved."""
+SYNC_HOOK_INIT_CONTAINER: Final = "ddpjob-sync"
+"""The init container that fills :data:`SYNC_HOOK_VOLUME` (``python -m ddp_trainer.inject``); reserved."""

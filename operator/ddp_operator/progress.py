@@ -240,16 +240,14 @@ def line(progress: Progress, total_steps: int, elapsed: float, first: Progress |
     steps = progress.step - (first.step if first else 0)
     eta = (
         f"  ETA {duration((total_steps - progress.step) * elapsed / steps)}"
-        if steps > 0 and elapsed > 0.5
+        if steps > 0 and elapsed > 0.5 and total_steps
         else ""
     )
     checks = f"{progress.checks_ok} ok"
     if progress.checks_mismatch:
         checks += f", {progress.checks_mismatch} MISMATCH"
-    return (
-        f"step {progress.step}/{total_steps} ({percent:.0f}%)  loss {loss}  {rate} samples/s{eta}  "
-        f"sync checks: {checks}"
-    )
+    where = f"step {progress.step}/{total_steps} ({percent:.0f}%)" if total_steps else f"step {progress.step}"
+    return f"{where}  loss {loss}  {rate} samples/s{eta}  sync checks: {checks}"
 
 
 def sync_sentence(report: Mapping[str, Any] | None) -> str:

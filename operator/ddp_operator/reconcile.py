@@ -22,7 +22,7 @@ from . import live, policy, render, stall, status
 from . import observe as observe_module
 from .observe import Facts, JobFacts, observe
 from .plan import Event, Plan, Scrape
-from .spec import Spec, SpecError, parse
+from .spec import Spec, SpecError, known_total_steps, parse
 from .status import StatusBuilder, parse_time, stamp
 
 STOP_MARGIN_SECONDS = observe_module.STOP_MARGIN_SECONDS
@@ -108,7 +108,7 @@ def decide(inputs: Inputs) -> Plan:
     if job.complete:
         status.checkpoint_events(out, facts.report)
         steps = facts.report.get("step") if facts.report else None
-        if progress := status.final_progress(inputs.previous, steps, inputs.spec.trainer.steps, out.now):
+        if progress := status.final_progress(inputs.previous, steps, known_total_steps(inputs.spec), out.now):
             out.values["progress"] = progress
         message = status.completed_message(inputs.previous, facts.attempt, inputs.now, steps)
         return _finish(out, True, "Completed", message)
@@ -256,7 +256,7 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
         return _end_attempt(inputs, out, job.name, policy.Outcome(False, reason=STALLED, message=why), True)
     if running and (why := _never_started(inputs, out)):
         return _end_attempt(inputs, out, job.name, policy.Outcome(False, reason=STALLED, message=why), True)
-    status.write_reading(out, inputs.snapshot, attempt, spec.trainer.steps)
+    status.write_reading(out, inputs.snapshot, attempt, known_total_steps(spec))
     status.sync_condition(out)
     scrape = None
     if facts.targets and not spec.suspend and not job.suspended:

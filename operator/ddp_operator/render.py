@@ -26,8 +26,10 @@ from .names import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
     SHM_VOLUME,
+    SYNC_HOOK_INIT_CONTAINER,
+    SYNC_HOOK_VOLUME,
 )
-from .spec import Spec
+from .spec import Spec, sync_hook
 
 DEFAULT_CHECKPOINT_DIR = "/checkpoints"
 TERMINATION_GRACE_SECONDS = 120  # room for the trainer to checkpoint at the next step boundary on SIGTERM
@@ -276,10 +278,47 @@ def _nccl_env(spec: Spec) -> list[Obj]:
 
 
 def container_env(spec: Spec, attempt: int, used: int | None = None) -> list[Obj]:
-    """Injected variables the user did not set, then the user's (which may refer to them with $(VAR))."""
+    """Injected variables the user did not set, then the user's (which may refer to them with $(VAR)).
+    With the sync hook, its folder goes first on ``PYTHONPATH``, in front of the user's value if any."""
     users = {entry["name"] for entry in spec.env}
-    injected = injected_env(spec, attempt, used)
-    return [e for e in injected if e["name"] not in users] + [dict(e) for e in spec.env]
+    injected = [e for e in injected_env(spec, attempt, used) if e["name"] not in users]
+    user = [dict(e) for e in spec.env]
+    if sync_hook(spec):
+        given = next((e for e in user if e["name"] == contract.PYTHONPATH), None)
+        if given is None:
+            injected.append(_value(contract.PYTHONPATH, contract.SYNC_HOOK_DIR))
+        elif given.get("value"):
+            given["value"] = f"{contract.SYNC_HOOK_DIR}:{given['value']}"
+        else:
+            given["value"] = contract.SYNC_HOOK_DIR
+    return injected + user
+
+
+def trainer_image() -> str:
+    """The ddpjob trainer image this operator ships with: the CRD's default for ``spec.image``."""
+    image: str = crd.openapi_schema()["properties"]["spec"]["properties"]["image"]["default"]
+    return image
+
+
+def secure_container() -> Obj:
+    """Every container's securityContext unless the user's replaces a key: no privilege, no capability."""
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True}
+
+
+def sync_hook_init_container(spec: Spec) -> Obj:
+    """The init container that copies the sync hook and ``ddp_trainer`` from the trainer image into the
+    pod's :data:`SYNC_HOOK_VOLUME` (``python -m ddp_trainer.inject``), as the OpenTelemetry Operator
+    injects Python auto-instrumentation; a second or so, a few MB."""
+    return {
+        "name": SYNC_HOOK_INIT_CONTAINER,
+        "image": trainer_image(),
+        "imagePullPolicy": "IfNotPresent",
+        "command": list(contract.SYNC_HOOK_INSTALL),
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
+        "volumeMounts": [{"name": SYNC_HOOK_VOLUME, "mountPath": contract.SYNC_HOOK_DIR}],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": secure_container(),
+    }
 
 
 def container_resources(spec: Spec) -> Obj:
@@ -325,6 +364,9 @@ def _volumes(spec: Spec) -> tuple[list[Obj], list[Obj]]:
         {"name": CHECKPOINT_VOLUME, "mountPath": checkpoint_dir(spec)},
         *(dict(m) for m in spec.pod_template.volume_mounts),
     ]
+    if sync_hook(spec):  # read-only: the init container wrote it (compiled too), nothing else may
+        volumes.append({"name": SYNC_HOOK_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}})
+        mounts.append({"name": SYNC_HOOK_VOLUME, "mountPath": contract.SYNC_HOOK_DIR, "readOnly": True})
     return volumes, mounts
 
 
@@ -344,12 +386,7 @@ def _container(spec: Spec, attempt: int, mounts: list[Obj], used: int | None) ->
         "volumeMounts": mounts,
         "terminationMessagePath": contract.TERMINATION_LOG_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "runAsNonRoot": True,
-            **spec.pod_template.container_security_context,
-        },
+        "securityContext": {**secure_container(), **spec.pod_template.container_security_context},
     }
 
 
@@ -395,7 +432,11 @@ def _pod_settings(spec: Spec) -> dict[str, Any]:
         "runtimeClassName": template.runtime_class_name,
         "hostNetwork": template.host_network,
         "dnsPolicy": dns_policy,
-        "initContainers": [dict(c) for c in template.init_containers] or None,
+        "initContainers": [
+            *([sync_hook_init_container(spec)] if sync_hook(spec) else []),
+            *(dict(c) for c in template.init_containers),
+        ]
+        or None,
         "topologySpreadConstraints": [dict(c) for c in template.topology_spread_constraints] or None,
     }
 

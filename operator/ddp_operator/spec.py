@@ -52,6 +52,7 @@ class SyncCheckSpec:
     on_divergence: str
     probe_every_steps: int = 1000
     on_faulty_rank: str = "Fail"
+    auto_instrument: bool = True
 
 
 @dataclass(frozen=True)
@@ -328,6 +329,7 @@ def _build(doc: Mapping[str, Any]) -> Spec:
             on_divergence=check["onDivergence"],
             probe_every_steps=check["probeEverySteps"],
             on_faulty_rank=check["onFaultyRank"],
+            auto_instrument=check["autoInstrument"],
         ),
         nccl=NcclSpec(
             timeout_seconds=nccl["timeoutSeconds"],
@@ -397,9 +399,37 @@ def checkpoints_durable(spec: Spec) -> bool:
     return c is not None and (c.claim is not None or "emptyDir" not in (c.volume or {}))
 
 
+def known_total_steps(spec: Spec) -> int:
+    """The run's total optimizer steps as the spec knows it: ``spec.trainer.steps`` for the built-in
+    trainer, 0 (not known) for a command of the user's, which does not read it (its code may say so:
+    ``ddp_total_steps``)."""
+    return spec.trainer.steps if spec.command is None and spec.args is None else 0
+
+
+def _python_path(spec: Spec) -> Mapping[str, Any] | None:
+    return next((e for e in spec.env if e.get("name") == "PYTHONPATH"), None)
+
+
+def sync_hook(spec: Spec) -> bool:
+    """Whether the pods get the no-code-change sync hook: ``spec.syncCheck.autoInstrument`` on, a command of
+    the user's (the built-in trainer checks itself), and a ``PYTHONPATH`` the hook's folder can go in front
+    of (not one from ``valueFrom``)."""
+    if not spec.sync_check.auto_instrument or (spec.command is None and spec.args is None):
+        return False
+    user = _python_path(spec)
+    return user is None or "valueFrom" not in user
+
+
 def warnings(spec: Spec) -> list[str]:
     """What is valid but probably not what the author wants, each naming the field and the fix."""
     out = []
+    custom = spec.command is not None or spec.args is not None
+    if spec.sync_check.auto_instrument and custom and not sync_hook(spec):
+        out.append(
+            "spec.env PYTHONPATH: it comes from valueFrom, so the sync hook of spec.syncCheck.autoInstrument "
+            "cannot be put in front of it and is off; give PYTHONPATH a value, or set autoInstrument: false "
+            "to say so"
+        )
     if spec.max_restarts > 0 and not checkpoints_durable(spec):
         out.append(
             f"spec.checkpoint: checkpoints go to a pod-local emptyDir, so the {spec.max_restarts} gang "

@@ -344,7 +344,7 @@ def final_progress(
     if step is None:
         return dict(kept) if isinstance(kept, dict) else None
     percent = min(100, int(100 * step / total_steps)) if total_steps else 100
-    out = {**(kept if isinstance(kept, dict) else {}), "step": step, "totalSteps": total_steps}
+    out = {**(kept if isinstance(kept, dict) else {}), "step": step, "totalSteps": total_steps or step}
     out.update(percent=percent, summary=f"{percent}%", etaSeconds=0, eta="0s", computedAt=now)
     out.pop("etaTime", None)
     out.pop("unreachable", None)
@@ -389,13 +389,17 @@ def progress_status(snapshot: Snapshot, total_steps: int) -> dict[str, Any]:
     if now is None:
         return out
     total_steps = now.total_steps or total_steps  # the code's own total where it says (a Trainer's max_steps)
-    percent = min(100, int(100 * now.step / total_steps)) if total_steps else 0
-    out.update(step=now.step, totalSteps=total_steps, percent=percent, summary=f"{percent}%")
+    if total_steps:
+        percent = min(100, int(100 * now.step / total_steps))
+        out.update(step=now.step, totalSteps=total_steps, percent=percent, summary=f"{percent}%")
+    else:  # nobody says how many steps there will be: the step, the rates, no percent or ETA
+        out.update(step=now.step, summary=f"step {now.step}")
     steps_per_s, samples_per_s = rates(snapshot)
     if samples_per_s is not None:
         out["samplesPerSecond"] = round(samples_per_s, 1)
     if steps_per_s:
         out["stepsPerSecond"] = round(steps_per_s, 3)
+    if steps_per_s and total_steps:
         eta = max(0, total_steps - now.step) / steps_per_s
         out.update(
             etaSeconds=round(eta),

@@ -135,3 +135,19 @@ def test_host_path_volumes_are_themselves() -> None:
         "/data": Path("/srv/data"),
         "/scratch": Path("/r/volumes/scratch"),
     }
+
+
+def test_the_sync_hook_init_container_runs_here_into_the_volume_first_on_pythonpath() -> None:
+    """A custom command: the rendered init container's command with its volume mapped to the run folder,
+    and the trainer's PYTHONPATH (the hook's folder in front of the user's) mapped the same way."""
+    spec = {k: v for k, v in DOC["spec"].items() if k != "trainer"}
+    user = [{"name": "PYTHONPATH", "value": "/opt/src"}]
+    doc = {**DOC, "spec": {**spec, "command": ["torchrun"], "args": ["train.py"], "env": user}}
+    pod = _pods(doc)[0]
+    volume = "/run/plan/volumes/ddpjob-sync"
+    assert pod.init == (("python", "-m", "ddp_trainer.inject", volume),)
+    assert pod.env["PYTHONPATH"] == f"{volume}:/opt/src"
+    assert Path(volume) in pod.volumes
+    env = local.init_env({"PYTHONPATH": "/elsewhere", "PATH": "/usr/bin"})
+    assert "PYTHONPATH" not in env and env["PATH"].endswith(":/usr/bin")
+    assert _pods()[0].init == ()  # the built-in trainer: no hook

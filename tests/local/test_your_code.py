@@ -95,3 +95,55 @@ def test_the_compute_probe_names_a_faulty_rank_in_users_code(tmp_path: Path, fil
         0,
         10,
     ), rep
+
+
+# -- no code change: the sync hook (spec.syncCheck.autoInstrument, on by default) ------------------------
+
+
+def without_callback(tmp_path: Path) -> Path:
+    """examples/hf_trainer.py with its one line of ddpjob (the import and the callback) taken out."""
+    text = (EXAMPLES / "hf_trainer.py").read_text()
+    lines = (
+        "from ddp_trainer.integrations.transformers import SyncHealthCallback\n",
+        "callbacks=[SyncHealthCallback()],",
+    )
+    assert all(line in text for line in lines), "the example changed: update this test"
+    for line in lines:
+        text = text.replace(line, "")
+    script = tmp_path / "hf_trainer_plain.py"
+    script.write_text(text)
+    return script
+
+
+@pytest.mark.parametrize("file", ["no-code.yaml", "hf-trainer.yaml"])
+def test_a_script_without_ddpjob_code_is_verified(tmp_path: Path, file: str) -> None:
+    """The plain DDP script, and the Hugging Face Trainer script without its callback: the operator's init
+    container and PYTHONPATH put the hook in, which checks and reports as the callback does."""
+    name = unique_name()
+    doc = example(file, name, {})
+    if file == "hf-trainer.yaml":
+        doc["spec"]["args"] = [str(without_callback(tmp_path))]
+    code, out = run_local(tmp_path, [doc], timeout=400)
+    assert code == 0, out
+    assert "ddpjob sync health: checking 1 DDP model(s): " in out, out
+    assert "sync: replicas verified bit-identical 5 times across 4 ranks (last check at step 20)" in out, out
+    rep = report(tmp_path, name)
+    assert (rep["result"], rep["reason"], rep["checks"], rep["step"]) == (
+        "Succeeded",
+        "AllChecksPassed",
+        5,
+        20,
+    )
+
+
+def test_a_fire_drill_in_a_script_without_ddpjob_code_is_caught(tmp_path: Path) -> None:
+    name = unique_name()
+    doc = example("no-code.yaml", name, {"DDPJOB_CHAOS_DIVERGE": "rank=3,step=7"})
+    code, out = run_local(tmp_path, [doc], timeout=400)
+    assert code == 1, out
+    assert (
+        f"ddpjob local: {name}: Failed" in out and "SyncDivergence" in out and "replicas DIVERGED" in out
+    ), out
+    rep = report(tmp_path, name)
+    assert (rep["result"], rep["reason"], rep["lastCheckStep"]) == ("Diverged", "SyncDivergence", 10)
+    assert rep["mismatchedTensors"] == ["0.weight"] and rep["divergedRanks"] == [3], rep

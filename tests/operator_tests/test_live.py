@@ -75,3 +75,33 @@ def test_pods_that_do_not_answer_are_named() -> None:
 
 def test_durations_fit_a_column() -> None:
     assert [progress.duration(s) for s in (0, 45.4, 200, 3720, -5)] == ["0s", "45s", "3m20s", "1h02m", "0s"]
+
+
+def test_without_a_total_the_status_shows_the_step_and_the_rates_and_no_percent_or_eta() -> None:
+    """A command of the user's whose code says no total (the no-code-change hook): spec.trainer.steps is not
+    its total, so nothing is made up from it."""
+    first = live.record(None, 1, 9400, _answers("a", "b"), T0, _reading(100, 3200.0))
+    second = live.record(first, 1, 9400, _answers("a", "b"), T0 + 10, _reading(150, 4800.0))
+    status = progress_status(second, 0)
+    assert (status["step"], status["summary"], status["stepsPerSecond"]) == (150, "step 150", 5.0)
+    assert not {"percent", "totalSteps", "etaSeconds", "eta", "etaTime"} & status.keys(), status
+    assert progress.line(second.latest, 0, 10.0).startswith("step 150  loss -"), progress.line(
+        second.latest, 0, 10.0
+    )
+    assert progress_status(second, 0).keys() != progress_status(second, 1000).keys()
+
+
+def test_the_spec_knows_the_total_only_for_the_built_in_trainer() -> None:
+    from dataclasses import replace
+
+    from ddp_operator.spec import known_total_steps, parse
+
+    doc = {
+        "apiVersion": "ddpjob.io/v1alpha1",
+        "kind": "DDPJob",
+        "metadata": {"name": "t"},
+        "spec": {"nodes": 1},
+    }
+    built_in = parse(doc)
+    assert known_total_steps(built_in) == built_in.trainer.steps > 0
+    assert known_total_steps(replace(built_in, command=("torchrun",), args=("train.py",))) == 0

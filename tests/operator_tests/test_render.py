@@ -309,3 +309,56 @@ def test_pod_settings_pass_through_and_merge_over_the_defaults() -> None:
     assert container["envFrom"] == [{"configMapRef": {"name": "settings"}}]
     assert container["securityContext"]["capabilities"] == {"add": ["IPC_LOCK"]}
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def _custom(**spec: Any) -> Spec:
+    doc = yaml.safe_load((GOLDEN / "cpu.yaml").read_text())
+    doc["spec"].pop("trainer", None)
+    doc["spec"].update({"command": ["torchrun"], "args": ["train.py"], **spec})
+    return parse(doc)
+
+
+def test_a_custom_command_gets_the_sync_hook() -> None:
+    """An init container of the trainer image fills a volume the trainer container mounts read-only, first
+    on its PYTHONPATH (in front of the user's)."""
+    from ddp_trainer import contract
+
+    job = render.render_job(_custom(env=[{"name": "PYTHONPATH", "value": "/app/src"}]), 1)
+    pod = job["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["name"] == names.SYNC_HOOK_INIT_CONTAINER and init["image"] == render.trainer_image()
+    assert init["command"] == ["python", "-m", "ddp_trainer.inject", contract.SYNC_HOOK_DIR]
+    assert init["volumeMounts"] == [{"name": names.SYNC_HOOK_VOLUME, "mountPath": contract.SYNC_HOOK_DIR}]
+    assert {"name": names.SYNC_HOOK_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}} in pod["volumes"]
+    mount = {"name": names.SYNC_HOOK_VOLUME, "mountPath": contract.SYNC_HOOK_DIR, "readOnly": True}
+    assert mount in _container(job)["volumeMounts"]
+    assert _env(_container(job))["PYTHONPATH"] == f"{contract.SYNC_HOOK_DIR}:/app/src"
+    assert _env(_container(render.render_job(_custom(), 1)))["PYTHONPATH"] == contract.SYNC_HOOK_DIR
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        lambda: _spec(GOLDEN / "cpu.yaml"),  # the built-in trainer checks itself
+        lambda: _custom(syncCheck={"autoInstrument": False}),
+        lambda: _custom(
+            env=[{"name": "PYTHONPATH", "valueFrom": {"configMapKeyRef": {"name": "p", "key": "k"}}}]
+        ),
+    ],
+    ids=["built-in trainer", "switched off", "PYTHONPATH from valueFrom"],
+)
+def test_no_sync_hook(spec: Callable[[], Spec]) -> None:
+    job = render.render_job(spec(), 1)
+    pod = job["spec"]["template"]["spec"]
+    assert "initContainers" not in pod
+    assert names.SYNC_HOOK_VOLUME not in {v["name"] for v in pod["volumes"]}
+    assert not isinstance(_env(_container(job)).get("PYTHONPATH"), str)
+
+
+def test_a_pythonpath_from_value_from_is_said_to_turn_the_hook_off() -> None:
+    from ddp_operator.spec import warnings
+
+    ref = {"configMapKeyRef": {"name": "p", "key": "k"}}
+    said = warnings(_custom(env=[{"name": "PYTHONPATH", "valueFrom": ref}]))
+    assert any(w.startswith("spec.env PYTHONPATH: it comes from valueFrom") for w in said), said
+    assert not any("PYTHONPATH" in w for w in warnings(_custom())), warnings(_custom())

@@ -173,6 +173,24 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
         'volume name "dshm" is reserved',
     ),
     (
+        "the sync hook's volume name",
+        _with("spec.podTemplate", {"volumes": [{"name": "ddpjob-sync", "emptyDir": {}}]}),
+        "spec.podTemplate.volumes[0].name",
+        'volume name "ddpjob-sync" is reserved',
+    ),
+    (
+        "the sync hook's init container name",
+        _with("spec.podTemplate", {"initContainers": [{"name": "ddpjob-sync", "image": "busybox"}]}),
+        "spec.podTemplate.initContainers[0].name",
+        'init container name "ddpjob-sync" is reserved',
+    ),
+    (
+        "auto-instrumentation not a boolean",
+        _with("spec.syncCheck", {"autoInstrument": "yes"}),
+        "spec.syncCheck.autoInstrument",
+        "must be of type boolean",
+    ),
+    (
         "two checkpoint sources",
         _with("spec.checkpoint", {"volume": {"emptyDir": {}, "hostPath": {"path": "/x"}}}),
         "spec.checkpoint.volume",

@@ -86,6 +86,16 @@ RDZV_BACKEND: Final = "c10d"
 re-opens the rendezvous, and every other node's agent sees the waiting node and restarts its own workers
 (``static`` restarts only the node that failed; the others hang in their next collective)."""
 
+SYNC_HOOK_DIR: Final = "/ddpjob-sync"
+"""Where the trainer container of a DDPJob with its own command finds the no-code-change hook
+(``spec.syncCheck.autoInstrument``): an emptyDir that the init container fills with
+``python -m ddp_trainer.inject`` (:data:`SYNC_HOOK_INSTALL`), first on the container's ``PYTHONPATH``."""
+SYNC_HOOK_INSTALL: Final = ("python", "-m", "ddp_trainer.inject", SYNC_HOOK_DIR)
+"""The init container's command (in the trainer image)."""
+SYNC_HOOK_OFF_ENV: Final = "DDPJOB_SYNC_HOOK"
+"""``0`` turns the hook off in one process (``ddp_trainer/bootstrap/sitecustomize.py`` spells it too)."""
+PYTHONPATH: Final = "PYTHONPATH"
+
 TERMINATION_LOG_PATH: Final = "/dev/termination-log"
 DEFAULT_METRICS_PORT: Final = 9400
 DEFAULT_MASTER_PORT: Final = 29500

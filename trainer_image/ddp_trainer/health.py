@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any, ClassVar, get_args
 
 import torch
 import torch.distributed as dist
@@ -166,13 +166,19 @@ class SyncHealth:
     ``pod`` (the ``DDPJOB_*`` settings, instead of reading them from the environment),
     ``start_step`` (the step a resumed loop starts from), ``metrics`` (existing series; then nothing is
     served here), ``write_report`` (False: the caller writes
-    it), ``initial_check`` (False: the caller runs the first check when it wants).
+    it), ``initial_check`` (False: the caller runs the first check when it wants), ``check_buffers``
+    (False: compare parameters, optimizer and control state only, for a model whose buffers are meant to
+    differ between ranks: DDP with ``broadcast_buffers=False``).
 
     The compute probe (:mod:`ddp_trainer.probe`): ``probe_every`` (default ``DDPJOB_PROBE_EVERY``,
     else 1000; 0 off), ``on_faulty_rank`` (``Fail``: the report, then exit
     :data:`ddp_trainer.contract.FAULTY_RANK_EXIT_CODE`; ``Warn``), ``probe_batch``, ``probe_loss``,
     ``probe_step`` (what it runs; default: the first input the model saw on rank 0).
     """
+
+    built: ClassVar[int] = 0
+    """How many were built in this process (the no-code-change hook stands down when the script builds
+    its own: :mod:`ddp_trainer.autoinstrument`)."""
 
     def __init__(
         self,
@@ -198,6 +204,7 @@ class SyncHealth:
         probe_batch: Any = None,
         probe_loss: Callable[[nn.Module], torch.Tensor] | None = None,
         probe_step: probe.StepFn | None = None,
+        check_buffers: bool = True,
     ) -> None:
         environ: Mapping[str, str] = os.environ if env is None else env
         if not torch_version_ok(torch.__version__):
@@ -223,7 +230,9 @@ class SyncHealth:
                 "torch.distributed is not initialized: build SyncHealth after init_process_group() (under "
                 "torchrun), on every rank"
             )
+        SyncHealth.built += 1
         self.total_steps = total_steps
+        self.check_buffers = check_buffers
         self.group = group
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size(group)
@@ -496,21 +505,26 @@ class SyncHealth:
         skew = self.skew.publish()
         if skew is not None:
             self.metrics.skew.set(skew)
-        return check_state(subject, self.group, broadcast_buffers=self.broadcast_buffers)
+        return check_state(
+            subject, self.group, broadcast_buffers=self.broadcast_buffers, buffers=self.check_buffers
+        )
 
     def _repair(self, subject: Any) -> None:
         broadcast_state(subject, self.group)
 
     # -- the end --------------------------------------------------------------------------------------
 
-    def close(self, error: BaseException | None = None) -> None:
+    def close(self, error: BaseException | None = None, *, collective: bool = True) -> None:
         """The final check (when the run ended normally and the last step was not checked) and the
         termination report (local rank 0 writes it); idempotent. A divergence at the final check under
-        ``Fail`` exits like one at any other check."""
+        ``Fail`` exits like one at any other check. ``collective=False``: the process group is gone, so
+        only the report (of the checks done so far)."""
         if self.closed:
             return
         self.closed = True
-        if error is None:
+        if error is None and not collective:
+            self._publish(*self.finished())
+        elif error is None:
             try:
                 if self.tally.last_check_step != self.current_step:
                     self.check("final")

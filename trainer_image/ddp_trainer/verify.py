@@ -102,18 +102,18 @@ def control_state(state: Subject) -> dict[str, Any]:
 
 
 def check_state(
-    state: Subject, group: Any = None, *, broadcast_buffers: bool | None = None
+    state: Subject, group: Any = None, *, broadcast_buffers: bool | None = None, buffers: bool = True
 ) -> replicas.SyncReport:
     """Collective: one check of parameters, buffers, optimizer and control state on every rank of
     ``group``. Buffers are first copied from rank 0 when DDP does so at each forward (``broadcast_buffers``;
-    None: as the DDP wrapper says, no copy for a plain module)."""
+    None: as the DDP wrapper says, no copy for a plain module); ``buffers=False`` leaves them out."""
     if broadcast_buffers is None:
         broadcast_buffers = bool(getattr(state.model, "broadcast_buffers", False))
     if broadcast_buffers:
         replicas.broadcast_buffers_(
             state.model, group=group
         )  # what DDP does at the next forward, one step early
-    return replicas.check_in_sync(state.model, group, extra=control_state(state))
+    return replicas.check_in_sync(state.model, group, buffers=buffers, extra=control_state(state))
 
 
 def model_digest(model: nn.Module) -> str:

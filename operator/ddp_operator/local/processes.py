@@ -44,6 +44,9 @@ class LocalPod:
     """The pod's own working directory (a container's is its own too)."""
     volumes: tuple[Path, ...] = ()
     """The folders its volumes map to, made before it starts (the kubelet mounts them first)."""
+    init: tuple[tuple[str, ...], ...] = ()
+    """Command lines to run to completion before it starts: the sync hook's init container
+    (``spec.syncCheck.autoInstrument``); the user's init containers do not run here."""
 
 
 def pod_object(job: Mapping[str, Any], index: int) -> Obj:
@@ -87,6 +90,22 @@ def volume_dirs(job: Mapping[str, Any], run_dir: Path) -> dict[str, Path]:
         else:
             dirs[mount["mountPath"]] = run_dir / "volumes" / mount["name"]
     return dirs
+
+
+def remap_path_list(text: str, dirs: Mapping[str, Path]) -> str:
+    """:func:`remap` for each entry of a ``PYTHONPATH``-like list."""
+    return os.pathsep.join(remap(part, dirs) for part in text.split(os.pathsep))
+
+
+def init_commands(job: Mapping[str, Any], dirs: Mapping[str, Path]) -> tuple[tuple[str, ...], ...]:
+    """The init containers that run here: the sync hook's alone (it comes from the trainer image, whose
+    code is this Python environment's), its paths remapped to the local folders."""
+    pod = job["spec"]["template"]["spec"]
+    return tuple(
+        tuple(remap(part, dirs) for part in [*container.get("command", []), *container.get("args", [])])
+        for container in pod.get("initContainers", [])
+        if container["name"] == names.SYNC_HOOK_INIT_CONTAINER
+    )
 
 
 def remap(text: str, dirs: Mapping[str, Path]) -> str:
@@ -154,7 +173,10 @@ def local_pods(
             env[contract.PET_RDZV_ENDPOINT] = f"{LOCAL_ADDR}:{master_port}"
         if contract.PET_LOCAL_ADDR in env:  # torchrun orders the agents by it: pod 0 must come first
             env[contract.PET_LOCAL_ADDR] = f"127.0.0.{index + 1}"
-        env = {key: remap(value, dirs) for key, value in env.items()}
+        env = {
+            key: remap_path_list(value, dirs) if key == contract.PYTHONPATH else remap(value, dirs)
+            for key, value in env.items()
+        }
         name = pod["metadata"]["name"]
         termination = attempt_dir / f"{name}.termination-log"
         env[contract.METRICS_PORT_ENV] = str(metrics_ports[index])
@@ -174,6 +196,7 @@ def local_pods(
                 termination,
                 workdir=attempt_dir / name,
                 volumes=tuple(path for path in dirs.values() if run_dir in path.parents),
+                init=init_commands(job, dirs),
             )
         )
     return pods
@@ -211,6 +234,15 @@ def process_env(pod: LocalPod, host_env: Mapping[str, str], launch_dir: Path | N
     if launch_dir is not None:
         python_path = env.get("PYTHONPATH", "")
         env["PYTHONPATH"] = f"{python_path}{os.pathsep}{launch_dir}" if python_path else str(launch_dir)
+    return env
+
+
+def init_env(host_env: Mapping[str, str]) -> dict[str, str]:
+    """An init container's environment: this machine's, this Python environment's scripts first on PATH,
+    none of the trainer container's variables (its PYTHONPATH names the volume being filled)."""
+    scripts = str(Path(sys.executable).parent)
+    env = {key: value for key, value in host_env.items() if key != contract.PYTHONPATH}
+    env["PATH"] = f"{scripts}{os.pathsep}{env['PATH']}" if env.get("PATH") else scripts
     return env
 
 

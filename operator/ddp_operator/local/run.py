@@ -1,13 +1,15 @@
 """The I/O edge of ``ddpjob local``: start the pods of each attempt, watch them, report, restart or stop.
 
 Everything it decides comes from pure functions: ``processes.local_pods`` (what runs), ``policy.decide`` (what
-happens after an attempt) and ``progress`` (what a person sees).
+happens after an attempt) and ``progress`` (what a person sees). Long because it is local mode's one loop:
+start, watch, report, restart (in place or as a new attempt) or stop, and the sync hook's init container.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Mapping
@@ -19,7 +21,7 @@ from typing import Any, TextIO
 from ddp_trainer import contract
 
 from .. import podlogs, policy, progress
-from ..spec import Spec
+from ..spec import Spec, known_total_steps, sync_hook
 from . import gang, host, processes
 
 GRACE_SECONDS = 30.0  # the trainer checkpoints at its next step boundary on SIGTERM, well within this
@@ -172,6 +174,9 @@ def _attempt(
             for folder in [*pod.volumes, processes.tmp_dir(pod)]:
                 folder.mkdir(parents=True, exist_ok=True)
             env = {**processes.process_env(pod, os.environ, Path.cwd()), gang.MARKER: marker}
+            if init_failed := _init(pod, {**processes.init_env(os.environ), gang.MARKER: marker}):
+                members.kill()
+                return init_failed
             members.start(gang.Member(pod.name, pod.argv, env, pod.log_path, console.pod_line, pod.workdir))
     except FileNotFoundError as exc:
         members.kill()
@@ -198,6 +203,23 @@ def _attempt(
     )
 
 
+def _init(pod: processes.LocalPod, env: dict[str, str]) -> policy.Outcome | None:
+    """Run the pod's init commands (the sync hook's) to completion, their output in its log; the outcome
+    of a failed attempt when one fails (as a pod whose init container fails never starts)."""
+    pod.workdir.mkdir(parents=True, exist_ok=True)
+    for argv in pod.init:
+        with open(pod.log_path, "ab") as log:
+            done = subprocess.run(argv, env=env, cwd=pod.workdir, stdout=log, stderr=subprocess.STDOUT)
+        if done.returncode != 0:
+            return policy.Outcome(
+                False,
+                reason="InitContainerFailed",
+                message=f"{pod.name}: the sync hook's init container ({' '.join(argv)}) exited "
+                f"{done.returncode}; its output is in {pod.log_path}",
+            )
+    return None
+
+
 def _watch(
     spec: Spec, pods: list[processes.LocalPod], members: gang.Gang, console: Console, interrupt: Interrupt
 ) -> tuple[list[int | None], list[int | None]]:
@@ -216,7 +238,9 @@ def _watch(
             if texts and (now := progress.parse(texts)).step > 0:
                 if first is None:
                     first, first_at = now, time.monotonic()
-                console.progress(progress.line(now, spec.trainer.steps, time.monotonic() - first_at, first))
+                console.progress(
+                    progress.line(now, known_total_steps(spec), time.monotonic() - first_at, first)
+                )
     if interrupt.count:
         console.say("interrupted: stopping every pod (SIGTERM; the trainer checkpoints at its next step)")
     members.stop(0.0 if interrupt.count > 1 else GRACE_SECONDS)
@@ -240,6 +264,11 @@ def _local_notes(spec: Spec, first_attempt: int) -> list[str]:
         names = ", ".join(str(c.get("name")) for c in spec.pod_template.init_containers)
         notes.append(
             f"spec.podTemplate.initContainers ({names}): not run here; only the trainer container runs"
+        )
+    if sync_hook(spec):
+        notes.append(
+            "spec.syncCheck.autoInstrument: the sync hook's init container copies ddp_trainer from this "
+            f"Python environment into the pods' {contract.SYNC_HOOK_DIR} volume, first on their PYTHONPATH"
         )
     if first_attempt > contract.FIRST_ATTEMPT:
         notes.append(

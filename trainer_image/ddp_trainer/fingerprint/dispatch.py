@@ -11,6 +11,8 @@ Four kernels compute the same bits (tests check each against an independent NumP
   every tensor, one launch for the per-tensor fold.
 
 ``DDPJOB_FINGERPRINT_IMPL=numba|numpy|torch|triton`` forces one (Numba and NumPy: CPU tensors only).
+Where NumPy does not import (an image with torch alone, as the no-code-change hook allows), CPU tensors
+take the torch path: the same bits.
 
 The fallback. A compiled kernel (Triton, Numba) that raises while it builds or runs is replaced, for the
 rest of the process, by the plain path of the same device (torch, NumPy), and the failed call is
@@ -23,6 +25,7 @@ CUDA context unusable (an illegal memory access) fails the torch path as well: t
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Iterable
@@ -30,7 +33,7 @@ from types import ModuleType
 
 import torch
 
-from ddp_trainer.fingerprint import numba_kernel, numpy_kernel, torch_kernel
+from ddp_trainer.fingerprint import torch_kernel
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +48,19 @@ def _say_once(key: str, message: str, *args: object) -> None:
     if key not in _said:
         _said.add(key)
         log.warning(message, *args)
+
+
+@functools.cache
+def _cpu_kernels() -> tuple[ModuleType, ModuleType] | None:
+    """The NumPy and Numba kernels' modules, or None where NumPy does not import (said once)."""
+    try:
+        from ddp_trainer.fingerprint import numba_kernel, numpy_kernel
+    except ImportError as error:
+        _say_once(
+            "numpy-missing", "fingerprint: NumPy does not import (%s); CPU tensors take the torch path", error
+        )
+        return None
+    return numpy_kernel, numba_kernel
 
 
 def _triton() -> ModuleType | None:
@@ -72,12 +88,13 @@ def impl_for(device: torch.device) -> str:
     forced = os.environ.get("DDPJOB_FINGERPRINT_IMPL", "").strip().lower()
     if forced and forced not in IMPLS:
         raise ValueError(f"DDPJOB_FINGERPRINT_IMPL={forced!r}: expected one of {', '.join(IMPLS)}")
-    if forced in ("numpy", "numba") and device.type != "cpu":
-        forced = ""  # NumPy cannot read device memory
+    cpu = _cpu_kernels() if device.type == "cpu" else None
+    if forced in ("numpy", "numba") and cpu is None:
+        forced = ""  # NumPy cannot read device memory, and may be missing
     if forced:
         impl = forced
-    elif device.type == "cpu":
-        impl = "numba" if numba_kernel.available() else "numpy"
+    elif cpu is not None:
+        impl = "numba" if cpu[1].available() else "numpy"
     elif device.type == "cuda" and _triton() is not None:
         impl = "triton"
     else:
@@ -89,7 +106,14 @@ def impl_for(device: torch.device) -> str:
 
 def numpy_fingerprint(t: torch.Tensor, *, compiled: bool = False) -> int:
     """One CPU tensor's fingerprint as a signed int, by NumPy (``compiled``: the block sums by Numba)."""
-    return numpy_kernel.fingerprint(t, numba_kernel.block_sums if compiled else numpy_kernel.block_sums)
+    kernels = _cpu_kernels()
+    if kernels is None:
+        raise RuntimeError("NumPy is not available")
+    numpy_kernel, numba_kernel = kernels
+    result: int = numpy_kernel.fingerprint(
+        t, numba_kernel.block_sums if compiled else numpy_kernel.block_sums
+    )
+    return result
 
 
 def torch_fingerprint(t: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,66 @@
+"""A DDPJob whose command is a user's torchrun script with no ddpjob code (tests/e2e/no_code_train.py), on the
+real control plane: the operator's init container puts the sync hook on the pods' PYTHONPATH
+(spec.syncCheck.autoInstrument, on by default), and the DDPJob shows SYNC and PROGRESS as for the built-in
+trainer — live from the pods' metrics while it runs, and from rank 0's report at the end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cluster.fixtures import Cluster, wait_for
+
+from .conftest import Operator, children, ddpjob, get, wait_phase
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+STEPS = 1500
+EVERY = 150
+
+
+def test_a_script_with_no_ddpjob_code_shows_sync_and_progress(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    doc = ddpjob(
+        "nocode",
+        command=["torchrun"],
+        args=[str(Path(__file__).with_name("no_code_train.py"))],
+        env=[{"name": "STEPS", "value": str(STEPS)}, {"name": "STEP_SECONDS", "value": "0.02"}],
+        syncCheck={"everySteps": EVERY},
+        maxRestarts=0,
+    )
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
+    jobs = wait_for(
+        lambda: children(cluster, namespace, "jobs", "nocode") or None, what="the Job", timeout=60
+    )
+    (job,) = jobs
+    (init,) = job["spec"]["template"]["spec"]["initContainers"]
+    assert init["command"][:3] == ["python", "-m", "ddp_trainer.inject"], init
+
+    last: list[dict[str, Any]] = []
+
+    def live() -> dict[str, Any] | None:
+        status: dict[str, Any] = get(cluster, namespace, "nocode").get("status", {})
+        last[:] = [status]
+        running = status.get("phase") == "Running" and status.get("progress", {}).get("step", 0) > 0
+        return status if running and status.get("sync", {}).get("checks", 0) >= 2 else None
+
+    mid = wait_for(
+        live, what="status.progress.step > 0 and 2 sync checks while Running", timeout=180, every=1
+    )
+    print(f"status mid-run: {json.dumps({k: mid[k] for k in ('phase', 'progress', 'sync')})}")
+    assert mid["progress"]["stepsPerSecond"] > 0, mid
+    assert mid["sync"]["verified"] is True and mid["sync"]["lastCheckStep"] % EVERY == 0, mid
+    table = cluster.kubectl("get", "ddpj", "nocode", "-n", namespace).stdout
+    print(table)
+    header, row = (line.split() for line in table.strip().splitlines())
+    assert row[header.index("SYNC")] == "true", table
+    assert row[header.index("PROGRESS")] not in ("", "<none>"), table
+
+    done = wait_phase(cluster, namespace, "nocode", "Succeeded", "Failed", timeout=420)["status"]
+    assert done["phase"] == "Succeeded", done
+    checks = 1 + STEPS // EVERY  # the initial check, then every EVERY steps (the last at the last step)
+    assert done["sync"]["verified"] is True and done["sync"]["checks"] == checks, done
+    assert done["sync"]["lastCheckStep"] == STEPS, done

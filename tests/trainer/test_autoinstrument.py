@@ -1,0 +1,148 @@
+"""The no-code-change hook (ddp_trainer.autoinstrument, installed by ``python -m ddp_trainer.inject``) on
+scripts with no ddpjob code, under torchrun with 2 ranks on gloo (tests/trainer/autoinstrument_scenarios.py):
+it never changes training, needs only torch, leaves a script without DDP alone, fails fast and names the
+cause when ranks take different numbers of steps, checks two DDP models, and never checks twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from ddp_trainer import inject
+
+HERE = Path(__file__).resolve().parent
+SCENARIOS = HERE / "autoinstrument_scenarios.py"
+EXAMPLES = HERE.parents[1] / "examples"
+HIDE = 'raise ModuleNotFoundError("No module named {0} (hidden: an image with torch alone)", name="{0}")\n'
+
+
+@pytest.fixture(scope="module")
+def hook_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What the init container puts in the pod's shared volume."""
+    dest = tmp_path_factory.mktemp("ddpjob-sync")
+    assert inject.main([str(dest)]) == 0
+    return dest
+
+
+@pytest.fixture(scope="module")
+def torch_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder that, on PYTHONPATH, makes NumPy and Numba fail to import, as in an image without them."""
+    folder = tmp_path_factory.mktemp("torch-only")
+    for name in ("numpy", "numba"):
+        (folder / name).mkdir()
+        (folder / name / "__init__.py").write_text(HIDE.format(name))
+    return folder
+
+
+def torchrun(
+    tmp: Path, script: Path, *args: str, path: list[Path], env: dict[str, str] | None = None
+) -> tuple[int, str, float]:
+    """2 ranks of ``script`` (standalone rendezvous); the exit code, the output and the wall time."""
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DDPJOB_", "PYTHONPATH", "RANK", "LOCAL_RANK"))
+    }
+    full = {
+        **clean,
+        "PYTHONPATH": os.pathsep.join(str(p) for p in path),
+        "DDPJOB_TERMINATION_LOG": str(tmp / "report.json"),
+        "DDPJOB_SYNC_EVERY": "5",
+        "DDPJOB_METRICS_PORT": "0",
+        "OMP_NUM_THREADS": "1",
+        **(env or {}),
+    }
+    started = time.monotonic()
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(script),
+        *args,
+    ]
+    done = subprocess.run(cmd, env=full, cwd=tmp, capture_output=True, text=True, timeout=240)
+    return done.returncode, done.stdout + done.stderr, time.monotonic() - started
+
+
+def report(tmp: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((tmp / "report.json").read_text())
+    return data
+
+
+pytestmark = pytest.mark.slow
+
+
+def test_parameters_are_bit_identical_with_and_without_the_hook(
+    tmp_path: Path, hook_dir: Path, torch_only: Path
+) -> None:
+    """20 AdamW steps of a model with BatchNorm (DDP broadcasts its buffers), each rank its own data: the
+    final parameters and buffers are equal bit for bit; with the hook in an image without NumPy or Numba
+    the check takes the pure torch path, and runs."""
+    (tmp_path / "without").mkdir()
+    (tmp_path / "with").mkdir()
+    code, out, _ = torchrun(tmp_path / "without", SCENARIOS, "plain", "final.pt", path=[])
+    assert code == 0, out
+    assert "ddpjob sync health" not in out and not (tmp_path / "without" / "report.json").exists()
+    code, out, _ = torchrun(tmp_path / "with", SCENARIOS, "plain", "final.pt", path=[hook_dir, torch_only])
+    assert code == 0, out
+    assert "CPU tensors take the torch path" in out, out
+    assert "checking 1 DDP model(s): Sequential (built at autoinstrument_scenarios.py:" in out, out
+    rep = report(tmp_path / "with")
+    assert (rep["result"], rep["checks"], rep["step"], rep["verified"]) == ("Succeeded", 5, 20, True), rep
+    plain = torch.load(tmp_path / "without" / "final.pt")
+    hooked = torch.load(tmp_path / "with" / "final.pt")
+    assert list(plain) == list(hooked) and "module.1.running_mean" in plain
+    different = [k for k in plain if not torch.equal(plain[k], hooked[k])]
+    assert not different, f"the hook changed training: {different}"
+
+
+def test_a_script_without_ddp_runs_untouched_and_says_so_once(tmp_path: Path, hook_dir: Path) -> None:
+    code, out, _ = torchrun(tmp_path, SCENARIOS, "no-ddp", "final.pt", path=[hook_dir])
+    assert code == 0, out
+    assert out.count("ddpjob sync health:") == 1, out
+    assert "ddpjob sync health: no DDP model was seen in this process: nothing was checked" in out, out
+    assert not (tmp_path / "report.json").exists()
+
+
+def test_ranks_that_take_different_numbers_of_steps_fail_in_seconds_naming_the_cause(
+    tmp_path: Path, hook_dir: Path
+) -> None:
+    """Rank 1 takes a 21st optimizer step alone: the ranks meet at the end-of-run agreement with steps 20
+    and 21 and both stop, saying so, long before gloo's 30-minute collective timeout."""
+    code, out, seconds = torchrun(tmp_path, SCENARIOS, "uneven", "final.pt", path=[hook_dir])
+    assert code != 0, out
+    assert "the ranks are at different steps (from 20 to 21" in out, out
+    assert "they took different numbers of optimizer steps" in out, out
+    assert seconds < 60, f"took {seconds:.0f} s"
+    rep = report(tmp_path)
+    assert rep["result"] == "Failed" and "different steps" in rep["message"], rep
+
+
+def test_two_ddp_models_are_both_checked(tmp_path: Path, hook_dir: Path) -> None:
+    """A fault in the second of two DDP models (rank 1, step 7) is caught at step 10, named ``ddp1.…``."""
+    code, out, _ = torchrun(
+        tmp_path, SCENARIOS, "two-models", "final.pt", path=[hook_dir], env={"NUDGE_SECOND": "1"}
+    )
+    assert code != 0, out
+    assert "checking 2 DDP model(s): ddp0 = Sequential (built at" in out and "ddp1 = Sequential" in out, out
+    rep = report(tmp_path)
+    assert (rep["result"], rep["reason"], rep["lastCheckStep"]) == ("Diverged", "SyncDivergence", 10), rep
+    assert rep["mismatchedTensors"] == ["ddp1.0.weight"] and rep["divergedRanks"] == [1], rep
+
+
+def test_a_script_that_checks_itself_is_not_checked_twice(tmp_path: Path, hook_dir: Path) -> None:
+    code, out, _ = torchrun(tmp_path, EXAMPLES / "plain_loop.py", path=[hook_dir], env={"STEPS": "10"})
+    assert code == 0, out
+    assert "the hook stands down" in out, out
+    assert report(tmp_path)["checks"] == 3, report(tmp_path)  # the script's own: initial, 5, 10

@@ -1,0 +1,229 @@
+"""Sync health with no code change: find the DDP model when it is built, count optimizer steps, and drive
+the same :class:`ddp_trainer.health.SyncHealth` the callbacks and the built-in trainer use.
+
+:func:`install` runs once torch has loaded in a training process (the ``sitecustomize`` of
+:mod:`ddp_trainer.bootstrap` calls it; nothing else should). It
+
+* wraps ``DistributedDataParallel.__init__``: each model is remembered (a weak reference) after DDP built
+  it, with the line of the script that built it;
+* registers PyTorch's global optimizer step hooks: at the first step of an optimizer that holds a DDP
+  model's parameters (the pre-hook: all ranks are there, before the update) it builds ``SyncHealth``
+  over every DDP model seen so far (the initial check, at step 0); after each step of that optimizer it
+  calls ``SyncHealth.step()`` (a check every ``DDPJOB_SYNC_EVERY`` steps, the policy applied);
+* wraps ``torch.distributed.destroy_process_group``: the final check and the report come before the
+  group is gone; ``atexit`` does the same for a script that never destroys it, and an uncaught exception
+  writes a ``Failed`` report.
+
+It never changes training: it reads parameters and optimizer state, and copies rank 0's buffers only for
+a model whose DDP wrapper copies them at every forward anyway (``broadcast_buffers``); the buffers of a
+model that keeps them per rank are not compared. It stands down when the script builds ``SyncHealth``
+itself (the object or a callback), so nothing is checked twice. A script with no DDP model runs untouched
+and says so in one line. The total number of steps is not known here: progress shows the step and the
+rate, no ETA.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import sys
+import traceback
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+PREFIX = "ddpjob sync health"
+_HOOK_FILES = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(torch.__file__))
+
+
+def say(text: str) -> None:
+    """One line on stderr, from global rank 0 only."""
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else os.environ.get("RANK", "0")
+    if str(rank) == "0":
+        print(f"{PREFIX}: {text}", file=sys.stderr, flush=True)
+
+
+def caller() -> str:
+    """``file:line`` of the first frame outside torch and this module: where the script built the model."""
+    for frame in reversed(traceback.extract_stack()):
+        if not frame.filename.startswith(_HOOK_FILES) and "<frozen" not in frame.filename:
+            return f"{os.path.basename(frame.filename)}:{frame.lineno}"
+    return "?"
+
+
+class Combined(nn.Module):
+    """Several DDP models checked as one: ``ddp0.<name>``, ``ddp1.<name>``, ... (the inner modules)."""
+
+    def __init__(self, models: list[nn.Module]) -> None:
+        super().__init__()
+        for i, model in enumerate(models):
+            self.add_module(f"ddp{i}", model)
+
+
+class AutoSync:
+    """The hook's state in one process: the DDP models seen, then the ``SyncHealth`` that checks them."""
+
+    def __init__(self) -> None:
+        self.models: list[tuple[weakref.ref[DistributedDataParallel], str]] = []
+        self.health: Any = None  # a SyncHealth once started (imported then: prometheus_client loads late)
+        self.optimizer: weakref.ref[torch.optim.Optimizer] | None = None
+        self.state = "waiting"  # waiting → checking → done, or off
+        self.built_before = 0  # SyncHealth objects that existed when this one was built
+        self.distributed = False  # a process group was seen (this is a training rank)
+
+    # -- what the script does ---------------------------------------------------------------------------
+
+    def built(self, model: DistributedDataParallel) -> None:
+        """A DDP model was built."""
+        self.distributed = True
+        where = caller()
+        if self.state == "waiting":
+            self.models.append((weakref.ref(model), where))
+        elif self.state == "checking":
+            say(
+                f"{type(model.module).__name__} (DDP, built at {where}) came after the check started: "
+                "not checked"
+            )
+
+    def pre_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """Before an optimizer step: the first step of a DDP model's optimizer starts the check."""
+        if self.state != "waiting":
+            return
+        models = [(m, where) for ref, where in self.models if (m := ref()) is not None]
+        params = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        if not models or not any(id(p) in params for m, _ in models for p in m.parameters()):
+            return  # an optimizer of no DDP model (or no DDP model yet)
+        from ddp_trainer import health
+
+        if not health.torch_version_ok(torch.__version__):
+            self.state = "off"
+            say(f"off: torch {torch.__version__} is older than the check needs ({health.MIN_TORCH})")
+            return
+        if health.SyncHealth.built:
+            self.state = "off"
+            say("the script checks its replicas itself (SyncHealth or its callback): the hook stands down")
+            return
+        self.start(models, optimizer, health)
+
+    def start(self, models: list[tuple[DistributedDataParallel, str]], optimizer: Any, health: Any) -> None:
+        inner = [m.module for m, _ in models]
+        buffers = all(bool(m.broadcast_buffers) for m, _ in models)
+        model: nn.Module = models[0][0] if len(models) == 1 else Combined(inner)
+        self.health = health.SyncHealth(model, optimizer, broadcast_buffers=buffers, check_buffers=buffers)
+        self.built_before = health.SyncHealth.built
+        self.optimizer = weakref.ref(optimizer)
+        self.state = "checking"
+        self.health.close_on_uncaught_exception()
+        names = ", ".join(
+            (f"ddp{i} = " if len(models) > 1 else "") + f"{type(m.module).__name__} (built at {where})"
+            for i, (m, where) in enumerate(models)
+        )
+        say(
+            f"checking {len(models)} DDP model(s): {names}; every {self.health.every} steps of "
+            f"{type(optimizer).__name__} (policy {self.health.policy})"
+            + ("" if buffers else "; buffers are kept per rank (broadcast_buffers=False): not compared")
+        )
+
+    def post_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """After an optimizer step: count it (and check when due) if it is the counted optimizer."""
+        if self.state != "checking" or self.optimizer is None or self.optimizer() is not optimizer:
+            return
+        from ddp_trainer import health
+
+        if health.SyncHealth.built > self.built_before:  # the script built its own after all
+            self.state = "off"
+            self.health.closed = True  # its report is the script's object's
+            say("the script built its own SyncHealth: the hook stands down")
+            return
+        self.health.step()
+
+    def finish(self) -> None:
+        """The final check and the report, while the process group still exists."""
+        if self.state == "checking":
+            self.state = "done"
+            self.health.close()
+
+    def at_exit(self) -> None:
+        """At exit: the final check where the group still exists (a verdict that fails sets the exit
+        code, which an exit handler cannot otherwise change), or the one line for a process that trained
+        no DDP model."""
+        if self.state == "checking":
+            self.state = "done"
+            try:
+                self.health.close(collective=dist.is_available() and dist.is_initialized())
+            except SystemExit as stop:  # a divergence under Fail: the report is written
+                sys.stderr.flush()
+                os._exit(stop.code if isinstance(stop.code, int) else 1)
+            except Exception as error:  # ranks that do not end together: the report says so
+                print(f"{PREFIX}: {type(error).__name__}: {error}", file=sys.stderr)
+                sys.stderr.flush()
+                os._exit(1)
+        elif self.state == "waiting" and (self.distributed or "TORCHELASTIC_RUN_ID" in os.environ):
+            if self.models:
+                say("a DDP model was built but no optimizer stepped it: nothing was checked")
+            else:
+                say("no DDP model was seen in this process: nothing was checked")
+
+
+HOOK = AutoSync()
+
+
+def _after_init(init: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(init)
+    def wrapped(self: DistributedDataParallel, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        HOOK.built(self)
+
+    return wrapped
+
+
+def _before_destroy(destroy: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(destroy)
+    def wrapped(group: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if group is None or group is dist.GroupMember.WORLD:
+            HOOK.finish()
+        return destroy(group, *args, **kwargs)
+
+    return wrapped
+
+
+def _safe(hook: Callable[..., None]) -> Callable[..., None]:
+    """A hook whose own failure turns the check off instead of stopping training; the check's verdicts
+    (a divergence under ``Fail``, ranks that do not check together) go on up, as they are meant to."""
+
+    @functools.wraps(hook)
+    def wrapped(*args: Any) -> None:
+        try:
+            hook(*args)
+        except Exception as error:
+            from ddp_trainer.health import SyncHealthError  # loaded by then: it raised it
+
+            if isinstance(error, SyncHealthError):
+                raise
+            HOOK.state = "off"
+            say(f"off: {type(error).__name__}: {error}")
+
+    return wrapped
+
+
+def install() -> None:
+    """Wrap DDP's constructor and ``destroy_process_group``, register the optimizer step hooks and the
+    exit handler. Once per process; a torch without global step hooks leaves everything as it was."""
+    if getattr(DistributedDataParallel.__init__, "__ddpjob_hook__", False):
+        return
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    DistributedDataParallel.__init__ = _after_init(DistributedDataParallel.__init__)  # type: ignore[method-assign]
+    DistributedDataParallel.__init__.__ddpjob_hook__ = True  # type: ignore[attr-defined]
+    destroy = _before_destroy(dist.destroy_process_group)
+    dist.destroy_process_group = destroy  # type: ignore[assignment]
+    dist.distributed_c10d.destroy_process_group = destroy  # type: ignore[assignment]
+    register_optimizer_step_pre_hook(_safe(HOOK.pre_step))
+    register_optimizer_step_post_hook(_safe(HOOK.post_step))
+    atexit.register(HOOK.at_exit)

@@ -1,0 +1,115 @@
+"""The no-code-change hook's entry: Python imports this file as ``sitecustomize`` at the start of every
+process whose ``PYTHONPATH`` names the folder it was copied to (``python -m ddp_trainer.inject DEST``).
+
+It must cost next to nothing where there is nothing to do (a shell's ``python``, pip, the torchrun agent):
+standard library only, no torch import of its own, and it never raises. In a training process (``RANK`` or
+``LOCAL_RANK`` set: a torchrun worker, or a one-process pod) it waits, with a finder on ``sys.meta_path``,
+for the script to import torch, and once torch has loaded hands over to
+:func:`ddp_trainer.autoinstrument.install` (which finds the DDP model when it is built and counts
+optimizer steps). Then it runs the ``sitecustomize`` the image had, if any, as Python would have.
+
+Written for any Python 3.6+ (no ``from __future__``, no newer syntax), so that an old interpreter reads
+it and says why it stays off.
+"""
+
+import importlib.machinery
+import os
+import sys
+import types
+
+MYPY = False
+if MYPY:  # for the type checker only: importing typing at every start would cost time
+    from importlib.abc import Loader
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_VENDOR = os.path.join(_HERE, "vendor")  # pure-Python dependencies the image may lack (prometheus_client)
+_MIN_PYTHON = (3, 11)
+_PREFIX = "ddpjob sync health"
+
+
+def _say(text: str) -> None:
+    if os.environ.get("RANK", "0") == "0":
+        sys.stderr.write(_PREFIX + ": " + text + "\n")
+        sys.stderr.flush()
+
+
+def _activate() -> None:
+    """Called once torch has loaded: the check's own code, from this folder (never fatal)."""
+    if _VENDOR not in sys.path:
+        sys.path.append(_VENDOR)  # last: the image's own copies win
+    try:
+        from ddp_trainer import autoinstrument
+
+        autoinstrument.install()
+    except Exception as error:  # the hook must never stop a script that would have run without it
+        _say(f"off: {type(error).__name__}: {error}")
+
+
+class _Chained:
+    """torch's loader, followed by :func:`_activate` (the module keeps its own loader)."""
+
+    def __init__(self, loader: "Loader") -> None:
+        self.loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> "types.ModuleType | None":
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        module.__loader__ = self.loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+        _activate()
+
+
+class _TorchWatcher:
+    """Waits for ``import torch``; does nothing for any other import."""
+
+    def find_spec(
+        self, name: str, path: object = None, target: object = None
+    ) -> "importlib.machinery.ModuleSpec | None":
+        if name != "torch":
+            return None
+        sys.meta_path[:] = [finder for finder in sys.meta_path if finder is not self]
+        import importlib.util
+
+        spec = importlib.util.find_spec("torch")
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _Chained(spec.loader)  # type: ignore[assignment]
+        return spec
+
+
+def _start() -> None:
+    env = os.environ
+    if env.get("DDPJOB_SYNC_HOOK", "") == "0" or ("RANK" not in env and "LOCAL_RANK" not in env):
+        return
+    if sys.version_info < _MIN_PYTHON:
+        found, needed = sys.version_info[:2], _MIN_PYTHON
+        _say(
+            f"off: Python {found[0]}.{found[1]} is older than {needed[0]}.{needed[1]}, which the check needs"
+        )
+        return
+    if "torch" in sys.modules:  # imported by an earlier sitecustomize or .pth file
+        _activate()
+    else:
+        sys.meta_path.insert(0, _TorchWatcher())
+
+
+def _chain() -> None:
+    """Run the next ``sitecustomize`` on the path (the image's own), which this file hides."""
+    import importlib.util
+
+    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None or spec.origin == os.path.abspath(__file__):
+        return
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+
+if __name__ == "sitecustomize":
+    try:
+        _start()
+    except Exception as error:
+        _say(f"off: {type(error).__name__}: {error}")
+    _chain()  # its errors are the image's own, reported as Python reports them
