@@ -17,6 +17,7 @@ from ddp_trainer import contract
 from . import crd
 from .names import (
     ATTEMPT_LABEL,
+    CHECKPOINT_CLAIM_SUFFIX,
     CHECKPOINT_VOLUME,
     COMPLETION_INDEX_ANNOTATION,
     CONTAINER_NAME,
@@ -112,7 +113,7 @@ def render_service(spec: Spec) -> Obj:
 
 
 def checkpoint_claim_name(spec: Spec) -> str:
-    return f"{spec.name}-checkpoints"
+    return f"{spec.name}{CHECKPOINT_CLAIM_SUFFIX}"
 
 
 def render_checkpoint_claim(spec: Spec) -> Obj | None:

@@ -21,6 +21,9 @@ import yaml
 from . import crd, podcheck, schema
 from .schema import Problem
 
+OBJECT_STORAGE = "spec.checkpoint.s3 (object storage)"
+"""The way around a cluster's volumes, offered by every fix that needs another kind of storage."""
+
 
 class SpecError(ValueError):
     """A DDPJob the API server would refuse; ``problems`` says why, one line each."""
@@ -405,10 +408,36 @@ def warnings(spec: Spec) -> list[str]:
             "built-in trainer, which alone reads it; remove it, or pass your program its settings in "
             "spec.args"
         )
-    claim = spec.checkpoint.claim if spec.checkpoint else None
-    if claim is not None and spec.nodes > 1 and "ReadWriteMany" not in claim.access_modes:
-        out.append(
-            f"spec.checkpoint.volumeClaimTemplate.accessModes: {list(claim.access_modes)} lets only one node "
-            f"mount the claim, but every one of the {spec.nodes} pods mounts it; use [ReadWriteMany]"
-        )
+    out.extend(storage_warnings(spec))
     return out
+
+
+def storage_warnings(spec: Spec) -> list[str]:
+    """A checkpoint claim a default cluster cannot give: the default StorageClasses of kind and minikube
+    (local-path, hostpath) and of the clouds' block storage (EBS, Persistent Disk, Azure Disk) give only
+    ReadWriteOnce, which pods on one node share (and a Multi-Attach error refuses a second node)."""
+    claim = spec.checkpoint.claim if spec.checkpoint else None
+    if claim is None:
+        return []
+    field, modes = "spec.checkpoint.volumeClaimTemplate", list(claim.access_modes)
+    several = "a storageClassName whose class gives ReadWriteMany (NFS, EFS, Filestore, CephFS)"
+    if "ReadWriteMany" in modes and claim.storage_class_name is None:
+        instead = "accessModes [ReadWriteOnce]" if spec.nodes == 1 else several
+        return [
+            f"{field}.accessModes: {modes} from the cluster's default StorageClass, which on kind, minikube "
+            "and the clouds' block storage gives only ReadWriteOnce (the claim would stay Pending); name "
+            f"{instead}, or use {OBJECT_STORAGE}"
+        ]
+    if "ReadWriteOncePod" in modes and spec.nodes > 1:
+        return [
+            f"{field}.accessModes: {modes} lets one pod only mount the claim, but every one of the "
+            f"{spec.nodes} pods mounts it; use [ReadWriteOnce] (pods on one node), {several}, or "
+            f"{OBJECT_STORAGE}"
+        ]
+    if "ReadWriteMany" not in modes and spec.nodes > 1 and spec.device == "cuda":
+        return [
+            f"{field}.accessModes: {modes} lets the pods of one node only mount the claim, and these "
+            f"{spec.nodes} pods with {spec.procs_per_node} GPU(s) each are likely on several nodes (the "
+            f"others would fail with a Multi-Attach error); use {several}, or {OBJECT_STORAGE}"
+        ]
+    return []

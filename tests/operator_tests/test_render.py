@@ -223,7 +223,7 @@ def test_a_claim_template_becomes_an_owned_claim_mounted_by_every_pod() -> None:
         claim["kind"] == "PersistentVolumeClaim" and claim["metadata"]["name"] == f"{spec.name}-checkpoints"
     )
     assert claim["spec"] == {
-        "accessModes": ["ReadWriteMany"],
+        "accessModes": ["ReadWriteOnce"],  # what every default StorageClass gives
         "resources": {"requests": {"storage": "5Gi"}},
         "storageClassName": "nfs",
     }

@@ -350,10 +350,40 @@ def test_admitted_objects_keep_the_api_servers_verdict() -> None:
         (None, {"maxRestarts": 0}, None),
         ({"volumeClaimTemplate": {"size": "1Gi"}}, {}, None),
         ({"volume": {"nfs": {"server": "n", "path": "/x"}}}, {}, None),
+        # ReadWriteOnce (the default) from the default class: pods of one node share it (the quickstart)
+        ({"volumeClaimTemplate": {"size": "1Gi", "accessModes": ["ReadWriteOnce"]}}, {}, None),
+        # ReadWriteMany from the default class: kind, minikube and the clouds' block storage refuse it
         (
-            {"volumeClaimTemplate": {"size": "1Gi", "accessModes": ["ReadWriteOnce"]}},
+            {"volumeClaimTemplate": {"size": "1Gi", "accessModes": ["ReadWriteMany"]}},
             {},
-            "use [ReadWriteMany]",
+            "gives only ReadWriteOnce (the claim would stay Pending); name a storageClassName whose class "
+            "gives ReadWriteMany",
+        ),
+        (
+            {"volumeClaimTemplate": {"size": "1Gi", "accessModes": ["ReadWriteMany"]}},
+            {"nodes": 1},
+            "name accessModes [ReadWriteOnce], or use spec.checkpoint.s3",
+        ),
+        (
+            {
+                "volumeClaimTemplate": {
+                    "size": "1Gi",
+                    "accessModes": ["ReadWriteMany"],
+                    "storageClassName": "nfs",
+                }
+            },
+            {},
+            None,
+        ),
+        (
+            {"volumeClaimTemplate": {"size": "1Gi", "accessModes": ["ReadWriteOncePod"]}},
+            {},
+            "lets one pod only mount the claim, but every one of the 2 pods",
+        ),
+        (
+            {"volumeClaimTemplate": {"size": "1Gi"}},
+            {"device": "cuda"},
+            "likely on several nodes (the others would fail with a Multi-Attach error)",
         ),
     ],
 )
@@ -374,9 +404,5 @@ def test_warns_where_restarts_would_lose_the_checkpoints(
     if warned is None:
         assert err == ""
     else:
-        field = (
-            "spec.checkpoint.volumeClaimTemplate.accessModes"
-            if "ReadWriteMany" in warned
-            else "spec.checkpoint"
-        )
+        field = "spec.checkpoint" if "step 0" in warned else "spec.checkpoint.volumeClaimTemplate.accessModes"
         assert err.startswith(f"{path}: DDPJob/demo: warning: {field}: ") and warned in err, err
