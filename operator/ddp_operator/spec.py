@@ -74,12 +74,29 @@ class ClaimTemplateSpec:
 
 
 @dataclass(frozen=True)
+class S3Spec:
+    bucket: str
+    prefix: str = ""
+    endpoint: str | None = None
+    region: str | None = None
+    secret_name: str | None = None
+    access_key_id_key: str = "AWS_ACCESS_KEY_ID"
+    secret_access_key_key: str = "AWS_SECRET_ACCESS_KEY"
+
+    @property
+    def url(self) -> str:
+        """``s3://bucket/prefix``: the trainer's ``--checkpoint-dir``."""
+        return f"s3://{self.bucket}/{self.prefix.strip('/')}"
+
+
+@dataclass(frozen=True)
 class CheckpointSpec:
     mount_path: str
     keep: int
     volume: Mapping[str, Any] | None = None
     claim: ClaimTemplateSpec | None = None
     warm_start_from: str | None = None
+    s3: S3Spec | None = None
 
 
 @dataclass(frozen=True)
@@ -376,19 +393,32 @@ def _checkpoint(c: Mapping[str, Any]) -> CheckpointSpec:
             reclaim_policy=template["reclaimPolicy"],
             storage_class_name=template.get("storageClassName"),
         )
+    s3 = None
+    if (bucket := c.get("s3")) is not None:
+        secret = bucket.get("credentialsSecret") or {}
+        s3 = S3Spec(
+            bucket=bucket["bucket"],
+            prefix=bucket.get("prefix", ""),
+            endpoint=bucket.get("endpoint"),
+            region=bucket.get("region"),
+            secret_name=secret.get("name"),
+            access_key_id_key=secret.get("accessKeyIdKey", "AWS_ACCESS_KEY_ID"),
+            secret_access_key_key=secret.get("secretAccessKeyKey", "AWS_SECRET_ACCESS_KEY"),
+        )
     return CheckpointSpec(
         mount_path=c["mountPath"],
         keep=c["keep"],
         volume=c.get("volume"),
         claim=claim,
         warm_start_from=c.get("warmStartFrom"),
+        s3=s3,
     )
 
 
 def checkpoints_durable(spec: Spec) -> bool:
     """Whether a gang restart finds the checkpoints of the attempt before (a volume that outlives pods)."""
     c = spec.checkpoint
-    return c is not None and (c.claim is not None or "emptyDir" not in (c.volume or {}))
+    return c is not None and (c.claim is not None or c.s3 is not None or "emptyDir" not in (c.volume or {}))
 
 
 def warnings(spec: Spec) -> list[str]:
@@ -398,7 +428,7 @@ def warnings(spec: Spec) -> list[str]:
         out.append(
             f"spec.checkpoint: checkpoints go to a pod-local emptyDir, so the {spec.max_restarts} gang "
             "restart(s) of spec.maxRestarts will start from step 0; give spec.checkpoint.volumeClaimTemplate "
-            "(the operator creates a PersistentVolumeClaim) or spec.checkpoint.volume"
+            "(the operator creates a PersistentVolumeClaim), spec.checkpoint.volume or spec.checkpoint.s3"
         )
     if "trainer" in spec.given and (spec.command is not None or spec.args is not None):
         # spec.syncCheck is not ignored: it reaches any program as DDPJOB_SYNC_EVERY/DDPJOB_ON_DIVERGENCE,

@@ -47,6 +47,30 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
     ),
     ("checkpoint with neither", _with("spec.checkpoint", {"keep": 2}), "spec.checkpoint", "exactly one of"),
     (
+        "checkpoint claim and bucket",
+        _with("spec.checkpoint", {"s3": {"bucket": "ckpt"}, "volumeClaimTemplate": {"size": "1Gi"}}),
+        "spec.checkpoint",
+        "or s3 (a bucket of object storage)",
+    ),
+    (
+        "bucket name with capitals",
+        _with("spec.checkpoint", {"s3": {"bucket": "My_Bucket"}}),
+        "spec.checkpoint.s3.bucket",
+        "must be a match for",
+    ),
+    (
+        "endpoint with a path",
+        _with("spec.checkpoint", {"s3": {"bucket": "ckpt", "endpoint": "http://minio:9000/ckpt"}}),
+        "spec.checkpoint.s3.endpoint",
+        "must be a match for",
+    ),
+    (
+        "credentials secret without a name",
+        _with("spec.checkpoint", {"s3": {"bucket": "ckpt", "credentialsSecret": {}}}),
+        "spec.checkpoint.s3.credentialsSecret.name",
+        "Required value",
+    ),
+    (
         "claim without a size",
         _with("spec.checkpoint", {"volumeClaimTemplate": {"storageClassName": "nfs"}}),
         "spec.checkpoint.volumeClaimTemplate.size",
