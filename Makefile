@@ -77,6 +77,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/sync_bench.py --hidden 1024
 	$(BIN)/python bench/loop_bench.py
 	$(BIN)/python bench/health_bench.py
+	PYTHONPATH=tests $(BIN)/python bench/checkpoint_bench.py
 
 bench-gpu:
 	$(BENCH_PY) bench/fingerprint_bench.py --gpu

@@ -13,7 +13,9 @@ Register the fixture with ``pytest_plugins = ["s3server"]`` (tests/conftest.py d
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import socket
 import subprocess
 import time
@@ -28,7 +30,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 BUILD = REPO / "hack" / "s3" / "build.sh"
 ACCESS_KEY = "ddpjob-test"
-SECRET_KEY = "ddpjob-test-secret-key"
+SECRET_KEY = f"ddpjob-{secrets.token_hex(12)}"  # per session: a test can look for it where it must not be
 
 
 @dataclass
@@ -36,8 +38,14 @@ class S3Server:
     """A running MinIO: its URL, the root credentials, and a fresh bucket per test."""
 
     endpoint: str
+    """For this machine's processes (local mode, the tests)."""
+    port: int
     access_key: str = ACCESS_KEY
     secret_key: str = SECRET_KEY
+
+    def endpoint_at(self, host: str) -> str:
+        """The URL from elsewhere: the test cluster's pods reach it at the bridge's address."""
+        return f"http://{host}:{self.port}"
 
     def client(self, access_key: str | None = None, secret_key: str | None = None) -> object:
         from minio import Minio
@@ -79,38 +87,46 @@ def binary() -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
+@contextlib.contextmanager
+def running_minio(data: Path, log_path: Path) -> Iterator[S3Server]:
+    """MinIO serving ``data`` on a free port of every address until the block ends (the benchmark uses
+    it too); waits at most 30 s for it to answer, then says what it waited for."""
+    port, console = _free_port(), ["--console-address", f"127.0.0.1:{_free_port()}"]
+    # every address, so that the test cluster's pods (network namespaces behind its bridge) reach it too
+    env = {**os.environ, "MINIO_ROOT_USER": ACCESS_KEY, "MINIO_ROOT_PASSWORD": SECRET_KEY}
+    env["MINIO_BROWSER"] = "off"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [str(binary()), "server", str(data), "--quiet", "--address", f":{port}", *console],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        server = S3Server(f"http://127.0.0.1:{port}", port)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"{server.endpoint}/minio/health/live", timeout=1):
+                    break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    process.kill()
+                    raise RuntimeError(
+                        f"MinIO did not answer on {server.endpoint} within 30 s; its log: {log_path}"
+                    ) from None
+                time.sleep(0.1)
+        try:
+            yield server
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     data = tmp_path_factory.mktemp("minio")
-    port, console = _free_port(), ["--console-address", f"127.0.0.1:{_free_port()}"]
-    env = {**os.environ, "MINIO_ROOT_USER": ACCESS_KEY, "MINIO_ROOT_PASSWORD": SECRET_KEY}
-    env["MINIO_BROWSER"] = "off"
-    log = (data.parent / "minio.log").open("w")
-    process = subprocess.Popen(
-        [str(binary()), "server", str(data), "--quiet", "--address", f"127.0.0.1:{port}", *console],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    server = S3Server(f"http://127.0.0.1:{port}")
-    deadline = time.monotonic() + 30
-    while True:  # waits at most 30 s for /minio/health/live, then says what it waited for
-        try:
-            with urllib.request.urlopen(f"{server.endpoint}/minio/health/live", timeout=1):
-                break
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                raise RuntimeError(
-                    f"MinIO did not answer on {server.endpoint} within 30 s; its log: {log.name}"
-                ) from None
-            time.sleep(0.1)
-    try:
+    with running_minio(data, data.parent / "minio.log") as server:
         yield server
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
