@@ -80,6 +80,19 @@ def read_claim(body: Mapping[str, Any], pods: list[dict[str, Any]]) -> storage.C
         return None
     namespace = body["metadata"]["namespace"]
     core = kubernetes.client.CoreV1Api(_client())
+    try:
+        return _read_claim(core, namespace, name, pods)
+    except ApiException as exc:
+        if exc.status != 403:
+            raise
+        # an older chart's ClusterRole: no diagnosis, but the reconcile goes on
+        logging.getLogger(__name__).warning(f"cannot read claim {name} ({exc.status} {exc.reason})")
+        return None
+
+
+def _read_claim(
+    core: kubernetes.client.CoreV1Api, namespace: str, name: str, pods: list[dict[str, Any]]
+) -> storage.ClaimReading:
     claim = _ignore((404,), core.read_namespaced_persistent_volume_claim, name, namespace)
     if claim is not None and (claim.get("status") or {}).get("phase") == "Bound":
         mine = {pod["metadata"]["name"] for pod in pods}
