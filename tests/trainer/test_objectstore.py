@@ -107,6 +107,14 @@ def test_wrong_credentials_are_refused_at_once_naming_the_cause_not_the_secret(
     assert took < 5, f"refused after {took:.1f}s: no retries for a configuration error"
 
 
+def test_an_object_gone_between_listing_and_reading_is_a_missing_file(s3_server: S3Server) -> None:
+    store = _store(s3_server, s3_server.bucket())
+    assert not store.exists("step-00000010.mine.pt")
+    with pytest.raises(FileNotFoundError):  # as in a folder: owner() and scan() pass it over
+        store.read("step-00000010.mine.pt")
+    assert checkpoint.owner(store, "step-00000010.mine.pt") is None
+
+
 def test_a_missing_bucket_is_refused(s3_server: S3Server) -> None:
     store = S3Store.from_url("s3://no-such-bucket-here/x", s3_server.env())
     choice = checkpoint.choose_on_rank0(store, ME, "")

@@ -45,6 +45,10 @@ REFUSALS = {
 }
 
 
+MISSING = ("NoSuchKey", "NoSuchObject", "ResourceNotFound")
+"""What S3 answers for an object that is not there: the folder store's ``FileNotFoundError``."""
+
+
 def credentials(env: Mapping[str, str]) -> Provider:
     """The mounted Secret's two files when ``DDPJOB_S3_CREDENTIALS`` names a folder that has them; else
     ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` of ``env`` (local mode: exported by the user); else the
@@ -96,8 +100,12 @@ class S3Store:
         except S3Error as err:
             if err.code in REFUSALS:
                 raise self._refused(err) from None
+            if err.code in MISSING:  # gone between a listing and a read (another job pruned its own)
+                raise FileNotFoundError(f"{self.where}{err.object_name or ''}: {err.code}") from None
             raise
-        except ValueError as err:  # the credential chain found nothing
+        except ValueError as err:
+            if "credentials" not in str(err):
+                raise
             raise StoreRefused(f"{self.where} at {self.endpoint}: no credentials: {err}") from None
 
     def names(self) -> list[str]:
@@ -120,10 +128,8 @@ class S3Store:
     def exists(self, name: str) -> bool:
         try:
             self._call(self.client.stat_object, self.bucket, self.prefix + name)
-        except S3Error as err:
-            if err.code in ("NoSuchKey", "NoSuchObject", "ResourceNotFound"):
-                return False
-            raise
+        except FileNotFoundError:
+            return False
         return True
 
     def publish(self, name: str, data: bytes) -> None:
