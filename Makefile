@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test demo lint typecheck unit venv tools prometheus manifests clean
+.PHONY: test demo lint typecheck unit venv tools prometheus s3server manifests clean
 
 venv: $(STAMP)
 
@@ -22,7 +22,10 @@ $(BIN)/helm: hack/install_helm.py | $(STAMP)
 prometheus:
 	hack/install_prometheus.sh
 
-tools: $(STAMP) $(BIN)/helm prometheus
+s3server:
+	hack/s3/build.sh >/dev/null
+
+tools: $(STAMP) $(BIN)/helm prometheus s3server
 
 lint: tools
 	$(BIN)/ruff check operator trainer_image tests bench hack
@@ -77,6 +80,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/sync_bench.py --hidden 1024
 	$(BIN)/python bench/loop_bench.py
 	$(BIN)/python bench/health_bench.py
+	PYTHONPATH=tests $(BIN)/python bench/checkpoint_bench.py
 
 bench-gpu:
 	$(BENCH_PY) bench/fingerprint_bench.py --gpu

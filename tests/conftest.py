@@ -1,5 +1,5 @@
-"""Suite-wide: the real control plane's fixtures (``cluster``, ``namespace``) for every `cluster` test, and
-the two lanes of a parallel run.
+"""Suite-wide: the real control plane's fixtures (``cluster``, ``namespace``) for every `cluster` test, a
+real S3 server (``s3_server``: MinIO) for the object-storage tests, and the two lanes of a parallel run.
 
 ``make test`` runs pytest with two xdist workers (``-n 2 --dist loadgroup``): every `cluster` test in one
 lane (one control plane, one operator, tests one after another as before), everything else in the other.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest_plugins = ["cluster_fixtures"]
+pytest_plugins = ["cluster_fixtures", "s3server"]
 
 CLUSTER_LANE = "cluster"
 HOST_LANE = "host"

@@ -46,9 +46,9 @@ def test_both_targets_run_as_user_1000() -> None:
 def test_images_install_the_wheel_of_this_version() -> None:
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     installs = re.findall(
-        r'pip install --no-cache-dir "/wheels/([^"\[]+)\[(\w+)\]"', (REPO / "Dockerfile").read_text()
+        r'pip install --no-cache-dir "/wheels/([^"\[]+)\[([\w,]+)\]"', (REPO / "Dockerfile").read_text()
     )
-    assert sorted(extra for _, extra in installs) == ["operator", "trainer"]
+    assert sorted(extra for _, extra in installs) == ["operator", "trainer,s3"]  # s3: object storage
     assert {wheel for wheel, _ in installs} == {f"ddpjob-{version}-py3-none-any.whl"}
     assert "--editable" not in (REPO / "Dockerfile").read_text()
 

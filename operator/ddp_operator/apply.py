@@ -19,7 +19,7 @@ import kopf
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from . import crd, opmetrics
+from . import crd, opmetrics, storage
 from .plan import Plan
 from .recent import Recent
 from .reconcile import decide_for, refused
@@ -48,7 +48,8 @@ def reconcile(
         body, jobs = recent.body(key, body), recent.jobs(key, jobs, started)
         snapshot = scraper.latest(key) if scraper else None
         now = dt.datetime.now(dt.UTC)
-        plan = decide_for(body, jobs, pods, now, snapshot)
+        claim = read_claim(body, pods)
+        plan = decide_for(body, jobs, pods, now, snapshot, claim)
         if (refusal := refused_in_dry_run(body, plan)) is not None:
             generation = int(body["metadata"].get("generation") or 0)
             plan = refused(dict(body.get("status") or {}), generation, now, refusal)
@@ -68,6 +69,41 @@ def reconcile(
         result = "ok"
     finally:
         opmetrics.observe_reconcile(result, time.monotonic() - started, all_bodies)
+
+
+def read_claim(body: Mapping[str, Any], pods: list[dict[str, Any]]) -> storage.ClaimReading | None:
+    """The checkpoint claim and the events about it (or, once it is bound, the ``FailedAttachVolume``
+    events of the DDPJob's pods), when :func:`storage.claim_to_read` says the decision needs them: two
+    GETs while a job's pods wait, none once they run."""
+    name = storage.claim_to_read(body, pods)
+    if name is None:
+        return None
+    namespace = body["metadata"]["namespace"]
+    core = kubernetes.client.CoreV1Api(_client())
+    try:
+        return _read_claim(core, namespace, name, pods)
+    except ApiException as exc:
+        if exc.status != 403:
+            raise
+        # an older chart's ClusterRole: no diagnosis, but the reconcile goes on
+        logging.getLogger(__name__).warning(f"cannot read claim {name} ({exc.status} {exc.reason})")
+        return None
+
+
+def _read_claim(
+    core: kubernetes.client.CoreV1Api, namespace: str, name: str, pods: list[dict[str, Any]]
+) -> storage.ClaimReading:
+    claim = _ignore((404,), core.read_namespaced_persistent_volume_claim, name, namespace)
+    if claim is not None and (claim.get("status") or {}).get("phase") == "Bound":
+        mine = {pod["metadata"]["name"] for pod in pods}
+        found = _ignore((), core.list_namespaced_event, namespace, field_selector="reason=FailedAttachVolume")
+        events = [e for e in (found or {}).get("items", []) if e["involvedObject"].get("name") in mine]
+    else:
+        selector = f"involvedObject.kind=PersistentVolumeClaim,involvedObject.name={name}"
+        events = (_ignore((), core.list_namespaced_event, namespace, field_selector=selector) or {}).get(
+            "items", []
+        )
+    return storage.ClaimReading(name, claim, tuple(events))
 
 
 def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from ddp_trainer import contract
 
-from . import live, policy, render, stall, status
+from . import live, policy, render, stall, status, storage
 from . import observe as observe_module
 from .observe import Facts, JobFacts, observe
 from .plan import Event, Plan, Scrape
@@ -47,6 +47,8 @@ class Inputs:
     """The Job of ``facts.attempt``, rendered."""
     snapshot: live.Snapshot | None = None
     """The latest reading of the pods' metrics (:mod:`ddp_operator.scraper`), if any."""
+    storage: storage.Diagnosis | None = None
+    """Why the checkpoint claim keeps the pods from starting, when the claim was read and something does."""
 
 
 def decide_for(
@@ -55,8 +57,10 @@ def decide_for(
     pods: list[dict[str, Any]],
     now: dt.datetime,
     snapshot: live.Snapshot | None = None,
+    claim: storage.ClaimReading | None = None,
 ) -> Plan:
-    """The plan for one DDPJob from its body and the children that carry its label."""
+    """The plan for one DDPJob from its body and the children that carry its label, and what the cluster
+    says about its checkpoint claim when :func:`storage.claim_to_read` asked for it."""
     previous = dict(body.get("status") or {})
     generation = int(body.get("metadata", {}).get("generation") or 0)
     try:
@@ -72,8 +76,9 @@ def decide_for(
     avoid = status.avoided_nodes(previous)  # where the compute probe found a faulty rank
     service = render.render_service(spec)
     job = render.render_job(spec, facts.attempt, used, avoid_nodes=avoid)
-    claim = render.render_checkpoint_claim(spec)
-    return decide(Inputs(spec, generation, previous, facts, now, service, claim, job, snapshot))
+    rendered = render.render_checkpoint_claim(spec)
+    why = storage.diagnose(claim, owned=rendered is not None, nodes=spec.nodes)
+    return decide(Inputs(spec, generation, previous, facts, now, service, rendered, job, snapshot, why))
 
 
 def invalid_spec(error: SpecError, previous: Mapping[str, Any], generation: int, now: dt.datetime) -> Plan:
@@ -245,6 +250,10 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
     elif ready == spec.nodes:
         out.phase("Running", "AllNodesReady", f"all {spec.nodes} pods of attempt {attempt} are running")
         out.condition("Ready", True, "AllNodesReady", f"{ready}/{spec.nodes} pods ready")
+    elif (found := inputs.storage) is not None:
+        # before the scheduler's message: it says only "pod has unbound immediate PersistentVolumeClaims"
+        out.phase("Pending", found.reason, found.message, warning=found.fault)
+        out.condition("Ready", False, found.reason, f"{ready}/{spec.nodes} pods ready; {found.message}")
     elif why := facts.unschedulable:
         out.phase("Pending", "Unschedulable", f"pods cannot be scheduled: {why}", warning=True)
         out.condition("Ready", False, "Unschedulable", f"{ready}/{spec.nodes} pods ready; {why}")

@@ -18,6 +18,7 @@ from ddp_trainer import contract
 from . import crd
 from .names import (
     ATTEMPT_LABEL,
+    CHECKPOINT_CLAIM_SUFFIX,
     CHECKPOINT_VOLUME,
     COMPLETION_INDEX_ANNOTATION,
     CONTAINER_NAME,
@@ -115,7 +116,7 @@ def render_service(spec: Spec) -> Obj:
 
 
 def checkpoint_claim_name(spec: Spec) -> str:
-    return f"{spec.name}-checkpoints"
+    return f"{spec.name}{CHECKPOINT_CLAIM_SUFFIX}"
 
 
 def render_checkpoint_claim(spec: Spec) -> Obj | None:
@@ -137,7 +138,25 @@ def render_checkpoint_claim(spec: Spec) -> Obj | None:
 
 
 def checkpoint_dir(spec: Spec) -> str:
+    """The trainer's ``--checkpoint-dir``: the volume's mount path, or ``s3://bucket/prefix``."""
+    if spec.checkpoint is not None and spec.checkpoint.s3 is not None:
+        return spec.checkpoint.s3.url
     return spec.checkpoint.mount_path if spec.checkpoint else DEFAULT_CHECKPOINT_DIR
+
+
+def _s3_env(spec: Spec) -> list[Obj]:
+    """Where the bucket is, and the folder of the mounted credentials (never their values)."""
+    s3 = spec.checkpoint.s3 if spec.checkpoint else None
+    if s3 is None:
+        return []
+    env = []
+    if s3.endpoint:
+        env.append(_value(contract.S3_ENDPOINT_ENV, s3.endpoint))
+    if s3.region:
+        env.append(_value(contract.S3_REGION_ENV, s3.region))
+    if s3.secret_name:
+        env.append(_value(contract.S3_CREDENTIALS_ENV, contract.S3_CREDENTIALS_DIR))
+    return env
 
 
 def trainer_values(spec: Spec) -> dict[str, object]:
@@ -229,6 +248,7 @@ def injected_env(spec: Spec, attempt: int, used: int | None = None) -> list[Obj]
         _value(contract.ON_FAULTY_RANK_ENV, spec.sync_check.on_faulty_rank),
         _field(contract.NODE_NAME_ENV, "spec.nodeName"),  # the compute probe names a faulty rank's node
         _value("PYTHONUNBUFFERED", "1"),
+        *_s3_env(spec),
     ]
     if spec.backend == "nccl":
         env += _nccl_env(spec)
@@ -350,8 +370,20 @@ def _command(spec: Spec) -> Obj:
 
 def _volumes(spec: Spec) -> tuple[list[Obj], list[Obj]]:
     checkpoint_source: Mapping[str, Any] = {"emptyDir": {}}
+    checkpoint_mount: Obj = {"name": CHECKPOINT_VOLUME, "mountPath": checkpoint_dir(spec)}
+    s3 = spec.checkpoint.s3 if spec.checkpoint is not None else None
     if spec.checkpoint is not None and spec.checkpoint.volume is not None:
         checkpoint_source = spec.checkpoint.volume
+    elif s3 is not None:
+        # no volume for the checkpoints: the checkpoint volume holds the bucket's credentials, if any
+        checkpoint_mount = {"name": CHECKPOINT_VOLUME, "mountPath": contract.S3_CREDENTIALS_DIR}
+        if s3.secret_name:
+            checkpoint_mount["readOnly"] = True
+            items = [
+                {"key": s3.access_key_id_key, "path": contract.S3_ACCESS_KEY_FILE},
+                {"key": s3.secret_access_key_key, "path": contract.S3_SECRET_KEY_FILE},
+            ]
+            checkpoint_source = {"secret": {"secretName": s3.secret_name, "items": items}}
     elif spec.checkpoint is not None:
         checkpoint_source = {"persistentVolumeClaim": {"claimName": checkpoint_claim_name(spec)}}
     volumes = [
@@ -361,7 +393,7 @@ def _volumes(spec: Spec) -> tuple[list[Obj], list[Obj]]:
     ]
     mounts = [
         {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
-        {"name": CHECKPOINT_VOLUME, "mountPath": checkpoint_dir(spec)},
+        checkpoint_mount,
         *(dict(m) for m in spec.pod_template.volume_mounts),
     ]
     if sync_hook(spec):  # read-only: the init container wrote it (compiled too), nothing else may

@@ -21,6 +21,9 @@ import yaml
 from . import crd, podcheck, schema
 from .schema import Problem
 
+OBJECT_STORAGE = "spec.checkpoint.s3 (object storage)"
+"""The way around a cluster's volumes, offered by every fix that needs another kind of storage."""
+
 
 class SpecError(ValueError):
     """A DDPJob the API server would refuse; ``problems`` says why, one line each."""
@@ -74,12 +77,29 @@ class ClaimTemplateSpec:
 
 
 @dataclass(frozen=True)
+class S3Spec:
+    bucket: str
+    prefix: str = ""
+    endpoint: str | None = None
+    region: str | None = None
+    secret_name: str | None = None
+    access_key_id_key: str = "AWS_ACCESS_KEY_ID"
+    secret_access_key_key: str = "AWS_SECRET_ACCESS_KEY"
+
+    @property
+    def url(self) -> str:
+        """``s3://bucket/prefix``: the trainer's ``--checkpoint-dir``."""
+        return f"s3://{self.bucket}/{self.prefix.strip('/')}"
+
+
+@dataclass(frozen=True)
 class CheckpointSpec:
     mount_path: str
     keep: int
     volume: Mapping[str, Any] | None = None
     claim: ClaimTemplateSpec | None = None
     warm_start_from: str | None = None
+    s3: S3Spec | None = None
 
 
 @dataclass(frozen=True)
@@ -384,19 +404,32 @@ def _checkpoint(c: Mapping[str, Any]) -> CheckpointSpec:
             reclaim_policy=template["reclaimPolicy"],
             storage_class_name=template.get("storageClassName"),
         )
+    s3 = None
+    if (bucket := c.get("s3")) is not None:
+        secret = bucket.get("credentialsSecret") or {}
+        s3 = S3Spec(
+            bucket=bucket["bucket"],
+            prefix=bucket.get("prefix", ""),
+            endpoint=bucket.get("endpoint"),
+            region=bucket.get("region"),
+            secret_name=secret.get("name"),
+            access_key_id_key=secret.get("accessKeyIdKey", "AWS_ACCESS_KEY_ID"),
+            secret_access_key_key=secret.get("secretAccessKeyKey", "AWS_SECRET_ACCESS_KEY"),
+        )
     return CheckpointSpec(
         mount_path=c["mountPath"],
         keep=c["keep"],
         volume=c.get("volume"),
         claim=claim,
         warm_start_from=c.get("warmStartFrom"),
+        s3=s3,
     )
 
 
 def checkpoints_durable(spec: Spec) -> bool:
     """Whether a gang restart finds the checkpoints of the attempt before (a volume that outlives pods)."""
     c = spec.checkpoint
-    return c is not None and (c.claim is not None or "emptyDir" not in (c.volume or {}))
+    return c is not None and (c.claim is not None or c.s3 is not None or "emptyDir" not in (c.volume or {}))
 
 
 def known_total_steps(spec: Spec) -> int:
@@ -434,7 +467,7 @@ def warnings(spec: Spec) -> list[str]:
         out.append(
             f"spec.checkpoint: checkpoints go to a pod-local emptyDir, so the {spec.max_restarts} gang "
             "restart(s) of spec.maxRestarts will start from step 0; give spec.checkpoint.volumeClaimTemplate "
-            "(the operator creates a PersistentVolumeClaim) or spec.checkpoint.volume"
+            "(the operator creates a PersistentVolumeClaim), spec.checkpoint.volume or spec.checkpoint.s3"
         )
     if "trainer" in spec.given and (spec.command is not None or spec.args is not None):
         # spec.syncCheck is not ignored: it reaches any program as DDPJOB_SYNC_EVERY/DDPJOB_ON_DIVERGENCE,
@@ -444,10 +477,36 @@ def warnings(spec: Spec) -> list[str]:
             "built-in trainer, which alone reads it; remove it, or pass your program its settings in "
             "spec.args"
         )
-    claim = spec.checkpoint.claim if spec.checkpoint else None
-    if claim is not None and spec.nodes > 1 and "ReadWriteMany" not in claim.access_modes:
-        out.append(
-            f"spec.checkpoint.volumeClaimTemplate.accessModes: {list(claim.access_modes)} lets only one node "
-            f"mount the claim, but every one of the {spec.nodes} pods mounts it; use [ReadWriteMany]"
-        )
+    out.extend(storage_warnings(spec))
     return out
+
+
+def storage_warnings(spec: Spec) -> list[str]:
+    """A checkpoint claim a default cluster cannot give: the default StorageClasses of kind and minikube
+    (local-path, hostpath) and of the clouds' block storage (EBS, Persistent Disk, Azure Disk) give only
+    ReadWriteOnce, which pods on one node share (and a Multi-Attach error refuses a second node)."""
+    claim = spec.checkpoint.claim if spec.checkpoint else None
+    if claim is None:
+        return []
+    field, modes = "spec.checkpoint.volumeClaimTemplate", list(claim.access_modes)
+    several = "a storageClassName whose class gives ReadWriteMany (NFS, EFS, Filestore, CephFS)"
+    if "ReadWriteMany" in modes and claim.storage_class_name is None:
+        instead = "accessModes [ReadWriteOnce]" if spec.nodes == 1 else several
+        return [
+            f"{field}.accessModes: {modes} from the cluster's default StorageClass, which on kind, minikube "
+            "and the clouds' block storage gives only ReadWriteOnce (the claim would stay Pending); name "
+            f"{instead}, or use {OBJECT_STORAGE}"
+        ]
+    if "ReadWriteOncePod" in modes and spec.nodes > 1:
+        return [
+            f"{field}.accessModes: {modes} lets one pod only mount the claim, but every one of the "
+            f"{spec.nodes} pods mounts it; use [ReadWriteOnce] (pods on one node), {several}, or "
+            f"{OBJECT_STORAGE}"
+        ]
+    if "ReadWriteMany" not in modes and spec.nodes > 1 and spec.device == "cuda":
+        return [
+            f"{field}.accessModes: {modes} lets the pods of one node only mount the claim, and these "
+            f"{spec.nodes} pods with {spec.procs_per_node} GPU(s) each are likely on several nodes (the "
+            f"others would fail with a Multi-Attach error); use {several}, or {OBJECT_STORAGE}"
+        ]
+    return []

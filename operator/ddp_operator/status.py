@@ -257,7 +257,11 @@ def report_checkpoint(report: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def durable_condition(out: StatusBuilder, spec: Spec) -> None:
-    if checkpoints_durable(spec):
+    s3 = spec.checkpoint.s3 if spec.checkpoint else None
+    if s3 is not None:
+        message = f"checkpoints go to object storage ({s3.url}): restarts resume"
+        out.condition("CheckpointsDurable", True, "ObjectStorage", message)
+    elif checkpoints_durable(spec):
         out.condition("CheckpointsDurable", True, "Volume", "checkpoints outlive the pods: restarts resume")
     elif spec.max_restarts > 0:
         message = (

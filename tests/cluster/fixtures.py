@@ -206,14 +206,15 @@ def python_pod(name: str, code: str, *, restart: str = "Never", **spec: Any) -> 
 
 
 def host_path_volume(name: str, storage_class: str, path: str) -> dict[str, Any]:
-    """A 1Gi ReadWriteMany PersistentVolume on a host folder that only claims of ``storage_class`` bind."""
+    """A 1Gi PersistentVolume on a host folder that only claims of ``storage_class`` bind, ReadWriteOnce
+    (the claims' default) and ReadWriteMany: a claim binds a volume that offers every mode it asks for."""
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolume",
         "metadata": {"name": name},
         "spec": {
             "capacity": {"storage": "1Gi"},
-            "accessModes": ["ReadWriteMany"],
+            "accessModes": ["ReadWriteOnce", "ReadWriteMany"],
             "storageClassName": storage_class,
             "persistentVolumeReclaimPolicy": "Retain",
             "hostPath": {"path": path},

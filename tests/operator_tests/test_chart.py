@@ -100,6 +100,13 @@ def test_rbac_is_least_privilege() -> None:
     assert ("", "secrets", "get") not in granted
     assert ("", "pods", "delete") not in granted and ("", "pods", "create") not in granted
     assert ("batch", "jobs", "create") in granted and ("ddpjob.io", "ddpjobs/status", "patch") in granted
+    # why a checkpoint claim keeps the pods waiting: the claim itself and the events about it, read only
+    assert ("", "persistentvolumeclaims", "get") in granted and ("", "events", "list") in granted
+    assert {verb for group, resource, verb in granted if resource == "persistentvolumeclaims"} == {
+        "create",
+        "get",
+    }
+    assert ("", "events", "watch") not in granted and ("", "persistentvolumes", "get") not in granted
 
 
 def test_watching_namespaces_binds_only_there() -> None:

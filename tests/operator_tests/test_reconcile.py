@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ddp_operator import apply, live, names, reconcile, render, status
+from ddp_operator import apply, live, names, reconcile, render, status, storage
 from ddp_operator.plan import Plan
 from ddp_operator.progress import Progress
 from ddp_operator.spec import parse
@@ -121,6 +121,25 @@ def test_unschedulable_is_explained() -> None:
     assert plan.status["phase"] == "Pending" and plan.status["readyNodes"] == 1
     assert _conditions(plan)["Ready"] == ("False", "Unschedulable")
     assert any(e.type == "Warning" and why in e.message for e in plan.events)
+
+
+def test_a_claim_that_cannot_bind_is_diagnosed_in_ready_and_an_event_once() -> None:
+    why = "0/2 nodes are available: pod has unbound immediate PersistentVolumeClaims. not found"
+    claim = {"spec": {"accessModes": ["ReadWriteOnce"]}, "status": {"phase": "Pending"}}
+    reading = storage.ClaimReading("job-checkpoints", claim, ())
+    pods = [_pod(1, i, phase="Pending", unschedulable=why) for i in range(2)]
+    body = _body({"phase": "Pending", "attempt": 1}, checkpoint={"volumeClaimTemplate": {"size": "1Gi"}})
+    plan = reconcile.decide_for(body, [_job(1)], pods, NOW, None, reading)
+    ready = {c["type"]: c for c in plan.status["conditions"]}["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "NoStorageClass")
+    assert "job-checkpoints" in ready["message"] and "no default one" in ready["message"]
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "NoStorageClass")]
+    assert "job-checkpoints" in plan.events[0].message
+    again = reconcile.decide_for({**body, "status": plan.status}, [_job(1)], pods, NOW, None, reading)
+    assert again.events == ()  # said once, while the cause holds
+    # without a reading (the claim not read), the scheduler's message is all there is
+    plain = reconcile.decide_for(body, [_job(1)], pods, NOW)
+    assert _conditions(plain)["Ready"] == ("False", "Unschedulable")
 
 
 def test_success_reads_the_sync_report() -> None:

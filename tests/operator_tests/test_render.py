@@ -14,6 +14,7 @@ import yaml
 
 from ddp_operator import cli, names, render
 from ddp_operator.spec import Spec, parse, parse_file
+from ddp_trainer import contract
 
 from .conftest import GOLDEN, REPO
 
@@ -223,7 +224,7 @@ def test_a_claim_template_becomes_an_owned_claim_mounted_by_every_pod() -> None:
         claim["kind"] == "PersistentVolumeClaim" and claim["metadata"]["name"] == f"{spec.name}-checkpoints"
     )
     assert claim["spec"] == {
-        "accessModes": ["ReadWriteMany"],
+        "accessModes": ["ReadWriteOnce"],  # what every default StorageClass gives
         "resources": {"requests": {"storage": "5Gi"}},
         "storageClassName": "nfs",
     }
@@ -234,6 +235,48 @@ def test_a_claim_template_becomes_an_owned_claim_mounted_by_every_pod() -> None:
     }
     kubernetes_validate.validate(claim, KUBERNETES_RELEASES[-1], strict=True)
     assert _env(_container(job))["DDPJOB_UID"] == "1234"
+
+
+def test_object_storage_is_a_url_flag_an_endpoint_and_the_secret_mounted_not_in_the_environment() -> None:
+    secret = {"name": "minio-creds", "accessKeyIdKey": "accesskey"}
+    bucket = {
+        "endpoint": "http://minio.storage:9000",
+        "bucket": "ckpt",
+        "prefix": "team-a/",
+        "region": "eu-1",
+    }
+    spec = _with_checkpoint(s3={**bucket, "credentialsSecret": secret})
+    assert [o["kind"] for o in render.render(spec)] == ["Service", "Job"]  # no claim
+    job = render.render_job(spec, 1)
+    container = _container(job)
+    assert "--checkpoint-dir=s3://ckpt/team-a" in container["args"], container["args"]
+    env = _env(container)
+    assert (
+        env[contract.S3_ENDPOINT_ENV] == "http://minio.storage:9000" and env[contract.S3_REGION_ENV] == "eu-1"
+    )
+    assert env[contract.S3_CREDENTIALS_ENV] == contract.S3_CREDENTIALS_DIR
+    assert not any(
+        "AWS_" in name or ("valueFrom" in str(value) and "secret" in str(value))
+        for name, value in env.items()
+    )
+    volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
+    assert volumes[names.CHECKPOINT_VOLUME]["secret"] == {
+        "secretName": "minio-creds",
+        "items": [
+            {"key": "accesskey", "path": contract.S3_ACCESS_KEY_FILE},
+            {"key": "AWS_SECRET_ACCESS_KEY", "path": contract.S3_SECRET_KEY_FILE},
+        ],
+    }
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts[names.CHECKPOINT_VOLUME] == {
+        "name": names.CHECKPOINT_VOLUME,
+        "mountPath": contract.S3_CREDENTIALS_DIR,
+        "readOnly": True,
+    }
+    kubernetes_validate.validate(job, KUBERNETES_RELEASES[-1], strict=True)
+    # without a Secret (a pod identity, IRSA): no credentials folder is named, the bucket is
+    bare = _container(render.render_job(_with_checkpoint(s3={"bucket": "ckpt"}), 1))
+    assert "--checkpoint-dir=s3://ckpt/" in bare["args"] and contract.S3_CREDENTIALS_ENV not in _env(bare)
 
 
 def test_a_retained_claim_has_no_owner_and_a_volume_needs_no_claim() -> None:

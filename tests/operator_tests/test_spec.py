@@ -47,6 +47,30 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
     ),
     ("checkpoint with neither", _with("spec.checkpoint", {"keep": 2}), "spec.checkpoint", "exactly one of"),
     (
+        "checkpoint claim and bucket",
+        _with("spec.checkpoint", {"s3": {"bucket": "ckpt"}, "volumeClaimTemplate": {"size": "1Gi"}}),
+        "spec.checkpoint",
+        "or s3 (a bucket of object storage)",
+    ),
+    (
+        "bucket name with capitals",
+        _with("spec.checkpoint", {"s3": {"bucket": "My_Bucket"}}),
+        "spec.checkpoint.s3.bucket",
+        "must be a match for",
+    ),
+    (
+        "endpoint with a path",
+        _with("spec.checkpoint", {"s3": {"bucket": "ckpt", "endpoint": "http://minio:9000/ckpt"}}),
+        "spec.checkpoint.s3.endpoint",
+        "must be a match for",
+    ),
+    (
+        "credentials secret without a name",
+        _with("spec.checkpoint", {"s3": {"bucket": "ckpt", "credentialsSecret": {}}}),
+        "spec.checkpoint.s3.credentialsSecret.name",
+        "Required value",
+    ),
+    (
         "claim without a size",
         _with("spec.checkpoint", {"volumeClaimTemplate": {"storageClassName": "nfs"}}),
         "spec.checkpoint.volumeClaimTemplate.size",
@@ -386,10 +410,40 @@ def test_admitted_objects_keep_the_api_servers_verdict() -> None:
         (None, {"maxRestarts": 0}, None),
         ({"volumeClaimTemplate": {"size": "1Gi"}}, {}, None),
         ({"volume": {"nfs": {"server": "n", "path": "/x"}}}, {}, None),
+        # ReadWriteOnce (the default) from the default class: pods of one node share it (the quickstart)
+        ({"volumeClaimTemplate": {"size": "1Gi", "accessModes": ["ReadWriteOnce"]}}, {}, None),
+        # ReadWriteMany from the default class: kind, minikube and the clouds' block storage refuse it
         (
-            {"volumeClaimTemplate": {"size": "1Gi", "accessModes": ["ReadWriteOnce"]}},
+            {"volumeClaimTemplate": {"size": "1Gi", "accessModes": ["ReadWriteMany"]}},
             {},
-            "use [ReadWriteMany]",
+            "gives only ReadWriteOnce (the claim would stay Pending); name a storageClassName whose class "
+            "gives ReadWriteMany",
+        ),
+        (
+            {"volumeClaimTemplate": {"size": "1Gi", "accessModes": ["ReadWriteMany"]}},
+            {"nodes": 1},
+            "name accessModes [ReadWriteOnce], or use spec.checkpoint.s3",
+        ),
+        (
+            {
+                "volumeClaimTemplate": {
+                    "size": "1Gi",
+                    "accessModes": ["ReadWriteMany"],
+                    "storageClassName": "nfs",
+                }
+            },
+            {},
+            None,
+        ),
+        (
+            {"volumeClaimTemplate": {"size": "1Gi", "accessModes": ["ReadWriteOncePod"]}},
+            {},
+            "lets one pod only mount the claim, but every one of the 2 pods",
+        ),
+        (
+            {"volumeClaimTemplate": {"size": "1Gi"}},
+            {"device": "cuda"},
+            "likely on several nodes (the others would fail with a Multi-Attach error)",
         ),
     ],
 )
@@ -410,9 +464,5 @@ def test_warns_where_restarts_would_lose_the_checkpoints(
     if warned is None:
         assert err == ""
     else:
-        field = (
-            "spec.checkpoint.volumeClaimTemplate.accessModes"
-            if "ReadWriteMany" in warned
-            else "spec.checkpoint"
-        )
+        field = "spec.checkpoint" if "step 0" in warned else "spec.checkpoint.volumeClaimTemplate.accessModes"
         assert err.startswith(f"{path}: DDPJob/demo: warning: {field}: ") and warned in err, err

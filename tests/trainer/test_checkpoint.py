@@ -144,8 +144,8 @@ def test_jobs_sharing_a_folder_never_write_each_others_files(tmp_path: Path) -> 
     assert checkpoint.save(tmp_path, state, recreated, keep=2) is None
     assert checkpoint.checkpoint_path(tmp_path, 10, "mine").read_bytes() == before
     state.step = 20
-    assert checkpoint.save(tmp_path, state, recreated, keep=1) == checkpoint.checkpoint_path(
-        tmp_path, 20, "mine"
+    assert checkpoint.save(tmp_path, state, recreated, keep=1) == str(
+        checkpoint.checkpoint_path(tmp_path, 20, "mine")
     )
     assert _steps(tmp_path) == [10, 10, 20]
     assert checkpoint.checkpoint_path(tmp_path, 20).name == "step-00000020.pt"  # outside any DDPJob

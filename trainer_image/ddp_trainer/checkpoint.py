@@ -1,5 +1,6 @@
-"""Checkpoints: atomic files that say who wrote them, only of verified states, restored identically on
-every rank.
+"""Checkpoints: atomic files (or objects) that say who wrote them, only of verified states, restored
+identically on every rank. Where they live is a :class:`~ddp_trainer.stores.Store`: a folder on a volume
+or a bucket prefix (:mod:`ddp_trainer.objectstore`); every guarantee below holds on both.
 
 * Only global rank 0 writes, and only right after a sync check passed at that very step, so a
   checkpoint is never a diverged model; a divergence stops all saving until a check passes again.
@@ -8,7 +9,8 @@ every rank.
   :mod:`ddp_trainer.provenance`.
 * A save writes ``.step-XXXXXXXX.<job>.pt.tmp-<pid>``, fsyncs it and renames it to
   ``step-XXXXXXXX.<job>.pt`` (``<job>`` is the DDPJob's name; none outside a DDPJob), atomic on POSIX: a
-  crash mid-save leaves the previous checkpoints untouched. Each step has its own file; a save at a step
+  crash mid-save leaves the previous checkpoints untouched (object storage: one PUT, visible only
+  whole). Each step has its own file; a save at a step
   that already has one of this job's files replaces it in one rename. Then this
   job's files beyond the newest ``keep`` are removed, and so are this job's files of later steps (an
   earlier attempt's files that this attempt passed over as corrupt). Another job's files are never
@@ -32,9 +34,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ddp_trainer import provenance
+from ddp_trainer import contract, provenance
 from ddp_trainer.provenance import Candidate, Choice, Identity, Writer
 from ddp_trainer.state import TrainState
+from ddp_trainer.stores import DirectoryStore, Store, StoreRefused
+from ddp_trainer.stores import write_atomic as write_atomic  # the folder store's (tests write with it)
 
 log = logging.getLogger("ddp_trainer")
 
@@ -43,44 +47,46 @@ _PAYLOAD_KEYS = frozenset({"model", "optimizer", "scaler", "step", "epoch"})
 
 
 class CheckpointRefused(Exception):
-    """The volume holds another job's checkpoint, or this job's with other settings."""
+    """The store holds another job's checkpoint, or this job's with other settings, or refused the trainer."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
 
 
+Where = Store | Path
+
+
+def _store(where: Where) -> Store:
+    return DirectoryStore(where) if isinstance(where, Path) else where
+
+
+def open_store(where: str | Path) -> Store:
+    """The store of ``--checkpoint-dir``: ``s3://bucket/prefix`` is object storage (its client imported
+    only then: the ``s3`` extra), anything else a folder."""
+    text = str(where)
+    if text.startswith(contract.S3_SCHEME):
+        from ddp_trainer.objectstore import S3Store  # the optional extra, only for object storage
+
+        return S3Store.from_url(text, os.environ)
+    return DirectoryStore(Path(text))
+
+
+def checkpoint_name(step: int, job: str = "") -> str:
+    """The name of DDPJob ``job``'s checkpoint for ``step``: ``step-00001500.<job>.pt``
+    (``step-00001500.pt`` outside a DDPJob), so that jobs sharing a store never write each other's."""
+    return f"step-{step:08d}.{job}.pt" if job else f"step-{step:08d}.pt"
+
+
 def checkpoint_path(directory: Path, step: int, job: str = "") -> Path:
-    """The file of DDPJob ``job`` for ``step``: ``step-00001500.<job>.pt`` (``step-00001500.pt`` outside a
-    DDPJob), so that jobs sharing a volume never write each other's files."""
-    return directory / (f"step-{step:08d}.{job}.pt" if job else f"step-{step:08d}.pt")
+    """The file of DDPJob ``job`` for ``step`` in a folder."""
+    return directory / checkpoint_name(step, job)
 
 
-def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints in ``directory`` as ``(step, path)``, oldest first (temp files ignored)."""
-    if not directory.is_dir():
-        return []
-    found = [(int(m[1]), p) for p in directory.iterdir() if (m := _NAME.match(p.name))]
-    return sorted(found, key=lambda found: (found[0], found[1].name))
-
-
-def write_atomic(path: Path, payload: bytes) -> None:
-    """Write ``payload`` to ``path`` via a temp file, fsync and rename; never a partial file at ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # make the rename itself durable
-    finally:
-        os.close(fd)
+def list_checkpoints(where: Where) -> list[tuple[int, str]]:
+    """Complete checkpoints in ``where`` as ``(step, name)``, oldest first (temp files ignored)."""
+    found = [(int(m[1]), name) for name in _store(where).names() if (m := _NAME.match(name))]
+    return sorted(found)
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -105,53 +111,55 @@ def serialize(state: TrainState) -> bytes:
     return buffer.getvalue()
 
 
-def owner(path: Path) -> Identity | None:
-    """Who the header of ``path`` names (unverified), or None when it has no readable header."""
+def owner(store: Store, name: str) -> Identity | None:
+    """Who the header of ``name`` names (unverified), or None when it has no readable header."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(provenance.MAX_HEADER_BYTES + 1)
+        head = store.head(name, provenance.MAX_HEADER_BYTES + 1)
     except OSError:
         return None
     return provenance.peek_identity(head)
 
 
-def save(directory: Path, state: TrainState, writer: Writer, keep: int) -> Path | None:
-    """Rank 0 only: write the checkpoint of ``state.step`` and prune this job's old ones. Returns the
-    file, or None when that step's file belongs to another job (never overwritten; the save is skipped)."""
-    path = checkpoint_path(directory, state.step, writer.identity.name)
-    theirs = owner(path) if path.exists() else None
+def save(where: Where, state: TrainState, writer: Writer, keep: int) -> str | None:
+    """Rank 0 only: publish the checkpoint of ``state.step`` and prune this job's old ones. Returns where
+    it went, or None when that step's checkpoint belongs to another job (never overwritten; no save)."""
+    store = _store(where)
+    name = checkpoint_name(state.step, writer.identity.name)
+    theirs = owner(store, name) if store.exists(name) else None
     if theirs is not None and theirs != writer.identity:
-        log.warning("step %d: not saving: %s belongs to %s", state.step, path, theirs)
+        log.warning("step %d: not saving: %s belongs to %s", state.step, store.location(name), theirs)
         return None
-    write_atomic(path, provenance.encode(writer, state.step, serialize(state)))
-    prune(directory, writer.identity, state.step, keep)
-    return path
+    store.publish(name, provenance.encode(writer, state.step, serialize(state)))
+    prune(store, writer.identity, state.step, keep)
+    return store.location(name)
 
 
-def prune(directory: Path, identity: Identity, saved_step: int, keep: int) -> list[Path]:
-    """Remove this job's files beyond the newest ``keep`` up to ``saved_step`` (which is always kept), and
-    this job's files of later steps. Returns what was removed."""
-    own = [(step, path) for step, path in list_checkpoints(directory) if owner(path) == identity]
-    later = [path for step, path in own if step > saved_step]
-    older = [path for step, path in own if step < saved_step]
+def prune(where: Where, identity: Identity, saved_step: int, keep: int) -> list[str]:
+    """Remove this job's checkpoints beyond the newest ``keep`` up to ``saved_step`` (which is always
+    kept), and this job's of later steps. Returns the names removed."""
+    store = _store(where)
+    own = [(step, name) for step, name in list_checkpoints(store) if owner(store, name) == identity]
+    later = [name for step, name in own if step > saved_step]
+    older = [name for step, name in own if step < saved_step]
     doomed = later + older[: max(0, len(older) - (keep - 1))]
-    for path in doomed:
-        path.unlink(missing_ok=True)
+    for name in doomed:
+        store.remove(name)
     return doomed
 
 
-def scan(directory: Path) -> Iterator[Candidate]:
-    """The checkpoint files, newest first, each read and verified (lazily: one file in memory at a time)."""
-    for step, path in reversed(list_checkpoints(directory)):
+def scan(where: Where) -> Iterator[Candidate]:
+    """The checkpoints, newest first, each read and verified (lazily: one in memory at a time)."""
+    store = _store(where)
+    for step, name in reversed(list_checkpoints(store)):
         try:
-            header, payload = provenance.decode(path.read_bytes())
+            header, payload = provenance.decode(store.read(name))
         except (OSError, ValueError) as err:
-            yield Candidate(path.name, step, problem=str(err))
+            yield Candidate(name, step, problem=str(err))
             continue
         if header.step != step:
-            yield Candidate(path.name, step, problem=f"the header says step {header.step}")
+            yield Candidate(name, step, problem=f"the header says step {header.step}")
             continue
-        yield Candidate(path.name, step, header, payload)
+        yield Candidate(name, step, header, payload)
 
 
 def loadable(candidate: Candidate) -> str:
@@ -167,13 +175,24 @@ def loadable(candidate: Candidate) -> str:
     return ""
 
 
-def restore_on_rank0(directory: Path | None, writer: Writer, warm_start_from: str) -> Choice:
-    """Collective: rank 0 scans ``directory`` and chooses; every rank gets the same :class:`Choice`."""
-    box: list[Any] = [Choice("fresh")]
-    if dist.get_rank() == 0 and directory is not None:
-        box[0] = provenance.choose(
-            scan(directory), writer, warm_start_from=warm_start_from, where=str(directory), loadable=loadable
+def choose_on_rank0(where: Where, writer: Writer, warm_start_from: str) -> Choice:
+    """Rank 0's choice among the checkpoints in ``where``; a store that refuses the trainer (credentials,
+    a missing bucket) is a refusal too, so that every rank stops before step 1 and no restart follows."""
+    store = _store(where)
+    try:
+        return provenance.choose(
+            scan(store), writer, warm_start_from=warm_start_from, where=store.where, loadable=loadable
         )
+    except StoreRefused as err:
+        message = f"the checkpoint storage refused the trainer: {err}"
+        return Choice("refuse", reason=contract.CHECKPOINT_STORAGE_REFUSED, message=message)
+
+
+def restore_on_rank0(where: Where | None, writer: Writer, warm_start_from: str) -> Choice:
+    """Collective: rank 0 scans ``where`` and chooses; every rank gets the same :class:`Choice`."""
+    box: list[Any] = [Choice("fresh")]
+    if dist.get_rank() == 0 and where is not None:
+        box[0] = choose_on_rank0(where, writer, warm_start_from)
         for skipped in box[0].skipped:
             log.warning("checkpoint skipped: %s", skipped)
     dist.broadcast_object_list(box, src=0)  # an opaque blob: the right tool here, unlike for parameters

@@ -137,6 +137,23 @@ def trainer_argv(values: Mapping[str, object]) -> list[str]:
     ]
 
 
+# Object storage (spec.checkpoint.s3): where the bucket is, and where the Secret's keys are mounted.
+S3_ENDPOINT_ENV: Final = "DDPJOB_S3_ENDPOINT"
+"""``spec.checkpoint.s3.endpoint``: the S3-compatible endpoint's URL (unset: AWS S3 itself)."""
+S3_REGION_ENV: Final = "DDPJOB_S3_REGION"
+"""``spec.checkpoint.s3.region`` (unset: the client asks the bucket)."""
+S3_CREDENTIALS_ENV: Final = "DDPJOB_S3_CREDENTIALS"
+"""A folder with the files :data:`S3_ACCESS_KEY_FILE` and :data:`S3_SECRET_KEY_FILE` (the Secret of
+``spec.checkpoint.s3.credentialsSecret``, mounted read-only: never an environment variable). Unset, or the
+files absent: the client's own chain (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``~/.aws``, an
+instance or pod role)."""
+S3_CREDENTIALS_DIR: Final = "/var/run/secrets/ddpjob.io/s3"
+"""Where the operator mounts that Secret."""
+S3_ACCESS_KEY_FILE: Final = "access-key-id"
+S3_SECRET_KEY_FILE: Final = "secret-access-key"
+S3_SCHEME: Final = "s3://"
+"""``--checkpoint-dir s3://<bucket>/<prefix>``: checkpoints as objects (``ddp_trainer.objectstore``)."""
+
 # -- what a checkpoint records, and the spec fields that cannot change ----------------------------------
 # Declared here once: ``provenance.settings_of`` records exactly RECORDED_SETTINGS' keys, the CRD fixes
 # exactly FIXED_SPEC_FIELDS with CEL transition rules (``oldSelf``) and docs/operator.md lists the same
@@ -161,6 +178,7 @@ CHECKPOINT_PLACE_FIELDS: Final = (
     "checkpoint",
     "checkpoint.volume",
     "checkpoint.volumeClaimTemplate",
+    "checkpoint.s3",
     "checkpoint.mountPath",
     "checkpoint.warmStartFrom",
 )
@@ -207,8 +225,9 @@ DIVERGENCE_EXIT_CODE: Final = 86
 """The ranks stopped holding the same model and the policy was ``Fail`` (or a ``Repair`` did not take).
 Reserved for divergence: nothing else in the trainer exits with 86."""
 CHECKPOINT_REFUSED_EXIT_CODE: Final = 78
-"""The checkpoint volume holds another job's checkpoint, or this job's written with other settings
-(report reason :data:`FOREIGN_CHECKPOINT` or :data:`SETTINGS_CHANGED`): a configuration error that no
+"""The checkpoint volume holds another job's checkpoint, or this job's written with other settings, or the
+object store refused the trainer (report reason :data:`FOREIGN_CHECKPOINT`, :data:`SETTINGS_CHANGED` or
+:data:`CHECKPOINT_STORAGE_REFUSED`): a configuration error that no
 restart can fix, so the operator fails the DDPJob at once. 78 is ``EX_CONFIG`` of ``sysexits.h``; not
 argparse's 2, which other tools in a container exit with for their own reasons."""
 CONFIGURATION_EXIT_CODES: Final = (USAGE_EXIT_CODE, CHECKPOINT_REFUSED_EXIT_CODE)
@@ -240,7 +259,10 @@ and ``spec.checkpoint.warmStartFrom`` does not name it."""
 SETTINGS_CHANGED: Final = "SettingsChanged"
 """Report reason: this job's newest intact checkpoint was written with other settings (model, data order,
 optimizer, world size, precision)."""
-CHECKPOINT_REFUSED_REASONS: Final = (FOREIGN_CHECKPOINT, SETTINGS_CHANGED)
+CHECKPOINT_STORAGE_REFUSED: Final = "CheckpointStorageRefused"
+"""Report reason: the checkpoint storage refused the trainer (object storage: the credentials, the
+bucket, access denied), before step 1; no restart can fix it."""
+CHECKPOINT_REFUSED_REASONS: Final = (FOREIGN_CHECKPOINT, SETTINGS_CHANGED, CHECKPOINT_STORAGE_REFUSED)
 """Reasons that come with :data:`CHECKPOINT_REFUSED_EXIT_CODE`: fail at once, never restart."""
 FAULTY_RANK: Final = "FaultyRank"
 """Report reason (result ``Failed``): the compute probe named a faulty rank under ``onFaultyRank: Fail``;

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -69,7 +68,8 @@ class Session:
         self.health: SyncHealth | None = None
         """Built once the model is wrapped in DDP (its first check is the initial one)."""
         self.stop = boundary.StopRequest()
-        self.ckpt_dir = Path(config.checkpoint_dir) if config.checkpoint_dir else None
+        self.store = checkpoint.open_store(config.checkpoint_dir) if config.checkpoint_dir else None
+        """Where checkpoints live: a folder, or a bucket prefix (``s3://``); None: no checkpoints."""
         self.precision_name = precision
         self.resumed_from = 0
         self.stepped = False
@@ -121,7 +121,7 @@ class Session:
         """Collective: load what rank 0 chose (this job's newest intact checkpoint, or a warm start's
         weights), or raise :class:`checkpoint.CheckpointRefused` on every rank."""
         assert self.writer is not None
-        choice = checkpoint.restore_on_rank0(self.ckpt_dir, self.writer, self.config.warm_start_from)
+        choice = checkpoint.restore_on_rank0(self.store, self.writer, self.config.warm_start_from)
         self.skipped = choice.skipped
         if choice.action == "refuse":
             raise checkpoint.CheckpointRefused(choice.reason, choice.message)
@@ -139,11 +139,11 @@ class Session:
                 choice.file,
                 choice.step,
             )
-        elif self.config.warm_start_from and self.ckpt_dir is not None and self.launch.rank == 0:
+        elif self.config.warm_start_from and self.store is not None and self.launch.rank == 0:
             log.warning(
                 "--warm-start-from=%s: no intact checkpoint of it in %s; starting fresh",
                 self.config.warm_start_from,
-                self.ckpt_dir,
+                self.store.where,
             )
 
     def check(self, state: TrainState, kind: CheckKind) -> replicas.SyncReport:
@@ -169,7 +169,7 @@ class Session:
                 )
         health.drill()
         stop = boundary.agree_stop(self.stop.requested)
-        due = boundary.due_at(result.step, self.config, saving=self.ckpt_dir is not None, stop=stop)
+        due = boundary.due_at(result.step, self.config, saving=self.store is not None, stop=stop)
         probing = health.probe_due()  # the compute probe needs just-verified parameters: a check first
         if due.check is not None or probing:
             verified = self.check(state, due.check or "periodic").in_sync
@@ -181,9 +181,9 @@ class Session:
 
     def save(self, state: TrainState) -> None:
         """Rank 0 writes the checkpoint of a verified state."""
-        if self.launch.rank == 0 and self.ckpt_dir is not None:
+        if self.launch.rank == 0 and self.store is not None:
             assert self.writer is not None
-            path = checkpoint.save(self.ckpt_dir, state, self.writer, self.config.checkpoint_keep)
+            path = checkpoint.save(self.store, state, self.writer, self.config.checkpoint_keep)
             if path is not None:
                 log.info("step %d: checkpoint saved to %s", state.step, path)
 

@@ -260,6 +260,12 @@ def _local_notes(spec: Spec, first_attempt: int) -> list[str]:
             "spec.envFrom: ConfigMaps and Secrets are not read here (no API server); this machine's "
             "environment reaches every pod, so export their variables before `ddpjob local`"
         )
+    s3 = spec.checkpoint.s3 if spec.checkpoint else None
+    if s3 is not None and s3.secret_name:
+        notes.append(
+            f"spec.checkpoint.s3.credentialsSecret ({s3.secret_name}): not read here (no API server); "
+            "export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY before `ddpjob local`"
+        )
     if spec.pod_template.init_containers:
         names = ", ".join(str(c.get("name")) for c in spec.pod_template.init_containers)
         notes.append(

@@ -1,0 +1,100 @@
+"""The quickstart's checkpoint claim on the real control plane, which has no StorageClass (a bare
+cluster): as it is, the claim cannot bind and the status and an Event say so within seconds, naming the
+claim, the cause and the fix; with a ReadWriteOnce volume such as a default class gives (here a
+PersistentVolume made by hand, bound by the real controller-manager), the quickstart succeeds."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cluster.fixtures import Cluster, wait_for
+
+from .conftest import REPO, Operator, get, wait_phase
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+CLAIM = "quickstart-checkpoints"
+
+
+def _quickstart() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
+    doc["spec"]["trainer"].update(steps=40, checkpointEvery=20)
+    doc["spec"]["syncCheck"]["everySteps"] = 20
+    return doc
+
+
+def _apply(cluster: Cluster, namespace: str, doc: dict[str, Any]) -> None:
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
+
+
+def _ready(cluster: Cluster, namespace: str) -> dict[str, Any]:
+    conditions = get(cluster, namespace, "quickstart").get("status", {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == "Ready"), {})
+
+
+def test_the_quickstart_on_a_cluster_without_a_storage_class_says_which_claim_waits_and_why(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    started = time.monotonic()
+    _apply(cluster, namespace, _quickstart())
+    ready = wait_for(
+        lambda: (found := _ready(cluster, namespace)).get("reason") == "NoStorageClass" and found,
+        what="the Ready condition to diagnose the unbound claim",
+        timeout=60,
+        every=0.5,
+    )
+    took = time.monotonic() - started
+    print(f"diagnosed {took:.1f}s after kubectl apply: {ready['message']}")
+    assert CLAIM in ready["message"] and "no default one" in ready["message"], ready
+    assert "storageClassName" in ready["message"], ready  # the fix
+    assert get(cluster, namespace, "quickstart")["status"]["phase"] == "Pending"
+    events = cluster.kubectl_json(
+        "get",
+        "events",
+        "-n",
+        namespace,
+        "--field-selector",
+        "involvedObject.kind=DDPJob,reason=NoStorageClass",
+    )["items"]
+    assert events and events[0]["type"] == "Warning" and CLAIM in events[0]["message"], events
+
+
+def test_the_quickstart_succeeds_on_a_read_write_once_volume(
+    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
+) -> None:
+    folder = tmp_path / "pv"
+    # What a default class would provision: ReadWriteOnce, here pre-bound to the quickstart's claim (a
+    # claim without a class binds a volume without one when the cluster has no default class)
+    volume = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": f"rwo-{namespace}"},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "hostPath": {"path": str(folder)},
+            "claimRef": {"namespace": namespace, "name": CLAIM},
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(volume))
+    try:
+        _apply(cluster, namespace, _quickstart())
+        status = wait_phase(cluster, namespace, "quickstart", "Succeeded", "Failed", timeout=240)["status"]
+        assert status["phase"] == "Succeeded", status
+        assert status["sync"]["verified"] is True, status
+        claim = cluster.kubectl_json("get", "pvc", CLAIM, "-n", namespace)
+        assert claim["spec"]["accessModes"] == ["ReadWriteOnce"] and claim["status"]["phase"] == "Bound"
+        assert sorted(p.name for p in folder.glob("step-*.pt")) == [
+            "step-00000020.quickstart.pt",
+            "step-00000040.quickstart.pt",
+        ]
+    finally:
+        cluster.kubectl("delete", "ddpjob", "quickstart", "-n", namespace, "--wait=false", check=False)
+        cluster.kubectl("delete", "pv", f"rwo-{namespace}", "--wait=false", check=False)
