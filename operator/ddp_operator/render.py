@@ -205,10 +205,22 @@ def restarts_in_place(spec: Spec, attempt: int, used: int | None = None) -> int:
     return max(0, spec.max_restarts - done)
 
 
+def runs_launcher(spec: Spec) -> bool:
+    """Whether the container runs ``ddp_trainer.launch`` (the image's ENTRYPOINT: no ``command``, or that
+    command itself), the only way restarts in place keep their rules (never on exit 2, 78, 86, 87 or 143)
+    and their bookkeeping. A ``command`` of the user's (``torchrun`` directly) keeps torchrun's defaults:
+    a static rendezvous and no restart in place, so a failed process ends the attempt (the Job is
+    recreated) and a divergence or a faulty rank is never retried on the same pods."""
+    return spec.command is None or tuple(spec.command) == contract.IMAGE_ENTRYPOINT
+
+
 def _elastic_env(spec: Spec, attempt: int, used: int | None) -> list[Obj]:
-    """torchrun's agent: the ``c10d`` rendezvous on node rank 0 (so a restart on one node restarts every
-    node), one rendezvous per attempt, this pod's own name as its address (rank 0's is its workers'
-    MASTER_ADDR; the agents are ordered by it, so pod 0 holds rank 0), and the restart budget."""
+    """torchrun's agent under the launcher (:func:`runs_launcher`; nothing otherwise): the ``c10d``
+    rendezvous on node rank 0 (so a restart on one node restarts every node), one rendezvous per attempt,
+    this pod's own name as its address (rank 0's is its workers' MASTER_ADDR; the agents are ordered by it,
+    so pod 0 holds rank 0), and the restart budget."""
+    if not runs_launcher(spec):
+        return []
     own = f"{job_name(spec, attempt)}-$({contract.PET_NODE_RANK}).{service_name(spec)}"
     return [
         _value(contract.PET_RDZV_BACKEND, contract.RDZV_BACKEND),

@@ -18,6 +18,7 @@ from .conftest import Operator, children, ddpjob, get, wait_phase
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 STEPS = 1500
 EVERY = 150
+PROBE = 1000  # the compute probe (spec.syncCheck.probeEverySteps), which runs after a check of its own
 
 
 def test_a_script_with_no_ddpjob_code_shows_sync_and_progress(
@@ -28,7 +29,7 @@ def test_a_script_with_no_ddpjob_code_shows_sync_and_progress(
         command=["torchrun"],
         args=[str(Path(__file__).with_name("no_code_train.py"))],
         env=[{"name": "STEPS", "value": str(STEPS)}, {"name": "STEP_SECONDS", "value": "0.02"}],
-        syncCheck={"everySteps": EVERY},
+        syncCheck={"everySteps": EVERY, "probeEverySteps": PROBE},
         maxRestarts=0,
     )
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
@@ -61,6 +62,7 @@ def test_a_script_with_no_ddpjob_code_shows_sync_and_progress(
 
     done = wait_phase(cluster, namespace, "nocode", "Succeeded", "Failed", timeout=420)["status"]
     assert done["phase"] == "Succeeded", done
-    checks = 1 + STEPS // EVERY  # the initial check, then every EVERY steps (the last at the last step)
+    # the initial check, every EVERY steps (the last at the last step), one before each probe off that grid
+    checks = 1 + STEPS // EVERY + sum(1 for step in range(PROBE, STEPS + 1, PROBE) if step % EVERY)
     assert done["sync"]["verified"] is True and done["sync"]["checks"] == checks, done
     assert done["sync"]["lastCheckStep"] == STEPS, done

@@ -405,3 +405,26 @@ def test_a_pythonpath_from_value_from_is_said_to_turn_the_hook_off() -> None:
     said = warnings(_custom(env=[{"name": "PYTHONPATH", "valueFrom": ref}]))
     assert any(w.startswith("spec.env PYTHONPATH: it comes from valueFrom") for w in said), said
     assert not any("PYTHONPATH" in w for w in warnings(_custom())), warnings(_custom())
+
+
+@pytest.mark.parametrize(
+    ("command", "in_place"),
+    [
+        (None, True),  # the image's ENTRYPOINT: the launcher
+        (list(contract.IMAGE_ENTRYPOINT), True),
+        (["torchrun", "--nproc-per-node", "2", "train.py"], False),
+        (["python", "train.py"], False),
+    ],
+)
+def test_only_the_launcher_restarts_in_place(command: list[str] | None, in_place: bool) -> None:
+    """torchrun's agent would restart any failure in place, a divergence (86) or a faulty rank (87) too;
+    only the launcher keeps the rules, so only it gets the c10d rendezvous and a restart budget."""
+    doc = yaml.safe_load((GOLDEN / "cpu.yaml").read_text())
+    doc["spec"]["maxRestarts"] = 3
+    if command is not None:
+        doc["spec"]["command"] = command
+    env = _env(_container(render.render_job(parse(doc), 1)))
+    elastic = {contract.PET_RDZV_BACKEND, contract.PET_RDZV_ENDPOINT, contract.PET_MAX_RESTARTS}
+    assert (elastic <= set(env)) is in_place and (not elastic & set(env)) is (not in_place), env
+    if in_place:
+        assert env[contract.PET_MAX_RESTARTS] == "3" and env[contract.PET_RDZV_BACKEND] == "c10d"
