@@ -1,13 +1,15 @@
 """Kopf handlers: wire events to functions. No logic of their own.
 
 Every DDPJob is reconciled from three in-memory indexes (its own body, its batch Jobs, its pods), whenever
-any of them changes and on a timer, so status always comes from what exists: :mod:`observe` reads the
+any of them changes and on a timer (:mod:`ticker`, the operator's own: Kopf's timer would put a finalizer on
+every DDPJob), so status always comes from what exists: :mod:`observe` reads the
 children into facts, :mod:`reconcile` decides (pure), :mod:`apply` carries the plan out (idempotent).
 """
 
 from __future__ import annotations
 
 import collections
+import contextvars
 import logging
 import threading
 from typing import Any
@@ -19,6 +21,7 @@ from . import apply, crd, names
 from .recent import Recent
 from .scraper import Scraper
 from .status import finished
+from .ticker import PeeringPause, Ticker
 
 LABELS = {names.MANAGED_BY_LABEL: names.MANAGED_BY}
 Key = tuple[str, str]
@@ -28,6 +31,24 @@ _LOCKS: collections.defaultdict[Key, threading.Lock] = collections.defaultdict(t
 SCRAPER = Scraper()
 # What this operator wrote that the indexes above do not show yet (read your own writes).
 RECENT = Recent()
+# Kopf's peering pauses the watches (and with them the indexes): the timer pauses with them.
+PEERING = PeeringPause()
+TIMER_INTERVAL_SECONDS = 5.0
+# What the timer needs from Kopf, taken from the first DDPJob event: the indexes, settings and context.
+_KOPF: dict[str, Any] = {}
+
+
+def _tick(key: Key) -> None:
+    """The timer's reconcile of one DDPJob (the safety net: deadlines, TTLs and restarts waiting for old
+    pods are noticed within seconds)."""
+    for body in list(_KOPF["ddpjob_bodies"].get(key, []))[:1]:
+        if _watched(body.get("spec") or {}, body.get("status") or {}):
+            logger = kopf.ObjectLogger(body=kopf.Body(body), settings=_KOPF["settings"])
+            reconcile(key, logger=logger, **{name: _KOPF[name] for name in INDEXES})
+
+
+TIMER = Ticker(TIMER_INTERVAL_SECONDS, lambda: _KOPF["ddpjob_bodies"].keys(), _tick, PEERING.paused)
+INDEXES = ("ddpjob_bodies", "ddpjob_jobs", "ddpjob_pods")
 
 
 @kopf.on.startup()
@@ -48,29 +69,53 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.connect_timeout = 10
     # Transitions are posted as events by reconcile itself; Kopf only posts its warnings and errors.
     settings.posting.level = logging.WARNING
+    _KOPF["settings"] = settings
+    PEERING.install()
     try:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config()
 
 
+@kopf.on.cleanup()
+def stop_timer(**_: Any) -> None:
+    TIMER.stop()
+
+
+# Memory: the indexes keep every DDPJob, Job and pod, so they keep only what reconcile reads: not
+# metadata.managedFields nor kubectl's last-applied-configuration annotation (a second copy of the spec).
+DROPPED_METADATA = frozenset({"managedFields"})
+DROPPED_ANNOTATIONS = frozenset({"kubectl.kubernetes.io/last-applied-configuration"})
+
+
+def slim(body: kopf.Body | dict[str, Any]) -> dict[str, Any]:
+    """The object as the indexes keep it: without the metadata nobody reads."""
+    out = dict(body)
+    metadata = {k: v for k, v in (out.get("metadata") or {}).items() if k not in DROPPED_METADATA}
+    annotations = metadata.get("annotations")
+    if annotations and DROPPED_ANNOTATIONS.intersection(annotations):
+        metadata["annotations"] = {k: v for k, v in annotations.items() if k not in DROPPED_ANNOTATIONS}
+    out["metadata"] = metadata
+    return out
+
+
 @kopf.index(crd.GROUP, crd.VERSION, crd.PLURAL)
 def ddpjob_bodies(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Key, dict[str, Any]]:
-    return {(namespace or "", name): dict(body)}
+    return {(namespace or "", name): slim(body)}
 
 
 @kopf.index("batch", "v1", "jobs", labels=LABELS)
 def ddpjob_jobs(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[Key, dict[str, Any]]:
-    return {_owner(namespace, labels): dict(body)}
+    return {_owner(namespace, labels): slim(body)}
 
 
 @kopf.index("v1", "pods", labels=LABELS)
 def ddpjob_pods(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[Key, dict[str, Any]]:
-    return {_owner(namespace, labels): dict(body)}
+    return {_owner(namespace, labels): slim(body)}
 
 
 def _owner(namespace: str | None, labels: kopf.Labels) -> Key:
@@ -80,6 +125,9 @@ def _owner(namespace: str | None, labels: kopf.Labels) -> Key:
 
 @kopf.on.event(crd.GROUP, crd.VERSION, crd.PLURAL)
 def on_ddpjob(namespace: str | None, name: str, type: str, **kwargs: Any) -> None:
+    if not TIMER.started:
+        _KOPF.update({name: kwargs[name] for name in INDEXES})
+        TIMER.start(contextvars.copy_context())  # Kopf's context: kopf.event works from the timer's thread
     if type != "DELETED":
         reconcile((namespace or "", name), **kwargs)
     else:
@@ -97,15 +145,9 @@ def on_pod(namespace: str | None, labels: kopf.Labels, **kwargs: Any) -> None:
     reconcile(_owner(namespace, labels), **kwargs)
 
 
-def _watched(spec: kopf.Spec, status: kopf.Status, **_: Any) -> bool:
+def _watched(spec: Any, status: Any) -> bool:
     """Finished DDPJobs need no timer, unless their ttlSecondsAfterFinished is still running."""
     return not finished(status) or spec.get("ttlSecondsAfterFinished") is not None
-
-
-@kopf.timer(crd.GROUP, crd.VERSION, crd.PLURAL, interval=5, idle=0, when=_watched)
-def on_timer(namespace: str | None, name: str, **kwargs: Any) -> None:
-    """The safety net: deadlines, TTLs and restarts waiting for old pods are noticed within seconds."""
-    reconcile((namespace or "", name), **kwargs)
 
 
 def reconcile(
