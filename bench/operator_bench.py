@@ -274,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
         "--suspended", type=int, default=0, help="suspended DDPJobs in one kubectl apply, last (e.g. 1000)"
     )
     parser.add_argument(
+        "--no-delete", action="store_true", help="skip the deletion phase (the cluster goes anyway)"
+    )
+    parser.add_argument(
         "--tracemalloc", action="store_true", help="print the operator's Python memory by package per phase"
     )
     args = parser.parse_args(argv)
@@ -321,8 +324,9 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 namespaces.append(results["suspended"]["namespace"])
                 say("suspended")
-            results["deleted"] = delete_all(cluster, operator, namespaces)
-            say("deleted")
+            if not args.no_delete:
+                results["deleted"] = delete_all(cluster, operator, namespaces)
+                say("deleted")
         finally:
             operator.stop()
             for namespace in namespaces:
