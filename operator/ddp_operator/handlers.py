@@ -117,11 +117,20 @@ def ddpjob_bodies(namespace: str | None, name: str, body: kopf.Body, **_: Any) -
     return {(namespace or "", name): slim(body)}
 
 
+def slim_job(body: kopf.Body | dict[str, Any]) -> dict[str, Any]:
+    """A Job as its index keeps it: :func:`slim`, and without ``spec.template`` (the pod template, most of
+    a Job's bytes): observe reads a Job's metadata, ``spec.suspend`` and ``status`` only."""
+    out = slim(body)
+    if isinstance(out.get("spec"), dict) and "template" in out["spec"]:
+        out["spec"] = {k: v for k, v in out["spec"].items() if k != "template"}
+    return out
+
+
 @kopf.index("batch", "v1", "jobs", labels=LABELS)
 def ddpjob_jobs(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[Key, dict[str, Any]]:
-    return {_owner(namespace, labels): slim(body)}
+    return {_owner(namespace, labels): slim_job(body)}
 
 
 @kopf.index("v1", "pods", labels=LABELS)

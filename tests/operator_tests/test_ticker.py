@@ -71,3 +71,16 @@ def test_indexes_keep_objects_without_managed_fields_or_the_last_applied_annotat
     slim = handlers.slim(body)
     assert slim == {"metadata": {"name": "j", "annotations": {"keep": "1"}}, "spec": {"nodes": 2}}
     assert body["metadata"]["managedFields"], "the object Kopf holds is left as it was"
+
+
+def test_the_jobs_index_keeps_a_job_without_its_pod_template() -> None:
+    job = {
+        "metadata": {"name": "j-1", "labels": {"a": "1"}, "managedFields": [{}]},
+        "spec": {"suspend": True, "completions": 2, "template": {"spec": {"containers": [{}]}}},
+        "status": {"conditions": [{"type": "Complete", "status": "True"}]},
+    }
+    assert handlers.slim_job(job) == {
+        "metadata": {"name": "j-1", "labels": {"a": "1"}},
+        "spec": {"suspend": True, "completions": 2},
+        "status": {"conditions": [{"type": "Complete", "status": "True"}]},
+    }
