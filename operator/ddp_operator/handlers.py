@@ -40,9 +40,9 @@ HANDLER_THREADS = 16
 _KOPF: dict[str, Any] = {}
 
 
-# When each DDPJob was last reconciled (time.monotonic()): the timer leaves alone a DDPJob that an event
-# reconciled less than its interval ago, so a burst of creations is not slowed by reconciles that decide
-# nothing new.
+# When an event last reconciled each DDPJob (time.monotonic()): the timer leaves alone a DDPJob that an
+# event reconciled less than its interval ago, so a burst of creations is not slowed by reconciles that
+# decide nothing new. The timer's own reconciles are not recorded: every round reaches the others.
 _LAST: dict[Key, float] = {}
 
 
@@ -54,7 +54,7 @@ def _tick(key: Key) -> None:
     for body in list(_KOPF["ddpjob_bodies"].get(key, []))[:1]:
         if _watched(body.get("spec") or {}, body.get("status") or {}):
             logger = kopf.ObjectLogger(body=kopf.Body(body), settings=_KOPF["settings"])
-            reconcile(key, logger=logger, **{name: _KOPF[name] for name in INDEXES})
+            reconcile(key, logger=logger, by_timer=True, **{name: _KOPF[name] for name in INDEXES})
 
 
 TIMER = Ticker(TIMER_INTERVAL_SECONDS, lambda: _KOPF["ddpjob_bodies"].keys(), _tick, PEERING.paused)
@@ -180,11 +180,13 @@ def reconcile(
     ddpjob_jobs: kopf.Index[Key, dict[str, Any]],
     ddpjob_pods: kopf.Index[Key, dict[str, Any]],
     logger: apply.Logger,
+    by_timer: bool = False,
     **_: Any,
 ) -> None:
     """One reconcile at a time per DDPJob, from what the indexes hold now."""
     with _LOCKS[key]:
-        _LAST[key] = time.monotonic()
+        if not by_timer:
+            _LAST[key] = time.monotonic()
         for body in list(ddpjob_bodies.get(key, []))[:1]:
             jobs, pods = list(ddpjob_jobs.get(key, [])), list(ddpjob_pods.get(key, []))
             apply.reconcile(body, jobs, pods, logger, ddpjob_bodies, SCRAPER, RECENT)

@@ -6,6 +6,9 @@ import logging
 import threading
 import time
 
+import kopf
+import pytest
+
 from ddp_operator import handlers
 from ddp_operator.ticker import PEERING_LOGGER, PeeringPause, Ticker
 
@@ -84,3 +87,22 @@ def test_the_jobs_index_keeps_a_job_without_its_pod_template() -> None:
         "spec": {"suspend": True, "completions": 2},
         "status": {"conditions": [{"type": "Complete", "status": "True"}]},
     }
+
+
+def test_the_timer_leaves_alone_a_ddpjob_an_event_just_reconciled_and_not_one_it_reconciled_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    key = ("ns", "j")
+    running = {"metadata": {"name": "j"}, "spec": {}, "status": {"phase": "Running"}}
+    monkeypatch.setitem(handlers._KOPF, "settings", kopf.OperatorSettings())
+    for name in handlers.INDEXES:
+        monkeypatch.setitem(handlers._KOPF, name, {key: [running]} if name == "ddpjob_bodies" else {})
+    calls: list[bool] = []
+    monkeypatch.setattr(handlers.apply, "reconcile", lambda *_: calls.append(True))
+    monkeypatch.setitem(handlers._LAST, key, time.monotonic())  # an event's reconcile, just now
+    handlers._tick(key)
+    assert calls == []
+    monkeypatch.setitem(handlers._LAST, key, time.monotonic() - handlers.TIMER_INTERVAL_SECONDS)
+    handlers._tick(key)
+    handlers._tick(key)  # the timer's own reconcile does not hold back its next round
+    assert calls == [True, True]
