@@ -1,6 +1,7 @@
 """The operator on the real control plane: how fast it answers, how much it writes, how much memory it holds.
 
-    python bench/operator_bench.py [--sequential 50] [--burst 100] [--run 100]
+    python bench/operator_bench.py [--sequential 50] [--burst 100] [--run 100] [--suspended 1000]
+                                   [--tracemalloc]
 
 Needs what the `cluster` tests need (root, the cached control-plane binaries of hack/cluster/build.sh);
 reuses a cluster that `make cluster-up` started, else starts one and stops it at the end. The CRD and the
@@ -12,19 +13,29 @@ ServiceAccount, as in the e2e tests (tests/e2e/operator_process.py). Three phase
   Service and the Job existing (seen by a watch), and to the status saying Suspended; p50, p99, max;
 * burst: ``--burst`` suspended DDPJobs in one ``kubectl apply -f`` of a List: wall time until every one has
   its Service and Job, and until every status says Suspended;
+* suspended (after the others; 0, the default, skips it): ``--suspended`` suspended DDPJobs in one
+  ``kubectl apply -f``, as burst, at a scale (1000) that shows whether the operator holds a thousand;
 * run: ``--run`` tiny DDPJobs (nodes 1, ``python -c pass``: one pod each, run by the node agent as a host
   process) in one ``kubectl apply``: wall time until every one is Succeeded (or Failed).
 
 API writes are counted from the API server's audit log (tests/cluster/audit.py): every create, update,
 patch and delete the operator's ServiceAccount made during a phase, until it has been quiet for 3 s; per
 DDPJob, by resource; "besides status" leaves out ``patch ddpjobs/status``. Memory is the operator
-process's VmRSS (now) and VmHWM (peak since start) from /proc/<pid>/status. Prints figures, never asserts.
+process's VmRSS (now) and VmHWM (peak since start) from /proc/<pid>/status. In the phases applied at once,
+each DDPJob's create → children time runs from the first watch event of the DDPJob to the later of its
+Service's and Job's (p50, p99, max), besides the wall time of the whole apply.
+
+``--tracemalloc`` starts the operator with ``bench/memprobe`` on its PYTHONPATH, which traces its Python
+allocations (slower, bigger: for where the memory goes, not for the figures) and after each phase prints
+the live bytes by package (``tracemalloc`` on SIGUSR1). Prints figures, never asserts.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -92,6 +103,7 @@ def watchers(cluster: Cluster, namespace: str, final: Iterable[str]) -> dict[str
         "service": FirstSeen(kubeconfig, f"/api/v1/namespaces/{namespace}/services", lambda _: True),
         "job": FirstSeen(kubeconfig, f"/apis/batch/v1/namespaces/{namespace}/jobs", lambda _: True),
         "status": FirstSeen(kubeconfig, DDPJOBS.format(ns=namespace), phase_is(*final)),
+        "created": FirstSeen(kubeconfig, DDPJOBS.format(ns=namespace), lambda _: True),
     }
 
 
@@ -180,7 +192,7 @@ def apply_at_once(
 ) -> dict[str, Any]:
     namespace = new_namespace(cluster, f"bench-{prefix}")
     seen = watchers(cluster, namespace, final)
-    names = [f"{prefix}-{i:03d}" for i in range(count)]
+    names = [f"{prefix}-{i:04d}" for i in range(count)]
     documents = {"apiVersion": "v1", "kind": "List", "items": [ddpjob(n, **spec) for n in names]}
     mark = cluster.audit.mark()
     started = time.monotonic()
@@ -206,6 +218,10 @@ def apply_at_once(
     writes = describe_writes(quiet_writes(cluster.audit, mark), count)
     for watcher in seen.values():
         watcher.stop()
+    each = [
+        max(seen["service"].times[n], seen["job"].times[f"{n}-1"]) - seen["created"].times.get(n, started)
+        for n in names
+    ]
     phases = [
         j.get("status", {}).get("phase") for j in cluster.kube.get(DDPJOBS.format(ns=namespace))["items"]
     ]
@@ -214,6 +230,7 @@ def apply_at_once(
         "jobs": count,
         "kubectl_apply_s": round(applied, 2),
         "all_children_s": round(every_child, 2),
+        "create_to_children_s": summary(each),
         "all_final_s": round(every_status, 2),
         "phases": {p: phases.count(p) for p in set(phases)},
         "writes": writes,
@@ -236,11 +253,32 @@ def delete_all(cluster: Cluster, operator: Operator, namespaces: list[str]) -> d
     return {"jobs": count, "delete_s": round(took, 2), "writes": writes, "memory_mib": operator.memory_mib()}
 
 
+def python_memory(pid: int, traced: Path) -> str:
+    """The operator's traced Python memory now (bench/memprobe writes a line on SIGUSR1)."""
+    before = len(traced.read_text().splitlines()) if traced.exists() else 0
+    os.kill(pid, signal.SIGUSR1)
+    wait_for(
+        lambda: traced.exists() and len(traced.read_text().splitlines()) > before,
+        what="the operator's tracemalloc snapshot",
+        timeout=120,
+    )
+    return traced.read_text().splitlines()[-1]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sequential", type=int, default=50, help="suspended DDPJobs, one after another")
     parser.add_argument("--burst", type=int, default=100, help="suspended DDPJobs in one kubectl apply")
     parser.add_argument("--run", type=int, default=100, help="tiny DDPJobs that run, in one kubectl apply")
+    parser.add_argument(
+        "--suspended", type=int, default=0, help="suspended DDPJobs in one kubectl apply, last (e.g. 1000)"
+    )
+    parser.add_argument(
+        "--no-delete", action="store_true", help="skip the deletion phase (the cluster goes anyway)"
+    )
+    parser.add_argument(
+        "--tracemalloc", action="store_true", help="print the operator's Python memory by package per phase"
+    )
     args = parser.parse_args(argv)
     if reason := unavailable_reason():
         print(f"operator_bench: {reason}", file=sys.stderr)
@@ -248,6 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     with running_cluster() as cluster, tempfile.TemporaryDirectory(prefix="operator-bench-") as tmp:
         operator = Operator(install(cluster), Path(tmp) / "operator.log")
+        traced = Path(tmp) / "tracemalloc.jsonl"
+        if args.tracemalloc:
+            os.environ["PYTHONPATH"] = os.pathsep.join(
+                [str(REPO / "bench" / "memprobe"), os.environ.get("PYTHONPATH", "")]
+            )
+            os.environ["DDPJOB_TRACEMALLOC_OUT"] = str(traced)
         operator.start()
         namespaces: list[str] = []
         try:
@@ -255,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
 
             def say(key: str) -> None:
                 print(f"{key}: {json.dumps(results[key])}", flush=True)
+                if args.tracemalloc and operator.process is not None:
+                    print(f"{key} tracemalloc: {python_memory(operator.process.pid, traced)}", flush=True)
 
             say("idle")
             if args.sequential:
@@ -272,8 +318,15 @@ def main(argv: list[str] | None = None) -> int:
                 results["run"] = apply_at_once(cluster, operator, "run", args.run, FINAL, **tiny)
                 namespaces.append(results["run"]["namespace"])
                 say("run")
-            results["deleted"] = delete_all(cluster, operator, namespaces)
-            say("deleted")
+            if args.suspended:
+                results["suspended"] = apply_at_once(
+                    cluster, operator, "susp", args.suspended, ("Suspended",), suspend=True
+                )
+                namespaces.append(results["suspended"]["namespace"])
+                say("suspended")
+            if not args.no_delete:
+                results["deleted"] = delete_all(cluster, operator, namespaces)
+                say("deleted")
         finally:
             operator.stop()
             for namespace in namespaces:

@@ -1,15 +1,18 @@
 """Kopf handlers: wire events to functions. No logic of their own.
 
 Every DDPJob is reconciled from three in-memory indexes (its own body, its batch Jobs, its pods), whenever
-any of them changes and on a timer, so status always comes from what exists: :mod:`observe` reads the
+any of them changes and on a timer (:mod:`ticker`, the operator's own: Kopf's timer would put a finalizer on
+every DDPJob), so status always comes from what exists: :mod:`observe` reads the
 children into facts, :mod:`reconcile` decides (pure), :mod:`apply` carries the plan out (idempotent).
 """
 
 from __future__ import annotations
 
 import collections
+import contextvars
 import logging
 import threading
+import time
 from typing import Any
 
 import kopf
@@ -19,6 +22,7 @@ from . import apply, crd, names
 from .recent import Recent
 from .scraper import Scraper
 from .status import finished
+from .ticker import PeeringPause, Ticker
 
 LABELS = {names.MANAGED_BY_LABEL: names.MANAGED_BY}
 Key = tuple[str, str]
@@ -28,6 +32,33 @@ _LOCKS: collections.defaultdict[Key, threading.Lock] = collections.defaultdict(t
 SCRAPER = Scraper()
 # What this operator wrote that the indexes above do not show yet (read your own writes).
 RECENT = Recent()
+# Kopf's peering pauses the watches (and with them the indexes): the timer pauses with them.
+PEERING = PeeringPause()
+TIMER_INTERVAL_SECONDS = 5.0
+HANDLER_THREADS = 16
+# What the timer needs from Kopf, taken from the first DDPJob event: the indexes, settings and context.
+_KOPF: dict[str, Any] = {}
+
+
+# When an event last reconciled each DDPJob (time.monotonic()): the timer leaves alone a DDPJob that an
+# event reconciled less than its interval ago, so a burst of creations is not slowed by reconciles that
+# decide nothing new. The timer's own reconciles are not recorded: every round reaches the others.
+_LAST: dict[Key, float] = {}
+
+
+def _tick(key: Key) -> None:
+    """The timer's reconcile of one DDPJob (the safety net: deadlines, TTLs and restarts waiting for old
+    pods are noticed within seconds)."""
+    if time.monotonic() - _LAST.get(key, 0.0) < TIMER_INTERVAL_SECONDS:
+        return
+    for body in list(_KOPF["ddpjob_bodies"].get(key, []))[:1]:
+        if _watched(body.get("spec") or {}, body.get("status") or {}):
+            logger = kopf.ObjectLogger(body=kopf.Body(body), settings=_KOPF["settings"])
+            reconcile(key, logger=logger, by_timer=True, **{name: _KOPF[name] for name in INDEXES})
+
+
+TIMER = Ticker(TIMER_INTERVAL_SECONDS, lambda: _KOPF["ddpjob_bodies"].keys(), _tick, PEERING.paused)
+INDEXES = ("ddpjob_bodies", "ddpjob_jobs", "ddpjob_pods")
 
 
 @kopf.on.startup()
@@ -48,29 +79,65 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.connect_timeout = 10
     # Transitions are posted as events by reconcile itself; Kopf only posts its warnings and errors.
     settings.posting.level = logging.WARNING
+    # Reconciles mostly wait on the API server: more of them at once than the default executor's
+    # cpu + 4 threads keeps a burst of creations (a thousand DDPJobs applied at once) moving.
+    settings.execution.max_workers = HANDLER_THREADS
+    _KOPF["settings"] = settings
+    PEERING.install()
     try:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config()
 
 
+@kopf.on.cleanup()
+def stop_timer(**_: Any) -> None:
+    TIMER.stop()
+
+
+# Memory: the indexes keep every DDPJob, Job and pod, so they keep only what reconcile reads: not
+# metadata.managedFields nor kubectl's last-applied-configuration annotation (a second copy of the spec).
+DROPPED_METADATA = frozenset({"managedFields"})
+DROPPED_ANNOTATIONS = frozenset({"kubectl.kubernetes.io/last-applied-configuration"})
+
+
+def slim(body: kopf.Body | dict[str, Any]) -> dict[str, Any]:
+    """The object as the indexes keep it: without the metadata nobody reads."""
+    out = dict(body)
+    metadata = {k: v for k, v in (out.get("metadata") or {}).items() if k not in DROPPED_METADATA}
+    annotations = metadata.get("annotations")
+    if annotations and DROPPED_ANNOTATIONS.intersection(annotations):
+        metadata["annotations"] = {k: v for k, v in annotations.items() if k not in DROPPED_ANNOTATIONS}
+    out["metadata"] = metadata
+    return out
+
+
 @kopf.index(crd.GROUP, crd.VERSION, crd.PLURAL)
 def ddpjob_bodies(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Key, dict[str, Any]]:
-    return {(namespace or "", name): dict(body)}
+    return {(namespace or "", name): slim(body)}
+
+
+def slim_job(body: kopf.Body | dict[str, Any]) -> dict[str, Any]:
+    """A Job as its index keeps it: :func:`slim`, and without ``spec.template`` (the pod template, most of
+    a Job's bytes): observe reads a Job's metadata, ``spec.suspend`` and ``status`` only."""
+    out = slim(body)
+    if isinstance(out.get("spec"), dict) and "template" in out["spec"]:
+        out["spec"] = {k: v for k, v in out["spec"].items() if k != "template"}
+    return out
 
 
 @kopf.index("batch", "v1", "jobs", labels=LABELS)
 def ddpjob_jobs(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[Key, dict[str, Any]]:
-    return {_owner(namespace, labels): dict(body)}
+    return {_owner(namespace, labels): slim_job(body)}
 
 
 @kopf.index("v1", "pods", labels=LABELS)
 def ddpjob_pods(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[Key, dict[str, Any]]:
-    return {_owner(namespace, labels): dict(body)}
+    return {_owner(namespace, labels): slim(body)}
 
 
 def _owner(namespace: str | None, labels: kopf.Labels) -> Key:
@@ -80,11 +147,15 @@ def _owner(namespace: str | None, labels: kopf.Labels) -> Key:
 
 @kopf.on.event(crd.GROUP, crd.VERSION, crd.PLURAL)
 def on_ddpjob(namespace: str | None, name: str, type: str, **kwargs: Any) -> None:
+    if not TIMER.started:
+        _KOPF.update({name: kwargs[name] for name in INDEXES})
+        TIMER.start(contextvars.copy_context())  # Kopf's context: kopf.event works from the timer's thread
     if type != "DELETED":
         reconcile((namespace or "", name), **kwargs)
     else:
         SCRAPER.forget((namespace or "", name))
         RECENT.forget((namespace or "", name))
+        _LAST.pop((namespace or "", name), None)
 
 
 @kopf.on.event("batch", "v1", "jobs", labels=LABELS)
@@ -97,15 +168,9 @@ def on_pod(namespace: str | None, labels: kopf.Labels, **kwargs: Any) -> None:
     reconcile(_owner(namespace, labels), **kwargs)
 
 
-def _watched(spec: kopf.Spec, status: kopf.Status, **_: Any) -> bool:
+def _watched(spec: Any, status: Any) -> bool:
     """Finished DDPJobs need no timer, unless their ttlSecondsAfterFinished is still running."""
     return not finished(status) or spec.get("ttlSecondsAfterFinished") is not None
-
-
-@kopf.timer(crd.GROUP, crd.VERSION, crd.PLURAL, interval=5, idle=0, when=_watched)
-def on_timer(namespace: str | None, name: str, **kwargs: Any) -> None:
-    """The safety net: deadlines, TTLs and restarts waiting for old pods are noticed within seconds."""
-    reconcile((namespace or "", name), **kwargs)
 
 
 def reconcile(
@@ -115,10 +180,13 @@ def reconcile(
     ddpjob_jobs: kopf.Index[Key, dict[str, Any]],
     ddpjob_pods: kopf.Index[Key, dict[str, Any]],
     logger: apply.Logger,
+    by_timer: bool = False,
     **_: Any,
 ) -> None:
     """One reconcile at a time per DDPJob, from what the indexes hold now."""
     with _LOCKS[key]:
+        if not by_timer:
+            _LAST[key] = time.monotonic()
         for body in list(ddpjob_bodies.get(key, []))[:1]:
             jobs, pods = list(ddpjob_jobs.get(key, [])), list(ddpjob_pods.get(key, []))
             apply.reconcile(body, jobs, pods, logger, ddpjob_bodies, SCRAPER, RECENT)

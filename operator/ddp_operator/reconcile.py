@@ -187,7 +187,9 @@ def _create(inputs: Inputs, out: StatusBuilder) -> Plan:
         "Suspended" if spec.suspend else "Created",
         f"created Job {inputs.job['metadata']['name']} (attempt {attempt})",
     )
-    out.condition("Ready", False, "Creating", f"creating attempt {attempt}")
+    # Suspended from the start: the Ready condition says so at once, so the next reconcile (Suspended
+    # again) has no transition to announce: one event for a suspended DDPJob's creation, not two.
+    out.condition("Ready", False, "Suspended" if spec.suspend else "Creating", f"creating attempt {attempt}")
     return out.plan(create_claim=inputs.claim, create_service=inputs.service, create_job=inputs.job)
 
 

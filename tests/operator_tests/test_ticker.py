@@ -1,0 +1,108 @@
+"""The operator's own timer (ticker) and what the indexes keep (handlers.slim)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import kopf
+import pytest
+
+from ddp_operator import handlers
+from ddp_operator.ticker import PEERING_LOGGER, PeeringPause, Ticker
+
+
+def _wait(check: object, timeout: float = 5) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_every_key_is_ticked_each_round_and_a_failing_tick_does_not_stop_the_round() -> None:
+    keys = {("ns", "a"): 1, ("ns", "b"): 1, ("ns", "c"): 1}
+    ticked: list[tuple[str, str]] = []
+
+    def tick(key: tuple[str, str]) -> None:
+        ticked.append(key)
+        if key == ("ns", "a"):
+            raise RuntimeError("the API server refused")
+
+    ticker = Ticker(0.02, keys.keys, tick)
+    ticker.start()
+    _wait(lambda: ticker.rounds >= 2)
+    del keys[("ns", "b")]  # a deleted DDPJob leaves the index: it is ticked no more
+    rounds = ticker.rounds
+    _wait(lambda: ticker.rounds >= rounds + 2)
+    ticker.stop()
+    assert ticked[:3] == [("ns", "a"), ("ns", "b"), ("ns", "c")]
+    assert ticked[-2:] == [("ns", "a"), ("ns", "c")]
+    ticker.start()  # a stopped ticker does not start again
+    assert not ticker._thread or not ticker._thread.is_alive()
+
+
+def test_nothing_is_ticked_while_kopf_says_peering_paused_it() -> None:
+    pause = PeeringPause()
+    pause.install()
+    kopf_peering = logging.getLogger(PEERING_LOGGER)
+    ticked = threading.Event()
+    ticker = Ticker(0.01, lambda: ["k"], lambda _: ticked.set(), pause.paused)
+    try:
+        kopf_peering.info("Pausing operations in favour of [Peer(priority=100)].")
+        ticker.start()
+        time.sleep(0.1)
+        assert not ticked.is_set() and ticker.rounds == 0
+        kopf_peering.info("Resuming operations after the pause. Conflicting operators ... are gone.")
+        assert ticked.wait(5)
+        kopf_peering.warning("Pausing all operators, including self: [...]")
+        assert pause.paused.is_set()
+    finally:
+        ticker.stop()
+        kopf_peering.removeFilter(pause)
+
+
+def test_indexes_keep_objects_without_managed_fields_or_the_last_applied_annotation() -> None:
+    body = {
+        "metadata": {
+            "name": "j",
+            "managedFields": [{"manager": "kubectl"}],
+            "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{...}", "keep": "1"},
+        },
+        "spec": {"nodes": 2},
+    }
+    slim = handlers.slim(body)
+    assert slim == {"metadata": {"name": "j", "annotations": {"keep": "1"}}, "spec": {"nodes": 2}}
+    assert body["metadata"]["managedFields"], "the object Kopf holds is left as it was"
+
+
+def test_the_jobs_index_keeps_a_job_without_its_pod_template() -> None:
+    job = {
+        "metadata": {"name": "j-1", "labels": {"a": "1"}, "managedFields": [{}]},
+        "spec": {"suspend": True, "completions": 2, "template": {"spec": {"containers": [{}]}}},
+        "status": {"conditions": [{"type": "Complete", "status": "True"}]},
+    }
+    assert handlers.slim_job(job) == {
+        "metadata": {"name": "j-1", "labels": {"a": "1"}},
+        "spec": {"suspend": True, "completions": 2},
+        "status": {"conditions": [{"type": "Complete", "status": "True"}]},
+    }
+
+
+def test_the_timer_leaves_alone_a_ddpjob_an_event_just_reconciled_and_not_one_it_reconciled_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    key = ("ns", "j")
+    running = {"metadata": {"name": "j"}, "spec": {}, "status": {"phase": "Running"}}
+    monkeypatch.setitem(handlers._KOPF, "settings", kopf.OperatorSettings())
+    for name in handlers.INDEXES:
+        monkeypatch.setitem(handlers._KOPF, name, {key: [running]} if name == "ddpjob_bodies" else {})
+    calls: list[bool] = []
+    monkeypatch.setattr(handlers.apply, "reconcile", lambda *_: calls.append(True))
+    monkeypatch.setitem(handlers._LAST, key, time.monotonic())  # an event's reconcile, just now
+    handlers._tick(key)
+    assert calls == []
+    monkeypatch.setitem(handlers._LAST, key, time.monotonic() - handlers.TIMER_INTERVAL_SECONDS)
+    handlers._tick(key)
+    handlers._tick(key)  # the timer's own reconcile does not hold back its next round
+    assert calls == [True, True]
