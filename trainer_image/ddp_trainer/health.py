@@ -522,6 +522,22 @@ class SyncHealth:
         if self.closed:
             return
         self.closed = True
+        try:
+            self._close(error, collective)
+        finally:
+            self._release_peers()
+
+    def _release_peers(self) -> None:
+        """Destroy the header's own gloo group once the last check is done, so no thread of it outlives the
+        run into the interpreter's exit (where a gloo group left alive can abort the process)."""
+        peers, self.peers = self.peers, None
+        if peers is not None and dist.is_initialized():
+            try:
+                dist.destroy_process_group(peers)
+            except Exception as err:  # the run's result stands; say it once
+                log.debug("could not destroy the sync check's own group: %s", err)
+
+    def _close(self, error: BaseException | None, collective: bool) -> None:
         if error is None and not collective:
             self._publish(*self.finished())
         elif error is None:
