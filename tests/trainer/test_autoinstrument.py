@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from ddp_trainer import inject
+from torch_exit import retry_torch_exit_abort
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = HERE / "autoinstrument_scenarios.py"
@@ -80,7 +81,7 @@ def report(tmp: Path) -> dict[str, Any]:
     return data
 
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, retry_torch_exit_abort]  # torch_exit.py: torch's, not ours
 
 
 def test_parameters_are_bit_identical_with_and_without_the_hook(
