@@ -49,6 +49,7 @@ from ddp_trainer import launch as launcher
 from ddp_trainer import sdc as sdc_drill
 from ddp_trainer.config import PodEnv, Policy, read_pod_env
 from ddp_trainer.distributed import LaunchEnv, metrics_dir, read_launch_env
+from ddp_trainer.settings import setting, whole_steps
 from ddp_trainer.verify import CheckKind, DivergenceError, Tally, Verifier, broadcast_state, check_state
 from ddp_trainer.verify import model_digest as digest_of
 
@@ -98,23 +99,28 @@ def torch_version_ok(version: str) -> bool:
 def settings(env: Mapping[str, str], every: int | None, on_divergence: str | None) -> tuple[int, Policy]:
     """The check interval and the policy: the arguments, else the DDPJob's environment, else the defaults.
     Raises :class:`SyncHealthError` naming the argument (or variable), its value and what is accepted."""
-    source = "every"
-    if every is None:
-        raw = env.get(contract.SYNC_EVERY_ENV, "").strip()
-        source = contract.SYNC_EVERY_ENV
-        try:
-            every = int(raw) if raw else DEFAULT_EVERY
-        except ValueError:
-            raise SyncHealthError(f"{source}={raw!r}: expected a whole number of steps, at least 1") from None
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise SyncHealthError(f"{source}={every!r}: expected a whole number of steps, at least 1")
-    policy_source = "on_divergence"
-    if on_divergence is None:
-        on_divergence = env.get(contract.ON_DIVERGENCE_ENV, "").strip() or DEFAULT_POLICY
-        policy_source = contract.ON_DIVERGENCE_ENV
-    if on_divergence not in POLICIES:
-        raise SyncHealthError(f"{policy_source}={on_divergence!r}: expected one of {', '.join(POLICIES)}")
-    return every, on_divergence  # type: ignore[return-value]
+    try:
+        steps = setting(
+            env,
+            every,
+            "every",
+            contract.SYNC_EVERY_ENV,
+            DEFAULT_EVERY,
+            whole_steps(1),
+            "expected a whole number of steps, at least 1",
+        )
+        policy = setting(
+            env,
+            on_divergence,
+            "on_divergence",
+            contract.ON_DIVERGENCE_ENV,
+            DEFAULT_POLICY,
+            POLICIES.__contains__,
+            f"expected one of {', '.join(POLICIES)}",
+        )
+    except ValueError as err:
+        raise SyncHealthError(str(err)) from None
+    return steps, policy
 
 
 def header(step: int, named: list[tuple[str, torch.Tensor]]) -> torch.Tensor:

@@ -49,6 +49,7 @@ from torch import nn
 
 from ddp_trainer import contract
 from ddp_trainer.fingerprint import fingerprint_tensor, fingerprint_tensors
+from ddp_trainer.settings import setting, whole_steps
 
 log = logging.getLogger("ddp_trainer")
 
@@ -335,20 +336,22 @@ def settings(env: Mapping[str, str], every: int | None, policy: str | None) -> t
     """The probe interval (0: off) and ``onFaultyRank`` policy: the arguments, else the DDPJob's
     environment (``DDPJOB_PROBE_EVERY``, ``DDPJOB_ON_FAULTY_RANK``), else the defaults. Raises
     ``ValueError`` naming the argument (or variable), its value and what is accepted."""
-    source = "probe_every"
-    if every is None:
-        raw = env.get(contract.PROBE_EVERY_ENV, "").strip()
-        source = contract.PROBE_EVERY_ENV
-        try:
-            every = int(raw) if raw else DEFAULT_PROBE_EVERY
-        except ValueError:
-            raise ValueError(f"{source}={raw!r}: expected a whole number of steps, 0 for off") from None
-    if isinstance(every, bool) or not isinstance(every, int) or every < 0:
-        raise ValueError(f"{source}={every!r}: expected a whole number of steps, 0 for off")
-    policy_source = "on_faulty_rank"
-    if policy is None:
-        policy = env.get(contract.ON_FAULTY_RANK_ENV, "").strip() or PROBE_POLICIES[0]
-        policy_source = contract.ON_FAULTY_RANK_ENV
-    if policy not in PROBE_POLICIES:
-        raise ValueError(f"{policy_source}={policy!r}: expected one of {', '.join(PROBE_POLICIES)}")
-    return every, policy
+    steps = setting(
+        env,
+        every,
+        "probe_every",
+        contract.PROBE_EVERY_ENV,
+        DEFAULT_PROBE_EVERY,
+        whole_steps(0),
+        "expected a whole number of steps, 0 for off",
+    )
+    chosen = setting(
+        env,
+        policy,
+        "on_faulty_rank",
+        contract.ON_FAULTY_RANK_ENV,
+        PROBE_POLICIES[0],
+        PROBE_POLICIES.__contains__,
+        f"expected one of {', '.join(PROBE_POLICIES)}",
+    )
+    return steps, chosen
