@@ -17,7 +17,7 @@ import yaml
 
 from ddp_trainer import contract
 from local.jobs import job, run_local, unique_name
-from local.test_run import _finish, _processes_of, _start
+from local.test_run import _finish, _launcher_pid, _start
 from s3server import S3Server
 
 pytestmark = pytest.mark.slow
@@ -52,13 +52,7 @@ def test_a_killed_pod_resumes_from_the_bucket_and_another_job_there_is_refused(
     trainer = {"steps": 160, "batchSize": 16, "checkpointEvery": 20}
     process = _start(tmp_path, job(name, trainer=trainer, checkpoint=s3))
     assert _first_checkpoint(s3_server, bucket, process).startswith("team/step-")
-    launchers = [
-        pid
-        for pid, env, argv in _processes_of(name)
-        if env.get("NODE_RANK") == "1" and contract.LAUNCHER_MODULE in argv[:3]
-    ]
-    assert launchers, "no launcher (torchrun) process for node 1"
-    os.kill(launchers[0], signal.SIGKILL)
+    os.kill(_launcher_pid(name, 1), signal.SIGKILL)
     code, out = _finish(process)
     assert code == 0, out
     assert "attempt 1 failed (node 1 exited -9); gang restart 1 of 3" in out, out

@@ -66,6 +66,17 @@ def _processes_of(job: str) -> Iterator[tuple[int, dict[str, str], list[str]]]:
             yield int(entry.name), env, argv
 
 
+def _launcher_pid(job: str, node_rank: int) -> int:
+    """The launcher (torchrun's agent under ``ddp_trainer.launch``) of pod ``node_rank`` of ``job``."""
+    launchers = [
+        pid
+        for pid, env, argv in _processes_of(job)
+        if env.get("NODE_RANK") == str(node_rank) and contract.LAUNCHER_MODULE in argv[:3]
+    ]
+    assert launchers, f"no launcher (torchrun) process for node {node_rank}"
+    return launchers[0]
+
+
 def _wait_for_checkpoint(run_dir: Path, process: subprocess.Popen[str], timeout: float = 120) -> Path:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -80,13 +91,7 @@ def _wait_for_checkpoint(run_dir: Path, process: subprocess.Popen[str], timeout:
 def test_killed_pod_restarts_the_gang_which_resumes(tmp_path: Path, name: str) -> None:
     process = _start(tmp_path, job(name, trainer={"steps": 400, "batchSize": 16, "checkpointEvery": 20}))
     _wait_for_checkpoint(tmp_path / "runs" / name, process)
-    launchers = [
-        pid
-        for pid, env, argv in _processes_of(name)
-        if env.get("NODE_RANK") == "1" and contract.LAUNCHER_MODULE in argv[:3]
-    ]
-    assert launchers, "no launcher (torchrun) process for node 1"
-    os.kill(launchers[0], signal.SIGKILL)
+    os.kill(_launcher_pid(name, 1), signal.SIGKILL)
     code, out = _finish(process)
     assert code == 0, out
     assert "attempt 1 failed (node 1 exited -9); gang restart 1 of 3" in out
