@@ -13,9 +13,8 @@ import pytest
 import yaml
 
 from local.jobs import run_local, unique_name
-from torch_exit import retry_torch_exit_abort
 
-pytestmark = [pytest.mark.slow, retry_torch_exit_abort]  # torch_exit.py: torch's, not ours
+pytestmark = pytest.mark.slow
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 STEPS = 20

@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from ddp_trainer import inject
-from torch_exit import retry_torch_exit_abort
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = HERE / "autoinstrument_scenarios.py"
@@ -81,7 +80,7 @@ def report(tmp: Path) -> dict[str, Any]:
     return data
 
 
-pytestmark = [pytest.mark.slow, retry_torch_exit_abort]  # torch_exit.py: torch's, not ours
+pytestmark = pytest.mark.slow
 
 
 def test_parameters_are_bit_identical_with_and_without_the_hook(
