@@ -14,7 +14,7 @@ from ddp_trainer import contract
 from ddp_trainer.config import UsageExit, parse_args, read_pod_env
 from ddp_trainer.contract import Report
 from ddp_trainer.distributed import apply_env_defaults, metrics_dir, read_launch_env
-from ddp_trainer.launch import write_error_file
+from ddp_trainer.launch import exit_now, write_error_file
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -83,17 +83,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if code not in (0, contract.INTERRUPTED_EXIT_CODE):  # the launcher's agent records this as the cause
         write_error_file(f"{report.get('reason', 'TrainerError')}: {report.get('message', '')}")
     return code
-
-
-def exit_now(code: int) -> None:
-    """Flush and leave without the interpreter's teardown. By now the report is written and the process
-    group destroyed; what is left is C++ static destruction racing the threads of gloo (and Numba), which
-    now and then aborted a finished worker ("terminate called without an active exception", SIGABRT),
-    turning a good run into a failed one."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

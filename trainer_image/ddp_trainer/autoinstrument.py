@@ -154,16 +154,16 @@ class AutoSync:
         code, which an exit handler cannot otherwise change), or the one line for a process that trained
         no DDP model."""
         if self.state == "checking":
+            from ddp_trainer import launch as launcher
+
             self.state = "done"
             try:
                 self.health.close(collective=dist.is_available() and dist.is_initialized())
             except SystemExit as stop:  # a divergence under Fail: the report is written
-                sys.stderr.flush()
-                os._exit(stop.code if isinstance(stop.code, int) else 1)
+                launcher.exit_now(stop.code if isinstance(stop.code, int) else 1)
             except Exception as error:  # ranks that do not end together: the report says so
                 print(f"{PREFIX}: {type(error).__name__}: {error}", file=sys.stderr)
-                sys.stderr.flush()
-                os._exit(1)
+                launcher.exit_now(1)
         elif self.state == "waiting" and (self.distributed or "TORCHELASTIC_RUN_ID" in os.environ):
             if self.models:
                 say("a DDP model was built but no optimizer stepped it: nothing was checked")

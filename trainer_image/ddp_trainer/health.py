@@ -28,6 +28,7 @@ Long because it is the one public object: setup from the environment, the step, 
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import os
@@ -70,6 +71,17 @@ _PRECISIONS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp
 _REPORTED = (contract.DIVERGENCE_EXIT_CODE, contract.FAULTY_RANK_EXIT_CODE)
 """Exit codes :class:`SyncHealth` raises (``SystemExit``) after writing the report itself."""
 _SERVED: set[int] = set()  # ports this process serves metrics on
+
+
+def _verdict_exit(code: int) -> SystemExit:
+    """The ``SystemExit`` a verdict ends the process with (its report written). In a launched worker
+    (torchrun sets ``TORCHELASTIC_RUN_ID``) an exit handler, run first, then leaves with ``os._exit(code)``:
+    the interpreter's teardown with the script's process group still alive can abort the process (torch's
+    gloo: "terminate called without an active exception", SIGABRT), and the launcher would then report
+    the abort instead of the verdict."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        atexit.register(launcher.exit_now, code)
+    return SystemExit(code)
 
 
 class SyncHealthError(RuntimeError):
@@ -429,7 +441,7 @@ class SyncHealth:
             self.check(kind)
         except DivergenceError as err:
             self.close(err)
-            raise SystemExit(contract.DIVERGENCE_EXIT_CODE) from err
+            raise _verdict_exit(contract.DIVERGENCE_EXIT_CODE) from err
 
     # -- the compute probe -----------------------------------------------------------------------------
 
@@ -465,7 +477,7 @@ class SyncHealth:
             self.run_probe()
         except probe.FaultyRankError as err:
             self.close(err)
-            raise SystemExit(contract.FAULTY_RANK_EXIT_CODE) from err
+            raise _verdict_exit(contract.FAULTY_RANK_EXIT_CODE) from err
 
     # -- the check ------------------------------------------------------------------------------------
 
@@ -556,7 +568,7 @@ class SyncHealth:
                     )  # the ranks end at the same step (cheap: one small all-reduce)
             except DivergenceError as err:
                 self._publish(*self.diverged(err))
-                raise SystemExit(contract.DIVERGENCE_EXIT_CODE) from err
+                raise _verdict_exit(contract.DIVERGENCE_EXIT_CODE) from err
             except BaseException as err:
                 self._publish(*self.failed(err))
                 raise

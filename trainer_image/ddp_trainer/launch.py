@@ -172,6 +172,17 @@ class _Book:
         )
 
 
+def exit_now(code: int) -> None:
+    """A worker's way out: flush and leave without the interpreter's teardown. By now the report is
+    written (and, in the built-in trainer, the process group destroyed); what is left is C++ static
+    destruction racing the threads of gloo (and Numba), which now and then aborted a finished worker
+    ("terminate called without an active exception", SIGABRT), turning a good run into a failed one."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def _install(book: _Book) -> None:
     from torch.distributed.elastic.agent.server.api import WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
