@@ -18,7 +18,7 @@ from typing import Any
 import kopf
 import kubernetes
 
-from . import apply, crd, names
+from . import apply, crd, names, opmetrics
 from .recent import Recent
 from .scraper import Scraper
 from .status import finished
@@ -156,6 +156,7 @@ def on_ddpjob(namespace: str | None, name: str, type: str, **kwargs: Any) -> Non
         SCRAPER.forget((namespace or "", name))
         RECENT.forget((namespace or "", name))
         _LAST.pop((namespace or "", name), None)
+        opmetrics.forget_job(namespace or "", name)
 
 
 @kopf.on.event("batch", "v1", "jobs", labels=LABELS)

@@ -1,4 +1,5 @@
-"""The operator's Prometheus metrics (``ddpjob_*``): jobs by phase, reconciles, gang restarts.
+"""The operator's Prometheus metrics (``ddpjob_*``): jobs by phase, one info series per job, reconciles,
+gang restarts.
 
 No label is called ``namespace`` or ``job``: Prometheus sets those on the target (the operator's own), and
 a scraped label of that name would be renamed ``exported_*``. Every label value exists from the start.
@@ -11,10 +12,20 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
+from ddp_trainer import contract
+
 from .plan import Plan
 from .status import PHASES
 
 JOBS = Gauge("ddpjob_jobs", "DDPJobs this operator watches, by phase.", ["phase"])
+JOB_INFO = Gauge(
+    "ddpjob_job_info",
+    "1 for each DDPJob this operator watches, by namespace, name and phase; gone when the DDPJob is deleted.",
+    [contract.NAMESPACE_LABEL, contract.JOB_LABEL, "phase"],
+)
+"""Labelled as the trainer's series are, so a rule can join on a job's existence: an alert about a job
+ends when the job is deleted (``charts/ddpjob-operator/files/alerts.yaml``)."""
+_JOB_SERIES: set[tuple[str, str, str]] = set()
 RECONCILES = Counter("ddpjob_reconciles", "Reconciles of one DDPJob, by result (ok, error).", ["result"])
 RECONCILE_SECONDS = Histogram(
     "ddpjob_reconcile_duration_seconds",
@@ -49,13 +60,28 @@ def observe_plan(body: Mapping[str, Any], plan: Plan) -> None:
         GANG_RESTARTS_IN_PLACE.labels(body["metadata"]["namespace"]).inc(after - before)
 
 
+def forget_job(namespace: str, name: str) -> None:
+    """A DDPJob was deleted: its info series goes at once (the next reconcile may be another's, or none)."""
+    for key in [k for k in _JOB_SERIES if k[:2] == (namespace, name)]:
+        _JOB_SERIES.discard(key)
+        JOB_INFO.remove(*key)
+
+
 def observe_reconcile(result: str, seconds: float, bodies: Mapping[Any, Iterable[Mapping[str, Any]]]) -> None:
     RECONCILES.labels(result).inc()
     RECONCILE_SECONDS.observe(seconds)
     counts = dict.fromkeys(PHASES, 0)
+    series = set()
     for group in bodies.values():
         for body in group:
             phase = (body.get("status") or {}).get("phase") or "Pending"
             counts[phase] = counts.get(phase, 0) + 1
+            series.add((body["metadata"]["namespace"], body["metadata"]["name"], phase))
     for phase, count in counts.items():
         JOBS.labels(phase).set(count)
+    for gone in _JOB_SERIES - series:
+        JOB_INFO.remove(*gone)
+    for new in series - _JOB_SERIES:
+        JOB_INFO.labels(*new).set(1)
+    _JOB_SERIES.clear()
+    _JOB_SERIES.update(series)

@@ -5,13 +5,17 @@ that gives no ``command`` runs the image's ENTRYPOINT, and one that gives neithe
 runs ENTRYPOINT + CMD. The chart's Deployment is such a container (``args: [operator, ...]`` against the
 operator image's ``ENTRYPOINT ["ddpjob"]``). An image ``<anything>/<target>[:tag]`` whose last path part
 names a stage of the Dockerfile (``ddpjob/operator:0.1.0`` → stage ``operator``) gets that stage's
-ENTRYPOINT and CMD (inherited from the stage it is built ``FROM``, as Docker does); any other image has
-none, and the pod must say ``command`` itself.
+ENTRYPOINT and CMD (inherited from the stage it is built ``FROM``, as Docker does). The monitoring
+stack's upstream images (the Prometheus Operator, and Prometheus, Alertmanager and the operator's config
+reloader as the operator puts them in its StatefulSets) run the binaries ``hack/monitoring/build.sh``
+built from the same releases' Go modules, as their images' ENTRYPOINT does. Any other image has none,
+and the pod must say ``command`` itself.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -20,6 +24,14 @@ from typing import Any
 from .layout import REPO_ROOT
 
 DOCKERFILE = REPO_ROOT / "Dockerfile"
+MONITORING_BUILD = REPO_ROOT / "hack" / "monitoring" / "build.sh"
+UPSTREAM = {
+    "quay.io/prometheus-operator/prometheus-operator": "operator",
+    "quay.io/prometheus/prometheus": "prometheus",
+    "quay.io/prometheus/alertmanager": "alertmanager",
+    "quay.io/prometheus-operator/prometheus-config-reloader": "prometheus-config-reloader",
+}
+"""Upstream image → the binary its ENTRYPOINT runs (``/bin/<binary>`` in the image)."""
 
 
 @dataclass(frozen=True)
@@ -58,8 +70,22 @@ def project_images() -> Mapping[str, ImageConfig]:
     return parse_dockerfile(DOCKERFILE.read_text())
 
 
+@cache
+def monitoring_bin() -> str | None:
+    """Where the monitoring binaries are, if built (``build.sh --check`` builds nothing)."""
+    found = subprocess.run(["bash", str(MONITORING_BUILD), "--check"], capture_output=True, text=True)
+    return found.stdout.strip() if found.returncode == 0 else None
+
+
 def image_config(image: str, stages: Mapping[str, ImageConfig] | None = None) -> ImageConfig:
     """The config of ``image`` (``repo/path/<stage>[:tag][@digest]``), or an empty one."""
+    repository = image.split("@", 1)[0]
+    if ":" in repository.rsplit("/", 1)[-1]:  # a tag (a registry's port comes before a "/")
+        repository = repository.rsplit(":", 1)[0]
+    binary = UPSTREAM.get(repository)
+    if binary is not None:
+        folder = monitoring_bin()
+        return ImageConfig(entrypoint=(f"{folder}/{binary}",)) if folder else ImageConfig()
     name = image.split("@", 1)[0].rsplit("/", 1)[-1].split(":", 1)[0]
     return (project_images() if stages is None else stages).get(name, ImageConfig())
 

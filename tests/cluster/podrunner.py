@@ -254,8 +254,8 @@ class PodRunner:
                 container,
                 pod_ip=self.pod_ip,
                 host_ip=self.node.host_ip,
-                config_maps=self._config_map,
-                secrets=self._secret,
+                config_maps=self._text(self._config_map),
+                secrets=self._text(self._secret),
                 node_allocatable=self.node.allocatable,
             )
             argv = podenv.pod_command(container, env)
@@ -370,9 +370,12 @@ class PodRunner:
         )
         return str(result["status"]["token"])
 
-    def _config_map(self, namespace: str, name: str) -> Mapping[str, str] | None:
+    def _config_map(self, namespace: str, name: str) -> Mapping[str, str | bytes] | None:
         obj = self.kube.get_or_none(f"/api/v1/namespaces/{namespace}/configmaps/{name}")
-        return None if obj is None else dict(obj.get("data") or {})
+        if obj is None:
+            return None
+        binary = {k: base64.b64decode(v) for k, v in (obj.get("binaryData") or {}).items()}
+        return {**(obj.get("data") or {}), **binary}
 
     def _bound_pv(self, claim: str) -> Mapping[str, Any] | None:
         pvc = self.kube.get_or_none(f"/api/v1/namespaces/{self.namespace}/persistentvolumeclaims/{claim}")
@@ -381,11 +384,25 @@ class PodRunner:
             return None
         return self.kube.get_or_none(f"/api/v1/persistentvolumes/{name}")
 
-    def _secret(self, namespace: str, name: str) -> Mapping[str, str] | None:
+    @staticmethod
+    def _text(
+        lookup: Callable[[str, str], Mapping[str, str | bytes] | Mapping[str, bytes] | None],
+    ) -> Callable[[str, str], Mapping[str, str] | None]:
+        """``lookup`` for environment variables, which are text."""
+
+        def text(namespace: str, name: str) -> Mapping[str, str] | None:
+            data = lookup(namespace, name)
+            if data is None:
+                return None
+            return {k: v.decode(errors="replace") if isinstance(v, bytes) else v for k, v in data.items()}
+
+        return text
+
+    def _secret(self, namespace: str, name: str) -> Mapping[str, bytes] | None:
         obj = self.kube.get_or_none(f"/api/v1/namespaces/{namespace}/secrets/{name}")
         if obj is None:
             return None
-        return {k: base64.b64decode(v).decode(errors="replace") for k, v in (obj.get("data") or {}).items()}
+        return {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
 
 
 def _read(path: Path) -> bytes:

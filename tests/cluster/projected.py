@@ -24,7 +24,8 @@ from ddp_operator import kubelet
 
 from .volumes import FILE_VOLUMES, VolumeError
 
-DataLookup = Callable[[str, str], Mapping[str, str] | None]  # (namespace, name) → data, None if absent
+Content = str | bytes  # a Secret's values are bytes (a gzipped config, say), a ConfigMap's text
+DataLookup = Callable[[str, str], Mapping[str, Content] | None]  # (namespace, name) → data, None if absent
 TokenLookup = Callable[[str, int, str | None], str]  # (service account, seconds, audience) → token
 
 
@@ -41,7 +42,9 @@ def is_file_volume(volume: Mapping[str, Any]) -> bool:
     return any(kind in volume for kind in FILE_VOLUMES)
 
 
-def _keyed(what: str, data: Mapping[str, str] | None, ref: Mapping[str, Any], name: str) -> dict[str, str]:
+def _keyed(
+    what: str, data: Mapping[str, Content] | None, ref: Mapping[str, Any], name: str
+) -> dict[str, Content]:
     """The files of a ConfigMap or Secret source: every key, or the ``items`` it names."""
     optional = bool(ref.get("optional"))
     if data is None:
@@ -51,7 +54,7 @@ def _keyed(what: str, data: Mapping[str, str] | None, ref: Mapping[str, Any], na
     items = ref.get("items")
     if not items:
         return dict(data)
-    out = {}
+    out: dict[str, Content] = {}
     for item in items:
         if item["key"] in data:
             out[item["path"]] = data[item["key"]]
@@ -69,11 +72,11 @@ def _downward(pod: Mapping[str, Any], items: list[Mapping[str, Any]]) -> dict[st
     return out
 
 
-def volume_files(pod: Mapping[str, Any], volume: Mapping[str, Any], sources: Sources) -> dict[str, str]:
+def volume_files(pod: Mapping[str, Any], volume: Mapping[str, Any], sources: Sources) -> dict[str, Content]:
     """Relative path → content of every file ``volume`` holds for ``pod``."""
     namespace = pod["metadata"]["namespace"]
     account = (pod.get("spec") or {}).get("serviceAccountName") or "default"
-    files: dict[str, str] = {}
+    files: dict[str, Content] = {}
     if "configMap" in volume:
         ref = volume["configMap"]
         files.update(_keyed("configmap", sources.config_map(namespace, ref["name"]), ref, ref["name"]))
@@ -101,7 +104,7 @@ def volume_files(pod: Mapping[str, Any], volume: Mapping[str, Any], sources: Sou
     return files
 
 
-def write(folder: Path, files: Mapping[str, str]) -> None:
+def write(folder: Path, files: Mapping[str, Content]) -> None:
     """Writes ``files`` under ``folder`` (0644 files; the folder is mounted read-only where asked)."""
     folder.mkdir(parents=True, exist_ok=True)
     for relative, content in files.items():
@@ -109,5 +112,8 @@ def write(folder: Path, files: Mapping[str, str]) -> None:
         if ".." in Path(relative).parts or Path(relative).is_absolute():
             raise VolumeError(f"volume file path {relative!r} must be relative, without '..'")
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content)
+        if isinstance(content, bytes):
+            target.write_bytes(content)
+        else:
+            target.write_text(content)
         target.chmod(0o644)

@@ -1,10 +1,13 @@
-"""What the monitoring tests share: the chart's alert rules and dashboard, the real promtool/prometheus
-(Debian's ``prometheus`` package; ``make test`` installs it through hack/install_prometheus.sh)."""
+"""What the monitoring tests share: the chart's alert rules and dashboard, the real promtool/prometheus:
+Prometheus 3, built from its Go module by ``hack/monitoring/build.sh`` (``make test`` builds it), else
+Debian's 2.42 (``hack/install_prometheus.sh``) where that build is impossible; each test says which."""
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ ALERTS = FILES / "alerts.yaml"
 DASHBOARD = FILES / "dashboard.json"
 OPERATOR_FAMILIES = {
     "ddpjob_jobs",
+    "ddpjob_job_info",
     "ddpjob_reconciles",
     "ddpjob_reconcile_duration_seconds",
     "ddpjob_gang_restarts",
@@ -27,12 +31,18 @@ OPERATOR_FAMILIES = {
 """The operator's families (:mod:`ddp_operator.opmetrics`)."""
 
 
+MONITORING_BUILD = REPO / "hack" / "monitoring" / "build.sh"
+
+
+@functools.cache
 def tool(name: str) -> str:
-    found = shutil.which(name)
+    """``promtool`` or ``prometheus``: Prometheus 3's (built), else the one on PATH; prints its version."""
+    built = subprocess.run(["bash", str(MONITORING_BUILD), "--check"], capture_output=True, text=True)
+    found = f"{built.stdout.strip()}/{name}" if built.returncode == 0 else shutil.which(name)
     if found is None:
-        pytest.fail(
-            f"{name} is missing: `make test` installs Debian's prometheus (hack/install_prometheus.sh)"
-        )
+        pytest.fail(f"{name} is missing: `make test` builds Prometheus 3 ({MONITORING_BUILD})")
+    version = subprocess.run([found, "--version"], capture_output=True, text=True)
+    print(f"{name}: {found}: {(version.stdout or version.stderr).splitlines()[0]}")
     return found
 
 

@@ -95,6 +95,9 @@ class TrainerMetrics:
         self.max_abs = gauge(
             contract.SYNC_MAX_ABS_DIVERGENCE, "Largest absolute difference between ranks at the last check."
         ).labels(**labels)
+        self.rank_diverged = gauge(
+            contract.SYNC_RANK_DIVERGED, "1 while the last check named this rank diverged, else 0."
+        ).labels(**labels)
         self.repairs = counter(
             contract.SYNC_REPAIRS, "Divergences repaired by re-broadcasting from rank 0."
         ).labels(**labels)
@@ -168,8 +171,9 @@ class TrainerMetrics:
         mismatched: int,
         max_abs: float,
         now: float,
+        diverged_ranks: tuple[int, ...] = (),
     ) -> None:
-        """Record one sync check."""
+        """Record one sync check (``diverged_ranks``: the ranks whose copy it found different)."""
         self.checks.labels(
             **self.labels,
             kind=kind,
@@ -178,6 +182,7 @@ class TrainerMetrics:
         self.check_duration.observe(duration_seconds)
         self.mismatched.set(mismatched)
         self.max_abs.set(max_abs)
+        self.rank_diverged.set(1 if int(self.labels[contract.RANK_LABEL]) in diverged_ranks else 0)
         self.last_check.set(now)
         self.last_check_ok.set(1 if in_sync else 0)
         self.last_check_step.set(step)

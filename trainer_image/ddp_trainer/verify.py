@@ -164,6 +164,7 @@ class Verifier:
                 len(report.mismatches),
                 report.max_abs_diff,
                 time.time(),
+                report.ranks,
             )
         if report.in_sync:
             log.info(

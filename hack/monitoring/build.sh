@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Builds the monitoring stack from the Go module proxy, once per machine, and prints the directory that
+# holds the binaries: prometheus and promtool (Prometheus 3), alertmanager, and the Prometheus Operator
+# (operator, prometheus-config-reloader). `--check`: print it only if everything is built (exit 1 otherwise).
+# The directory is keyed by versions.env and the go.mod files, so a changed pin builds anew. Each Go module
+# (go/prometheus, go/alertmanager, go/operator) builds on its own: the three pin different versions of
+# the same libraries, and a build that stopped half-way resumes with what is missing.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "$here/versions.env"
+
+key="prometheus-${PROMETHEUS_RELEASE}_alertmanager-${ALERTMANAGER_VERSION}_operator-${PROMETHEUS_OPERATOR_VERSION}_$(
+  cd "$here" && { echo versions.env; find go -type f -name 'go.mod'; } | LC_ALL=C sort \
+    | xargs sha256sum | sha256sum | cut -c1-12)"
+cache="${DDPJOB_MONITORING_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ddpjob/monitoring}/$key"
+bin="$cache/bin"
+all=(prometheus promtool alertmanager operator prometheus-config-reloader)
+
+missing() { for b in "$@"; do [[ -x "$bin/$b" ]] || return 0; done; return 1; }
+if ! missing "${all[@]}"; then echo "$bin"; exit 0; fi
+if [[ "${1:-}" == "--check" ]]; then exit 1; fi
+
+mkdir -p "$(dirname "$cache")"
+exec 9>"$cache.lock"
+if ! flock -n 9; then
+  echo "waiting for another build of the monitoring stack to finish (lock $cache.lock)" >&2
+  flock 9
+fi
+if ! missing "${all[@]}"; then echo "$bin"; exit 0; fi
+
+GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
+export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
+export GOSUMDB="${GOSUMDB:-off}"  # sum.golang.org is not reachable here; go.sum (committed) pins every hash
+mkdir -p "$bin" "$cache/tmp"
+stamp() {  # -X flags for github.com/prometheus/common/version, so `--version` names the release
+  local v="github.com/prometheus/common/version"
+  echo "-s -w -X $v.Version=$1 -X $v.Revision=ddpjob-module-build -X $v.Branch=HEAD -X $v.BuildUser=ddpjob"
+}
+
+# build NAME DIR LDFLAGS PACKAGE...: go build the main packages in DIR's module, then move them into place.
+build() {
+  local name="$1" dir="$2" ldflags="$3"; shift 3
+  local tmp start=$SECONDS
+  tmp="$(mktemp -d "$cache/tmp/$name.XXXX")"
+  echo "building $name into $bin; the first build on a machine takes a few minutes" >&2
+  (cd "$here/go/$dir" && "$GO" build -trimpath -ldflags="$ldflags" -o "$tmp/" "$@") >&2
+  mv -f "$tmp"/* "$bin/"
+  rm -rf "$tmp"
+  echo "$name built in $((SECONDS - start)) s" | tee -a "$cache/build-times" >&2
+}
+
+operator="github.com/prometheus-operator/prometheus-operator"
+if missing operator prometheus-config-reloader; then
+  build prometheus-operator operator "$(stamp "${PROMETHEUS_OPERATOR_VERSION#v}")" \
+    "$operator/cmd/operator" "$operator/cmd/prometheus-config-reloader"
+fi
+if missing alertmanager; then
+  build alertmanager alertmanager "$(stamp "${ALERTMANAGER_VERSION#v}")" \
+    github.com/prometheus/alertmanager/cmd/alertmanager
+fi
+if missing prometheus promtool; then
+  build prometheus prometheus "$(stamp "$PROMETHEUS_RELEASE")" \
+    github.com/prometheus/prometheus/cmd/prometheus github.com/prometheus/prometheus/cmd/promtool
+fi
+echo "$bin"

@@ -1,0 +1,485 @@
+"""Paged for real: the chart's monitors and rules under a real Prometheus Operator, on Prometheus 3, and a
+divergence delivered by Alertmanager.
+
+The way a user runs it: the Prometheus Operator (a Deployment, its pod run by the node agent like any pod)
+reconciles a ``Prometheus`` and an ``Alertmanager`` with kube-prometheus-stack's selectors (monitors and
+rules labelled ``release: kube-prometheus-stack``, any namespace); their StatefulSets' pods run Prometheus 3,
+Alertmanager and the operator's config reloader, all built from their Go modules
+(``hack/monitoring/build.sh``; the node agent runs those binaries for the upstream images,
+``tests/cluster/images.py``). The chart is installed with the README's monitoring values, then a DDPJob
+runs the divergence drill under ``Warn``. Proven: Prometheus finds the operator and every trainer pod
+**through the chart's ServiceMonitor and PodMonitor** and they are up; every group of the chart's
+PrometheusRule is loaded and evaluated without error; every dashboard query returns data; the divergence
+alert fires and Alertmanager delivers it to a webhook this test serves on the bridge, naming the job, its
+namespace and the diverged rank; after the DDPJob is deleted the alert resolves, and that is delivered too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cluster import netns
+from cluster.fixtures import Cluster, wait_for
+
+from .conftest import REPO, children, ddpjob, session_operator_paused
+from .helmrelease import Release
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+BUILD = REPO / "hack" / "monitoring" / "build.sh"
+VERSIONS = dict(
+    line.split("=", 1)
+    for line in (REPO / "hack" / "monitoring" / "versions.env").read_text().splitlines()
+    if "=" in line and not line.startswith("#")
+)
+PROMETHEUS_IMAGE = f"quay.io/prometheus/prometheus:v{VERSIONS['PROMETHEUS_RELEASE']}"
+ALERTMANAGER_IMAGE = f"quay.io/prometheus/alertmanager:{VERSIONS['ALERTMANAGER_VERSION']}"
+OPERATOR_VERSION = VERSIONS["PROMETHEUS_OPERATOR_VERSION"]
+OPERATOR_IMAGE = f"quay.io/prometheus-operator/prometheus-operator:{OPERATOR_VERSION}"
+RELOADER_IMAGE = f"quay.io/prometheus-operator/prometheus-config-reloader:{OPERATOR_VERSION}"
+RELEASE_LABEL = {"release": "kube-prometheus-stack"}
+# The README's monitoring values (section "Watch it"), as --set-json keys.
+README_VALUES: dict[str, Any] = {
+    "metrics.podMonitor.enabled": True,
+    "metrics.serviceMonitor.enabled": True,
+    "prometheusRule.enabled": True,
+    "grafanaDashboard.enabled": True,
+    "metrics.podMonitor.labels": RELEASE_LABEL,
+    "metrics.serviceMonitor.labels": RELEASE_LABEL,
+    "prometheusRule.labels": RELEASE_LABEL,
+}
+DASHBOARD = REPO / "charts" / "ddpjob-operator" / "files" / "dashboard.json"
+ALERTS = REPO / "charts" / "ddpjob-operator" / "files" / "alerts.yaml"
+DIVERGED_RANK = "1"
+
+
+def _monitoring_bin() -> Path:
+    found = subprocess.run(["bash", str(BUILD), "--check"], capture_output=True, text=True)
+    if found.returncode != 0:
+        pytest.fail(f"the monitoring stack is not built: `make test` builds it first ({BUILD})")
+    return Path(found.stdout.strip())
+
+
+def _crds() -> list[Path]:
+    result = subprocess.run(
+        ["python", str(REPO / "hack" / "prometheus_crds.py"), "--all"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, f"hack/prometheus_crds.py --all failed: {result.stderr}"
+    return sorted(Path(result.stdout.strip()).glob("*.yaml"))
+
+
+class Webhook:
+    """Alertmanager's receiver: an HTTP server on the bridge's address, which pods reach."""
+
+    def __init__(self) -> None:
+        self.received: list[dict[str, Any]] = []
+        webhook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                webhook.received.append(json.loads(body))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer((netns.BRIDGE_IP, 0), Handler)
+        self.url = f"http://{netns.BRIDGE_IP}:{self.server.server_address[1]}/alerts"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def alerts(self, status: str) -> list[dict[str, Any]]:
+        return [
+            alert for message in self.received for alert in message["alerts"] if alert["status"] == status
+        ]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@dataclass
+class Stack:
+    cluster: Cluster
+    namespace: str
+    webhook: Webhook
+    bin: Path
+    prometheus_ip: str = ""
+
+    def pod_ip(self, selector: str) -> str:
+        def running() -> str | None:
+            pods = self.cluster.kubectl_json("get", "pods", "-n", self.namespace, "-l", selector)["items"]
+            live = [p for p in pods if p["status"].get("phase") == "Running" and p["status"].get("podIP")]
+            return str(live[0]["status"]["podIP"]) if live else None
+
+        return wait_for(running, what=f"a Running pod {selector} in {self.namespace}", timeout=180, every=1)
+
+    def prometheus(self, path: str) -> Any:
+        if not self.prometheus_ip:
+            self.prometheus_ip = self.pod_ip("app.kubernetes.io/name=prometheus")
+        url = f"http://{self.prometheus_ip}:9090{path}"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return json.loads(response.read())
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        answer = self.prometheus("/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
+        assert answer["status"] == "success", (promql, answer)
+        result: list[dict[str, Any]] = answer["data"]["result"]
+        return result
+
+    def logs(self) -> str:
+        out = []
+        for pod in self.cluster.kubectl_json("get", "pods", "-n", self.namespace)["items"]:
+            for container in pod["spec"]["containers"]:
+                name = pod["metadata"]["name"]
+                args = ("logs", "-n", self.namespace, name, "-c", container["name"])
+                text = self.cluster.kubectl(*args, check=False).stdout
+                out.append(f"--- {name}/{container['name']}\n{text[-3000:]}")
+        return "\n".join(out)
+
+
+def _apply(cluster: Cluster, *docs: dict[str, Any]) -> None:
+    cluster.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(d) for d in docs))
+
+
+def _stack_objects(ns: str, webhook_url: str) -> list[dict[str, Any]]:
+    """kube-prometheus-stack's parts, trimmed to what the test needs."""
+    operator_labels = {"app.kubernetes.io/name": "prometheus-operator"}
+    alertmanager_config = {
+        "route": {
+            "receiver": "ddpjob-test",
+            "group_by": ["alertname", "ddpjob_namespace", "ddpjob"],
+            "group_wait": "1s",
+            "group_interval": "2s",
+            "repeat_interval": "1h",
+        },
+        "receivers": [
+            {"name": "ddpjob-test", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}
+        ],
+    }
+    reader_rules = [
+        {
+            "apiGroups": [""],
+            "resources": ["pods", "services", "endpoints"],
+            "verbs": ["get", "list", "watch"],
+        },
+        {
+            "apiGroups": ["discovery.k8s.io"],
+            "resources": ["endpointslices"],
+            "verbs": ["get", "list", "watch"],
+        },
+        {"nonResourceURLs": ["/metrics"], "verbs": ["get"]},
+    ]
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": "prometheus-operator", "namespace": ns},
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": f"{ns}-prometheus-operator"},
+            # the upstream ClusterRole is long; the test cluster's RBAC is not what is proven here
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "cluster-admin",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "prometheus-operator", "namespace": ns}],
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "prometheus-operator", "namespace": ns, "labels": operator_labels},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": operator_labels},
+                "template": {
+                    "metadata": {"labels": operator_labels},
+                    "spec": {
+                        "serviceAccountName": "prometheus-operator",
+                        "containers": [
+                            {
+                                "name": "prometheus-operator",
+                                "image": OPERATOR_IMAGE,
+                                "args": [
+                                    f"--prometheus-config-reloader={RELOADER_IMAGE}",
+                                    "--log-level=info",
+                                ],
+                            }
+                        ],
+                    },
+                },
+            },
+        },
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "prometheus", "namespace": ns}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": f"{ns}-prometheus"},
+            "rules": reader_rules,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": f"{ns}-prometheus"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": f"{ns}-prometheus",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": ns}],
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "alertmanager-main", "namespace": ns},
+            "stringData": {"alertmanager.yaml": yaml.safe_dump(alertmanager_config)},
+        },
+        {
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "Alertmanager",
+            "metadata": {"name": "main", "namespace": ns},
+            "spec": {"replicas": 1, "image": ALERTMANAGER_IMAGE, "version": VERSIONS["ALERTMANAGER_VERSION"]},
+        },
+    ]
+
+
+def _prometheus(ns: str) -> dict[str, Any]:
+    """kube-prometheus-stack's Prometheus: monitors and rules labelled with its release, in any namespace.
+    Created after the chart: the node agent writes a pod's Secret and ConfigMap volumes when it starts
+    (a kubelet refreshes them), so the operator's first config must already hold the chart's monitors."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "Prometheus",
+        "metadata": {"name": "k8s", "namespace": ns},
+        "spec": {
+            "replicas": 1,
+            "image": PROMETHEUS_IMAGE,
+            "version": f"v{VERSIONS['PROMETHEUS_RELEASE']}",
+            "serviceAccountName": "prometheus",
+            "scrapeInterval": "2s",
+            "evaluationInterval": "2s",
+            # kube-prometheus-stack's: monitors and rules of its release, in any namespace
+            "serviceMonitorSelector": {"matchLabels": RELEASE_LABEL},
+            "serviceMonitorNamespaceSelector": {},
+            "podMonitorSelector": {"matchLabels": RELEASE_LABEL},
+            "podMonitorNamespaceSelector": {},
+            "ruleSelector": {"matchLabels": RELEASE_LABEL},
+            "ruleNamespaceSelector": {},
+            "alerting": {
+                "alertmanagers": [
+                    {"namespace": ns, "name": "alertmanager-operated", "port": "web", "apiVersion": "v2"}
+                ]
+            },
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def stack(cluster: Cluster) -> Iterator[Stack]:
+    binaries = _monitoring_bin()
+    files = _crds()
+    names = [yaml.safe_load(path.read_text())["metadata"]["name"] for path in files]
+    # another test may have deleted these CRDs a moment ago: wait until they are gone before re-creating
+    cluster.kubectl("wait", "--for=delete", *[f"crd/{n}" for n in names], "--timeout=120s", check=False)
+    for path in files:
+        cluster.kubectl("apply", "--server-side", "-f", str(path))
+    cluster.kubectl("wait", "--for=condition=Established", *[f"crd/{n}" for n in names], "--timeout=60s")
+    ns = cluster.create_namespace("mon")
+    webhook = Webhook()
+    stack = Stack(cluster, ns, webhook, binaries)
+    try:
+        _apply(cluster, *_stack_objects(ns, webhook.url))
+        stack.pod_ip("app.kubernetes.io/name=alertmanager")
+        yield stack
+    finally:
+        print(stack.logs()[-12000:])
+        cluster.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False)
+        cluster.kubectl(
+            "delete", "clusterrolebinding", f"{ns}-prometheus-operator", f"{ns}-prometheus", check=False
+        )
+        cluster.kubectl("delete", "clusterrole", f"{ns}-prometheus", check=False)
+        cluster.kubectl("delete", "crd", *names, "--wait=false", check=False)
+        webhook.close()
+
+
+def _panel_queries() -> list[tuple[str, str]]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    out = []
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            expr = target["expr"].replace("$namespace", ".*").replace("$job", ".*")
+            out.append((panel["title"], expr.replace("$__rate_interval", "20s")))
+    return out
+
+
+def test_a_divergence_is_scraped_through_the_charts_monitors_and_paged_through_alertmanager(
+    cluster: Cluster, stack: Stack
+) -> None:
+    with session_operator_paused():
+        suffix = uuid.uuid4().hex[:6]
+        release = Release(
+            cluster,
+            name=f"p{suffix}",
+            namespace=cluster.create_namespace("paged-op"),
+            jobs=cluster.create_namespace("paged-jobs"),
+        )
+        try:
+            release.helm(
+                "install",
+                release.name,
+                str(REPO / "charts" / "ddpjob-operator"),
+                *release.values(**README_VALUES),
+                "--wait",
+                "--timeout=240s",
+            )
+            _apply(cluster, _prometheus(stack.namespace))
+            _paged(cluster, stack, release)
+        finally:
+            release.helm("uninstall", release.name, "--wait", "--timeout=120s", check=False)
+            for ns in (release.jobs, release.namespace):
+                cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def _paged(cluster: Cluster, stack: Stack, release: Release) -> None:
+    ns = release.jobs
+    job = ddpjob(
+        "drill",
+        replicas=2,
+        trainer={"steps": 200000, "checkpointEvery": 0},
+        syncCheck={"everySteps": 20, "onDivergence": "Warn"},
+        env=[{"name": "DDPJOB_CHAOS_DIVERGE", "value": f"rank={DIVERGED_RANK},step=60"}],
+    )
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(job))
+    pods = wait_for(
+        lambda: (
+            [p for p in children(cluster, ns, "pods", "drill") if p["status"].get("phase") == "Running"]
+            if len(children(cluster, ns, "pods", "drill")) == 2
+            else None
+        ),
+        what="both trainer pods of DDPJob drill to run",
+        timeout=180,
+        every=1,
+    )
+    pod_names = {p["metadata"]["name"] for p in children(cluster, ns, "pods", "drill")}
+
+    # 1. Targets: the operator through the chart's ServiceMonitor, every trainer pod through its PodMonitor.
+    def targets_up() -> dict[str, list[dict[str, Any]]] | None:
+        active = stack.prometheus("/api/v1/targets?state=active")["data"]["activeTargets"]
+        pools: dict[str, list[dict[str, Any]]] = {}
+        for target in active:
+            pools.setdefault(target["scrapePool"].split("/")[0], []).append(target)
+        trainers = [
+            t
+            for t in pools.get("podMonitor", [])
+            if t["labels"].get("pod") in pod_names and t["health"] == "up"
+        ]
+        operators = [
+            t
+            for t in pools.get("serviceMonitor", [])
+            if t["labels"].get("namespace") == release.namespace and t["health"] == "up"
+        ]
+        return pools if len(trainers) == len(pod_names) and operators else None
+
+    try:
+        pools = wait_for(
+            targets_up, what="the operator and every trainer pod up in Prometheus", timeout=180, every=2
+        )
+    except AssertionError:
+        print(json.dumps(stack.prometheus("/api/v1/targets")["data"], indent=1)[-6000:])
+        raise
+    scrape_pools = {t["scrapePool"] for pool in pools.values() for t in pool}
+    print(f"scrape pools: {sorted(scrape_pools)}")
+    assert any(p.startswith(f"podMonitor/{release.namespace}/") for p in scrape_pools), scrape_pools
+    assert any(p.startswith(f"serviceMonitor/{release.namespace}/") for p in scrape_pools), scrape_pools
+    build = stack.query("prometheus_build_info")
+    assert build and build[0]["metric"]["version"] == VERSIONS["PROMETHEUS_RELEASE"], build
+
+    # 2. Rules: every group of the chart's PrometheusRule loaded and evaluated without error.
+    wanted = {g["name"]: len(g["rules"]) for g in yaml.safe_load(ALERTS.read_text())["groups"]}
+
+    def rules_evaluated() -> list[dict[str, Any]] | None:
+        groups = stack.prometheus("/api/v1/rules")["data"]["groups"]
+        ours = [g for g in groups if g["name"] in wanted]
+        done = len(ours) == len(wanted) and all(g["lastEvaluation"][:4] != "0001" for g in ours)
+        return ours if done else None
+
+    groups = wait_for(
+        rules_evaluated, what="the chart's rule groups loaded and evaluated", timeout=120, every=2
+    )
+    assert {g["name"]: len(g["rules"]) for g in groups} == wanted
+    errors = [(r["name"], r.get("lastError")) for g in groups for r in g["rules"] if r["health"] != "ok"]
+    assert not errors, errors
+
+    # 3. The dashboard: every query returns data on Prometheus 3.
+    wait_for(
+        lambda: len(stack.query(f'ddp_steps_total{{ddpjob="drill",ddpjob_namespace="{ns}"}} > 40')) == 2,
+        what="both ranks' steps scraped",
+        timeout=120,
+        every=2,
+    )
+    time.sleep(6)  # rate() needs a few samples
+    empty = []
+    for title, expr in _panel_queries():
+        result = stack.query(expr)
+        if not result or all(math.isnan(float(r["value"][1])) for r in result):
+            empty.append((title, expr))
+    assert not empty, f"dashboard panels with no data on Prometheus {VERSIONS['PROMETHEUS_RELEASE']}: {empty}"
+
+    # 4. The divergence alert fires, and Alertmanager delivers it naming the job, namespace and diverged rank.
+    def delivered() -> list[dict[str, Any]] | None:
+        found = [
+            a
+            for a in stack.webhook.alerts("firing")
+            if a["labels"].get("alertname") == "DDPJobDivergenceDetected"
+            and a["labels"].get("ddpjob") == "drill"
+        ]
+        return found or None
+
+    try:
+        firing = wait_for(
+            delivered, what="DDPJobDivergenceDetected delivered to the webhook", timeout=180, every=1
+        )
+    except AssertionError:
+        print(stack.query("ALERTS"), stack.webhook.received)
+        raise
+    print(f"delivered: {json.dumps(firing, indent=1)[:3000]}")
+    assert all(a["labels"]["ddpjob_namespace"] == ns for a in firing), firing
+    assert all(a["labels"]["severity"] == "critical" for a in firing), firing
+    assert any(DIVERGED_RANK in a["annotations"].get("diverged_ranks", "").split() for a in firing), firing
+
+    # 5. The job deleted: its series go stale, the alert resolves, and the resolution is delivered.
+    cluster.kubectl("delete", "ddpjob", "drill", "-n", ns, "--wait=true", "--timeout=120s")
+
+    def resolved() -> list[dict[str, Any]] | None:
+        found = [
+            a
+            for a in stack.webhook.alerts("resolved")
+            if a["labels"].get("alertname") == "DDPJobDivergenceDetected"
+            and a["labels"].get("ddpjob") == "drill"
+        ]
+        return found or None
+
+    wait_for(resolved, what="the resolved DDPJobDivergenceDetected delivered", timeout=240, every=2)
+    del pods
