@@ -46,7 +46,8 @@ def prometheus_operator_crds() -> list[Path]:
         timeout=900,
     )
     assert result.returncode == 0, f"hack/prometheus_crds.py failed: {result.stderr}"
-    return sorted(Path(result.stdout.strip()).glob("*.yaml"))
+    folder = Path(result.stdout.strip())
+    return [folder / f"{kind}.yaml" for kind in ("servicemonitors", "podmonitors", "prometheusrules")]
 
 
 @dataclass

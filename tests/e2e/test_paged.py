@@ -300,7 +300,7 @@ def _prometheus(ns: str) -> dict[str, Any]:
 def stack(cluster: Cluster) -> Iterator[Stack]:
     binaries = _monitoring_bin()
     files = _crds()
-    names = [yaml.safe_load(path.read_text())["metadata"]["name"] for path in files]
+    names = [f"{path.stem}.monitoring.coreos.com" for path in files]  # (PyYAML cannot read all of them)
     # another test may have deleted these CRDs a moment ago: wait until they are gone before re-creating
     cluster.kubectl("wait", "--for=delete", *[f"crd/{n}" for n in names], "--timeout=120s", check=False)
     for path in files:

@@ -35,8 +35,14 @@ OPERATOR_STUB = """
 import sys, time
 from ddp_operator import opmetrics
 opmetrics.serve(int(sys.argv[1]))
+# the DDPJobs of this module's runs, as the operator's index would hold them (ddpjob_job_info: the
+# divergence alert fires only for a job the operator, when it is scraped, still lists)
+JOBS = {"testns": [
+    {"metadata": {"namespace": "testns", "name": name}, "status": {"phase": "Running"}}
+    for name in ("healthy", "drill", "sdc")
+]}
 while True:  # a reconcile every half second, as the operator's timers do with a few DDPJobs
-    opmetrics.observe_reconcile("ok", 0.02, {})
+    opmetrics.observe_reconcile("ok", 0.02, JOBS)
     time.sleep(0.5)
 """
 
