@@ -3,6 +3,8 @@ a PersistentVolumeClaim as the folder of the PV the real controller-manager boun
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 from pathlib import Path
 from typing import Any
@@ -116,7 +118,9 @@ def test_mounts_map_every_volume_kind() -> None:
         Mount(Path("/pods/p/volumes/conf"), "/etc/conf"),  # its files written there first (projected.py)
     ]
     assert shell_prefix(got[1:2]) == (
-        "mkdir -p /srv/data /data && mount --bind /srv/data /data && mount -o remount,bind,ro /data && "
+        'if [ -f /srv/data ]; then mkdir -p "$(dirname /data)" && { [ -e /data ] || touch /data; }; '
+        "else mkdir -p /srv/data /data; fi && mount --bind /srv/data /data && "
+        "mount -o remount,bind,ro /data && "
     )
 
 
@@ -125,3 +129,37 @@ def test_an_unbound_claim_or_a_missing_volume_is_an_error() -> None:
         mounts(POD, {"volumeMounts": [{"name": "ckpt", "mountPath": "/c"}]}, Path("/p"), lambda claim: None)
     with pytest.raises(VolumeError, match="names no volume"):
         mounts(POD, {"volumeMounts": [{"name": "nope", "mountPath": "/c"}]}, Path("/p"), lambda claim: None)
+
+
+READ_GZIP = """
+import gzip, os
+path = "/etc/app/config.yaml.gz"
+text = gzip.decompress(open(path, "rb").read()).decode()
+open(os.environ["DDPJOB_TERMINATION_LOG"], "w").write(text + "|" + str(os.path.isfile(path)))
+"""
+
+
+@pytest.mark.cluster
+def test_a_binary_secret_key_mounts_by_sub_path_as_a_file(cluster: Cluster, namespace: str) -> None:
+    """What the Prometheus Operator's pods need: a gzipped config in a Secret, bytes intact, mounted as one
+    file (``subPath``) at a path whose folder the host lacks."""
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "conf"},
+        "data": {"config.yaml.gz": base64.b64encode(gzip.compress(b"scrape: every 2s")).decode()},
+    }
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(secret))
+    pod = python_pod("reader", READ_GZIP, volumes=[{"name": "conf", "secret": {"secretName": "conf"}}])
+    container = pod["spec"]["containers"][0]
+    container["command"] = ["python", "-c", READ_GZIP]
+    container["volumeMounts"] = [
+        {
+            "name": "conf",
+            "mountPath": "/etc/app/config.yaml.gz",
+            "subPath": "config.yaml.gz",
+            "readOnly": True,
+        }
+    ]
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(pod))
+    assert _message(cluster, namespace, "reader") == "scrape: every 2s|True"

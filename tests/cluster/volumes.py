@@ -84,7 +84,12 @@ def shell_prefix(binds: list[Mount]) -> str:
     steps = []
     for m in binds:
         src, dst = shlex.quote(str(m.source)), shlex.quote(m.target)
-        steps.append(f"mkdir -p {src} {dst} && mount --bind {src} {dst}")
+        # a file (a subPath into a Secret or ConfigMap volume) is bound onto a file, a folder onto a folder
+        make = (
+            f'if [ -f {src} ]; then mkdir -p "$(dirname {dst})" && {{ [ -e {dst} ] || touch {dst}; }}; '
+            f"else mkdir -p {src} {dst}; fi"
+        )
+        steps.append(f"{make} && mount --bind {src} {dst}")
         if m.read_only:
             steps.append(f"mount -o remount,bind,ro {dst}")
     return "".join(f"{step} && " for step in steps)

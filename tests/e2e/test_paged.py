@@ -158,7 +158,7 @@ class Stack:
 
 
 def _apply(cluster: Cluster, *docs: dict[str, Any]) -> None:
-    cluster.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(d) for d in docs))
+    cluster.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
 
 
 def _stack_objects(ns: str, webhook_url: str) -> list[dict[str, Any]]:
