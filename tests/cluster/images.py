@@ -19,6 +19,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from .layout import REPO_ROOT
@@ -95,7 +96,11 @@ def container_argv(
 ) -> dict[str, Any]:
     """``container`` with ``command`` (and ``args``) filled in from its image, as the runtime would."""
     config = image_config(str(container.get("image") or ""), stages)
-    if container.get("command") or not config.entrypoint:
+    command = list(container.get("command") or [])
+    if command and config.entrypoint and command[0] == f"/bin/{Path(config.entrypoint[0]).name}":
+        # an upstream image's binary named by its path in the image (the Prometheus Operator does so)
+        return {**container, "command": [config.entrypoint[0], *command[1:]]}
+    if command or not config.entrypoint:
         return dict(container)
     args: Sequence[str] = container.get("args") or list(config.cmd)
     return {**container, "command": list(config.entrypoint), "args": list(args)}
