@@ -222,9 +222,11 @@ def test_trainer_pods_run_non_root_without_a_token(cluster: Cluster, run: Run) -
 def test_upgrade_with_monitoring_then_uninstall_leaves_only_the_crds(cluster: Cluster, run: Run) -> None:
     release = run.release
     crd_files = prometheus_operator_crds()
+    names = [yaml.safe_load(path.read_text())["metadata"]["name"] for path in crd_files]
+    # the paging test may have deleted these CRDs a moment ago: re-create them once they are gone
+    cluster.kubectl("wait", "--for=delete", *[f"crd/{n}" for n in names], "--timeout=120s", check=False)
     for path in crd_files:
         cluster.kubectl("apply", "--server-side", "-f", str(path))
-    names = [yaml.safe_load(path.read_text())["metadata"]["name"] for path in crd_files]
     try:
         cluster.kubectl("wait", "--for=condition=Established", *[f"crd/{n}" for n in names], "--timeout=60s")
         release.upgrade(

@@ -493,7 +493,8 @@ def _paged(cluster: Cluster, stack: Stack, release: Release) -> None:
     print(f"delivered: {json.dumps(firing, indent=1)[:3000]}")
     assert all(a["labels"]["ddpjob_namespace"] == ns for a in firing), firing
     assert all(a["labels"]["severity"] == "critical" for a in firing), firing
-    assert any(DIVERGED_RANK in a["annotations"].get("diverged_ranks", "").split(", ") for a in firing), firing
+    named = {a["annotations"].get("diverged_ranks", "") for a in firing}
+    assert named == {DIVERGED_RANK}, f"diverged_ranks should name rank {DIVERGED_RANK} alone: {named}"
 
     # 5. The job deleted: its series go stale, the alert resolves, and the resolution is delivered.
     cluster.kubectl("delete", "ddpjob", "drill", "-n", ns, "--wait=true", "--timeout=120s")
