@@ -481,11 +481,15 @@ def _paged(cluster: Cluster, stack: Stack, release: Release) -> None:
             if a["labels"].get("alertname") == "DDPJobDivergenceDetected"
             and a["labels"].get("ddpjob") == "drill"
         ]
-        return found or None
+        # the diverged rank's own alert: its pod's scrape holds its mismatch and its ddp_sync_rank_diverged
+        return found if any(a["labels"].get("rank") == DIVERGED_RANK for a in found) else None
 
     try:
         firing = wait_for(
-            delivered, what="DDPJobDivergenceDetected delivered to the webhook", timeout=180, every=1
+            delivered,
+            what=f"DDPJobDivergenceDetected of rank {DIVERGED_RANK} delivered to the webhook",
+            timeout=180,
+            every=1,
         )
     except AssertionError:
         print(stack.query("ALERTS"), stack.webhook.received)
@@ -493,8 +497,12 @@ def _paged(cluster: Cluster, stack: Stack, release: Release) -> None:
     print(f"delivered: {json.dumps(firing, indent=1)[:3000]}")
     assert all(a["labels"]["ddpjob_namespace"] == ns for a in firing), firing
     assert all(a["labels"]["severity"] == "critical" for a in firing), firing
+    # The diverged rank's alert always names it. Another rank's alert may be evaluated before the diverged
+    # rank's pod was scraped after the check, and then names no rank yet (never a wrong one).
+    own = [a for a in firing if a["labels"]["rank"] == DIVERGED_RANK]
+    assert all(a["annotations"].get("diverged_ranks") == DIVERGED_RANK for a in own), own
     named = {a["annotations"].get("diverged_ranks", "") for a in firing}
-    assert named == {DIVERGED_RANK}, f"diverged_ranks should name rank {DIVERGED_RANK} alone: {named}"
+    assert named <= {DIVERGED_RANK, ""}, f"diverged_ranks should name rank {DIVERGED_RANK} alone: {named}"
 
     # 5. The job deleted: its series go stale, the alert resolves, and the resolution is delivered.
     cluster.kubectl("delete", "ddpjob", "drill", "-n", ns, "--wait=true", "--timeout=120s")
