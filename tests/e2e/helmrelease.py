@@ -4,16 +4,19 @@ log of the requests its ServiceAccount made."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cluster.fixtures import Cluster, wait_for
 
-from .conftest import REPO
+from .conftest import REPO, session_operator_paused
 
 HELM = Path(sys.executable).with_name("helm")
 CHART = REPO / "charts" / "ddpjob-operator"
@@ -35,6 +38,27 @@ NAMESPACED_KINDS = (
     "prometheusrules.monitoring.coreos.com",
 )
 CLUSTER_KINDS = ("clusterroles", "clusterrolebindings", "clusterkopfpeerings.kopf.dev")
+
+
+@contextlib.contextmanager
+def installed(cluster: Cluster, prefix: str, **values: Any) -> Iterator[Release]:
+    """The chart installed with ``values`` (dotted keys), watching a namespace of its own
+    (``<prefix>-jobs-*``, the operator in ``<prefix>-op-*``); uninstalled and both namespaces deleted after.
+    The session's cluster-wide operator is paused meanwhile (two must not reconcile the same DDPJobs)."""
+    with session_operator_paused():
+        release = Release(
+            cluster,
+            name=f"{prefix[0]}{uuid.uuid4().hex[:6]}",
+            namespace=cluster.create_namespace(f"{prefix}-op"),
+            jobs=cluster.create_namespace(f"{prefix}-jobs"),
+        )
+        try:
+            release.install(**values)
+            yield release
+        finally:
+            release.helm("uninstall", release.name, "--wait", "--timeout=120s", check=False)
+            for ns in (release.jobs, release.namespace):
+                cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
 def prometheus_operator_crds() -> list[Path]:
@@ -75,8 +99,8 @@ class Release:
             arg for key, value in settings.items() for arg in ("--set-json", f"{key}={json.dumps(value)}")
         ]
 
-    def install(self) -> None:
-        self.helm("install", self.name, str(CHART), *self.values(), "--wait", "--timeout=240s")
+    def install(self, **more: Any) -> None:
+        self.helm("install", self.name, str(CHART), *self.values(**more), "--wait", "--timeout=240s")
 
     def upgrade(self, **more: Any) -> None:
         self.helm("upgrade", self.name, str(CHART), *self.values(**more), "--wait", "--timeout=240s")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,12 +23,13 @@ import yaml
 
 from cluster.fixtures import Cluster, host_path_volume, wait_for
 
-from .conftest import children, ddpjob, get, session_operator_paused, wait_phase
+from .conftest import children, ddpjob, get, wait_phase
 from .helmrelease import (
     CRDS,
     Release,
     audit_events,
     granted_permissions,
+    installed,
     prometheus_operator_crds,
     used_permissions,
 )
@@ -112,27 +112,16 @@ def _representative_run(cluster: Cluster, release: Release, folder: Path) -> tup
 
 @pytest.fixture(scope="module")
 def run(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
-    with session_operator_paused():
-        suffix = uuid.uuid4().hex[:6]
-        release = Release(
-            cluster,
-            name=f"h{suffix}",
-            namespace=cluster.create_namespace("helm-op"),
-            jobs=cluster.create_namespace("helm-jobs"),
-        )
+    with installed(cluster, "helm") as release:
+        operator_pod = release.operator_pod()
+        secret_value, trainer_pods = _representative_run(cluster, release, tmp_path_factory.mktemp("pv"))
+        events = [
+            *cluster.kubectl_json("get", "events", "-n", release.jobs)["items"],
+            *cluster.kubectl_json("get", "events", "-n", release.namespace)["items"],
+        ]
         try:
-            release.install()
-            operator_pod = release.operator_pod()
-            secret_value, trainer_pods = _representative_run(cluster, release, tmp_path_factory.mktemp("pv"))
-            events = [
-                *cluster.kubectl_json("get", "events", "-n", release.jobs)["items"],
-                *cluster.kubectl_json("get", "events", "-n", release.namespace)["items"],
-            ]
             yield Run(release, secret_value, operator_pod, trainer_pods, events)
         finally:
-            release.helm("uninstall", release.name, "--wait", "--timeout=120s", check=False)
-            for ns in (release.jobs, release.namespace):
-                cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
             cluster.kubectl("delete", "pv", f"ckpt-{release.jobs}", "--wait=false", check=False)
 
 

@@ -23,7 +23,6 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -35,9 +34,10 @@ import yaml
 
 from cluster import netns
 from cluster.fixtures import Cluster, wait_for
+from monitoring.panels import panel_queries
 
-from .conftest import REPO, children, ddpjob, session_operator_paused
-from .helmrelease import Release
+from .conftest import REPO, children, ddpjob
+from .helmrelease import Release, installed
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -66,7 +66,6 @@ README_VALUES: dict[str, Any] = {
 # Scraped every 2 s rather than the chart's 15 s / 30 s, so the dashboard's rates fill in seconds (Grafana's
 # $__rate_interval, at least 4 scrape intervals, becomes 20s below).
 FAST_SCRAPES = {"metrics.podMonitor.interval": "2s", "metrics.serviceMonitor.interval": "2s"}
-DASHBOARD = REPO / "charts" / "ddpjob-operator" / "files" / "dashboard.json"
 ALERTS = REPO / "charts" / "ddpjob-operator" / "files" / "alerts.yaml"
 DIVERGED_RANK = "1"
 T = TypeVar("T")
@@ -345,42 +344,12 @@ def stack(cluster: Cluster) -> Iterator[Stack]:
         webhook.close()
 
 
-def _panel_queries() -> list[tuple[str, str]]:
-    dashboard = json.loads(DASHBOARD.read_text())
-    out = []
-    for panel in dashboard["panels"]:
-        for target in panel.get("targets", []):
-            expr = target["expr"].replace("$namespace", ".*").replace("$job", ".*")
-            out.append((panel["title"], expr.replace("$__rate_interval", "20s")))
-    return out
-
-
 def test_a_divergence_is_scraped_through_the_charts_monitors_and_paged_through_alertmanager(
     cluster: Cluster, stack: Stack
 ) -> None:
-    with session_operator_paused():
-        suffix = uuid.uuid4().hex[:6]
-        release = Release(
-            cluster,
-            name=f"p{suffix}",
-            namespace=cluster.create_namespace("paged-op"),
-            jobs=cluster.create_namespace("paged-jobs"),
-        )
-        try:
-            release.helm(
-                "install",
-                release.name,
-                str(REPO / "charts" / "ddpjob-operator"),
-                *release.values(**README_VALUES, **FAST_SCRAPES),
-                "--wait",
-                "--timeout=240s",
-            )
-            _apply(cluster, _prometheus(stack.namespace))
-            _paged(cluster, stack, release)
-        finally:
-            release.helm("uninstall", release.name, "--wait", "--timeout=120s", check=False)
-            for ns in (release.jobs, release.namespace):
-                cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    with installed(cluster, "paged", **README_VALUES, **FAST_SCRAPES) as release:
+        _apply(cluster, _prometheus(stack.namespace))
+        _paged(cluster, stack, release)
 
 
 def _paged(cluster: Cluster, stack: Stack, release: Release) -> None:
@@ -467,7 +436,7 @@ def _paged(cluster: Cluster, stack: Stack, release: Release) -> None:
     )
     time.sleep(6)  # rate() needs a few samples
     empty = []
-    for title, expr in _panel_queries():
+    for title, expr in panel_queries():
         result = stack.query(expr)
         if not result or all(math.isnan(float(r["value"][1])) for r in result):
             empty.append((title, expr))

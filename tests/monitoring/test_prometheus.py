@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
-from .conftest import ALERTS, DASHBOARD, REPO, tool
+from .conftest import ALERTS, REPO, tool
+from .panels import panel_queries
 
 sys.path.insert(0, str(REPO / "tests" / "trainer"))
 from torchrun_helpers import Launch, free_port, launch
@@ -121,17 +122,6 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
         server.proc.terminate()
         server.proc.wait(30)
         operator.wait()
-
-
-def panel_queries() -> list[tuple[str, str]]:
-    """Every (panel title, PromQL) of the dashboard, with Grafana's variables widened."""
-    dashboard = json.loads(DASHBOARD.read_text())
-    out = []
-    for panel in dashboard["panels"]:
-        for target in panel.get("targets", []):
-            expr = target["expr"].replace("$namespace", ".*").replace("$job", ".*")
-            out.append((panel["title"], expr.replace("$__rate_interval", "20s")))
-    return out
 
 
 def test_dashboard_has_data_and_a_healthy_run_raises_no_alert(prometheus: Prometheus, tmp_path: Path) -> None:
