@@ -61,7 +61,10 @@ def test_a_script_with_no_ddpjob_code_shows_sync_and_progress(
     assert row[header.index("PROGRESS")] not in ("", "<none>"), table
 
     done = wait_phase(cluster, namespace, "nocode", "Succeeded", "Failed", timeout=420)["status"]
-    assert done["phase"] == "Succeeded", done
+    if done["phase"] != "Succeeded":  # say why: the pods' last lines (torch's abort at exit is retried once)
+        pods = [p["metadata"]["name"] for p in children(cluster, namespace, "pods", "nocode")]
+        tails = [cluster.kubectl("logs", "-n", namespace, pod, check=False).stdout[-2000:] for pod in pods]
+        raise AssertionError(f"{done}\n" + "\n".join(tails))
     # the initial check, every EVERY steps (the last at the last step), one before each probe off that grid
     checks = 1 + STEPS // EVERY + sum(1 for step in range(PROBE, STEPS + 1, PROBE) if step % EVERY)
     assert done["sync"]["verified"] is True and done["sync"]["checks"] == checks, done
