@@ -7,6 +7,7 @@ a scraped label of that name would be renamed ``exported_*``. Every label value 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -26,6 +27,7 @@ JOB_INFO = Gauge(
 """Labelled as the trainer's series are, so a rule can join on a job's existence: an alert about a job
 ends when the job is deleted (``charts/ddpjob-operator/files/alerts.yaml``)."""
 _JOB_SERIES: set[tuple[str, str, str]] = set()
+_JOB_LOCK = threading.Lock()  # reconciles run on Kopf's handler threads and on the ticker's
 RECONCILES = Counter("ddpjob_reconciles", "Reconciles of one DDPJob, by result (ok, error).", ["result"])
 RECONCILE_SECONDS = Histogram(
     "ddpjob_reconcile_duration_seconds",
@@ -62,9 +64,10 @@ def observe_plan(body: Mapping[str, Any], plan: Plan) -> None:
 
 def forget_job(namespace: str, name: str) -> None:
     """A DDPJob was deleted: its info series goes at once (the next reconcile may be another's, or none)."""
-    for key in [k for k in _JOB_SERIES if k[:2] == (namespace, name)]:
-        _JOB_SERIES.discard(key)
-        JOB_INFO.remove(*key)
+    with _JOB_LOCK:
+        for key in [k for k in _JOB_SERIES if k[:2] == (namespace, name)]:
+            _JOB_SERIES.discard(key)
+            JOB_INFO.remove(*key)
 
 
 def observe_reconcile(result: str, seconds: float, bodies: Mapping[Any, Iterable[Mapping[str, Any]]]) -> None:
@@ -79,9 +82,10 @@ def observe_reconcile(result: str, seconds: float, bodies: Mapping[Any, Iterable
             series.add((body["metadata"]["namespace"], body["metadata"]["name"], phase))
     for phase, count in counts.items():
         JOBS.labels(phase).set(count)
-    for gone in _JOB_SERIES - series:
-        JOB_INFO.remove(*gone)
-    for new in series - _JOB_SERIES:
-        JOB_INFO.labels(*new).set(1)
-    _JOB_SERIES.clear()
-    _JOB_SERIES.update(series)
+    with _JOB_LOCK:
+        for gone in _JOB_SERIES - series:
+            JOB_INFO.remove(*gone)
+        for new in series - _JOB_SERIES:
+            JOB_INFO.labels(*new).set(1)
+        _JOB_SERIES.clear()
+        _JOB_SERIES.update(series)

@@ -385,9 +385,7 @@ class PodRunner:
         return self.kube.get_or_none(f"/api/v1/persistentvolumes/{name}")
 
     @staticmethod
-    def _text(
-        lookup: Callable[[str, str], Mapping[str, str | bytes] | Mapping[str, bytes] | None],
-    ) -> Callable[[str, str], Mapping[str, str] | None]:
+    def _text(lookup: projected.DataLookup) -> Callable[[str, str], Mapping[str, str] | None]:
         """``lookup`` for environment variables, which are text."""
 
         def text(namespace: str, name: str) -> Mapping[str, str] | None:

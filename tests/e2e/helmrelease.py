@@ -61,16 +61,19 @@ def installed(cluster: Cluster, prefix: str, **values: Any) -> Iterator[Release]
                 cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
-def prometheus_operator_crds() -> list[Path]:
-    """The pinned ServiceMonitor, PodMonitor and PrometheusRule CRDs (hack/prometheus_crds.py)."""
+def prometheus_operator_crds(*, every_kind: bool = False) -> list[Path]:
+    """The pinned ServiceMonitor, PodMonitor and PrometheusRule CRDs (hack/prometheus_crds.py); with
+    ``every_kind``, every CRD the Prometheus Operator itself watches too."""
     result = subprocess.run(
-        [sys.executable, str(REPO / "hack" / "prometheus_crds.py")],
+        [sys.executable, str(REPO / "hack" / "prometheus_crds.py"), *(["--all"] if every_kind else [])],
         capture_output=True,
         text=True,
         timeout=900,
     )
     assert result.returncode == 0, f"hack/prometheus_crds.py failed: {result.stderr}"
     folder = Path(result.stdout.strip())
+    if every_kind:
+        return sorted(folder.glob("*.yaml"))
     return [folder / f"{kind}.yaml" for kind in ("servicemonitors", "podmonitors", "prometheusrules")]
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import threading
 import time
 import urllib.parse
@@ -26,7 +25,6 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -34,14 +32,14 @@ import yaml
 
 from cluster import netns
 from cluster.fixtures import Cluster, wait_for
-from monitoring.panels import panel_queries
+from cluster.images import MONITORING_BUILD, monitoring_bin
+from monitoring.chart_files import ALERTS, panel_queries
 
 from .conftest import REPO, children, ddpjob
-from .helmrelease import Release, installed
+from .helmrelease import Release, installed, prometheus_operator_crds
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-BUILD = REPO / "hack" / "monitoring" / "build.sh"
 VERSIONS = dict(
     line.split("=", 1)
     for line in (REPO / "hack" / "monitoring" / "versions.env").read_text().splitlines()
@@ -66,27 +64,8 @@ README_VALUES: dict[str, Any] = {
 # Scraped every 2 s rather than the chart's 15 s / 30 s, so the dashboard's rates fill in seconds (Grafana's
 # $__rate_interval, at least 4 scrape intervals, becomes 20s below).
 FAST_SCRAPES = {"metrics.podMonitor.interval": "2s", "metrics.serviceMonitor.interval": "2s"}
-ALERTS = REPO / "charts" / "ddpjob-operator" / "files" / "alerts.yaml"
 DIVERGED_RANK = "1"
 T = TypeVar("T")
-
-
-def _monitoring_bin() -> Path:
-    found = subprocess.run(["bash", str(BUILD), "--check"], capture_output=True, text=True)
-    if found.returncode != 0:
-        pytest.fail(f"the monitoring stack is not built: `make test` builds it first ({BUILD})")
-    return Path(found.stdout.strip())
-
-
-def _crds() -> list[Path]:
-    result = subprocess.run(
-        ["python", str(REPO / "hack" / "prometheus_crds.py"), "--all"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert result.returncode == 0, f"hack/prometheus_crds.py --all failed: {result.stderr}"
-    return sorted(Path(result.stdout.strip()).glob("*.yaml"))
 
 
 class Webhook:
@@ -110,9 +89,15 @@ class Webhook:
         self.url = f"http://{netns.BRIDGE_IP}:{self.server.server_address[1]}/alerts"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def alerts(self, status: str) -> list[dict[str, Any]]:
+    def divergence(self, status: str, job: str) -> list[dict[str, Any]]:
+        """The ``DDPJobDivergenceDetected`` alerts of DDPJob ``job`` delivered with ``status``."""
         return [
-            alert for message in self.received for alert in message["alerts"] if alert["status"] == status
+            alert
+            for message in self.received
+            for alert in message["alerts"]
+            if alert["status"] == status
+            and alert["labels"].get("alertname") == "DDPJobDivergenceDetected"
+            and alert["labels"].get("ddpjob") == job
         ]
 
     def close(self) -> None:
@@ -125,7 +110,6 @@ class Stack:
     cluster: Cluster
     namespace: str
     webhook: Webhook
-    bin: Path
     prometheus_ip: str = ""
 
     def pod_ip(self, selector: str) -> str:
@@ -318,8 +302,9 @@ def _prometheus(ns: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def stack(cluster: Cluster) -> Iterator[Stack]:
-    binaries = _monitoring_bin()
-    files = _crds()
+    if not monitoring_bin():
+        pytest.fail(f"the monitoring stack is not built: `make test` builds it first ({MONITORING_BUILD})")
+    files = prometheus_operator_crds(every_kind=True)
     names = [f"{path.stem}.monitoring.coreos.com" for path in files]  # (PyYAML cannot read all of them)
     # another test may have deleted these CRDs a moment ago: wait until they are gone before re-creating
     cluster.kubectl("wait", "--for=delete", *[f"crd/{n}" for n in names], "--timeout=120s", check=False)
@@ -328,7 +313,7 @@ def stack(cluster: Cluster) -> Iterator[Stack]:
     cluster.kubectl("wait", "--for=condition=Established", *[f"crd/{n}" for n in names], "--timeout=60s")
     ns = cluster.create_namespace("mon")
     webhook = Webhook()
-    stack = Stack(cluster, ns, webhook, binaries)
+    stack = Stack(cluster, ns, webhook)
     try:
         _apply(cluster, *_stack_objects(ns, webhook.url))
         stack.pod_ip("app.kubernetes.io/name=alertmanager")
@@ -361,24 +346,18 @@ def _paged(cluster: Cluster, stack: Stack, release: Release) -> None:
         env=[{"name": "DDPJOB_CHAOS_DIVERGE", "value": f"rank={DIVERGED_RANK},step=60"}],
     )
     cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(job))
-    pods = wait_for(
-        lambda: (
-            [p for p in children(cluster, ns, "pods", "drill") if p["status"].get("phase") == "Running"]
-            if len(children(cluster, ns, "pods", "drill")) == 2
-            else None
-        ),
-        what="both trainer pods of DDPJob drill to run",
-        timeout=180,
-        every=1,
-    )
-    pod_names = {p["metadata"]["name"] for p in children(cluster, ns, "pods", "drill")}
+
+    def both_running() -> list[dict[str, Any]] | None:
+        pods = children(cluster, ns, "pods", "drill")
+        running = len(pods) == 2 and all(p["status"].get("phase") == "Running" for p in pods)
+        return pods if running else None
+
+    pods = wait_for(both_running, what="both trainer pods of DDPJob drill to run", timeout=180, every=1)
+    pod_names = {p["metadata"]["name"] for p in pods}
 
     # 1. Targets: the operator through the chart's ServiceMonitor, every trainer pod through its PodMonitor.
     def targets_up() -> dict[str, list[dict[str, Any]]] | None:
-        try:
-            active = stack.prometheus("/api/v1/targets?state=active")["data"]["activeTargets"]
-        except OSError:
-            return None
+        active = stack.prometheus("/api/v1/targets?state=active")["data"]["activeTargets"]
         pools: dict[str, list[dict[str, Any]]] = {}
         for target in active:
             pools.setdefault(target["scrapePool"].split("/")[0], []).append(target)
@@ -396,7 +375,10 @@ def _paged(cluster: Cluster, stack: Stack, release: Release) -> None:
 
     try:
         pools = wait_for(
-            targets_up, what="the operator and every trainer pod up in Prometheus", timeout=180, every=2
+            _or_none(targets_up),
+            what="the operator and every trainer pod up in Prometheus",
+            timeout=180,
+            every=2,
         )
     except AssertionError:
         print(json.dumps(stack.prometheus("/api/v1/targets")["data"], indent=1)[-6000:])
@@ -419,7 +401,7 @@ def _paged(cluster: Cluster, stack: Stack, release: Release) -> None:
         return ours if done else None
 
     groups = wait_for(
-        rules_evaluated, what="the chart's rule groups loaded and evaluated", timeout=120, every=2
+        _or_none(rules_evaluated), what="the chart's rule groups loaded and evaluated", timeout=120, every=2
     )
     assert {g["name"]: len(g["rules"]) for g in groups} == wanted
     errors = [(r["name"], r.get("lastError")) for g in groups for r in g["rules"] if r["health"] != "ok"]
@@ -444,12 +426,7 @@ def _paged(cluster: Cluster, stack: Stack, release: Release) -> None:
 
     # 4. The divergence alert fires, and Alertmanager delivers it naming the job, namespace and diverged rank.
     def delivered() -> list[dict[str, Any]] | None:
-        found = [
-            a
-            for a in stack.webhook.alerts("firing")
-            if a["labels"].get("alertname") == "DDPJobDivergenceDetected"
-            and a["labels"].get("ddpjob") == "drill"
-        ]
+        found = stack.webhook.divergence("firing", "drill")
         # the diverged rank's own alert: its pod's scrape holds its mismatch and its ddp_sync_rank_diverged
         return found if any(a["labels"].get("rank") == DIVERGED_RANK for a in found) else None
 
@@ -476,14 +453,9 @@ def _paged(cluster: Cluster, stack: Stack, release: Release) -> None:
     # 5. The job deleted: its series go stale, the alert resolves, and the resolution is delivered.
     cluster.kubectl("delete", "ddpjob", "drill", "-n", ns, "--wait=true", "--timeout=120s")
 
-    def resolved() -> list[dict[str, Any]] | None:
-        found = [
-            a
-            for a in stack.webhook.alerts("resolved")
-            if a["labels"].get("alertname") == "DDPJobDivergenceDetected"
-            and a["labels"].get("ddpjob") == "drill"
-        ]
-        return found or None
-
-    wait_for(resolved, what="the resolved DDPJobDivergenceDetected delivered", timeout=240, every=2)
-    del pods
+    wait_for(
+        lambda: stack.webhook.divergence("resolved", "drill"),
+        what="the resolved DDPJobDivergenceDetected delivered",
+        timeout=240,
+        every=2,
+    )

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 import yaml
 
+from cluster.images import MONITORING_BUILD, monitoring_bin
 from ddp_trainer import contract
 
+from .chart_files import ALERTS
+
 REPO = Path(__file__).resolve().parents[2]
-FILES = REPO / "charts" / "ddpjob-operator" / "files"
-ALERTS = FILES / "alerts.yaml"
-DASHBOARD = FILES / "dashboard.json"
 OPERATOR_FAMILIES = {
     "ddpjob_jobs",
     "ddpjob_job_info",
@@ -31,14 +31,11 @@ OPERATOR_FAMILIES = {
 """The operator's families (:mod:`ddp_operator.opmetrics`)."""
 
 
-MONITORING_BUILD = REPO / "hack" / "monitoring" / "build.sh"
-
-
 @functools.cache
 def tool(name: str) -> str:
     """``promtool`` or ``prometheus``: Prometheus 3's (built), else the one on PATH; prints its version."""
-    built = subprocess.run(["bash", str(MONITORING_BUILD), "--check"], capture_output=True, text=True)
-    found = f"{built.stdout.strip()}/{name}" if built.returncode == 0 else shutil.which(name)
+    built = monitoring_bin()
+    found = f"{built}/{name}" if built else shutil.which(name)
     if found is None:
         pytest.fail(f"{name} is missing: `make test` builds Prometheus 3 ({MONITORING_BUILD})")
     version = subprocess.run([found, "--version"], capture_output=True, text=True)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from .conftest import ALERTS, alert_rules, known_sample, metric_names, tool
+from .chart_files import ALERTS
+from .conftest import alert_rules, known_sample, metric_names, tool
 
 HERE = Path(__file__).parent
 

@@ -10,7 +10,8 @@ import subprocess
 import sys
 from typing import Any
 
-from .conftest import DASHBOARD, REPO, known_sample, metric_names
+from .chart_files import DASHBOARD
+from .conftest import REPO, known_sample, metric_names
 
 
 def dashboard() -> dict[str, Any]:

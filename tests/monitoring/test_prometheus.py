@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
-from .conftest import ALERTS, REPO, tool
-from .panels import panel_queries
+from .chart_files import ALERTS, panel_queries
+from .conftest import REPO, tool
 
 sys.path.insert(0, str(REPO / "tests" / "trainer"))
 from torchrun_helpers import Launch, free_port, launch

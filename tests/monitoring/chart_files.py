@@ -1,11 +1,15 @@
-"""The dashboard's queries as a test runs them against a real Prometheus."""
+"""The chart's monitoring files (alert rules, dashboard), and the dashboard's queries as a test runs them
+against a real Prometheus. A plain module, so tests outside this folder (``tests/e2e/test_paged.py``) read
+the same ones."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "charts" / "ddpjob-operator" / "files" / "dashboard.json"
+FILES = Path(__file__).resolve().parents[2] / "charts" / "ddpjob-operator" / "files"
+ALERTS = FILES / "alerts.yaml"
+DASHBOARD = FILES / "dashboard.json"
 
 
 def panel_queries(rate_interval: str = "20s") -> list[tuple[str, str]]:
