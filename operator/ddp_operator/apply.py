@@ -46,6 +46,7 @@ def reconcile(
     recent = recent if recent is not None else Recent()
     try:
         body, jobs = recent.body(key, body), recent.jobs(key, jobs, started)
+        pods = recent.pods(key, pods, started)
         snapshot = scraper.latest(key) if scraper else None
         now = dt.datetime.now(dt.UTC)
         claim = read_claim(body, pods)

@@ -165,8 +165,11 @@ def on_job(namespace: str | None, labels: kopf.Labels, **kwargs: Any) -> None:
 
 
 @kopf.on.event("v1", "pods", labels=LABELS)
-def on_pod(namespace: str | None, labels: kopf.Labels, **kwargs: Any) -> None:
-    reconcile(_owner(namespace, labels), **kwargs)
+def on_pod(namespace: str | None, labels: kopf.Labels, type: str, body: kopf.Body, **kwargs: Any) -> None:
+    key = _owner(namespace, labels)
+    if type == "DELETED":  # the index has dropped it: its last state may be rank 0's only report
+        RECENT.pod_deleted(key, slim(body), time.monotonic())
+    reconcile(key, **kwargs)
 
 
 def _watched(spec: Any, status: Any) -> bool:

@@ -72,7 +72,8 @@ def test_a_deleted_pod_restarts_the_gang_from_the_claim_as_a_preemption(
         status = wait_phase(cluster, namespace, "durable", "Succeeded", "Failed", timeout=300)["status"]
         assert status["phase"] == "Succeeded", status
         events = _events(cluster, namespace, "durable")
-        assert (status["attempt"], status["restarts"], status.get("preemptions")) == (2, 1, 1), events
+        counts = (status["attempt"], status["restarts"], status.get("preemptions"))
+        assert counts == (2, 1, 1), f"{events}\n{json.dumps(status, indent=1)}"
         assert status["checkpoint"]["resumedFromStep"] > 0, status
         assert "Preempted" in _events(cluster, namespace, "durable")
         cluster.kubectl("delete", "ddpjob", "durable", "-n", namespace, "--wait=true", "--timeout=60s")

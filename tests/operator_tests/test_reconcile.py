@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from ddp_operator import apply, live, names, reconcile, render, status, storage
+from ddp_operator import apply, live, names, recent, reconcile, render, status, storage
 from ddp_operator.plan import Plan
 from ddp_operator.progress import Progress
+from ddp_operator.recent import Recent
 from ddp_operator.spec import parse
 from ddp_trainer import contract
 
@@ -350,6 +351,29 @@ def test_rank0s_report_is_remembered_after_its_pod_is_deleted() -> None:
     assert gone.events[0].reason == "Preempted"
     stale = _reconcile({**seen.status, "attempt": 2}, [_job(2, condition="Failed")], [])
     assert stale.status.get("preemptions") is None  # a report of attempt 1 says nothing about attempt 2
+
+
+def test_a_deleted_pods_last_state_still_carries_rank0s_report() -> None:
+    """The race met in a loaded full run: the Job controller deleted rank 0's pod after the attempt failed,
+    and its "terminated" state and the DELETED event came within Kopf's batch window, so the index never
+    showed the report: the preemption was taken for a crash. The DELETED event's body is kept instead."""
+    report = {**REPORT, "result": "Interrupted", "reason": "Terminated", "message": "stopped by a signal"}
+    rank0 = _pod(1, 0, phase="Failed", exit_code=143, message=json.dumps(report))
+    rank0["metadata"].update(uid="p0", deletionTimestamp="2026-11-22T11:59:50Z")
+    running = {"phase": "Running", "attempt": 1}
+    failed = [_job(1, condition="Failed", reason="BackoffLimitExceeded")]
+    assert _reconcile(running, failed, []).events[0].reason == "AttemptFailed"  # what the index alone gave
+    memory, key = Recent(), ("ns", "job")
+    memory.pod_deleted(key, rank0, now=0.0)
+    still = _pod(1, 1)
+    still["metadata"].update(uid="p1", deletionTimestamp="2026-11-22T11:59:50Z")
+    memory.pod_deleted(key, still, now=0.0)  # deleted while its trainer runs: nothing to keep
+    pods = memory.pods(key, [], now=1.0)
+    assert [p["metadata"]["uid"] for p in pods] == ["p0"]
+    plan = _reconcile(running, failed, pods)
+    assert plan.events[0].reason == "Preempted" and plan.status["preemptions"] == 1
+    assert memory.pods(key, [rank0], now=2.0) == [rank0]  # never twice
+    assert memory.pods(key, [], now=recent.POD_MEMORY_SECONDS + 1) == []
 
 
 # -- live progress: the latest reading of the pods' metrics is one more input ----------------------------
