@@ -15,6 +15,7 @@ import pytest
 
 from cluster import processes
 from cluster.fixtures import Cluster, wait_for
+from ddp_trainer import launch
 
 from .conftest import Operator, children, ddpjob, get, wait_phase
 
@@ -61,18 +62,22 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text()
+    except OSError:  # gone since the tree was read
+        return ""
+
+
 def _rank_process(cluster: Cluster, pod: dict[str, Any]) -> int:
-    """The training process of a pod with one rank: the leaf below torchrun that runs ddp_trainer."""
+    """The training process of a pod with one rank: the process below torchrun that the built-in trainer's
+    launcher named after its rank (a fork of the launcher's fork server)."""
     meta = pod["metadata"]
     folder = cluster.layout.pods / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
     main = processes.read_pid(folder / "trainer.pid")
     assert main is not None, f"no running container process in {folder}"
     tree = _descendants(main)
-    leaves = [
-        pid
-        for pid in tree
-        if not _descendants(pid) and b"ddp_trainer" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    ]
+    leaves = [pid for pid in tree if _comm(pid).startswith(launch.WORKER_NAME_PREFIX)]
     assert len(leaves) == 1, (tree, leaves)
     return leaves[0]
 

@@ -90,6 +90,7 @@ def metrics_dir(env: MutableMapping[str, str], launch: LaunchEnv) -> Path:
     series a dead process left there as this run's.
     """
     if "PROMETHEUS_MULTIPROC_DIR" not in env:
+        # the worker's parent: torchrun's agent, or the agent's one fork server (the built-in trainer)
         agent = os.getppid() if launch.launched else os.getpid()
         name = f"ddpjob-metrics-{agent}-{process_start(agent)}-{launch.restart_count}"
         env["PROMETHEUS_MULTIPROC_DIR"] = str(Path(tempfile.gettempdir()) / name)

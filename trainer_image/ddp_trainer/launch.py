@@ -16,8 +16,15 @@ resumes from the last checkpoint. This launcher adds:
    The restarted workers read it (:func:`read_state`) into ``ddp_restarts_in_place``,
    ``ddp_last_restart_info`` and their report, so the operator learns of every restart from the pods.
 
+3. **Warm restarts for the built-in trainer.** ``--module ddp_trainer`` (the image's default) runs as a
+   function entrypoint under the ``forkserver`` start method, with torch pre-imported in the
+   fork server (:data:`PRELOAD`): each worker, the first ones and those of every restart in place, is a
+   fork of a process that has already paid Python's and torch's start (about 1.5 s per worker on two busy
+   cores, most of what a restart in place costs). A user's script or module keeps torchrun's own way: a
+   new interpreter per worker, in which the no-code hook's exit handlers run.
+
 The agent's methods are wrapped, not replaced (``_monitor_workers`` and ``_restart_workers`` of
-``LocalElasticAgent``, the same since torch 1.9); ``tests/local/test_inplace.py`` runs the real thing.
+``LocalElasticAgent``, the same since torch 1.9); ``tests/local/test_run.py`` runs the real thing.
 The pure parts (:func:`cause`, :func:`not_retried`, :class:`LaunchState`) import no torch.
 """
 
@@ -183,6 +190,104 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
+BUILTIN_MODULE = "ddp_trainer"
+PRELOAD = ("torch",)
+"""What the fork server imports once, before it forks any worker of the built-in trainer: torch, nearly all
+of a worker's start. Not the trainer's own modules (25 ms): one of them is this module, which each forked
+worker runs again as its ``__mp_main__`` (multiprocessing's way), and runpy warns when it is already
+imported; nor ``prometheus_client``, which must be imported after ``PROMETHEUS_MULTIPROC_DIR`` is set."""
+
+
+def runs_builtin(args: Any) -> bool:
+    """torchrun's parsed ``args`` start the built-in trainer (``--module ddp_trainer``)."""
+    return (
+        bool(args.module) and args.training_script == BUILTIN_MODULE and not (args.no_python or args.run_path)
+    )
+
+
+def builtin_worker(*argv: str) -> None:
+    """One worker of the built-in trainer, forked from the pre-imported fork server. A clean end returns
+    (the agent collects the return value); any other leaves with the trainer's exit code, which the agent
+    reads from the process. The interpreter's teardown never runs in a forked worker (multiprocessing ends
+    it with ``os._exit``), so the abort at exit :func:`exit_now` avoids cannot happen here."""
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # torchrun runs python -u
+    name_process(f"{WORKER_NAME_PREFIX}{os.environ.get('RANK', '')}")
+    from ddp_trainer.__main__ import main as trainer
+
+    code = trainer(list(argv))
+    logging.shutdown()
+    if code:
+        sys.exit(code)
+
+
+SOCKET_DIR_LIMIT = 64
+"""The longest temp dir the fork server's socket may live under: its path (the dir, ``/pymp-…/listener-…``)
+must fit a UNIX socket address (107 bytes on Linux); ``ddpjob local`` gives each pod a deep one."""
+
+
+def start_fork_server() -> None:
+    """Start the fork server now, so that it imports torch while the agent meets the others at the
+    rendezvous; its socket goes under ``/tmp`` where the temp dir's path is too long for one."""
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    multiprocessing.set_forkserver_preload(list(PRELOAD))
+    saved = tempfile.tempdir
+    if len(tempfile.gettempdir()) > SOCKET_DIR_LIMIT and os.path.isdir("/tmp"):
+        tempfile.tempdir = "/tmp"
+    try:
+        forkserver.ensure_running()
+    finally:
+        tempfile.tempdir = saved
+
+
+WORKER_NAME_PREFIX = "ddpjob-rank-"
+"""A forked worker's process name (``/proc/<pid>/comm``, what ``ps`` and ``top`` show), with its global
+rank: its command line and environment are the fork server's, which name no rank."""
+
+
+def name_process(name: str) -> None:
+    """Set this process's name (Linux ``prctl(PR_SET_NAME)``, 15 characters); elsewhere nothing."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # 15 = PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
+def _warm(config_from_args: Any) -> Any:
+    """torchrun's ``config_from_args``, turned to the built-in trainer's function entrypoint on a warm
+    fork server (torchrun's ``run`` keeps its own rendezvous defaults around it)."""
+
+    def warm(args: Any) -> tuple[Any, Any, list[str]]:
+        config, _, _ = config_from_args(args)  # sets OMP_NUM_THREADS=1 (more than one worker per node)...
+        config.start_method = "forkserver"
+        start_fork_server()  # ...which torch reads when it loads: the fork server must see it
+        return config, builtin_worker, list(args.training_script_args)
+
+    return warm
+
+
+def _ended(agent: Any, group: Any) -> dict[int, tuple[int, str]]:
+    """``{global rank: (exit code, message)}`` of every local worker that ended non-zero, where the agent's
+    process context is torchrun's multiprocessing one (the built-in trainer's): it names only the first
+    failure it notices, often a rank that lost its peer rather than the one that died."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    context = getattr(agent, "_pcontext", None)
+    processes = getattr(getattr(context, "_pc", None), "processes", None) or ()
+    error_files = getattr(context, "error_files", None) or {}
+    found = {}
+    for worker, process in zip(sorted(group.workers, key=lambda w: w.local_rank), processes, strict=False):
+        if process.exitcode:
+            error_file = error_files.get(worker.local_rank, "")
+            failure = ProcessFailure(worker.local_rank, process.pid, process.exitcode, error_file)
+            found[worker.global_rank] = (process.exitcode, failure.message)
+    return found
+
+
 def _install(book: _Book) -> None:
     from torch.distributed.elastic.agent.server.api import WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
@@ -194,6 +299,7 @@ def _install(book: _Book) -> None:
         result = monitor(self, group)
         if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
             failures = {rank: (f.exitcode, f.message) for rank, f in result.failures.items()}
+            failures = {**_ended(self, group), **failures}
             book.failed(failures)
             code = not_retried([code for code, _ in failures.values()])
             if code is not None and self._remaining_restarts > 0:
@@ -227,8 +333,11 @@ def main(argv: Sequence[str]) -> int:
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    args = torchrun.parse_args(list(argv))  # type: ignore[no-untyped-call]
+    if runs_builtin(args):
+        torchrun.config_from_args = _warm(torchrun.config_from_args)
     try:
-        torchrun.run(torchrun.parse_args(list(argv)))  # type: ignore[no-untyped-call]
+        torchrun.run(args)  # type: ignore[no-untyped-call]
     except ChildFailedError as err:
         code = exit_code_of({rank: failure.exitcode for rank, failure in err.failures.items()})
         print(err.format_msg(), file=sys.stderr, flush=True)  # type: ignore[no-untyped-call]
