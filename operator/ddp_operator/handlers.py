@@ -126,6 +126,18 @@ def slim_job(body: kopf.Body | dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+POD_SPEC_KEPT = ("nodeName",)
+
+
+def slim_pod(body: kopf.Body | dict[str, Any]) -> dict[str, Any]:
+    """A pod as its index keeps it: :func:`slim`, and of its spec only what observe reads (``nodeName``):
+    the spec (the injected environment, volumes, probes) is most of a pod's bytes."""
+    out = slim(body)
+    if isinstance(out.get("spec"), dict):
+        out["spec"] = {k: v for k, v in out["spec"].items() if k in POD_SPEC_KEPT}
+    return out
+
+
 @kopf.index("batch", "v1", "jobs", labels=LABELS)
 def ddpjob_jobs(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
@@ -137,7 +149,7 @@ def ddpjob_jobs(
 def ddpjob_pods(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[Key, dict[str, Any]]:
-    return {_owner(namespace, labels): slim(body)}
+    return {_owner(namespace, labels): slim_pod(body)}
 
 
 def _owner(namespace: str | None, labels: kopf.Labels) -> Key:
@@ -168,7 +180,7 @@ def on_job(namespace: str | None, labels: kopf.Labels, **kwargs: Any) -> None:
 def on_pod(namespace: str | None, labels: kopf.Labels, type: str, body: kopf.Body, **kwargs: Any) -> None:
     key = _owner(namespace, labels)
     if type == "DELETED":  # the index has dropped it: its last state may be rank 0's only report
-        RECENT.pod_deleted(key, slim(body), time.monotonic())
+        RECENT.pod_deleted(key, slim_pod(body), time.monotonic())
     reconcile(key, **kwargs)
 
 

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import urllib3
+
 from ddp_operator import kubelet as podenv
 
 from . import images, netns, podstatus, processes, projected, serviceproxy, volumes
@@ -39,6 +41,8 @@ log = logging.getLogger("nodeagent.pod")
 
 BACKOFF_START, BACKOFF_MAX = 1.0, 10.0
 CONFIG_RETRY = 2.0
+STATUS_RETRY_SECONDS, STATUS_RETRY_EVERY = 120.0, 0.5
+"""How long a status update waits for an API server that does not answer (it restarts), how often it asks."""
 
 
 @dataclass(frozen=True)
@@ -338,11 +342,24 @@ class PodRunner:
             message=message,
         )
         body = {"metadata": {"uid": self.uid}, "status": status}
-        try:
-            result = self.kube.patch(f"/api/v1/namespaces/{self.namespace}/pods/{self.name}/status", body)
-        except Exception as exc:  # the pod may be gone or replaced; the next report tries again
-            log.warning("pod %s/%s: status update failed: %s", self.namespace, self.name, exc)
-            return
+        path = f"/api/v1/namespaces/{self.namespace}/pods/{self.name}/status"
+        deadline = time.monotonic() + STATUS_RETRY_SECONDS
+        while True:
+            try:
+                result = self.kube.patch(path, body)
+                break
+            except urllib3.exceptions.HTTPError as exc:  # the API server does not answer (it restarts)
+                if time.monotonic() > deadline:
+                    log.warning("pod %s/%s: status update failed: %s", self.namespace, self.name, exc)
+                    return
+                # as a kubelet keeps syncing: a pod that ended while the API server was down says so after
+                log.info(
+                    "pod %s/%s: status update waits for the API server: %s", self.namespace, self.name, exc
+                )
+                time.sleep(STATUS_RETRY_EVERY)
+            except Exception as exc:  # the pod may be gone or replaced; the next report tries again
+                log.warning("pod %s/%s: status update failed: %s", self.namespace, self.name, exc)
+                return
         if result:
             self._last_status = result.get("status") or {}
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import json
 import logging
 import threading
 import time
@@ -9,7 +11,8 @@ import time
 import kopf
 import pytest
 
-from ddp_operator import handlers
+from ddp_operator import handlers, names, observe, render
+from ddp_operator.spec import parse
 from ddp_operator.ticker import PEERING_LOGGER, PeeringPause, Ticker
 
 
@@ -87,6 +90,40 @@ def test_the_jobs_index_keeps_a_job_without_its_pod_template() -> None:
         "spec": {"suspend": True, "completions": 2},
         "status": {"conditions": [{"type": "Complete", "status": "True"}]},
     }
+
+
+def test_the_pods_index_keeps_what_observe_reads_and_observe_sees_the_same() -> None:
+    spec = parse(
+        {
+            "apiVersion": "ddpjob.io/v1alpha1",
+            "kind": "DDPJob",
+            "metadata": {"name": "j", "namespace": "ns", "uid": "u"},
+            "spec": {"nodes": 2, "procsPerNode": 2, "device": "cpu"},
+        }
+    )
+    job = render.render_job(spec, 1)
+    template = job["spec"]["template"]
+    report = '{"result": "Interrupted", "reason": "Terminated"}'
+    pods = []
+    for index, state in enumerate(({"terminated": {"exitCode": 143, "message": report}}, {"running": {}})):
+        pod = copy.deepcopy(template)
+        pod["metadata"]["name"] = f"j-1-{index}"
+        pod["metadata"].setdefault("annotations", {})[names.COMPLETION_INDEX_ANNOTATION] = str(index)
+        pod["metadata"]["deletionTimestamp"] = "2026-11-24T12:00:00Z"
+        pod["spec"]["nodeName"] = f"node-{index}"
+        pod["status"] = {
+            "phase": "Running",
+            "podIP": f"10.0.0.{index}",
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [{"name": names.CONTAINER_NAME, "state": state}],
+        }
+        pods.append(pod)
+    slimmed = [handlers.slim_pod(pod) for pod in pods]
+    assert all(pod["spec"] == {"nodeName": f"node-{i}"} for i, pod in enumerate(slimmed))
+    assert len(json.dumps(slimmed)) < len(json.dumps(pods)) / 3
+    failed = {**job, "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "x"}]}}
+    previous = {"attempt": 1}
+    assert observe.observe(previous, [failed], slimmed) == observe.observe(previous, [failed], pods)
 
 
 def test_the_timer_leaves_alone_a_ddpjob_an_event_just_reconciled_and_not_one_it_reconciled_itself(
