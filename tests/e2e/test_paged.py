@@ -416,12 +416,20 @@ def _paged(cluster: Cluster, stack: Stack, release: Release) -> None:
         timeout=120,
         every=2,
     )
-    time.sleep(6)  # rate() needs a few samples
-    empty = []
-    for title, expr in panel_queries():
-        result = stack.query(expr)
-        if not result or all(math.isnan(float(r["value"][1])) for r in result):
-            empty.append((title, expr))
+
+    def empty_panels() -> list[tuple[str, str]]:
+        empty = []
+        for title, expr in panel_queries():
+            result = stack.query(expr)
+            if not result or all(math.isnan(float(r["value"][1])) for r in result):
+                empty.append((title, expr))
+        return empty
+
+    # rate() needs samples that differ inside its window: a panel may take a few scrapes to fill in (the
+    # operator's reconcile-time quantile is NaN until a reconcile lands between two of its scrapes)
+    deadline = time.monotonic() + 60
+    while (empty := empty_panels()) and time.monotonic() < deadline:
+        time.sleep(2)
     assert not empty, f"dashboard panels with no data on Prometheus {VERSIONS['PROMETHEUS_RELEASE']}: {empty}"
 
     # 4. The divergence alert fires, and Alertmanager delivers it naming the job, namespace and diverged rank.

@@ -14,7 +14,7 @@ from ddp_trainer import contract
 from ddp_trainer.config import UsageExit, parse_args, read_pod_env
 from ddp_trainer.contract import Report
 from ddp_trainer.distributed import apply_env_defaults, metrics_dir, read_launch_env
-from ddp_trainer.launch import exit_now, write_error_file
+from ddp_trainer.launchstate import exit_now, write_error_file
 
 
 def main(argv: Sequence[str] | None = None) -> int:

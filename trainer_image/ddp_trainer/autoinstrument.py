@@ -154,7 +154,7 @@ class AutoSync:
         code, which an exit handler cannot otherwise change), or the one line for a process that trained
         no DDP model."""
         if self.state == "checking":
-            from ddp_trainer import launch as launcher
+            from ddp_trainer import launchstate as launcher
 
             self.state = "done"
             try:

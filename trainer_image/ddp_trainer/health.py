@@ -46,7 +46,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_trainer import boundary, contract, fingerprint, probe, replicas, report
-from ddp_trainer import launch as launcher
+from ddp_trainer import launchstate as launcher
 from ddp_trainer import sdc as sdc_drill
 from ddp_trainer.config import PodEnv, Policy, read_pod_env
 from ddp_trainer.distributed import LaunchEnv, metrics_dir, read_launch_env

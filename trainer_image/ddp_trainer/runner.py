@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_trainer import boundary, checkpoint, contract, fingerprint, probe, provenance, replicas, report
-from ddp_trainer import launch as launcher
+from ddp_trainer import launchstate as launcher
 from ddp_trainer.config import PodEnv, TrainerConfig
 from ddp_trainer.data import build_dataset, micro_batches
 from ddp_trainer.distributed import LaunchEnv
