@@ -23,6 +23,15 @@ def _start_time(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
+def name(pid: int) -> str:
+    """The process's name (``/proc/<pid>/comm``, what ``ps`` shows), ``""`` once it is gone: a built-in
+    trainer's worker, a fork with its fork server's command line and environment, says its rank there."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def spawn(
     name: str,
     argv: Sequence[str],

@@ -62,13 +62,6 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text()
-    except OSError:  # gone since the tree was read
-        return ""
-
-
 def _rank_process(cluster: Cluster, pod: dict[str, Any]) -> int:
     """The training process of a pod with one rank: the process below torchrun that the built-in trainer's
     launcher named after its rank (a fork of the launcher's fork server)."""
@@ -77,7 +70,7 @@ def _rank_process(cluster: Cluster, pod: dict[str, Any]) -> int:
     main = processes.read_pid(folder / "trainer.pid")
     assert main is not None, f"no running container process in {folder}"
     tree = _descendants(main)
-    leaves = [pid for pid in tree if _comm(pid).startswith(launch.WORKER_NAME_PREFIX)]
+    leaves = [pid for pid in tree if processes.name(pid).startswith(launch.WORKER_NAME_PREFIX)]
     assert len(leaves) == 1, (tree, leaves)
     return leaves[0]
 

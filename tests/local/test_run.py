@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from cluster import processes
 from ddp_trainer import contract, launch
 from local.jobs import job, unique_name
 
@@ -66,15 +67,6 @@ def _processes_of(job: str) -> Iterator[tuple[int, dict[str, str], list[str]]]:
             yield int(entry.name), env, argv
 
 
-def _comm(pid: int) -> str:
-    """The process's name: a built-in trainer's worker says its rank there (forked, it has the fork server's
-    command line and environment)."""
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
-
-
 def _launcher_pid(job: str, node_rank: int) -> int:
     """The launcher (torchrun's agent under ``ddp_trainer.launch``) of pod ``node_rank`` of ``job``."""
     launchers = [
@@ -123,12 +115,14 @@ def test_killed_rank_restarts_the_gang_in_place(tmp_path: Path, name: str) -> No
         env
         for pid, env, argv in _processes_of(name)
         if "multiprocessing.forkserver" in " ".join(argv)
-        and not _comm(pid).startswith(launch.WORKER_NAME_PREFIX)
+        and not processes.name(pid).startswith(launch.WORKER_NAME_PREFIX)
     ]
     # one fork server per pod, started after torchrun's OMP_NUM_THREADS=1 (torch reads it when it loads:
     # four ranks of two threads each on two cores ran a step ten times slower)
     assert [env.get("OMP_NUM_THREADS") for env in servers] == ["1", "1"], servers
-    (victim,) = [pid for pid, _, _ in _processes_of(name) if _comm(pid) == f"{launch.WORKER_NAME_PREFIX}3"]
+    (victim,) = [
+        pid for pid, _, _ in _processes_of(name) if processes.name(pid) == f"{launch.WORKER_NAME_PREFIX}3"
+    ]
     os.kill(victim, signal.SIGKILL)
     deadline = time.monotonic() + 60
     while victim in {pid for pid, _, _ in _processes_of(name)} and time.monotonic() < deadline:
