@@ -321,9 +321,12 @@ class PodRunner:
             time.sleep(0.05)
         specs = {c["name"]: c for c in self.init_containers + self.containers}
         runs = {r.name: r for r in self.init_runs + self.runs}
-        for name, proc in alive.items():
+        for proc in alive.values():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
+        # every container still marked running, including one that exited on its own just before the stop
+        # (not in ``alive``): a kubelet records its exit code and termination message, and so must we
+        for name in self._procs:
             if runs[name].state == "running":
                 self._reap(specs[name], runs[name])
 
