@@ -146,3 +146,29 @@ def test_a_script_that_checks_itself_is_not_checked_twice(tmp_path: Path, hook_d
     assert code == 0, out
     assert "the hook stands down" in out, out
     assert report(tmp_path)["checks"] == 3, report(tmp_path)  # the script's own: initial, 5, 10
+
+
+def test_a_training_process_waits_for_gloos_threads_before_the_interpreter_ends(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torch's gloo threads release a finished collective after its caller woke up; in an interpreter
+    already finalizing that aborts the process (distributed.GLOO_SETTLE_SECONDS). The hook's exit handler
+    (and SyncHealth's, registered once) wait for them in a process that trained; others do not wait."""
+    from ddp_trainer import autoinstrument, distributed
+
+    settled: list[float] = []
+    monkeypatch.setattr(distributed, "settle_gloo", lambda: settled.append(distributed.GLOO_SETTLE_SECONDS))
+    idle = autoinstrument.AutoSync()
+    idle.at_exit()
+    assert settled == []
+    trained = autoinstrument.AutoSync()
+    trained.distributed = True
+    trained.at_exit()
+    assert settled == [distributed.GLOO_SETTLE_SECONDS]
+
+    registered: list[Any] = []
+    monkeypatch.setattr(distributed, "_settling", False)
+    monkeypatch.setattr(distributed.atexit, "register", registered.append)
+    distributed.settle_gloo_at_exit()
+    distributed.settle_gloo_at_exit()
+    assert registered == [distributed.settle_gloo]

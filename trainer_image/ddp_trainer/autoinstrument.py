@@ -169,6 +169,11 @@ class AutoSync:
                 say("a DDP model was built but no optimizer stepped it: nothing was checked")
             else:
                 say("no DDP model was seen in this process: nothing was checked")
+        # the script's collectives and the final check's end before the interpreter: see settle_gloo
+        if self.distributed or (dist.is_available() and dist.is_initialized()):
+            from ddp_trainer.distributed import settle_gloo
+
+            settle_gloo()
 
 
 HOOK = AutoSync()

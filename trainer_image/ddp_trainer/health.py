@@ -49,7 +49,7 @@ from ddp_trainer import boundary, contract, fingerprint, probe, replicas, report
 from ddp_trainer import launchstate as launcher
 from ddp_trainer import sdc as sdc_drill
 from ddp_trainer.config import PodEnv, Policy, read_pod_env
-from ddp_trainer.distributed import LaunchEnv, metrics_dir, read_launch_env
+from ddp_trainer.distributed import LaunchEnv, metrics_dir, read_launch_env, settle_gloo_at_exit
 from ddp_trainer.settings import setting, whole_steps
 from ddp_trainer.verify import CheckKind, DivergenceError, Tally, Verifier, broadcast_state, check_state
 from ddp_trainer.verify import model_digest as digest_of
@@ -272,6 +272,7 @@ class SyncHealth:
         # The header's own group: gloo (CPU) with a short timeout, so a peer that never comes is noticed.
         ranks = None if group is None else dist.get_process_group_ranks(group)
         peers = dist.new_group(ranks=ranks, backend="gloo", timeout=timedelta(seconds=self.peer_timeout))
+        settle_gloo_at_exit()  # the check's collectives, and the script's, end before the interpreter
         self.peers = peers if isinstance(peers, dist.ProcessGroup) else None
         self.restart = self._restarts(environ)
         """The gang restarts done in place in this attempt, and the cause of the last (every rank's)."""
