@@ -18,7 +18,7 @@ from typing import Any
 import kopf
 import kubernetes
 
-from . import apply, crd, names, opmetrics
+from . import apply, crd, heap, names, opmetrics
 from .recent import Recent
 from .scraper import Scraper
 from .status import finished
@@ -57,7 +57,9 @@ def _tick(key: Key) -> None:
             reconcile(key, logger=logger, by_timer=True, **{name: _KOPF[name] for name in INDEXES})
 
 
-TIMER = Ticker(TIMER_INTERVAL_SECONDS, lambda: _KOPF["ddpjob_bodies"].keys(), _tick, PEERING.paused)
+TIMER = Ticker(
+    TIMER_INTERVAL_SECONDS, lambda: _KOPF["ddpjob_bodies"].keys(), _tick, PEERING.paused, heap.Trimmer()
+)
 INDEXES = ("ddpjob_bodies", "ddpjob_jobs", "ddpjob_pods")
 
 

@@ -11,7 +11,7 @@ import time
 import kopf
 import pytest
 
-from ddp_operator import handlers, names, observe, render
+from ddp_operator import handlers, heap, names, observe, render
 from ddp_operator.spec import parse
 from ddp_operator.ticker import PEERING_LOGGER, PeeringPause, Ticker
 
@@ -63,6 +63,30 @@ def test_nothing_is_ticked_while_kopf_says_peering_paused_it() -> None:
     finally:
         ticker.stop()
         kopf_peering.removeFilter(pause)
+
+
+def test_after_each_round_the_timer_gives_freed_heap_back_at_most_every_trim_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A burst's freed memory stays resident until ``malloc_trim`` (ddp_operator.heap): the operator's
+    timer calls it after a round, rate-limited; and on this glibc the call is really there."""
+    assert heap._TRIM is not None, "glibc's malloc_trim was not found"
+    trims: list[float] = []
+    now = [100.0]
+    monkeypatch.setattr(heap, "give_back", lambda: trims.append(now[0]) or True)
+    trimmer = heap.Trimmer(every=10.0, clock=lambda: now[0])
+    for t in (100.0, 105.0, 109.9, 110.0, 125.0):
+        now[0] = t
+        trimmer()
+    assert trims == [100.0, 110.0, 125.0]
+
+    rounds: list[int] = []
+    keys = {("ns", "a"): 1}.keys
+    ticker = Ticker(0.01, keys, lambda _: None, after_round=lambda: rounds.append(1))
+    ticker.start()
+    _wait(lambda: len(rounds) >= 2)
+    ticker.stop()
+    assert isinstance(handlers.TIMER.after_round, heap.Trimmer)
 
 
 def test_indexes_keep_objects_without_managed_fields_or_the_last_applied_annotation() -> None:
