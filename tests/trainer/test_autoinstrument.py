@@ -149,7 +149,7 @@ def test_a_script_that_checks_itself_is_not_checked_twice(tmp_path: Path, hook_d
 
 
 def test_a_training_process_waits_for_gloos_threads_before_the_interpreter_ends(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """torch's gloo threads release a finished collective after its caller woke up; in an interpreter
     already finalizing that aborts the process (distributed.GLOO_SETTLE_SECONDS). The hook's exit handler

@@ -13,7 +13,7 @@ resumes from the last checkpoint. This launcher adds:
 2. **Bookkeeping the operator reads.** Each gang restart this pod's agent does is counted, with its cause
    (the failing rank, its exit code and its first error, as torch's error file or the signal says; "a rank
    on another node failed" on the other pods), in the JSON file :data:`contract.LAUNCH_STATE_ENV` names.
-   The restarted workers read it (:func:`read_state`) into ``ddp_restarts_in_place``,
+   The restarted workers read it (:func:`ddp_trainer.launchstate.read_state`) into ``ddp_restarts_in_place``,
    ``ddp_last_restart_info`` and their report, so the operator learns of every restart from the pods.
 
 3. **Warm restarts for the built-in trainer.** ``--module ddp_trainer`` (the image's default) runs as a

@@ -113,9 +113,10 @@ def write_error_file(message: str) -> None:
 
 def exit_now(code: int) -> None:
     """A worker's way out: flush and leave without the interpreter's teardown. By now the report is
-    written (and, in the built-in trainer, the process group destroyed); what is left is C++ static
-    destruction racing the threads of gloo (and Numba), which now and then aborted a finished worker
-    ("terminate called without an active exception", SIGABRT), turning a good run into a failed one."""
+    written (and, in the built-in trainer, the process group destroyed); what is left is the teardown
+    racing gloo's worker threads, which now and then aborted a finished worker ("terminate called without
+    an active exception", SIGABRT; the mechanism: :data:`ddp_trainer.distributed.GLOO_SETTLE_SECONDS`),
+    turning a good run into a failed one."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
