@@ -203,3 +203,15 @@ def test_local_rank_0_serves_the_ddp_series(single_rank: Path, monkeypatch: pyte
     assert samples[f"ddp_loss{{{labels}}}"] == 0.25 and samples[f"ddp_samples_total{{{labels}}}"] == 6.0
     checks = {k: v for k, v in samples.items() if k.startswith("ddp_sync_checks_total") and v}
     assert sorted(checks.values()) == [1.0, 1.0, 1.0], checks  # initial, periodic (2), final (3)
+
+
+def test_a_bare_check_waits_for_gloo_at_exit(single_rank: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A script that calls check_in_sync with no SyncHealth ran collectives too: at exit it must wait for
+    gloo's threads like SyncHealth does, or it aborts (distributed.GLOO_SETTLE_SECONDS)."""
+    from ddp_trainer import replicas
+    from ddp_trainer.sync import check_in_sync
+
+    asked: list[bool] = []
+    monkeypatch.setattr(replicas, "settle_gloo_at_exit", lambda: asked.append(True))
+    assert check_in_sync(nn.Linear(2, 1)).in_sync
+    assert asked == [True]

@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddp_trainer.distributed import settle_gloo_at_exit
 from ddp_trainer.fingerprint import BLOCK, byte_view, fingerprint_tensor, fingerprint_tensors
 
 __all__ = [
@@ -171,6 +172,7 @@ def check_in_sync(
     (``{"step": 120, "lr": 3e-4}``). Pass ``buffers=False``, or call :func:`broadcast_buffers_` first,
     for a DDP model whose buffers are re-broadcast at each forward (see the module docstring).
     """
+    settle_gloo_at_exit()  # a script that checks with no SyncHealth must not abort at exit either
     named = named_tensors(module, buffers=buffers)
     named += [(k, _as_tensor(v)) for k, v in (extra or {}).items()]
     device = comm_device(group)
