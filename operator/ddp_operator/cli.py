@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -86,6 +87,17 @@ def _local(args: argparse.Namespace) -> int:
 
 
 def _operator(args: argparse.Namespace) -> int:
+    from . import heap
+
+    if args.may_exec and (missing := heap.allocator_env(os.environ)):
+        settings = " ".join(f"{key}={value}" for key, value in missing.items())
+        print(
+            f"ddpjob operator: starting again with {settings}, so that memory freed after a burst of "
+            "DDPJobs goes back to the system (set PYTHONMALLOC to choose otherwise)",
+            file=sys.stderr,
+            flush=True,
+        )
+        os.execve(sys.executable, sys.orig_argv, {**os.environ, **missing})
     import kopf
 
     from . import handlers, opmetrics
@@ -226,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.may_exec = argv is None  # a command line may start itself again (the operator does); a caller not
     if getattr(args, "attempt", 1) < 1:
         print(f"--attempt: Invalid value: {args.attempt}: must be ≥ 1", file=sys.stderr)
         return 2

@@ -171,6 +171,21 @@ def test_operator_metrics(cluster: Cluster, operator: Operator) -> None:
     assert "ddpjob_reconcile_duration_seconds_count" in text
 
 
+def test_the_operator_started_itself_again_on_glibcs_heap(cluster: Cluster, operator: Operator) -> None:
+    """ddp_operator.heap.ALLOCATOR_ENV is in the running operator's environment (the interpreter reads it
+    at start only), and the log says why."""
+    from ddp_operator.heap import ALLOCATOR_ENV
+
+    assert operator.process is not None
+    environ = Path(f"/proc/{operator.process.pid}/environ").read_bytes().split(b"\0")
+    for key, value in ALLOCATOR_ENV.items():
+        assert f"{key}={value}".encode() in environ
+    assert (
+        "ddpjob operator: starting again with PYTHONMALLOC=malloc MALLOC_ARENA_MAX=2,"
+        in operator.log.read_text()
+    )
+
+
 def test_deadline_and_ttl(cluster: Cluster, operator: Operator, namespace: str) -> None:
     _apply(
         cluster,

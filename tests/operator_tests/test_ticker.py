@@ -89,6 +89,12 @@ def test_after_each_round_the_timer_gives_freed_heap_back_at_most_every_trim_int
     assert isinstance(handlers.TIMER.after_round, heap.Trimmer)
 
 
+def test_the_operator_runs_on_glibcs_heap_unless_the_user_chose_an_allocator() -> None:
+    assert heap.allocator_env({}) == {"PYTHONMALLOC": "malloc", "MALLOC_ARENA_MAX": "2"}
+    assert heap.allocator_env({"MALLOC_ARENA_MAX": "4"}) == {"PYTHONMALLOC": "malloc"}
+    assert heap.allocator_env({"PYTHONMALLOC": "pymalloc"}) == {}  # the user's choice; also: started again
+
+
 def test_indexes_keep_objects_without_managed_fields_or_the_last_applied_annotation() -> None:
     body = {
         "metadata": {
