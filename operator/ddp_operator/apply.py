@@ -160,7 +160,7 @@ def refused_in_dry_run(body: Mapping[str, Any], plan: Plan) -> str | None:
         if obj is None:
             continue
         try:
-            create(namespace, obj, dry_run="All")
+            create(namespace, obj, dry_run="All", _preload_content=False)  # the answer: not read, not parsed
         except ApiException as exc:
             if exc.status in (400, 422):
                 kind, name = obj["kind"], obj["metadata"]["name"]
