@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import logging
 import os
 import sys
@@ -91,12 +93,14 @@ def _operator(args: argparse.Namespace) -> int:
 
     if args.may_exec and (missing := heap.allocator_env(os.environ)):
         settings = " ".join(f"{key}={value}" for key, value in missing.items())
-        print(
+        message = (
             f"ddpjob operator: starting again with {settings}, so that memory freed after a burst of "
-            "DDPJobs goes back to the system (set PYTHONMALLOC to choose otherwise)",
-            file=sys.stderr,
-            flush=True,
+            "DDPJobs goes back to the system (set PYTHONMALLOC to choose otherwise)"
         )
+        if args.json_logs:  # the fields of Kopf's JSON records: one object a line, from the first line
+            now = datetime.datetime.now(datetime.UTC).isoformat()
+            message = json.dumps({"message": message, "timestamp": now, "severity": "info"})
+        print(message, file=sys.stderr, flush=True)
         os.execve(sys.executable, sys.orig_argv, {**os.environ, **missing})
     import kopf
 

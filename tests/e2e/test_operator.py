@@ -241,4 +241,5 @@ def test_structured_logs(cluster: Cluster, operator: Operator, tmp_path: Path) -
     assert lines, "the operator logged nothing"
     records = [json.loads(line) for line in lines]
     assert all("message" in record for record in records)
+    assert records[0]["message"].startswith("ddpjob operator: starting again with PYTHONMALLOC=malloc")
     assert any("configure" in record["message"] for record in records)
