@@ -242,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    args.may_exec = argv is None  # a command line may start itself again (the operator does); a caller not
+    args.may_exec = argv is None  # only a real command line may replace its process (the operator does)
     if getattr(args, "attempt", 1) < 1:
         print(f"--attempt: Invalid value: {args.attempt}: must be ≥ 1", file=sys.stderr)
         return 2

@@ -13,8 +13,9 @@ CPython's own small-object allocator (pymalloc) returns an arena only when every
 a few survivors pin the burst's arenas; with ``PYTHONMALLOC=malloc`` every object lives in glibc's heap,
 whose free pages ``malloc_trim`` returns wherever they are, and ``MALLOC_ARENA_MAX=2`` keeps the handler
 threads to two heaps. The interpreter reads both at start-up only, so `ddpjob operator` starts itself
-again with :data:`ALLOCATOR_ENV` (:func:`allocator_env`) unless ``PYTHONMALLOC`` is set. Measured: 152 →
-141 MiB, and 137–140 MiB with both (bench/RESULTS.md).
+again with :data:`ALLOCATOR_ENV` (:func:`allocator_env`) unless ``PYTHONMALLOC`` is set. Measured after 100
+tiny DDPJobs that ran: 152 MiB on pymalloc, 136 MiB as shipped; what is held costs more (glibc's header per
+object): 1000 suspended DDPJobs 209–214 → 235–256 MiB (bench/RESULTS.md, "The allocator").
 """
 
 from __future__ import annotations
