@@ -37,14 +37,14 @@ stamp() {  # -X flags for github.com/prometheus/common/version, so `--version` n
   echo "-s -w -X $v.Version=$1 -X $v.Revision=ddpjob-module-build -X $v.Branch=HEAD -X $v.BuildUser=ddpjob"
 }
 
-# build NAME MODULE_DIR LDFLAGS PACKAGE...: go build the main packages in that module, then move them into
-# place.
+# build NAME MODULE_DIR LDFLAGS TAGS PACKAGE...: go build the main packages in that module, then move them
+# into place.
 build() {
-  local name="$1" dir="$2" ldflags="$3"; shift 3
+  local name="$1" dir="$2" ldflags="$3" tags="$4"; shift 4
   local tmp start=$SECONDS
   tmp="$(mktemp -d "$cache/tmp/$name.XXXX")"
   echo "building $name into $bin; the first build on a machine takes a few minutes" >&2
-  (cd "$dir" && "$GO" build -trimpath -ldflags="$ldflags" -o "$tmp/" "$@") >&2
+  (cd "$dir" && "$GO" build -trimpath -tags="$tags" -ldflags="$ldflags" -o "$tmp/" "$@") >&2
   mv -f "$tmp"/* "$bin/"
   rm -rf "$tmp"
   echo "$name built in $((SECONDS - start)) s" | tee -a "$cache/build-times" >&2
@@ -52,7 +52,7 @@ build() {
 
 operator="github.com/prometheus-operator/prometheus-operator"
 if missing operator prometheus-config-reloader; then
-  build prometheus-operator "$here/go/operator" "$(stamp "${PROMETHEUS_OPERATOR_VERSION#v}")" \
+  build prometheus-operator "$here/go/operator" "$(stamp "${PROMETHEUS_OPERATOR_VERSION#v}")" "" \
     "$operator/cmd/operator" "$operator/cmd/prometheus-config-reloader"
 fi
 if missing alertmanager; then
@@ -70,11 +70,11 @@ if missing alertmanager; then
     > "$work/alertmanager/ui/app/dist/index.html"
   cp "$here/go/alertmanager/go.mod" "$here/go/alertmanager/go.sum" "$work/"
   echo "replace $am => ./alertmanager" >> "$work/go.mod"
-  build alertmanager "$work" "$(stamp "${ALERTMANAGER_VERSION#v}")" "$am/cmd/alertmanager"
+  build alertmanager "$work" "$(stamp "${ALERTMANAGER_VERSION#v}")" "" "$am/cmd/alertmanager"
   rm -rf "$work"
 fi
 if missing prometheus promtool; then
-  build prometheus "$here/go/prometheus" "$(stamp "$PROMETHEUS_RELEASE")" \
+  build prometheus "$here/go/prometheus" "$(stamp "$PROMETHEUS_RELEASE")" "$PROMETHEUS_BUILD_TAGS" \
     github.com/prometheus/prometheus/cmd/prometheus github.com/prometheus/prometheus/cmd/promtool
 fi
 echo "$bin"

@@ -163,6 +163,7 @@ def _owner(namespace: str | None, labels: kopf.Labels) -> Key:
 def on_ddpjob(namespace: str | None, name: str, type: str, **kwargs: Any) -> None:
     if not TIMER.started:
         _KOPF.update({name: kwargs[name] for name in INDEXES})
+        opmetrics.WATCHED.watch(kwargs["ddpjob_bodies"])  # ddpjob_jobs and ddpjob_job_info, read at a scrape
         TIMER.start(contextvars.copy_context())  # Kopf's context: kopf.event works from the timer's thread
     if type != "DELETED":
         reconcile((namespace or "", name), **kwargs)
@@ -170,7 +171,6 @@ def on_ddpjob(namespace: str | None, name: str, type: str, **kwargs: Any) -> Non
         SCRAPER.forget((namespace or "", name))
         RECENT.forget((namespace or "", name))
         _LAST.pop((namespace or "", name), None)
-        opmetrics.forget_job(namespace or "", name)
 
 
 @kopf.on.event("batch", "v1", "jobs", labels=LABELS)
@@ -207,4 +207,4 @@ def reconcile(
             _LAST[key] = time.monotonic()
         for body in list(ddpjob_bodies.get(key, []))[:1]:
             jobs, pods = list(ddpjob_jobs.get(key, [])), list(ddpjob_pods.get(key, []))
-            apply.reconcile(body, jobs, pods, logger, ddpjob_bodies, SCRAPER, RECENT)
+            apply.reconcile(body, jobs, pods, logger, SCRAPER, RECENT)

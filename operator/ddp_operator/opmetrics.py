@@ -7,27 +7,83 @@ a scraped label of that name would be renamed ``exported_*``. Every label value 
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from ddp_trainer import contract
 
 from .plan import Plan
 from .status import PHASES
 
-JOBS = Gauge("ddpjob_jobs", "DDPJobs this operator watches, by phase.", ["phase"])
-JOB_INFO = Gauge(
-    "ddpjob_job_info",
-    "1 for each DDPJob this operator watches, by namespace, name and phase; gone when the DDPJob is deleted.",
-    [contract.NAMESPACE_LABEL, contract.JOB_LABEL, "phase"],
+JOBS_HELP = "DDPJobs this operator watches, by phase."
+JOB_INFO_HELP = (
+    "1 for each DDPJob this operator watches, by namespace, name and phase; gone when the DDPJob is deleted."
 )
-"""Labelled as the trainer's series are, so a rule can join on a job's existence: an alert about a job
-ends when the job is deleted (``charts/ddpjob-operator/files/alerts.yaml``)."""
-_JOB_SERIES: set[tuple[str, str, str]] = set()
-_JOB_LOCK = threading.Lock()  # reconciles run on Kopf's handler threads and on the ticker's
+JOB_INFO_LABELS = (contract.NAMESPACE_LABEL, contract.JOB_LABEL, "phase")
+"""``ddpjob_job_info`` is labelled as the trainer's series are, so a rule can join on a job's existence: an
+alert about a job ends when the job is deleted (``charts/ddpjob-operator/files/alerts.yaml``)."""
+Bodies = Mapping[Any, Iterable[Mapping[str, Any]]]
+
+
+class WatchedJobs(Collector):
+    """``ddpjob_jobs`` (by phase) and ``ddpjob_job_info`` (one series per DDPJob), read from the operator's
+    index of DDPJobs when Prometheus scrapes. Reading it on every reconcile instead cost a read of every
+    DDPJob per reconcile: a fifth of the operator's time while a thousand DDPJobs were created at once."""
+
+    def __init__(self) -> None:
+        self.bodies: Bodies = {}
+
+    def watch(self, bodies: Bodies) -> None:
+        """Read ``bodies`` (Kopf's index of DDPJobs, which Kopf keeps current) at every scrape from now on."""
+        self.bodies = bodies
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        jobs, info = self._families()
+        counts = dict.fromkeys(PHASES, 0)
+        for namespace, name, phase in job_phases(self.bodies):
+            counts[phase] = counts.get(phase, 0) + 1
+            info.add_metric([namespace, name, phase], 1)
+        for phase, count in counts.items():
+            jobs.add_metric([phase], count)
+        return iter((jobs, info))
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily("ddpjob_jobs", JOBS_HELP, labels=["phase"]),
+            GaugeMetricFamily("ddpjob_job_info", JOB_INFO_HELP, labels=JOB_INFO_LABELS),
+        )
+
+
+def job_phases(bodies: Bodies, attempts: int = 5) -> list[tuple[str, str, str]]:
+    """(namespace, name, phase) of every DDPJob in ``bodies``. Kopf's event loop writes its index while a
+    scrape (another thread) reads it: a read that saw it change is read again."""
+    for attempt in range(attempts):
+        try:
+            return [
+                (body["metadata"]["namespace"], body["metadata"]["name"], _phase(body))
+                for group in list(bodies.values())
+                for body in list(group)
+            ]
+        except (RuntimeError, KeyError):  # "changed size during iteration", or a key gone meanwhile
+            if attempt == attempts - 1:
+                raise
+    return []
+
+
+def _phase(body: Mapping[str, Any]) -> str:
+    return str((body.get("status") or {}).get("phase") or "Pending")
+
+
+WATCHED = WatchedJobs()
+REGISTRY.register(WATCHED)
 RECONCILES = Counter("ddpjob_reconciles", "Reconciles of one DDPJob, by result (ok, error).", ["result"])
 RECONCILE_SECONDS = Histogram(
     "ddpjob_reconcile_duration_seconds",
@@ -62,30 +118,6 @@ def observe_plan(body: Mapping[str, Any], plan: Plan) -> None:
         GANG_RESTARTS_IN_PLACE.labels(body["metadata"]["namespace"]).inc(after - before)
 
 
-def forget_job(namespace: str, name: str) -> None:
-    """A DDPJob was deleted: its info series goes at once (the next reconcile may be another's, or none)."""
-    with _JOB_LOCK:
-        for key in [k for k in _JOB_SERIES if k[:2] == (namespace, name)]:
-            _JOB_SERIES.discard(key)
-            JOB_INFO.remove(*key)
-
-
-def observe_reconcile(result: str, seconds: float, bodies: Mapping[Any, Iterable[Mapping[str, Any]]]) -> None:
+def observe_reconcile(result: str, seconds: float) -> None:
     RECONCILES.labels(result).inc()
     RECONCILE_SECONDS.observe(seconds)
-    counts = dict.fromkeys(PHASES, 0)
-    series = set()
-    for group in bodies.values():
-        for body in group:
-            phase = (body.get("status") or {}).get("phase") or "Pending"
-            counts[phase] = counts.get(phase, 0) + 1
-            series.add((body["metadata"]["namespace"], body["metadata"]["name"], phase))
-    for phase, count in counts.items():
-        JOBS.labels(phase).set(count)
-    with _JOB_LOCK:
-        for gone in _JOB_SERIES - series:
-            JOB_INFO.remove(*gone)
-        for new in series - _JOB_SERIES:
-            JOB_INFO.labels(*new).set(1)
-        _JOB_SERIES.clear()
-        _JOB_SERIES.update(series)

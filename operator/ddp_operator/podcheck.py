@@ -3,9 +3,10 @@ schema cannot say it.
 
 A CRD's CEL has no resource quantities in every server this project supports (nor in cel-python), and
 Kubernetes' label-key grammar is a poor fit for it; so ``ddpjob validate`` checks these here, on the
-defaulted document, with the API server's words. On a cluster the operator goes further: it creates the
-rendered objects with ``dryRun`` first, so whatever else the server refuses is reported on the DDPJob at
-once and nothing is created half-way (``apply``). Pure.
+defaulted document, with the API server's words. On a cluster the operator goes further: whatever else
+the server refuses when the rendered objects are created is reported on the DDPJob at once, and what was
+created of the attempt before the refused object is deleted again, so nothing is left half-way
+(``apply``). Pure.
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ def invalid_spec(error: SpecError, previous: Mapping[str, Any], generation: int,
 
 def refused(previous: Mapping[str, Any], generation: int, now: dt.datetime, message: str) -> Plan:
     """Fail with reason ``InvalidSpec`` and ``message``, creating nothing: a spec this operator cannot read,
-    or one whose children the API server refused in a dry run (``apply``)."""
+    or one whose children the API server refused (``apply``, which undid what it had created)."""
     out = StatusBuilder(previous, stamp(now))
     out.values.update({k: v for k, v in previous.items() if k != "conditions"}, observedGeneration=generation)
     return _finish(out, False, "InvalidSpec", message[:1024])

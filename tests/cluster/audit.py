@@ -14,6 +14,7 @@ file only: the API server rotates it at 200 MB, far beyond what one test run wri
 from __future__ import annotations
 
 import collections
+import datetime as dt
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,8 @@ class Request:
     code: int
     dry_run: bool = False
     """``?dryRun=All``: checked and admitted like the real request, and nothing stored."""
+    at: float = 0.0
+    """When the API server completed it (``stageTimestamp``, seconds since the epoch, microseconds)."""
 
     @property
     def mutating(self) -> bool:
@@ -91,6 +94,7 @@ class AuditLog:
                     name=ref.get("name", ""),
                     code=int((entry.get("responseStatus") or {}).get("code") or 0),
                     dry_run="dryRun=" in entry.get("requestURI", ""),
+                    at=_seconds(entry.get("stageTimestamp")),
                 )
             )
         return out
@@ -101,6 +105,10 @@ class AuditLog:
                 f"no audit log at {self.path}: this cluster was started without auditing "
                 "(by an older checkout?); restart it with `make cluster-down cluster-up`"
             )
+
+
+def _seconds(stamp: str | None) -> float:
+    return dt.datetime.fromisoformat(stamp).timestamp() if stamp else 0.0
 
 
 def writes_by_kind(requests: list[Request]) -> collections.Counter[str]:

@@ -63,7 +63,8 @@ def _apply(cluster: Cluster, namespace: str, doc: dict[str, Any]) -> None:
 
 def _representative_run(cluster: Cluster, release: Release, folder: Path) -> tuple[str, list[dict[str, Any]]]:
     """The operator's paths: a trained job with a checkpoint claim and a secret env var, a gang restart
-    then a TTL deletion, a suspension; returns the secret's value and the trained job's pods."""
+    then a TTL deletion, a suspension, a Job the API server refuses; returns the secret's value and the
+    trained job's pods."""
     ns = release.jobs
     secret_value = secrets.token_hex(16)
     cluster.kubectl(
@@ -90,8 +91,12 @@ def _representative_run(cluster: Cluster, release: Release, folder: Path) -> tup
     )
     flaky = ddpjob("flaky", ttlSecondsAfterFinished=1, command=["python", "-c", fail_once])
     paused = ddpjob("paused", command=["python", "-c", "import time; time.sleep(600)"])
-    for doc in (trained, flaky, paused):
+    # a label value Kubernetes refuses on the Job: the operator deletes the Service it created before it
+    refused = ddpjob("refused", podTemplate={"labels": {"team": "a b"}})
+    for doc in (trained, flaky, paused, refused):
         _apply(cluster, ns, doc)
+    wait_phase(cluster, ns, "refused", "Failed", timeout=120)
+    assert not children(cluster, ns, "services", "refused"), "the refused DDPJob kept its Service"
     wait_phase(cluster, ns, "paused", "Running", timeout=180)
     cluster.kubectl("patch", "ddpjob", "paused", "-n", ns, "--type=merge", "-p", '{"spec":{"suspend":true}}')
     wait_phase(cluster, ns, "paused", "Suspended", timeout=60)

@@ -42,8 +42,9 @@ JOBS = {"testns": [
     {"metadata": {"namespace": "testns", "name": name}, "status": {"phase": "Running"}}
     for name in ("healthy", "drill", "sdc")
 ]}
+opmetrics.WATCHED.watch(JOBS)
 while True:  # a reconcile every half second, as the operator's timers do with a few DDPJobs
-    opmetrics.observe_reconcile("ok", 0.02, JOBS)
+    opmetrics.observe_reconcile("ok", 0.02)
     time.sleep(0.5)
 """
 
