@@ -180,6 +180,9 @@ def _stopping_old_attempts(inputs: Inputs, out: StatusBuilder) -> Plan:
     return out.plan(delete_jobs=inputs.facts.stale_jobs, abandon_jobs=lost)
 
 
+SUSPENDED_READY = "spec.suspend is true"
+
+
 def _create(inputs: Inputs, out: StatusBuilder) -> Plan:
     spec, attempt = inputs.spec, inputs.facts.attempt
     out.phase(
@@ -187,9 +190,13 @@ def _create(inputs: Inputs, out: StatusBuilder) -> Plan:
         "Suspended" if spec.suspend else "Created",
         f"created Job {inputs.job['metadata']['name']} (attempt {attempt})",
     )
-    # Suspended from the start: the Ready condition says so at once, so the next reconcile (Suspended
-    # again) has no transition to announce: one event for a suspended DDPJob's creation, not two.
-    out.condition("Ready", False, "Suspended" if spec.suspend else "Creating", f"creating attempt {attempt}")
+    # Suspended from the start: the status says at once what the next reconcile (the Job there, suspended)
+    # would, so that one writes nothing: one event and one status write for a suspended DDPJob's creation.
+    if spec.suspend:
+        out.condition("Ready", False, "Suspended", SUSPENDED_READY)
+    else:
+        out.condition("Ready", False, "Creating", f"creating attempt {attempt}")
+    status.sync_condition(out)
     return out.plan(create_claim=inputs.claim, create_service=inputs.service, create_job=inputs.job)
 
 
@@ -245,7 +252,7 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
     out.values["readyNodes"] = ready
     if spec.suspend:
         out.phase("Suspended", "Suspended", "suspended: the pods are stopped and the checkpoint is kept")
-        out.condition("Ready", False, "Suspended", "spec.suspend is true")
+        out.condition("Ready", False, "Suspended", SUSPENDED_READY)
     elif job.suspended:
         out.phase("Pending", "Queued", f"waiting for Kueue queue {spec.queue_name} to admit the gang")
         out.condition("Ready", False, "Queued", f"Job {job.name} is suspended until Kueue admits it")

@@ -231,6 +231,17 @@ def test_suspend_and_resume() -> None:
     assert plan.suspend_job == ("job-1", False)
 
 
+def test_a_suspended_creation_writes_its_status_once() -> None:
+    """The status written with the suspended Job's creation is the one the next reconcile (the Job there,
+    suspended, as the Job controller reports it) decides: no second status write, no second event."""
+    created = _reconcile(suspend=True)
+    assert created.create_job is not None and created.status["phase"] == "Suspended"
+    assert [e.reason for e in created.events] == ["Suspended"]
+    job = _job(1, condition="Suspended", reason="JobSuspended", suspend=True)
+    later = _reconcile(created.status, [job], now=NOW + dt.timedelta(seconds=2), suspend=True)
+    assert later.status == created.status and later.events == () and later.create_job is None
+
+
 def test_kueue_owns_the_suspension_of_queued_jobs() -> None:
     plan = _reconcile({"phase": "Pending", "attempt": 1}, [_job(1, suspend=True)], [], queueName="team")
     assert plan.suspend_job is None
