@@ -15,7 +15,8 @@ whose free pages ``malloc_trim`` returns wherever they are, and ``MALLOC_ARENA_M
 threads to two heaps. The interpreter reads both at start-up only, so `ddpjob operator` starts itself
 again with :data:`ALLOCATOR_ENV` (:func:`allocator_env`) unless ``PYTHONMALLOC`` is set. Measured after 100
 tiny DDPJobs that ran: 152 MiB on pymalloc, 136 MiB as shipped; what is held costs more (glibc's header per
-object): 1000 suspended DDPJobs 209–214 → 235–256 MiB (bench/RESULTS.md, "The allocator").
+object): 1000 suspended DDPJobs 209–214 → 235–256 MiB on the code of then, 161–179 MiB since their burst
+got cheaper (bench/RESULTS.md, "The allocator" and "The profile").
 """
 
 from __future__ import annotations
