@@ -204,9 +204,8 @@ def _create_children(namespace: str, plan: Plan, logger: Logger) -> dict[str, An
         (core.create_namespaced_service, core.delete_namespaced_service, plan.create_service, ""),
         (batch.create_namespaced_job, None, plan.create_job, "creating Job {}"),
     ]
-    made: list[
-        tuple[Callable[..., Any], str, str]
-    ] = []  # created by this call (not found existing), undoable
+    # (delete, kind, name) of what this call created (not found existing) and may undo
+    made: list[tuple[Callable[..., Any], str, str]] = []
     created: Any = None  # the last step's answer: the Job's, where the plan creates one
     for create, undo, obj, says in steps:
         if obj is None:
