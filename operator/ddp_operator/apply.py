@@ -180,52 +180,36 @@ def _create_children(namespace: str, plan: Plan, logger: Logger) -> dict[str, An
     client = _client()
     core, batch = kubernetes.client.CoreV1Api(client), kubernetes.client.BatchV1Api(client)
     if plan.create_claim is not None:
-        checks: list[tuple[Callable[..., Any], Mapping[str, Any] | None]] = [
-            (core.create_namespaced_service, plan.create_service),
-            (batch.create_namespaced_job, plan.create_job),
-        ]
-        for create, obj in checks:
-            if obj is None:
-                continue
-            try:  # read to its end (gives the connection back to the pool), not parsed
-                create(namespace, obj, dry_run="All", _preload_content=False).drain_conn()
-            except ApiException as exc:
-                if exc.status in (400, 422):
-                    raise Refused.of(obj, exc) from exc
-                if exc.status != 409:
-                    raise
-    steps: list[tuple[Callable[..., Any], Callable[..., Any] | None, Mapping[str, Any] | None, str]] = [
-        (
-            core.create_namespaced_persistent_volume_claim,
-            None,
-            plan.create_claim,
-            "creating PersistentVolumeClaim {} for checkpoints",
-        ),
-        (core.create_namespaced_service, core.delete_namespaced_service, plan.create_service, ""),
-        (batch.create_namespaced_job, None, plan.create_job, "creating Job {}"),
-    ]
-    # (delete, kind, name) of what this call created (not found existing) and may undo
-    made: list[tuple[Callable[..., Any], str, str]] = []
-    created: Any = None  # the last step's answer: the Job's, where the plan creates one
-    for create, undo, obj, says in steps:
-        if obj is None:
-            continue
-        if says:
-            logger.info(says.format(obj["metadata"]["name"]))
-        try:
-            created = _ignore((409,), create, namespace, obj)
-        except ApiException as exc:
-            if exc.status not in (400, 422):
-                raise
-            for delete, kind, name in reversed(made):
-                logger.info(
-                    f"deleting {kind} {name}: the API server refuses the {obj['kind']} that follows it"
-                )
-                _ignore((404,), delete, name, namespace)
+        _create(core.create_namespaced_service, namespace, plan.create_service, dry_run="All")
+        _create(batch.create_namespaced_job, namespace, plan.create_job, dry_run="All")
+        logger.info(f"creating PersistentVolumeClaim {plan.create_claim['metadata']['name']} for checkpoints")
+        _create(core.create_namespaced_persistent_volume_claim, namespace, plan.create_claim)
+    service = _create(core.create_namespaced_service, namespace, plan.create_service)  # None: not new
+    if plan.create_job is None:
+        return None
+    logger.info(f"creating Job {plan.create_job['metadata']['name']}")
+    try:
+        job: dict[str, Any] | None = _create(batch.create_namespaced_job, namespace, plan.create_job)
+        return job
+    except Refused:
+        if service is not None:
+            name = service["metadata"]["name"]
+            logger.info(f"deleting Service {name}: the API server refuses the Job that follows it")
+            _ignore((404,), core.delete_namespaced_service, name, namespace)
+        raise
+
+
+def _create(create: Callable[..., Any], namespace: str, obj: Mapping[str, Any] | None, **options: Any) -> Any:
+    """The server's answer to creating ``obj`` (parsed; None where there is no ``obj`` or it exists
+    already); :class:`Refused` where the server refuses it (400, 422)."""
+    if obj is None:
+        return None
+    try:
+        return _ignore((409,), create, namespace, obj, **options)
+    except ApiException as exc:
+        if exc.status in (400, 422):
             raise Refused.of(obj, exc) from exc
-        if created is not None and undo is not None:
-            made.append((undo, obj["kind"], obj["metadata"]["name"]))
-    return created if plan.create_job is not None else None  # (else the last step's was not a Job)
+        raise
 
 
 def _server_message(exc: ApiException) -> str:

@@ -64,18 +64,22 @@ class WatchedJobs(Collector):
 
 def job_phases(bodies: Bodies, attempts: int = 5) -> list[tuple[str, str, str]]:
     """(namespace, name, phase) of every DDPJob in ``bodies``. Kopf's event loop writes its index while a
-    scrape (another thread) reads it: a read that saw it change is read again."""
-    for attempt in range(attempts):
+    scrape (another thread) reads it: a read that saw it change ("changed size during iteration", or a key
+    gone meanwhile) is read again, up to ``attempts`` reads in all."""
+    for _ in range(attempts - 1):
         try:
-            return [
-                (body["metadata"]["namespace"], body["metadata"]["name"], _phase(body))
-                for group in list(bodies.values())
-                for body in list(group)
-            ]
-        except (RuntimeError, KeyError):  # "changed size during iteration", or a key gone meanwhile
-            if attempt == attempts - 1:
-                raise
-    return []
+            return _read(bodies)
+        except (RuntimeError, KeyError):
+            continue
+    return _read(bodies)
+
+
+def _read(bodies: Bodies) -> list[tuple[str, str, str]]:
+    return [
+        (body["metadata"]["namespace"], body["metadata"]["name"], _phase(body))
+        for group in list(bodies.values())
+        for body in list(group)
+    ]
 
 
 def _phase(body: Mapping[str, Any]) -> str:

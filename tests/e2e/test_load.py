@@ -75,7 +75,7 @@ def _creates(requests: list[Request], namespace: str, resource: str) -> collecti
         and r.resource == resource
         and r.namespace == namespace
         and r.code == 201
-        and not r.dry_run  # a dry run (the operator made one per child until 2026-11) stores nothing
+        and not r.dry_run  # the dry run before an attempt that creates a checkpoint claim stores nothing
     )
 
 

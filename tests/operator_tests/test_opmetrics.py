@@ -3,7 +3,6 @@ job's phase, gone when the DDPJob is; and the API client's pool holds every reco
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
@@ -47,8 +46,7 @@ def test_job_info_follows_the_index_and_goes_with_a_deleted_job(index: dict[Any,
     assert _count("Pending") == 0.0
 
 
-def test_a_reconcile_reads_no_other_job() -> None:
-    """With a thousand DDPJobs, reading them all in every reconcile was a fifth of the operator's time."""
+def test_a_reconcile_is_counted_by_its_result() -> None:
     before = REGISTRY.get_sample_value("ddpjob_reconciles_total", {"result": "ok"}) or 0.0
     opmetrics.observe_reconcile("ok", 0.01)
     assert REGISTRY.get_sample_value("ddpjob_reconciles_total", {"result": "ok"}) == before + 1
@@ -72,26 +70,6 @@ def test_a_scrape_reads_again_an_index_that_changed_meanwhile() -> None:
     assert opmetrics.job_phases(_Changing(changes=2)) == [("ns", "a", "Running")]
     with pytest.raises(RuntimeError):
         opmetrics.job_phases(_Changing(changes=5))
-
-
-def test_scrapes_while_the_index_changes_in_another_thread(index: dict[Any, Any]) -> None:
-    stop = threading.Event()
-
-    def churn() -> None:
-        n = 0
-        while not stop.is_set():
-            index[("ns", f"j{n % 50}")] = [_job(f"j{n % 50}", "Running")]
-            index.pop(("ns", f"j{(n + 25) % 50}"), None)
-            n += 1
-
-    thread = threading.Thread(target=churn)
-    thread.start()
-    try:
-        for _ in range(200):
-            assert (_count("Running") or 0.0) <= 50
-    finally:
-        stop.set()
-        thread.join()
 
 
 def test_the_client_pool_holds_every_reconcile_that_runs_at_once() -> None:
