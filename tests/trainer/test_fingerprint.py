@@ -297,6 +297,7 @@ TRITON_SCRIPT = textwrap.dedent(
     tensors = [sample(d, n, seed=n) for d in ALL for n in (1, 5, 333)]
     tensors += [sample(torch.float32, 2 * 65536 * 2 + 7), sample(torch.bfloat16, 4001)[3:3000]]
     tensors += [torch.zeros(0), torch.randn(40, 30).t(), torch.tensor(2.5)]
+    tensors += [sample(torch.float64, 1500), sample(torch.float32, 2 * 1500 + 1)]  # a tile and a part
     kernel = triton_kernel.fingerprint_tensors(tensors).tolist()
     torch_path = [int(fingerprint.torch_fingerprint(t)) for t in tensors]
     numpy_path = [fingerprint.numpy_fingerprint(t) for t in tensors]
@@ -322,7 +323,7 @@ def test_triton_kernel_matches_under_the_interpreter(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["n"] == len(ALL) * 3 + 5
+    assert result["n"] == len(ALL) * 3 + 7
     assert result["kernel"] == result["torch"] == result["numpy"] == result["reference"]
 
 
@@ -425,11 +426,11 @@ def test_a_numba_kernel_that_fails_falls_back_to_numpy(
 
 @pytest.mark.usefixtures("fresh_dispatch")
 def test_a_failure_of_a_plain_path_is_not_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(t: torch.Tensor) -> torch.Tensor:
+    def broken(tensors: list[torch.Tensor]) -> torch.Tensor:
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     monkeypatch.setenv("DDPJOB_FINGERPRINT_IMPL", "torch")
-    monkeypatch.setattr(fpmod.dispatch.torch_kernel, "fingerprint", broken)
+    monkeypatch.setattr(fpmod.dispatch.torch_kernel, "fingerprint_many", broken)
     with pytest.raises(RuntimeError, match="illegal memory access"):
         fp(torch.zeros(3))
 
@@ -446,3 +447,17 @@ def test_cuda_without_triton_uses_torch_and_says_so_once(
     assert fpmod.impl_for(cuda) == fpmod.impl_for(cuda) == "torch"
     lines = fallback_lines(caplog)
     assert len(lines) == 1 and "no Triton kernel" in lines[0], lines
+
+
+def test_the_torch_path_takes_many_tensors_at_once_across_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One call over tensors that straddle chunks (3 blocks a chunk here), misaligned views, partial lanes
+    and empty tensors gives each tensor its own reference fingerprint."""
+    from ddp_trainer.fingerprint import torch_kernel
+
+    monkeypatch.setitem(torch_kernel.CHUNK_BYTES, "cpu", 3 * 8 * LANES_PER_BLOCK)
+    tensors = [sample(torch.float32, 5 * LANES_PER_BLOCK + 3), sample(torch.bfloat16, 7)]
+    tensors += [sample(torch.float64, 2 * LANES_PER_BLOCK), sample(torch.uint8, 8 * LANES_PER_BLOCK + 1)[1:]]
+    tensors += [torch.zeros(0), sample(torch.int16, 3 * LANES_PER_BLOCK + 1), torch.tensor(True)]
+    got = torch_kernel.fingerprint_many(tensors).tolist()
+    assert got == [reference(t) for t in tensors]
+    assert torch_kernel.fingerprint_many(tensors).tolist() == got  # again, from the cached geometry

@@ -33,8 +33,14 @@ def _say(text: str) -> None:
         sys.stderr.flush()
 
 
+_state = {"activated": False, "why": ""}  # whether install() ran; why it did not, when it could not
+
+
 def _activate() -> None:
-    """Called once torch has loaded: the check's own code, from this folder (never fatal)."""
+    """Called once torch has loaded: the check's own code, from this folder (never fatal, never twice)."""
+    if _state["activated"]:
+        return
+    _state["activated"] = True
     if _VENDOR not in sys.path:
         sys.path.append(_VENDOR)  # last: the image's own copies win
     try:
@@ -42,14 +48,26 @@ def _activate() -> None:
 
         autoinstrument.install()
     except Exception as error:  # the hook must never stop a script that would have run without it
-        _say(f"off: {type(error).__name__}: {error}")
+        _state["why"] = f"{type(error).__name__}: {error}"
+        _say(f"off: {_state['why']}")
+
+
+def _torch_loaded() -> bool:
+    """torch is in ``sys.modules`` and has finished loading (not half-way through its own ``__init__``)."""
+    torch = sys.modules.get("torch")
+    spec = getattr(torch, "__spec__", None)
+    return torch is not None and not getattr(spec, "_initializing", False)
 
 
 class _Chained:
-    """torch's loader, followed by :func:`_activate` (the module keeps its own loader)."""
+    """torch's loader, followed by :func:`_activate` (the module keeps its own loader); anything else
+    asked of it (``is_package``, ``get_resource_reader``, ...) is torch's loader's."""
 
     def __init__(self, loader: "Loader") -> None:
         self.loader = loader
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.loader, name)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> "types.ModuleType | None":
         return self.loader.create_module(spec)
@@ -59,24 +77,54 @@ class _Chained:
         if module.__spec__ is not None:
             module.__spec__.loader = self.loader
         self.loader.exec_module(module)
+        sys.meta_path[:] = [finder for finder in sys.meta_path if not isinstance(finder, _TorchWatcher)]
         _activate()
 
 
 class _TorchWatcher:
-    """Waits for ``import torch``; does nothing for any other import."""
+    """Waits for torch to load, however it is imported: ``import torch``, ``importlib.import_module``, a
+    library that imports it for the script. It stays on ``sys.meta_path`` until torch has run, so a probe
+    (``importlib.util.find_spec("torch")``, which transformers, datasets and accelerate do before they
+    import it) gets torch's spec with the chained loader and consumes nothing; the real import then runs
+    that loader. Every other name costs one comparison, and a look at whether torch arrived by a way this
+    finder did not see (another finder in front of it), which installs the hook late rather than never."""
+
+    def __init__(self) -> None:
+        self.busy = False
 
     def find_spec(
         self, name: str, path: object = None, target: object = None
     ) -> "importlib.machinery.ModuleSpec | None":
         if name != "torch":
+            if not _state["activated"] and "torch" in sys.modules and _torch_loaded():
+                _say("torch was loaded by a way the hook did not see: the check starts late")
+                sys.meta_path[:] = [f for f in sys.meta_path if f is not self]
+                _activate()
             return None
-        sys.meta_path[:] = [finder for finder in sys.meta_path if finder is not self]
-        import importlib.util
-
-        spec = importlib.util.find_spec("torch")
-        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _Chained(spec.loader)  # type: ignore[assignment]
+        if self.busy:  # a finder below asked the import system again
+            return None
+        self.busy = True
+        try:
+            spec = None
+            for finder in list(sys.meta_path):  # as the import system does, without this one
+                find = getattr(finder, "find_spec", None)
+                if finder is self or find is None:
+                    continue
+                spec = find(name, path, target)
+                if spec is not None:
+                    break
+        finally:
+            self.busy = False
+        loader = getattr(spec, "loader", None)
+        if spec is not None and hasattr(loader, "exec_module") and not isinstance(loader, _Chained):
+            spec.loader = _Chained(loader)  # type: ignore[arg-type]
         return spec
+
+
+def _at_exit() -> None:
+    """Say why nothing was checked when torch loaded but the hook never installed."""
+    if not _state["activated"] and "torch" in sys.modules:
+        _say("off: torch was loaded without the hook seeing it (an import finder in front of the hook's?)")
 
 
 def _start() -> None:
@@ -93,6 +141,9 @@ def _start() -> None:
         _activate()
     else:
         sys.meta_path.insert(0, _TorchWatcher())
+        import atexit
+
+        atexit.register(_at_exit)
 
 
 def _chain() -> None:

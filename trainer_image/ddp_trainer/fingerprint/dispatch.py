@@ -6,7 +6,8 @@ Four kernels compute the same bits (tests check each against an independent NumP
   4x the NumPy path), with the NumPy fold around them;
 * NumPy (``numpy_kernel``), CPU tensors: zero-copy on the tensor's memory, passes of 32K lanes through
   two reused uint64 buffers;
-* pure torch (``torch_kernel``), any device: in-place int64 vector operations, no host synchronisation;
+* pure torch (``torch_kernel``), any device: every block of every tensor in a few batched launches (on
+  CUDA one fused elementwise kernel by torch's jiterator), no host synchronisation;
 * Triton (``triton_kernel``), CUDA, the default there: one launch over a cached table of every block of
   every tensor, one launch for the per-tensor fold.
 
@@ -131,7 +132,7 @@ def _run(tensors: list[torch.Tensor], impl: str) -> torch.Tensor:
             raise RuntimeError("Triton is not available")
         result: torch.Tensor = kernel.fingerprint_tensors(tensors)
         return result
-    return torch.stack([torch_fingerprint(t) for t in tensors])
+    return torch_kernel.fingerprint_many(tensors)
 
 
 def _fingerprint_group(tensors: list[torch.Tensor], impl: str) -> torch.Tensor:

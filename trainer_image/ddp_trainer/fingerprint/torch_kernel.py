@@ -1,19 +1,39 @@
 """The fingerprint with torch operations only, on any device (the fallback on CUDA without a working
-Triton kernel): in-place vector operations on int64, logical shifts emulated with a mask, no host
-synchronisation.
+Triton kernel), for many tensors at once: a fixed number of launches per chunk of blocks, whatever the
+number of tensors or blocks, and no host synchronisation.
+
+How. Every block of every tensor becomes one row of a ``(rows, BLOCK)`` int64 chunk buffer: one batched
+copy (``torch._foreach_copy_``) moves the tensors' bytes into their rows (a tensor's last, partial block
+fills its row's front; the rest of the row is ignored), the lanes get their keys ``(j + 1) * G`` and go
+through ``F`` (on CUDA one fused elementwise kernel compiled by torch's own jiterator, NVRTC; elsewhere,
+or where that cannot compile, eleven in-place int64 operations), the terms past a block's last lane are
+zeroed, and one ``sum(dim=1)`` gives the block sums. The fold over blocks and the metadata are vectorised
+over every tensor (a cumulative sum: integer addition modulo 2**64 is exact in any order). The host side
+is one list of views per call (the geometry is cached while the tensors keep their addresses).
 """
 
 from __future__ import annotations
 
+import collections
+import logging
 import threading
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import torch
 
 from ddp_trainer.fingerprint.definition import BLOCK, M1, M2, ROUNDS, G, H, byte_view, meta_hash, signed
 
+log = logging.getLogger(__name__)
+
 _I64 = {name: signed(value) for name, value in (("G", G), ("H", H), ("M1", M1), ("M2", M2))}
 _SIGNED_ROUNDS = tuple((shift, signed(mult)) for shift, mult in ROUNDS)
+CHUNK_BYTES = {"cuda": 256 << 20, "cpu": 8 << 20}
+"""Scratch per chunk, per buffer: large on a GPU (few launches), cache-sized on a CPU."""
 _local = threading.local()  # buffers per thread, so concurrent callers do not share them
+_CACHE_SIZE = 8
+_geometry: collections.OrderedDict[tuple[Any, ...], _Geometry] = collections.OrderedDict()
+_geometry_lock = threading.Lock()
 
 
 def mix_(y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
@@ -27,67 +47,205 @@ def mix_(y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def _buffers(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(keys ``(j+1)*G`` for j < B, work buffer, scratch buffer), cached per device and thread.
+_JIT_SOURCE = """
+template <typename T> T ddpjob_keyed_mix(T v, T k) {
+  unsigned long long z = (unsigned long long)v + (unsigned long long)k;
+  z ^= z >> 30; z *= 0xBF58476D1CE4E5B9ull;
+  z ^= z >> 27; z *= 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return (T)z;
+}
+"""
+_jit: list[Callable[..., torch.Tensor] | None] = []  # [] untried, [fn] compiled, [None] unavailable
 
-    On CUDA the buffers are reused in stream order: use one stream per thread for fingerprints.
-    """
-    cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None
+
+def _fused() -> Callable[..., torch.Tensor] | None:
+    """``F(v + k)`` as one CUDA kernel (torch's jiterator), or None where it cannot be built (said once)."""
+    if not _jit:
+        try:
+            from torch.cuda import jiterator
+
+            fn = jiterator._create_jit_fn(_JIT_SOURCE)
+            probe = torch.tensor([1, -1], dtype=torch.int64, device="cuda")
+            expected = mix_(probe + 5, torch.empty_like(probe))
+            if not torch.equal(fn(probe, torch.full_like(probe, 5)), expected):
+                raise RuntimeError("the compiled mixer does not match the definition")
+            _jit.append(fn)
+        except Exception as error:  # no NVRTC, an old torch: the eager operations compute the same bits
+            log.warning(
+                "fingerprint: no fused torch kernel (%s: %s); eager operations", type(error).__name__, error
+            )
+            _jit.append(None)
+    return _jit[0]
+
+
+class _Piece(NamedTuple):
+    tensor: int
+    """Index of the tensor in the call's list."""
+    start: int
+    """Its first byte in the tensor."""
+    nbytes: int
+    """Bytes copied."""
+    row: int
+    """Row of the chunk buffer (a block) where its bytes start."""
+
+
+class _Chunk(NamedTuple):
+    rows: int
+    first_block: int
+    """Its first row's index among every block of every tensor."""
+    lanes: tuple[_Piece, ...]
+    """Pieces copied as int64 lanes (8-byte aligned, whole lanes)."""
+    raw: tuple[_Piece, ...]
+    """Pieces copied as bytes (a misaligned tensor, a partial last lane), into zeroed lanes."""
+    tails: tuple[tuple[int, int], ...]
+    """(row, valid lanes) of each partial block: its later terms are zeroed."""
+
+
+class _Geometry(NamedTuple):
+    chunks: tuple[_Chunk, ...]
+    blocks: int
+    rows: int
+    """Rows of the largest chunk."""
+    first: list[int]
+    """Each tensor's first block."""
+    count: list[int]
+    """Blocks per tensor."""
+    metas: list[int]
+
+
+def _geometry_for(tensors: Sequence[torch.Tensor], device: torch.device) -> _Geometry:
+    key = (device, *[(t.data_ptr() % 8, t.dtype, t.shape) for t in tensors])
+    with _geometry_lock:
+        have = _geometry.get(key)
+        if have is not None:
+            _geometry.move_to_end(key)
+            return have
+    rows_per_chunk = max(1, CHUNK_BYTES.get(device.type, CHUNK_BYTES["cuda"]) // (8 * BLOCK))
+    chunks: list[_Chunk] = []
+    lanes: list[_Piece] = []
+    raw: list[_Piece] = []
+    tails: list[tuple[int, int]] = []
+    first: list[int] = []
+    count: list[int] = []
+    block = row = chunk_first = 0
+
+    def close() -> None:
+        nonlocal lanes, raw, tails, row, chunk_first
+        if row:
+            chunks.append(_Chunk(row, chunk_first, tuple(lanes), tuple(raw), tuple(tails)))
+        chunk_first, row, lanes, raw, tails = block, 0, [], [], []
+
+    for i, t in enumerate(tensors):
+        nbytes = t.numel() * t.element_size()
+        blocks = -(-nbytes // (8 * BLOCK))
+        first.append(block)
+        count.append(blocks)
+        aligned = t.data_ptr() % 8 == 0
+        for b in range(blocks):
+            start = 8 * BLOCK * b
+            size = min(8 * BLOCK, nbytes - start)
+            whole = size // 8 * 8 if aligned else 0
+            if whole:
+                lanes.append(_Piece(i, start, whole, row))
+            if size > whole:
+                raw.append(_Piece(i, start + whole, size - whole, row))
+            if size < 8 * BLOCK:
+                tails.append((row, -(-size // 8)))
+            row += 1
+            block += 1
+            if row == rows_per_chunk:
+                close()
+    close()
+    metas = [signed(meta_hash(t.dtype, t.shape)) for t in tensors]
+    made = _Geometry(tuple(chunks), block, max((c.rows for c in chunks), default=0), first, count, metas)
+    with _geometry_lock:
+        _geometry[key] = made
+        while len(_geometry) > _CACHE_SIZE:
+            _geometry.popitem(last=False)
+    return made
+
+
+def _buffers(device: torch.device, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(keys ``(j+1)*G`` for j < B, a ``(rows, B)`` work buffer),
+    cached per device and thread and grown as needed. On CUDA they are reused in stream order: use one
+    stream per thread for fingerprints."""
+    cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] | None
     cache = getattr(_local, "torch", None)
     if cache is None:
         cache = _local.torch = {}
     have = cache.get(device)
-    if have is None:
+    if have is None or have[1].shape[0] < rows:
         keys = torch.arange(1, BLOCK + 1, dtype=torch.int64, device=device).mul_(_I64["G"])
-        have = (keys, torch.empty_like(keys), torch.empty_like(keys))
+        cache.pop(device, None)  # free the smaller buffers first
+        have = (keys, torch.empty(rows, BLOCK, dtype=torch.int64, device=device))
         cache[device] = have
     return have
 
 
-def _lanes(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(full lanes as a 1-D int64 tensor, a zero-padded tail lane or None), zero-copy when possible."""
-    raw = byte_view(t)
-    full = raw.numel() // 8
-    tail = None
-    if raw.numel() % 8:
-        tail = torch.zeros(8, dtype=torch.uint8, device=raw.device)
-        tail[: raw.numel() - 8 * full] = raw[8 * full :]
-        tail = tail.view(torch.int64)
-    body = raw[: 8 * full]
-    if body.data_ptr() % 8:  # a view at an odd offset: copy to an aligned buffer
-        body = body.clone()
-    return body.view(torch.int64), tail
+def _lane(piece: _Piece) -> int:
+    """The lane of the chunk buffer (flattened) where ``piece`` starts."""
+    return piece.row * BLOCK + piece.start % (8 * BLOCK) // 8
 
 
-def block_sums(t: torch.Tensor) -> torch.Tensor:
-    """``s[b]`` for every block of ``t`` (int64 vector on ``t``'s device), with torch ops only."""
-    body, tail = _lanes(t)
-    keys, y, z = _buffers(body.device)
-    n = body.numel() + (tail is not None)
-    sums = torch.empty(max(1, (n + BLOCK - 1) // BLOCK), dtype=torch.int64, device=body.device)
-    if n == 0:
-        return sums[:0]
-    for k, start in enumerate(range(0, n, BLOCK)):
-        count = min(BLOCK, n - start)
-        src = body[start : start + count]
-        if src.numel() < count:  # the block holding the padded tail lane
-            assert tail is not None
-            src = torch.cat((src, tail))
-        work, scratch = y[:count], z[:count]
-        torch.add(src, keys[:count], out=work)
-        mix_(work, scratch)
-        torch.sum(work, dim=0, out=sums[k])
+def _block_sums(tensors: Sequence[torch.Tensor], geometry: _Geometry, device: torch.device) -> torch.Tensor:
+    """``s[b]`` of every block of every tensor, in order (int64 on ``device``)."""
+    sums = torch.empty(geometry.blocks, dtype=torch.int64, device=device)
+    if not geometry.blocks:
+        return sums
+    keys, work = _buffers(device, geometry.rows)
+    fused = _fused() if device.type == "cuda" else None
+    as_bytes = [byte_view(t) for t in tensors]
+    as_lanes = [b[: b.numel() // 8 * 8].view(torch.int64) if b.data_ptr() % 8 == 0 else b for b in as_bytes]
+    for chunk in geometry.chunks:
+        buf = work[: chunk.rows]
+        flat, flat_bytes = buf.view(-1), buf.view(-1).view(torch.uint8)
+        if chunk.raw:  # zero the lanes that bytes only partly fill, then copy the bytes in
+            torch._foreach_zero_([flat[_lane(p) :][: -(-p.nbytes // 8)] for p in chunk.raw])
+        pairs = [
+            (
+                flat[p.row * BLOCK : p.row * BLOCK + p.nbytes // 8],
+                as_lanes[p.tensor][p.start // 8 :][: p.nbytes // 8],
+            )
+            for p in chunk.lanes
+        ]
+        pairs += [
+            (flat_bytes[8 * _lane(p) :][: p.nbytes], as_bytes[p.tensor][p.start :][: p.nbytes])
+            for p in chunk.raw
+        ]
+        if pairs:
+            dst, src = zip(*pairs, strict=True)
+            torch._foreach_copy_(list(dst), list(src))
+        if fused is not None:
+            buf = fused(buf, keys)
+        else:
+            buf.add_(keys)
+            mix_(buf, torch.empty_like(buf))
+        if chunk.tails:
+            torch._foreach_zero_([buf[row, valid:] for row, valid in chunk.tails])
+        torch.sum(buf, dim=1, out=sums[chunk.first_block : chunk.first_block + chunk.rows])
     return sums
 
 
-def fold(sums: torch.Tensor, meta: int) -> torch.Tensor:
-    """``F(D + m)`` from one tensor's block sums (0-d int64, on their device)."""
-    x = torch.arange(1, sums.numel() + 1, dtype=torch.int64, device=sums.device)
-    x.mul_(_I64["H"]).add_(sums)
-    d = mix_(x, torch.empty_like(x)).sum().add_(signed(meta))
+def fingerprint_many(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """One int64 fingerprint per tensor (all on one device), pure torch, on that device."""
+    device = tensors[0].device
+    flat = tensors if all(t.is_contiguous() for t in tensors) else [t.contiguous() for t in tensors]
+    geometry = _geometry_for(flat, device)
+    sums = _block_sums(flat, geometry, device)
+    on = {"dtype": torch.int64, "device": device}
+    local = torch.arange(geometry.blocks, **on) - torch.tensor(geometry.first, **on).repeat_interleave(
+        torch.tensor(geometry.count, **on), output_size=geometry.blocks
+    )
+    x = (local + 1).mul_(_I64["H"]).add_(sums)
+    mix_(x, torch.empty_like(x))
+    cumulative = torch.cat((torch.zeros(1, **on), torch.cumsum(x, dim=0)))  # int64 sums wrap: exact
+    first = torch.tensor(geometry.first, **on)
+    data = cumulative[first + torch.tensor(geometry.count, **on)] - cumulative[first]
+    d = data.add_(torch.tensor(geometry.metas, **on))
     return mix_(d, torch.empty_like(d))
 
 
 def fingerprint(t: torch.Tensor) -> torch.Tensor:
     """0-d int64 fingerprint of one tensor, pure torch, on its own device."""
-    return fold(block_sums(t), meta_hash(t.dtype, t.shape))
+    return fingerprint_many([t])[0]

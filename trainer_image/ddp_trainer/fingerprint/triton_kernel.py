@@ -18,7 +18,7 @@ from __future__ import annotations
 import collections
 import contextlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -34,8 +34,10 @@ except ImportError:  # pragma: no cover - depends on the install
 __all__ = ["available", "fingerprint_tensors"]
 
 TILE = 1024  # lanes per loop iteration of a program
+WARPS = 8  # per program: with TILE, 4 lanes a thread in flight (measured best on an H200, bench/RESULTS.md)
+_STEP = TILE * 0x9E3779B97F4A7C15 % (1 << 64)  # the key's advance per tile, (TILE * G) mod 2**64
 _CACHE_SIZE = 8
-_tables: collections.OrderedDict[tuple[Any, ...], tuple[torch.Tensor, ...]] = collections.OrderedDict()
+_plans: collections.OrderedDict[tuple[Any, ...], _Plan] = collections.OrderedDict()
 
 
 def available() -> bool:
@@ -55,31 +57,37 @@ if triton is not None:
         return z
 
     @triton.jit  # type: ignore[untyped-decorator,misc,unused-ignore]
-    def _block_sums_kernel(table_ptr, out_ptr, TILE: tl.constexpr):  # type: ignore[no-untyped-def]
+    def _block_sums_kernel(table_ptr, out_ptr, TILE: tl.constexpr, STEP: tl.constexpr):  # type: ignore[no-untyped-def]
         c = tl.program_id(0)
         addr = tl.load(table_ptr + 3 * c)
         nbytes = tl.load(table_ptr + 3 * c + 1)
         aligned = tl.load(table_ptr + 3 * c + 2)
         nlanes = (nbytes + 7) // 8
-        nfull = (nbytes // 8) * aligned
+        nfull = (nbytes // 8) * aligned  # lanes read as whole 64-bit words
+        tiles = nfull // TILE
         lanes_ptr = addr.to(tl.pointer_type(tl.uint64))
         bytes_ptr = addr.to(tl.pointer_type(tl.uint8))
+        j = tl.arange(0, TILE)
+        key = (j.to(tl.uint64) + 1) * 0x9E3779B97F4A7C15  # (lane + 1) * G, advanced by TILE * G per tile
         acc = tl.zeros([TILE], dtype=tl.uint64)
-        for start in range(0, nfull, TILE):  # whole 64-bit lanes, one load each
-            j = start + tl.arange(0, TILE)
-            inside = j < nfull
-            v = tl.load(lanes_ptr + j, mask=inside, other=0)
-            term = _mix(v + (j.to(tl.uint64) + 1) * 0x9E3779B97F4A7C15)
-            acc += tl.where(inside, term, 0)
+        for t in range(0, tiles):  # whole tiles of whole lanes: no mask, no multiply for the key
+            v = tl.load(lanes_ptr + t * TILE + j)
+            acc += _mix(v + key)
+            key += STEP
+        for start in range(tiles * TILE, nfull, TILE):  # the last whole lanes (a partial tile)
+            lane = start + j
+            inside = lane < nfull
+            v = tl.load(lanes_ptr + lane, mask=inside, other=0)
+            acc += tl.where(inside, _mix(v + (lane.to(tl.uint64) + 1) * 0x9E3779B97F4A7C15), 0)
         for start in range(nfull, nlanes, TILE):  # misaligned block or partial last lane: from bytes
-            j = start + tl.arange(0, TILE)
+            lane = start + j
             v = tl.zeros([TILE], dtype=tl.uint64)
             for k in tl.static_range(8):
-                offset = 8 * j.to(tl.int64) + k
+                offset = 8 * lane.to(tl.int64) + k
                 byte = tl.load(bytes_ptr + offset, mask=offset < nbytes, other=0)
                 v |= byte.to(tl.uint64) << (8 * k)
-            term = _mix(v + (j.to(tl.uint64) + 1) * 0x9E3779B97F4A7C15)
-            acc += tl.where(j < nlanes, term, 0)
+            term = _mix(v + (lane.to(tl.uint64) + 1) * 0x9E3779B97F4A7C15)
+            acc += tl.where(lane < nlanes, term, 0)
         tl.store(out_ptr + c, tl.sum(acc, axis=0).to(tl.int64, bitcast=True))
 
     @triton.jit  # type: ignore[untyped-decorator,misc,unused-ignore]
@@ -98,12 +106,26 @@ if triton is not None:
         tl.store(out_ptr + t, _mix(d).to(tl.int64, bitcast=True))
 
 
+class _Plan(NamedTuple):
+    """What the launches need for one list of tensors, built on the host once and kept on the device."""
+
+    table: torch.Tensor
+    """(address, bytes, 8-byte aligned) of every block of every tensor, int64."""
+    first: torch.Tensor
+    """Index of each tensor's first block."""
+    count: torch.Tensor
+    """Blocks per tensor."""
+    metas: torch.Tensor
+    """Metadata hash per tensor (step 4 of the definition)."""
+    blocks: int
+    """Blocks in all (launch 1's grid)."""
+
+
 def _key(tensors: Sequence[torch.Tensor]) -> tuple[Any, ...]:
-    return tuple((t.data_ptr(), t.dtype, tuple(t.shape)) for t in tensors)
+    return tuple([(t.data_ptr(), t.dtype, t.shape) for t in tensors])
 
 
-def _build(tensors: Sequence[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, ...]:
-    """(block table, first block per tensor, block count per tensor, metadata hash per tensor)."""
+def _build(tensors: Sequence[torch.Tensor], device: torch.device) -> _Plan:
     table: list[int] = []
     first: list[int] = []
     count: list[int] = []
@@ -117,22 +139,25 @@ def _build(tensors: Sequence[torch.Tensor], device: torch.device) -> tuple[torch
             start = addr + 8 * BLOCK * b
             table += [start, min(8 * BLOCK, nbytes - 8 * BLOCK * b), int(start % 8 == 0)]
     metas = [signed(meta_hash(t.dtype, t.shape)) for t in tensors]
-    return tuple(
+    on_device = (
         torch.tensor(values or [0], dtype=torch.int64, device=device)
         for values in (table, first, count, metas)
     )
+    return _Plan(*on_device, blocks=len(table) // 3)
 
 
-def _tables_for(tensors: Sequence[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, ...]:
+def _plan_for(tensors: Sequence[torch.Tensor], device: torch.device) -> _Plan:
+    """The cached plan while every tensor keeps its address, dtype and shape (the usual case: a model's
+    parameters between two checks), else a new one."""
     key = (device, *_key(tensors))
-    have = _tables.get(key)
+    have = _plans.get(key)
     if have is None:
         have = _build(tensors, device)
-        _tables[key] = have
-        while len(_tables) > _CACHE_SIZE:
-            _tables.popitem(last=False)
+        _plans[key] = have
+        while len(_plans) > _CACHE_SIZE:
+            _plans.popitem(last=False)
     else:
-        _tables.move_to_end(key)
+        _plans.move_to_end(key)
     return have
 
 
@@ -143,18 +168,13 @@ def fingerprint_tensors(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     device = tensors[0].device
     # Logical order: a non-contiguous tensor is hashed through a contiguous copy (not cached: its
     # address changes every call). Parameters are contiguous, so the common case reads in place.
-    flat = [t.detach() if t.is_contiguous() else t.detach().contiguous() for t in tensors]
-    table, first, count, metas = _tables_for(flat, device)
-    blocks = _host_blocks(flat)
-    sums = torch.empty(max(blocks, 1), dtype=torch.int64, device=device)
+    flat = tensors if all(t.is_contiguous() for t in tensors) else [t.contiguous() for t in tensors]
+    plan = _plan_for(flat, device)
+    sums = torch.empty(max(plan.blocks, 1), dtype=torch.int64, device=device)
     out = torch.empty(len(flat), dtype=torch.int64, device=device)
     on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with on_device:  # launch on the tensors' GPU, whichever is current
-        if blocks:
-            _block_sums_kernel[(blocks,)](table, sums, TILE=TILE)
-        _fold_kernel[(len(flat),)](sums, first, count, metas, out, TILE=256)
+        if plan.blocks:
+            _block_sums_kernel[(plan.blocks,)](plan.table, sums, TILE=TILE, STEP=_STEP, num_warps=WARPS)
+        _fold_kernel[(len(flat),)](sums, plan.first, plan.count, plan.metas, out, TILE=256)
     return out
-
-
-def _host_blocks(tensors: Sequence[torch.Tensor]) -> int:
-    return sum((lane_count(t.numel() * t.element_size()) + BLOCK - 1) // BLOCK for t in tensors)
