@@ -101,15 +101,23 @@ def test_the_compute_probe_names_a_faulty_rank_in_users_code(tmp_path: Path, fil
 
 
 def without_callback(tmp_path: Path) -> Path:
-    """examples/hf_trainer.py with its one line of ddpjob (the import and the callback) taken out."""
+    """examples/hf_trainer.py with its one line of ddpjob (the import and the callback) taken out, and
+    transformers imported before torch, as run_clm.py and most Trainer scripts begin (transformers probes
+    ``importlib.util.find_spec("torch")`` first: the hook must still see torch arrive)."""
     text = (EXAMPLES / "hf_trainer.py").read_text()
     lines = (
         "from ddp_trainer.integrations.transformers import SyncHealthCallback\n",
         "callbacks=[SyncHealthCallback()],",
     )
-    assert all(line in text for line in lines), "the example changed: update this test"
+    imports = "from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments\n"
+    head = "import torch\n" + imports
+    assert all(line in text for line in (*lines, head)), "the example changed: update this test"
     for line in lines:
         text = text.replace(line, "")
+    text = text.replace(
+        head,
+        "from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments\nimport torch\n",
+    )
     script = tmp_path / "hf_trainer_plain.py"
     script.write_text(text)
     return script

@@ -5,6 +5,7 @@ cause when ranks take different numbers of steps, checks two DDP models, and nev
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -20,6 +21,7 @@ from ddp_trainer import inject
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = HERE / "autoinstrument_scenarios.py"
+IMPORT_ORDERS = HERE / "import_orders.py"
 EXAMPLES = HERE.parents[1] / "examples"
 HIDE = 'raise ModuleNotFoundError("No module named {0} (hidden: an image with torch alone)", name="{0}")\n'
 
@@ -43,9 +45,15 @@ def torch_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def torchrun(
-    tmp: Path, script: Path, *args: str, path: list[Path], env: dict[str, str] | None = None
+    tmp: Path,
+    script: Path | str,
+    *args: str,
+    path: list[Path],
+    env: dict[str, str] | None = None,
+    module: bool = False,
 ) -> tuple[int, str, float]:
-    """2 ranks of ``script`` (standalone rendezvous); the exit code, the output and the wall time."""
+    """2 ranks of ``script`` (standalone rendezvous; ``module``: a module's name, run as ``torchrun -m``);
+    the exit code, the output and the wall time."""
     clean = {
         k: v
         for k, v in os.environ.items()
@@ -68,6 +76,7 @@ def torchrun(
         "--standalone",
         "--nproc-per-node",
         "2",
+        *(["-m"] if module else []),
         str(script),
         *args,
     ]
@@ -105,6 +114,49 @@ def test_parameters_are_bit_identical_with_and_without_the_hook(
     assert list(plain) == list(hooked) and "module.1.running_mean" in plain
     different = [k for k in plain if not torch.equal(plain[k], hooked[k])]
     assert not different, f"the hook changed training: {different}"
+
+
+# an image's start-up that imports torch before the hook's sitecustomize runs (as a .pth file in its
+# site-packages would), then runs the hook's, as Python would have had it come first
+PRELOAD = """import builtins
+import importlib.util
+
+if not getattr(builtins, "_ddpjob_test_preloaded", False):
+    builtins._ddpjob_test_preloaded = True
+    import torch
+
+    spec = importlib.util.spec_from_file_location("sitecustomize", {hook!r})
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+"""
+
+
+@pytest.mark.parametrize(
+    "head", ["transformers", "datasets", "accelerate", "find_spec", "import_module", "-m", "preloaded"]
+)
+def test_the_hook_switches_on_however_torch_arrives(tmp_path: Path, hook_dir: Path, head: str) -> None:
+    """The same plain DDP script (tests/trainer/import_orders.py), its head importing torch the ways public
+    scripts do: a real framework first (transformers, datasets, accelerate: each probes
+    ``importlib.util.find_spec("torch")`` or imports torch for the script), the probe alone,
+    ``importlib.import_module``, the script run as a module (``torchrun -m``), torch loaded before the
+    hook's ``sitecustomize`` ran. Each ends checked and verified."""
+    if head == "datasets" and importlib.util.find_spec("datasets") is None:
+        pytest.skip("datasets is not installed (pip install -e '.[dev]' installs it)")
+    path, env = [hook_dir, HERE], {"HEAD": head, "STEPS": "10"}
+    if head == "preloaded":
+        (tmp_path / "image").mkdir()
+        (tmp_path / "image" / "sitecustomize.py").write_text(
+            PRELOAD.format(hook=str(hook_dir / "sitecustomize.py"))
+        )
+        path = [tmp_path / "image", hook_dir]
+    if head == "-m":
+        code, out, _ = torchrun(tmp_path, "import_orders", path=path, env=env, module=True)
+    else:
+        code, out, _ = torchrun(tmp_path, IMPORT_ORDERS, path=path, env=env)
+    assert code == 0, out
+    assert "ddpjob sync health: checking 1 DDP model(s): Sequential (built at import_orders.py:" in out, out
+    rep = report(tmp_path)
+    assert (rep["result"], rep["checks"], rep["step"], rep["verified"]) == ("Succeeded", 3, 10, True), rep
 
 
 def test_a_script_without_ddp_runs_untouched_and_says_so_once(tmp_path: Path, hook_dir: Path) -> None:
