@@ -305,6 +305,7 @@ def _nccl_env(spec: Spec) -> list[Obj]:
     if nccl.trace_buffer_size == 0:
         del defaults["TORCH_NCCL_DUMP_ON_TIMEOUT"]
     env += [_value(name, value) for name, value in defaults.items()]
+    env.append(_value(contract.CUBLAS_WORKSPACE_ENV, contract.CUBLAS_WORKSPACE))  # the probe's determinism
     env += [_value(name, value) for name, value in sorted(nccl.env.items())]
     return env
 

@@ -18,10 +18,26 @@ from ddp_trainer.probe import ProbeResult
 from ddp_trainer.sync import SyncHealth
 
 
-def run(seed: int, steps: int, every: int, probe_every: int, verdicts: list[Any]) -> SyncHealth:
+class Noisy(nn.Module):
+    """A layer that adds noise from a generator of its own, seeded by the process: its forward and backward
+    never repeat, on any rank (as a non-deterministic GPU kernel would behave)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 16)
+        self.noise = torch.Generator().manual_seed(os.getpid())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.linear(x) * (1 + 1e-3 * torch.rand(16, generator=self.noise)))
+
+
+def run(
+    seed: int, steps: int, every: int, probe_every: int, verdicts: list[Any], noisy: bool = False
+) -> SyncHealth:
     """Train a small DDP model ``steps`` steps on per-rank random data, probed every ``probe_every``."""
     torch.manual_seed(seed)
-    net = DistributedDataParallel(nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1)))
+    first: nn.Module = Noisy() if noisy else nn.Sequential(nn.Linear(4, 16), nn.Tanh())
+    net = DistributedDataParallel(nn.Sequential(first, nn.Linear(16, 1)))
     optimizer = torch.optim.SGD(net.parameters(), lr=0.05)
     health = SyncHealth(
         net,
@@ -60,6 +76,11 @@ def main() -> None:
         if scenario == "sdc":  # DDPJOB_CHAOS_SDC names rank 3 after step 3; checks and probes every 2
             health = run(0, 10, 2, 2, result["verdicts"])
             result.update(checks=health.checks, checks_ok=health.checks - health.tally.mismatches)
+            result["report"] = health.last_report
+        elif scenario == "noisy":  # nobody reproduces: undecidable, nobody named, training verified
+            health = run(0, 6, 2, 2, result["verdicts"], noisy=True)
+            result.update(checks=health.checks, checks_ok=health.checks - health.tally.mismatches)
+            result["why"] = [health.prober.run(7).verdict.why] if health.prober else []
             result["report"] = health.last_report
         elif scenario == "clean":  # 5 seeds x 8 probes: nobody is ever accused
             for seed in range(5):

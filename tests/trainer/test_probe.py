@@ -59,6 +59,25 @@ def test_a_rank_that_disagrees_with_itself_is_flaky_not_faulty() -> None:
         probe.verdict([A, A, A, B], CPU)
 
 
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [([A, B], [A, C]), ([A, B, A, A], [B, A, C, A]), ([A, B, A, B], [C, C, A, A]), ([A, B, C], [B, C, A])],
+)
+def test_when_half_the_ranks_or_more_do_not_reproduce_nobody_is_named(
+    first: list[int], second: list[int]
+) -> None:
+    found = probe.verdict(first, [7] * len(first), second)
+    assert (found.kind, found.ranks) == ("undecidable", ()), found
+    assert found.why.startswith(probe.NOT_REPRODUCIBLE), found.why
+
+
+def test_a_pass_that_cannot_run_deterministically_is_undecidable_naming_the_op() -> None:
+    errors = ["", "scatter_add_cuda_kernel does not have a deterministic implementation", "", ""]
+    found = probe.verdict([A, 0, A, A], CPU, errors=errors)
+    assert (found.kind, found.ranks) == ("undecidable", ())
+    assert "on rank 1: scatter_add_cuda_kernel does not have a deterministic implementation" in found.why
+
+
 def test_due_and_settings() -> None:
     assert [s for s in range(0, 9) if probe.due(s, 4)] == [4, 8]
     assert not any(probe.due(s, 0) for s in range(10))
@@ -146,6 +165,44 @@ def test_the_drill_corrupts_the_probe_on_its_rank_only_from_its_step(single_rank
     assert prober.digest() != clean
 
 
+class NoDeterministicKernel(nn.Module):
+    """A layer whose kernel has no deterministic implementation: under deterministic algorithms it raises
+    what torch's own kernels raise (CUDA's scatter_add, index_put with accumulate, ...), word for word."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (
+            torch.are_deterministic_algorithms_enabled()
+            and not torch.is_deterministic_algorithms_warn_only_enabled()
+        ):
+            raise RuntimeError(
+                "my_fused_attention_backward does not have a deterministic implementation, but you set "
+                "'torch.use_deterministic_algorithms(True)'. You can turn off determinism just for this "
+                "operation, or you can use the 'warn_only=True' option, if that's acceptable for your "
+                "application."
+            )
+        return x
+
+
+def test_an_op_without_a_deterministic_kernel_makes_the_probe_undecidable_and_training_goes_on(
+    single_rank: Path,
+) -> None:
+    model = nn.Sequential(nn.Linear(4, 4), NoDeterministicKernel(), nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with SyncHealth(model, optimizer, total_steps=4, every=2, probe_every=2, on_faulty_rank="Fail") as health:
+        assert health.prober is not None
+        for _ in range(4):
+            loss = model(torch.randn(3, 4)).square().mean()  # outside the probe: no alert, training runs
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            health.step(loss)
+        found = health.prober.run(5)
+    assert (found.verdict.kind, found.verdict.ranks) == ("undecidable", ())
+    assert "my_fused_attention_backward does not have a deterministic implementation" in found.verdict.why
+    assert health.probes == 2 and health.last_report is not None
+    assert health.last_report["reason"] == "AllChecksPassed"
+
+
 def test_synchealth_refuses_bad_probe_settings(single_rank: Path) -> None:
     with pytest.raises(SyncHealthError, match="probe_every=-1: expected a whole number of steps"):
         SyncHealth(nn.Linear(2, 1), probe_every=-1)
@@ -190,6 +247,18 @@ def test_the_replica_check_misses_the_sdc_drill_and_the_probe_names_rank_and_nod
         assert ["faulty", [3], ["pod-1"], ["node-1"]] in r["verdicts"], r
     assert results[0]["report"]["reason"] == "AllChecksPassed"  # Warn: counted, and training went on
     assert results[0]["report"]["verified"] is True
+
+
+@pytest.mark.slow
+def test_a_model_that_does_not_reproduce_itself_names_nobody_and_trains_on_verified(tmp_path: Path) -> None:
+    results = drill(tmp_path, "noisy", {})
+    for r in results:
+        assert r["verdicts"] and {v[0] for v in r["verdicts"]} == {"undecidable"}, r
+        assert all(v[1] == [] for v in r["verdicts"]), r  # nobody named, not even as flaky
+        assert r["checks_ok"] == r["checks"] > 2, r
+        assert r["why"][0].startswith("the model's computation does not reproduce itself"), r
+    report = results[0]["report"]
+    assert (report["reason"], report["verified"]) == ("AllChecksPassed", True), report
 
 
 @pytest.mark.slow

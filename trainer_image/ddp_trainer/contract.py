@@ -200,6 +200,13 @@ RECORDED_FROM_FLAG: Final = {"device": "precision"}
 
 # -- NCCL and torch.distributed -----------------------------------------------------------------------
 
+CUBLAS_WORKSPACE_ENV: Final = "CUBLAS_WORKSPACE_CONFIG"
+CUBLAS_WORKSPACE: Final = ":4096:8"
+"""What cuBLAS needs, in the environment before it starts, to compute deterministically (the compute
+probe runs under ``torch.use_deterministic_algorithms(True)``, which refuses cuBLAS without it): set on
+GPU (NCCL) pods where the user did not set it, by ``ddpjob local`` through the same rendering, and by the
+no-code hook."""
+
 NCCL_ENV_DEFAULTS: Final[Mapping[str, str]] = {
     # A collective that times out tears the process down (3 = tear down without the CUDA-graph abort
     # race of 1): the pod fails, the operator restarts the gang, instead of ranks hanging forever.
@@ -267,6 +274,8 @@ CHECKPOINT_REFUSED_REASONS: Final = (FOREIGN_CHECKPOINT, SETTINGS_CHANGED, CHECK
 FAULTY_RANK: Final = "FaultyRank"
 """Report reason (result ``Failed``): the compute probe named a faulty rank under ``onFaultyRank: Fail``;
 the report's ``faultyRanks``/``faultyNodes``/``faultyPods`` say where."""
+COMMAND_ERROR: Final = "CommandError"
+"""Report reason: the user's own command raised (the no-code hook saw the exception end a rank)."""
 INVALID_ARGUMENTS: Final = "InvalidArguments"
 """Report reason: the trainer refused its command line (it exits :data:`USAGE_EXIT_CODE`)."""
 CONFIGURATION_REASONS: Final = (*CHECKPOINT_REFUSED_REASONS, INVALID_ARGUMENTS)
@@ -333,6 +342,20 @@ class Report(TypedDict, total=False):
     """Their nodes (``DDPJOB_NODE_NAME``; ``""`` where unknown), in the order of ``faultyRanks``."""
     faultyPods: list[str]
     """Their pods (``HOSTNAME``), in the same order."""
+    failures: list[Failure]
+    """The ranks of this pod that ended with an exception, the earliest first (present only then)."""
+
+
+class Failure(TypedDict, total=False):
+    """One rank's end by an exception, as that rank recorded it (``report.record_failure``)."""
+
+    rank: int
+    at: float
+    """Unix time it was recorded: across pods, the earliest is the likely cause."""
+    error: str
+    """``Type: message`` of the exception."""
+    restart: int
+    """Gang restarts done in place before the run that failed."""
 
 
 SYNC_STATUS_KEYS: Final = ("verified", "checks", "mismatches", "repairs", "lastCheckStep")
@@ -404,6 +427,10 @@ COLLATERAL_ERRORS: Final = (
     "connectFullMesh",
     "Broken pipe",
     "Connection refused",
+    "timed out",
+    "Timeout",
+    "NCCL communicator was aborted",
+    "DistNetworkError",
 )
 """Words of an error a rank gets because a peer died (seen through a collective): the peer is the cause."""
 

@@ -50,6 +50,7 @@ from ddp_trainer import launchstate as launcher
 from ddp_trainer import sdc as sdc_drill
 from ddp_trainer.config import PodEnv, Policy, read_pod_env
 from ddp_trainer.distributed import LaunchEnv, metrics_dir, read_launch_env, settle_gloo_at_exit
+from ddp_trainer.lossread import LossReader
 from ddp_trainer.settings import setting, whole_steps
 from ddp_trainer.verify import CheckKind, DivergenceError, Tally, Verifier, broadcast_state, check_state
 from ddp_trainer.verify import model_digest as digest_of
@@ -267,6 +268,7 @@ class SyncHealth:
             self.metrics.total_steps.set(total_steps)
         self.verifier = Verifier(self.policy, self.metrics, check=self._check, repair=self._repair)
         self.skew = boundary.SkewMeter()
+        self._losses = LossReader()
         self.closed = False
         self.last_report: contract.Report | None = None
         # The header's own group: gloo (CPU) with a short timeout, so a peer that never comes is noticed.
@@ -383,8 +385,7 @@ class SyncHealth:
             self.subject.step += 1
         now = time.perf_counter()
         duration, self._last = now - self._last, now
-        value = float(loss.detach()) if isinstance(loss, torch.Tensor) else loss
-        self.observe(duration, samples or 0, value)
+        self.observe(duration, samples or 0, loss)
         self.drill()
         step = self.current_step
         final = self.total_steps is not None and step >= self.total_steps
@@ -394,8 +395,11 @@ class SyncHealth:
         if probing and self.tally.last_check_ok:  # only on verified parameters: never a false accusation
             self._probed()
 
-    def observe(self, duration_seconds: float, samples: int, loss: float | None) -> None:
-        """Record one finished step in the metrics and the step-time skew."""
+    def observe(self, duration_seconds: float, samples: int, loss: float | torch.Tensor | None) -> None:
+        """Record one finished step in the metrics and the step-time skew. A loss on the GPU is read a step
+        later, without waiting (:class:`~ddp_trainer.lossread.LossReader`): the gauge lags one step there."""
+        if isinstance(loss, torch.Tensor):
+            loss = self._losses.put(loss)
         finite = loss is None or math.isfinite(loss)
         self.metrics.observe_step(self.current_step, duration_seconds, samples, loss, finite, time.time())
         self.skew.add(duration_seconds)

@@ -55,8 +55,9 @@ class StepResult:
     """The step just finished (1-based, counting resumed steps)."""
     epoch: int
     """Epoch of its last micro-batch."""
-    loss: float
-    """Mean loss over its micro-batches, on this rank."""
+    loss: torch.Tensor
+    """Mean loss over its micro-batches, on this rank: a scalar on the device, not yet read (reading it
+    waits for the step's kernels; :class:`ddp_trainer.lossread.LossReader` reads it a step later)."""
     samples: int
     """Samples this rank consumed in the step."""
     duration_seconds: float
@@ -64,8 +65,8 @@ class StepResult:
 
     @property
     def finite(self) -> bool:
-        """Whether the loss was finite (a non-finite loss is counted, and fp16 skips the update)."""
-        return math.isfinite(self.loss)
+        """Whether the loss was finite (reads it: waits for the step on a GPU)."""
+        return math.isfinite(float(self.loss))
 
 
 def train(
@@ -108,7 +109,7 @@ def train(
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
         state.step, state.epoch = state.step + 1, epoch
-        total = float(torch.stack(losses).sum())  # one device sync per step, for the loss gauge
+        total = torch.stack(losses).sum()  # not read here: no host synchronisation per step
         result = StepResult(state.step, epoch, total, samples, time.perf_counter() - started)
         if not on_step(result):
             return

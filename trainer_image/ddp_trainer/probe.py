@@ -12,10 +12,20 @@ gives every rank the same table, and :func:`verdict` (pure) reads it:
 * every digest equal: ``agree``;
 * the ranks run different hardware (device type and name, CPU instruction set): ``undecidable`` — their
   bits may differ legitimately, and nobody is accused;
-* otherwise every rank repeats the probe once: a rank whose repeat differs from its first result is
-  ``flaky`` (named as such, not as faulty); when every rank reproduces itself and a strict majority share
-  one digest, the others are ``faulty``; with no strict majority (two ranks that differ, a 2-2 split):
+* a rank whose pass could not run deterministically (an op with no deterministic implementation, cuBLAS
+  without ``CUBLAS_WORKSPACE_CONFIG``): ``undecidable``, naming the op — training goes on;
+* otherwise every rank repeats the probe once. When half of the ranks or more do not reproduce their own
+  first result, the model's computation does not reproduce itself on this hardware: ``undecidable``,
+  nobody named. A minority of ranks that do not reproduce themselves while the rest do are ``flaky``
+  (named as such, not as faulty); when every rank reproduces itself and a strict majority share one
+  digest, the others are ``faulty``; with no strict majority (two ranks that differ, a 2-2 split):
   ``undecidable``.
+
+Deterministic for real: the pass runs under ``torch.use_deterministic_algorithms(True)`` with
+``warn_only=False`` (with ``warn_only=True`` torch only warns and runs the non-deterministic kernels
+anyway: SDPA's memory-efficient and cuDNN attention backward on GPUs gave five different digests in five
+passes). cuBLAS needs ``CUBLAS_WORKSPACE_CONFIG`` (:data:`ddp_trainer.contract.CUBLAS_WORKSPACE`) in the
+environment before it starts: the operator's pods, ``ddpjob local`` and the no-code hook set it.
 
 The batch: the one given to :class:`Probe` (a tensor or a tuple of a model's positional arguments), or
 a callable ``loss(model) -> scalar`` for a model whose forward needs more; else the first input the
@@ -120,9 +130,25 @@ def flaky_ranks(first: Sequence[int], second: Sequence[int]) -> tuple[int, ...]:
     return tuple(r for r, (a, b) in enumerate(zip(first, second, strict=True)) if a != b)
 
 
-def verdict(first: Sequence[int], hardware: Sequence[int], second: Sequence[int] | None = None) -> Verdict:
+NOT_REPRODUCIBLE = "the model's computation does not reproduce itself on this hardware"
+
+
+def verdict(
+    first: Sequence[int],
+    hardware: Sequence[int],
+    second: Sequence[int] | None = None,
+    errors: Sequence[str] = (),
+) -> Verdict:
     """Read the gathered table: ``first[r]`` rank r's digest, ``hardware[r]`` its hardware code,
-    ``second[r]`` its repeat's digest (None: not repeated yet). Never accuses where it cannot be sure."""
+    ``second[r]`` its repeat's digest (None: not repeated yet), ``errors[r]`` why rank r's pass could not
+    run deterministically ("" where it ran). Never accuses where it cannot be sure."""
+    failed = [r for r, e in enumerate(errors) if e]
+    if failed:
+        ranks = ", ".join(map(str, failed))
+        return Verdict(
+            "undecidable",
+            why=f"the probe could not run deterministically on rank {ranks}: {errors[failed[0]]}",
+        )
     if len(set(first)) == 1:
         return Verdict("agree", why=f"all {len(first)} ranks computed bit-identical gradients")
     if len(set(hardware)) > 1:
@@ -134,6 +160,12 @@ def verdict(first: Sequence[int], hardware: Sequence[int], second: Sequence[int]
     if second is None:
         raise ValueError("the ranks disagree: repeat the probe and pass `second`")
     flaky = flaky_ranks(first, second)
+    if 2 * len(flaky) >= len(first):  # half or more: the computation, not a rank
+        return Verdict(
+            "undecidable",
+            why=f"{NOT_REPRODUCIBLE}: {len(flaky)} of {len(first)} ranks gave another result when the probe "
+            "was repeated (a non-deterministic operation in the forward or backward pass)",
+        )
     if flaky:
         return Verdict("flaky", flaky, "did not reproduce its own result when the probe was repeated")
     reference = strict_majority(first)
@@ -204,13 +236,14 @@ def hardware_code(device: torch.device) -> int:
 
 @contextlib.contextmanager
 def deterministic(device: torch.device) -> Iterator[None]:
-    """Deterministic algorithms, no cuDNN autotuning, the RNG state kept, for the block's duration."""
+    """Deterministic algorithms for real (an op without one raises), no cuDNN autotuning, the RNG state
+    kept, for the block's duration."""
     enabled = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     benchmark = torch.backends.cudnn.benchmark
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.use_deterministic_algorithms(True, warn_only=False)
         torch.backends.cudnn.benchmark = False
         try:
             yield
@@ -283,6 +316,18 @@ class Probe:
         args, kwargs = batch
         return scalar(self.model(*args, **kwargs))
 
+    def attempt(self) -> tuple[int, str]:
+        """:meth:`digest`, or (0, why) where the pass cannot run deterministically here (it raised under
+        deterministic algorithms): the verdict is then ``undecidable``, and training goes on."""
+        try:
+            return self.digest(), ""
+        except RuntimeError as error:
+            text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            if "determinis" not in text and "CUBLAS_WORKSPACE_CONFIG" not in str(error):
+                raise
+            log.warning("compute probe: the pass cannot run deterministically here: %s", text)
+            return 0, text
+
     def digest(self) -> int:
         """This rank's result: one forward and backward pass, fingerprinted (gradients, then the loss)."""
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -300,12 +345,10 @@ class Probe:
         vector = fingerprint_tensors([*tensors, loss.detach().reshape(1)], device)
         return int(fingerprint_tensor(vector).item())
 
-    def _gather(self, values: list[int]) -> list[list[int]]:
-        mine = torch.tensor(values, dtype=torch.int64)
-        world = dist.get_world_size(self.group)
-        table = [torch.empty_like(mine) for _ in range(world)]
-        dist.all_gather(table, mine, group=self.group)
-        return [t.tolist() for t in table]
+    def _gather(self, values: tuple[Any, ...]) -> list[Any]:
+        table: list[Any] = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(table, values, group=self.group)
+        return table
 
     def run(self, step: int) -> ProbeResult:
         """One probe (collective): digest, gather, repeat if the ranks disagree, verdict, names."""
@@ -316,11 +359,12 @@ class Probe:
             return ProbeResult(step, Verdict("undecidable", why=why))
         params = [p for p in self.model.parameters()]
         device = params[0].device if params else torch.device("cpu")
-        table = self._gather([self.digest(), hardware_code(device)])
-        first, hardware = [row[0] for row in table], [row[1] for row in table]
-        if len(set(first)) == 1 or len(set(hardware)) > 1:  # decided without a repeat
-            return ProbeResult(step, verdict(first, hardware), seconds=time.perf_counter() - started)
-        second = [row[0] for row in self._gather([self.digest()])]
+        table = self._gather((*self.attempt(), hardware_code(device)))
+        first, errors, hardware = ([row[i] for row in table] for i in range(3))
+        if len(set(first)) == 1 or len(set(hardware)) > 1 or any(errors):  # decided without a repeat
+            found = verdict(first, hardware, errors=errors)
+            return ProbeResult(step, found, seconds=time.perf_counter() - started)
+        second = [row[0] for row in self._gather(self.attempt())]
         found = verdict(first, hardware, second)
         pods, nodes = self.where(found.ranks) if found.ranks else ((), ())  # the same verdict everywhere
         return ProbeResult(step, found, pods, nodes, time.perf_counter() - started)

@@ -109,7 +109,7 @@ class _Geometry(NamedTuple):
     """Rows of the largest chunk."""
     first: list[int]
     """Each tensor's first block."""
-    count: list[int]
+    counts: list[int]
     """Blocks per tensor."""
     metas: list[int]
 
@@ -227,22 +227,25 @@ def _block_sums(tensors: Sequence[torch.Tensor], geometry: _Geometry, device: to
     return sums
 
 
+def _ints(values: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64, device=device)
+
+
 def fingerprint_many(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """One int64 fingerprint per tensor (all on one device), pure torch, on that device."""
     device = tensors[0].device
     flat = tensors if all(t.is_contiguous() for t in tensors) else [t.contiguous() for t in tensors]
     geometry = _geometry_for(flat, device)
     sums = _block_sums(flat, geometry, device)
-    on = {"dtype": torch.int64, "device": device}
-    local = torch.arange(geometry.blocks, **on) - torch.tensor(geometry.first, **on).repeat_interleave(
-        torch.tensor(geometry.count, **on), output_size=geometry.blocks
-    )
+    first, count = _ints(geometry.first, device), _ints(geometry.counts, device)
+    local = torch.arange(geometry.blocks, dtype=torch.int64, device=device)
+    local -= first.repeat_interleave(count, output_size=geometry.blocks)
     x = (local + 1).mul_(_I64["H"]).add_(sums)
     mix_(x, torch.empty_like(x))
-    cumulative = torch.cat((torch.zeros(1, **on), torch.cumsum(x, dim=0)))  # int64 sums wrap: exact
-    first = torch.tensor(geometry.first, **on)
-    data = cumulative[first + torch.tensor(geometry.count, **on)] - cumulative[first]
-    d = data.add_(torch.tensor(geometry.metas, **on))
+    cumulative = torch.cat(
+        (torch.zeros(1, dtype=torch.int64, device=device), torch.cumsum(x, dim=0))
+    )  # int64 sums wrap: exact
+    d = (cumulative[first + count] - cumulative[first]).add_(_ints(geometry.metas, device))
     return mix_(d, torch.empty_like(d))
 
 

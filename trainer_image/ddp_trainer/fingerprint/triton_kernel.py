@@ -113,7 +113,7 @@ class _Plan(NamedTuple):
     """(address, bytes, 8-byte aligned) of every block of every tensor, int64."""
     first: torch.Tensor
     """Index of each tensor's first block."""
-    count: torch.Tensor
+    counts: torch.Tensor
     """Blocks per tensor."""
     metas: torch.Tensor
     """Metadata hash per tensor (step 4 of the definition)."""
@@ -139,11 +139,11 @@ def _build(tensors: Sequence[torch.Tensor], device: torch.device) -> _Plan:
             start = addr + 8 * BLOCK * b
             table += [start, min(8 * BLOCK, nbytes - 8 * BLOCK * b), int(start % 8 == 0)]
     metas = [signed(meta_hash(t.dtype, t.shape)) for t in tensors]
-    on_device = (
+    table_t, first_t, count_t, metas_t = (
         torch.tensor(values or [0], dtype=torch.int64, device=device)
         for values in (table, first, count, metas)
     )
-    return _Plan(*on_device, blocks=len(table) // 3)
+    return _Plan(table_t, first_t, count_t, metas_t, len(table) // 3)
 
 
 def _plan_for(tensors: Sequence[torch.Tensor], device: torch.device) -> _Plan:
@@ -176,5 +176,5 @@ def fingerprint_tensors(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     with on_device:  # launch on the tensors' GPU, whichever is current
         if plan.blocks:
             _block_sums_kernel[(plan.blocks,)](plan.table, sums, TILE=TILE, STEP=_STEP, num_warps=WARPS)
-        _fold_kernel[(len(flat),)](sums, plan.first, plan.count, plan.metas, out, TILE=256)
+        _fold_kernel[(len(flat),)](sums, plan.first, plan.counts, plan.metas, out, TILE=256)
     return out
