@@ -28,6 +28,8 @@ from typing import Any
 
 from ddp_trainer import contract
 
+from . import failures
+
 
 class Action(enum.Enum):
     SUCCEED = "Succeed"
@@ -155,7 +157,9 @@ def decide(
         )
     why = outcome.message or _failed_pods(outcome)
     report = outcome.report or {}
-    if report.get("result") == contract.FAILED and report.get("message"):
+    if cause := failures.describe(report.get("failures") or []):  # a user's command: who failed first
+        why = f"{cause}; {why}"
+    elif report.get("result") == contract.FAILED and report.get("message"):
         why += f"; rank 0: {report.get('reason', 'TrainerError')}: {report['message']}"
     restarts = restarts_used(attempt, preemptions, in_place)
     if restarts < max_restarts:

@@ -18,6 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ddp_trainer import contract
 
+from . import failures
+
 
 @dataclass(frozen=True)
 class Progress:
@@ -269,6 +271,13 @@ def sync_sentence(report: Mapping[str, Any] | None) -> str:
             if mismatches
             else f"none of its {checks} sync checks found ranks differing"
         )
+        first, _ = failures.first_failure(report.get("failures") or [])
+        if first is not None:
+            return (
+                f"no verdict: your command failed on rank {first['rank']} ({first.get('error', '')}); {seen}"
+            )
+        if reason == contract.COMMAND_ERROR:
+            return f"no verdict: your command failed ({report.get('message', '')}); {seen}"
         return f"no verdict: the trainer failed ({reason}: {report.get('message', '')}); {seen}"
     if ranks == 1:
         return (

@@ -53,3 +53,24 @@ def test_a_single_rank_says_its_check_proves_nothing(tmp_path: Path) -> None:
     code, out = run_local(tmp_path, [doc])
     assert code == 0, out
     assert "sync: a single rank" in out and "prove nothing" in out, out
+
+
+@pytest.mark.parametrize("rank", [1, 2])
+def test_a_crash_in_a_users_script_is_blamed_on_the_rank_that_crashed(tmp_path: Path, rank: int) -> None:
+    """2 × 2 ranks of a script with no ddpjob code; one rank raises at step 5 (rank 1: local rank 1 of node
+    0, whose rank 0 writes the pod's report; rank 2: node 1's own rank 0). Its peers fail a moment later in
+    their next collective. The summary names the rank that raised, with its own error, in the words of a
+    user's command; the peers' collective errors come after it, as consequences."""
+    name = unique_name()
+    script = Path(__file__).resolve().parent / "crash_on_rank.py"
+    env = [{"name": "CRASH_RANK", "value": str(rank)}, {"name": "CRASH_STEP", "value": "5"}]
+    doc = job(name, maxRestarts=0, command=["torchrun"], args=[str(script)], env=env)
+    del doc["spec"]["trainer"]
+    code, out = run_local(tmp_path, [doc])
+    assert code == 1, out
+    crash = f"RuntimeError: injected crash on rank {rank} at step 5"
+    summary = next(line for line in out.splitlines() if line.startswith(f"ddpjob local: {name}: Failed"))
+    assert f"attempt 1 failed (rank {rank} failed first, in your command: {crash}; then rank" in summary, out
+    assert "failed as a consequence (RuntimeError: Connection closed by peer" in summary, out
+    assert "TrainerError" not in summary, out
+    assert f"sync: no verdict: your command failed on rank {rank} ({crash})" in out, out

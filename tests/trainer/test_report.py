@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -117,3 +119,30 @@ def test_a_warm_start_is_reported_and_many_skipped_files_are_cut_to_fit() -> Non
     assert len(text.encode()) < 4096 and cut["warmStartedFrom"] == "team/other"
     assert 0 < len(cut["skippedCheckpoints"]) <= report.MAX_SKIPPED
     assert all(len(s) <= report.MAX_SKIPPED_CHARS for s in cut["skippedCheckpoints"])
+
+
+def test_every_failed_rank_of_a_pod_records_itself_in_the_one_report(tmp_path: Path) -> None:
+    """Local rank 1 raised first (no report yet: a bare Failed one), then local rank 0 failed through the
+    collective and wrote the pod's full report: both failures stay, the earliest first; a later run of the
+    same pod (a restart in place) replaces the earlier run's."""
+    path = str(tmp_path / "termination-log")
+    report.record_failure(path, 1, "RuntimeError: injected crash", at=100.0)
+    bare = contract.parse_report(Path(path).read_text())
+    assert bare is not None and (bare["result"], bare["reason"]) == ("Failed", contract.COMMAND_ERROR)
+    full: dict[str, Any] = {
+        "result": "Failed",
+        "reason": "TrainerError",
+        "message": "peer closed",
+        "checks": 1,
+    }
+    report.write_termination_message(path, full)
+    report.record_failure(path, 0, "RuntimeError: Connection closed by peer", at=101.0)
+    written = contract.parse_report(Path(path).read_text())
+    assert written is not None and (written["reason"], written["checks"]) == ("TrainerError", 1), written
+    assert [(f["rank"], f["error"]) for f in written["failures"]] == [
+        (1, "RuntimeError: injected crash"),
+        (0, "RuntimeError: Connection closed by peer"),
+    ]
+    report.record_failure(path, 3, "ValueError: later run", at=200.0, restart=1)
+    later = contract.parse_report(Path(path).read_text())
+    assert later is not None and [f["rank"] for f in later["failures"]] == [3], later

@@ -217,6 +217,36 @@ def _safe(hook: Callable[..., None]) -> Callable[..., None]:
     return wrapped
 
 
+def record_uncaught(kind: type[BaseException], error: BaseException) -> None:
+    """An exception ends this rank: record it, with the time, in the pod's report, so the operator names
+    the rank that failed first and its own error (its peers' "connection closed" come after it)."""
+    if not issubclass(kind, Exception):  # SystemExit (a verdict's exit, or the script's), Ctrl-C
+        return
+    from ddp_trainer import config, launchstate, report
+
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else os.environ.get("RANK", "0")
+    text = f"{kind.__name__}: {error}".strip()
+    report.record_failure(
+        config.read_pod_env(os.environ).termination_log,
+        int(rank),
+        text,
+        restart=launchstate.read_state(os.environ).restarts,
+    )
+
+
+def _chain_excepthook() -> None:
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], error: BaseException, tb: Any) -> None:
+        try:
+            record_uncaught(kind, error)
+        except Exception as failure:  # never hide the script's own exception
+            say(f"could not record the failure: {type(failure).__name__}: {failure}")
+        previous(kind, error, tb)
+
+    sys.excepthook = hook
+
+
 def install() -> None:
     """Wrap DDP's constructor and ``destroy_process_group``, register the optimizer step hooks and the
     exit handler. Once per process; a torch without global step hooks leaves everything as it was."""
@@ -232,3 +262,4 @@ def install() -> None:
     register_optimizer_step_pre_hook(_safe(HOOK.pre_step))
     register_optimizer_step_post_hook(_safe(HOOK.post_step))
     atexit.register(HOOK.at_exit)
+    _chain_excepthook()

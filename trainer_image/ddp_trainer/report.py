@@ -8,12 +8,14 @@ and a few facts about the run in, ``(exit code, report)`` out.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import math
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ddp_trainer import contract
@@ -180,10 +182,82 @@ def termination_message(report: Mapping[str, Any], limit: int = LIMIT) -> str:
 
 
 def write_termination_message(path: str | None, report: Mapping[str, Any]) -> None:
-    """Write the report where Kubernetes looks (``path``); a failure to write is logged, not raised."""
+    """Write the report where Kubernetes looks (``path``), keeping the ``failures`` other ranks of the pod
+    recorded there (:func:`record_failure`); a failure to write is logged, not raised."""
     if not path:
         return
     try:
-        Path(path).write_text(termination_message(report))
+        with _locked(path) as file:
+            earlier = _failures_in(file.read())
+            merged = dict(report)
+            merged["failures"] = _merge(earlier, list(report.get("failures", [])))
+            if not merged["failures"]:
+                del merged["failures"]
+            _rewrite(file, termination_message(merged))
     except OSError as err:
         log.warning("cannot write the termination message to %s: %s", path, err)
+
+
+def record_failure(
+    path: str | None, rank: int, error: str, at: float | None = None, restart: int = 0
+) -> None:
+    """Add "rank ``rank`` failed with ``error`` at ``at``" to the pod's report at ``path`` (any local rank
+    may: the file is locked), so the operator can name the rank that failed first, with its own words,
+    whichever rank writes the pod's report. ``restart``: the gang restarts done in place before this run
+    (the failures of an earlier run in the same pod are dropped). Without a report there yet, a bare
+    ``Failed`` one (:data:`contract.COMMAND_ERROR`) that the pod's local rank 0 may complete later."""
+    if not path:
+        return
+    entry: contract.Failure = {"rank": rank, "at": round(time.time() if at is None else at, 3)}
+    entry["error"], entry["restart"] = error[:MAX_FAILURE_CHARS], restart
+    try:
+        with _locked(path) as file:
+            text = file.read()
+            report: dict[str, Any] = dict(contract.parse_report(text) or {})
+            if not report:
+                report = {"result": contract.FAILED, "reason": contract.COMMAND_ERROR, "message": error}
+            report["failures"] = _merge(_failures_in(text), [entry])
+            _rewrite(file, termination_message(report))
+    except OSError as err:
+        log.warning("cannot record the failure in %s: %s", path, err)
+
+
+MAX_FAILURE_CHARS = 300
+MAX_FAILURES = 8
+
+
+def _merge(*lists: list[Any]) -> list[Any]:
+    """One failure per rank (the earliest) of the latest in-place restart, the earliest first, at most
+    :data:`MAX_FAILURES`."""
+    entries = [e for found in lists for e in found if isinstance(e, dict)]
+    latest = max((e.get("restart", 0) for e in entries), default=0)
+    by_rank: dict[int, Any] = {}
+    for entry in (e for e in entries if e.get("restart", 0) == latest):
+        rank = entry.get("rank")
+        if isinstance(rank, int) and (rank not in by_rank or entry.get("at", 0) < by_rank[rank].get("at", 0)):
+            by_rank[rank] = entry
+    return sorted(by_rank.values(), key=lambda e: (e.get("at", 0), e["rank"]))[:MAX_FAILURES]
+
+
+def _failures_in(text: str) -> list[Any]:
+    found = (contract.parse_report(text) or {}).get("failures", [])
+    return list(found) if isinstance(found, list) else []
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[Any]:
+    """``path`` open for reading and writing (created if missing) under an exclusive ``flock``."""
+    with open(path, "a+") as file:
+        fcntl.flock(file.fileno(), fcntl.LOCK_EX)
+        try:
+            file.seek(0)
+            yield file
+        finally:
+            fcntl.flock(file.fileno(), fcntl.LOCK_UN)
+
+
+def _rewrite(file: Any, text: str) -> None:
+    file.seek(0)
+    file.truncate()
+    file.write(text)
+    file.flush()

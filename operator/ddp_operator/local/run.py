@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 from ddp_trainer import contract
 
-from .. import podlogs, policy, progress
+from .. import failures, podlogs, policy, progress
 from ..spec import Spec, known_total_steps, sync_hook
 from . import gang, host, processes
 
@@ -184,7 +184,8 @@ def _attempt(
             False, reason="InvalidSpec", message=f"the command {exc.filename!r} is not found on this machine"
         )
     first, codes = _watch(spec, pods, members, console, interrupt)
-    report = contract.parse_report(_read(pods[0].termination_path))
+    reports = [contract.parse_report(_read(pod.termination_path)) for pod in pods]
+    report = failures.with_failures(reports[0], reports)  # every pod's failed ranks: who failed first
     failed = [(pod, code) for pod, code in zip(pods, first, strict=True) if code]
     for pod, code in failed[:2]:
         error = podlogs.first_error((_read(pod.log_path) or "").splitlines())

@@ -1,0 +1,80 @@
+"""Which rank failed first (ddp_operator.failures): the rank whose own error ended it, not its peers that
+saw it through a collective, across every pod's report; what the summary line and the sync sentence say."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ddp_operator import failures, policy, progress
+
+GLOO = (
+    "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed "
+    "by peer [127.0.0.1]:28545. This is typically caused by a remote worker crashing."
+)
+CRASH = "RuntimeError: injected crash on rank 1 at step 5"
+
+
+def failure(rank: int, at: float, error: str) -> dict[str, Any]:
+    return {"rank": rank, "at": at, "error": error, "restart": 0}
+
+
+def test_the_rank_that_raised_is_first_and_its_peers_are_consequences() -> None:
+    node0 = {"result": "Failed", "reason": "TrainerError", "message": GLOO}
+    node0["failures"] = [failure(1, 100.0, CRASH), failure(0, 101.1, GLOO)]
+    node1 = {"result": "Failed", "failures": [failure(2, 101.0, GLOO), failure(3, 101.2, GLOO)]}
+    found = failures.gather([node0, node1])
+    first, rest = failures.first_failure(found)
+    assert first is not None and (first["rank"], first["error"]) == (1, CRASH)
+    assert [e["rank"] for e in rest] == [2, 0, 3]
+    text = failures.describe(found)
+    assert text.startswith(f"rank 1 failed first, in your command: {CRASH}; then ranks 0, 2, 3 failed"), text
+    assert "pair.cc" not in text and "Connection closed by peer" in text, text
+
+
+@pytest.mark.parametrize(
+    "peer",
+    [
+        GLOO,
+        "DistBackendError: NCCL communicator was aborted on rank 0.",
+        "RuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms",
+    ],
+)
+def test_an_own_error_wins_over_an_earlier_collective_error(peer: str) -> None:
+    """Clocks of two nodes differ: a peer's collective error stamped earlier is still a consequence."""
+    first, rest = failures.first_failure([failure(0, 99.0, peer), failure(3, 100.0, "ValueError: bad batch")])
+    assert first is not None and first["rank"] == 3 and [e["rank"] for e in rest] == [0]
+
+
+def test_without_an_own_error_the_earliest_is_named_and_nothing_is_none() -> None:
+    first, _ = failures.first_failure([failure(2, 5.0, GLOO), failure(0, 4.0, GLOO)])
+    assert first is not None and first["rank"] == 0
+    assert failures.first_failure([]) == (None, []) and failures.describe([]) == ""
+
+
+def test_gather_keeps_each_ranks_earliest_failure_and_skips_what_is_not_one() -> None:
+    found = failures.gather(
+        [
+            None,
+            {"failures": [failure(1, 7.0, "B"), {"rank": "x"}, "junk"]},
+            {"failures": [failure(1, 3.0, "A")]},
+        ]
+    )
+    assert found == [failure(1, 3.0, "A")]
+
+
+def test_the_summary_and_the_sync_sentence_name_the_rank_that_failed_in_your_words() -> None:
+    report = {"result": "Failed", "reason": "TrainerError", "message": GLOO, "checks": 1}
+    report["failures"] = [failure(0, 101.1, GLOO), failure(1, 100.0, CRASH)]
+    decision = policy.decide(policy.Outcome(False, {0: 1}, report, message="node 0 exited 1"), 1, 0)
+    assert decision.message.startswith(
+        f"attempt 1 failed (rank 1 failed first, in your command: {CRASH}; "
+    ), decision.message
+    assert "TrainerError" not in decision.message
+    sentence = progress.sync_sentence(report)
+    assert sentence.startswith(f"no verdict: your command failed on rank 1 ({CRASH})"), sentence
+    # the built-in trainer's own failure keeps its words
+    plain = {"result": "Failed", "reason": "TrainerError", "message": "boom", "checks": 0}
+    assert "the trainer failed (TrainerError: boom)" in progress.sync_sentence(plain)
+    assert "rank 0: TrainerError: boom" in policy.decide(policy.Outcome(False, {0: 1}, plain), 1, 0).message
