@@ -258,9 +258,12 @@ def sync_sentence(report: Mapping[str, Any] | None) -> str:
     its checks compare nothing."""
     if not report:
         return (
-            "not reported (the command wrote no sync report: it uses neither the ddpjob trainer nor "
-            "ddp_trainer's SyncHealth or a callback, see docs/your-code.md; or it stopped before its report)"
+            "not reported (no rank wrote a sync report: the command stopped before it wrote one, or it ran "
+            "without the sync hook (spec.syncCheck.autoInstrument: false, or a command that is not Python) "
+            "and without ddp_trainer's SyncHealth or a callback; see docs/your-code.md)"
         )
+    if report.get("reason") == contract.NO_DDP_MODEL:
+        return contract.NO_DDP_MODEL_MESSAGE + " (the sync hook saw no DistributedDataParallel model built)"
     checks, ranks = report.get("checks", 0), report.get("worldSize", "?")
     mismatches, repairs = report.get("mismatches", 0), report.get("repairs", 0)
     result, reason = report.get("result"), report.get("reason", "")

@@ -155,3 +155,17 @@ def test_a_fire_drill_in_a_script_without_ddpjob_code_is_caught(tmp_path: Path) 
     rep = report(tmp_path, name)
     assert (rep["result"], rep["reason"], rep["lastCheckStep"]) == ("Diverged", "SyncDivergence", 10)
     assert rep["mismatchedTensors"] == ["0.weight"] and rep["divergedRanks"] == [3], rep
+
+
+def test_a_job_that_builds_no_ddp_model_says_there_was_nothing_to_verify(tmp_path: Path) -> None:
+    """2 × 2 ranks that train with a process group but no DistributedDataParallel (gradients averaged by
+    hand): the job succeeds, and says no DDP model was built, not "not reported"."""
+    name = unique_name()
+    doc = example("no-code.yaml", name, {})
+    scenarios = Path(__file__).resolve().parents[1] / "trainer" / "autoinstrument_scenarios.py"
+    doc["spec"]["args"] = [str(scenarios), "no-ddp", str(tmp_path / "final.pt")]
+    code, out = run_local(tmp_path, [doc], timeout=400)
+    assert code == 0, out
+    assert f"ddpjob local: {name}: Succeeded" in out, out
+    assert "sync: no DDP model was built in any rank: nothing to verify" in out, out
+    assert "not reported" not in out, out

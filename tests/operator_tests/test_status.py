@@ -101,3 +101,25 @@ def test_the_succeeded_event_says_time_and_throughput() -> None:
         "0s",
         1234.5,
     )
+
+
+def test_a_job_that_built_no_ddp_model_says_so_not_that_nothing_reported() -> None:
+    """The sync hook's report when no DDP model was built (reason NoDDPModel, no checks): SyncVerified is
+    Unknown with that reason, distinct from a job that wrote no report at all (NotYetReported)."""
+    from ddp_operator import progress
+    from ddp_trainer import contract
+
+    message = contract.NO_DDP_MODEL_MESSAGE
+    report = {"result": "Succeeded", "reason": contract.NO_DDP_MODEL, "message": message}
+    out = StatusBuilder({}, "2026-01-01T00:00:00Z")
+    out.values["sync"] = status.report_sync(report)
+    out.values["lastReport"] = status.last_report(report, 1)
+    status.sync_condition(out)
+    condition = out.conditions["SyncVerified"]
+    assert (condition["status"], condition["reason"]) == ("Unknown", "NoDDPModel"), condition
+    assert condition["message"] == "no DDP model was built in any rank: nothing to verify"
+    assert progress.sync_sentence(report).startswith("no DDP model was built in any rank: nothing to verify")
+    silent = StatusBuilder({}, "2026-01-01T00:00:00Z")
+    status.sync_condition(silent)
+    assert silent.conditions["SyncVerified"]["reason"] == "NotYetReported"
+    assert "callback" not in progress.sync_sentence(None).split("without the sync hook")[0]

@@ -164,7 +164,9 @@ def test_a_script_without_ddp_runs_untouched_and_says_so_once(tmp_path: Path, ho
     assert code == 0, out
     assert out.count("ddpjob sync health:") == 1, out
     assert "ddpjob sync health: no DDP model was seen in this process: nothing was checked" in out, out
-    assert not (tmp_path / "report.json").exists()
+    rep = report(tmp_path)  # "nothing to verify", not "no report" (which means it crashed first)
+    assert (rep["result"], rep["reason"], rep["worldSize"]) == ("Succeeded", "NoDDPModel", 2), rep
+    assert "checks" not in rep and "verified" not in rep, rep
 
 
 def test_ranks_that_take_different_numbers_of_steps_fail_in_seconds_naming_the_cause(

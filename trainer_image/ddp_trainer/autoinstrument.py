@@ -169,6 +169,7 @@ class AutoSync:
                 say("a DDP model was built but no optimizer stepped it: nothing was checked")
             else:
                 say("no DDP model was seen in this process: nothing was checked")
+                no_ddp_report()
         # the script's collectives and the final check's end before the interpreter: see settle_gloo
         if self.distributed or (dist.is_available() and dist.is_initialized()):
             from ddp_trainer.distributed import settle_gloo
@@ -177,6 +178,26 @@ class AutoSync:
 
 
 HOOK = AutoSync()
+
+
+def no_ddp_report() -> None:
+    """The pod's report when its local rank 0 trained no DDP model: nothing to verify (not "no report",
+    which means it crashed before writing one). A report already there (a rank's failure) stays."""
+    if os.environ.get("LOCAL_RANK", "0") != "0":
+        return
+    from ddp_trainer import config, contract, report
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    report.write_unless_reported(
+        config.read_pod_env(os.environ).termination_log,
+        {
+            "result": contract.SUCCEEDED,
+            "reason": contract.NO_DDP_MODEL,
+            "message": contract.NO_DDP_MODEL_MESSAGE,
+            "worldSize": world,
+            "attempt": int(os.environ.get(contract.ATTEMPT_ENV, "1") or 1),
+        },
+    )
 
 
 def _after_init(init: Callable[..., None]) -> Callable[..., None]:

@@ -274,6 +274,10 @@ CHECKPOINT_REFUSED_REASONS: Final = (FOREIGN_CHECKPOINT, SETTINGS_CHANGED, CHECK
 FAULTY_RANK: Final = "FaultyRank"
 """Report reason (result ``Failed``): the compute probe named a faulty rank under ``onFaultyRank: Fail``;
 the report's ``faultyRanks``/``faultyNodes``/``faultyPods`` say where."""
+NO_DDP_MODEL: Final = "NoDDPModel"
+"""Report reason (result ``Succeeded``, no checks): the no-code hook saw no DDP model built in the pod's
+local rank 0, so there was nothing to verify."""
+NO_DDP_MODEL_MESSAGE: Final = "no DDP model was built in any rank: nothing to verify"
 COMMAND_ERROR: Final = "CommandError"
 """Report reason: the user's own command raised (the no-code hook saw the exception end a rank)."""
 INVALID_ARGUMENTS: Final = "InvalidArguments"

@@ -214,12 +214,24 @@ def record_failure(
         with _locked(path) as file:
             text = file.read()
             report: dict[str, Any] = dict(contract.parse_report(text) or {})
-            if not report:
+            if not report or report.get("result") == contract.SUCCEEDED:  # a failed rank fails the pod
                 report = {"result": contract.FAILED, "reason": contract.COMMAND_ERROR, "message": error}
             report["failures"] = _merge(_failures_in(text), [entry])
             _rewrite(file, termination_message(report))
     except OSError as err:
         log.warning("cannot record the failure in %s: %s", path, err)
+
+
+def write_unless_reported(path: str | None, report: Mapping[str, Any]) -> None:
+    """Write ``report`` at ``path`` only where no report is there yet (another rank's failure stays)."""
+    if not path:
+        return
+    try:
+        with _locked(path) as file:
+            if contract.parse_report(file.read()) is None:
+                _rewrite(file, termination_message(report))
+    except OSError as err:
+        log.warning("cannot write the termination message to %s: %s", path, err)
 
 
 MAX_FAILURE_CHARS = 300
