@@ -83,3 +83,38 @@ def test_the_hook_spells_the_contracts_switch() -> None:
     text = (Path(inject.__file__).parent / "bootstrap" / "sitecustomize.py").read_text()
     assert f'"{contract.SYNC_HOOK_OFF_ENV}"' in text
     assert contract.SYNC_HOOK_INSTALL[2] == inject.__name__
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_prints_the_usage_and_copies_nothing(tmp_path: Path, flag: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "ddp_trainer.inject", flag], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and done.stdout.startswith("usage: python -m ddp_trainer.inject DEST"), done
+    assert list(tmp_path.iterdir()) == [], "the help flag was taken for a folder"
+    refused = subprocess.run(
+        [sys.executable, "-m", "ddp_trainer.inject", "--dest"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert refused.returncode == 2 and list(tmp_path.iterdir()) == [], refused
+
+
+def test_built_at_names_the_users_frame_not_a_librarys(tmp_path: Path) -> None:
+    """DDP built inside an installed library (accelerate, a Trainer) called from the user's script: "built
+    at" is the script's line, not the library's."""
+    from ddp_trainer import autoinstrument
+
+    library = tmp_path / "site-packages" / "somelib"
+    library.mkdir(parents=True)
+    (library / "accelerator.py").write_text("def prepare(where):\n    return where()\n")
+    script = tmp_path / "train.py"
+    script.write_text("import accelerator\n\n\ndef main(where):\n    return accelerator.prepare(where)\n")
+    sys.path.insert(0, str(library))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import train  # type: ignore[import-not-found]
+
+        assert train.main(autoinstrument.caller) == "train.py:5"
+    finally:
+        sys.path[:2] = []
+        sys.modules.pop("train", None)
+        sys.modules.pop("accelerator", None)

@@ -67,6 +67,7 @@ def test_fail_raises_a_sync_divergence_and_tallies_it() -> None:
         v.verify(state, "periodic")
     assert caught.value.reason == "SyncDivergence" and caught.value.report is DIVERGED
     assert "2 tensor(s) differ between ranks: net.0.weight, net.1.running_mean" in str(caught.value)
+    assert "diverged rank(s): 1, 3" in str(caught.value), str(caught.value)
     assert (v.tally.checks, v.tally.mismatches, v.tally.repairs, v.tally.last_check_step) == (2, 1, 0, 10)
     assert v.tally.mismatched_tensors == ["net.0.weight", "net.1.running_mean"]
     assert (v.tally.diverged_ranks, v.tally.max_abs_diff) == ([1, 3], 0.5)

@@ -49,11 +49,23 @@ def say(text: str) -> None:
         print(f"{PREFIX}: {text}", file=sys.stderr, flush=True)
 
 
+_LIBRARY_DIRS = ("site-packages", "dist-packages")
+"""Installed packages (transformers, accelerate, lightning, ...): their frames are not the user's."""
+
+
 def caller() -> str:
-    """``file:line`` of the first frame outside torch and this module: where the script built the model."""
-    for frame in reversed(traceback.extract_stack()):
-        if not frame.filename.startswith(_HOOK_FILES) and "<frozen" not in frame.filename:
-            return f"{os.path.basename(frame.filename)}:{frame.lineno}"
+    """``file:line`` of the innermost frame of the user's own code: not torch, not this package, not an
+    installed library (a Trainer builds DDP in accelerate's ``accelerator.py``; the line that matters is
+    the script's ``trainer.train()``). The innermost frame outside torch and this package where every frame
+    is a library's."""
+    frames = [
+        f
+        for f in reversed(traceback.extract_stack())
+        if not f.filename.startswith(_HOOK_FILES) and "<frozen" not in f.filename
+    ]
+    own = [f for f in frames if not any(os.sep + d + os.sep in f.filename for d in _LIBRARY_DIRS)]
+    for frame in own or frames:
+        return f"{os.path.basename(frame.filename)}:{frame.lineno}"
     return "?"
 
 

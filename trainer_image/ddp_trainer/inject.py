@@ -51,9 +51,18 @@ def install(dest: Path) -> int:
     return sum(1 for path in dest.rglob("*") if path.is_file())
 
 
+USAGE = """usage: python -m ddp_trainer.inject DEST
+
+Copy the no-code sync hook (sitecustomize.py), ddp_trainer and the vendored pure-Python packages into the
+folder DEST (created if missing), which a training container then puts first on its PYTHONPATH."""
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m ddp_trainer.inject DEST", file=sys.stderr)
+    if argv in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
+    if len(argv) != 1 or argv[0].startswith("-"):
+        print(USAGE, file=sys.stderr)
         return 2
     dest = Path(argv[0])
     count = install(dest)

@@ -57,8 +57,10 @@ class DivergenceError(Exception):
     """The ranks hold different models and the policy says stop."""
 
     def __init__(self, report: replicas.SyncReport, reason: str) -> None:
+        ranks = ", ".join(str(rank) for rank in list(report.ranks)[:8]) or "unknown"
         super().__init__(
-            f"{len(report.mismatches)} tensor(s) differ between ranks: {', '.join(report.mismatched[:5])}"
+            f"{len(report.mismatches)} tensor(s) differ between ranks: {', '.join(report.mismatched[:5])}; "
+            f"diverged rank(s): {ranks} (compared with the majority)"
         )
         self.report = report
         self.reason = reason
