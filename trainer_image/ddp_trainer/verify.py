@@ -60,7 +60,7 @@ class DivergenceError(Exception):
         ranks = ", ".join(str(rank) for rank in list(report.ranks)[:8]) or "unknown"
         super().__init__(
             f"{len(report.mismatches)} tensor(s) differ between ranks: {', '.join(report.mismatched[:5])}; "
-            f"diverged rank(s): {ranks} (compared with the majority)"
+            f"diverged rank(s): {ranks}"
         )
         self.report = report
         self.reason = reason
