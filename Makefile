@@ -74,7 +74,7 @@ cluster-status:
 # `make bench`: the CPU parts, a few minutes. `make bench-gpu`: the CUDA parts in one command; it needs only
 # this checkout, torch and triton, so on a bare GPU box run `make bench-gpu BENCH_PY=python3`.
 BENCH_PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
-.PHONY: bench bench-gpu bench-operator
+.PHONY: bench bench-gpu bench-operator gpu-check
 
 bench: $(STAMP)
 	$(BIN)/python bench/fingerprint_bench.py
@@ -86,6 +86,12 @@ bench: $(STAMP)
 
 bench-gpu:
 	$(BENCH_PY) bench/fingerprint_bench.py --gpu
+
+# The GPU truth in one command on a bare GPU box (python3 with torch, Triton, transformers; no venv, no
+# network): every `gpu` test and the GPU benchmarks, one table, the figures as JSON (bench/gpu_check.py).
+GPU_CHECK_JSON ?= gpu-check.json
+gpu-check:
+	CUBLAS_WORKSPACE_CONFIG=:4096:8 $(BENCH_PY) bench/gpu_check.py --json $(GPU_CHECK_JSON)
 
 # The operator on the real control plane (the test cluster: root and its cached binaries, like `make test`'s
 # cluster tier; ~5 min on 2 cores): apply→children latency, 100 at once, API writes per DDPJob, operator memory.

@@ -1,6 +1,11 @@
 """The sync check's share of training inside a Hugging Face ``Trainer`` run, beside the reference trainer's.
 
     python bench/health_bench.py [--ranks 2] [--steps 300] [--every 100]
+    python bench/health_bench.py --gpu     # the callback's cost on one GPU: runtime with it vs without
+
+``--gpu``: ``Trainer.train()``'s ``train_runtime`` of a GPT-2 (6 x 512, vocabulary 50304, bf16, batch 8 x 256)
+under torchrun with NCCL, world 1, 300 steps, with ``SyncHealthCallback`` (a check every 100) and without,
+in turns; prints ``GPU callback cost {json}``.
 
 CPU, gloo, one thread per rank, the check at the default interval (every 100 steps). Both sides train a
 model of about 4 M parameters under torchrun:
@@ -67,6 +72,72 @@ def hf(steps: int, every: int) -> None:
     Trainer(model=model, args=args, train_dataset=data, callbacks=[callback]).train()
 
 
+def hf_gpu(steps: int, every: int, callback: bool) -> None:
+    """One GPU side, run under torchrun (NCCL): prints ``runtime <seconds>``."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from ddp_trainer.integrations.transformers import SyncHealthCallback
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=6, n_head=8, n_embd=512, n_positions=256, vocab_size=50304)
+    tokens = torch.randint(50304, (steps * 8, 256), generator=torch.Generator().manual_seed(0))
+    data = [{"input_ids": t, "labels": t} for t in tokens]
+    args = TrainingArguments(
+        output_dir="hf-output",
+        max_steps=steps,
+        per_device_train_batch_size=8,
+        bf16=True,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+    )
+    callbacks = [SyncHealthCallback(every=every)] if callback else []
+    trainer = Trainer(model=GPT2LMHeadModel(config), args=args, train_dataset=data, callbacks=callbacks)
+    print(f"runtime {trainer.train().metrics['train_runtime']}", flush=True)
+
+
+def gpu(args: argparse.Namespace) -> None:
+    """The callback's cost on one GPU: two rounds in turns, the best runtime of each side."""
+    import json
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DDPJOB_", "PROMETHEUS_"))}
+    env |= {
+        "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT / "trainer_image"), env.get("PYTHONPATH", "")])
+    }
+    env |= {"DDPJOB_METRICS_PORT": "0"}
+    best: dict[bool, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(2):
+            for callback in (False, True):
+                cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
+                cmd += [
+                    str(Path(__file__).resolve()),
+                    "--hf-gpu-steps",
+                    str(args.steps),
+                    "--every",
+                    str(args.every),
+                ]
+                cmd += ["--callback"] if callback else []
+                done = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True)
+                runtimes = [
+                    float(ln.split()[1]) for ln in done.stdout.splitlines() if ln.startswith("runtime ")
+                ]
+                if done.returncode != 0 or not runtimes:
+                    sys.exit(
+                        f"hf gpu run failed ({done.returncode}):\n"
+                        f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+                    )
+                best[callback] = min(best.get(callback, float("inf")), runtimes[0])
+    figures = {
+        "bare_s": best[False],
+        "with_s": best[True],
+        "overhead_pct": 100 * (best[True] / best[False] - 1),
+    }
+    print(f"GPU callback cost {json.dumps(figures)}")
+
+
 def build(config: object) -> object:
     """The reference trainer's model: MLP 32-2048-2048-10."""
     from torch import nn
@@ -117,8 +188,17 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--every", type=int, default=100)
+    parser.add_argument("--gpu", action="store_true", help="the callback's cost on one GPU")
     parser.add_argument("--hf-steps", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--hf-gpu-steps", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--callback", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.hf_gpu_steps is not None:
+        hf_gpu(args.hf_gpu_steps, args.every, args.callback)
+        return
+    if args.gpu:
+        gpu(args)
+        return
     if args.hf_steps is not None:
         hf(args.hf_steps, args.every)
         return

@@ -1,0 +1,133 @@
+"""The GPU path on a GPU (``gpu``: skipped, with the reason, where there is none): the compute probe
+reproduces itself on Hugging Face models with SDPA attention in fp32 and bf16; the training loop makes no
+host synchronisation between two checks; the torch fallback of the fingerprint equals Triton's across
+chunks."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS starts, as the pods set it
+
+import pytest
+import torch
+from torch import nn
+
+from ddp_trainer import contract, probe
+from ddp_trainer.fingerprint import torch_kernel, triton_kernel
+from ddp_trainer.loop import Precision, StepResult, train
+from ddp_trainer.lossread import LossReader
+from ddp_trainer.state import TrainState
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="torch.cuda.is_available() is False: no CUDA device"
+    ),
+]
+
+
+def hf_model(kind: str, dtype: torch.dtype) -> nn.Module:
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        config = transformers.GPT2Config(
+            vocab_size=50304, n_embd=1024, n_layer=8, n_head=16, n_positions=512, attn_implementation="sdpa"
+        )
+        model = transformers.GPT2LMHeadModel(config)
+    else:
+        config = transformers.LlamaConfig(
+            vocab_size=32000,
+            hidden_size=1024,
+            intermediate_size=2816,
+            num_hidden_layers=8,
+            num_attention_heads=16,
+            num_key_value_heads=4,
+            max_position_embeddings=512,
+            attn_implementation="sdpa",
+        )
+        model = transformers.LlamaForCausalLM(config)
+    return model.to("cuda", dtype)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_probe_reproduces_itself_on_hf_models_with_sdpa(kind: str, dtype: torch.dtype) -> None:
+    assert os.environ[contract.CUBLAS_WORKSPACE_ENV] == contract.CUBLAS_WORKSPACE
+    model = hf_model(kind, dtype)
+    ids = torch.randint(0, 32000, (8, 512), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    prober = probe.Probe(model, group=None, loss=lambda m: m(input_ids=ids, labels=ids).loss)
+    digests = [prober.digest() for _ in range(5)]
+    assert len(set(digests)) == 1, digests
+
+
+class Batches:
+    def __init__(self) -> None:
+        self.gen = torch.Generator().manual_seed(0)
+
+    def __iter__(self) -> Batches:
+        return self
+
+    def __next__(self) -> tuple[int, torch.Tensor, torch.Tensor]:
+        x = torch.randn(512, 256, generator=self.gen).pin_memory()
+        return 0, x, torch.randint(0, 10, (512,), generator=self.gen).pin_memory()
+
+
+def test_the_steps_between_two_checks_make_no_host_synchronisation() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 10)).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    state = TrainState(
+        model=model, optimizer=optimizer, scaler=Precision.of(torch.device("cuda"), "bf16").scaler()
+    )
+    reader, seen, losses = LossReader(), [], []
+
+    def on_step(result: StepResult) -> bool:
+        losses.append(result.loss)
+        seen.append(reader.put(result.loss))
+        return True
+
+    precision = Precision.of(torch.device("cuda"), "bf16")
+    loss_fn = lambda m, out, y: nn.functional.cross_entropy(out, y)  # noqa: E731
+    train(
+        state,
+        Batches(),
+        total_steps=2,
+        grad_accumulation=1,
+        precision=precision,
+        device=torch.device("cuda"),
+        loss_fn=loss_fn,
+        on_step=lambda r: True,
+    )  # warm-up: lazy inits
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:  # any synchronising call (a .item(), a float() of the loss) raises here
+        train(
+            state,
+            Batches(),
+            total_steps=12,
+            grad_accumulation=1,
+            precision=precision,
+            device=torch.device("cuda"),
+            loss_fn=loss_fn,
+            on_step=on_step,
+        )
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    seen.append(reader.flush())
+    assert seen[0] is None and seen[1:] == [float(x) for x in losses]  # each read one step late, exactly
+
+
+def test_the_torch_fallback_equals_triton_across_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not triton_kernel.available():
+        pytest.skip("Triton is not available on this GPU machine")
+    monkeypatch.setitem(torch_kernel.CHUNK_BYTES, "cuda", 3 * 8 * 65536)
+    gen = torch.Generator("cuda").manual_seed(0)
+    tensors = [torch.randn(n, device="cuda", generator=gen) for n in (5 * 65536 * 2 + 3, 7, 0, 65536 * 2)]
+    tensors += [
+        torch.randn(4001, device="cuda", generator=gen).to(torch.bfloat16)[3:],
+        torch.ones(3, 5).cuda().t(),
+    ]
+    expected = [int(torch_kernel.fingerprint_many([t.cpu()])) for t in tensors]
+    assert torch_kernel.fingerprint_many(tensors).tolist() == expected
+    assert triton_kernel.fingerprint_tensors(tensors).tolist() == expected
