@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -93,9 +94,28 @@ def hf_gpu(steps: int, every: int, callback: bool) -> None:
         logging_strategy="no",
         disable_tqdm=True,
     )
-    callbacks = [SyncHealthCallback(every=every)] if callback else []
+    import time
+
+    from transformers import TrainerCallback
+
+    marks: dict[str, float] = {}
+
+    class Clock(TrainerCallback):  # type: ignore[misc]
+        """The time after step 20 and at the end: the steady state, start-up (the first check) excluded."""
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step == 20:
+                torch.cuda.synchronize()
+                marks["20"] = time.perf_counter()
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            torch.cuda.synchronize()
+            marks["end"] = time.perf_counter()
+
+    callbacks = [Clock(), SyncHealthCallback(every=every)] if callback else [Clock()]
     trainer = Trainer(model=GPT2LMHeadModel(config), args=args, train_dataset=data, callbacks=callbacks)
-    print(f"runtime {trainer.train().metrics['train_runtime']}", flush=True)
+    runtime = trainer.train().metrics["train_runtime"]
+    print(f"runtime {runtime} {marks['end'] - marks['20']}", flush=True)
 
 
 def gpu(args: argparse.Namespace) -> None:
@@ -108,6 +128,7 @@ def gpu(args: argparse.Namespace) -> None:
     }
     env |= {"DDPJOB_METRICS_PORT": "0"}
     best: dict[bool, float] = {}
+    steady: dict[bool, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(2):
             for callback in (False, True):
@@ -122,18 +143,22 @@ def gpu(args: argparse.Namespace) -> None:
                 cmd += ["--callback"] if callback else []
                 done = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True)
                 runtimes = [
-                    float(ln.split()[1]) for ln in done.stdout.splitlines() if ln.startswith("runtime ")
+                    (float(ln.split()[1]), float(ln.split()[2]))
+                    for ln in done.stdout.splitlines()
+                    if ln.startswith("runtime ")
                 ]
                 if done.returncode != 0 or not runtimes:
                     sys.exit(
                         f"hf gpu run failed ({done.returncode}):\n"
                         f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
                     )
-                best[callback] = min(best.get(callback, float("inf")), runtimes[0])
+                best[callback] = min(best.get(callback, float("inf")), runtimes[0][0])
+                steady[callback] = min(steady.get(callback, float("inf")), runtimes[0][1])
     figures = {
         "bare_s": best[False],
         "with_s": best[True],
         "overhead_pct": 100 * (best[True] / best[False] - 1),
+        "steady_overhead_pct": 100 * (steady[True] / steady[False] - 1),
     }
     print(f"GPU callback cost {json.dumps(figures)}")
 

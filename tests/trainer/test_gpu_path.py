@@ -131,3 +131,24 @@ def test_the_torch_fallback_equals_triton_across_chunks(monkeypatch: pytest.Monk
     expected = [int(torch_kernel.fingerprint_many([t.cpu()])) for t in tensors]
     assert torch_kernel.fingerprint_many(tensors).tolist() == expected
     assert triton_kernel.fingerprint_tensors(tensors).tolist() == expected
+
+
+def test_the_stop_agreement_makes_no_host_synchronisation_and_stops_every_rank_a_step_later() -> None:
+    import torch.distributed as dist
+
+    from ddp_trainer.boundary import StopAgreement
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)  # type: ignore[attr-defined]
+    try:
+        agree = StopAgreement()
+        agree(False)  # warm-up: NCCL's communicator, the pinned slots
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            seen = [agree(requested) for requested in (False, False, True, False)]
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert seen == [False, False, False, True]  # the request of the third step, read at the fourth
+    finally:
+        dist.destroy_process_group()

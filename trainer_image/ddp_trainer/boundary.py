@@ -61,10 +61,52 @@ def nudge(model: nn.Module, amount: float = CHAOS_NUDGE) -> str:
 
 
 def agree_stop(requested: bool) -> bool:
-    """Collective (one 4-byte all_reduce): stop if any rank was asked to, so all stop at the same step."""
+    """Collective (one 4-byte all_reduce): stop if any rank was asked to, so all stop at the same step.
+    Reading the result waits for the device: on CUDA use :class:`StopAgreement`, which does not."""
     flag = torch.tensor([int(requested)], dtype=torch.int32, device=replicas.comm_device(None))
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
+
+
+class StopAgreement:
+    """:func:`agree_stop` at every step boundary without making the host wait for the GPU. On CUDA (NCCL)
+    each step's all_reduce is queued behind the step's kernels and its result copied to pinned memory;
+    the call returns the result of the *previous* step's agreement, read then (the GPU has finished it by
+    the time the next step is queued). Every rank reads the same reduced flag at the same step, so all
+    stop together, one step after the request. Elsewhere it is :func:`agree_stop` itself."""
+
+    def __init__(self) -> None:
+        self._pending: tuple[torch.Tensor, torch.cuda.Event] | None = None
+        self._slots: list[tuple[torch.Tensor, torch.cuda.Event]] = []
+        self._next = 0
+
+    def __call__(self, requested: bool) -> bool:
+        device = replicas.comm_device(None)
+        if device.type != "cuda":
+            return agree_stop(requested)
+        flag = torch.full((1,), int(requested), dtype=torch.int32, device=device)  # a fill, not a copy
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        previous = self.result()
+        if not self._slots:
+            self._slots = [
+                (torch.empty(1, dtype=torch.int32, pin_memory=True), torch.cuda.Event())  # type: ignore[no-untyped-call]
+                for _ in range(2)
+            ]
+        host, event = self._slots[self._next]
+        self._next ^= 1
+        host.copy_(flag, non_blocking=True)
+        event.record()
+        self._pending = (host, event)
+        return previous
+
+    def result(self) -> bool:
+        """The agreement queued last and not yet read (waits for it); False if none."""
+        if self._pending is None:
+            return False
+        host, event = self._pending
+        self._pending = None
+        event.synchronize()
+        return bool(host[0])
 
 
 class StopRequest:

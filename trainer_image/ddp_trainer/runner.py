@@ -68,6 +68,7 @@ class Session:
         self.health: SyncHealth | None = None
         """Built once the model is wrapped in DDP (its first check is the initial one)."""
         self.stop = boundary.StopRequest()
+        self.agreement = boundary.StopAgreement()  # no GPU sync per step (bench/RESULTS.md)
         self.store = checkpoint.open_store(config.checkpoint_dir) if config.checkpoint_dir else None
         """Where checkpoints live: a folder, or a bucket prefix (``s3://``); None: no checkpoints."""
         self.precision_name = precision
@@ -168,7 +169,7 @@ class Session:
                     self.resumed_from,
                 )
         health.drill()
-        stop = boundary.agree_stop(self.stop.requested)
+        stop = self.agreement(self.stop.requested)
         due = boundary.due_at(result.step, self.config, saving=self.store is not None, stop=stop)
         probing = health.probe_due()  # the compute probe needs just-verified parameters: a check first
         if due.check is not None or probing:

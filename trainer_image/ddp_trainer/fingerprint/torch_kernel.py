@@ -9,7 +9,8 @@ through ``F`` (on CUDA one fused elementwise kernel compiled by torch's own jite
 or where that cannot compile, eleven in-place int64 operations), the terms past a block's last lane are
 zeroed, and one ``sum(dim=1)`` gives the block sums. The fold over blocks and the metadata are vectorised
 over every tensor (a cumulative sum: integer addition modulo 2**64 is exact in any order). The host side
-is one list of views per call (the geometry is cached while the tensors keep their addresses).
+is one list of views per call, one per tensor and chunk (the geometry is cached while the tensors keep
+their alignment, dtype and shape).
 """
 
 from __future__ import annotations
@@ -146,7 +147,15 @@ def _geometry_for(tensors: Sequence[torch.Tensor], device: torch.device) -> _Geo
             start = 8 * BLOCK * b
             size = min(8 * BLOCK, nbytes - start)
             whole = size // 8 * 8 if aligned else 0
-            if whole:
+            if (
+                whole
+                and lanes
+                and lanes[-1].tensor == i
+                and lanes[-1].row + lanes[-1].nbytes // (8 * BLOCK) == row
+            ):
+                last = lanes[-1]  # the tensor's previous whole block, one row up: one copy for both
+                lanes[-1] = last._replace(nbytes=last.nbytes + whole)
+            elif whole:
                 lanes.append(_Piece(i, start, whole, row))
             if size > whole:
                 raw.append(_Piece(i, start + whole, size - whole, row))
