@@ -4,6 +4,8 @@ sync report in one sentence.
 ``ddpjob local`` and the operator (for ``status.progress``) scrape the same Prometheus endpoints a
 cluster's Prometheus would and parse them here, so the progress line and the status show exactly what the
 metrics say. Parsing and formatting are pure; ``scrape`` and ``fetch`` are the only I/O.
+
+Long because the sync sentence covers every way a run can end, and reads best next to the progress line.
 """
 
 from __future__ import annotations

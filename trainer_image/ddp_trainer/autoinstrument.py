@@ -19,7 +19,7 @@ a model whose DDP wrapper copies them at every forward anyway (``broadcast_buffe
 model that keeps them per rank are not compared. It stands down when the script builds ``SyncHealth``
 itself (the object or a callback), so nothing is checked twice. A script with no DDP model runs untouched
 and says so in one line. The total number of steps is not known here: progress shows the step and the
-rate, no ETA.
+rate, no ETA. Long because each of these hooks needs its own guard against a user's script.
 """
 
 from __future__ import annotations
@@ -253,11 +253,18 @@ def _safe(hook: Callable[..., None]) -> Callable[..., None]:
 def record_uncaught(kind: type[BaseException], error: BaseException) -> None:
     """An exception ends this rank: record it, with the time, in the pod's report, so the operator names
     the rank that failed first and its own error (its peers' "connection closed" come after it)."""
-    if not issubclass(kind, Exception):  # SystemExit (a verdict's exit, or the script's), Ctrl-C
+    initialized = dist.is_available() and dist.is_initialized()
+    # SystemExit (a verdict's exit, or the script's) and Ctrl-C are no failure; nor is torchrun's agent
+    # (no RANK) reporting its workers' (ChildFailedError): only a rank's own exception is recorded
+    if (
+        not issubclass(kind, Exception)
+        or kind.__name__ == "ChildFailedError"
+        or not (initialized or "RANK" in os.environ)
+    ):
         return
     from ddp_trainer import config, launchstate, report
 
-    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else os.environ.get("RANK", "0")
+    rank = dist.get_rank() if initialized else os.environ["RANK"]
     text = f"{kind.__name__}: {error}".strip()
     report.record_failure(
         config.read_pod_env(os.environ).termination_log,

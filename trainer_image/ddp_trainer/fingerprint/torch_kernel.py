@@ -237,7 +237,12 @@ def _block_sums(tensors: Sequence[torch.Tensor], geometry: _Geometry, device: to
 
 
 def _ints(values: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64, device=device)
+    """``values`` on ``device`` without a host synchronisation (pinned memory, a non-blocking copy: a plain
+    ``torch.tensor(values, device="cuda")`` waits for the GPU, which ``set_sync_debug_mode`` catches)."""
+    host = torch.tensor(values, dtype=torch.int64)
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def fingerprint_many(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
