@@ -255,9 +255,17 @@ def line(progress: Progress, total_steps: int, elapsed: float, first: Progress |
 
 
 def sync_sentence(report: Mapping[str, Any] | None) -> str:
-    """The sync report in one sentence a person reads at a glance: what happened, not a guess. "Diverged"
-    only for a divergence; a repaired run says how many mismatches it repaired; a single rank says that
-    its checks compare nothing."""
+    """The sync report in one sentence a person reads at a glance, then what the compute probe concluded
+    last and why, where it ran."""
+    sentence = _replica_sentence(report)
+    if report and report.get("probeVerdict"):
+        sentence += f"; {report.get('probeWhy') or report['probeVerdict']}"
+    return sentence
+
+
+def _replica_sentence(report: Mapping[str, Any] | None) -> str:
+    """What the replica checks said: what happened, not a guess. "Diverged" only for a divergence; a
+    repaired run says how many mismatches it repaired; a single rank says that its checks compare nothing."""
     if not report:
         return (
             "not reported (no rank wrote a sync report: the command stopped before it wrote one, or it ran "

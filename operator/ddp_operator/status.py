@@ -147,8 +147,8 @@ def begin(
         out.values["lastReport"] = last_report(report, attempt)
         if checkpoint := report_checkpoint(report):
             out.values["checkpoint"] = checkpoint
-        if report.get("faultyRanks"):
-            out.values["probe"] = probe_finding(out.values.get("probe") or {}, report, attempt)
+        if probe := report_probe(out.values.get("probe") or {}, report, attempt):
+            out.values["probe"] = probe
     durable_condition(out, spec)
     return out
 
@@ -216,6 +216,15 @@ def probe_finding(previous: Mapping[str, Any], report: Mapping[str, Any], attemp
         attempt=attempt,
         message=str(report.get("message", ""))[:1024],
     )
+    return out
+
+
+def report_probe(previous: Mapping[str, Any], report: Mapping[str, Any], attempt: int) -> dict[str, Any]:
+    """``status.probe`` after a report: a finding that names faulty ranks (:func:`probe_finding`), and the
+    last probe's verdict and why (undecidable, say: the model does not reproduce itself); {} if neither."""
+    out = probe_finding(previous, report, attempt) if report.get("faultyRanks") else dict(previous)
+    if report.get("probeVerdict") in contract.PROBE_RESULTS:
+        out.update(lastVerdict=report["probeVerdict"], lastWhy=str(report.get("probeWhy", ""))[:1024])
     return out
 
 

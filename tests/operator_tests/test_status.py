@@ -123,3 +123,22 @@ def test_a_job_that_built_no_ddp_model_says_so_not_that_nothing_reported() -> No
     status.sync_condition(silent)
     assert silent.conditions["SyncVerified"]["reason"] == "NotYetReported"
     assert "callback" not in progress.sync_sentence(None).split("without the sync hook")[0]
+
+
+def test_the_last_probe_verdict_and_why_reach_the_status_and_the_summary() -> None:
+    """An undecidable probe (the model does not reproduce itself) is said in status.probe and in the sync
+    sentence, without naming anyone; a faulty finding keeps its ranks beside the verdict."""
+    from ddp_operator import progress
+
+    why = (
+        "compute probe at step 100: undecidable: the model's computation does not reproduce itself on this "
+        "hardware: 4 of 4 ranks gave another result when the probe was repeated"
+    )
+    report = {"result": "Succeeded", "verified": True, "checks": 3, "worldSize": 4, "lastCheckStep": 100}
+    report |= {"probes": 1, "probeVerdict": "undecidable", "probeWhy": why}
+    assert status.report_probe({}, report, 2) == {"lastVerdict": "undecidable", "lastWhy": why}
+    assert progress.sync_sentence(report).endswith(f"(last check at step 100); {why}")
+    faulty = report | {"probeVerdict": "faulty", "faultyRanks": [3], "message": "rank 3 ..."}
+    found = status.report_probe({"faultyNodes": ["n1"]}, faulty, 2)
+    assert (found["faultyRanks"], found["faultyNodes"], found["lastVerdict"]) == ([3], ["n1"], "faulty")
+    assert status.report_probe({}, {"result": "Succeeded"}, 1) == {}

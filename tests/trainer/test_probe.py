@@ -259,6 +259,7 @@ def test_a_model_that_does_not_reproduce_itself_names_nobody_and_trains_on_verif
         assert r["why"][0].startswith("the model's computation does not reproduce itself"), r
     report = results[0]["report"]
     assert (report["reason"], report["verified"]) == ("AllChecksPassed", True), report
+    assert report["probeVerdict"] == "undecidable" and "does not reproduce itself" in report["probeWhy"]
 
 
 @pytest.mark.slow

@@ -340,6 +340,10 @@ class Report(TypedDict, total=False):
     """Why the last in-place gang restart happened: the failing rank, its exit code and first error."""
     probes: int
     """Compute probes run (present when the probe is on)."""
+    probeVerdict: str
+    """The last probe's verdict, one of :data:`PROBE_RESULTS` (present once a probe ran)."""
+    probeWhy: str
+    """Why, in a sentence: what the last probe saw (present with ``probeVerdict``)."""
     faultyRanks: list[int]
     """Ranks the compute probe named faulty (present only then)."""
     faultyNodes: list[str]

@@ -342,6 +342,7 @@ class SyncHealth:
         except ValueError as err:
             raise SyncHealthError(str(err)) from None
         self.probes = 0
+        self.last_probe: probe.ProbeResult | None = None
         self.faulty_found = 0
         self.last_faulty: probe.ProbeResult | None = None
         self.prober: probe.Probe | None = None
@@ -461,6 +462,7 @@ class SyncHealth:
         assert self.prober is not None, "the compute probe is off"
         result = self.prober.run(self.current_step)
         self.probes += 1
+        self.last_probe = result
         kind = result.verdict.kind
         if self.metrics.probe is not None:
             named = self.rank in result.verdict.ranks
@@ -596,9 +598,12 @@ class SyncHealth:
         return code, self.probe_summary(rep)
 
     def probe_summary(self, rep: contract.Report) -> contract.Report:
-        """``rep`` with the probes run and, when one named a faulty rank (under ``Warn``), where."""
+        """``rep`` with the probes run, the last one's verdict and why, and, when one named a faulty rank
+        (under ``Warn``), where."""
         if self.prober is not None:
             rep["probes"] = self.probes
+        if (last := self.last_probe) is not None:
+            rep["probeVerdict"], rep["probeWhy"] = last.verdict.kind, last.message
         if (found := self.last_faulty) is not None:
             report.with_faulty(rep, list(found.verdict.ranks), list(found.nodes), list(found.pods))
         return rep
