@@ -40,9 +40,19 @@ def _validate(args: argparse.Namespace) -> int:
                 f"{path}: {crd.KIND}/{spec.name}: valid ({spec.nodes} nodes × {spec.procs_per_node} "
                 f"procs = {spec.world_size} ranks, {spec.device}/{spec.backend})"
             )
-            for warning in warnings(spec):
+            for warning in warnings(spec) + _script_warnings(spec, Path(path)):
                 print(f"{path}: {crd.KIND}/{spec.name}: warning: {warning}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _script_warnings(spec: Spec, path: Path) -> list[str]:
+    """Scripts ``ddpjob local`` would not find (a warning: in a cluster the script is in the image)."""
+    from .local import scripts
+
+    return [
+        f"{line}: `ddpjob local` would not find it (in a cluster it must be in the image)"
+        for line in scripts.missing(spec, [Path.cwd(), path.resolve().parent])
+    ]
 
 
 def _render(args: argparse.Namespace) -> int:
@@ -63,7 +73,7 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _local(args: argparse.Namespace) -> int:
-    from .local import processes, run  # the run's imports stay off validate's and render's path
+    from .local import processes, run, scripts  # the run's imports stay off validate's and render's path
 
     try:
         docs, skipped = other_kinds(load_documents(Path(args.file)))
@@ -81,8 +91,15 @@ def _local(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return run.EXIT_INVALID
+    job_dir = Path(args.file).resolve().parent
+    if missing := scripts.missing(specs[0], [Path.cwd(), job_dir]):  # before any pod starts
+        for line in missing:
+            print(f"{args.file}: {crd.KIND}/{specs[0].name}: {line}", file=sys.stderr)
+        return run.EXIT_INVALID
     try:
-        return run.run(specs[0], workdir=Path(args.workdir), verbose=args.verbose, fresh=args.fresh)
+        return run.run(
+            specs[0], workdir=Path(args.workdir), verbose=args.verbose, fresh=args.fresh, job_dir=job_dir
+        )
     except processes.LocalError as exc:
         print(f"{args.file}: {crd.KIND}/{specs[0].name}: {exc}", file=sys.stderr)
         return run.EXIT_INVALID

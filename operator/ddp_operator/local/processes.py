@@ -20,6 +20,7 @@ from ddp_trainer import contract
 
 from .. import kubelet, names, render
 from ..spec import Spec
+from . import scripts
 
 Obj = dict[str, Any]
 LOCAL_ADDR = "127.0.0.1"
@@ -149,11 +150,13 @@ def local_pods(
     host_env: Mapping[str, str],
     gpus: list[int] | None = None,
     launch_dir: Path = Path("/"),
+    job_dir: Path | None = None,
     restarts_used: int | None = None,
 ) -> list[LocalPod]:
     """Every pod of ``attempt``, its command line and environment resolved as the kubelet would. Each pod
     runs in a working directory of its own; ``launch_dir`` (where ``ddpjob local`` was started) stands in
-    for the image's code: a relative path there becomes absolute, and it is on PYTHONPATH."""
+    for the image's code: a relative path there, or else in ``job_dir`` (the DDPJob file's), becomes
+    absolute, and it is on PYTHONPATH."""
     job = render.render_job(spec, attempt, restarts_used)
     container = secrets_from_host(job["spec"]["template"]["spec"]["containers"][0], host_env)
     dirs = volume_dirs(job, run_dir)
@@ -189,7 +192,7 @@ def local_pods(
             LocalPod(
                 index,
                 name,
-                [absolute_if_here(part, launch_dir) for part in argv],
+                [absolute_if_here(part, launch_dir, *([job_dir] if job_dir else [])) for part in argv],
                 env,
                 metrics_ports[index],
                 attempt_dir / f"{name}.log",
@@ -210,11 +213,11 @@ def with_entrypoint(container: Mapping[str, Any]) -> Mapping[str, Any]:
     return {**container, "command": list(contract.IMAGE_ENTRYPOINT)}
 
 
-def absolute_if_here(part: str, launch_dir: Path) -> str:
-    """A relative path to a file in ``launch_dir`` as an absolute one (the pod runs elsewhere)."""
-    if part and not part.startswith(("-", "/")) and (launch_dir / part).exists():
-        return str(launch_dir / part)
-    return part
+def absolute_if_here(part: str, *dirs: Path) -> str:
+    """A relative path to a file in one of ``dirs`` (the first that has it) as an absolute one (the pod
+    runs elsewhere; :mod:`ddp_operator.local.scripts`)."""
+    found = scripts.find(part, dirs)
+    return str(found) if found is not None else part
 
 
 def tmp_dir(pod: LocalPod) -> Path:

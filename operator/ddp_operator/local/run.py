@@ -84,9 +84,17 @@ class Interrupt:
 
 
 def run(
-    spec: Spec, *, workdir: Path, verbose: bool = False, fresh: bool = False, stream: TextIO = sys.stdout
+    spec: Spec,
+    *,
+    workdir: Path,
+    verbose: bool = False,
+    fresh: bool = False,
+    stream: TextIO = sys.stdout,
+    job_dir: Path | None = None,
 ) -> int:
-    """Run the DDPJob here until it succeeds, fails for good, or is interrupted; returns the exit code."""
+    """Run the DDPJob here until it succeeds, fails for good, or is interrupted; returns the exit code.
+    ``job_dir``: the DDPJob file's directory, where a script the command names is looked for after the
+    current directory (:mod:`ddp_operator.local.scripts`)."""
     console = Console(stream, verbose)
     processes.check_devices(spec, host.visible_gpus() if spec.device == "cuda" else 0)
     # absolute: each pod runs in a folder of its own, so every path handed to it must be
@@ -108,7 +116,7 @@ def run(
     with Interrupt() as interrupt:
         while True:
             used = policy.restarts_used(attempt, earlier, in_place)
-            outcome = _attempt(spec, attempt, run_dir, console, interrupt, used)
+            outcome = _attempt(spec, attempt, run_dir, console, interrupt, used, job_dir)
             now_in_place = _in_place(outcome.report, attempt)
             if now_in_place:
                 in_place += now_in_place
@@ -144,7 +152,13 @@ def _in_place(report: Mapping[str, Any] | None, attempt: int) -> int:
 
 
 def _attempt(
-    spec: Spec, attempt: int, run_dir: Path, console: Console, interrupt: Interrupt, used: int
+    spec: Spec,
+    attempt: int,
+    run_dir: Path,
+    console: Console,
+    interrupt: Interrupt,
+    used: int,
+    job_dir: Path | None = None,
 ) -> policy.Outcome:
     master_port = spec.master_port if host.port_is_free(spec.master_port) else host.free_port()
     metrics_ports = [host.free_port() for _ in range(spec.nodes)]
@@ -158,6 +172,7 @@ def _attempt(
         host_env=os.environ,
         gpus=gpus,
         launch_dir=Path.cwd(),
+        job_dir=job_dir,
         restarts_used=used,
     )
     marker = gang.new_marker()

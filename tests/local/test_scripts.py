@@ -1,0 +1,67 @@
+"""A script named by a relative path: found in the current directory or next to the DDPJob file, and a
+missing one said before any pod starts (`ddpjob local`) or as a warning (`ddpjob validate`)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from ddp_operator.local import scripts
+from ddp_operator.spec import parse_file
+
+from .jobs import unique_name
+
+
+def write_job(path: Path, name: str, args: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "apiVersion": "ddpjob.io/v1alpha1",
+        "kind": "DDPJob",
+        "metadata": {"name": name},
+        "spec": {"nodes": 1, "procsPerNode": 1, "device": "cpu", "command": ["python"], "args": args},
+    }
+    path.write_text(yaml.safe_dump(doc))
+
+
+def ddpjob(cwd: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "ddp_operator", *argv]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=180, check=False)
+
+
+def test_missing_names_the_field_the_value_and_where_it_looked(tmp_path: Path) -> None:
+    write_job(tmp_path / "job.yaml", "x", ["-u", "train.py", "--out=a.py", "-m", "pkg.train", "run.sh"])
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "run.sh").write_text("true\n")
+    spec = parse_file(tmp_path / "job.yaml")[0]
+    dirs = [tmp_path, tmp_path / "here"]
+    where = f"{tmp_path} nor {tmp_path / 'here'}"
+    assert scripts.missing(spec, dirs) == [f"spec.args[1]: 'train.py' is not a file in {where}"]
+    assert scripts.find("run.sh", dirs) == tmp_path / "here" / "run.sh"
+    assert scripts.find("/abs/run.sh", dirs) is None and scripts.find("--flag.py", dirs) is None
+
+
+def test_local_finds_a_script_next_to_the_job_file_from_another_directory(tmp_path: Path) -> None:
+    name = unique_name()
+    jobs = tmp_path / "jobs"
+    write_job(jobs / "job.yaml", name, ["train.py"])
+    (jobs / "train.py").write_text("print('trained from', __file__)\n")
+    done = ddpjob(tmp_path, "local", "jobs/job.yaml", "--workdir", str(tmp_path / "runs"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    log = next((tmp_path / "runs" / name).rglob(f"{name}-1-0.log")).read_text()
+    assert f"trained from {jobs / 'train.py'}" in log, log
+
+
+def test_local_refuses_a_missing_script_before_any_pod_starts_and_validate_warns(tmp_path: Path) -> None:
+    name = unique_name()
+    write_job(tmp_path / "jobs" / "job.yaml", name, ["trian.py"])
+    done = ddpjob(tmp_path, "local", "jobs/job.yaml", "--workdir", str(tmp_path / "runs"))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"spec.args[0]: 'trian.py' is not a file in {tmp_path} nor {tmp_path / 'jobs'}" in done.stderr
+    assert not (tmp_path / "runs" / name).exists()  # nothing started, nothing written
+    checked = ddpjob(tmp_path, "validate", "jobs/job.yaml")
+    assert checked.returncode == 0, checked.stderr  # valid for a cluster: the script may be in the image
+    assert "warning: spec.args[0]: 'trian.py' is not a file in" in checked.stderr
+    assert "(in a cluster it must be in the image)" in checked.stderr
