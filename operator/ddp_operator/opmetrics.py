@@ -26,6 +26,11 @@ JOB_INFO_HELP = (
 JOB_INFO_LABELS = (contract.NAMESPACE_LABEL, contract.JOB_LABEL, "phase")
 """``ddpjob_job_info`` is labelled as the trainer's series are, so a rule can join on a job's existence: an
 alert about a job ends when the job is deleted (``charts/ddpjob-operator/files/alerts.yaml``)."""
+SYNC_STATE_HELP = (
+    "1 for each DDPJob by its SyncVerified condition's reason: BitIdentical, Diverged, NoDDPModel (no rank "
+    "built a DDP model: nothing to verify), NotYetReported."
+)
+SYNC_STATE_LABELS = (contract.NAMESPACE_LABEL, contract.JOB_LABEL, "reason")
 Bodies = Mapping[Any, Iterable[Mapping[str, Any]]]
 
 
@@ -45,27 +50,29 @@ class WatchedJobs(Collector):
         return iter(self._families())
 
     def collect(self) -> Iterator[Metric]:
-        jobs, info = self._families()
+        jobs, info, sync = self._families()
         counts = dict.fromkeys(PHASES, 0)
-        for namespace, name, phase in job_phases(self.bodies):
+        for namespace, name, phase, reason in job_phases(self.bodies):
             counts[phase] = counts.get(phase, 0) + 1
             info.add_metric([namespace, name, phase], 1)
+            sync.add_metric([namespace, name, reason], 1)
         for phase, count in counts.items():
             jobs.add_metric([phase], count)
-        return iter((jobs, info))
+        return iter((jobs, info, sync))
 
     @staticmethod
-    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
         return (
             GaugeMetricFamily("ddpjob_jobs", JOBS_HELP, labels=["phase"]),
             GaugeMetricFamily("ddpjob_job_info", JOB_INFO_HELP, labels=JOB_INFO_LABELS),
+            GaugeMetricFamily("ddpjob_sync_state", SYNC_STATE_HELP, labels=SYNC_STATE_LABELS),
         )
 
 
-def job_phases(bodies: Bodies, attempts: int = 5) -> list[tuple[str, str, str]]:
-    """(namespace, name, phase) of every DDPJob in ``bodies``. Kopf's event loop writes its index while a
-    scrape (another thread) reads it: a read that saw it change ("changed size during iteration", or a key
-    gone meanwhile) is read again, up to ``attempts`` reads in all."""
+def job_phases(bodies: Bodies, attempts: int = 5) -> list[tuple[str, str, str, str]]:
+    """(namespace, name, phase, SyncVerified reason) of every DDPJob in ``bodies``. Kopf's event loop writes
+    its index while a scrape (another thread) reads it: a read that saw it change ("changed size during
+    iteration", or a key gone meanwhile) is read again, up to ``attempts`` reads in all."""
     for _ in range(attempts - 1):
         try:
             return _read(bodies)
@@ -74,12 +81,18 @@ def job_phases(bodies: Bodies, attempts: int = 5) -> list[tuple[str, str, str]]:
     return _read(bodies)
 
 
-def _read(bodies: Bodies) -> list[tuple[str, str, str]]:
+def _read(bodies: Bodies) -> list[tuple[str, str, str, str]]:
     return [
-        (body["metadata"]["namespace"], body["metadata"]["name"], _phase(body))
+        (body["metadata"]["namespace"], body["metadata"]["name"], _phase(body), _sync_reason(body))
         for group in list(bodies.values())
         for body in list(group)
     ]
+
+
+def _sync_reason(body: Mapping[str, Any]) -> str:
+    conditions = (body.get("status") or {}).get("conditions") or []
+    found = next((c for c in conditions if isinstance(c, Mapping) and c.get("type") == "SyncVerified"), None)
+    return str(found.get("reason") or "NotYetReported") if found else "NotYetReported"
 
 
 def _phase(body: Mapping[str, Any]) -> str:

@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 OPERATOR_FAMILIES = {
     "ddpjob_jobs",
     "ddpjob_job_info",
+    "ddpjob_sync_state",
     "ddpjob_reconciles",
     "ddpjob_reconcile_duration_seconds",
     "ddpjob_gang_restarts",

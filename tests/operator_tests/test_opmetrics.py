@@ -46,6 +46,34 @@ def test_job_info_follows_the_index_and_goes_with_a_deleted_job(index: dict[Any,
     assert _count("Pending") == 0.0
 
 
+def test_sync_state_says_a_job_that_built_no_ddp_model_apart_from_one_not_reported(
+    index: dict[Any, Any],
+) -> None:
+    def with_sync(name: str, reason: str) -> dict[str, Any]:
+        body = _job(name, "Succeeded")
+        body["status"]["conditions"] = [
+            {"type": "Ready", "reason": "Succeeded"},
+            {"type": "SyncVerified", "reason": reason},
+        ]
+        return body
+
+    index.update({("ns", "n"): [with_sync("n", "NoDDPModel")], ("ns", "v"): [with_sync("v", "BitIdentical")]})
+    index[("ns", "q")] = [_job("q", "Running")]
+
+    def state(name: str, reason: str) -> float | None:
+        labels = {"ddpjob_namespace": "ns", "ddpjob": name, "reason": reason}
+        return REGISTRY.get_sample_value("ddpjob_sync_state", labels)
+
+    assert (state("n", "NoDDPModel"), state("v", "BitIdentical"), state("q", "NotYetReported")) == (
+        1.0,
+        1.0,
+        1.0,
+    )
+    assert state("n", "NotYetReported") is None
+    del index[("ns", "n")]
+    assert state("n", "NoDDPModel") is None
+
+
 def test_a_reconcile_is_counted_by_its_result() -> None:
     before = REGISTRY.get_sample_value("ddpjob_reconciles_total", {"result": "ok"}) or 0.0
     opmetrics.observe_reconcile("ok", 0.01)
@@ -67,7 +95,7 @@ class _Changing(dict[tuple[str, str], list[dict[str, Any]]]):
 
 
 def test_a_scrape_reads_again_an_index_that_changed_meanwhile() -> None:
-    assert opmetrics.job_phases(_Changing(changes=2)) == [("ns", "a", "Running")]
+    assert opmetrics.job_phases(_Changing(changes=2)) == [("ns", "a", "Running", "NotYetReported")]
     with pytest.raises(RuntimeError):
         opmetrics.job_phases(_Changing(changes=5))
 
