@@ -14,7 +14,7 @@ import datetime as dt
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from ddp_trainer import contract
 
@@ -276,7 +276,12 @@ def observe(
     attempt = current_attempt(previous, jobs)
     current = [job for job in jobs if attempt_of(job) == attempt]
     mine = [pod for pod in pods if attempt_of(pod) == attempt]
-    report = rank0_report(mine) or remembered_report(previous, attempt)
+    # every pod's failed ranks ride on rank 0's report (and into status.lastReport, past the pods' deletion)
+    pod_reports = [
+        contract.parse_report(str(s.get("message") or "")) for pod in mine if (s := terminated(pod))
+    ]
+    merged = failures.with_failures(rank0_report(mine), pod_reports)
+    report = cast(contract.Report | None, merged) or remembered_report(previous, attempt)
     job_facts = None
     if current:
         job = current[0]

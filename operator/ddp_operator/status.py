@@ -247,10 +247,23 @@ def report_sync(report: Mapping[str, Any]) -> dict[str, Any]:
     return {key: report[key] for key in contract.SYNC_STATUS_KEYS if key in report}
 
 
+LAST_FAILURES = 16
+"""Failed ranks ``status.lastReport.failures`` keeps (the earliest first)."""
+
+
 def last_report(report: Mapping[str, Any], attempt: int) -> dict[str, Any]:
     """What ``status.lastReport`` keeps of a report: enough to decide after the pod is gone."""
     kept = {key: report[key] for key in ("result", "reason") if key in report}
-    return {"attempt": attempt, **kept, "message": str(report.get("message", ""))[:1024]}
+    out = {"attempt": attempt, **kept, "message": str(report.get("message", ""))[:1024]}
+    if entries := [f for f in report.get("failures") or [] if isinstance(f, Mapping)][:LAST_FAILURES]:
+        # who failed first must survive the pods' deletion (failures.describe reads them back)
+        fields = (("rank", int), ("at", float), ("restart", int))
+        out["failures"] = [
+            {k: kind(f[k]) for k, kind in fields if isinstance(f.get(k), int | float)}
+            | {"error": str(f.get("error", ""))[:512]}
+            for f in entries
+        ]
+    return out
 
 
 def report_checkpoint(report: Mapping[str, Any]) -> dict[str, Any]:

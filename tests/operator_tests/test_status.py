@@ -142,3 +142,28 @@ def test_the_last_probe_verdict_and_why_reach_the_status_and_the_summary() -> No
     found = status.report_probe({"faultyNodes": ["n1"]}, faulty, 2)
     assert (found["faultyRanks"], found["faultyNodes"], found["lastVerdict"]) == ([3], ["n1"], "faulty")
     assert status.report_probe({}, {"result": "Succeeded"}, 1) == {}
+
+
+def test_who_failed_first_survives_the_pods_deletion_in_last_report() -> None:
+    """status.lastReport keeps every pod's failed ranks, so the cause is still named after the Job
+    controller deleted the pods (observe.remembered_report reads it back)."""
+    from ddp_operator import failures, observe
+
+    report = {"result": "Failed", "reason": "CommandError", "message": ""}
+    report["failures"] = [  # type: ignore[assignment]
+        {
+            "rank": 0,
+            "at": 12.5,
+            "error": "RuntimeError: [pair.cc:561] Connection closed by peer",
+            "restart": 0,
+        },
+        {"rank": 1, "at": 11.0, "error": "RuntimeError: injected crash on rank 1 at step 5", "restart": 0},
+    ]
+    kept = status.last_report(report, 3)
+    assert [f["rank"] for f in kept["failures"]] == [0, 1] and kept["failures"][1]["at"] == 11.0
+    back = observe.remembered_report({"lastReport": kept}, 3)
+    assert back is not None
+    assert failures.describe(back.get("failures") or []).startswith(
+        "rank 1 failed first, in your command: RuntimeError: injected crash on rank 1 at step 5"
+    )
+    assert "failures" not in status.last_report({"result": "Succeeded"}, 3)
