@@ -69,3 +69,53 @@ def test_a_script_with_no_ddpjob_code_shows_sync_and_progress(
     checks = 1 + STEPS // EVERY + sum(1 for step in range(PROBE, STEPS + 1, PROBE) if step % EVERY)
     assert done["sync"]["verified"] is True and done["sync"]["checks"] == checks, done
     assert done["sync"]["lastCheckStep"] == STEPS, done
+
+
+def test_a_crash_in_a_users_script_is_blamed_on_the_rank_that_crashed(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    """Rank 1 raises; rank 0 then fails in its next collective ("Connection closed by peer"). The DDPJob's
+    status and Events name rank 1 and its own error, in a user's words, not rank 0's consequence."""
+    doc = ddpjob(
+        "crashes",
+        command=["torchrun"],
+        args=[str(Path(__file__).with_name("no_code_train.py"))],
+        env=[
+            {"name": "STEPS", "value": "400"},
+            {"name": "STEP_SECONDS", "value": "0.02"},
+            {"name": "CRASH_AT", "value": "1,30"},
+        ],
+        maxRestarts=0,
+    )
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
+    done = wait_phase(cluster, namespace, "crashes", "Succeeded", "Failed", timeout=300)["status"]
+    cause = "rank 1 failed first, in your command: RuntimeError: injected crash on rank 1 at step 30"
+    failed = next(c for c in done["conditions"] if c["type"] == "Failed")
+    assert failed["status"] == "True" and cause in failed["message"], done
+    assert 1 in {f["rank"] for f in done["lastReport"]["failures"]}, done  # kept past the pods' deletion
+    events = cluster.kubectl_json(
+        "get", "events", "-n", namespace, "--field-selector", "involvedObject.name=crashes"
+    )
+    assert any(cause in e.get("message", "") for e in events), [e.get("message") for e in events]
+
+
+def test_a_script_that_builds_no_ddp_model_says_there_is_nothing_to_verify(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    doc = ddpjob(
+        "noddp",
+        command=["torchrun"],
+        args=[str(Path(__file__).with_name("no_code_train.py"))],
+        env=[
+            {"name": "STEPS", "value": "40"},
+            {"name": "STEP_SECONDS", "value": "0"},
+            {"name": "NO_DDP", "value": "1"},
+        ],
+        maxRestarts=0,
+    )
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
+    done = wait_phase(cluster, namespace, "noddp", "Succeeded", "Failed", timeout=240)["status"]
+    assert done["phase"] == "Succeeded", done
+    sync = next(c for c in done["conditions"] if c["type"] == "SyncVerified")
+    assert (sync["status"], sync["reason"]) == ("Unknown", "NoDDPModel"), done
+    assert sync["message"] == "no DDP model was built in any rank: nothing to verify", done
