@@ -6,6 +6,7 @@ chunks."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS starts, as the pods set it
 
@@ -87,31 +88,25 @@ def test_the_steps_between_two_checks_make_no_host_synchronisation() -> None:
         seen.append(reader.put(result.loss))
         return True
 
-    precision = Precision.of(torch.device("cuda"), "bf16")
-    loss_fn = lambda m, out, y: nn.functional.cross_entropy(out, y)  # noqa: E731
-    train(
-        state,
-        Batches(),
-        total_steps=2,
-        grad_accumulation=1,
-        precision=precision,
-        device=torch.device("cuda"),
-        loss_fn=loss_fn,
-        on_step=lambda r: True,
-    )  # warm-up: lazy inits
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:  # any synchronising call (a .item(), a float() of the loss) raises here
+    def steps(total: int, each: Callable[[StepResult], bool]) -> None:
+        cuda = torch.device("cuda")
+        precision, loss_fn = Precision.of(cuda, "bf16"), lambda m, out, y: nn.functional.cross_entropy(out, y)
         train(
             state,
             Batches(),
-            total_steps=12,
+            total_steps=total,
             grad_accumulation=1,
             precision=precision,
-            device=torch.device("cuda"),
+            device=cuda,
             loss_fn=loss_fn,
-            on_step=on_step,
+            on_step=each,
         )
+
+    steps(2, lambda r: True)  # warm-up: lazy inits
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:  # any synchronising call (a .item(), a float() of the loss) raises here
+        steps(12, on_step)
     finally:
         torch.cuda.set_sync_debug_mode(0)
     seen.append(reader.flush())
