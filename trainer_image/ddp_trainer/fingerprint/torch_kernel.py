@@ -113,6 +113,9 @@ class _Geometry(NamedTuple):
     counts: list[int]
     """Blocks per tensor."""
     metas: list[int]
+    on_device: dict[str, torch.Tensor]
+    """The fold's index tensors (first block, block count, block offset within its tensor, metadata) on
+    the geometry's device, made at the first call: later calls copy nothing to the device."""
 
 
 def _geometry_for(tensors: Sequence[torch.Tensor], device: torch.device) -> _Geometry:
@@ -167,7 +170,8 @@ def _geometry_for(tensors: Sequence[torch.Tensor], device: torch.device) -> _Geo
                 close()
     close()
     metas = [signed(meta_hash(t.dtype, t.shape)) for t in tensors]
-    made = _Geometry(tuple(chunks), block, max((c.rows for c in chunks), default=0), first, count, metas)
+    rows = max((c.rows for c in chunks), default=0)
+    made = _Geometry(tuple(chunks), block, rows, first, count, metas, {})
     with _geometry_lock:
         _geometry[key] = made
         while len(_geometry) > _CACHE_SIZE:
@@ -251,15 +255,21 @@ def fingerprint_many(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     flat = tensors if all(t.is_contiguous() for t in tensors) else [t.contiguous() for t in tensors]
     geometry = _geometry_for(flat, device)
     sums = _block_sums(flat, geometry, device)
-    first, count = _ints(geometry.first, device), _ints(geometry.counts, device)
-    local = torch.arange(geometry.blocks, dtype=torch.int64, device=device)
-    local -= first.repeat_interleave(count, output_size=geometry.blocks)
-    x = (local + 1).mul_(_I64["H"]).add_(sums)
+    ints = geometry.on_device
+    if not ints:
+        first, count = _ints(geometry.first, device), _ints(geometry.counts, device)
+        local = torch.arange(geometry.blocks, dtype=torch.int64, device=device)
+        local -= first.repeat_interleave(count, output_size=geometry.blocks)
+        ints.update(
+            first=first, count=count, keys=(local + 1).mul_(_I64["H"]), metas=_ints(geometry.metas, device)
+        )
+    first, count = ints["first"], ints["count"]
+    x = ints["keys"] + sums
     mix_(x, torch.empty_like(x))
     cumulative = torch.cat(
         (torch.zeros(1, dtype=torch.int64, device=device), torch.cumsum(x, dim=0))
     )  # int64 sums wrap: exact
-    d = (cumulative[first + count] - cumulative[first]).add_(_ints(geometry.metas, device))
+    d = (cumulative[first + count] - cumulative[first]).add_(ints["metas"])
     return mix_(d, torch.empty_like(d))
 
 
