@@ -95,7 +95,7 @@ def test_a_crash_in_a_users_script_is_blamed_on_the_rank_that_crashed(
     assert 1 in {f["rank"] for f in done["lastReport"]["failures"]}, done  # kept past the pods' deletion
     events = cluster.kubectl_json(
         "get", "events", "-n", namespace, "--field-selector", "involvedObject.name=crashes"
-    )
+    )["items"]
     assert any(cause in e.get("message", "") for e in events), [e.get("message") for e in events]
 
 
