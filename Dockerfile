@@ -6,7 +6,9 @@
 FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md MANIFEST.in ./
+# the in-tree build backend (pyproject.toml: backend-path); without it no wheel builds
+COPY hack/backend/ hack/backend/
 COPY operator/ operator/
 COPY trainer_image/ trainer_image/
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .

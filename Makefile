@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test demo lint typecheck unit venv tools prometheus s3server manifests clean
+.PHONY: test demo lint typecheck unit venv tools prometheus s3server manifests clean images
 
 venv: $(STAMP)
 
@@ -46,6 +46,12 @@ test: lint typecheck unit
 
 demo: $(STAMP)
 	$(BIN)/ddpjob local examples/quickstart.yaml
+
+# The two images of the Dockerfile, built with Debian's buildah (no Docker daemon, no registry: the base
+# python:3.11-slim is made from Debian 12 packages), cached by a hash of their inputs; prints each image's
+# size, user and a --help smoke check (hack/images/build.sh). Root; apt-get install buildah podman mmdebstrap.
+images:
+	hack/images/build.sh
 
 manifests: tools
 	$(BIN)/python -m ddp_operator.crd --write-manifests
