@@ -9,6 +9,8 @@
 # also written as OCI archives (what a node's containerd imports: `ctr images import`):
 #   ~/.cache/ddpjob/images/<hash>/{operator,trainer}.tar
 # Prints, at the end, each image's size, the uid it runs as and a smoke check (`--help`) of each.
+# Measured here (2026-11-26, 2 cores): both built in 212 s from an empty cache; operator 422 MB, trainer
+# 6.18 GB (torch's CUDA wheels from PyPI); the base 248 MB.
 #
 # Needs root (buildah's storage), Debian's buildah, podman and mmdebstrap (apt-get install buildah podman
 # mmdebstrap uidmap), and PyPI for the images' pip installs (torch, in the trainer: a few GB).
@@ -67,18 +69,23 @@ else
   say "built in $(( $(date +%s) - started )) s"
 fi
 
-# the same checks on a cached build: sizes, the user, --help
+# the same checks on a cached build: size, the user, --help. They run in the image with buildah's chroot
+# isolation, not a container runtime: on this machine crun refuses the container's rlimits
+# (RLIMIT_NOFILE/NPROC: Operation not permitted) and hybrid cgroups; a kubelet's containerd is issue 32's
+# next step.
 for target in operator trainer; do
   image=localhost/ddpjob/$target:$VERSION
-  if ! podman image exists "$image"; then
-    podman load --quiet -i "$OUT/$target.tar" >/dev/null
-    podman tag "ddpjob/$target:$VERSION" "$image" 2>/dev/null || true
+  if ! buildah inspect --type image "$image" >/dev/null 2>&1; then
+    buildah pull --quiet "oci-archive:$OUT/$target.tar" >/dev/null
+    buildah tag "ddpjob/$target:$VERSION" "$image"
   fi
   size=$(podman image inspect --format '{{.Size}}' "$image")
-  user=$(podman run --rm --network none --entrypoint id "$image" -u)
+  ctr=$(buildah from --quiet "$image")
+  user=$(buildah run --isolation chroot "$ctr" -- id -u)
   case $target in
-    operator) podman run --rm --network none "$image" --help | head -1 >&2 ;;
-    trainer) podman run --rm --network none --entrypoint python "$image" -m ddp_trainer --help | head -1 >&2 ;;
+    operator) help=$(buildah run --isolation chroot "$ctr" -- ddpjob --help | head -1) ;;
+    trainer) help=$(buildah run --isolation chroot "$ctr" -- python -m ddp_trainer --help | head -1) ;;
   esac
-  echo "$target $image $(( size / 1000000 )) MB uid $user $OUT/$target.tar"
+  buildah rm "$ctr" >/dev/null
+  echo "$target $image $(( size / 1000000 )) MB, runs as uid $user, --help: ${help:0:40}..., archive $OUT/$target.tar"
 done
