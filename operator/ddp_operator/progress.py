@@ -272,6 +272,8 @@ def _replica_sentence(report: Mapping[str, Any] | None) -> str:
             "without the sync hook (spec.syncCheck.autoInstrument: false, or a command that is not Python) "
             "and without ddp_trainer's SyncHealth or a callback; see docs/your-code.md)"
         )
+    if report.get("reason") == contract.SYNC_HOOK_OFF:
+        return f"not checked: {report.get('message', '')}"
     if report.get("reason") == contract.NO_DDP_MODEL:
         return contract.NO_DDP_MODEL_MESSAGE + " (the sync hook saw no DistributedDataParallel model built)"
     checks, ranks = report.get("checks", 0), report.get("worldSize", "?")

@@ -328,8 +328,11 @@ def finish(out: StatusBuilder, succeeded: bool, reason: str, message: str) -> No
 
 def sync_condition(out: StatusBuilder) -> None:
     sync = out.values.get("sync")
-    if not sync and (out.values.get("lastReport") or {}).get("reason") == contract.NO_DDP_MODEL:
+    last = out.values.get("lastReport") or {}
+    if not sync and last.get("reason") == contract.NO_DDP_MODEL:
         out.condition("SyncVerified", None, contract.NO_DDP_MODEL, contract.NO_DDP_MODEL_MESSAGE)
+    elif not sync and last.get("reason") == contract.SYNC_HOOK_OFF:
+        out.condition("SyncVerified", None, contract.SYNC_HOOK_OFF, str(last.get("message", "")))
     elif not sync:
         message = "no sync check reported yet (read from the pods' metrics, and rank 0's final report)"
         out.condition("SyncVerified", None, "NotYetReported", message)

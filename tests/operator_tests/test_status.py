@@ -167,3 +167,17 @@ def test_who_failed_first_survives_the_pods_deletion_in_last_report() -> None:
         "rank 1 failed first, in your command: RuntimeError: injected crash on rank 1 at step 5"
     )
     assert "failures" not in status.last_report({"result": "Succeeded"}, 3)
+
+
+def test_a_sync_hook_that_could_not_switch_on_says_why_in_sync_verified() -> None:
+    message = "the sync hook could not switch on: ImportError: x; nothing was verified"
+    report = {"result": "Succeeded", "reason": "SyncHookOff", "message": message}
+    out = StatusBuilder({}, "2026-01-01T00:00:00Z")
+    out.values["lastReport"] = status.last_report(report, 1)
+    status.sync_condition(out)
+    condition = out.conditions["SyncVerified"]
+    assert (condition["status"], condition["reason"], condition["message"]) == (
+        "Unknown",
+        "SyncHookOff",
+        message,
+    )

@@ -226,3 +226,35 @@ def test_a_training_process_waits_for_gloos_threads_before_the_interpreter_ends(
     distributed.settle_gloo_at_exit()
     distributed.settle_gloo_at_exit()
     assert registered == [distributed.settle_gloo]
+
+
+def test_a_hook_that_cannot_switch_on_reports_why_for_the_status(
+    tmp_path: Path, hook_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hook's own report when it cannot install (local rank 0 only; a report already there stays): the
+    operator shows its message in SyncVerified (reason SyncHookOff) instead of "not reported"."""
+    import importlib.util
+
+    from ddp_operator import progress
+
+    spec = importlib.util.spec_from_file_location("hook_sitecustomize", hook_dir / "sitecustomize.py")
+    assert spec is not None and spec.loader is not None
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)  # not named sitecustomize: defines its functions, starts nothing
+    log = tmp_path / "report.json"
+    monkeypatch.setenv("DDPJOB_TERMINATION_LOG", str(log))
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    hook._report_off("ImportError: cannot import name 'x'")
+    assert not log.exists()  # only the pod's local rank 0 writes
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    hook._report_off("ImportError: cannot import name 'x'")
+    rep = json.loads(log.read_text())
+    assert (rep["result"], rep["reason"], rep["worldSize"]) == ("Succeeded", "SyncHookOff", 4), rep
+    assert (
+        rep["message"]
+        == "the sync hook could not switch on: ImportError: cannot import name 'x'; nothing was verified"
+    )
+    assert progress.sync_sentence(rep) == f"not checked: {rep['message']}"
+    hook._report_off("another reason")
+    assert json.loads(log.read_text()) == rep  # the first report stays

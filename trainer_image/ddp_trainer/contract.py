@@ -278,6 +278,9 @@ NO_DDP_MODEL: Final = "NoDDPModel"
 """Report reason (result ``Succeeded``, no checks): the no-code hook saw no DDP model built in the pod's
 local rank 0, so there was nothing to verify."""
 NO_DDP_MODEL_MESSAGE: Final = "no DDP model was built in any rank: nothing to verify"
+SYNC_HOOK_OFF: Final = "SyncHookOff"
+"""Report reason (result ``Succeeded``, no checks): the no-code hook could not switch on in the pod's
+local rank 0; the message says why. Nothing was verified (distinct from "no report": a crash)."""
 COMMAND_ERROR: Final = "CommandError"
 """Report reason: the user's own command raised (the no-code hook saw the exception end a rank)."""
 INVALID_ARGUMENTS: Final = "InvalidArguments"

@@ -48,8 +48,12 @@ def _activate() -> None:
 
         autoinstrument.install()
     except Exception as error:  # the hook must never stop a script that would have run without it
-        _state["why"] = f"{type(error).__name__}: {error}"
-        _say(f"off: {_state['why']}")
+        why = f"{type(error).__name__}: {error}"
+        _state["why"] = why
+        _say(f"off: {why}")
+        import atexit
+
+        atexit.register(_report_off, why)
 
 
 def _torch_loaded() -> bool:
@@ -124,7 +128,30 @@ class _TorchWatcher:
 def _at_exit() -> None:
     """Say why nothing was checked when torch loaded but the hook never installed."""
     if not _state["activated"] and "torch" in sys.modules:
-        _say("off: torch was loaded without the hook seeing it (an import finder in front of the hook's?)")
+        why = "torch was loaded without the hook seeing it (an import finder in front of the hook's?)"
+        _say("off: " + why)
+        _report_off(why)
+
+
+def _report_off(why: str) -> None:
+    """The pod's report (local rank 0) when the hook could not switch on: the job's status then says why
+    nothing was verified. A report already there (a rank's failure) stays; any error here is swallowed."""
+    if os.environ.get("LOCAL_RANK", "0") != "0":
+        return
+    try:
+        from ddp_trainer import config, contract, report
+
+        report.write_unless_reported(
+            config.read_pod_env(os.environ).termination_log,
+            {
+                "result": contract.SUCCEEDED,
+                "reason": contract.SYNC_HOOK_OFF,
+                "message": "the sync hook could not switch on: " + why + "; nothing was verified",
+                "worldSize": int(os.environ.get("WORLD_SIZE", "1") or 1),
+            },
+        )
+    except Exception as error:
+        _say("could not write the report: " + type(error).__name__ + ": " + str(error))
 
 
 def _start() -> None:
