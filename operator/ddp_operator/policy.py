@@ -160,7 +160,9 @@ def decide(
     if cause := failures.describe(report.get("failures") or []):  # a user's command: who failed first
         why = f"{cause}; {why}"
     elif report.get("result") == contract.FAILED and report.get("message"):
-        why += f"; rank 0: {report.get('reason', 'TrainerError')}: {report['message']}"
+        reason = report.get("reason", "TrainerError")
+        said = "in your command" if reason == contract.COMMAND_ERROR else reason
+        why += f"; rank 0: {said}: {report['message']}"
     restarts = restarts_used(attempt, preemptions, in_place)
     if restarts < max_restarts:
         return Decision(

@@ -78,3 +78,10 @@ def test_the_summary_and_the_sync_sentence_name_the_rank_that_failed_in_your_wor
     plain = {"result": "Failed", "reason": "TrainerError", "message": "boom", "checks": 0}
     assert "the trainer failed (TrainerError: boom)" in progress.sync_sentence(plain)
     assert "rank 0: TrainerError: boom" in policy.decide(policy.Outcome(False, {0: 1}, plain), 1, 0).message
+
+
+def test_a_users_code_that_raised_is_said_in_a_users_words() -> None:
+    users = {"result": "Failed", "reason": "CommandError", "message": "ZeroDivisionError: x", "checks": 1}
+    assert progress.sync_sentence(users).startswith("no verdict: your command failed (ZeroDivisionError: x)")
+    said = policy.decide(policy.Outcome(False, {0: 1}, users), 1, 0).message
+    assert "rank 0: in your command: ZeroDivisionError: x" in said and "TrainerError" not in said, said

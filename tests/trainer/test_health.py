@@ -114,7 +114,7 @@ def test_an_exception_writes_the_report_and_propagates(single_rank: Path) -> Non
         sh.step()
         raise ZeroDivisionError("in the user's loop")
     report: dict[str, Any] = json.loads(single_rank.read_text())
-    assert (report["result"], report["reason"]) == ("Failed", "TrainerError")
+    assert (report["result"], report["reason"]) == ("Failed", "CommandError")  # the user's code, not ours
     assert report["message"] == "ZeroDivisionError: in the user's loop" and report["checks"] == 1
 
 

@@ -625,7 +625,9 @@ class SyncHealth:
         return report.diverged(self.tally, self.facts(), err.reason, str(err))
 
     def failed(self, err: BaseException) -> tuple[int, contract.Report]:
-        return report.failed(f"{type(err).__name__}: {err}", self.tally, self.facts())
+        """The report when the user's code raised: reason ``CommandError`` (not the built-in trainer's)."""
+        message = f"{type(err).__name__}: {err}"
+        return report.failed(message, self.tally, self.facts(), reason=contract.COMMAND_ERROR)
 
     def _publish(self, code: int, rep: contract.Report) -> None:
         self.last_report = rep

@@ -144,16 +144,16 @@ def usage(message: str) -> tuple[int, contract.Report]:
 
 
 def failed(
-    message: str, tally: Tally | None = None, facts: RunFacts | None = None
+    message: str,
+    tally: Tally | None = None,
+    facts: RunFacts | None = None,
+    reason: str = "TrainerError",
 ) -> tuple[int, contract.Report]:
-    """Any other error; without ``tally`` and ``facts`` (it failed before they existed), a bare report."""
+    """Any other error; without ``tally`` and ``facts`` (it failed before they existed), a bare report.
+    ``reason``: ``TrainerError`` for the built-in trainer, :data:`contract.COMMAND_ERROR` for user code."""
     if tally is None or facts is None:
-        return contract.FAILURE_EXIT_CODE, {
-            "result": contract.FAILED,
-            "reason": "TrainerError",
-            "message": message,
-        }
-    return contract.FAILURE_EXIT_CODE, build(contract.FAILED, "TrainerError", message, tally, facts)
+        return contract.FAILURE_EXIT_CODE, {"result": contract.FAILED, "reason": reason, "message": message}
+    return contract.FAILURE_EXIT_CODE, build(contract.FAILED, reason, message, tally, facts)
 
 
 def termination_message(report: Mapping[str, Any], limit: int = LIMIT) -> str:
