@@ -175,10 +175,22 @@ def test_a_hung_rank_restarts_the_gang_with_a_reason_naming_it(
         ready = wait_for(stalled, what="the attempt to be ended as Stalled", timeout=120, every=1)
         assert victim["metadata"]["name"] in ready["message"], ready
         assert "spec.stallTimeoutSeconds" in ready["message"], ready
-        events = cluster.kubectl_json(
-            "get", "events", "-n", namespace, "--field-selector", "involvedObject.name=hung,reason=Stalled"
-        )["items"]
-        assert events and victim["metadata"]["name"] in events[0]["message"], events
+
+        def stalled_events() -> (
+            list[dict[str, Any]] | None
+        ):  # Kopf posts events after the status, in the back
+            found: list[dict[str, Any]] = cluster.kubectl_json(
+                "get",
+                "events",
+                "-n",
+                namespace,
+                "--field-selector",
+                "involvedObject.name=hung,reason=Stalled",
+            )["items"]
+            return found or None
+
+        events = wait_for(stalled_events, what="the Stalled event", timeout=30, every=1)
+        assert victim["metadata"]["name"] in events[0]["message"], events
         print(f"hung rank: {ready['message']}")
 
         def resumed() -> str | None:  # the hung pod goes after its 120 s grace period, then attempt 2 starts

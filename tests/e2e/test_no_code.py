@@ -93,10 +93,15 @@ def test_a_crash_in_a_users_script_is_blamed_on_the_rank_that_crashed(
     failed = next(c for c in done["conditions"] if c["type"] == "Failed")
     assert failed["status"] == "True" and cause in failed["message"], done
     assert 1 in {f["rank"] for f in done["lastReport"]["failures"]}, done  # kept past the pods' deletion
-    events = cluster.kubectl_json(
-        "get", "events", "-n", namespace, "--field-selector", "involvedObject.name=crashes"
-    )["items"]
-    assert any(cause in e.get("message", "") for e in events), [e.get("message") for e in events]
+
+    def naming() -> list[str] | None:  # Kopf posts events after the status, in the background
+        events = cluster.kubectl_json(
+            "get", "events", "-n", namespace, "--field-selector", "involvedObject.name=crashes"
+        )["items"]
+        messages = [str(e.get("message", "")) for e in events]
+        return messages if any(cause in m for m in messages) else None
+
+    wait_for(naming, what="an Event naming rank 1's own error", timeout=30, every=1)
 
 
 def test_a_script_that_builds_no_ddp_model_says_there_is_nothing_to_verify(
