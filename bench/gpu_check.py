@@ -78,8 +78,6 @@ def gpu_tests() -> None:
 def fingerprint() -> None:
     import fingerprint_bench as fb
 
-    from ddp_trainer import fingerprint as fp
-
     big = torch.empty(2 * 1024**3 // 4, dtype=torch.float32, device="cuda").normal_()
     bandwidth = big.numel() * 4 / fb.cuda_median(big.sum, 10)
     del big
@@ -119,7 +117,6 @@ def fingerprint() -> None:
         )
         row(f"fingerprint {name}: Triton == torch, bit for bit", str(same), "True")
         del tensors
-    assert fp  # the package imported from this checkout
 
 
 def trainer_vs_bare() -> None:

@@ -212,15 +212,10 @@ def outcome(
     message = ", ".join(culprits) or (str(failed.get("message", "")) if failed else "")
     if reason not in ("DeadlineExceeded", policy.POD_FAILURE_POLICY):
         reason = policy.PREEMPTED if any(condition(pod, "DisruptionTarget") for pod in pods) else ""
-    pod_reports = [
-        contract.parse_report(str(state.get("message") or "")) for pod in pods if (state := terminated(pod))
-    ]
     return policy.Outcome(
         succeeded=condition(job, "Complete") is not None,
         exit_codes=codes,
-        report=failures.with_failures(
-            report, [report, *pod_reports]
-        ),  # every pod's failed ranks: who failed first
+        report=report,  # with every pod's failed ranks already (observe)
         reason=reason,
         message=message,
         crashed=any(_failed_on_its_own(pod) for pod in pods),

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from ddp_trainer import inject
+from ddp_trainer import contract, inject
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = HERE / "autoinstrument_scenarios.py"
@@ -258,3 +258,30 @@ def test_a_hook_that_cannot_switch_on_reports_why_for_the_status(
     assert progress.sync_sentence(rep) == f"not checked: {rep['message']}"
     hook._report_off("another reason")
     assert json.loads(log.read_text()) == rep  # the first report stays
+
+
+def test_the_hook_gives_a_training_process_what_cublas_needs_for_the_probe(hook_dir: Path) -> None:
+    """``CUBLAS_WORKSPACE_CONFIG`` is set at the process's start (before torch, so before cuBLAS), in a
+    training process only, and a value of the user's stays; the hook's copy equals the contract's."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hook_sitecustomize", hook_dir / "sitecustomize.py")
+    assert spec is not None and spec.loader is not None
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    assert hook.CUBLAS_WORKSPACE == (contract.CUBLAS_WORKSPACE_ENV, contract.CUBLAS_WORKSPACE)
+
+    def seen(**env: str) -> str:
+        base = {
+            k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "CUBLAS_WORKSPACE_CONFIG")
+        }
+        code = "import os; print(os.environ.get('CUBLAS_WORKSPACE_CONFIG', '-'))"
+        env = {**base, "PYTHONPATH": str(hook_dir), **env}
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True
+        )
+        return done.stdout.strip()
+
+    assert seen(RANK="0") == contract.CUBLAS_WORKSPACE
+    assert seen(RANK="0", CUBLAS_WORKSPACE_CONFIG=":16:8") == ":16:8"
+    assert seen() == "-"  # not a training process: nothing set

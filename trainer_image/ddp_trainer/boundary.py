@@ -18,6 +18,7 @@ from torch import nn
 
 from ddp_trainer import replicas
 from ddp_trainer.config import ChaosSpec, TrainerConfig
+from ddp_trainer.lossread import LateRead
 from ddp_trainer.verify import CheckKind
 
 log = logging.getLogger("ddp_trainer")
@@ -70,15 +71,13 @@ def agree_stop(requested: bool) -> bool:
 
 class StopAgreement:
     """:func:`agree_stop` at every step boundary without making the host wait for the GPU. On CUDA (NCCL)
-    each step's all_reduce is queued behind the step's kernels and its result copied to pinned memory;
-    the call returns the result of the *previous* step's agreement, read then (the GPU has finished it by
-    the time the next step is queued). Every rank reads the same reduced flag at the same step, so all
-    stop together, one step after the request. Elsewhere it is :func:`agree_stop` itself."""
+    each step's all_reduce is queued behind the step's kernels and its result read a step later
+    (:class:`ddp_trainer.lossread.LateRead`): the call returns the *previous* step's agreement. Every rank
+    reads the same reduced flag at the same step, so all stop together, one step after the request.
+    Elsewhere it is :func:`agree_stop` itself."""
 
     def __init__(self) -> None:
-        self._pending: tuple[torch.Tensor, torch.cuda.Event] | None = None
-        self._slots: list[tuple[torch.Tensor, torch.cuda.Event]] = []
-        self._next = 0
+        self._late = LateRead()
 
     def __call__(self, requested: bool) -> bool:
         device = replicas.comm_device(None)
@@ -86,27 +85,7 @@ class StopAgreement:
             return agree_stop(requested)
         flag = torch.full((1,), int(requested), dtype=torch.int32, device=device)  # a fill, not a copy
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        previous = self.result()
-        if not self._slots:
-            self._slots = [
-                (torch.empty(1, dtype=torch.int32, pin_memory=True), torch.cuda.Event())  # type: ignore[no-untyped-call]
-                for _ in range(2)
-            ]
-        host, event = self._slots[self._next]
-        self._next ^= 1
-        host.copy_(flag, non_blocking=True)
-        event.record()
-        self._pending = (host, event)
-        return previous
-
-    def result(self) -> bool:
-        """The agreement queued last and not yet read (waits for it); False if none."""
-        if self._pending is None:
-            return False
-        host, event = self._pending
-        self._pending = None
-        event.synchronize()
-        return bool(host[0])
+        return bool(self._late.put(flag))
 
 
 class StopRequest:

@@ -24,6 +24,9 @@ if MYPY:  # for the type checker only: importing typing at every start would cos
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _VENDOR = os.path.join(_HERE, "vendor")  # pure-Python dependencies the image may lack (prometheus_client)
 _MIN_PYTHON = (3, 11)
+CUBLAS_WORKSPACE = ("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+"""What cuBLAS needs before it starts to run deterministically, for the compute probe
+(:data:`ddp_trainer.contract.CUBLAS_WORKSPACE`; standard library only here, a test keeps the two equal)."""
 _PREFIX = "ddpjob sync health"
 
 
@@ -164,6 +167,7 @@ def _start() -> None:
             f"off: Python {found[0]}.{found[1]} is older than {needed[0]}.{needed[1]}, which the check needs"
         )
         return
+    env.setdefault(*CUBLAS_WORKSPACE)  # before torch (and cuBLAS) starts; a value of the user's stays
     if "torch" in sys.modules:  # imported by an earlier sitecustomize or .pth file
         _activate()
     else:
