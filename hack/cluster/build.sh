@@ -13,7 +13,7 @@ key="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_coredns-${COREDNS_VERSION}_$(
     | xargs sha256sum | sha256sum | cut -c1-12)"
 cache="${DDPJOB_CLUSTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ddpjob/cluster}/$key"
 bin="$cache/bin"
-k8s_bins=(etcd kube-apiserver kube-controller-manager kube-scheduler)
+k8s_bins=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet pause)
 
 missing() { for b in "$@"; do [[ -x "$bin/$b" ]] || return 0; done; return 1; }
 if ! missing "${k8s_bins[@]}" coredns; then echo "$bin"; exit 0; fi
