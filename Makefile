@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test demo lint typecheck unit venv tools prometheus s3server manifests clean images
+.PHONY: test demo lint typecheck unit venv tools prometheus s3server kueue manifests clean images
 
 venv: $(STAMP)
 
@@ -27,7 +27,11 @@ prometheus:
 s3server:
 	hack/s3/build.sh >/dev/null
 
-tools: $(STAMP) $(BIN)/helm prometheus s3server
+# Kueue v0.17 from its Go module (hack/cluster/kueue.sh; cached): the cluster tier queues DDPJobs with it.
+kueue:
+	hack/cluster/kueue.sh >/dev/null
+
+tools: $(STAMP) $(BIN)/helm prometheus s3server kueue
 
 lint: tools
 	$(BIN)/ruff check operator trainer_image tests bench hack

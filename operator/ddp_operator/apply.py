@@ -35,8 +35,10 @@ def reconcile(
     logger: Logger,
     scraper: Scraper | None = None,
     recent: Recent | None = None,
+    workloads: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> None:
-    """Decide (pure) and carry out the plan for one DDPJob; record the reconcile's metrics. ``scraper``
+    """Decide (pure) and carry out the plan for one DDPJob; record the reconcile's metrics. ``workloads``:
+    Kueue's Workloads of its Jobs, by Job name. ``scraper``
     holds the latest reading of the pods' metrics and takes the plan's next read (in the background);
     ``recent`` holds what earlier reconciles wrote that ``body`` and ``jobs`` (the indexes) lack."""
     started = time.monotonic()
@@ -49,7 +51,7 @@ def reconcile(
         snapshot = scraper.latest(key) if scraper else None
         now = dt.datetime.now(dt.UTC)
         claim = read_claim(body, pods)
-        plan = decide_for(body, jobs, pods, now, snapshot, claim)
+        plan = decide_for(body, jobs, pods, now, snapshot, claim, workloads)
         _scrape(scraper, key, plan)
         try:
             try:

@@ -18,7 +18,7 @@ from typing import Any
 import kopf
 import kubernetes
 
-from . import apply, crd, heap, names, opmetrics
+from . import apply, crd, heap, names, opmetrics, queueing
 from .recent import Recent
 from .scraper import Scraper
 from .status import finished
@@ -60,7 +60,7 @@ def _tick(key: Key) -> None:
 TIMER = Ticker(
     TIMER_INTERVAL_SECONDS, lambda: _KOPF["ddpjob_bodies"].keys(), _tick, PEERING.paused, heap.Trimmer()
 )
-INDEXES = ("ddpjob_bodies", "ddpjob_jobs", "ddpjob_pods")
+INDEXES = ("ddpjob_bodies", "ddpjob_jobs", "ddpjob_pods", "ddpjob_workloads")
 
 
 @kopf.on.startup()
@@ -154,6 +154,28 @@ def ddpjob_pods(
     return {_owner(namespace, labels): slim_pod(body)}
 
 
+def _owned_by_job(body: kopf.Body, **_: Any) -> bool:
+    return queueing.owner_job(body) is not None
+
+
+# Kueue's Workloads, by (namespace, the name of the Job that owns them): the DDPJob's status says what Kueue
+# says while its Job waits (queueing.py). Kueue labels a Workload with nothing of ours, so every Workload
+# owned by a Job is kept, slimmed to its conditions. Without Kueue's CRD Kopf serves nothing here (it logs
+# that the resource is unresolved) and picks the resource up when the CRD appears.
+@kopf.index(queueing.GROUP, queueing.WORKLOADS, when=_owned_by_job)
+def ddpjob_workloads(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Key, dict[str, Any]]:
+    return {(namespace or "", queueing.owner_job(body) or ""): queueing.slim(body)}
+
+
+@kopf.on.event(queueing.GROUP, queueing.WORKLOADS, when=_owned_by_job)
+def on_workload(namespace: str | None, body: kopf.Body, **kwargs: Any) -> None:
+    """A Workload changed: reconcile the DDPJob whose Job owns it (Jobs are named ``<ddpjob>-<attempt>``;
+    a DDPJob of that name whose Jobs are not the owner finds no Workload of its own and decides as before)."""
+    owner = ((namespace or ""), (queueing.owner_job(body) or "").rpartition("-")[0])
+    if owner[1] and owner in kwargs["ddpjob_bodies"]:
+        reconcile(owner, **kwargs)
+
+
 def _owner(namespace: str | None, labels: kopf.Labels) -> Key:
     """The DDPJob a child belongs to, by its label."""
     return (namespace or "", labels.get(names.JOB_NAME_LABEL, ""))
@@ -197,6 +219,7 @@ def reconcile(
     ddpjob_bodies: kopf.Index[Key, dict[str, Any]],
     ddpjob_jobs: kopf.Index[Key, dict[str, Any]],
     ddpjob_pods: kopf.Index[Key, dict[str, Any]],
+    ddpjob_workloads: kopf.Index[Key, dict[str, Any]],
     logger: apply.Logger,
     by_timer: bool = False,
     **_: Any,
@@ -207,4 +230,9 @@ def reconcile(
             _LAST[key] = time.monotonic()
         for body in list(ddpjob_bodies.get(key, []))[:1]:
             jobs, pods = list(ddpjob_jobs.get(key, [])), list(ddpjob_pods.get(key, []))
-            apply.reconcile(body, jobs, pods, logger, SCRAPER, RECENT)
+            workloads = {}
+            for job in jobs:
+                name = job.get("metadata", {}).get("name", "")
+                for workload in list(ddpjob_workloads.get((key[0], name), []))[:1]:
+                    workloads[name] = workload
+            apply.reconcile(body, jobs, pods, logger, SCRAPER, RECENT, workloads)

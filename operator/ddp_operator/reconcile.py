@@ -18,7 +18,7 @@ from typing import Any
 
 from ddp_trainer import contract
 
-from . import live, policy, render, stall, status, storage
+from . import live, policy, queueing, render, stall, status, storage
 from . import observe as observe_module
 from .observe import Facts, JobFacts, observe
 from .plan import Event, Plan, Scrape
@@ -49,6 +49,8 @@ class Inputs:
     """The latest reading of the pods' metrics (:mod:`ddp_operator.scraper`), if any."""
     storage: storage.Diagnosis | None = None
     """Why the checkpoint claim keeps the pods from starting, when the claim was read and something does."""
+    workload: queueing.Workload | None = None
+    """Kueue's Workload of the attempt's Job (``spec.queueName``), once Kueue made one."""
 
 
 def decide_for(
@@ -58,9 +60,11 @@ def decide_for(
     now: dt.datetime,
     snapshot: live.Snapshot | None = None,
     claim: storage.ClaimReading | None = None,
+    workloads: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Plan:
-    """The plan for one DDPJob from its body and the children that carry its label, and what the cluster
-    says about its checkpoint claim when :func:`storage.claim_to_read` asked for it."""
+    """The plan for one DDPJob from its body and the children that carry its label, what the cluster
+    says about its checkpoint claim when :func:`storage.claim_to_read` asked for it, and Kueue's
+    Workloads of its Jobs (by Job name; :mod:`queueing`)."""
     previous = dict(body.get("status") or {})
     generation = int(body.get("metadata", {}).get("generation") or 0)
     try:
@@ -78,7 +82,11 @@ def decide_for(
     job = render.render_job(spec, facts.attempt, used, avoid_nodes=avoid)
     rendered = render.render_checkpoint_claim(spec)
     why = storage.diagnose(claim, owned=rendered is not None, nodes=spec.nodes)
-    return decide(Inputs(spec, generation, previous, facts, now, service, rendered, job, snapshot, why))
+    found = (workloads or {}).get(facts.job.name) if facts.job and spec.queue_name else None
+    workload = queueing.read(found) if found is not None else None
+    return decide(
+        Inputs(spec, generation, previous, facts, now, service, rendered, job, snapshot, why, workload)
+    )
 
 
 def invalid_spec(error: SpecError, previous: Mapping[str, Any], generation: int, now: dt.datetime) -> Plan:
@@ -250,12 +258,20 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
         toggle = (job.name, False)
     ready, attempt = facts.ready_nodes, facts.attempt
     out.values["readyNodes"] = ready
+    if kueue := queueing.summary(inputs.workload):
+        out.values["kueue"] = kueue
+    else:  # a new attempt's Job: the earlier Job's Workload is gone with it
+        out.values.pop("kueue", None)
     if spec.suspend:
         out.phase("Suspended", "Suspended", "suspended: the pods are stopped and the checkpoint is kept")
         out.condition("Ready", False, "Suspended", SUSPENDED_READY)
+    elif job.suspended and spec.queue_name is None:
+        out.phase("Pending", "Resuming", f"resuming Job {job.name}")
+        out.condition("Ready", False, "Resuming", f"Job {job.name} is still suspended")
     elif job.suspended:
-        out.phase("Pending", "Queued", f"waiting for Kueue queue {spec.queue_name} to admit the gang")
-        out.condition("Ready", False, "Queued", f"Job {job.name} is suspended until Kueue admits it")
+        reason, message = queueing.waiting(spec.queue_name or "", job.name, inputs.workload)
+        out.phase("Pending", reason, message, warning=reason in queueing.WARNINGS)
+        out.condition("Ready", False, reason, message)
     elif ready == spec.nodes:
         out.phase("Running", "AllNodesReady", f"all {spec.nodes} pods of attempt {attempt} are running")
         out.condition("Ready", True, "AllNodesReady", f"{ready}/{spec.nodes} pods ready")

@@ -23,6 +23,7 @@ from .names import (
     COMPLETION_INDEX_ANNOTATION,
     CONTAINER_NAME,
     JOB_NAME_LABEL,
+    KUEUE_PRIORITY_LABEL,
     KUEUE_QUEUE_LABEL,
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -530,6 +531,8 @@ def render_job(spec: Spec, attempt: int, used: int | None = None, avoid_nodes: S
     metadata = _metadata(spec, job_name(spec, attempt), attempt)
     if spec.queue_name:
         metadata["labels"][KUEUE_QUEUE_LABEL] = spec.queue_name
+    if spec.workload_priority_class:
+        metadata["labels"][KUEUE_PRIORITY_LABEL] = spec.workload_priority_class
     pod_annotations = {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(spec.metrics_port),

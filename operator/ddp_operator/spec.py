@@ -152,6 +152,7 @@ class Spec:
     active_deadline_seconds: int | None
     suspend: bool
     queue_name: str | None
+    workload_priority_class: str | None
     pod_template: PodTemplateSpec
     uid: str | None = None
     given: frozenset[str] = frozenset()
@@ -371,6 +372,7 @@ def _build(doc: Mapping[str, Any]) -> Spec:
         active_deadline_seconds=s.get("activeDeadlineSeconds"),
         suspend=s["suspend"],
         queue_name=s.get("queueName"),
+        workload_priority_class=s.get("workloadPriorityClassName"),
         pod_template=PodTemplateSpec(
             labels=dict(template.get("labels", {})),
             annotations=dict(template.get("annotations", {})),

@@ -132,6 +132,7 @@ def begin(
         "progress",
         "checkpoint",
         "probe",
+        "kueue",
         RESTARTS_IN_PLACE,
         LAST_RESTART,
     ):

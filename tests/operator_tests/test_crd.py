@@ -47,12 +47,14 @@ def test_names_columns_and_subresources() -> None:
     assert version["subresources"] == {"status": {}}
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
         "Phase",
+        "Reason",
         "Nodes",
         "Attempt",
         "Sync",
         "Progress",
         "ETA",
         "Age",
+        "Message",
     ]
 
 

@@ -245,7 +245,7 @@ def test_a_suspended_creation_writes_its_status_once() -> None:
 def test_kueue_owns_the_suspension_of_queued_jobs() -> None:
     plan = _reconcile({"phase": "Pending", "attempt": 1}, [_job(1, suspend=True)], [], queueName="team")
     assert plan.suspend_job is None
-    assert plan.status["phase"] == "Pending" and _conditions(plan)["Ready"][1] == "Queued"
+    assert plan.status["phase"] == "Pending" and _conditions(plan)["Ready"][1] == "KueuePending"
 
 
 def test_deadline_counts_restarts() -> None:
