@@ -30,6 +30,13 @@ for tool in buildah podman mmdebstrap; do
   command -v "$tool" >/dev/null || { say "$tool is missing: apt-get install buildah podman mmdebstrap uidmap"; exit 1; }
 done
 
+# --check: print the folder of the archives for the current inputs if they are built, else fail; builds
+# nothing (the test cluster's real nodes find the archives to import this way)
+if [[ ${1:-} == --check ]]; then
+  [[ -f $OUT/operator.tar && -f $OUT/trainer.tar ]] || { say "not built for inputs $HASH: run make images"; exit 1; }
+  echo "$OUT"; exit 0
+fi
+
 if [[ -f $OUT/operator.tar && -f $OUT/trainer.tar ]]; then
   say "cached: $OUT (inputs $HASH)"
 else

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import controlplane, netns, processes
+from . import controlplane, netns, processes, realnode
 from .layout import BUILD_SCRIPT, NODE_NAMES, Layout
 
 if TYPE_CHECKING:
@@ -215,7 +215,7 @@ def down(layout: Layout | None = None, *, say: Say = _say, force: bool = False) 
     """Stops everything ``up`` started, even after a crash; safe to run twice. The machine-wide parts
     (pod namespaces, bridge) are removed only when this cluster owns them (or ``force``)."""
     layout = layout or Layout.default()
-    stopped = []
+    stopped = realnode.down(layout)  # kubelets and containerds of real nodes, and their containers
     for name in reversed(COMPONENTS):  # node agent first: it stops its pods
         if processes.stop(layout.pid(name), grace=15 if name in AGENTS else 10):
             stopped.append(name)

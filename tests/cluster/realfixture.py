@@ -1,0 +1,131 @@
+"""Real nodes for tests: ``running_real_nodes`` joins ``real-1`` and ``real-2`` (:mod:`realnode`) to the
+running test cluster, with ``make images``' operator and trainer images and the sandbox image imported, and
+takes them out again: pods on them deleted (the kubelet stops their containers and releases their
+addresses), Node objects deleted, kubelet and containerd stopped. A test module takes them through a
+fixture of its own (``tests/cluster/test_realnode.py``); :func:`unavailable_reason` says why they cannot run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from . import nodeimages, realnode
+from .fixtures import Cluster, wait_for
+from .nodeconfig import LABEL, RealNode
+
+IMAGES = {"operator": "docker.io/ddpjob/operator:0.1.0", "trainer": "docker.io/ddpjob/trainer:0.1.0"}
+TOLERATION = {"key": LABEL, "operator": "Exists", "effect": "NoSchedule"}
+UNPACKED_PER_ARCHIVE_BYTE = 2.9  # content store (the archive's blobs) + overlay snapshots (~1.9x)
+DISK_MARGIN = 3 * 1024**3
+
+
+def on_node(node: str) -> dict[str, object]:
+    """Pod spec fields that put a pod on real node ``node``."""
+    return {"nodeSelector": {LABEL: "true", "kubernetes.io/hostname": node}, "tolerations": [TOLERATION]}
+
+
+def unavailable_reason(archives: dict[str, Path] | str) -> str | None:
+    for tool in ("containerd", "ctr", "runc"):
+        if not shutil.which(tool):
+            return f"real nodes need {tool}: apt-get install containerd runc"
+    if not Path("/usr/lib/cni/bridge").exists():
+        return "real nodes need the CNI plugins: apt-get install containernetworking-plugins"
+    if isinstance(archives, str):
+        return archives
+    return None
+
+
+def _disk_reason(nodes: list[RealNode], archives: dict[str, Path]) -> str | None:
+    """Why the images would not fit on the disk, or None (images a node holds already need nothing)."""
+    need = 0
+    for node in nodes:
+        for archive in archives.values():
+            if not _holds(node, archive):
+                need += int(archive.stat().st_size * UNPACKED_PER_ARCHIVE_BYTE)
+    root = nodes[0].containerd_root
+    root.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(root).free
+    if need and free - need < DISK_MARGIN:
+        return f"the images need ~{need / 1e9:.1f} GB on {root}'s disk and {free / 1e9:.1f} GB are free"
+    return None
+
+
+def _holds(node: RealNode, archive: Path) -> bool:
+    marker = node.containerd_root / f"imported-{archive.parent.name}-{archive.name}"
+    return marker.exists()
+
+
+def _import(node: RealNode, archive: Path, name: str) -> None:
+    nodeimages.import_image(node.socket, archive, name)
+    # an archive of another build (a changed input hash) replaces the node's copy of that image
+    for stale in node.containerd_root.glob(f"imported-*-{archive.name}"):
+        stale.unlink()
+    (node.containerd_root / f"imported-{archive.parent.name}-{archive.name}").touch()
+
+
+@contextlib.contextmanager
+def running_real_nodes(cluster: Cluster, bin_dir: Path) -> Iterator[list[RealNode]]:
+    archives = nodeimages.image_archives()
+    reason = unavailable_reason(archives)
+    if reason:
+        raise Unavailable(reason)
+    assert isinstance(archives, dict)
+    nodes = realnode.nodes(cluster.layout)
+    reason = _disk_reason(nodes, archives)
+    if reason:
+        raise Unavailable(reason)
+    pause = nodeimages.write_pause_archive(bin_dir / "pause", cluster.layout.root / "pause.tar")
+    started = time.monotonic()
+    try:
+        for node in nodes:
+            realnode.write_configs(node)
+            realnode.start(node, bin_dir)
+        for node in nodes:
+            nodeimages.import_image(node.socket, pause, nodeimages.PAUSE_IMAGE)
+            for target, archive in archives.items():
+                if not _holds(node, archive):
+                    _import(node, archive, IMAGES[target])
+        for node in nodes:
+            wait_for(
+                lambda n=node: cluster.kube.get_or_none(f"/api/v1/nodes/{n.name}"),
+                what=f"Node {node.name} registered",
+                timeout=60,
+            )
+            cluster.kubectl("wait", "--for=condition=Ready", f"node/{node.name}", "--timeout=120s")
+        print(f"real nodes {', '.join(n.name for n in nodes)} Ready in {time.monotonic() - started:.1f} s")
+        yield nodes
+    finally:
+        _take_out(cluster, nodes)
+
+
+def _take_out(cluster: Cluster, nodes: list[RealNode]) -> None:
+    for node in nodes:
+        pods = cluster.kube.get("/api/v1/pods", fieldSelector=f"spec.nodeName={node.name}")["items"]
+        for pod in pods:
+            meta = pod["metadata"]
+            with contextlib.suppress(Exception):
+                cluster.kube.delete(
+                    f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}", {"gracePeriodSeconds": 1}
+                )
+    for node in nodes:
+        with contextlib.suppress(AssertionError):
+            wait_for(
+                lambda n=node: (
+                    not cluster.kube.get("/api/v1/pods", fieldSelector=f"spec.nodeName={n.name}")["items"]
+                ),
+                what=f"the pods of {node.name} to go",
+                timeout=60,
+            )
+    for node in nodes:
+        with contextlib.suppress(Exception):
+            cluster.kube.delete(f"/api/v1/nodes/{node.name}")
+        realnode.stop(node)
+        realnode.cleanup_cgroups(node)
+
+
+class Unavailable(Exception):
+    """Real nodes cannot run here; the message says why."""

@@ -1,0 +1,173 @@
+"""Real nodes: a kubelet (built from the same ``k8s.io/kubernetes`` module as the control plane) and its own
+containerd (Debian's 1.6, runc, the CNI plugins in ``/usr/lib/cni``) per Node, beside the node agents.
+
+Nodes ``real-1`` and ``real-2`` join the running test cluster on demand
+(:func:`realfixture.running_real_nodes`), tainted ``ddpjob.io/real-node=true:NoSchedule`` so that no pod
+of the process tier lands there: a pod for a real node tolerates the taint and selects the label
+``ddpjob.io/real-node``. A node keeps its files under ``.cluster/nodes/<node>/`` (containerd's state and
+socket, the kubelet's root dir, pod logs, CNI config and IPAM state, certificates), but for containerd's
+root, the images (:attr:`RealNode.containerd_root`). Both run in the host's network namespace (a kubelet
+per network namespace would need a route to the API server on 127.0.0.1 and gains nothing here): each
+node has its own address on the pod bridge ``ddpjob0`` (10.244.0.11, .12), where its kubelet serves on
+:10250, and its pods get 10.244.11.x / 10.244.12.x on the same bridge through the CNI ``bridge`` plugin
+with ``host-local`` IPAM, so pods on the two nodes reach each other directly, and CoreDNS and the
+``kubernetes`` Service's proxy (which a node agent holds on the bridge) as the process tier's pods do.
+Cgroups: v1 (``failCgroupV1: false``), driver cgroupfs, one ``cgroupRoot`` per node. Root here lacks
+CAP_SYS_RESOURCE, so containerd may only raise oom_score_adj (``restrict_oom_score_adj``). The kubelet adds
+its iptables chains (``KUBE-FIREWALL``, ``KUBE-KUBELET-CANARY``) to the host's tables, as on any node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from . import certs, controlplane, nodeimages, processes
+from .layout import BRIDGE, Layout
+from .nodeconfig import (
+    LABEL,
+    REAL_NODES,
+    RealNode,
+    cni_config,
+    containerd_config,
+    kubelet_config,
+    node_kubeconfig,
+)
+
+CGROUP_V1 = Path("/sys/fs/cgroup")
+
+
+def _cgroup_dirs(node: RealNode) -> list[Path]:
+    return [c / node.cgroup_root.lstrip("/") for c in CGROUP_V1.iterdir() if c.name != "unified"]
+
+
+def write_configs(node: RealNode) -> None:
+    """Certificates (client ``system:node:<name>`` in ``system:nodes``, for the Node authorizer; serving
+    for the node's IP), kubeconfig, containerd, CNI and kubelet configuration, the node's cgroups."""
+    for sub in ("containerd", "cni/net.d", "cni/ipam", "kubelet", "pod-logs", "pki", "config"):
+        (node.dir / sub).mkdir(parents=True, exist_ok=True)
+    pki = node.dir / "pki"
+    ca = certs.KeyPair(node.layout.pki / "ca.crt", node.layout.pki / "ca.key")
+    client = certs.issue(
+        ca, pki, "client", common_name=f"system:node:{node.name}", organizations=["system:nodes"], client=True
+    )
+    certs.issue(
+        ca,
+        pki,
+        "kubelet",
+        common_name=f"system:node:{node.name}",
+        server=True,
+        dns_names=[node.name],
+        ip_addresses=[node.ip],
+    )
+    config = node.dir / "config"
+    (config / "kubeconfig").write_text(node_kubeconfig(node, client))
+    (config / "containerd.toml").write_text(containerd_config(node))
+    (config / "kubelet.json").write_text(json.dumps(kubelet_config(node), indent=1))
+    (node.dir / "cni" / "net.d" / "10-ddpjob.conflist").write_text(json.dumps(cni_config(node), indent=1))
+    for cgroup in _cgroup_dirs(node):
+        cgroup.mkdir(exist_ok=True)
+        if cgroup.parent.name == "cpuset":  # a new cpuset is empty: give it its parent's cpus and memory
+            for knob in ("cpuset.cpus", "cpuset.mems"):
+                (cgroup / knob).write_text((cgroup.parent / knob).read_text())
+
+
+def start(node: RealNode, bin_dir: Path) -> None:
+    subprocess.run(["ip", "addr", "replace", f"{node.ip}/32", "dev", BRIDGE], check=True)
+    config = node.dir / "config"
+    processes.spawn(
+        f"containerd-{node.name}",
+        ["containerd", f"--config={config / 'containerd.toml'}"],
+        pid_file=node.containerd_pid,
+        log_file=node.layout.log(f"containerd-{node.name}"),
+    )
+    controlplane.wait_until(
+        f"containerd of {node.name}",
+        lambda: (
+            subprocess.run(
+                ["ctr", f"--address={node.socket}", "version"], capture_output=True, check=False
+            ).returncode
+            == 0
+        ),
+        timeout=60,
+        log=node.layout.log(f"containerd-{node.name}"),
+    )
+    processes.spawn(
+        f"kubelet-{node.name}",
+        [
+            str(bin_dir / "kubelet"),
+            f"--config={config / 'kubelet.json'}",
+            f"--kubeconfig={config / 'kubeconfig'}",
+            f"--root-dir={node.dir / 'kubelet'}",
+            f"--hostname-override={node.name}",
+            f"--node-ip={node.ip}",
+            f"--node-labels={LABEL}=true",
+            "--v=1",
+        ],
+        pid_file=node.kubelet_pid,
+        log_file=node.layout.log(f"kubelet-{node.name}"),
+    )
+
+
+def stop(node: RealNode) -> None:
+    """Stops the kubelet, then every container of the node (containerd's tasks; the kubelet leaves them
+    running by design), then containerd; unmounts what is left under the node's directory. Works without
+    the API server (``down`` after a crash)."""
+    processes.stop(node.kubelet_pid, grace=10)
+    if processes.read_pid(node.containerd_pid) is not None:
+        with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+            for task in nodeimages.ctr(node.socket, "tasks", "ls", "-q", timeout=30).split():
+                subprocess.run(
+                    [
+                        "ctr",
+                        f"--address={node.socket}",
+                        "-n",
+                        "k8s.io",
+                        "tasks",
+                        "kill",
+                        "-a",
+                        "-s",
+                        "9",
+                        task,
+                    ],
+                    capture_output=True,
+                    check=False,
+                )
+        time.sleep(0.5)
+    processes.stop(node.containerd_pid, grace=10)
+    _unmount_below(node.dir)
+    subprocess.run(["ip", "addr", "del", f"{node.ip}/32", "dev", BRIDGE], capture_output=True, check=False)
+
+
+def _unmount_below(root: Path) -> None:
+    mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    for point in sorted((m for m in mounts if m.startswith(f"{root}/")), key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+
+
+def nodes(layout: Layout) -> list[RealNode]:
+    return [RealNode(layout, i) for i in range(len(REAL_NODES))]
+
+
+def down(layout: Layout) -> list[str]:
+    """Stops every real node of ``layout`` that runs; returns their names."""
+    stopped = []
+    for node in nodes(layout):
+        if processes.read_pid(node.kubelet_pid) or processes.read_pid(node.containerd_pid):
+            stop(node)
+            cleanup_cgroups(node)
+            stopped.append(f"kubelet and containerd of {node.name}")
+    return stopped
+
+
+def cleanup_cgroups(node: RealNode) -> None:
+    for cgroup in _cgroup_dirs(node):
+        with contextlib.suppress(OSError):
+            for sub in sorted(cgroup.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+                if sub.is_dir():
+                    os.rmdir(sub)
+            os.rmdir(cgroup)

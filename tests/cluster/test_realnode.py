@@ -1,0 +1,170 @@
+"""Real nodes (a kubelet and containerd per Node, :mod:`realnode`) run ``make images``' trainer image for
+real: as uid 1000 in its own PID namespace (checked from the host), with the kubelet's termination message,
+``kubectl logs`` and ``kubectl exec``, and pods on the two nodes reach each other by the headless Service's
+DNS name. Skipped, saying why, without containerd/runc/CNI plugins, without ``make images``' archives for
+the current inputs, or where the images would not fit on the disk.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from . import nodeimages, realfixture
+from .fixtures import Cluster, manifests, wait_for
+from .nodeconfig import RealNode
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+TRAINER = realfixture.IMAGES["trainer"].removeprefix("docker.io/")
+
+HOLD = """
+import os, time
+print(f"uid {os.getuid()} pid {os.getpid()}", flush=True)
+with open("/dev/termination-log", "w") as f:
+    f.write("finished as asked")
+while not os.path.exists("/tmp/finish"):
+    time.sleep(0.1)
+raise SystemExit(3)
+"""
+
+SERVER = """
+import socket
+s = socket.create_server(("", 8080))
+conn, peer = s.accept()
+conn.sendall(f"hello from {socket.gethostname()} to {peer[0]}".encode())
+conn.close()
+"""
+
+CLIENT = """
+import socket, time
+for attempt in range(300):
+    try:
+        with socket.create_connection(("a-host.svc", 8080), timeout=2) as c:
+            reply = c.recv(100).decode()
+        break
+    except OSError:
+        time.sleep(0.2)
+else:
+    raise SystemExit("never reached a-host.svc")
+with open("/dev/termination-log", "w") as f:
+    f.write("got: " + reply)
+"""
+
+
+@pytest.fixture(scope="module")
+def real_nodes(cluster: Cluster) -> Iterator[list[RealNode]]:
+    bin_dir = Path(
+        subprocess.run(
+            ["bash", str(nodeimages.REPO_ROOT / "hack/cluster/build.sh")],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    try:
+        with realfixture.running_real_nodes(cluster, bin_dir) as nodes:
+            yield nodes
+    except realfixture.Unavailable as exc:
+        pytest.skip(f"no real nodes: {exc}")
+
+
+def pod(name: str, node: str, code: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": spec.pop("labels", {})},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 2,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": TRAINER,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["python", "-c", code],
+                }
+            ],
+            **realfixture.on_node(node),
+            **spec,
+        },
+    }
+
+
+def container_status(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    statuses = cluster.pod(namespace, name).get("status", {}).get("containerStatuses") or [{}]
+    return dict(statuses[0])
+
+
+def host_pid(node: RealNode, container_id: str) -> int:
+    """The host pid of a container's main process, as its node's containerd reports it."""
+    cid = container_id.removeprefix("containerd://")
+    for line in nodeimages.ctr(node.socket, "tasks", "ls").splitlines()[1:]:
+        task, pid, *_ = line.split()
+        if task == cid:
+            return int(pid)
+    raise AssertionError(f"containerd of {node.name} runs no task {cid}")
+
+
+def test_trainer_image_runs_as_uid_1000_in_its_own_pid_namespace(
+    cluster: Cluster, namespace: str, real_nodes: list[RealNode]
+) -> None:
+    node = real_nodes[0]
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=manifests(pod("hold", node.name, HOLD)))
+    running = wait_for(
+        lambda: (
+            container_status(cluster, namespace, "hold").get("state", {}).get("running")
+            and container_status(cluster, namespace, "hold")
+        ),
+        what="the trainer container to run",
+        timeout=180,
+    )
+    status = (pid := host_pid(node, running["containerID"])) and Path(f"/proc/{pid}/status").read_text()
+    fields = dict(line.split(":", 1) for line in status.splitlines())
+    assert fields["Uid"].split() == ["1000"] * 4, fields["Uid"]
+    assert fields["NSpid"].split() == [str(pid), "1"], fields["NSpid"]  # PID 1 of a namespace of its own
+    assert Path(f"/proc/{pid}/ns/pid").readlink() != Path("/proc/self/ns/pid").readlink()  # not the host's
+    assert cluster.pod(namespace, "hold")["status"]["podIP"].startswith(node.pod_prefix + ".")
+
+    logs = wait_for(lambda: cluster.logs(namespace, "hold"), what="the container's log")
+    assert logs.startswith("uid 1000 pid 1"), logs
+    exec_id = cluster.kubectl("exec", "-n", namespace, "hold", "--", "id", "-u").stdout
+    assert exec_id.strip() == "1000"
+    cluster.kubectl("exec", "-n", namespace, "hold", "--", "touch", "/tmp/finish")
+
+    terminated = wait_for(
+        lambda: container_status(cluster, namespace, "hold").get("state", {}).get("terminated"),
+        what="the container to end",
+    )
+    assert terminated["exitCode"] == 3
+    assert terminated["message"] == "finished as asked"  # read by the kubelet from /dev/termination-log
+    wait_for(lambda: cluster.pod(namespace, "hold")["status"]["phase"] == "Failed", what="phase Failed")
+
+
+def test_pods_on_two_real_nodes_talk_by_the_headless_services_dns_name(
+    cluster: Cluster, namespace: str, real_nodes: list[RealNode]
+) -> None:
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "svc"},
+        "spec": {"clusterIP": "None", "selector": {"app": "a"}, "ports": [{"port": 8080}]},
+    }
+    server = pod("a", real_nodes[0].name, SERVER, labels={"app": "a"}, hostname="a-host", subdomain="svc")
+    client = pod("b", real_nodes[1].name, CLIENT)
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=manifests(service, server, client))
+    terminated = wait_for(
+        lambda: container_status(cluster, namespace, "b").get("state", {}).get("terminated"),
+        what="the client pod on the other node to end",
+        timeout=240,
+    )
+    server_ip = cluster.pod(namespace, "a")["status"]["podIP"]
+    client_ip = cluster.pod(namespace, "b")["status"]["podIP"]
+    assert server_ip.startswith(real_nodes[0].pod_prefix + ".")
+    assert client_ip.startswith(real_nodes[1].pod_prefix + ".")
+    assert terminated["exitCode"] == 0, terminated
+    assert terminated["message"] == f"got: hello from a-host to {client_ip}"
