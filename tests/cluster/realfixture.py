@@ -2,19 +2,23 @@
 running test cluster, with ``make images``' operator and trainer images and the sandbox image imported, and
 takes them out again: pods on them deleted (the kubelet stops their containers and releases their
 addresses), Node objects deleted, kubelet and containerd stopped. A test module takes them through a
-fixture of its own (``tests/cluster/test_realnode.py``); :func:`unavailable_reason` says why they cannot run.
+fixture of its own (:func:`real_nodes_or_skip`), which skips, saying why, where they cannot run.
 """
 
 from __future__ import annotations
 
 import contextlib
 import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from . import nodeimages, realnode
 from .fixtures import Cluster, wait_for
+from .layout import BUILD_SCRIPT
 from .nodeconfig import LABEL, RealNode
 
 IMAGES = {"operator": "docker.io/ddpjob/operator:0.1.0", "trainer": "docker.io/ddpjob/trainer:0.1.0"}
@@ -129,3 +133,13 @@ def _take_out(cluster: Cluster, nodes: list[RealNode]) -> None:
 
 class Unavailable(Exception):
     """Real nodes cannot run here; the message says why."""
+
+
+def real_nodes_or_skip(cluster: Cluster) -> Iterator[list[RealNode]]:
+    """The body of a test module's ``real_nodes`` fixture: the nodes, or a skip that says why not."""
+    built = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=True)
+    try:
+        with running_real_nodes(cluster, Path(built.stdout.strip())) as nodes:
+            yield nodes
+    except Unavailable as exc:
+        pytest.skip(f"no real nodes: {exc}")

@@ -7,7 +7,6 @@ the current inputs, or where the images would not fit on the disk.
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,19 +57,7 @@ with open("/dev/termination-log", "w") as f:
 
 @pytest.fixture(scope="module")
 def real_nodes(cluster: Cluster) -> Iterator[list[RealNode]]:
-    bin_dir = Path(
-        subprocess.run(
-            ["bash", str(nodeimages.REPO_ROOT / "hack/cluster/build.sh")],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    )
-    try:
-        with realfixture.running_real_nodes(cluster, bin_dir) as nodes:
-            yield nodes
-    except realfixture.Unavailable as exc:
-        pytest.skip(f"no real nodes: {exc}")
+    yield from realfixture.real_nodes_or_skip(cluster)
 
 
 def pod(name: str, node: str, code: str, **spec: Any) -> dict[str, Any]:
