@@ -1,0 +1,337 @@
+"""Queued for real: Kueue v0.17 (built from its module, tests/cluster/kueue.py) admits, holds, preempts and
+requeues DDPJobs on the test cluster, with the objects a user of a shared cluster writes: a ResourceFlavor,
+a ClusterQueue with quota, a LocalQueue in the namespace, a WorkloadPriorityClass.
+
+Each test has its own ClusterQueue (named after its namespace) whose CPU quota fits exactly one DDPJob of
+2 pods x 500m: the default request per process."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cluster import kueue
+from cluster.fixtures import Cluster, wait_for
+
+from .conftest import Operator, children, ddpjob, get, wait_phase
+from .test_faults import _pod_at, _rank_process
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+KUEUE = "kueue.x-k8s.io/v1beta2"
+
+
+@pytest.fixture(scope="module")
+def kueue_running(cluster: Cluster) -> Iterator[None]:
+    """Kueue for this module only: the rest of the e2e tier runs without its webhooks."""
+    kueue.start(cluster.layout)
+    cluster.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=yaml.safe_dump_all(
+            [
+                {"apiVersion": KUEUE, "kind": "ResourceFlavor", "metadata": {"name": "default-flavor"}},
+                {
+                    "apiVersion": KUEUE,
+                    "kind": "WorkloadPriorityClass",
+                    "metadata": {"name": "urgent"},
+                    "value": 1000,
+                },
+            ]
+        ),
+    )
+    try:
+        yield
+    finally:
+        kueue.stop(cluster.layout)
+
+
+def _queues(cluster: Cluster, namespace: str, cpu: str = "1") -> str:
+    """A ClusterQueue with ``cpu`` of quota (preempting lower priorities) and its LocalQueue; returns the
+    LocalQueue's name."""
+    objects = [
+        {
+            "apiVersion": KUEUE,
+            "kind": "ClusterQueue",
+            "metadata": {"name": namespace},
+            "spec": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                "preemption": {"withinClusterQueue": "LowerPriority"},
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["cpu", "memory"],
+                        "flavors": [
+                            {
+                                "name": "default-flavor",
+                                "resources": [
+                                    {"name": "cpu", "nominalQuota": cpu},
+                                    {"name": "memory", "nominalQuota": "64Gi"},
+                                ],
+                            }
+                        ],
+                    }
+                ],
+            },
+        },
+        {
+            "apiVersion": KUEUE,
+            "kind": "LocalQueue",
+            "metadata": {"name": "team", "namespace": namespace},
+            "spec": {"clusterQueue": namespace},
+        },
+    ]
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objects))
+    return "team"
+
+
+def _apply(cluster: Cluster, namespace: str, doc: dict[str, Any]) -> None:
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
+
+
+def _ready(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    conditions = get(cluster, namespace, name).get("status", {}).get("conditions", [])
+    return next((c for c in conditions if c["type"] == "Ready"), {})
+
+
+def _reason_is(
+    cluster: Cluster, namespace: str, name: str, reason: str, timeout: float = 120
+) -> dict[str, Any]:
+    def reached() -> dict[str, Any] | None:
+        ready = _ready(cluster, namespace, name)
+        return ready if ready.get("reason") == reason else None
+
+    try:
+        return wait_for(reached, what=f"DDPJob {name}'s Ready reason {reason}", timeout=timeout, every=0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last status: {get(cluster, namespace, name).get('status')}") from None
+
+
+def _workload(cluster: Cluster, namespace: str, job: str) -> dict[str, Any]:
+    (found,) = [
+        w
+        for w in cluster.kubectl_json("get", "workloads", "-n", namespace)["items"]
+        if w["metadata"]["ownerReferences"][0]["name"] == job
+    ]
+    return found
+
+
+def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == kind), {})
+
+
+def _seconds(since: str, until: str) -> float:
+    parse = dt.datetime.fromisoformat
+    return (parse(until.replace("Z", "+00:00")) - parse(since.replace("Z", "+00:00"))).total_seconds()
+
+
+def _durable(folder: Path, **spec: Any) -> dict[str, Any]:
+    return {"checkpoint": {"volume": {"hostPath": {"path": str(folder)}}, "mountPath": str(folder)}, **spec}
+
+
+def test_with_quota_for_one_job_the_second_waits_saying_why_and_starts_when_the_first_finishes(
+    cluster: Cluster, operator: Operator, kueue_running: None, namespace: str
+) -> None:
+    queue = _queues(cluster, namespace)
+    short = {"trainer": {"steps": 120, "batchSize": 16}}
+    _apply(cluster, namespace, ddpjob("first", queueName=queue, **short))
+    wait_phase(cluster, namespace, "first", "Running", timeout=120)
+    _apply(cluster, namespace, ddpjob("second", queueName=queue, **short))
+    ready = _reason_is(cluster, namespace, "second", "KueuePending")
+    assert get(cluster, namespace, "second")["status"]["phase"] == "Pending"
+    message = ready["message"]
+    assert f"LocalQueue {queue}" in message and "Kueue" in message, message
+    assert "insufficient unused quota for cpu in flavor default-flavor" in message, message
+    (job,) = children(cluster, namespace, "jobs", "second")
+    assert job["spec"]["suspend"] is True and not children(cluster, namespace, "pods", "second")
+    row = cluster.kubectl("get", "ddpj", "second", "-n", namespace, "-o", "wide").stdout
+    assert "KueuePending" in row and "insufficient unused quota" in row, row
+    print(row)
+
+    first = wait_phase(cluster, namespace, "first", "Succeeded", "Failed", timeout=300)["status"]
+    assert first["phase"] == "Succeeded" and first["kueue"]["admitted"] is True, first
+    second = wait_phase(cluster, namespace, "second", "Succeeded", "Failed", timeout=300)["status"]
+    assert second["phase"] == "Succeeded" and second["restarts"] == 0, second
+    created = get(cluster, namespace, "first")["metadata"]["creationTimestamp"]
+    admitted = _condition(_workload(cluster, namespace, "first-1"), "Admitted")["lastTransitionTime"]
+    print(
+        "admission latency (DDPJob created -> Workload admitted, 1 s resolution): "
+        f"{_seconds(created, admitted):.0f} s"
+    )
+
+
+def test_a_higher_priority_job_preempts_a_running_one_which_checkpoints_waits_and_resumes(
+    cluster: Cluster, operator: Operator, kueue_running: None, namespace: str, tmp_path: Path
+) -> None:
+    queue = _queues(cluster, namespace)
+    folder = tmp_path / "ckpt"
+    trainer = {"steps": 600, "batchSize": 16, "checkpointEvery": 20}
+    _apply(cluster, namespace, ddpjob("low", queueName=queue, **_durable(folder, trainer=trainer)))
+    wait_for(lambda: list(folder.glob("step-*.pt")), what="a checkpoint of the low-priority job", timeout=240)
+    workload_uid = _workload(cluster, namespace, "low-1")["metadata"]["uid"]
+    urgent = {"steps": 60, "batchSize": 16}
+    _apply(
+        cluster,
+        namespace,
+        ddpjob("urgent", queueName=queue, workloadPriorityClassName="urgent", trainer=urgent),
+    )
+
+    ready = _reason_is(cluster, namespace, "low", "KueuePreempted")
+    status = get(cluster, namespace, "low")["status"]
+    assert status["phase"] == "Pending" and "preempted by Kueue" in ready["message"], status
+    assert "Preempted to accommodate a workload" in ready["message"], ready
+    assert (status["attempt"], status["restarts"], status.get("preemptions")) == (1, 0, None), status
+    (job,) = children(cluster, namespace, "jobs", "low")
+    wait_for(
+        lambda: not children(cluster, namespace, "pods", "low"), what="the preempted pods to stop", timeout=90
+    )
+    events = cluster.kubectl_json(
+        "get", "events", "-n", namespace, "--field-selector", "involvedObject.name=low,reason=KueuePreempted"
+    )["items"]
+    assert events and events[0]["type"] == "Warning", events
+
+    assert (
+        wait_phase(cluster, namespace, "urgent", "Succeeded", "Failed", timeout=300)["status"]["phase"]
+        == "Succeeded"
+    )
+    done = wait_phase(cluster, namespace, "low", "Succeeded", "Failed", timeout=400)["status"]
+    assert done["phase"] == "Succeeded", done
+    assert (done["attempt"], done["restarts"]) == (1, 0), "a preemption by Kueue is no restart"
+    assert done["checkpoint"]["resumedFromStep"] > 0 and done["sync"]["verified"] is True, done
+    assert done["kueue"]["evictions"] == 1 and done["kueue"]["admitted"] is True, done
+    assert _workload(cluster, namespace, "low-1")["metadata"]["uid"] == workload_uid, (
+        "the same Workload resumed"
+    )
+    (after,) = children(cluster, namespace, "jobs", "low")
+    assert after["metadata"]["uid"] == job["metadata"]["uid"], "the same Job, unsuspended"
+
+
+def test_a_queue_name_that_names_no_local_queue_is_said_and_nothing_spins(
+    cluster: Cluster, operator: Operator, kueue_running: None, namespace: str
+) -> None:
+    _apply(cluster, namespace, ddpjob("lost", queueName="no-such-queue"))
+    ready = _reason_is(cluster, namespace, "lost", "KueueInadmissible")
+    assert "LocalQueue no-such-queue doesn't exist" in ready["message"], ready
+    before = get(cluster, namespace, "lost")["metadata"]["resourceVersion"]
+    time.sleep(12)  # what is measured: more than two of the operator's 5 s timer rounds without a write
+    after = get(cluster, namespace, "lost")
+    assert after["metadata"]["resourceVersion"] == before, "the status was written again with nothing new"
+    assert len(children(cluster, namespace, "jobs", "lost")) == 1 and not children(
+        cluster, namespace, "pods", "lost"
+    )
+    events = cluster.kubectl_json(
+        "get",
+        "events",
+        "-n",
+        namespace,
+        "--field-selector",
+        "involvedObject.name=lost,reason=KueueInadmissible",
+    )["items"]
+    assert [e.get("count", 1) for e in events] == [1], events
+
+
+def test_a_bad_queue_name_is_refused_at_apply(cluster: Cluster, operator: Operator, namespace: str) -> None:
+    refused = cluster.kubectl(
+        "apply",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        input=json.dumps(ddpjob("bad", queueName="Team Queue!")),
+        check=False,
+    )
+    assert refused.returncode != 0 and "spec.queueName" in refused.stderr, refused.stderr
+    alone = ddpjob("alone", workloadPriorityClassName="urgent")
+    refused = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(alone), check=False)
+    assert refused.returncode != 0 and "needs queueName" in refused.stderr, refused.stderr
+
+
+def test_a_restart_in_place_keeps_the_admission_and_a_replaced_job_is_admitted_again(
+    cluster: Cluster, operator: Operator, kueue_running: None, namespace: str, tmp_path: Path
+) -> None:
+    queue = _queues(cluster, namespace)
+    folder = tmp_path / "ckpt"
+    spec = _durable(folder, trainer={"steps": 900, "batchSize": 16, "checkpointEvery": 50})
+    _apply(cluster, namespace, ddpjob("steady", queueName=queue, **spec))
+    wait_for(lambda: list(folder.glob("step-*.pt")), what="a checkpoint", timeout=240)
+    workload = _workload(cluster, namespace, "steady-1")
+    admitted_at = _condition(workload, "Admitted")["lastTransitionTime"]
+    os.kill(_rank_process(cluster, _pod_at(cluster, namespace, "steady", 1)), signal.SIGKILL)
+    wait_for(
+        lambda: get(cluster, namespace, "steady").get("status", {}).get("restartsInPlace") == 1,
+        what="a restart in place",
+        timeout=90,
+    )
+    again = _workload(cluster, namespace, "steady-1")
+    assert again["metadata"]["uid"] == workload["metadata"]["uid"]
+    assert _condition(again, "Admitted") | {"observedGeneration": 0} == _condition(workload, "Admitted") | {
+        "observedGeneration": 0
+    }, "the Workload stayed admitted through the restart in place"
+    assert _condition(again, "Admitted")["lastTransitionTime"] == admitted_at
+
+    cluster.kubectl(
+        "delete", "pod", "-n", namespace, _pod_at(cluster, namespace, "steady", 0)["metadata"]["name"]
+    )
+    wait_for(
+        lambda: cluster.kube.get_or_none(f"/apis/batch/v1/namespaces/{namespace}/jobs/steady-2"),
+        what="the Job of attempt 2",
+        timeout=120,
+    )
+    replaced = wait_for(
+        lambda: next(
+            (
+                w
+                for w in cluster.kubectl_json("get", "workloads", "-n", namespace)["items"]
+                if w["metadata"]["ownerReferences"][0]["name"] == "steady-2"
+                and _condition(w, "Admitted").get("status") == "True"
+            ),
+            None,
+        ),
+        what="Kueue to admit attempt 2's Workload",
+        timeout=120,
+    )
+    job2 = cluster.kube.get(f"/apis/batch/v1/namespaces/{namespace}/jobs/steady-2")
+    latency = _seconds(
+        job2["metadata"]["creationTimestamp"], _condition(replaced, "Admitted")["lastTransitionTime"]
+    )
+    print(
+        f"attempt 2: a new Job and a new Workload {replaced['metadata']['name']}, "
+        f"admitted {latency:.0f} s after its Job"
+    )
+    done = wait_phase(cluster, namespace, "steady", "Succeeded", "Failed", timeout=400)["status"]
+    assert done["phase"] == "Succeeded" and (done["attempt"], done["restartsInPlace"]) == (2, 1), done
+    assert (
+        done["kueue"]["workload"] == replaced["metadata"]["name"]
+        and done["checkpoint"]["resumedFromStep"] > 0
+    )
+
+
+def test_wait_for_pods_ready_requeues_a_gang_that_cannot_all_start(
+    cluster: Cluster, operator: Operator, kueue_running: None, namespace: str
+) -> None:
+    """Kueue with ``waitForPodsReady`` (20 s): three pods of 6 CPUs on two nodes of 8 CPUs each cannot all
+    run; Kueue evicts the Workload, suspends the Job and requeues it, and the DDPJob says so."""
+    kueue.start(cluster.layout, pods_ready_timeout=20)
+    try:
+        queue = _queues(cluster, namespace, cpu="18")
+        _apply(
+            cluster, namespace, ddpjob("wide", nodes=3, queueName=queue, resources={"requests": {"cpu": "6"}})
+        )
+        _reason_is(cluster, namespace, "wide", "Unschedulable", timeout=60)
+        ready = _reason_is(cluster, namespace, "wide", "KueueRequeued", timeout=90)
+        assert "requeued by Kueue" in ready["message"] and "PodsReady" in ready["message"], ready
+        status = get(cluster, namespace, "wide")["status"]
+        assert (
+            status["phase"] == "Pending" and status["restarts"] == 0 and status["kueue"]["evictions"] >= 1
+        ), status
+        cluster.kubectl("delete", "ddpjob", "wide", "-n", namespace, "--wait=true", "--timeout=60s")
+    finally:
+        kueue.start(cluster.layout)  # the module's Kueue again, without waitForPodsReady
