@@ -5,7 +5,9 @@
 
 ``--gpu``: ``Trainer.train()``'s ``train_runtime`` of a GPT-2 (6 x 512, vocabulary 50304, bf16, batch 8 x 256)
 under torchrun with NCCL, world 1, 300 steps, with ``SyncHealthCallback`` (a check every 100) and without,
-in turns; prints ``GPU callback cost {json}``.
+in turns; prints ``GPU callback cost {json}``, with each side's diagnosis: start-up (the initial check),
+the median step between checks, the check steps, the time inside the callback's ``on_step_end`` and the
+synchronising calls ``torch.cuda.set_sync_debug_mode`` saw there (:func:`diagnose`).
 
 CPU, gloo, one thread per rank, the check at the default interval (every 100 steps). Both sides train a
 model of about 4 M parameters under torchrun:
@@ -74,9 +76,14 @@ def hf(steps: int, every: int) -> None:
 
 
 def hf_gpu(steps: int, every: int, callback: bool) -> None:
-    """One GPU side, run under torchrun (NCCL): prints ``runtime <seconds>``."""
+    """One GPU side, run under torchrun (NCCL): prints ``runtime <seconds> <steady seconds>`` and
+    ``diagnosis {json}``: where the callback's time goes (see :func:`diagnose`)."""
+    import json
+    import time
+    import warnings
+
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
     from ddp_trainer.integrations.transformers import SyncHealthCallback
 
@@ -94,16 +101,19 @@ def hf_gpu(steps: int, every: int, callback: bool) -> None:
         logging_strategy="no",
         disable_tqdm=True,
     )
-    import time
-
-    from transformers import TrainerCallback
-
     marks: dict[str, float] = {}
+    ends: dict[int, float] = {}  # step -> when on_step_end began (host clock, no sync)
+    inside: dict[int, float] = {}  # step -> seconds inside SyncHealthCallback.on_step_end
+    syncs: dict[int, int] = {}  # step -> synchronising calls torch warned about inside it
 
     class Clock(TrainerCallback):  # type: ignore[misc]
         """The time after step 20 and at the end: the steady state, start-up (the first check) excluded."""
 
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            marks["begin"] = time.perf_counter()
+
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            ends[state.global_step] = time.perf_counter()
             if state.global_step == 20:
                 torch.cuda.synchronize()
                 marks["20"] = time.perf_counter()
@@ -112,14 +122,67 @@ def hf_gpu(steps: int, every: int, callback: bool) -> None:
             torch.cuda.synchronize()
             marks["end"] = time.perf_counter()
 
-    callbacks = [Clock(), SyncHealthCallback(every=every)] if callback else [Clock()]
+    class Begun(TrainerCallback):  # type: ignore[misc]
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            marks["begun"] = time.perf_counter()
+
+    class Timed(SyncHealthCallback):  # type: ignore[misc]
+        """The callback, its ``on_step_end`` timed and watched by ``torch.cuda.set_sync_debug_mode``."""
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            started = time.perf_counter()
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    super().on_step_end(args, state, control, **kwargs)
+                finally:
+                    torch.cuda.set_sync_debug_mode(0)
+            inside[state.global_step] = time.perf_counter() - started
+            syncs[state.global_step] = sum("synchroniz" in str(w.message) for w in seen)
+
+    callbacks = [Clock(), Timed(every=every), Begun()] if callback else [Clock(), Begun()]
     trainer = Trainer(model=GPT2LMHeadModel(config), args=args, train_dataset=data, callbacks=callbacks)
     runtime = trainer.train().metrics["train_runtime"]
     print(f"runtime {runtime} {marks['end'] - marks['20']}", flush=True)
+    print("diagnosis " + json.dumps(diagnose(steps, every, marks, ends, inside, syncs)), flush=True)
+
+
+def diagnose(
+    steps: int,
+    every: int,
+    marks: dict[str, float],
+    ends: dict[int, float],
+    inside: dict[int, float],
+    syncs: dict[int, int],
+) -> dict[str, Any]:
+    """Where one side's time goes: ``start_s`` (the callbacks' ``on_train_begin``: the initial check and
+    the imports it needs), ``between_ms`` (the median step, host clock, over steps after 20 that neither
+    are a check step nor follow one: a per-step cost shows here), ``check_steps_ms`` (the steps that
+    check, beside ``between_ms``: a per-check cost shows here), and, with the callback, the seconds
+    inside its ``on_step_end`` and the synchronising calls torch saw there, apart for check steps."""
+    import statistics
+
+    checking = {s for s in range(1, steps + 1) if s % every == 0 or s == steps}
+    took = {s: ends[s] - ends[s - 1] for s in ends if s - 1 in ends}
+    plain = [s for s in took if s > 20 and s not in checking and s - 1 not in checking]
+    out: dict[str, Any] = {
+        "start_s": marks["begun"] - marks["begin"],
+        "between_ms": 1e3 * statistics.median(took[s] for s in plain) if plain else None,
+        "check_steps_ms": {s: round(1e3 * took[s], 2) for s in sorted(checking) if s in took},
+    }
+    if inside:
+        between = [s for s in inside if s not in checking]
+        out["callback_between_us"] = 1e6 * statistics.mean(inside[s] for s in between) if between else None
+        out["callback_check_ms"] = {s: round(1e3 * inside[s], 2) for s in sorted(checking) if s in inside}
+        out["syncs_between_checks"] = sum(syncs[s] for s in between)
+        out["syncs_at_checks"] = sum(syncs[s] for s in checking if s in syncs)
+    return out
 
 
 def gpu(args: argparse.Namespace) -> None:
-    """The callback's cost on one GPU: two rounds in turns, the best runtime of each side."""
+    """The callback's cost on one GPU: two rounds in turns, the best runtime of each side, and the
+    diagnosis of each side's best round (``start_s``, ``between_ms``, ``check_steps_ms``, ...)."""
     import json
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DDPJOB_", "PROMETHEUS_"))}
@@ -129,6 +192,7 @@ def gpu(args: argparse.Namespace) -> None:
     env |= {"DDPJOB_METRICS_PORT": "0"}
     best: dict[bool, float] = {}
     steady: dict[bool, float] = {}
+    diagnosis: dict[bool, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(2):
             for callback in (False, True):
@@ -142,16 +206,18 @@ def gpu(args: argparse.Namespace) -> None:
                 ]
                 cmd += ["--callback"] if callback else []
                 done = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True)
+                lines = done.stdout.splitlines()
                 runtimes = [
-                    (float(ln.split()[1]), float(ln.split()[2]))
-                    for ln in done.stdout.splitlines()
-                    if ln.startswith("runtime ")
+                    (float(ln.split()[1]), float(ln.split()[2])) for ln in lines if ln.startswith("runtime ")
                 ]
+                found = [json.loads(ln.split(" ", 1)[1]) for ln in lines if ln.startswith("diagnosis ")]
                 if done.returncode != 0 or not runtimes:
                     sys.exit(
                         f"hf gpu run failed ({done.returncode}):\n"
                         f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
                     )
+                if runtimes[0][0] < best.get(callback, float("inf")):
+                    diagnosis[callback] = found[0] if found else None
                 best[callback] = min(best.get(callback, float("inf")), runtimes[0][0])
                 steady[callback] = min(steady.get(callback, float("inf")), runtimes[0][1])
     figures = {
@@ -159,6 +225,8 @@ def gpu(args: argparse.Namespace) -> None:
         "with_s": best[True],
         "overhead_pct": 100 * (best[True] / best[False] - 1),
         "steady_overhead_pct": 100 * (steady[True] / steady[False] - 1),
+        "bare": diagnosis[False],
+        "with": diagnosis[True],
     }
     print(f"GPU callback cost {json.dumps(figures)}")
 

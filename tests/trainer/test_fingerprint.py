@@ -125,6 +125,31 @@ def test_the_cpu_default_is_numba_else_numpy_and_both_can_be_forced(monkeypatch:
     assert fpmod.impl_for(torch.device("cpu")) == "numpy"
 
 
+def test_small_cpu_tensors_never_load_numba_and_large_ones_do() -> None:
+    """A GPU job's checks fingerprint only a few CPU scalars (control state, the structure hash): they take
+    the NumPy path, so the process never pays Numba's import and kernel load (0.4-0.8 s, measured); a CPU
+    model's parameters, past COMPILED_MIN_BYTES, still take Numba. The same bits either way."""
+    code = textwrap.dedent(
+        """
+        import sys, torch
+        from ddp_trainer.fingerprint import dispatch, fingerprint_tensors
+        from ddp_trainer.fingerprint.numpy_kernel import fingerprint as numpy_fp
+        small = [torch.tensor(7), torch.tensor(1.0, dtype=torch.float64), torch.zeros(300, dtype=torch.uint8)]
+        got = fingerprint_tensors(small).tolist()
+        assert got == [numpy_fp(t) for t in small], got
+        assert dispatch.impl_for(torch.device("cpu")) == "numba"  # the label: Numba is there, for big ones
+        print("numba" in sys.modules)
+        big = torch.arange(dispatch.COMPILED_MIN_BYTES // 4, dtype=torch.float32)
+        assert fingerprint_tensors([big]).tolist() == [numpy_fp(big)]
+        print("numba" in sys.modules)
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "DDPJOB_FINGERPRINT_IMPL"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True"]
+
+
 def test_the_kernels_import_only_the_definition() -> None:
     """The layers of the package: kernels below (each on the hash's definition alone), dispatch above."""
     package = Path(fpmod.__file__).parent
@@ -418,7 +443,7 @@ def test_a_numba_kernel_that_fails_falls_back_to_numpy(
     monkeypatch.delenv("DDPJOB_FINGERPRINT_IMPL", raising=False)
     monkeypatch.setattr(numba_kernel, "block_sums", compile_error)
     assert fpmod.impl_for(torch.device("cpu")) == "numba"
-    t = sample(torch.float16, 999)
+    t = sample(torch.float16, dispatch.COMPILED_MIN_BYTES // 2 + 999)  # large enough for Numba
     assert fp(t) == fp(t) == reference(t)
     assert fpmod.impl_for(torch.device("cpu")) == "numpy"
     assert len(fallback_lines(caplog)) == 1

@@ -1,12 +1,14 @@
 """The GPU path on a GPU (``gpu``: skipped, with the reason, where there is none): the compute probe
 reproduces itself on Hugging Face models with SDPA attention in fp32 and bf16; the training loop makes no
-host synchronisation between two checks; the torch fallback of the fingerprint equals Triton's across
-chunks."""
+host synchronisation between two checks, and neither does the Hugging Face callback; the torch fallback
+of the fingerprint equals Triton's across chunks."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS starts, as the pods set it
 
@@ -145,5 +147,59 @@ def test_the_stop_agreement_makes_no_host_synchronisation_and_stops_every_rank_a
         finally:
             torch.cuda.set_sync_debug_mode(0)
         assert seen == [False, False, False, True]  # the request of the third step, read at the fourth
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_hf_callback_makes_no_host_synchronisation_between_checks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 30's +18 %: on a GPU, the Hugging Face callback's ``on_step_end`` between two checks makes no
+    synchronising call (the CPU count, tests/trainer/test_callback_cost.py, says it makes no torch call at
+    all; this is the same on CUDA, NCCL, bf16), while its checks still run and pass."""
+    import torch.distributed as dist
+    from prometheus_client import values as prometheus_values
+
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    from ddp_trainer.integrations.transformers import SyncHealthCallback
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "metrics"))
+    monkeypatch.setattr(prometheus_values, "ValueClass", prometheus_values.ValueClass)
+    monkeypatch.setenv(contract.METRICS_PORT_ENV, "0")
+    monkeypatch.setenv(contract.TERMINATION_LOG_ENV, str(tmp_path / "report.json"))
+    steps, every = 12, 5
+
+    class Strict(SyncHealthCallback):  # type: ignore[misc]
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            checking = state.global_step % every == 0 or state.global_step == steps
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode(0 if checking else "error")
+            try:  # any synchronising call between two checks raises here
+                super().on_step_end(args, state, control, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)  # type: ignore[attr-defined]
+    try:
+        torch.manual_seed(0)
+        config = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=128, n_positions=64, vocab_size=1024)
+        tokens = torch.randint(1024, (8 * steps, 64), generator=torch.Generator().manual_seed(0))
+        args = transformers.TrainingArguments(
+            output_dir=str(tmp_path / "out"),
+            max_steps=steps,
+            per_device_train_batch_size=8,
+            bf16=True,
+            report_to=[],
+            save_strategy="no",
+            logging_steps=3,
+            disable_tqdm=True,
+        )
+        callback = Strict(every=every, probe_every=every)
+        data = [{"input_ids": t, "labels": t} for t in tokens]
+        model = transformers.GPT2LMHeadModel(config)
+        transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[callback]).train()
+        assert callback.health is not None and callback.health.checks == 4  # initial, 5, 10, 12
+        assert callback.health.tally.last_check_ok and callback.health.probes == 2
     finally:
         dist.destroy_process_group()

@@ -35,6 +35,7 @@ def test_the_info_series_names_the_fingerprint_kernel_in_use_after_a_fallback(
     monkeypatch.delenv("DDPJOB_FINGERPRINT_IMPL", raising=False)
     monkeypatch.setattr(dispatch, "_broken", {})
     monkeypatch.setattr(dispatch, "_said", set())
+    monkeypatch.setattr(dispatch, "COMPILED_MIN_BYTES", 0)  # the small default model takes Numba too
     session = Session(
         TrainerConfig(), PodEnv(job="j", namespace="n"), LaunchEnv(), torch.device("cpu"), "fp32"
     )

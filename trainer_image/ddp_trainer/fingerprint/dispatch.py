@@ -2,8 +2,8 @@
 
 Four kernels compute the same bits (tests check each against an independent NumPy reference):
 
-* Numba (``numba_kernel``), CPU tensors, the default there: the block sums in one compiled pass (about
-  4x the NumPy path), with the NumPy fold around them;
+* Numba (``numba_kernel``), CPU tensors, the default there (from :data:`COMPILED_MIN_BYTES` a call): the
+  block sums in one compiled pass (about 4x the NumPy path), with the NumPy fold around them;
 * NumPy (``numpy_kernel``), CPU tensors: zero-copy on the tensor's memory, passes of 32K lanes through
   two reused uint64 buffers;
 * pure torch (``torch_kernel``), any device: every block of every tensor in a few batched launches (on
@@ -39,6 +39,13 @@ from ddp_trainer.fingerprint import torch_kernel
 log = logging.getLogger(__name__)
 
 IMPLS = ("numba", "numpy", "torch", "triton")
+COMPILED_MIN_BYTES = 1 << 20
+"""CPU tensors of fewer bytes in all, in one call, take the NumPy path even where Numba is the CPU kernel
+(the same bits): Numba pays off on a model's parameters, but importing it and loading its kernel cost
+0.4-0.8 s per process (measured on the CPU machine, the kernel cached on disk), far more than NumPy takes
+for a check's control scalars and the structure hash (< 1 ms). So a GPU job, whose only CPU tensors are
+those, never loads Numba: its first check, which a Hugging Face ``Trainer`` counts in ``train_runtime``,
+is that much shorter."""
 FALLBACK = {"triton": "torch", "numba": "numpy"}
 """The plain path that replaces a compiled kernel that failed."""
 _broken: dict[str, str] = {}  # kernel -> the error that retired it, for the rest of the process
@@ -124,7 +131,9 @@ def torch_fingerprint(t: torch.Tensor) -> torch.Tensor:
 
 def _run(tensors: list[torch.Tensor], impl: str) -> torch.Tensor:
     if impl in ("numpy", "numba"):
-        compiled = impl == "numba"
+        compiled = (
+            impl == "numba" and sum(t.numel() * t.element_size() for t in tensors) >= COMPILED_MIN_BYTES
+        )
         return torch.tensor([numpy_fingerprint(t, compiled=compiled) for t in tensors], dtype=torch.int64)
     if impl == "triton":
         kernel = _triton()

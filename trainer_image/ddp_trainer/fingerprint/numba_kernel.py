@@ -11,6 +11,7 @@ Optional: without Numba the NumPy path runs, with the same bits (a test keeps th
 from __future__ import annotations
 
 import functools
+import importlib.util
 from typing import Any
 
 import numpy as np
@@ -19,8 +20,14 @@ from ddp_trainer.fingerprint.definition import BLOCK, M1, M2
 
 
 def available() -> bool:
-    """Whether Numba imports (then the CPU fingerprint uses it)."""
-    return _kernel() is not None
+    """Whether Numba is installed (then the CPU fingerprint uses it for large tensors). Asked without
+    importing it: importing Numba and loading the kernel cost 0.4-0.8 s, which a process that only ever
+    fingerprints a few CPU scalars (a GPU job's control state) should not pay. Should the import fail
+    later, :func:`block_sums` raises and the NumPy path takes over (``dispatch``'s fallback)."""
+    try:
+        return importlib.util.find_spec("numba") is not None
+    except (ImportError, ValueError):  # a broken or odd entry in sys.modules
+        return False
 
 
 @functools.cache
@@ -58,5 +65,8 @@ def block_sums(lanes: np.ndarray, keys: np.ndarray, blocks: int) -> np.ndarray:
     """``s[b]`` for ``blocks`` blocks of the uint64 ``lanes`` (``keys[j] = (j + 1) * G``)."""
     out = np.zeros(blocks, dtype=np.uint64)
     if blocks:
-        _kernel()(lanes, keys, out)
+        kernel = _kernel()
+        if kernel is None:
+            raise RuntimeError("Numba does not import")
+        kernel(lanes, keys, out)
     return out
