@@ -207,6 +207,18 @@ def hf_callback() -> None:
         f"{got['overhead_pct']:+.2f} % ({got['with_s']:.2f} vs {got['bare_s']:.2f} s)",
         "<= 2 %",
     )
+    bare, with_ = got.get("bare") or {}, got.get("with") or {}
+    if bare.get("between_ms") and with_.get("between_ms"):  # where the difference is (health_bench.diagnose)
+        row(
+            "HF callback: median step between checks, with vs bare",
+            f"{with_['between_ms']:.2f} vs {bare['between_ms']:.2f} ms; "
+            f"{with_.get('syncs_between_checks')} syncs in the callback between checks",
+        )
+        row(
+            "HF callback: start-up, check steps (ms), time in its on_step_end at them",
+            f"{with_['start_s']:.2f} vs {bare['start_s']:.2f} s; {with_['check_steps_ms']}; "
+            f"{with_.get('callback_check_ms')}",
+        )
 
 
 def main() -> None:
