@@ -71,8 +71,9 @@ clean:
 CLUSTER_PY ?= $(BIN)/python
 .PHONY: cluster-up cluster-down cluster-status
 
+# `make cluster-up KUEUE=1` starts Kueue too (hack/cluster/README.md: queueing by hand).
 cluster-up: $(if $(filter $(BIN)/python,$(CLUSTER_PY)),$(STAMP))
-	CLUSTER_PY=$(CLUSTER_PY) hack/cluster/cluster up
+	CLUSTER_PY=$(CLUSTER_PY) hack/cluster/cluster up $(if $(KUEUE),--kueue)
 
 cluster-down:
 	CLUSTER_PY=$(CLUSTER_PY) hack/cluster/cluster down

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import controlplane, netns, processes, realnode
+from . import controlplane, kueue, netns, processes, realnode
 from .layout import BUILD_SCRIPT, NODE_NAMES, Layout
 
 if TYPE_CHECKING:
@@ -216,6 +216,8 @@ def down(layout: Layout | None = None, *, say: Say = _say, force: bool = False) 
     (pod namespaces, bridge) are removed only when this cluster owns them (or ``force``)."""
     layout = layout or Layout.default()
     stopped = realnode.down(layout)  # kubelets and containerds of real nodes, and their containers
+    if processes.stop(layout.pid(kueue.NAME), grace=5):  # its webhooks go with etcd's data at the next up
+        stopped.append(kueue.NAME)
     for name in reversed(COMPONENTS):  # node agent first: it stops its pods
         if processes.stop(layout.pid(name), grace=15 if name in AGENTS else 10):
             stopped.append(name)
