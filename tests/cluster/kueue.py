@@ -123,16 +123,17 @@ def webhooks(config_dir: Path, ca_bundle: str) -> list[dict[str, Any]]:
 
 def _certificates(directory: Path) -> str:
     """A CA and the webhook server's certificate for 127.0.0.1 (``tls.crt``/``tls.key``, the names
-    controller-runtime reads); returns the CA as a caBundle."""
+    controller-runtime reads), made once per cluster (the next ``up`` starts afresh); returns the CA as a
+    caBundle."""
+    if (directory / "ca.crt").exists() and (directory / "tls.crt").exists():
+        return base64.b64encode((directory / "ca.crt").read_bytes()).decode()
     directory.mkdir(parents=True, exist_ok=True)
     ca = certs.make_ca(directory, "ca", "ddpjob-test-kueue-ca")
     pair = certs.issue(
         ca, directory, "serving", common_name="kueue-webhook", ip_addresses=["127.0.0.1"], server=True
     )
-    for folder in (directory, METRICS_CERT_DIR):
-        folder.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(pair.cert, folder / "tls.crt")
-        shutil.copyfile(pair.key, folder / "tls.key")
+    shutil.copyfile(pair.cert, directory / "tls.crt")
+    shutil.copyfile(pair.key, directory / "tls.key")
     return base64.b64encode(ca.cert.read_bytes()).decode()
 
 
@@ -202,19 +203,30 @@ def is_running(layout: Layout) -> bool:
     return processes.read_pid(layout.pid(NAME)) is not None and _healthy()
 
 
+def install_crds(layout: Layout) -> tuple[Path, str]:
+    """Builds Kueue if needed, makes the webhook certificate and installs the release's CRDs (the
+    controller not started: enough for an operator to list Workloads); returns Kueue's directory and the
+    caBundle of its webhooks."""
+    home = build()
+    ca_bundle = _certificates(layout.root / NAME / "certs")
+    installed = crds(home / "config", ca_bundle)
+    _kubectl_apply(layout, installed)
+    for crd in installed:
+        name = crd["metadata"]["name"]
+        _kubectl(layout, "wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    return home, ca_bundle
+
+
 def start(layout: Layout, *, pods_ready_timeout: float | None = None) -> None:
     """Installs the CRDs and webhooks and starts the controller (stopping one that runs); returns once
     its webhooks answer."""
     stop(layout)
-    home = build()
+    home, ca_bundle = install_crds(layout)
     work = layout.root / NAME
-    ca_bundle = _certificates(work / "certs")
-    _kubectl_apply(layout, crds(home / "config", ca_bundle))
-    for crd in crds(home / "config", ca_bundle):
-        _kubectl(
-            layout, "wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}", "--timeout=60s"
-        )
     _kubectl(layout, "create", "namespace", NAMESPACE)
+    METRICS_CERT_DIR.mkdir(parents=True, exist_ok=True)
+    for name in ("tls.crt", "tls.key"):
+        shutil.copyfile(work / "certs" / name, METRICS_CERT_DIR / name)
     config_file = work / "config.yaml"
     config_file.write_text(yaml.safe_dump(configuration(work / "certs", pods_ready_timeout)))
     processes.spawn(

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
+from cluster import kueue
 from cluster.fixtures import Cluster, host_path_volume, wait_for
 
 from .conftest import children, ddpjob, get, wait_phase
@@ -117,6 +118,9 @@ def _representative_run(cluster: Cluster, release: Release, folder: Path) -> tup
 
 @pytest.fixture(scope="module")
 def run(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    # Kueue's CRDs installed (not its controller), as on a cluster that queues: the operator then watches
+    # Workloads (list, watch), a permission the chart grants and the audit comparison below checks.
+    kueue.install_crds(cluster.layout)
     with installed(cluster, "helm") as release:
         operator_pod = release.operator_pod()
         secret_value, trainer_pods = _representative_run(cluster, release, tmp_path_factory.mktemp("pv"))
