@@ -7,6 +7,9 @@ status to write, the Service and Job to create, the Jobs to delete, the Job to (
 to post. Each branch says its phase and ``Ready`` condition; :mod:`ddp_operator.status` builds the rest
 of the status. :mod:`ddp_operator.apply` carries plans out; every branch here is unit-tested without an API
 server (``tests/operator_tests/test_reconcile.py``) and proven against one by the e2e tests.
+
+Long because every branch of the decision reads best in one place, in the order the branches are checked
+(a running attempt's own cases included: starting, unschedulable, waiting on its claim or on Kueue).
 """
 
 from __future__ import annotations
