@@ -1,6 +1,8 @@
-"""The first e2e run on real nodes (a kubelet and containerd each, ``tests/cluster/realnode.py``): `helm
-install` runs the operator from its image as the chart's Deployment on a real node, and a DDPJob it
-reconciles trains across both real nodes from the trainer image, verified. Skipped, saying why, where
+"""The first e2e runs on real nodes (a kubelet and containerd each, ``tests/cluster/realnode.py``): `helm
+install` runs the operator from its image as the chart's Deployment on a real node, and the DDPJobs it
+reconciles train across both real nodes from the trainer image, verified: the built-in trainer, and the
+no-code example (``examples/no-code.yaml``: the init container copies the sync hook into a volume the
+kubelet shares with the trainer container). Skipped, saying why, where
 real nodes cannot run (``realfixture.real_nodes_or_skip``). The rest of the e2e tier still runs its pods
 as processes of the node agents.
 """
@@ -12,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from cluster import nodeimages, realfixture
 from cluster.fixtures import Cluster, manifests
 from cluster.nodeconfig import LABEL, RealNode
 
-from .conftest import children, wait_phase
-from .helmrelease import installed
+from .conftest import REPO, children, wait_phase
+from .helmrelease import Release, installed
 from .operator_process import ddpjob
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -41,32 +44,74 @@ def host_uid(node: RealNode, container_id: str) -> str:
     raise AssertionError(f"containerd of {node.name} runs no task {cid}")
 
 
+@pytest.fixture(scope="module")
+def release(cluster: Cluster, real_nodes: list[RealNode]) -> Iterator[Release]:
+    with installed(cluster, "real", **ON_REAL_NODES) as installed_release:
+        yield installed_release
+
+
+def finished(cluster: Cluster, namespace: str, name: str, nodes: list[RealNode]) -> dict[str, Any]:
+    """Waits for DDPJob ``name`` to end; checks it Succeeded, verified, with a pod on each real node."""
+    final = wait_phase(cluster, namespace, name, "Succeeded", "Failed", timeout=480)
+    pods = children(cluster, namespace, "pods", name)
+    detail = {p["metadata"]["name"]: p["status"].get("containerStatuses") for p in pods}
+    if final["status"]["phase"] != "Succeeded":
+        logs = [cluster.kubectl("logs", "-n", namespace, p["metadata"]["name"], check=False) for p in pods]
+        raise AssertionError(f"{final['status']}\n{detail}\n" + "\n".join(r.stdout[-2000:] for r in logs))
+    assert final["status"]["sync"]["verified"] is True, final["status"]
+    assert {p["spec"]["nodeName"] for p in pods} == {n.name for n in nodes}, detail
+    for pod in pods:
+        (trainer,) = pod["status"]["containerStatuses"]
+        assert trainer["imageID"], trainer  # an image the node's containerd holds
+        assert trainer["state"]["terminated"]["exitCode"] == 0, trainer
+    return final
+
+
 def test_the_chart_runs_the_operator_image_and_a_ddpjob_trains_on_real_nodes(
-    cluster: Cluster, real_nodes: list[RealNode]
+    cluster: Cluster, real_nodes: list[RealNode], release: Release
 ) -> None:
     by_name = {n.name: n for n in real_nodes}
-    with installed(cluster, "real", **ON_REAL_NODES) as release:
-        operator_pod = release.operator_pod()
-        assert operator_pod["spec"]["nodeName"] in by_name, operator_pod["spec"].get("nodeName")
-        (status,) = operator_pod["status"]["containerStatuses"]
-        assert status["containerID"].startswith("containerd://")
-        assert host_uid(by_name[operator_pod["spec"]["nodeName"]], status["containerID"]) == "1000"
+    operator_pod = release.operator_pod()
+    assert operator_pod["spec"]["nodeName"] in by_name, operator_pod["spec"].get("nodeName")
+    (status,) = operator_pod["status"]["containerStatuses"]
+    assert status["containerID"].startswith("containerd://")
+    assert host_uid(by_name[operator_pod["spec"]["nodeName"]], status["containerID"]) == "1000"
 
-        job: dict[str, Any] = ddpjob(
-            "real",
-            trainer={"steps": 30, "batchSize": 16, "checkpointEvery": 10},
-            syncCheck={"everySteps": 10, "onDivergence": "Fail"},
-            maxRestarts=0,
-            podTemplate=ON_REAL_NODES,
-        )
-        cluster.kubectl("apply", "-n", release.jobs, "-f", "-", input=manifests(job))
-        final = wait_phase(cluster, release.jobs, "real", "Succeeded", "Failed", timeout=480)
-        pods = children(cluster, release.jobs, "pods", "real")
-        detail = {p["metadata"]["name"]: p["status"].get("containerStatuses") for p in pods}
-        assert final["status"]["phase"] == "Succeeded", (final["status"], detail)
-        assert final["status"]["sync"]["verified"] is True, final["status"]
-        assert {p["spec"]["nodeName"] for p in pods} == set(by_name), detail
-        for pod in pods:
-            (trainer,) = [c for c in pod["status"]["containerStatuses"] if c["name"] != "hook"]
-            assert trainer["imageID"], trainer  # an image the node's containerd holds
-            assert trainer["state"]["terminated"]["exitCode"] == 0, trainer
+    job: dict[str, Any] = ddpjob(
+        "real",
+        trainer={"steps": 30, "batchSize": 16, "checkpointEvery": 10},
+        syncCheck={"everySteps": 10, "onDivergence": "Fail"},
+        maxRestarts=0,
+        podTemplate=ON_REAL_NODES,
+    )
+    cluster.kubectl("apply", "-n", release.jobs, "-f", "-", input=manifests(job))
+    finished(cluster, release.jobs, "real", real_nodes)
+
+
+def test_the_no_code_example_trains_on_real_nodes(
+    cluster: Cluster, real_nodes: list[RealNode], release: Release
+) -> None:
+    """As shipped, but for placement and where the script comes from: the trainer image does not hold
+    ``examples/plain_ddp.py`` (a user's image would hold their script), so a ConfigMap mounts it."""
+    doc: dict[str, Any] = yaml.safe_load((REPO / "examples" / "no-code.yaml").read_text())
+    script = REPO / "examples" / "plain_ddp.py"
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "user-script"},
+        "data": {script.name: script.read_text()},
+    }
+    assert doc["spec"]["args"] == ["examples/plain_ddp.py"], doc["spec"]["args"]
+    doc["spec"]["args"] = [f"/opt/user/{script.name}"]
+    doc["spec"]["podTemplate"] = {
+        **ON_REAL_NODES,
+        "volumes": [{"name": "user-script", "configMap": {"name": "user-script"}}],
+        "volumeMounts": [{"name": "user-script", "mountPath": "/opt/user", "readOnly": True}],
+    }
+    cluster.kubectl("apply", "-n", release.jobs, "-f", "-", input=manifests(config_map, doc))
+    name = doc["metadata"]["name"]
+    final = finished(cluster, release.jobs, name, real_nodes)
+    (job,) = children(cluster, release.jobs, "jobs", name)
+    (init,) = job["spec"]["template"]["spec"]["initContainers"]
+    assert init["command"][:3] == ["python", "-m", "ddp_trainer.inject"], init
+    assert final["status"]["sync"]["checks"] >= 2, final["status"]
