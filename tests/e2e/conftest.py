@@ -19,6 +19,7 @@ __all__ = [
     "Operator",
     "children",
     "ddpjob",
+    "events",
     "get",
     "operator",
     "session_operator_paused",
@@ -84,6 +85,15 @@ def children(cluster: Cluster, namespace: str, kind: str, name: str) -> list[dic
         "get", kind, "-n", namespace, "-l", f"ddpjob.io/job-name={name}"
     )["items"]
     return items
+
+
+def events(cluster: Cluster, namespace: str, name: str, reason: str) -> list[dict[str, Any]]:
+    """The Events about object ``name`` with ``reason``."""
+    selector = f"involvedObject.name={name},reason={reason}"
+    found: list[dict[str, Any]] = cluster.kubectl_json(
+        "get", "events", "-n", namespace, "--field-selector", selector
+    )["items"]
+    return found
 
 
 def settle(seconds: float) -> None:

@@ -22,7 +22,7 @@ import yaml
 from cluster import kueue
 from cluster.fixtures import Cluster, wait_for
 
-from .conftest import Operator, children, ddpjob, get, wait_phase
+from .conftest import Operator, children, ddpjob, events, get, wait_phase
 from .test_faults import _pod_at, _rank_process
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -193,10 +193,8 @@ def test_a_higher_priority_job_preempts_a_running_one_which_checkpoints_waits_an
     wait_for(
         lambda: not children(cluster, namespace, "pods", "low"), what="the preempted pods to stop", timeout=90
     )
-    events = cluster.kubectl_json(
-        "get", "events", "-n", namespace, "--field-selector", "involvedObject.name=low,reason=KueuePreempted"
-    )["items"]
-    assert events and events[0]["type"] == "Warning", events
+    said = events(cluster, namespace, "low", "KueuePreempted")
+    assert said and said[0]["type"] == "Warning", said
 
     assert (
         wait_phase(cluster, namespace, "urgent", "Succeeded", "Failed", timeout=300)["status"]["phase"]
@@ -227,15 +225,8 @@ def test_a_queue_name_that_names_no_local_queue_is_said_and_nothing_spins(
     assert len(children(cluster, namespace, "jobs", "lost")) == 1 and not children(
         cluster, namespace, "pods", "lost"
     )
-    events = cluster.kubectl_json(
-        "get",
-        "events",
-        "-n",
-        namespace,
-        "--field-selector",
-        "involvedObject.name=lost,reason=KueueInadmissible",
-    )["items"]
-    assert [e.get("count", 1) for e in events] == [1], events
+    said = events(cluster, namespace, "lost", "KueueInadmissible")
+    assert [e.get("count", 1) for e in said] == [1], said
 
 
 def test_a_bad_queue_name_is_refused_at_apply(cluster: Cluster, operator: Operator, namespace: str) -> None:
