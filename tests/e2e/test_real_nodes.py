@@ -2,13 +2,17 @@
 install` runs the operator from its image as the chart's Deployment on a real node, and the DDPJobs it
 reconciles train across both real nodes from the trainer image, verified: the built-in trainer, and the
 no-code example (``examples/no-code.yaml``: the init container copies the sync hook into a volume the
-kubelet shares with the trainer container). Skipped, saying why, where
-real nodes cannot run (``realfixture.real_nodes_or_skip``). The rest of the e2e tier still runs its pods
-as processes of the node agents.
+kubelet shares with the trainer container); and a rank killed in its container restarts in place, then a
+deleted pod recreates the gang, resuming from a checkpoint on a hostPath the kubelet mounted. Skipped,
+saying why, where real nodes cannot run (``realfixture.real_nodes_or_skip``). The rest of the e2e tier
+still runs its pods as processes of the node agents.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,11 +20,12 @@ from typing import Any
 import pytest
 import yaml
 
-from cluster import nodeimages, realfixture
-from cluster.fixtures import Cluster, manifests
+from cluster import nodeimages, processes, realfixture
+from cluster.fixtures import Cluster, manifests, wait_for
 from cluster.nodeconfig import LABEL, RealNode
+from ddp_trainer import launch
 
-from .conftest import REPO, children, wait_phase
+from .conftest import REPO, children, get, wait_phase
 from .helmrelease import Release, installed
 from .operator_process import ddpjob
 
@@ -115,3 +120,74 @@ def test_the_no_code_example_trains_on_real_nodes(
     (init,) = job["spec"]["template"]["spec"]["initContainers"]
     assert init["command"][:3] == ["python", "-m", "ddp_trainer.inject"], init
     assert final["status"]["sync"]["checks"] >= 2, final["status"]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, from the host's /proc (a container's processes are the host's too)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parents.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(
+                int(stat.parent.name)
+            )
+    found, todo = [], [pid]
+    while todo:
+        below = parents.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def test_a_killed_rank_restarts_in_place_and_a_deleted_pod_recreates_the_gang(
+    cluster: Cluster, real_nodes: list[RealNode], release: Release, tmp_path: Path
+) -> None:
+    """As ``test_faults``' test of the same name, in containers: the rank (a process of the trainer
+    container, found from the host through containerd) SIGKILLed, the same pods restart every rank in
+    place from the checkpoint on a hostPath the kubelet mounted; then a pod deleted recreates the Job."""
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    folder.chmod(0o777)  # the trainer runs as uid 1000
+    doc = ddpjob(
+        "inplace",
+        checkpoint={"volume": {"hostPath": {"path": str(folder)}}, "mountPath": "/ckpt"},
+        trainer={"steps": 1200, "checkpointEvery": 50},
+        syncCheck={"everySteps": 50},
+        podTemplate=ON_REAL_NODES,
+    )
+    ns = release.jobs
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=manifests(doc))
+    wait_for(lambda: list(folder.glob("step-*.pt")), what="a checkpoint", timeout=300)
+    pods = {p["metadata"]["name"]: p["metadata"]["uid"] for p in children(cluster, ns, "pods", "inplace")}
+    (victim,) = [
+        p
+        for p in children(cluster, ns, "pods", "inplace")
+        if p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == "1"
+    ]
+    node = {n.name: n for n in real_nodes}[victim["spec"]["nodeName"]]
+    (container,) = victim["status"]["containerStatuses"]
+    cid = container["containerID"].removeprefix("containerd://")
+    main = next(
+        int(line.split()[1])
+        for line in nodeimages.ctr(node.socket, "tasks", "ls").splitlines()[1:]
+        if line.split()[0] == cid
+    )
+    ranks = [p for p in descendants(main) if processes.name(p).startswith(launch.WORKER_NAME_PREFIX)]
+    assert len(ranks) == 1, (main, descendants(main))
+    os.kill(ranks[0], signal.SIGKILL)
+
+    def restarted() -> dict[str, Any] | None:
+        status = get(cluster, ns, "inplace").get("status", {})
+        return status if status.get("restartsInPlace") == 1 else None
+
+    status = wait_for(restarted, what="the operator to count a restart in place", timeout=120, every=1)
+    assert status["lastRestart"]["kind"] == "InPlace", status["lastRestart"]
+    assert "rank 1 killed by signal 9" in status["lastRestart"]["message"], status["lastRestart"]
+    now = {p["metadata"]["name"]: p["metadata"]["uid"] for p in children(cluster, ns, "pods", "inplace")}
+    assert now == pods, "the pods were replaced: the restart was not in place"
+
+    cluster.kubectl("delete", "pod", "-n", ns, victim["metadata"]["name"])
+    status = wait_phase(cluster, ns, "inplace", "Succeeded", "Failed", timeout=480)["status"]
+    assert status["phase"] == "Succeeded", status
+    assert (status["attempt"], status["restarts"], status["restartsInPlace"]) == (2, 2, 1), status
+    assert status["lastRestart"]["kind"] == "Recreate" and status["sync"]["verified"] is True, status
+    assert status["checkpoint"]["resumedFromStep"] > 0, status
