@@ -3,7 +3,8 @@ install` runs the operator from its image as the chart's Deployment on a real no
 reconciles train across both real nodes from the trainer image, verified: the built-in trainer, and the
 no-code example (``examples/no-code.yaml``: the init container copies the sync hook into a volume the
 kubelet shares with the trainer container); and a rank killed in its container restarts in place, then a
-deleted pod recreates the gang, resuming from a checkpoint on a hostPath the kubelet mounted. Skipped,
+deleted pod recreates the gang, resuming from a checkpoint on a hostPath the kubelet mounted; and the
+quickstart with its claim bound to a PersistentVolume that the kubelets mount. Skipped,
 saying why, where real nodes cannot run (``realfixture.real_nodes_or_skip``). The rest of the e2e tier
 still runs its pods as processes of the node agents.
 """
@@ -191,3 +192,41 @@ def test_a_killed_rank_restarts_in_place_and_a_deleted_pod_recreates_the_gang(
     assert (status["attempt"], status["restarts"], status["restartsInPlace"]) == (2, 2, 1), status
     assert status["lastRestart"]["kind"] == "Recreate" and status["sync"]["verified"] is True, status
     assert status["checkpoint"]["resumedFromStep"] > 0, status
+
+
+def test_the_quickstart_trains_on_real_nodes_with_its_claim_mounted_by_the_kubelets(
+    cluster: Cluster, real_nodes: list[RealNode], release: Release, tmp_path: Path
+) -> None:
+    """``examples/quickstart.yaml`` as shipped but for placement and a shorter run: its 1Gi ReadWriteOnce
+    claim bound to a hostPath PersistentVolume (what a default class would give), which each node's
+    kubelet mounts into its pod; the checkpoints the containers wrote (as uid 1000) are on the volume."""
+    folder = tmp_path / "pv"
+    folder.mkdir()
+    folder.chmod(0o777)
+    ns = release.jobs
+    volume = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": f"rwo-{ns}"},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "hostPath": {"path": str(folder)},
+            "claimRef": {"namespace": ns, "name": "quickstart-checkpoints"},
+        },
+    }
+    doc: dict[str, Any] = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
+    doc["spec"]["trainer"].update(steps=40, checkpointEvery=20)
+    doc["spec"]["syncCheck"]["everySteps"] = 20
+    doc["spec"]["podTemplate"] = ON_REAL_NODES
+    try:
+        cluster.kubectl("apply", "-f", "-", input=manifests(volume))
+        cluster.kubectl("apply", "-n", ns, "-f", "-", input=manifests(doc))
+        finished(cluster, ns, "quickstart", real_nodes)
+        written = sorted(folder.glob("step-*.pt"))
+        assert [p.name for p in written] == ["step-00000020.quickstart.pt", "step-00000040.quickstart.pt"]
+        assert {p.stat().st_uid for p in written} == {1000}
+    finally:
+        cluster.kubectl("delete", "ddpjob", "quickstart", "-n", ns, "--wait=false", check=False)
+        cluster.kubectl("delete", "pv", f"rwo-{ns}", "--wait=false", check=False)
