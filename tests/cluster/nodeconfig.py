@@ -79,6 +79,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
 [grpc]
   address = "{node.socket}"
+[plugins."io.containerd.gc.v1.scheduler"]
+  deletion_threshold = 1  # a deleted blob (nodeimages.drop_layer_blobs) leaves the disk at once
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{nodeimages.PAUSE_IMAGE}"
   stream_server_address = "127.0.0.1"

@@ -8,6 +8,7 @@ Names are what the kubelet asks the CRI for: ``ddpjob/trainer:0.1.0`` in a pod s
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import io
@@ -146,3 +147,23 @@ def import_image(socket: Path, archive: Path, name: str) -> bool:
     if ref != name:
         ctr(socket, "images", "tag", "--force", ref, name)
     return True
+
+
+def drop_layer_blobs(socket: Path, name: str) -> int:
+    """Deletes the compressed layers of image ``name`` from the node's content store once they are
+    unpacked, as containerd's CRI does with ``discard_unpacked_layers`` for the images it pulls: containers
+    start from the snapshots, which the image's config still holds, so the node keeps one copy (the
+    trainer: 6.2 GB, not 9.5). Returns how many blobs went."""
+    target = next(
+        (line.split()[2] for line in ctr(socket, "images", "ls").splitlines()[1:] if line.split()[0] == name),
+        None,
+    )
+    if target is None:
+        raise RuntimeError(f"no image {name} on the node ({socket})")
+    manifest = json.loads(ctr(socket, "content", "get", target))
+    dropped = 0
+    for layer in manifest["layers"]:
+        with contextlib.suppress(RuntimeError):  # gone already
+            ctr(socket, "content", "rm", layer["digest"])
+            dropped += 1
+    return dropped

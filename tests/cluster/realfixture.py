@@ -23,7 +23,9 @@ from .nodeconfig import LABEL, RealNode
 
 IMAGES = {"operator": "docker.io/ddpjob/operator:0.1.0", "trainer": "docker.io/ddpjob/trainer:0.1.0"}
 TOLERATION = {"key": LABEL, "operator": "Exists", "effect": "NoSchedule"}
-UNPACKED_PER_ARCHIVE_BYTE = 2.9  # content store (the archive's blobs) + overlay snapshots (~1.9x)
+# while an image is imported: content store (the archive's blobs) + overlay snapshots (~1.9x); afterwards
+# only the snapshots stay (nodeimages.drop_layer_blobs)
+UNPACKED_PER_ARCHIVE_BYTE = 2.9
 DISK_MARGIN = 3 * 1024**3
 
 
@@ -93,6 +95,7 @@ def running_real_nodes(cluster: Cluster, bin_dir: Path) -> Iterator[list[RealNod
             for target, archive in archives.items():
                 if not _holds(node, archive):
                     _import(node, archive, IMAGES[target])
+                nodeimages.drop_layer_blobs(node.socket, IMAGES[target])
         for node in nodes:
             wait_for(
                 lambda n=node: cluster.kube.get_or_none(f"/api/v1/nodes/{n.name}"),
