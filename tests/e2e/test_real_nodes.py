@@ -144,7 +144,8 @@ def test_a_killed_rank_restarts_in_place_and_a_deleted_pod_recreates_the_gang(
 ) -> None:
     """As ``test_faults``' test of the same name, in containers: the rank (a process of the trainer
     container, found from the host through containerd) SIGKILLed, the same pods restart every rank in
-    place from the checkpoint on a hostPath the kubelet mounted; then a pod deleted recreates the Job."""
+    place from the checkpoint on a hostPath the kubelet mounted; then a pod deleted recreates the Job.
+    On the way: ``spec.shmSize`` is the size of the container's /dev/shm."""
     folder = tmp_path / "ckpt"
     folder.mkdir()
     folder.chmod(0o777)  # the trainer runs as uid 1000
@@ -153,6 +154,7 @@ def test_a_killed_rank_restarts_in_place_and_a_deleted_pod_recreates_the_gang(
         checkpoint={"volume": {"hostPath": {"path": str(folder)}}, "mountPath": "/ckpt"},
         trainer={"steps": 1200, "checkpointEvery": 50},
         syncCheck={"everySteps": 50},
+        shmSize="512Mi",
         podTemplate=ON_REAL_NODES,
     )
     ns = release.jobs
@@ -172,6 +174,10 @@ def test_a_killed_rank_restarts_in_place_and_a_deleted_pod_recreates_the_gang(
         for line in nodeimages.ctr(node.socket, "tasks", "ls").splitlines()[1:]
         if line.split()[0] == cid
     )
+    # spec.shmSize: a memory emptyDir at /dev/shm, which the kubelet mounts as a tmpfs of that size
+    shm = [line.split() for line in Path(f"/proc/{main}/mountinfo").read_text().splitlines()]
+    (shm_mount,) = [m for m in shm if m[4] == "/dev/shm"]
+    assert shm_mount[-3] == "tmpfs" and "size=524288k" in shm_mount[-1], shm_mount
     ranks = [p for p in descendants(main) if processes.name(p).startswith(launch.WORKER_NAME_PREFIX)]
     assert len(ranks) == 1, (main, descendants(main))
     os.kill(ranks[0], signal.SIGKILL)
