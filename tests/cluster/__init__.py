@@ -18,4 +18,6 @@ session fixture in :mod:`fixtures` does the same for pytest. Modules, one concep
 - :mod:`images`        ENTRYPOINT and CMD of the project's images, from its Dockerfile
 - :mod:`serviceproxy`  the ``kubernetes`` Service's ClusterIP, proxied to the API server for pods
 - :mod:`audit`         the API server's audit log: what each ServiceAccount asked for
+- :mod:`realnode`      real nodes: a kubelet and a containerd per Node (:mod:`nodeconfig` their
+  configuration, :mod:`nodeimages` the sandbox image and image imports, :mod:`realfixture` for tests)
 """
