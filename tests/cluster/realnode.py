@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -48,6 +49,7 @@ def _cgroup_dirs(node: RealNode) -> list[Path]:
 def write_configs(node: RealNode) -> None:
     """Certificates (client ``system:node:<name>`` in ``system:nodes``, for the Node authorizer; serving
     for the node's IP), kubeconfig, containerd, CNI and kubelet configuration, the node's cgroups."""
+    shutil.rmtree(node.dir / "cni" / "ipam", ignore_errors=True)  # no pod of the node runs: none is taken
     for sub in ("containerd", "cni/net.d", "cni/ipam", "kubelet", "pod-logs", "pki", "config"):
         (node.dir / sub).mkdir(parents=True, exist_ok=True)
     pki = node.dir / "pki"
@@ -115,32 +117,35 @@ def start(node: RealNode, bin_dir: Path) -> None:
 
 def stop(node: RealNode) -> None:
     """Stops the kubelet, then every container of the node (containerd's tasks; the kubelet leaves them
-    running by design), then containerd; unmounts what is left under the node's directory. Works without
-    the API server (``down`` after a crash)."""
+    running by design) and the network namespaces of its pods' sandboxes, then containerd; unmounts what
+    is left under the node's directory. Works without the API server (``down`` after a crash)."""
     processes.stop(node.kubelet_pid, grace=10)
+    netns: set[str] = set()
     if processes.read_pid(node.containerd_pid) is not None:
         with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+            for container in nodeimages.ctr(node.socket, "containers", "ls", "-q", timeout=30).split():
+                netns |= _netns_of(node, container)
             for task in nodeimages.ctr(node.socket, "tasks", "ls", "-q", timeout=30).split():
-                subprocess.run(
-                    [
-                        "ctr",
-                        f"--address={node.socket}",
-                        "-n",
-                        "k8s.io",
-                        "tasks",
-                        "kill",
-                        "-a",
-                        "-s",
-                        "9",
-                        task,
-                    ],
-                    capture_output=True,
-                    check=False,
-                )
+                with contextlib.suppress(RuntimeError):
+                    nodeimages.ctr(node.socket, "tasks", "kill", "--all", "--signal=SIGKILL", task)
         time.sleep(0.5)
     processes.stop(node.containerd_pid, grace=10)
+    for path in netns:  # what the CNI plugins' DEL would have removed, had the kubelet deleted the pods
+        subprocess.run(["ip", "netns", "delete", Path(path).name], capture_output=True, check=False)
     _unmount_below(node.dir)
     subprocess.run(["ip", "addr", "del", f"{node.ip}/32", "dev", BRIDGE], capture_output=True, check=False)
+
+
+def _netns_of(node: RealNode, container: str) -> set[str]:
+    """The named network namespace (``/var/run/netns/cni-…``) a pod sandbox of the node holds, if any."""
+    with contextlib.suppress(RuntimeError, ValueError, KeyError, TypeError):
+        spec = json.loads(nodeimages.ctr(node.socket, "containers", "info", container, timeout=30))["Spec"]
+        return {
+            ns["path"]
+            for ns in spec["linux"]["namespaces"]
+            if ns["type"] == "network" and ns.get("path", "").startswith("/var/run/netns/cni-")
+        }
+    return set()
 
 
 def _unmount_below(root: Path) -> None:
