@@ -171,6 +171,9 @@ def kubelet_config(node: RealNode) -> dict[str, object]:
         "registerWithTaints": [TAINT],
         "serializeImagePulls": False,
         "nodeStatusUpdateFrequency": "4s",
+        # the Lease is renewed every quarter of this (4 s), as the node agents renew theirs: the
+        # controller-manager's node-monitor grace period is 16 s here, not 50 s (a 10 s renewal would flap)
+        "nodeLeaseDurationSeconds": 16,
         "maxPods": 110,
     }
 
