@@ -134,6 +134,20 @@ def _take_out(cluster: Cluster, nodes: list[RealNode]) -> None:
         realnode.cleanup_cgroups(node)
 
 
+def lose_node(node: RealNode) -> None:
+    """Node ``node`` drops dead: its kubelet stops renewing its Lease, its containers are killed and its
+    containerd stops; its Pods stay in the API as they were (``restore_node`` brings it back)."""
+    realnode.stop(node)
+
+
+def restore_node(cluster: Cluster, node: RealNode) -> None:
+    """Starts a lost node's containerd and kubelet again (its images are still there) and waits for it
+    to be Ready; the kubelet then finishes what the API asks of the pods its predecessor ran."""
+    built = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=True)
+    realnode.start(node, Path(built.stdout.strip()))
+    cluster.kubectl("wait", "--for=condition=Ready", f"node/{node.name}", "--timeout=120s")
+
+
 class Unavailable(Exception):
     """Real nodes cannot run here; the message says why."""
 

@@ -4,7 +4,7 @@ reconciles train across both real nodes from the trainer image, verified: the bu
 no-code example (``examples/no-code.yaml``: the init container copies the sync hook into a volume the
 kubelet shares with the trainer container); and a rank killed in its container restarts in place, then a
 deleted pod recreates the gang, resuming from a checkpoint on a hostPath the kubelet mounted; and the
-quickstart with its claim bound to a PersistentVolume that the kubelets mount. Skipped,
+quickstart with its claim bound to a PersistentVolume that the kubelets mount; and a lost node. Skipped,
 saying why, where real nodes cannot run (``realfixture.real_nodes_or_skip``). The rest of the e2e tier
 still runs its pods as processes of the node agents.
 """
@@ -236,3 +236,42 @@ def test_the_quickstart_trains_on_real_nodes_with_its_claim_mounted_by_the_kubel
     finally:
         cluster.kubectl("delete", "ddpjob", "quickstart", "-n", ns, "--wait=false", check=False)
         cluster.kubectl("delete", "pv", f"rwo-{ns}", "--wait=false", check=False)
+
+
+def test_a_lost_real_node_restarts_the_gang_on_the_node_that_remains(
+    cluster: Cluster, real_nodes: list[RealNode], release: Release, tmp_path: Path
+) -> None:
+    """As ``test_faults``' test of the same name, with a kubelet that stops renewing its Lease and
+    containers that die with their node. The node lost is the one without the operator's pod."""
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    folder.chmod(0o777)
+    ns = release.jobs
+    doc = ddpjob(
+        "lost",
+        checkpoint={"volume": {"hostPath": {"path": str(folder)}}, "mountPath": "/ckpt"},
+        trainer={"steps": 160, "checkpointEvery": 20},
+        syncCheck={"everySteps": 20},
+        nodeLostTolerationSeconds=10,
+        podTemplate=ON_REAL_NODES,
+    )
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=manifests(doc))
+    wait_for(lambda: list(folder.glob("step-*.pt")), what="a checkpoint", timeout=300)
+    operator_node = release.operator_pod()["spec"]["nodeName"]
+    (node,) = [n for n in real_nodes if n.name != operator_node]
+    assert any(p["spec"]["nodeName"] == node.name for p in children(cluster, ns, "pods", "lost"))
+    try:
+        realfixture.lose_node(node)
+        status = wait_phase(cluster, ns, "lost", "Succeeded", "Failed", timeout=480)["status"]
+        assert status["phase"] == "Succeeded", status
+        assert status["attempt"] >= 2 and status["checkpoint"]["resumedFromStep"] > 0, status
+        pods = children(cluster, ns, "pods", "lost")
+        final = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        assert final and all(p["spec"]["nodeName"] == operator_node for p in final), final
+    finally:
+        realfixture.restore_node(cluster, node)
+    wait_for(
+        lambda: not [p for p in children(cluster, ns, "pods", "lost") if p["spec"]["nodeName"] == node.name],
+        what=f"the pods left on {node.name} to be removed once it is back",
+        timeout=90,
+    )
