@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# `make test`'s step before pytest: the images of the current inputs for the real-node tier
+# (tests/cluster/test_realnode.py, tests/e2e/test_real_nodes.py), built once per machine and input hash.
+#
+# Where this machine cannot build them, it says why and returns 0: those tests then skip, each saying why
+# (tests/cluster/realfixture.py). The reasons are the machine's, never the project's: not root, no
+# Debian packages to be had, too little disk. A build that starts and fails fails `make test`.
+# Installs what the build and the real nodes need from Debian's packages when missing (root): buildah,
+# podman, mmdebstrap, uidmap (the build), containerd, runc, containernetworking-plugins (the nodes).
+# After a new build, older archives and the layers only they used are deleted (each trainer is ~10 GB).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+say() { echo "images for the real-node tests: $*" >&2; }
+CACHE=${DDPJOB_IMAGE_CACHE:-$HOME/.cache/ddpjob/images}
+NEED_GB=${DDPJOB_IMAGE_DISK_GB:-25}  # buildah's storage ~7, archives ~3.5, two nodes' imports ~13 (measured)
+
+if current=$(hack/images/build.sh --check 2>/dev/null); then
+  say "cached: $current"
+  exit 0
+fi
+if [[ $(id -u) != 0 ]]; then
+  say "not built: needs root (buildah's storage, the nodes' containerd); the real-node tests will skip"
+  exit 0
+fi
+packages=(buildah podman mmdebstrap uidmap containerd runc containernetworking-plugins)
+missing=()
+for p in "${packages[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
+if ((${#missing[@]})); then
+  say "installing ${missing[*]} from Debian's packages"
+  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; } >&2; then
+    say "not built: apt-get could not install ${missing[*]}; the real-node tests will skip"
+    exit 0
+  fi
+fi
+mkdir -p "$CACHE"
+free_gb=$(( $(df --output=avail -k "$CACHE" | tail -1) / 1024 / 1024 ))
+if (( free_gb < NEED_GB )); then
+  say "not built: $free_gb GB free on $CACHE's disk, the images and two nodes' copies need ~$NEED_GB GB; the real-node tests will skip"
+  exit 0
+fi
+start=$SECONDS
+current=$(hack/images/build.sh --no-smoke | tail -1)
+for old in "$CACHE"/*/; do
+  [[ ${old%/} != "$current" && -f $old/trainer.tar ]] && rm -rf "$old" && say "removed the older archives $old"
+done
+buildah rmi --prune >/dev/null 2>&1 || true  # the previous build's layers, untagged by this one
+say "built in $((SECONDS - start)) s: $current"
