@@ -103,11 +103,11 @@ def _ready(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
 
 
 def _reason_is(
-    cluster: Cluster, namespace: str, name: str, reason: str, timeout: float = 120
+    cluster: Cluster, namespace: str, name: str, reason: str, timeout: float = 120, says: str = ""
 ) -> dict[str, Any]:
     def reached() -> dict[str, Any] | None:
         ready = _ready(cluster, namespace, name)
-        return ready if ready.get("reason") == reason else None
+        return ready if ready.get("reason") == reason and says in ready.get("message", "") else None
 
     try:
         return wait_for(reached, what=f"DDPJob {name}'s Ready reason {reason}", timeout=timeout, every=0.5)
@@ -145,7 +145,8 @@ def test_with_quota_for_one_job_the_second_waits_saying_why_and_starts_when_the_
     _apply(cluster, namespace, ddpjob("first", queueName=queue, **short))
     wait_phase(cluster, namespace, "first", "Running", timeout=120)
     _apply(cluster, namespace, ddpjob("second", queueName=queue, **short))
-    ready = _reason_is(cluster, namespace, "second", "KueuePending")
+    # KueuePending from the start; Kueue's quota message once its scheduler has tried the Workload
+    ready = _reason_is(cluster, namespace, "second", "KueuePending", says="insufficient unused quota")
     assert get(cluster, namespace, "second")["status"]["phase"] == "Pending"
     message = ready["message"]
     assert f"LocalQueue {queue}" in message and "Kueue" in message, message

@@ -41,8 +41,8 @@ def test_quickstart_trains_verified_and_deletion_leaves_nothing(
     assert (status["attempt"], status["restarts"]) == (1, 0)
     assert {c["type"]: c["status"] for c in status["conditions"]}["Complete"] == "True"
     table = cluster.kubectl("get", "ddpj", "-n", namespace).stdout.split()
-    assert table[:8] == ["NAME", "PHASE", "NODES", "ATTEMPT", "SYNC", "PROGRESS", "ETA", "AGE"]
-    assert table[8:15] == ["quickstart", "Succeeded", "2", "1", "true", "100%", "0s"]
+    assert table[:9] == ["NAME", "PHASE", "REASON", "NODES", "ATTEMPT", "SYNC", "PROGRESS", "ETA", "AGE"]
+    assert table[9:17] == ["quickstart", "Succeeded", "Completed", "2", "1", "true", "100%", "0s"]
     events = cluster.kubectl(
         "get", "events", "-n", namespace, "--field-selector", "involvedObject.kind=DDPJob"
     ).stdout

@@ -97,9 +97,9 @@ def test_a_running_job_shows_its_progress_eta_throughput_and_live_sync(
     table = cluster.kubectl("get", "ddpj", "live", "-n", namespace).stdout
     print(table)
     header, row = (line.split() for line in table.strip().splitlines())
-    assert header == ["NAME", "PHASE", "NODES", "ATTEMPT", "SYNC", "PROGRESS", "ETA", "AGE"]
-    assert row[:5] == ["live", "Running", "2", "1", "true"]
-    assert row[5].endswith("%") and row[6][-1] in "smh", row
+    assert header == ["NAME", "PHASE", "REASON", "NODES", "ATTEMPT", "SYNC", "PROGRESS", "ETA", "AGE"]
+    assert row[:6] == ["live", "Running", "AllNodesReady", "2", "1", "true"]
+    assert row[6].endswith("%") and row[7][-1] in "smh", row
     assert "SyncVerified" in _events(cluster, namespace, "live")
     cluster.kubectl("delete", "ddpjob", "live", "-n", namespace, "--wait=true", "--timeout=60s")
 
