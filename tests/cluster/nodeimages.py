@@ -143,6 +143,12 @@ def import_image(socket: Path, archive: Path, name: str) -> bool:
     listed = ctr(socket, "images", "ls")
     if any(line.split()[:1] == [name] and digest in line for line in listed.splitlines()):
         return False
+    # An older build under these names goes first: retagged over, its snapshots (~6 GB for the trainer)
+    # would stay on the disk; deleted, containerd's GC frees them (nodeconfig: deletion_threshold = 1).
+    held = {line.split()[0] for line in listed.splitlines()[1:] if line.split()}
+    stale = [n for n in (name, ref) if n in held]
+    if stale:
+        ctr(socket, "images", "rm", "--sync", *stale)
     ctr(socket, "images", "import", f"--base-name={ref.rsplit(':', 1)[0]}", str(archive))
     if ref != name:
         ctr(socket, "images", "tag", "--force", ref, name)
