@@ -16,6 +16,7 @@ import pytest
 from . import nodeimages, realfixture
 from .fixtures import Cluster, manifests, wait_for
 from .nodeconfig import RealNode
+from .test_cluster import SERVER
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -29,14 +30,6 @@ with open("/dev/termination-log", "w") as f:
 while not os.path.exists("/tmp/finish"):
     time.sleep(0.1)
 raise SystemExit(3)
-"""
-
-SERVER = """
-import socket
-s = socket.create_server(("", 8080))
-conn, peer = s.accept()
-conn.sendall(f"hello from {socket.gethostname()} to {peer[0]}".encode())
-conn.close()
 """
 
 CLIENT = """

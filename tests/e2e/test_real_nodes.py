@@ -11,7 +11,6 @@ still runs its pods as processes of the node agents.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ from ddp_trainer import launch
 from .conftest import REPO, children, get, wait_phase
 from .helmrelease import Release, installed
 from .operator_process import ddpjob
+from .test_faults import _descendants  # the host's /proc: a container's processes are the host's too
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -123,22 +123,6 @@ def test_the_no_code_example_trains_on_real_nodes(
     assert final["status"]["sync"]["checks"] >= 2, final["status"]
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid``, from the host's /proc (a container's processes are the host's too)."""
-    parents: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            parents.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(
-                int(stat.parent.name)
-            )
-    found, todo = [], [pid]
-    while todo:
-        below = parents.get(todo.pop(), [])
-        found += below
-        todo += below
-    return found
-
-
 def test_a_killed_rank_restarts_in_place_and_a_deleted_pod_recreates_the_gang(
     cluster: Cluster, real_nodes: list[RealNode], release: Release, tmp_path: Path
 ) -> None:
@@ -178,8 +162,8 @@ def test_a_killed_rank_restarts_in_place_and_a_deleted_pod_recreates_the_gang(
     shm = [line.split() for line in Path(f"/proc/{main}/mountinfo").read_text().splitlines()]
     (shm_mount,) = [m for m in shm if m[4] == "/dev/shm"]
     assert shm_mount[-3] == "tmpfs" and "size=524288k" in shm_mount[-1], shm_mount
-    ranks = [p for p in descendants(main) if processes.name(p).startswith(launch.WORKER_NAME_PREFIX)]
-    assert len(ranks) == 1, (main, descendants(main))
+    ranks = [p for p in _descendants(main) if processes.name(p).startswith(launch.WORKER_NAME_PREFIX)]
+    assert len(ranks) == 1, (main, _descendants(main))
     os.kill(ranks[0], signal.SIGKILL)
 
     def restarted() -> dict[str, Any] | None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.utils.deterministic
-from prometheus_client import values as prometheus_values
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
@@ -136,19 +135,6 @@ class Counting(TorchFunctionMode):
             counted(owner, name)
 
 
-@pytest.fixture
-def one_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "metrics"))
-    monkeypatch.setattr(prometheus_values, "ValueClass", prometheus_values.ValueClass)
-    monkeypatch.setenv(contract.METRICS_PORT_ENV, "0")
-    monkeypatch.setenv(contract.TERMINATION_LOG_ENV, str(tmp_path / "report.json"))
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # type: ignore[attr-defined]
-    try:
-        yield tmp_path
-    finally:
-        dist.destroy_process_group()
-
-
 STEPS, EVERY = 12, 5
 CHECKED = {EVERY, 2 * EVERY, STEPS}  # the periodic checks and the final one (the initial is at step 0)
 
@@ -198,11 +184,12 @@ def synchealth_callback(**options: Any) -> Callable[[], Any]:
 
 
 def test_the_hf_callback_adds_no_torch_call_between_checks_and_leaves_the_trainer_as_it_was(
-    one_rank: Path,
+    single_rank: Path,
 ) -> None:
-    bare, _, _, _ = hf_run(one_rank / "bare", None)
+    bare, _, _, _ = hf_run(single_rank.parent / "bare", None)
     # the probe on at every check: its capture hook, its pass and its gathers all happen in this run
-    checked, model, before, after = hf_run(one_rank / "with", synchealth_callback(probe_every=EVERY))
+    with_probe = synchealth_callback(probe_every=EVERY)
+    checked, model, before, after = hf_run(single_rank.parent / "with", with_probe)
     assert bare.ours == {}
     for step in range(1, STEPS + 1):
         assert checked.theirs[step] == bare.theirs[step], step  # the Trainer's own work is unchanged
@@ -219,7 +206,7 @@ def test_the_hf_callback_adds_no_torch_call_between_checks_and_leaves_the_traine
 
 
 def test_the_count_sees_a_callback_that_reads_the_device_every_step(
-    one_rank: Path, monkeypatch: pytest.MonkeyPatch
+    single_rank: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The test above can fail: a SyncHealth.step that reads a tensor each step is caught at every step."""
     step = SyncHealth.step
@@ -229,7 +216,7 @@ def test_the_count_sees_a_callback_that_reads_the_device_every_step(
         step(self, loss, samples)
 
     monkeypatch.setattr(SyncHealth, "step", reads_every_step)
-    checked, _, _, _ = hf_run(one_rank, synchealth_callback(probe_every=0))
+    checked, _, _, _ = hf_run(single_rank.parent, synchealth_callback(probe_every=0))
     for n in range(1, STEPS + 1):
         assert any(name.startswith("__float__ at transformers.py") for name in checked.ours[n]), n
 

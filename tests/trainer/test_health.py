@@ -7,11 +7,9 @@ from __future__ import annotations
 import json
 import re
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import prometheus_client.values as prometheus_values
 import pytest
 import torch
 import torch.distributed as dist
@@ -59,23 +57,6 @@ def test_disagreement_names_the_cause() -> None:
     assert "different steps (from 10 to 12; rank 1 is at 10)" in str(health.disagreement(steps, [10], 1))
     counts = [*same[:2], 3, -2, *same[4:]]
     assert "different numbers of tensors (from 2 to 3" in str(health.disagreement(counts, [5, 2], 0))
-
-
-@pytest.fixture
-def single_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A one-rank process group (in-memory store), this test's own metrics folder and report file."""
-    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "metrics"))
-    # SyncHealth switches an already imported prometheus_client to multiprocess values (as in a user's
-    # process); put the single-process values back afterwards, or later tests' counters would add up
-    # in files of a removed folder
-    monkeypatch.setattr(prometheus_values, "ValueClass", prometheus_values.ValueClass)
-    monkeypatch.setenv(contract.METRICS_PORT_ENV, "0")
-    monkeypatch.setenv(contract.TERMINATION_LOG_ENV, str(tmp_path / "report.json"))
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # type: ignore[attr-defined]
-    try:
-        yield tmp_path / "report.json"
-    finally:
-        dist.destroy_process_group()
 
 
 def test_bad_input_leaves_training_as_it_was(single_rank: Path) -> None:

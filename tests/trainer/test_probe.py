@@ -4,13 +4,10 @@ across 2 nodes x 2 processes (gloo), the drill that the replica check misses and
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-from prometheus_client import values as prometheus_values
 from torch import nn
 from torchrun_helpers import HERE, launch
 
@@ -106,19 +103,6 @@ def test_flip_bit_changes_one_bit_of_one_element(dtype: torch.dtype) -> None:
     y = sdc.flip_bit(x)
     assert torch.equal(x[1:], y[1:]) and x[0] != y[0] and torch.isfinite(y).all()
     assert sdc.corrupt(x)[0] == y[0]
-
-
-@pytest.fixture
-def single_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "metrics"))
-    monkeypatch.setattr(prometheus_values, "ValueClass", prometheus_values.ValueClass)
-    monkeypatch.setenv(contract.METRICS_PORT_ENV, "0")
-    monkeypatch.setenv(contract.TERMINATION_LOG_ENV, str(tmp_path / "report.json"))
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # type: ignore[attr-defined]
-    try:
-        yield tmp_path / "report.json"
-    finally:
-        dist.destroy_process_group()
 
 
 def net() -> nn.Module:
