@@ -37,7 +37,11 @@ ADMITTED: Final = "KueueAdmitted"
 """Admitted, and the Job not unsuspended yet (a moment)."""
 WARNINGS: Final = frozenset({INADMISSIBLE, PREEMPTED, REQUEUED, EVICTED})
 """The reasons a Warning event announces."""
-_EVICTION_REASONS: Final = {"Preempted": PREEMPTED, "PodsReadyTimeout": REQUEUED}
+_EVICTIONS: Final = {
+    "Preempted": (PREEMPTED, "preempted by Kueue"),
+    "PodsReadyTimeout": (REQUEUED, "requeued by Kueue"),
+}
+"""Kueue's eviction reasons this operator names, and how its message begins; any other is ``EVICTED``."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,6 @@ class Workload:
     """What the decision reads of a Job's Workload."""
 
     name: str
-    uid: str
     admitted: bool
     cluster_queue: str | None
     """Where quota is reserved, while it is."""
@@ -78,7 +81,7 @@ def slim(body: Mapping[str, Any]) -> dict[str, Any]:
     if cluster_queue := (status.get("admission") or {}).get("clusterQueue"):
         kept["admission"] = {"clusterQueue": cluster_queue}
     meta = body.get("metadata", {})
-    return {"metadata": {k: meta[k] for k in ("name", "uid", "ownerReferences") if k in meta}, "status": kept}
+    return {"metadata": {k: meta[k] for k in ("name", "ownerReferences") if k in meta}, "status": kept}
 
 
 def read(body: Mapping[str, Any]) -> Workload:
@@ -89,7 +92,6 @@ def read(body: Mapping[str, Any]) -> Workload:
     stats = (status.get("schedulingStats") or {}).get("evictions") or []
     return Workload(
         name=str(body.get("metadata", {}).get("name", "")),
-        uid=str(body.get("metadata", {}).get("uid", "")),
         admitted=conditions.get("Admitted", {}).get("status") == "True",
         cluster_queue=(status.get("admission") or {}).get("clusterQueue"),
         pending=str(reserved.get("message") or "") if reserved.get("status") != "True" else "",
@@ -112,10 +114,7 @@ def waiting(queue: str, job: str, workload: Workload | None) -> tuple[str, str]:
     why = f": {workload.pending}" if workload.pending else ""
     if workload.evicted is not None:
         reason, message = workload.evicted
-        ours = _EVICTION_REASONS.get(reason, EVICTED)
-        said = {PREEMPTED: "preempted by Kueue", REQUEUED: "requeued by Kueue"}.get(
-            ours, f"evicted by Kueue ({reason})"
-        )
+        ours, said = _EVICTIONS.get(reason, (EVICTED, f"evicted by Kueue ({reason})"))
         return ours, f"{said}: {message}{again}{why}"
     if workload.admitted:  # for the moment until Kueue unsuspends the Job
         where = f" to ClusterQueue {workload.cluster_queue}" if workload.cluster_queue else ""

@@ -267,7 +267,7 @@ def start_coredns(layout: Layout, bin_dir: Path) -> None:
     _spawn(layout, bin_dir, "coredns", "coredns", ["-conf", str(layout.config / "Corefile")])
 
 
-def _http_ok(url: str, *, token: str | None = None, ca: Path | None = None) -> bool:
+def http_ok(url: str, *, token: str | None = None, ca: Path | None = None) -> bool:
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     context = ssl.create_default_context(cafile=str(ca)) if ca else None
     try:
@@ -295,15 +295,15 @@ def admin_token(layout: Layout) -> str:
 
 
 def etcd_healthy() -> bool:
-    return _http_ok(f"http://127.0.0.1:{ETCD_CLIENT_PORT}/health")
+    return http_ok(f"http://127.0.0.1:{ETCD_CLIENT_PORT}/health")
 
 
 def apiserver_ready(layout: Layout) -> bool:
-    return _http_ok(f"{SERVER}/readyz", token=admin_token(layout), ca=layout.pki / "ca.crt")
+    return http_ok(f"{SERVER}/readyz", token=admin_token(layout), ca=layout.pki / "ca.crt")
 
 
 def coredns_ready() -> bool:
-    return _http_ok(f"http://127.0.0.1:{COREDNS_READY_PORT}/ready")
+    return http_ok(f"http://127.0.0.1:{COREDNS_READY_PORT}/ready")
 
 
 def bootstrap_objects() -> list[tuple[str, dict[str, object]]]:

@@ -19,9 +19,7 @@ import base64
 import copy
 import shutil
 import subprocess
-import urllib.error
-import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +37,15 @@ METRICS_PORT = 18444
 # Where Kueue reads its metrics server's certificate when its own certificate management is off (a fixed
 # path in cmd/kueue/main.go: a mounted Secret in its Deployment); it does not start without one.
 METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
+GROUP = "kueue.x-k8s.io"
 # Webhooks of the kinds this cluster's Kueue manages; the release registers others (pods, Deployments,
 # JobSets, ...) whose integrations are off here: their paths would answer 404 and, failing closed, refuse
 # every pod.
-MANAGED_GROUPS = frozenset({"batch", "kueue.x-k8s.io"})
+MANAGED_GROUPS = frozenset({"batch", GROUP})
 CONVERTED_CRDS = frozenset({"localqueues", "clusterqueues", "cohorts", "workloads", "multikueueclusters"})
 WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+OURS = {"app.kubernetes.io/managed-by": "ddpjob-test-cluster"}
+"""The label of the webhook configurations registered here: ``stop`` deletes them by it."""
 
 
 def build() -> Path:
@@ -112,7 +113,7 @@ def webhooks(config_dir: Path, ca_bundle: str) -> list[dict[str, Any]]:
         if not doc or doc.get("kind") not in WEBHOOK_KINDS:
             continue
         doc = copy.deepcopy(doc)
-        doc["metadata"] = {"name": f"kueue-{doc['metadata']['name']}"}
+        doc["metadata"] = {"name": f"kueue-{doc['metadata']['name']}", "labels": dict(OURS)}
         kept = [hook for hook in doc.get("webhooks", []) if _managed(hook)]
         for hook in kept:
             hook["clientConfig"] = _client_config(hook["clientConfig"]["service"]["path"], ca_bundle)
@@ -137,70 +138,36 @@ def _certificates(directory: Path) -> str:
     return base64.b64encode(ca.cert.read_bytes()).decode()
 
 
-def _kubectl_apply(layout: Layout, objects: list[dict[str, Any]]) -> None:
-    subprocess.run(
-        [
-            "kubectl",
-            "--kubeconfig",
-            str(layout.kubeconfig),
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "-f",
-            "-",
-        ],
-        input=yaml.safe_dump_all(objects),
-        text=True,
-        check=True,
-        capture_output=True,
-    )
-
-
-def _kubectl(layout: Layout, *args: str) -> subprocess.CompletedProcess[str]:
+def _kubectl(
+    layout: Layout, *args: str, input: str | None = None, check: bool = False
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["kubectl", "--kubeconfig", str(layout.kubeconfig), *args],
+        input=input,
         text=True,
         capture_output=True,
-        check=False,
+        check=check,
     )
 
 
-def _healthy() -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{HEALTH_PORT}/readyz", timeout=2) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
+def _apply(layout: Layout, objects: list[dict[str, Any]]) -> None:
+    manifest = yaml.safe_dump_all(objects)
+    _kubectl(layout, "apply", "--server-side", "--force-conflicts", "-f", "-", input=manifest, check=True)
 
 
 def _webhook_serves(layout: Layout) -> bool:
     """A server-side dry run of a ResourceFlavor passes through Kueue's webhooks only when they answer."""
-    probe = yaml.safe_dump(
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "ResourceFlavor",
-            "metadata": {"name": "webhook-probe"},
-        }
+    flavor = yaml.safe_dump(
+        {"apiVersion": f"{GROUP}/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "webhook-probe"}}
     )
-    result = subprocess.run(
-        ["kubectl", "--kubeconfig", str(layout.kubeconfig), "create", "--dry-run=server", "-f", "-"],
-        input=probe,
-        text=True,
-        capture_output=True,
-        check=False,
-    )
-    return result.returncode == 0
+    return _kubectl(layout, "create", "--dry-run=server", "-f", "-", input=flavor).returncode == 0
 
 
 def _up(layout: Layout) -> bool:
     if processes.read_pid(layout.pid(NAME)) is None:
         tail = layout.log(NAME).read_text()[-2000:]
         raise RuntimeError(f"Kueue exited; the end of {layout.log(NAME)}:\n{tail}")
-    return _healthy()
-
-
-def is_running(layout: Layout) -> bool:
-    return processes.read_pid(layout.pid(NAME)) is not None and _healthy()
+    return controlplane.http_ok(f"http://127.0.0.1:{HEALTH_PORT}/readyz")
 
 
 def install_crds(layout: Layout) -> tuple[Path, str]:
@@ -210,10 +177,9 @@ def install_crds(layout: Layout) -> tuple[Path, str]:
     home = build()
     ca_bundle = _certificates(layout.root / NAME / "certs")
     installed = crds(home / "config", ca_bundle)
-    _kubectl_apply(layout, installed)
-    for crd in installed:
-        name = crd["metadata"]["name"]
-        _kubectl(layout, "wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    _apply(layout, installed)
+    names = [f"crd/{crd['metadata']['name']}" for crd in installed]
+    _kubectl(layout, "wait", "--for=condition=Established", *names, "--timeout=60s", check=True)
     return home, ca_bundle
 
 
@@ -242,7 +208,7 @@ def start(layout: Layout, *, pods_ready_timeout: float | None = None) -> None:
         log_file=layout.log(NAME),
     )
     controlplane.wait_until("Kueue's /readyz", lambda: _up(layout), timeout=120, log=layout.log(NAME))
-    _kubectl_apply(layout, webhooks(home / "config", ca_bundle))
+    _apply(layout, webhooks(home / "config", ca_bundle))
     controlplane.wait_until(
         "Kueue's webhooks", lambda: _webhook_serves(layout), timeout=60, log=layout.log(NAME)
     )
@@ -250,15 +216,7 @@ def start(layout: Layout, *, pods_ready_timeout: float | None = None) -> None:
 
 def stop(layout: Layout) -> bool:
     """Deletes Kueue's webhook configurations, then stops the controller; True if one was running."""
-    for kind in WEBHOOK_KINDS:
-        for name in _names(layout, kind):
-            _kubectl(layout, "delete", kind.lower(), name, "--ignore-not-found")
+    kinds = ",".join(kind.lower() for kind in WEBHOOK_KINDS)
+    selector = ",".join(f"{k}={v}" for k, v in OURS.items())
+    _kubectl(layout, "delete", kinds, "-l", selector, "--ignore-not-found")
     return processes.stop(layout.pid(NAME), grace=5)
-
-
-def _names(layout: Layout, kind: str) -> Iterator[str]:
-    listed = _kubectl(layout, "get", kind.lower(), "-o", "name")
-    for line in listed.stdout.split():
-        name = line.split("/", 1)[-1]
-        if name.startswith("kueue-"):
-            yield name
