@@ -445,6 +445,10 @@ def _pod_spec(spec: Spec, attempt: int, used: int | None, avoid_nodes: Sequence[
         "enableServiceLinks": False,
         "automountServiceAccountToken": template.service_account_name is not None,
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        # the pause container is PID 1 of the pod: a user's `python train.py` as PID 1 of its own namespace
+        # would ignore SIGTERM (no handler: the kernel drops it for an init) and every stop of the pod —
+        # a gang restart, a suspension, a deletion — would wait out the grace period
+        "shareProcessNamespace": True,
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": RUN_AS_USER,
