@@ -4,8 +4,9 @@
 # python:3.11-slim, is made here from Debian 12 packages (mmdebstrap; Debian 12's Python is 3.11) and
 # tagged under that name, so the same Dockerfile builds unchanged where a registry is reachable.
 #
-# Cached by a hash of what goes in (the Dockerfile, pyproject.toml, operator/, trainer_image/, this script): a
-# second run with the same inputs prints the cached archives and builds nothing. README.md goes in too, but
+# Cached by a hash of what goes in (the Dockerfile, pyproject.toml, operator/, trainer_image/, the examples'
+# scripts, this script, as they are in the working tree): a second run with the same inputs prints the
+# cached archives and builds nothing. README.md goes in too, but
 # only as the wheel's long description: it is left out of the hash, or every edit of the docs would rebuild
 # the 3.3 GB trainer (and make test re-import it into both real nodes). The images are
 # also written as OCI archives (what a node's containerd imports: `ctr images import`):
@@ -21,8 +22,14 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 VERSION=$(python3 -c 'import tomllib;print(tomllib.load(open("pyproject.toml","rb"))["project"]["version"])')
 CACHE=${DDPJOB_IMAGE_CACHE:-$HOME/.cache/ddpjob/images}
-HASH=$( (cat Dockerfile pyproject.toml "$0"; git ls-files -s operator trainer_image 2>/dev/null \
-  || find operator trainer_image -type f -name '*.py' -exec sha256sum {} +) | sha256sum | cut -c1-16)
+# the files as they are in the working tree (an edit not yet staged is what the build copies), tracked or
+# not, but for what git ignores (caches, build output)
+inputs() {
+  { git ls-files --cached --others --exclude-standard operator trainer_image 'examples/*.py' 2>/dev/null \
+    || find operator trainer_image examples -type f -not -name '*.pyc'; } | sort -u | while read -r f; do
+    [[ -f $f ]] && sha256sum "$f"; done
+}
+HASH=$( (cat Dockerfile pyproject.toml "$0"; inputs) | sha256sum | cut -c1-16)
 OUT=$CACHE/$HASH
 BASE=docker.io/library/python:3.11-slim
 HOST_CA=${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}

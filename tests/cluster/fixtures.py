@@ -98,14 +98,6 @@ class Cluster:
     def pod(self, namespace: str, name: str) -> dict[str, Any]:
         return self.kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
 
-    def lose_node(self, node: str) -> list[str]:
-        """Node ``node`` drops dead (agent, pod processes and pod networks gone; its Pods stay in the API
-        as they were); returns those pods. ``restore_node`` brings it back."""
-        return lifecycle.lose_node(self.layout, self.kube, node)
-
-    def restore_node(self, node: str) -> None:
-        lifecycle.restore_node(self.layout, self.kube, node)
-
     def restart_apiserver(self, down_seconds: float = 0.0) -> float:
         """Stops kube-apiserver, keeps it down ``down_seconds``, starts it on the same etcd; returns the
         outage in seconds."""

@@ -158,35 +158,6 @@ def start_node(layout: Layout, node: str) -> None:
     )
 
 
-def restore_node(layout: Layout, kube: kubeapi.Kube, node: str) -> None:
-    """Starts a lost node's agent again and waits until its Node is Ready."""
-    start_node(layout, node)
-    controlplane.wait_until(
-        f"Node {node} Ready again",
-        lambda: _nodes_ready(kube, (node,)),
-        timeout=120,
-        log=layout.log(f"node-agent-{node}"),
-    )
-
-
-def lose_node(layout: Layout, kube: kubeapi.Kube, node: str) -> list[str]:
-    """The node drops dead: its agent is killed (SIGKILL: it reports nothing more, its Lease stops), then
-    every process of its pods, and their network namespaces. The Pods stay in the API as they were, as
-    for a real node that lost power. Returns the pods that were bound to the node."""
-    pid = processes.read_pid(layout.pid(f"node-agent-{node}"))
-    if pid is not None:
-        processes.kill_group(pid)
-    lost = []
-    for pod in kube.get("/api/v1/pods", fieldSelector=f"spec.nodeName={node}")["items"]:
-        meta = pod["metadata"]
-        lost.append(f"{meta['namespace']}/{meta['name']}")
-        for pid_file in (layout.pods / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}").glob("*.pid"):
-            if (container := processes.read_pid(pid_file)) is not None:
-                processes.kill_group(container)
-        netns.delete_pod_netns(netns.netns_name(meta["uid"]))
-    return lost
-
-
 def restart_apiserver(layout: Layout, *, down_seconds: float = 0.0) -> float:
     """Stops kube-apiserver (SIGTERM, SIGKILL 2 s later), waits ``down_seconds``, starts it again on the
     same etcd and waits until it is ready; returns how long it was unreachable."""

@@ -140,6 +140,7 @@ def import_image(socket: Path, archive: Path, name: str) -> bool:
     import of the 3.3 GB trainer takes minutes); returns whether it imported. ctr names the image after the
     archive's ref (``ddpjob/trainer:0.1.0``); a tag then gives it the name the kubelet asks for."""
     digest, ref = _manifest(archive)
+    drop_unnamed(socket)
     listed = ctr(socket, "images", "ls")
     if any(line.split()[:1] == [name] and digest in line for line in listed.splitlines()):
         return False
@@ -153,6 +154,19 @@ def import_image(socket: Path, archive: Path, name: str) -> bool:
     if ref != name:
         ctr(socket, "images", "tag", "--force", ref, name)
     return True
+
+
+def drop_unnamed(socket: Path) -> list[str]:
+    """Deletes the records CRI keeps of images no name points at any more. CRI names every image it has
+    served by its config digest too (``sha256:<config>``); when an import gives the names to a newer
+    build, that record alone kept the older build's snapshots (the trainer's 5.6 GB layer) on the disk:
+    each node held 18 GB after two rebuilds instead of 6.1. Returns the records deleted."""
+    rows = [line.split() for line in ctr(socket, "images", "ls").splitlines()[1:] if line.split()]
+    named = {row[2] for row in rows if not row[0].startswith("sha256:")}
+    orphans = [row[0] for row in rows if row[0].startswith("sha256:") and row[2] not in named]
+    if orphans:
+        ctr(socket, "images", "rm", "--sync", *orphans)
+    return orphans
 
 
 def drop_layer_blobs(socket: Path, name: str) -> int:

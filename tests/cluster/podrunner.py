@@ -251,7 +251,7 @@ class PodRunner:
         return False
 
     def _launch(self, container: dict[str, Any], run: ContainerRun) -> bool:
-        container = images.container_argv(container)  # no command: the image's ENTRYPOINT (and CMD)
+        container = images.container_argv(container)  # an upstream monitoring image: its binary
         try:
             env = podenv.resolve_env(
                 self.pod,

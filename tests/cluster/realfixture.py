@@ -24,8 +24,8 @@ from .nodeconfig import LABEL, RealNode
 IMAGES = {"operator": "docker.io/ddpjob/operator:0.1.0", "trainer": "docker.io/ddpjob/trainer:0.1.0"}
 TOLERATION = {"key": LABEL, "operator": "Exists", "effect": "NoSchedule"}
 # while an image is imported: content store (the archive's blobs) + overlay snapshots (~1.9x); afterwards
-# only the snapshots stay (nodeimages.drop_layer_blobs)
-UNPACKED_PER_ARCHIVE_BYTE = 2.9
+# only the snapshots stay (nodeimages.drop_layer_blobs), and they replace the node's older copy, if any
+UNPACKED_PER_ARCHIVE_BYTE = 1.9
 DISK_MARGIN = 3 * 1024**3
 
 
@@ -46,12 +46,18 @@ def unavailable_reason(archives: dict[str, Path] | str) -> str | None:
 
 
 def _disk_reason(nodes: list[RealNode], archives: dict[str, Path]) -> str | None:
-    """Why the images would not fit on the disk, or None (images a node holds already need nothing)."""
-    need = 0
+    """Why the images would not fit on the disk, or None. The imports run one after another: each needs
+    its archive's blobs for a moment, and keeps its snapshots (~1.9x the archive) where the node held no
+    copy of that image (an older copy is deleted first: ``nodeimages.import_image``)."""
+    kept, moment = 0, 0
     for node in nodes:
         for archive in archives.values():
-            if not _holds(node, archive):
-                need += int(archive.stat().st_size * UNPACKED_PER_ARCHIVE_BYTE)
+            if _holds(node, archive):
+                continue
+            moment = max(moment, archive.stat().st_size)
+            if not any(node.containerd_root.glob(f"imported-*-{archive.name}")):
+                kept += int(archive.stat().st_size * UNPACKED_PER_ARCHIVE_BYTE)
+    need = kept + moment
     root = nodes[0].containerd_root
     root.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(root).free

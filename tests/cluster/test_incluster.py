@@ -1,7 +1,7 @@
 """Pods talk to the API server as in a real cluster: the node agent projects the ServiceAccount token, the
 CA and the namespace at /var/run/secrets/kubernetes.io/serviceaccount, sets ``KUBERNETES_SERVICE_HOST`` and
-``PORT`` to the ``kubernetes`` Service, whose ClusterIP it proxies to the API server; a container without
-``command`` runs its image's ENTRYPOINT from the project's Dockerfile."""
+``PORT`` to the ``kubernetes`` Service, whose ClusterIP it proxies to the API server; a container of an
+upstream monitoring image runs the binary built for it."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from . import images
 from .fixtures import Cluster, python_pod, wait_for
-from .images import ImageConfig, container_argv, parse_dockerfile
-from .layout import REPO_ROOT
+from .images import container_argv
 from .projected import Sources, volume_files
 from .serviceproxy import master_service_env
 from .volumes import VolumeError
@@ -77,20 +77,25 @@ FROM base AS plain
 """
 
 
-def test_images_take_entrypoint_and_cmd_from_their_dockerfile_stage() -> None:
-    stages = parse_dockerfile(DOCKERFILE)
-    assert stages["tool"] == ImageConfig(("tool",), ("serve", "--port=1"))
-    assert stages["child"] == stages["tool"]  # inherited from the stage it is built FROM
-    assert stages["plain"] == ImageConfig((), ("python3",))
-    run = container_argv({"image": "reg.example/x/tool:1.0", "args": ["check"]}, stages)
-    assert (run["command"], run["args"]) == (["tool"], ["check"])
-    run = container_argv({"image": "x/child@sha256:ab"}, stages)
-    assert (run["command"], run["args"]) == (["tool"], ["serve", "--port=1"])
-    own = {"image": "x/tool", "command": ["sh"]}
-    assert container_argv(own, stages) == own  # a command replaces ENTRYPOINT and CMD
-    assert "command" not in container_argv({"image": "python:3.11", "args": ["x"]}, stages)
-    project = parse_dockerfile((REPO_ROOT / "Dockerfile").read_text())
-    assert project["operator"].entrypoint == ("ddpjob",)  # what the chart's Deployment relies on
+def test_upstream_monitoring_images_run_the_binaries_built_for_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(images, "monitoring_bin", lambda: "/built")
+    run = container_argv(
+        {"image": "quay.io/prometheus/prometheus:v3.5.0", "args": ["--web.listen-address=:9090"]}
+    )
+    assert (run["command"], run["args"]) == (["/built/prometheus"], ["--web.listen-address=:9090"])
+    run = container_argv(
+        {
+            "image": "quay.io/prometheus-operator/prometheus-operator@sha256:ab",
+            "command": ["/bin/operator", "-x"],
+        }
+    )
+    assert run["command"] == ["/built/operator", "-x"]  # named by its path in the image
+    own = {"image": "quay.io/prometheus/alertmanager:v0.28.1", "command": ["sh"]}
+    assert container_argv(own) == own  # a command of the pod's own replaces the ENTRYPOINT
+    project = {"image": "ddpjob/trainer:0.1.0", "args": ["--help"]}
+    assert container_argv(project) == project  # the project's images run on the real nodes only
+    monkeypatch.setattr(images, "monitoring_bin", lambda: None)
+    assert "command" not in container_argv({"image": "quay.io/prometheus/prometheus:v3.5.0"})
 
 
 def test_master_service_env_is_the_kubelets() -> None:

@@ -7,6 +7,7 @@ the current inputs, or where the images would not fit on the disk.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -148,3 +149,14 @@ def test_pods_on_two_real_nodes_talk_by_the_headless_services_dns_name(
     assert client_ip.startswith(real_nodes[1].pod_prefix + ".")
     assert terminated["exitCode"] == 0, terminated
     assert terminated["message"] == f"got: hello from a-host to {client_ip}"
+
+
+def test_each_node_holds_one_copy_of_the_images(real_nodes: list[RealNode]) -> None:
+    """After every import, whatever builds came before: no image record of an older build is left (it
+    would keep that build's ~6 GB of snapshots), and the node's containerd holds about one unpacked
+    trainer (6.1 GB measured), not one per build."""
+    for node in real_nodes:
+        assert nodeimages.drop_unnamed(node.socket) == [], f"{node.name} kept an older build's image"
+        du = subprocess.run(["du", "-sb", str(node.containerd_root)], capture_output=True, text=True)
+        held = int(du.stdout.split()[0])  # (files of running containers may go while du reads)
+        assert held < 9e9, f"{node.name}'s containerd holds {held / 1e9:.1f} GB"

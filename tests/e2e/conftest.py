@@ -6,25 +6,35 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cluster import nodeimages, realfixture
 from cluster.fixtures import Cluster, wait_for
+from cluster.nodeconfig import LABEL, RealNode
 
 from .operator_process import REPO, Operator, ddpjob, install
 
 __all__ = [
+    "ON_REAL_NODES",
     "REPO",
     "Operator",
     "children",
+    "container_pid",
     "ddpjob",
     "events",
     "get",
+    "kubelet_volumes",
+    "on_real_nodes",
     "operator",
+    "real_ddpjob",
+    "real_nodes",
     "session_operator_paused",
     "settle",
     "wait_phase",
+    "writable_folder",
 ]
 
 
@@ -58,6 +68,65 @@ def session_operator_paused() -> Iterator[None]:
     finally:
         for op in paused:
             op.start()
+
+
+# Real nodes (a kubelet and containerd each, tests/cluster/realnode.py) run the e2e tier's pods as containers
+# of the trainer image; a test takes them by asking for ``real_nodes`` and placing its pods with
+# ``on_real_nodes``. The tests that still run pods as processes of the node agents say why in their module.
+ON_REAL_NODES: dict[str, Any] = {"nodeSelector": {LABEL: "true"}, "tolerations": [realfixture.TOLERATION]}
+SCRIPTS = Path(__file__).parent
+
+
+@pytest.fixture(scope="session")
+def real_nodes(cluster: Cluster) -> Iterator[list[RealNode]]:
+    yield from realfixture.real_nodes_or_skip(cluster)
+
+
+def on_real_nodes(*, scripts: bool = False, **template: Any) -> dict[str, Any]:
+    """A ``spec.podTemplate`` that puts the pods on the real nodes; with ``scripts``, this folder
+    (tests/e2e) mounted read-only at its own path, so a command may name a script here as it would one of
+    its image (the trainer image holds the project's code, not its tests)."""
+    placed: dict[str, Any] = {**ON_REAL_NODES, **template}
+    if scripts:
+        mount = {"name": "e2e-scripts", "hostPath": {"path": str(SCRIPTS)}}
+        placed["volumes"] = [*template.get("volumes", []), mount]
+        placed["volumeMounts"] = [
+            *template.get("volumeMounts", []),
+            {"name": "e2e-scripts", "mountPath": str(SCRIPTS), "readOnly": True},
+        ]
+    return placed
+
+
+def real_ddpjob(name: str, **spec: Any) -> dict[str, Any]:
+    """``ddpjob(name, **spec)`` with its pods on the real nodes (``on_real_nodes``; ``scripts=True``
+    mounts this folder)."""
+    template = on_real_nodes(scripts=bool(spec.pop("scripts", False)), **spec.pop("podTemplate", {}))
+    return ddpjob(name, podTemplate=template, **spec)
+
+
+def writable_folder(path: Path) -> Path:
+    """``path``, made and writable by the trainer image's uid 1000 (a hostPath the kubelet mounts as is)."""
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o777)
+    return path
+
+
+def container_pid(nodes: list[RealNode], pod: dict[str, Any], container: str = "trainer") -> int:
+    """The host PID of ``container``'s main process in ``pod`` (a real node's pod), from its containerd."""
+    node = next(n for n in nodes if n.name == pod["spec"]["nodeName"])
+    (status,) = [s for s in pod["status"]["containerStatuses"] if s["name"] == container]
+    cid = status["containerID"].removeprefix("containerd://")
+    for line in nodeimages.ctr(node.socket, "tasks", "ls").splitlines()[1:]:
+        task, pid, *_ = line.split()
+        if task == cid:
+            return int(pid)
+    raise AssertionError(f"containerd of {node.name} runs no task {cid} ({pod['metadata']['name']})")
+
+
+def kubelet_volumes(nodes: list[RealNode], pod: dict[str, Any]) -> Path:
+    """Where the kubelet of ``pod``'s real node keeps the pod's volumes (``<plugin>/<volume>/``)."""
+    node = next(n for n in nodes if n.name == pod["spec"]["nodeName"])
+    return node.dir / "kubelet" / "pods" / pod["metadata"]["uid"] / "volumes"
 
 
 def get(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The chart installed with the real `helm` on the test control plane, and what the tests read about it:
-the release's objects, its operator pod (run by the node agent like any pod), and the API server's audit
-log of the requests its ServiceAccount made."""
+the release's objects, its operator pod (from the operator image, on a real node when the values place it
+there), and the API server's audit log of the requests its ServiceAccount made."""
 
 from __future__ import annotations
 
@@ -106,7 +106,16 @@ class Release:
         self.helm("install", self.name, str(CHART), *self.values(**more), "--wait", "--timeout=240s")
 
     def upgrade(self, **more: Any) -> None:
-        self.helm("upgrade", self.name, str(CHART), *self.values(**more), "--wait", "--timeout=240s")
+        """``helm upgrade --reuse-values`` with ``more``: what the install set (placement included) stays."""
+        self.helm(
+            "upgrade",
+            self.name,
+            str(CHART),
+            "--reuse-values",
+            *self.values(**more),
+            "--wait",
+            "--timeout=240s",
+        )
 
     def uninstall(self) -> None:
         self.helm("uninstall", self.name, "--wait", "--timeout=120s")

@@ -1,18 +1,22 @@
 """Checkpoints on the real control plane: a claim the operator creates, bound by the real controller-manager,
-mounted by the node agent as a kubelet would; a pod deleted mid-run (SIGTERM) leaves a checkpoint and the
-gang restarts from it as a preemption."""
+mounted by the real nodes' kubelets into the trainer containers; a pod deleted mid-run (SIGTERM) leaves a
+checkpoint and the gang restarts from it as a preemption; another job's checkpoint is refused; a corrupt
+newest checkpoint is skipped."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cluster.fixtures import Cluster, host_path_volume, wait_for
+from cluster.nodeconfig import RealNode
 
-from .conftest import Operator, children, ddpjob, get, wait_phase
+from .conftest import Operator, children, container_pid, get, real_ddpjob, wait_phase, writable_folder
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -20,7 +24,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 def _volume(cluster: Cluster, namespace: str, folder: Path) -> str:
     """A PersistentVolume on ``folder`` that only this test's claims can bind; returns its StorageClass."""
     storage_class = f"ckpt-{namespace}"
-    pv = host_path_volume(f"ckpt-{namespace}", storage_class, str(folder))
+    pv = host_path_volume(f"ckpt-{namespace}", storage_class, str(writable_folder(folder)))
     cluster.kubectl("apply", "-f", "-", input=json.dumps(pv))
     return storage_class
 
@@ -54,13 +58,13 @@ def _trainer(**checkpoint: Any) -> dict[str, Any]:
 
 
 def test_a_deleted_pod_restarts_the_gang_from_the_claim_as_a_preemption(
-    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
+    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path, real_nodes: list[RealNode]
 ) -> None:
     folder = tmp_path / "pv"
     storage_class = _volume(cluster, namespace, folder)
     try:
         claim = {"storageClassName": storage_class, "size": "1Gi"}
-        _apply(cluster, namespace, ddpjob("durable", **_trainer(volumeClaimTemplate=claim)))
+        _apply(cluster, namespace, real_ddpjob("durable", **_trainer(volumeClaimTemplate=claim)))
         wait_for(
             lambda: list(folder.glob("step-*.pt")), what="a checkpoint on the claim's volume", timeout=240
         )
@@ -87,9 +91,11 @@ def test_a_deleted_pod_restarts_the_gang_from_the_claim_as_a_preemption(
 
 
 def test_an_empty_dir_job_says_restarts_start_from_step_0(
-    cluster: Cluster, operator: Operator, namespace: str
+    cluster: Cluster, operator: Operator, namespace: str, real_nodes: list[RealNode]
 ) -> None:
-    _apply(cluster, namespace, ddpjob("ephemeral", command=["python", "-c", "import time; time.sleep(30)"]))
+    _apply(
+        cluster, namespace, real_ddpjob("ephemeral", command=["python", "-c", "import time; time.sleep(30)"])
+    )
     wait_phase(cluster, namespace, "ephemeral", "Running", timeout=120)
     conditions = {c["type"]: c for c in get(cluster, namespace, "ephemeral")["status"]["conditions"]}
     durable = conditions["CheckpointsDurable"]
@@ -97,17 +103,17 @@ def test_an_empty_dir_job_says_restarts_start_from_step_0(
 
 
 def _hostpath(folder: Path) -> dict[str, Any]:
-    return {"volume": {"hostPath": {"path": str(folder)}}, "mountPath": "/checkpoints"}
+    return {"volume": {"hostPath": {"path": str(writable_folder(folder))}}, "mountPath": "/checkpoints"}
 
 
 def _short(name: str, folder: Path, steps: int = 40, **checkpoint: Any) -> dict[str, Any]:
     spec = _trainer(**_hostpath(folder), **checkpoint)
     spec["trainer"].update(steps=steps)
-    return ddpjob(name, **spec)
+    return real_ddpjob(name, **spec)
 
 
 def test_another_jobs_checkpoint_is_refused_and_a_warm_start_is_said(
-    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
+    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path, real_nodes: list[RealNode]
 ) -> None:
     folder = tmp_path / "shared"
     _apply(cluster, namespace, _short("teacher", folder))
@@ -128,7 +134,7 @@ def test_another_jobs_checkpoint_is_refused_and_a_warm_start_is_said(
 
 
 def test_a_corrupt_newest_checkpoint_falls_back_to_the_one_before(
-    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
+    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path, real_nodes: list[RealNode]
 ) -> None:
     folder = tmp_path / "ckpt"
     doc = _short("fallback", folder, steps=300)  # rank 0 goes at step ~100, attempt 2 resumes from 50
@@ -137,8 +143,17 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_one_before(
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
     wait_for(lambda: len(list(folder.glob("step-*.pt"))) >= 2, what="two checkpoints", timeout=240)
     rank0 = _pod_at(cluster, namespace, "fallback", 0)
-    # SIGKILL rank 0's pod first (no save after this), then flip one byte of the newest checkpoint.
-    cluster.kubectl("delete", "pod", "-n", namespace, rank0, "--grace-period=0", "--force", "--wait=true")
+    # SIGKILL rank 0's container first (its PID 1: the kernel kills the whole PID namespace, so no save
+    # after this), then flip one byte of the newest checkpoint.
+    os.kill(container_pid(real_nodes, cluster.pod(namespace, rank0)), signal.SIGKILL)
+
+    def killed() -> dict[str, Any] | None:
+        (trainer,) = cluster.pod(namespace, rank0)["status"]["containerStatuses"]
+        terminated: dict[str, Any] | None = trainer["state"].get("terminated")
+        return terminated
+
+    ended = wait_for(killed, what=f"{rank0}'s container to end", timeout=60)
+    assert ended["exitCode"] == 137, ended
     *older, newest = sorted(folder.glob("step-*.pt"))
     data = bytearray(newest.read_bytes())
     data[len(data) // 2] ^= 0x01

@@ -1,6 +1,8 @@
-"""Faults and bad input on the real control plane: the API server restarting under a running job, a node
-lost mid-run, spec changes the API server refuses, a spec whose Job Kubernetes refuses, and a hand-edited
-status. Each test says how long it waited for what; none sleeps to decide."""
+"""Faults and bad input on the real control plane, the pods run as containers by the real nodes' kubelets:
+the API server restarting under a running job, a hung rank, a rank killed in its container and a pod
+deleted, spec changes the API server refuses, a spec whose Job Kubernetes refuses, and a hand-edited
+status. (A lost node: tests/e2e/test_real_nodes.py.) Each test says how long it waited for what; none
+sleeps to decide."""
 
 from __future__ import annotations
 
@@ -15,9 +17,19 @@ import pytest
 
 from cluster import processes
 from cluster.fixtures import Cluster, wait_for
+from cluster.nodeconfig import RealNode
 from ddp_trainer import launch
 
-from .conftest import Operator, children, ddpjob, get, wait_phase
+from .conftest import (
+    Operator,
+    children,
+    container_pid,
+    ddpjob,
+    get,
+    real_ddpjob,
+    wait_phase,
+    writable_folder,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -33,7 +45,8 @@ def _patch(cluster: Cluster, namespace: str, name: str, patch: dict[str, Any], *
 
 
 def _durable(folder: Path, **spec: Any) -> dict[str, Any]:
-    """A built-in trainer job whose checkpoints go to ``folder`` (pods are host processes here)."""
+    """A built-in trainer job whose checkpoints go to ``folder``, a hostPath mounted at the same path."""
+    writable_folder(folder)
     return {"checkpoint": {"volume": {"hostPath": {"path": str(folder)}}, "mountPath": str(folder)}, **spec}
 
 
@@ -48,7 +61,7 @@ def _pod_at(cluster: Cluster, namespace: str, job: str, index: int) -> dict[str,
 
 
 def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (from /proc: the node agent runs pods as host processes)."""
+    """Every process below ``pid`` (from the host's /proc, which sees every container's processes)."""
     parents: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, ValueError, IndexError):
@@ -62,13 +75,10 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _rank_process(cluster: Cluster, pod: dict[str, Any]) -> int:
+def _rank_process(nodes: list[RealNode], pod: dict[str, Any]) -> int:
     """The training process of a pod with one rank: the process below torchrun that the built-in trainer's
     launcher named after its rank (a fork of the launcher's fork server)."""
-    meta = pod["metadata"]
-    folder = cluster.layout.pods / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
-    main = processes.read_pid(folder / "trainer.pid")
-    assert main is not None, f"no running container process in {folder}"
+    main = container_pid(nodes, pod)
     tree = _descendants(main)
     leaves = [pid for pid in tree if processes.name(pid).startswith(launch.WORKER_NAME_PREFIX)]
     assert len(leaves) == 1, (tree, leaves)
@@ -76,9 +86,9 @@ def _rank_process(cluster: Cluster, pod: dict[str, Any]) -> int:
 
 
 def test_the_api_server_restarts_under_a_running_job(
-    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
+    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path, real_nodes: list[RealNode]
 ) -> None:
-    doc = ddpjob(
+    doc = real_ddpjob(
         "outage",  # long enough to outlast the outage (about 15 s), no longer
         **_durable(tmp_path / "ckpt", trainer={"steps": 400, "checkpointEvery": 50}),
         syncCheck={"everySteps": 50},
@@ -98,57 +108,11 @@ def test_the_api_server_restarts_under_a_running_job(
     print(f"API server down {outage:.1f} s, from step {before.get('progress', {}).get('step')} of 400")
 
 
-def test_a_lost_node_restarts_the_gang_on_the_node_that_remains(
-    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
-) -> None:
-    cluster.kubectl("wait", "--for=condition=Ready", "node", "--all", "--timeout=120s")  # two nodes to start
-    folder = tmp_path / "ckpt"
-    doc = ddpjob(
-        "lost",  # the node goes at the first checkpoint; what is left after the resume proves it, no more
-        **_durable(folder, trainer={"steps": 160, "checkpointEvery": 20}),
-        syncCheck={"everySteps": 20},
-        nodeLostTolerationSeconds=10,
-    )
-    _apply(cluster, namespace, doc)
-    wait_for(lambda: list(folder.glob("step-*.pt")), what="a checkpoint", timeout=240)
-    pods = {
-        p["metadata"]["name"]: p["spec"]["nodeName"] for p in children(cluster, namespace, "pods", "lost")
-    }
-    (rank1,) = [
-        p
-        for p in children(cluster, namespace, "pods", "lost")
-        if p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == "1"
-    ]
-    node = rank1["spec"]["nodeName"]
-    others = {n for n in pods.values() if n != node}
-    try:
-        lost = cluster.lose_node(node)
-        assert f"{namespace}/{rank1['metadata']['name']}" in lost, lost
-        status = wait_phase(cluster, namespace, "lost", "Succeeded", "Failed", timeout=480)["status"]
-        assert status["phase"] == "Succeeded", status
-        assert status["attempt"] >= 2 and status["checkpoint"]["resumedFromStep"] > 0, status
-        final = [
-            p
-            for p in children(cluster, namespace, "pods", "lost")
-            if not p["metadata"].get("deletionTimestamp")
-        ]
-        assert final and all(p["spec"]["nodeName"] != node for p in final), (node, others, final)
-    finally:
-        cluster.restore_node(node)
-    wait_for(
-        lambda: (
-            not [p for p in children(cluster, namespace, "pods", "lost") if p["spec"]["nodeName"] == node]
-        ),
-        what=f"the pods left on {node} to be removed once it is back",
-        timeout=60,
-    )
-
-
 def test_a_hung_rank_restarts_the_gang_with_a_reason_naming_it(
-    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
+    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path, real_nodes: list[RealNode]
 ) -> None:
     folder = tmp_path / "ckpt"
-    doc = ddpjob(  # more steps than the test waits for: it ends once the next attempt has resumed
+    doc = real_ddpjob(  # more steps than the test waits for: it ends once the next attempt has resumed
         "hung",
         **_durable(folder, trainer={"steps": 1000000, "checkpointEvery": 20}),
         syncCheck={"everySteps": 20},
@@ -163,7 +127,7 @@ def test_a_hung_rank_restarts_the_gang_with_a_reason_naming_it(
         every=1,
     )
     victim = _pod_at(cluster, namespace, "hung", 1)
-    frozen = _rank_process(cluster, victim)
+    frozen = _rank_process(real_nodes, victim)
     started = Path(f"/proc/{frozen}/stat").read_text().rsplit(")", 1)[1].split()[19]
     os.kill(frozen, signal.SIGSTOP)
     try:
@@ -216,10 +180,10 @@ def test_a_hung_rank_restarts_the_gang_with_a_reason_naming_it(
 
 
 def test_spec_changes_that_cannot_be_honoured_are_refused_and_the_rest_apply_at_the_next_attempt(
-    cluster: Cluster, operator: Operator, namespace: str
+    cluster: Cluster, operator: Operator, namespace: str, real_nodes: list[RealNode]
 ) -> None:
     script = "import os, sys, time\nif os.environ.get('STAGE') == 'two': sys.exit(0)\ntime.sleep(600)\n"
-    _apply(cluster, namespace, ddpjob("fixed", command=["python", "-c", script], maxRestarts=2))
+    _apply(cluster, namespace, real_ddpjob("fixed", command=["python", "-c", script], maxRestarts=2))
     wait_phase(cluster, namespace, "fixed", "Running", timeout=120)
     refused = {
         "nodes": ({"spec": {"nodes": 3}}, "cannot change after creation"),
@@ -260,9 +224,11 @@ def test_a_spec_whose_job_kubernetes_refuses_fails_at_once_and_leaves_nothing(
         assert not children(cluster, namespace, kind, "refused"), f"the refused DDPJob left {kind}"
 
 
-def test_a_hand_edited_status_is_repaired(cluster: Cluster, operator: Operator, namespace: str) -> None:
+def test_a_hand_edited_status_is_repaired(
+    cluster: Cluster, operator: Operator, namespace: str, real_nodes: list[RealNode]
+) -> None:
     script = "import time; time.sleep(600)"
-    _apply(cluster, namespace, ddpjob("edited", command=["python", "-c", script]))
+    _apply(cluster, namespace, real_ddpjob("edited", command=["python", "-c", script]))
     wait_phase(cluster, namespace, "edited", "Running", timeout=120)
     garbage = {
         "status": {
@@ -296,23 +262,30 @@ def _uids(cluster: Cluster, namespace: str, job: str) -> dict[str, str]:
 
 
 def test_a_killed_rank_restarts_the_gang_in_place_and_a_deleted_pod_recreates_it(
-    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
+    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path, real_nodes: list[RealNode]
 ) -> None:
     """A rank SIGKILLed: the same pods (same UIDs) restart every rank in place, resume from the checkpoint
     and are verified again; the status shows one restart in place with its cause. Then a pod deleted: that
-    still takes the Job-recreation path (attempt 2), and the job Succeeds with both restarts counted."""
+    still takes the Job-recreation path (attempt 2), and the job Succeeds with both restarts counted.
+    On the way: ``spec.shmSize`` is the size of the container's /dev/shm."""
     folder = tmp_path / "ckpt"
-    doc = ddpjob(
+    doc = real_ddpjob(
         "inplace",
         **_durable(folder, trainer={"steps": 1200, "checkpointEvery": 50}),
         syncCheck={"everySteps": 50},
+        shmSize="512Mi",
     )
     _apply(cluster, namespace, doc)
     wait_for(lambda: list(folder.glob("step-*.pt")), what="a checkpoint", timeout=240)
     pods = {
         p["metadata"]["name"]: p["metadata"]["uid"] for p in children(cluster, namespace, "pods", "inplace")
     }
-    os.kill(_rank_process(cluster, _pod_at(cluster, namespace, "inplace", 1)), signal.SIGKILL)
+    victim = _pod_at(cluster, namespace, "inplace", 1)
+    # spec.shmSize: a memory emptyDir at /dev/shm, which the kubelet mounts as a tmpfs of that size
+    mounts = Path(f"/proc/{container_pid(real_nodes, victim)}/mountinfo").read_text().splitlines()
+    (shm,) = [m.split() for m in mounts if m.split()[4] == "/dev/shm"]
+    assert shm[-3] == "tmpfs" and "size=524288k" in shm[-1], shm
+    os.kill(_rank_process(real_nodes, victim), signal.SIGKILL)
 
     def restarted() -> dict[str, Any] | None:
         status = get(cluster, namespace, "inplace").get("status", {})

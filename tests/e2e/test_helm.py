@@ -1,9 +1,10 @@
-"""`helm install` for real: the chart on the test control plane, its operator Deployment's pod run by the
-node agent like any pod (in-cluster config: the projected ServiceAccount token and CA, the `kubernetes`
-Service's address), a representative run of DDPJobs reconciled by it, then what that run proves about
-security (the RBAC verbs it used against the ones the chart grants, from the API server's audit log; no
-secret in a log line or an Event; trainer pods non-root without a token), and finally `helm upgrade` with
-every monitoring value on (the Prometheus Operator's real CRDs schema-check the objects) and
+"""`helm install` for real: the chart on the test control plane, its operator Deployment's pod run from the
+operator image by a real node's kubelet (in-cluster config: the projected ServiceAccount token and CA, the
+`kubernetes` Service's address), a representative run of DDPJobs reconciled by it (their pods on the real
+nodes too), then what that run proves about security (the RBAC verbs it used against the ones the chart
+grants, from the API server's audit log; no secret in a log line or an Event; trainer pods non-root without
+a token), and finally `helm upgrade` with every monitoring value on (the Prometheus Operator's real CRDs
+schema-check the objects) and
 `helm uninstall`, after which nothing of the release is left but the CRDs.
 
 The release watches one namespace (``watchNamespaces``): the session's cluster-wide operator of the other
@@ -23,8 +24,9 @@ import yaml
 
 from cluster import kueue
 from cluster.fixtures import Cluster, host_path_volume, wait_for
+from cluster.nodeconfig import RealNode
 
-from .conftest import children, ddpjob, get, wait_phase
+from .conftest import ON_REAL_NODES, children, get, kubelet_volumes, real_ddpjob, wait_phase, writable_folder
 from .helmrelease import (
     CRDS,
     Release,
@@ -52,6 +54,7 @@ class Run:
     """What the representative run left for the tests to read."""
 
     release: Release
+    nodes: list[RealNode]
     secret_value: str
     operator_pod: dict[str, Any]
     trainer_pods: list[dict[str, Any]] = field(default_factory=list)
@@ -73,13 +76,16 @@ def _representative_run(cluster: Cluster, release: Release, folder: Path) -> tup
     )
     storage_class = f"ckpt-{ns}"
     cluster.kubectl(
-        "apply", "-f", "-", input=json.dumps(host_path_volume(storage_class, storage_class, str(folder)))
+        "apply",
+        "-f",
+        "-",
+        input=json.dumps(host_path_volume(storage_class, storage_class, str(writable_folder(folder)))),
     )
     secret_env = {
         "name": "API_TOKEN",
         "valueFrom": {"secretKeyRef": {"name": "trainer-credentials", "key": "token"}},
     }
-    trained = ddpjob(
+    trained = real_ddpjob(
         "trained",
         trainer={"steps": 30, "batchSize": 16, "checkpointEvery": 10},
         syncCheck={"everySteps": 10},
@@ -90,10 +96,10 @@ def _representative_run(cluster: Cluster, release: Release, folder: Path) -> tup
         "import os, sys; "
         "sys.exit(3 if (os.environ['DDPJOB_ATTEMPT'], os.environ['NODE_RANK']) == ('1', '1') else 0)"
     )
-    flaky = ddpjob("flaky", ttlSecondsAfterFinished=1, command=["python", "-c", fail_once])
-    paused = ddpjob("paused", command=["python", "-c", "import time; time.sleep(600)"])
+    flaky = real_ddpjob("flaky", ttlSecondsAfterFinished=1, command=["python", "-c", fail_once])
+    paused = real_ddpjob("paused", command=["python", "-c", "import time; time.sleep(600)"])
     # a label value Kubernetes refuses on the Job: the operator deletes the Service it created before it
-    refused = ddpjob("refused", podTemplate={"labels": {"team": "a b"}})
+    refused = real_ddpjob("refused", podTemplate={"labels": {"team": "a b"}})
     for doc in (trained, flaky, paused, refused):
         _apply(cluster, ns, doc)
     wait_phase(cluster, ns, "refused", "Failed", timeout=120)
@@ -117,11 +123,13 @@ def _representative_run(cluster: Cluster, release: Release, folder: Path) -> tup
 
 
 @pytest.fixture(scope="module")
-def run(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+def run(
+    cluster: Cluster, tmp_path_factory: pytest.TempPathFactory, real_nodes: list[RealNode]
+) -> Iterator[Run]:
     # Kueue's CRDs installed (not its controller), as on a cluster that queues: the operator then watches
     # Workloads (list, watch), a permission the chart grants and the audit comparison below checks.
     kueue.install_crds(cluster.layout)
-    with installed(cluster, "helm") as release:
+    with installed(cluster, "helm", **ON_REAL_NODES) as release:
         operator_pod = release.operator_pod()
         secret_value, trainer_pods = _representative_run(cluster, release, tmp_path_factory.mktemp("pv"))
         events = [
@@ -129,7 +137,7 @@ def run(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             *cluster.kubectl_json("get", "events", "-n", release.namespace)["items"],
         ]
         try:
-            yield Run(release, secret_value, operator_pod, trainer_pods, events)
+            yield Run(release, real_nodes, secret_value, operator_pod, trainer_pods, events)
         finally:
             cluster.kubectl("delete", "pv", f"ckpt-{release.jobs}", "--wait=false", check=False)
 
@@ -148,7 +156,7 @@ def test_the_installed_operator_pod_reconciles_with_its_in_cluster_token(cluster
         if e["verb"] == "patch" and (e.get("objectRef") or {}).get("subresource") == "status"
     ]
     assert status_patches, f"no status patch by {user} in the audit log"
-    for event in status_patches:  # the pod-bound token the node agent projected, not a kubeconfig's
+    for event in status_patches:  # the pod-bound token the kubelet projected, not a kubeconfig's
         extra = event["user"].get("extra") or {}
         assert extra.get("authentication.kubernetes.io/pod-name") == [pod["metadata"]["name"]], event["user"]
     log = cluster.logs(run.release.namespace, pod["metadata"]["name"])
@@ -178,12 +186,9 @@ def test_the_chart_grants_only_what_the_operator_uses(cluster: Cluster, run: Run
 
 def test_no_token_or_secret_in_logs_events_or_status(cluster: Cluster, run: Run) -> None:
     pod = run.operator_pod
-    folder = (
-        cluster.layout.pods
-        / f"{pod['metadata']['namespace']}_{pod['metadata']['name']}_{pod['metadata']['uid'][:8]}"
-    )
-    tokens = [p.read_text() for p in folder.glob("volumes/*/token")]
-    assert tokens, f"the node agent wrote no ServiceAccount token under {folder}"
+    folder = kubelet_volumes(run.nodes, pod)
+    tokens = [p.read_text() for p in folder.glob("*/*/token")]
+    assert tokens, f"the kubelet wrote no ServiceAccount token under {folder}"
     log = cluster.logs(run.release.namespace, pod["metadata"]["name"])
     events = json.dumps(run.events)
     trainers = "".join(cluster.logs(run.release.jobs, p["metadata"]["name"]) for p in run.trainer_pods)
@@ -211,10 +216,6 @@ def test_trainer_pods_run_non_root_without_a_token(cluster: Cluster, run: Run) -
             assert container["securityContext"]["allowPrivilegeEscalation"] is False
             assert SERVICE_ACCOUNT_DIR not in [m["mountPath"] for m in container.get("volumeMounts") or []]
         assert not [v for v in spec["volumes"] if "projected" in v], spec["volumes"]
-    for pod in run.trainer_pods:
-        meta = pod["metadata"]
-        folder = cluster.layout.pods / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
-        assert not list(folder.glob("volumes/*/token")), f"a token was written for {meta['name']}"
 
 
 def test_upgrade_with_monitoring_then_uninstall_leaves_only_the_crds(cluster: Cluster, run: Run) -> None:

@@ -3,7 +3,7 @@ requeues DDPJobs on the test cluster, with the objects a user of a shared cluste
 a ClusterQueue with quota, a LocalQueue in the namespace, a WorkloadPriorityClass.
 
 Each test has its own ClusterQueue (named after its namespace) whose CPU quota fits exactly one DDPJob of
-2 pods x 500m: the default request per process."""
+2 pods x 500m: the default request per process. The pods run on the real nodes (2 CPUs each)."""
 
 from __future__ import annotations
 
@@ -21,16 +21,17 @@ import yaml
 
 from cluster import kueue
 from cluster.fixtures import Cluster, wait_for
+from cluster.nodeconfig import RealNode
 
-from .conftest import Operator, children, ddpjob, events, get, wait_phase
-from .test_faults import _pod_at, _rank_process
+from .conftest import Operator, children, ddpjob, events, get, real_ddpjob, wait_phase
+from .test_faults import _durable, _pod_at, _rank_process
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 KUEUE = "kueue.x-k8s.io/v1beta2"
 
 
 @pytest.fixture(scope="module")
-def kueue_running(cluster: Cluster) -> Iterator[None]:
+def kueue_running(cluster: Cluster, real_nodes: list[RealNode]) -> Iterator[list[RealNode]]:
     """Kueue for this module only: the rest of the e2e tier runs without its webhooks."""
     kueue.start(cluster.layout)
     cluster.kubectl(
@@ -50,7 +51,7 @@ def kueue_running(cluster: Cluster) -> Iterator[None]:
         ),
     )
     try:
-        yield
+        yield real_nodes
     finally:
         kueue.stop(cluster.layout)
 
@@ -133,18 +134,14 @@ def _seconds(since: str, until: str) -> float:
     return (parse(until.replace("Z", "+00:00")) - parse(since.replace("Z", "+00:00"))).total_seconds()
 
 
-def _durable(folder: Path, **spec: Any) -> dict[str, Any]:
-    return {"checkpoint": {"volume": {"hostPath": {"path": str(folder)}}, "mountPath": str(folder)}, **spec}
-
-
 def test_with_quota_for_one_job_the_second_waits_saying_why_and_starts_when_the_first_finishes(
-    cluster: Cluster, operator: Operator, kueue_running: None, namespace: str
+    cluster: Cluster, operator: Operator, kueue_running: list[RealNode], namespace: str
 ) -> None:
     queue = _queues(cluster, namespace)
     short = {"trainer": {"steps": 300, "batchSize": 16}}  # the first holds the quota for 15 s or more
-    _apply(cluster, namespace, ddpjob("first", queueName=queue, **short))
+    _apply(cluster, namespace, real_ddpjob("first", queueName=queue, **short))
     wait_phase(cluster, namespace, "first", "Running", timeout=120)
-    _apply(cluster, namespace, ddpjob("second", queueName=queue, **short))
+    _apply(cluster, namespace, real_ddpjob("second", queueName=queue, **short))
     # KueuePending from the start; Kueue's quota message once its scheduler has tried the Workload
     ready = _reason_is(cluster, namespace, "second", "KueuePending", says="insufficient unused quota")
     assert get(cluster, namespace, "second")["status"]["phase"] == "Pending"
@@ -170,19 +167,19 @@ def test_with_quota_for_one_job_the_second_waits_saying_why_and_starts_when_the_
 
 
 def test_a_higher_priority_job_preempts_a_running_one_which_checkpoints_waits_and_resumes(
-    cluster: Cluster, operator: Operator, kueue_running: None, namespace: str, tmp_path: Path
+    cluster: Cluster, operator: Operator, kueue_running: list[RealNode], namespace: str, tmp_path: Path
 ) -> None:
     queue = _queues(cluster, namespace)
     folder = tmp_path / "ckpt"
     trainer = {"steps": 600, "batchSize": 16, "checkpointEvery": 20}
-    _apply(cluster, namespace, ddpjob("low", queueName=queue, **_durable(folder, trainer=trainer)))
+    _apply(cluster, namespace, real_ddpjob("low", queueName=queue, **_durable(folder, trainer=trainer)))
     wait_for(lambda: list(folder.glob("step-*.pt")), what="a checkpoint of the low-priority job", timeout=240)
     workload_uid = _workload(cluster, namespace, "low-1")["metadata"]["uid"]
     urgent = {"steps": 60, "batchSize": 16}
     _apply(
         cluster,
         namespace,
-        ddpjob("urgent", queueName=queue, workloadPriorityClassName="urgent", trainer=urgent),
+        real_ddpjob("urgent", queueName=queue, workloadPriorityClassName="urgent", trainer=urgent),
     )
 
     ready = _reason_is(cluster, namespace, "low", "KueuePreempted")
@@ -214,9 +211,9 @@ def test_a_higher_priority_job_preempts_a_running_one_which_checkpoints_waits_an
 
 
 def test_a_queue_name_that_names_no_local_queue_is_said_and_nothing_spins(
-    cluster: Cluster, operator: Operator, kueue_running: None, namespace: str
+    cluster: Cluster, operator: Operator, kueue_running: list[RealNode], namespace: str
 ) -> None:
-    _apply(cluster, namespace, ddpjob("lost", queueName="no-such-queue"))
+    _apply(cluster, namespace, real_ddpjob("lost", queueName="no-such-queue"))
     ready = _reason_is(cluster, namespace, "lost", "KueueInadmissible")
     assert "LocalQueue no-such-queue doesn't exist" in ready["message"], ready
     before = get(cluster, namespace, "lost")["metadata"]["resourceVersion"]
@@ -247,16 +244,16 @@ def test_a_bad_queue_name_is_refused_at_apply(cluster: Cluster, operator: Operat
 
 
 def test_a_restart_in_place_keeps_the_admission_and_a_replaced_job_is_admitted_again(
-    cluster: Cluster, operator: Operator, kueue_running: None, namespace: str, tmp_path: Path
+    cluster: Cluster, operator: Operator, kueue_running: list[RealNode], namespace: str, tmp_path: Path
 ) -> None:
     queue = _queues(cluster, namespace)
     folder = tmp_path / "ckpt"
     spec = _durable(folder, trainer={"steps": 900, "batchSize": 16, "checkpointEvery": 50})
-    _apply(cluster, namespace, ddpjob("steady", queueName=queue, **spec))
+    _apply(cluster, namespace, real_ddpjob("steady", queueName=queue, **spec))
     wait_for(lambda: list(folder.glob("step-*.pt")), what="a checkpoint", timeout=240)
     workload = _workload(cluster, namespace, "steady-1")
     admitted_at = _condition(workload, "Admitted")["lastTransitionTime"]
-    os.kill(_rank_process(cluster, _pod_at(cluster, namespace, "steady", 1)), signal.SIGKILL)
+    os.kill(_rank_process(kueue_running, _pod_at(cluster, namespace, "steady", 1)), signal.SIGKILL)
     wait_for(
         lambda: get(cluster, namespace, "steady").get("status", {}).get("restartsInPlace") == 1,
         what="a restart in place",
@@ -307,15 +304,17 @@ def test_a_restart_in_place_keeps_the_admission_and_a_replaced_job_is_admitted_a
 
 
 def test_wait_for_pods_ready_requeues_a_gang_that_cannot_all_start(
-    cluster: Cluster, operator: Operator, kueue_running: None, namespace: str
+    cluster: Cluster, operator: Operator, kueue_running: list[RealNode], namespace: str
 ) -> None:
-    """Kueue with ``waitForPodsReady`` (20 s): three pods of 6 CPUs on two nodes of 8 CPUs each cannot all
-    run; Kueue evicts the Workload, suspends the Job and requeues it, and the DDPJob says so."""
+    """Kueue with ``waitForPodsReady`` (20 s): three pods of 1.5 CPUs on two real nodes of 2 CPUs each
+    cannot all run; Kueue evicts the Workload, suspends the Job and requeues it, and the DDPJob says so."""
     kueue.start(cluster.layout, pods_ready_timeout=20)
     try:
-        queue = _queues(cluster, namespace, cpu="18")
+        queue = _queues(cluster, namespace, cpu="4500m")
         _apply(
-            cluster, namespace, ddpjob("wide", nodes=3, queueName=queue, resources={"requests": {"cpu": "6"}})
+            cluster,
+            namespace,
+            real_ddpjob("wide", nodes=3, queueName=queue, resources={"requests": {"cpu": "1500m"}}),
         )
         _reason_is(cluster, namespace, "wide", "Unschedulable", timeout=60)
         # Kueue requeues it after a 1 s backoff, so the reason may last a moment: its Warning event stays.

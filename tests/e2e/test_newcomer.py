@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 
 from cluster.fixtures import Cluster, wait_for
+from cluster.nodeconfig import RealNode
 from ddp_operator import render, spec
 from operator_tests.test_refusals import VOLUME, doc_with
 
-from .conftest import Operator, children, ddpjob, wait_phase
+from .conftest import Operator, children, ddpjob, real_ddpjob, wait_phase
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -31,10 +32,10 @@ def _apply(cluster: Cluster, namespace: str, doc: dict[str, object]) -> None:
 
 
 def test_a_usage_error_fails_at_once_without_restarts(
-    cluster: Cluster, operator: Operator, namespace: str
+    cluster: Cluster, operator: Operator, namespace: str, real_nodes: list[RealNode]
 ) -> None:
     """Exit code 2 can never succeed: the Job's podFailurePolicy fails it, and the DDPJob does not restart."""
-    doc = ddpjob("usage", maxRestarts=3, command=["python", "-c", "raise SystemExit(2)"])
+    doc = real_ddpjob("usage", maxRestarts=3, command=["python", "-c", "raise SystemExit(2)"])
     _apply(cluster, namespace, doc)
     status = wait_phase(cluster, namespace, "usage", "Failed", "Succeeded", timeout=180)["status"]
     assert status["phase"] == "Failed" and status["attempt"] == 1, status
@@ -179,13 +180,15 @@ def test_a_pod_with_every_cluster_setting_is_accepted(
     assert applied.returncode == 0, applied.stderr
 
 
-def test_a_plain_python_script_finds_its_rank(cluster: Cluster, operator: Operator, namespace: str) -> None:
+def test_a_plain_python_script_finds_its_rank(
+    cluster: Cluster, operator: Operator, namespace: str, real_nodes: list[RealNode]
+) -> None:
     """procsPerNode 1, no torchrun: init_process_group() reads RANK, WORLD_SIZE and MASTER_* from the pod."""
     script = (
         "import os, torch, torch.distributed as dist; dist.init_process_group('gloo'); "
         "t = torch.ones(1); dist.all_reduce(t); assert t.item() == dist.get_world_size() == 2; "
         "assert os.environ['LOCAL_RANK'] == '0'; dist.destroy_process_group()"
     )
-    _apply(cluster, namespace, ddpjob("plain", command=["python", "-c", script], maxRestarts=0))
+    _apply(cluster, namespace, real_ddpjob("plain", command=["python", "-c", script], maxRestarts=0))
     status = wait_phase(cluster, namespace, "plain", "Succeeded", "Failed", timeout=240)["status"]
     assert status["phase"] == "Succeeded", status

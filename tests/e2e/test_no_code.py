@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from cluster.fixtures import Cluster, wait_for
+from cluster.nodeconfig import RealNode
 
-from .conftest import Operator, children, ddpjob, get, wait_phase
+from .conftest import Operator, children, get, real_ddpjob, wait_phase
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 STEPS = 1500
@@ -22,10 +23,11 @@ PROBE = 1000  # the compute probe (spec.syncCheck.probeEverySteps), which runs a
 
 
 def test_a_script_with_no_ddpjob_code_shows_sync_and_progress(
-    cluster: Cluster, operator: Operator, namespace: str
+    cluster: Cluster, operator: Operator, namespace: str, real_nodes: list[RealNode]
 ) -> None:
-    doc = ddpjob(
+    doc = real_ddpjob(
         "nocode",
+        scripts=True,
         command=["torchrun"],
         args=[str(Path(__file__).with_name("no_code_train.py"))],
         env=[{"name": "STEPS", "value": str(STEPS)}, {"name": "STEP_SECONDS", "value": "0.02"}],
@@ -72,12 +74,13 @@ def test_a_script_with_no_ddpjob_code_shows_sync_and_progress(
 
 
 def test_a_crash_in_a_users_script_is_blamed_on_the_rank_that_crashed(
-    cluster: Cluster, operator: Operator, namespace: str
+    cluster: Cluster, operator: Operator, namespace: str, real_nodes: list[RealNode]
 ) -> None:
     """Rank 1 raises; rank 0 then fails in its next collective ("Connection closed by peer"). The DDPJob's
     status and Events name rank 1 and its own error, in a user's words, not rank 0's consequence."""
-    doc = ddpjob(
+    doc = real_ddpjob(
         "crashes",
+        scripts=True,
         command=["torchrun"],
         args=[str(Path(__file__).with_name("no_code_train.py"))],
         env=[
@@ -105,10 +108,11 @@ def test_a_crash_in_a_users_script_is_blamed_on_the_rank_that_crashed(
 
 
 def test_a_script_that_builds_no_ddp_model_says_there_is_nothing_to_verify(
-    cluster: Cluster, operator: Operator, namespace: str
+    cluster: Cluster, operator: Operator, namespace: str, real_nodes: list[RealNode]
 ) -> None:
-    doc = ddpjob(
+    doc = real_ddpjob(
         "noddp",
+        scripts=True,
         command=["torchrun"],
         args=[str(Path(__file__).with_name("no_code_train.py"))],
         env=[

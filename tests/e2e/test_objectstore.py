@@ -1,6 +1,6 @@
 """Checkpoints in object storage on the real control plane: the bucket on a real S3 server (MinIO,
-tests/s3server.py) that the pods reach through the cluster's bridge, the credentials in a Secret that the
-node agent mounts as a kubelet would. A pod deleted mid-run (SIGTERM: a preemption) leaves a checkpoint in
+tests/s3server.py) that the pods reach through the host, the credentials in a Secret that the real nodes'
+kubelets give the trainer containers. A pod deleted mid-run (SIGTERM: a preemption) leaves a checkpoint in
 the bucket and the gang resumes from it; a second DDPJob pointed at the same prefix refuses the first
 one's checkpoints and fails at once; the secret appears in no status or event."""
 
@@ -14,16 +14,17 @@ import pytest
 
 from cluster.fixtures import Cluster, wait_for
 from cluster.layout import BRIDGE_IP
+from cluster.nodeconfig import RealNode
 from s3server import S3Server
 
-from .conftest import Operator, ddpjob, get, wait_phase
+from .conftest import Operator, get, real_ddpjob, wait_phase
 from .test_checkpoints import _apply, _events, _pod_at, _trainer
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
 def test_a_deleted_pod_resumes_from_the_bucket_and_another_job_there_is_refused(
-    cluster: Cluster, operator: Operator, namespace: str, s3_server: S3Server
+    cluster: Cluster, operator: Operator, namespace: str, s3_server: S3Server, real_nodes: list[RealNode]
 ) -> None:
     bucket = s3_server.bucket()
     secret = {
@@ -42,7 +43,7 @@ def test_a_deleted_pod_resumes_from_the_bucket_and_another_job_there_is_refused(
         "prefix": "team",
         "credentialsSecret": {"name": "s3-creds"},
     }
-    _apply(cluster, namespace, ddpjob("bucketed", **_trainer(s3=s3)))
+    _apply(cluster, namespace, real_ddpjob("bucketed", **_trainer(s3=s3)))
     client: Any = s3_server.client()
     wait_for(
         lambda: list(client.list_objects(bucket, prefix="team/")),
@@ -60,7 +61,7 @@ def test_a_deleted_pod_resumes_from_the_bucket_and_another_job_there_is_refused(
     assert (durable["status"], durable["reason"]) == ("True", "ObjectStorage"), durable
 
     started = time.monotonic()
-    _apply(cluster, namespace, ddpjob("intruder", **_trainer(s3=s3)))
+    _apply(cluster, namespace, real_ddpjob("intruder", **_trainer(s3=s3)))
     failed = wait_phase(cluster, namespace, "intruder", "Succeeded", "Failed", timeout=180)["status"]
     print(f"the second job failed {time.monotonic() - started:.1f}s after kubectl apply")
     assert failed["phase"] == "Failed" and failed["restarts"] == 0, failed

@@ -1,5 +1,6 @@
-"""The operator, end to end on the real control plane: kubectl apply → Service + Indexed Job → pods run by the
-node agent → status from what exists. The operator authenticates as the chart's ServiceAccount (RBAC on)."""
+"""The operator, end to end on the real control plane: kubectl apply → Service + Indexed Job → pods run as
+containers by the real nodes' kubelets → status from what exists. The operator authenticates as the chart's
+ServiceAccount (RBAC on)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,20 @@ import pytest
 import yaml
 
 from cluster.fixtures import Cluster, wait_for
+from cluster.nodeconfig import RealNode
 
-from .conftest import REPO, Operator, children, ddpjob, get, settle, wait_phase
+from .conftest import (
+    ON_REAL_NODES,
+    REPO,
+    Operator,
+    children,
+    ddpjob,
+    get,
+    real_ddpjob,
+    settle,
+    wait_phase,
+    writable_folder,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -26,13 +39,14 @@ def _python(code: str) -> dict[str, object]:
 
 
 def test_quickstart_trains_verified_and_deletion_leaves_nothing(
-    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
+    cluster: Cluster, operator: Operator, namespace: str, real_nodes: list[RealNode], tmp_path: Path
 ) -> None:
     doc = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
     doc["spec"]["trainer"].update(steps=60, checkpointEvery=20)
     doc["spec"]["syncCheck"]["everySteps"] = 20
-    ckpt = str(tmp_path / "ckpt")  # the node agent runs pods as host processes: give each test its own folder
+    ckpt = str(writable_folder(tmp_path / "ckpt"))  # a folder of this test's own (the claim: test_real_nodes)
     doc["spec"]["checkpoint"] = {"volume": {"hostPath": {"path": ckpt}}, "mountPath": ckpt}
+    doc["spec"]["podTemplate"] = ON_REAL_NODES
     _apply(cluster, namespace, doc)
     done = wait_phase(cluster, namespace, "quickstart", "Succeeded", "Failed", timeout=300)
     status = done["status"]
@@ -78,12 +92,14 @@ def test_explain_teaches_every_field(cluster: Cluster, operator: Operator) -> No
     assert "Kueue LocalQueue" in cluster.kubectl("explain", "ddpjob.spec.queueName").stdout
 
 
-def test_failed_pod_restarts_the_gang(cluster: Cluster, operator: Operator, namespace: str) -> None:
+def test_failed_pod_restarts_the_gang(
+    cluster: Cluster, operator: Operator, namespace: str, real_nodes: list[RealNode]
+) -> None:
     fail_once = (
         "import os, sys; "
         "sys.exit(3 if (os.environ['DDPJOB_ATTEMPT'], os.environ['NODE_RANK']) == ('1', '1') else 0)"
     )
-    _apply(cluster, namespace, ddpjob("flaky", **_python(fail_once)))
+    _apply(cluster, namespace, real_ddpjob("flaky", **_python(fail_once)))
     status = wait_phase(cluster, namespace, "flaky", "Succeeded", "Failed", timeout=180)["status"]
     assert status["phase"] == "Succeeded", status
     assert (status["attempt"], status["restarts"]) == (2, 1)
@@ -94,8 +110,10 @@ def test_failed_pod_restarts_the_gang(cluster: Cluster, operator: Operator, name
     assert "node 1 exited 3" in events
 
 
-def test_restarts_run_out(cluster: Cluster, operator: Operator, namespace: str) -> None:
-    _apply(cluster, namespace, ddpjob("doomed", maxRestarts=1, **_python("raise SystemExit(5)")))
+def test_restarts_run_out(
+    cluster: Cluster, operator: Operator, namespace: str, real_nodes: list[RealNode]
+) -> None:
+    _apply(cluster, namespace, real_ddpjob("doomed", maxRestarts=1, **_python("raise SystemExit(5)")))
     status = wait_phase(cluster, namespace, "doomed", "Failed", "Succeeded", timeout=180)["status"]
     assert status["phase"] == "Failed" and (status["attempt"], status["restarts"]) == (2, 1)
     failed = {c["type"]: c for c in status["conditions"]}["Failed"]
@@ -103,10 +121,10 @@ def test_restarts_run_out(cluster: Cluster, operator: Operator, namespace: str) 
 
 
 def test_divergence_fails_without_restart(
-    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
+    cluster: Cluster, operator: Operator, namespace: str, real_nodes: list[RealNode], tmp_path: Path
 ) -> None:
-    ckpt = str(tmp_path / "ckpt")
-    doc = ddpjob(
+    ckpt = str(writable_folder(tmp_path / "ckpt"))
+    doc = real_ddpjob(
         "drill",
         trainer={"steps": 40, "checkpointEvery": 0},
         syncCheck={"everySteps": 5},
@@ -122,8 +140,10 @@ def test_divergence_fails_without_restart(
     assert status["sync"]["verified"] is False and status["sync"]["mismatches"] >= 1
 
 
-def test_suspend_and_resume(cluster: Cluster, operator: Operator, namespace: str) -> None:
-    _apply(cluster, namespace, ddpjob("pausable", **_python("import time; time.sleep(600)")))
+def test_suspend_and_resume(
+    cluster: Cluster, operator: Operator, namespace: str, real_nodes: list[RealNode]
+) -> None:
+    _apply(cluster, namespace, real_ddpjob("pausable", **_python("import time; time.sleep(600)")))
     wait_phase(cluster, namespace, "pausable", "Running", timeout=120)
     cluster.kubectl(
         "patch", "ddpjob", "pausable", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":true}}'
@@ -138,8 +158,10 @@ def test_suspend_and_resume(cluster: Cluster, operator: Operator, namespace: str
     assert status["attempt"] == 1 and status["readyNodes"] == 2
 
 
-def test_operator_restart_creates_no_duplicates(cluster: Cluster, operator: Operator, namespace: str) -> None:
-    _apply(cluster, namespace, ddpjob("steady", **_python("import time; time.sleep(600)")))
+def test_operator_restart_creates_no_duplicates(
+    cluster: Cluster, operator: Operator, namespace: str, real_nodes: list[RealNode]
+) -> None:
+    _apply(cluster, namespace, real_ddpjob("steady", **_python("import time; time.sleep(600)")))
     wait_phase(cluster, namespace, "steady", "Running", timeout=120)
     assert operator.process is not None
     operator.process.send_signal(signal.SIGKILL)
@@ -152,8 +174,10 @@ def test_operator_restart_creates_no_duplicates(cluster: Cluster, operator: Oper
     assert get(cluster, namespace, "steady")["status"]["phase"] == "Running"
 
 
-def test_unschedulable_job_says_why(cluster: Cluster, operator: Operator, namespace: str) -> None:
-    _apply(cluster, namespace, ddpjob("greedy", device="cuda", procsPerNode=8, **_python("pass")))
+def test_unschedulable_job_says_why(
+    cluster: Cluster, operator: Operator, namespace: str, real_nodes: list[RealNode]
+) -> None:
+    _apply(cluster, namespace, real_ddpjob("greedy", device="cuda", procsPerNode=8, **_python("pass")))
 
     def explained() -> dict[str, object] | None:
         status = get(cluster, namespace, "greedy").get("status", {})
@@ -186,18 +210,20 @@ def test_the_operator_started_itself_again_on_glibcs_heap(cluster: Cluster, oper
     )
 
 
-def test_deadline_and_ttl(cluster: Cluster, operator: Operator, namespace: str) -> None:
+def test_deadline_and_ttl(
+    cluster: Cluster, operator: Operator, namespace: str, real_nodes: list[RealNode]
+) -> None:
     _apply(
         cluster,
         namespace,
-        ddpjob("slowpoke", activeDeadlineSeconds=3, **_python("import time; time.sleep(600)")),
+        real_ddpjob("slowpoke", activeDeadlineSeconds=3, **_python("import time; time.sleep(600)")),
     )
     status = wait_phase(cluster, namespace, "slowpoke", "Failed", timeout=90)["status"]
     assert {c["type"]: c for c in status["conditions"]}["Failed"]["reason"] == "DeadlineExceeded"
     wait_for(
         lambda: not children(cluster, namespace, "pods", "slowpoke"), what="the pods to stop", timeout=60
     )
-    _apply(cluster, namespace, ddpjob("ephemeral", ttlSecondsAfterFinished=2, **_python("pass")))
+    _apply(cluster, namespace, real_ddpjob("ephemeral", ttlSecondsAfterFinished=2, **_python("pass")))
     wait_for(
         lambda: (
             not cluster.kubectl_json(

@@ -1,17 +1,19 @@
 """Paged for real: the chart's monitors and rules under a real Prometheus Operator, on Prometheus 3, and a
 divergence delivered by Alertmanager.
 
-The way a user runs it: the Prometheus Operator (a Deployment, its pod run by the node agent like any pod)
-reconciles a ``Prometheus`` and an ``Alertmanager`` with kube-prometheus-stack's selectors (monitors and
-rules labelled ``release: kube-prometheus-stack``, any namespace); their StatefulSets' pods run Prometheus 3,
-Alertmanager and the operator's config reloader, all built from their Go modules
-(``hack/monitoring/build.sh``; the node agent runs those binaries for the upstream images,
-``tests/cluster/images.py``). The chart is installed with the README's monitoring values, then a DDPJob
-runs the divergence drill under ``Warn``. Proven: Prometheus finds the operator and every trainer pod
-**through the chart's ServiceMonitor and PodMonitor** and they are up; every group of the chart's
-PrometheusRule is loaded and evaluated without error; every dashboard query returns data; the divergence
-alert fires and Alertmanager delivers it to a webhook this test serves on the bridge, naming the job, its
-namespace and the diverged rank; after the DDPJob is deleted the alert resolves, and that is delivered too.
+The way a user runs it: the Prometheus Operator (a Deployment) reconciles a ``Prometheus`` and an
+``Alertmanager`` with kube-prometheus-stack's selectors (monitors and rules labelled ``release:
+kube-prometheus-stack``, any namespace); their StatefulSets' pods run Prometheus 3, Alertmanager and the
+operator's config reloader, all built from their Go modules (``hack/monitoring/build.sh``). Those three
+images are upstream ones this machine cannot pull (it reaches no registry), so their pods run on the node
+agents, which run those binaries for the images (``tests/cluster/images.py``); the chart's operator and the
+DDPJob's trainer pods run from the project's images on the real nodes, on the same pod network. The chart
+is installed with the README's monitoring values, then a DDPJob runs the divergence drill under ``Warn``.
+Proven: Prometheus finds the operator and every trainer pod **through the chart's ServiceMonitor and
+PodMonitor** and they are up; every group of the chart's PrometheusRule is loaded and evaluated without
+error; every dashboard query returns data; the divergence alert fires and Alertmanager delivers it to a
+webhook this test serves on the bridge, naming the job, its namespace and the diverged rank; after the
+DDPJob is deleted the alert resolves, and that is delivered too.
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ import yaml
 from cluster import netns
 from cluster.fixtures import Cluster, wait_for
 from cluster.images import MONITORING_BUILD, monitoring_bin
+from cluster.nodeconfig import RealNode
 from monitoring.chart_files import ALERTS, panel_queries
 
-from .conftest import REPO, children, ddpjob
+from .conftest import ON_REAL_NODES, REPO, children, real_ddpjob
 from .helmrelease import Release, installed, prometheus_operator_crds
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -330,16 +333,16 @@ def stack(cluster: Cluster) -> Iterator[Stack]:
 
 
 def test_a_divergence_is_scraped_through_the_charts_monitors_and_paged_through_alertmanager(
-    cluster: Cluster, stack: Stack
+    cluster: Cluster, stack: Stack, real_nodes: list[RealNode]
 ) -> None:
-    with installed(cluster, "paged", **README_VALUES, **FAST_SCRAPES) as release:
+    with installed(cluster, "paged", **README_VALUES, **FAST_SCRAPES, **ON_REAL_NODES) as release:
         _apply(cluster, _prometheus(stack.namespace))
         _paged(cluster, stack, release)
 
 
 def _paged(cluster: Cluster, stack: Stack, release: Release) -> None:
     ns = release.jobs
-    job = ddpjob(
+    job = real_ddpjob(
         "drill",
         trainer={"steps": 200000, "checkpointEvery": 0},
         syncCheck={"everySteps": 20, "onDivergence": "Warn"},

@@ -1,5 +1,6 @@
 """The compute probe on the real control plane: a faulty rank (the SDC fire drill) fails the attempt with
-reason FaultyRank, the operator records the node and the next attempt's pods are scheduled away from it."""
+reason FaultyRank, the operator records the node and the next attempt's pods are scheduled away from it
+(the other real node, which has room for both: 2 CPUs, 1 requested by each pod)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from typing import Any
 import pytest
 
 from cluster.fixtures import Cluster, wait_for
+from cluster.nodeconfig import RealNode
 
-from .conftest import Operator, children, ddpjob, wait_phase
+from .conftest import Operator, children, real_ddpjob, wait_phase
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -24,10 +26,9 @@ def _pods_of(cluster: Cluster, namespace: str, attempt: int) -> list[dict[str, A
 
 
 def test_a_faulty_rank_restarts_the_gang_away_from_its_node(
-    cluster: Cluster, operator: Operator, namespace: str
+    cluster: Cluster, operator: Operator, namespace: str, real_nodes: list[RealNode]
 ) -> None:
-    cluster.kubectl("wait", "--for=condition=Ready", "node", "--all", "--timeout=120s")  # two nodes
-    doc = ddpjob(
+    doc = real_ddpjob(
         "sdc",
         procsPerNode=2,  # 4 ranks: a strict majority can name one
         trainer={"steps": 400, "checkpointEvery": 0},

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from cluster.fixtures import Cluster, wait_for
+from cluster.nodeconfig import RealNode
 
-from .conftest import Operator, ddpjob, get, wait_phase
+from .conftest import Operator, get, real_ddpjob, wait_phase
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -37,9 +38,9 @@ def _events(cluster: Cluster, namespace: str, name: str) -> str:
 
 
 def test_a_running_job_shows_its_progress_eta_throughput_and_live_sync(
-    cluster: Cluster, operator: Operator, namespace: str
+    cluster: Cluster, operator: Operator, namespace: str, real_nodes: list[RealNode]
 ) -> None:
-    doc = ddpjob("live", trainer={"steps": 200000, "checkpointEvery": 0}, syncCheck={"everySteps": 50})
+    doc = real_ddpjob("live", trainer={"steps": 200000, "checkpointEvery": 0}, syncCheck={"everySteps": 50})
     _apply(cluster, namespace, doc)
 
     def progressing() -> dict[str, Any] | None:
@@ -105,9 +106,9 @@ def test_a_running_job_shows_its_progress_eta_throughput_and_live_sync(
 
 
 def test_a_command_without_metrics_runs_healthy_and_the_status_says_so(
-    cluster: Cluster, operator: Operator, namespace: str
+    cluster: Cluster, operator: Operator, namespace: str, real_nodes: list[RealNode]
 ) -> None:
-    doc = ddpjob("quiet", command=["python", "-c", "import time; time.sleep(30)"])
+    doc = real_ddpjob("quiet", command=["python", "-c", "import time; time.sleep(30)"])
     _apply(cluster, namespace, doc)
 
     def said() -> dict[str, Any] | None:  # the first pod may be read before the second one is ready
@@ -137,9 +138,9 @@ def test_a_command_without_metrics_runs_healthy_and_the_status_says_so(
 
 
 def test_a_plain_script_runs_to_succeeded_with_no_progress_and_no_error(
-    cluster: Cluster, operator: Operator, namespace: str
+    cluster: Cluster, operator: Operator, namespace: str, real_nodes: list[RealNode]
 ) -> None:
-    _apply(cluster, namespace, ddpjob("plain", command=["python", "-c", "print('trained')"]))
+    _apply(cluster, namespace, real_ddpjob("plain", command=["python", "-c", "print('trained')"]))
     done = wait_phase(cluster, namespace, "plain", "Succeeded", "Failed", timeout=120)["status"]
     assert done["phase"] == "Succeeded", done
     assert "step" not in done.get("progress", {})
@@ -148,9 +149,9 @@ def test_a_plain_script_runs_to_succeeded_with_no_progress_and_no_error(
 
 
 def test_a_divergence_and_its_repair_are_said_while_the_job_runs(
-    cluster: Cluster, operator: Operator, namespace: str
+    cluster: Cluster, operator: Operator, namespace: str, real_nodes: list[RealNode]
 ) -> None:
-    doc = ddpjob(
+    doc = real_ddpjob(
         "repaired",
         trainer={"steps": 200000, "checkpointEvery": 0},
         syncCheck={"everySteps": 50, "onDivergence": "Repair"},

@@ -1,13 +1,12 @@
 """The quickstart's checkpoint claim on the real control plane, which has no StorageClass (a bare
 cluster): as it is, the claim cannot bind and the status and an Event say so within seconds, naming the
-claim, the cause and the fix; with a ReadWriteOnce volume such as a default class gives (here a
-PersistentVolume made by hand, bound by the real controller-manager), the quickstart succeeds."""
+claim, the cause and the fix. (With a ReadWriteOnce volume such as a default class gives, the quickstart
+succeeds: tests/e2e/test_real_nodes.py, where the kubelets mount it.)"""
 
 from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +14,7 @@ import yaml
 
 from cluster.fixtures import Cluster, wait_for
 
-from .conftest import REPO, Operator, get, wait_phase
+from .conftest import REPO, Operator, get
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -63,38 +62,3 @@ def test_the_quickstart_on_a_cluster_without_a_storage_class_says_which_claim_wa
         "involvedObject.kind=DDPJob,reason=NoStorageClass",
     )["items"]
     assert events and events[0]["type"] == "Warning" and CLAIM in events[0]["message"], events
-
-
-def test_the_quickstart_succeeds_on_a_read_write_once_volume(
-    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
-) -> None:
-    folder = tmp_path / "pv"
-    # What a default class would provision: ReadWriteOnce, here pre-bound to the quickstart's claim (a
-    # claim without a class binds a volume without one when the cluster has no default class)
-    volume = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": f"rwo-{namespace}"},
-        "spec": {
-            "capacity": {"storage": "1Gi"},
-            "accessModes": ["ReadWriteOnce"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "hostPath": {"path": str(folder)},
-            "claimRef": {"namespace": namespace, "name": CLAIM},
-        },
-    }
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(volume))
-    try:
-        _apply(cluster, namespace, _quickstart())
-        status = wait_phase(cluster, namespace, "quickstart", "Succeeded", "Failed", timeout=240)["status"]
-        assert status["phase"] == "Succeeded", status
-        assert status["sync"]["verified"] is True, status
-        claim = cluster.kubectl_json("get", "pvc", CLAIM, "-n", namespace)
-        assert claim["spec"]["accessModes"] == ["ReadWriteOnce"] and claim["status"]["phase"] == "Bound"
-        assert sorted(p.name for p in folder.glob("step-*.pt")) == [
-            "step-00000020.quickstart.pt",
-            "step-00000040.quickstart.pt",
-        ]
-    finally:
-        cluster.kubectl("delete", "ddpjob", "quickstart", "-n", namespace, "--wait=false", check=False)
-        cluster.kubectl("delete", "pv", f"rwo-{namespace}", "--wait=false", check=False)
