@@ -153,6 +153,7 @@ def import_image(socket: Path, archive: Path, name: str) -> bool:
     ctr(socket, "images", "import", f"--base-name={ref.rsplit(':', 1)[0]}", str(archive))
     if ref != name:
         ctr(socket, "images", "tag", "--force", ref, name)
+    drop_unnamed(socket)  # CRI's record of the build this one replaced
     return True
 
 

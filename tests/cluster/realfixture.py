@@ -1,8 +1,9 @@
 """Real nodes for tests: ``running_real_nodes`` joins ``real-1`` and ``real-2`` (:mod:`realnode`) to the
 running test cluster, with ``make images``' operator and trainer images and the sandbox image imported, and
 takes them out again: pods on them deleted (the kubelet stops their containers and releases their
-addresses), Node objects deleted, kubelet and containerd stopped. A test module takes them through a
-fixture of its own (:func:`real_nodes_or_skip`), which skips, saying why, where they cannot run.
+addresses), Node objects deleted, kubelet and containerd stopped. Tests take them through the session
+fixture :func:`real_nodes` (one start per session, whichever tier asks first: two starts would fight over
+the nodes' containerd), which skips, saying why, where they cannot run.
 """
 
 from __future__ import annotations
@@ -158,8 +159,9 @@ class Unavailable(Exception):
     """Real nodes cannot run here; the message says why."""
 
 
-def real_nodes_or_skip(cluster: Cluster) -> Iterator[list[RealNode]]:
-    """The body of a test module's ``real_nodes`` fixture: the nodes, or a skip that says why not."""
+@pytest.fixture(scope="session")
+def real_nodes(cluster: Cluster) -> Iterator[list[RealNode]]:
+    """The real nodes, for the session; or a skip that says why not."""
     built = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=True)
     try:
         with running_real_nodes(cluster, Path(built.stdout.strip())) as nodes:

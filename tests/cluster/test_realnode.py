@@ -8,7 +8,6 @@ the current inputs, or where the images would not fit on the disk.
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +46,6 @@ else:
 with open("/dev/termination-log", "w") as f:
     f.write("got: " + reply)
 """
-
-
-@pytest.fixture(scope="module")
-def real_nodes(cluster: Cluster) -> Iterator[list[RealNode]]:
-    yield from realfixture.real_nodes_or_skip(cluster)
 
 
 def pod(name: str, node: str, code: str, **spec: Any) -> dict[str, Any]:

@@ -30,7 +30,6 @@ __all__ = [
     "on_real_nodes",
     "operator",
     "real_ddpjob",
-    "real_nodes",
     "session_operator_paused",
     "settle",
     "wait_phase",
@@ -71,15 +70,11 @@ def session_operator_paused() -> Iterator[None]:
 
 
 # Real nodes (a kubelet and containerd each, tests/cluster/realnode.py) run the e2e tier's pods as containers
-# of the trainer image; a test takes them by asking for ``real_nodes`` and placing its pods with
-# ``on_real_nodes``. The tests that still run pods as processes of the node agents say why in their module.
+# of the trainer image; a test takes them by asking for the session fixture ``real_nodes``
+# (tests/cluster/realfixture.py) and placing its pods with ``on_real_nodes``. The tests that still run pods
+# as processes of the node agents say why in their module.
 ON_REAL_NODES: dict[str, Any] = {"nodeSelector": {LABEL: "true"}, "tolerations": [realfixture.TOLERATION]}
 SCRIPTS = Path(__file__).parent
-
-
-@pytest.fixture(scope="session")
-def real_nodes(cluster: Cluster) -> Iterator[list[RealNode]]:
-    yield from realfixture.real_nodes_or_skip(cluster)
 
 
 def on_real_nodes(*, scripts: bool = False, **template: Any) -> dict[str, Any]:

@@ -4,7 +4,7 @@ it reconciles train across both real nodes from the trainer image, verified: the
 no-code and plain-loop examples as shipped (their scripts are in the trainer image, and the init
 container copies the sync hook into a volume the kubelet shares with the trainer container), the
 quickstart with its claim bound to a PersistentVolume that the kubelets mount; and a lost node. Skipped,
-saying why, where real nodes cannot run (``realfixture.real_nodes_or_skip``). The other e2e modules run
+saying why, where real nodes cannot run (``realfixture.real_nodes``). The other e2e modules run
 their pods on these nodes too, under the operator as a local process (tests/e2e/conftest.py).
 """
 
