@@ -263,7 +263,7 @@ class PodRunner:
                 node_allocatable=self.node.allocatable,
             )
             argv = podenv.pod_command(container, env)
-            binds = volumes.mounts(self.spec, container, self.dir, self._bound_pv)
+            binds = volumes.mounts(self.spec, container, self.dir)
             self._write_volume_files(container)
         except (podenv.ResolveError, volumes.VolumeError) as exc:
             run.state, run.reason, run.message = "waiting", "CreateContainerConfigError", str(exc)
@@ -372,7 +372,7 @@ class PodRunner:
         wanted = {m["name"] for m in container.get("volumeMounts") or []}
         for volume in self.spec.get("volumes") or []:
             if volume["name"] in wanted and projected.is_file_volume(volume):
-                folder = volumes.host_folder(volume, self.dir, self._bound_pv)
+                folder = volumes.host_folder(volume, self.dir)
                 assert folder is not None
                 projected.write(folder, projected.volume_files(self.pod, volume, sources))
 
@@ -396,13 +396,6 @@ class PodRunner:
             return None
         binary = {k: base64.b64decode(v) for k, v in (obj.get("binaryData") or {}).items()}
         return {**(obj.get("data") or {}), **binary}
-
-    def _bound_pv(self, claim: str) -> Mapping[str, Any] | None:
-        pvc = self.kube.get_or_none(f"/api/v1/namespaces/{self.namespace}/persistentvolumeclaims/{claim}")
-        name = (pvc or {}).get("spec", {}).get("volumeName")
-        if not name or (pvc or {}).get("status", {}).get("phase") != "Bound":
-            return None
-        return self.kube.get_or_none(f"/api/v1/persistentvolumes/{name}")
 
     @staticmethod
     def _text(lookup: projected.DataLookup) -> Callable[[str, str], Mapping[str, str] | None]:

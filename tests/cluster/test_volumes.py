@@ -1,5 +1,5 @@
-"""The node agent gives pods their volumes as the kubelet does: its own emptyDir per pod, hostPath as is,
-a PersistentVolumeClaim as the folder of the PV the real controller-manager bound it to."""
+"""The node agent gives pods their volumes as the kubelet does: its own emptyDir per pod, and the files of
+Secret, ConfigMap and projected volumes; hostPaths and claims are for the real nodes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from .fixtures import Cluster, host_path_volume, python_pod
+from .fixtures import Cluster, python_pod
 from .volumes import Mount, VolumeError, mounts, shell_prefix
 
 WRITE = """
@@ -53,41 +53,6 @@ def test_each_pod_gets_its_own_empty_dir(cluster: Cluster, namespace: str) -> No
     assert not Path("/data/seen").exists(), "the mount leaked into the host's mount namespace"
 
 
-@pytest.mark.cluster
-def test_host_path_is_the_hosts_folder(cluster: Cluster, namespace: str, tmp_path: Path) -> None:
-    assert _run_two(cluster, namespace, {"hostPath": {"path": str(tmp_path)}}) == ("first", "first second")
-    assert (tmp_path / "seen").read_text() == "first\nsecond\n"
-
-
-@pytest.mark.cluster
-def test_a_claim_mounts_the_volume_it_is_bound_to(cluster: Cluster, namespace: str, tmp_path: Path) -> None:
-    storage_class = f"test-{namespace}"
-    pv = host_path_volume(f"pv-{namespace}", storage_class, str(tmp_path))
-    claim = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "claim"},
-        "spec": {
-            "accessModes": ["ReadWriteMany"],
-            "storageClassName": storage_class,
-            "resources": {"requests": {"storage": "1Gi"}},
-        },
-    }
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(pv))
-    try:
-        cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(claim))
-        cluster.kubectl(
-            "wait", "-n", namespace, "pvc/claim", "--for=jsonpath={.status.phase}=Bound", "--timeout=60s"
-        )
-        volume = {"persistentVolumeClaim": {"claimName": "claim"}}
-        assert _run_two(cluster, namespace, volume) == ("first", "first second")
-        assert (tmp_path / "seen").read_text() == "first\nsecond\n"
-    finally:
-        cluster.kubectl("delete", "-n", namespace, "pod", "--all", "--wait=true")
-        cluster.kubectl("delete", "-n", namespace, "pvc", "claim", "--wait=true")
-        cluster.kubectl("delete", "pv", f"pv-{namespace}", "--wait=false")
-
-
 POD = {
     "volumes": [
         {"name": "scratch", "emptyDir": {}},
@@ -102,33 +67,32 @@ POD = {
 def test_mounts_map_every_volume_kind() -> None:
     container = {
         "volumeMounts": [
-            {"name": "scratch", "mountPath": "/scratch"},
+            {"name": "scratch", "mountPath": "/scratch", "readOnly": True},
             {"name": "dshm", "mountPath": "/dev/shm"},
-            {"name": "data", "mountPath": "/data", "readOnly": True},
-            {"name": "ckpt", "mountPath": "/checkpoints", "subPath": "job"},
-            {"name": "conf", "mountPath": "/etc/conf"},
+            {"name": "conf", "mountPath": "/etc/conf/app.yaml", "subPath": "app.yaml"},
         ]
     }
-    pv = {"metadata": {"name": "pv"}, "spec": {"hostPath": {"path": "/pv"}}}
-    got = mounts(POD, container, Path("/pods/p"), lambda claim: pv if claim == "c" else None)
+    got = mounts(POD, container, Path("/pods/p"))
     assert got == [
-        Mount(Path("/pods/p/volumes/scratch"), "/scratch"),
-        Mount(Path("/srv/data"), "/data", read_only=True),
-        Mount(Path("/pv/job"), "/checkpoints"),
-        Mount(Path("/pods/p/volumes/conf"), "/etc/conf"),  # its files written there first (projected.py)
+        Mount(Path("/pods/p/volumes/scratch"), "/scratch", read_only=True),
+        # its files written there first (projected.py); /dev/shm keeps the host's shared memory
+        Mount(Path("/pods/p/volumes/conf/app.yaml"), "/etc/conf/app.yaml"),
     ]
-    assert shell_prefix(got[1:2]) == (
-        'if [ -f /srv/data ]; then mkdir -p "$(dirname /data)" && { [ -e /data ] || touch /data; }; '
-        "else mkdir -p /srv/data /data; fi && mount --bind /srv/data /data && "
-        "mount -o remount,bind,ro /data && "
+    src = "/pods/p/volumes/scratch"
+    assert shell_prefix(got[:1]) == (
+        f'if [ -f {src} ]; then mkdir -p "$(dirname /scratch)" && {{ [ -e /scratch ] || touch /scratch; }}; '
+        f"else mkdir -p {src} /scratch; fi && mount --bind {src} /scratch && "
+        "mount -o remount,bind,ro /scratch && "
     )
 
 
-def test_an_unbound_claim_or_a_missing_volume_is_an_error() -> None:
-    with pytest.raises(VolumeError, match="'c' is not bound"):
-        mounts(POD, {"volumeMounts": [{"name": "ckpt", "mountPath": "/c"}]}, Path("/p"), lambda claim: None)
+@pytest.mark.parametrize("name", ["data", "ckpt"])
+def test_host_paths_claims_and_missing_volumes_are_errors(name: str) -> None:
+    """A hostPath or a claim: the real nodes' kubelets mount those, not the agents."""
+    with pytest.raises(VolumeError, match=f"volume '{name}' is a .*put the pod on a real node"):
+        mounts(POD, {"volumeMounts": [{"name": name, "mountPath": "/c"}]}, Path("/p"))
     with pytest.raises(VolumeError, match="names no volume"):
-        mounts(POD, {"volumeMounts": [{"name": "nope", "mountPath": "/c"}]}, Path("/p"), lambda claim: None)
+        mounts(POD, {"volumeMounts": [{"name": "nope", "mountPath": "/c"}]}, Path("/p"))
 
 
 READ_GZIP = """

@@ -1,4 +1,4 @@
-"""Pod volumes as the kubelet gives them, for the node agent. Pure, but for the PVC lookup it is handed.
+"""Pod volumes as the kubelet gives them, for the node agent. Pure.
 
 Each container's ``volumeMounts`` become bind mounts inside the pod's own mount namespace (``ip netns
 exec`` gives every pod one, with mounts that do not propagate back to the host), so the process sees the
@@ -6,10 +6,9 @@ path the manifest names and nothing else changes:
 
 - ``emptyDir``: a folder of this pod alone (``<pod dir>/volumes/<name>``), gone with the pod's folder;
   a ``medium: Memory`` emptyDir at ``/dev/shm`` keeps the host's shared memory;
-- ``hostPath``: the host's folder itself (created when missing, as ``DirectoryOrCreate`` does);
-- ``persistentVolumeClaim``: the folder of the PersistentVolume the claim is bound to (the real
-  controller-manager binds it; the scheduler does not place a pod whose claim is unbound), from the PV's
-  ``hostPath`` or ``local`` path;
+- ``hostPath`` and ``persistentVolumeClaim``: refused (a VolumeError, the container's waiting message).
+  The pods that mount them, checkpoints above all, run on the real nodes, whose kubelets mount them
+  (tests/cluster/realnode.py); the agents once bound them too, and nothing needs that any more;
 - ``projected``, ``configMap``, ``secret``, ``downwardAPI``: a folder of this pod alone, like an
   ``emptyDir``, into which the agent writes the files first (:mod:`projected`): this is how the
   ServiceAccount token and CA reach ``/var/run/secrets/kubernetes.io/serviceaccount``.
@@ -20,13 +19,13 @@ A mount point the host lacks is created on the host (the file system is the host
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 FILE_VOLUMES = ("projected", "configMap", "secret", "downwardAPI")
-ClaimLookup = Callable[[str], Mapping[str, Any] | None]  # claim name → its bound PV, or None
+REAL_NODE_VOLUMES = ("hostPath", "persistentVolumeClaim")
 
 
 class VolumeError(RuntimeError):
@@ -40,28 +39,18 @@ class Mount:
     read_only: bool = False
 
 
-def host_folder(volume: Mapping[str, Any], pod_dir: Path, bound_pv: ClaimLookup) -> Path | None:
+def host_folder(volume: Mapping[str, Any], pod_dir: Path) -> Path | None:
     """Where ``volume`` lives on the host; None for a volume the agent leaves alone."""
     if "emptyDir" in volume or any(k in volume for k in FILE_VOLUMES):  # file volumes: see projected.py
         return pod_dir / "volumes" / volume["name"]
-    if "hostPath" in volume:
-        return Path(volume["hostPath"]["path"])
-    if "persistentVolumeClaim" in volume:
-        claim = volume["persistentVolumeClaim"]["claimName"]
-        pv = bound_pv(claim)
-        if pv is None:
-            raise VolumeError(f"persistentvolumeclaim {claim!r} is not bound to a PersistentVolume")
-        spec = pv.get("spec", {})
-        path = (spec.get("hostPath") or spec.get("local") or {}).get("path")
-        if not path:
-            raise VolumeError(f"PersistentVolume {pv['metadata']['name']} has no hostPath or local path")
-        return Path(path)
+    if kind := next((k for k in REAL_NODE_VOLUMES if k in volume), None):
+        raise VolumeError(
+            f"volume {volume['name']!r} is a {kind}: the node agents mount none; put the pod on a real node"
+        )
     return None
 
 
-def mounts(
-    pod_spec: Mapping[str, Any], container: Mapping[str, Any], pod_dir: Path, bound_pv: ClaimLookup
-) -> list[Mount]:
+def mounts(pod_spec: Mapping[str, Any], container: Mapping[str, Any], pod_dir: Path) -> list[Mount]:
     """The bind mounts of one container, in the order its volumeMounts list them."""
     volumes = {v["name"]: v for v in pod_spec.get("volumes") or []}
     out = []
@@ -71,7 +60,7 @@ def mounts(
             raise VolumeError(f"volumeMount {mount['name']!r} names no volume of the pod")
         if mount["mountPath"] == "/dev/shm" and (volume.get("emptyDir") or {}).get("medium") == "Memory":
             continue
-        source = host_folder(volume, pod_dir, bound_pv)
+        source = host_folder(volume, pod_dir)
         if source is not None:
             if sub := mount.get("subPath"):
                 source = source / sub
