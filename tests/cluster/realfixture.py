@@ -141,6 +141,16 @@ def _take_out(cluster: Cluster, nodes: list[RealNode]) -> None:
         realnode.cleanup_cgroups(node)
 
 
+def host_pid(node: RealNode, container_id: str) -> int:
+    """The host PID of a container's main process (``containerd://<id>``), as its node's containerd says."""
+    cid = container_id.removeprefix("containerd://")
+    for line in nodeimages.ctr(node.socket, "tasks", "ls").splitlines()[1:]:
+        task, pid, *_ = line.split()
+        if task == cid:
+            return int(pid)
+    raise AssertionError(f"containerd of {node.name} runs no task {cid}")
+
+
 def lose_node(node: RealNode) -> None:
     """Node ``node`` drops dead: its kubelet stops renewing its Lease, its containers are killed and its
     containerd stops; its Pods stay in the API as they were (``restore_node`` brings it back)."""

@@ -75,16 +75,6 @@ def container_status(cluster: Cluster, namespace: str, name: str) -> dict[str, A
     return dict(statuses[0])
 
 
-def host_pid(node: RealNode, container_id: str) -> int:
-    """The host pid of a container's main process, as its node's containerd reports it."""
-    cid = container_id.removeprefix("containerd://")
-    for line in nodeimages.ctr(node.socket, "tasks", "ls").splitlines()[1:]:
-        task, pid, *_ = line.split()
-        if task == cid:
-            return int(pid)
-    raise AssertionError(f"containerd of {node.name} runs no task {cid}")
-
-
 def test_trainer_image_runs_as_uid_1000_in_its_own_pid_namespace(
     cluster: Cluster, namespace: str, real_nodes: list[RealNode]
 ) -> None:
@@ -98,7 +88,9 @@ def test_trainer_image_runs_as_uid_1000_in_its_own_pid_namespace(
         what="the trainer container to run",
         timeout=180,
     )
-    status = (pid := host_pid(node, running["containerID"])) and Path(f"/proc/{pid}/status").read_text()
+    status = (pid := realfixture.host_pid(node, running["containerID"])) and Path(
+        f"/proc/{pid}/status"
+    ).read_text()
     fields = dict(line.split(":", 1) for line in status.splitlines())
     assert fields["Uid"].split() == ["1000"] * 4, fields["Uid"]
     assert fields["NSpid"].split() == [str(pid), "1"], fields["NSpid"]  # PID 1 of a namespace of its own

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from cluster import nodeimages, realfixture
+from cluster import realfixture
 from cluster.fixtures import Cluster, wait_for
 from cluster.nodeconfig import LABEL, RealNode
 
@@ -110,12 +110,7 @@ def container_pid(nodes: list[RealNode], pod: dict[str, Any], container: str = "
     """The host PID of ``container``'s main process in ``pod`` (a real node's pod), from its containerd."""
     node = next(n for n in nodes if n.name == pod["spec"]["nodeName"])
     (status,) = [s for s in pod["status"]["containerStatuses"] if s["name"] == container]
-    cid = status["containerID"].removeprefix("containerd://")
-    for line in nodeimages.ctr(node.socket, "tasks", "ls").splitlines()[1:]:
-        task, pid, *_ = line.split()
-        if task == cid:
-            return int(pid)
-    raise AssertionError(f"containerd of {node.name} runs no task {cid} ({pod['metadata']['name']})")
+    return realfixture.host_pid(node, status["containerID"])
 
 
 def kubelet_volumes(nodes: list[RealNode], pod: dict[str, Any]) -> Path:

@@ -5,6 +5,7 @@ newest checkpoint is skipped."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ from cluster.fixtures import Cluster, host_path_volume, wait_for
 from cluster.nodeconfig import RealNode
 
 from .conftest import Operator, children, container_pid, get, real_ddpjob, wait_phase, writable_folder
+from .test_faults import _descendants  # the host's /proc sees the container's processes
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -143,9 +145,12 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_one_before(
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
     wait_for(lambda: len(list(folder.glob("step-*.pt"))) >= 2, what="two checkpoints", timeout=240)
     rank0 = _pod_at(cluster, namespace, "fallback", 0)
-    # SIGKILL rank 0's container first (its PID 1: the kernel kills the whole PID namespace, so no save
+    # SIGKILL every process of rank 0's container first (its main one and the ranks below it: no save
     # after this), then flip one byte of the newest checkpoint.
-    os.kill(container_pid(real_nodes, cluster.pod(namespace, rank0)), signal.SIGKILL)
+    main = container_pid(real_nodes, cluster.pod(namespace, rank0))
+    for pid in [main, *_descendants(main)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
     def killed() -> dict[str, Any] | None:
         (trainer,) = cluster.pod(namespace, rank0)["status"]["containerStatuses"]

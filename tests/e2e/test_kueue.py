@@ -31,7 +31,7 @@ KUEUE = "kueue.x-k8s.io/v1beta2"
 
 
 @pytest.fixture(scope="module")
-def kueue_running(cluster: Cluster, real_nodes: list[RealNode]) -> Iterator[list[RealNode]]:
+def kueue_running(cluster: Cluster) -> Iterator[None]:
     """Kueue for this module only: the rest of the e2e tier runs without its webhooks."""
     kueue.start(cluster.layout)
     cluster.kubectl(
@@ -51,7 +51,7 @@ def kueue_running(cluster: Cluster, real_nodes: list[RealNode]) -> Iterator[list
         ),
     )
     try:
-        yield real_nodes
+        yield
     finally:
         kueue.stop(cluster.layout)
 
@@ -135,7 +135,7 @@ def _seconds(since: str, until: str) -> float:
 
 
 def test_with_quota_for_one_job_the_second_waits_saying_why_and_starts_when_the_first_finishes(
-    cluster: Cluster, operator: Operator, kueue_running: list[RealNode], namespace: str
+    cluster: Cluster, operator: Operator, kueue_running: None, namespace: str, real_nodes: list[RealNode]
 ) -> None:
     queue = _queues(cluster, namespace)
     short = {"trainer": {"steps": 300, "batchSize": 16}}  # the first holds the quota for 15 s or more
@@ -167,7 +167,12 @@ def test_with_quota_for_one_job_the_second_waits_saying_why_and_starts_when_the_
 
 
 def test_a_higher_priority_job_preempts_a_running_one_which_checkpoints_waits_and_resumes(
-    cluster: Cluster, operator: Operator, kueue_running: list[RealNode], namespace: str, tmp_path: Path
+    cluster: Cluster,
+    operator: Operator,
+    kueue_running: None,
+    namespace: str,
+    real_nodes: list[RealNode],
+    tmp_path: Path,
 ) -> None:
     queue = _queues(cluster, namespace)
     folder = tmp_path / "ckpt"
@@ -211,7 +216,7 @@ def test_a_higher_priority_job_preempts_a_running_one_which_checkpoints_waits_an
 
 
 def test_a_queue_name_that_names_no_local_queue_is_said_and_nothing_spins(
-    cluster: Cluster, operator: Operator, kueue_running: list[RealNode], namespace: str
+    cluster: Cluster, operator: Operator, kueue_running: None, namespace: str, real_nodes: list[RealNode]
 ) -> None:
     _apply(cluster, namespace, real_ddpjob("lost", queueName="no-such-queue"))
     ready = _reason_is(cluster, namespace, "lost", "KueueInadmissible")
@@ -244,7 +249,12 @@ def test_a_bad_queue_name_is_refused_at_apply(cluster: Cluster, operator: Operat
 
 
 def test_a_restart_in_place_keeps_the_admission_and_a_replaced_job_is_admitted_again(
-    cluster: Cluster, operator: Operator, kueue_running: list[RealNode], namespace: str, tmp_path: Path
+    cluster: Cluster,
+    operator: Operator,
+    kueue_running: None,
+    namespace: str,
+    real_nodes: list[RealNode],
+    tmp_path: Path,
 ) -> None:
     queue = _queues(cluster, namespace)
     folder = tmp_path / "ckpt"
@@ -253,7 +263,7 @@ def test_a_restart_in_place_keeps_the_admission_and_a_replaced_job_is_admitted_a
     wait_for(lambda: list(folder.glob("step-*.pt")), what="a checkpoint", timeout=240)
     workload = _workload(cluster, namespace, "steady-1")
     admitted_at = _condition(workload, "Admitted")["lastTransitionTime"]
-    os.kill(_rank_process(kueue_running, _pod_at(cluster, namespace, "steady", 1)), signal.SIGKILL)
+    os.kill(_rank_process(real_nodes, _pod_at(cluster, namespace, "steady", 1)), signal.SIGKILL)
     wait_for(
         lambda: get(cluster, namespace, "steady").get("status", {}).get("restartsInPlace") == 1,
         what="a restart in place",
@@ -304,7 +314,7 @@ def test_a_restart_in_place_keeps_the_admission_and_a_replaced_job_is_admitted_a
 
 
 def test_wait_for_pods_ready_requeues_a_gang_that_cannot_all_start(
-    cluster: Cluster, operator: Operator, kueue_running: list[RealNode], namespace: str
+    cluster: Cluster, operator: Operator, kueue_running: None, namespace: str, real_nodes: list[RealNode]
 ) -> None:
     """Kueue with ``waitForPodsReady`` (20 s): three pods of 1.5 CPUs on two real nodes of 2 CPUs each
     cannot all run; Kueue evicts the Workload, suspends the Job and requeues it, and the DDPJob says so."""
