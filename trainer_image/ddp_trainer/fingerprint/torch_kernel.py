@@ -9,8 +9,8 @@ through ``F`` (on CUDA one fused elementwise kernel compiled by torch's own jite
 or where that cannot compile, eleven in-place int64 operations), the terms past a block's last lane are
 zeroed, and one ``sum(dim=1)`` gives the block sums. The fold over blocks and the metadata are vectorised
 over every tensor (a cumulative sum: integer addition modulo 2**64 is exact in any order). The host side
-is one list of views per call, one per tensor and chunk (the geometry is cached while the tensors keep
-their alignment, dtype and shape).
+is about one view per tensor per call, made chunk by chunk so the GPU starts on the first chunk at once
+(the geometry is cached while the tensors keep their alignment, dtype and shape).
 """
 
 from __future__ import annotations
@@ -201,6 +201,39 @@ def _lane(piece: _Piece) -> int:
     return piece.row * BLOCK + piece.start % (8 * BLOCK) // 8
 
 
+class _Views:
+    """Each tensor's bytes and int64 lanes, made when a chunk first needs them: the first chunk's copy is
+    launched after its own tensors' views only, and the GPU works on it while the host makes the next
+    chunk's. A piece that covers its whole tensor is the tensor's lane view itself (no slice): on the
+    GPU the host work per call is about one view per tensor."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
+        self.tensors = tensors
+        self._lanes: dict[int, torch.Tensor] = {}
+        self._bytes: dict[int, torch.Tensor] = {}
+
+    def bytes(self, i: int) -> torch.Tensor:
+        have = self._bytes.get(i)
+        if have is None:
+            have = self._bytes[i] = byte_view(self.tensors[i])
+        return have
+
+    def lanes(self, piece: _Piece) -> torch.Tensor:
+        """``piece``'s whole lanes (the tensor is 8-byte aligned: only such tensors have lane pieces)."""
+        lanes = self._lanes.get(piece.tensor)
+        if lanes is None:
+            t = self.tensors[piece.tensor].detach()
+            if t.numel() * t.element_size() % 8 == 0:
+                lanes = t.view(-1).view(torch.int64)  # aligned: the same memory as int64
+            else:  # a partial last lane: its bytes go through a raw piece
+                raw = self.bytes(piece.tensor)
+                lanes = raw[: raw.numel() // 8 * 8].view(torch.int64)
+            self._lanes[piece.tensor] = lanes
+        if piece.start == 0 and piece.nbytes == 8 * lanes.numel():
+            return lanes
+        return lanes[piece.start // 8 : (piece.start + piece.nbytes) // 8]
+
+
 def _block_sums(tensors: Sequence[torch.Tensor], geometry: _Geometry, device: torch.device) -> torch.Tensor:
     """``s[b]`` of every block of every tensor, in order (int64 on ``device``)."""
     sums = torch.empty(geometry.blocks, dtype=torch.int64, device=device)
@@ -208,27 +241,20 @@ def _block_sums(tensors: Sequence[torch.Tensor], geometry: _Geometry, device: to
         return sums
     keys, work = _buffers(device, geometry.rows)
     fused = _fused() if device.type == "cuda" else None
-    as_bytes = [byte_view(t) for t in tensors]
-    as_lanes = [b[: b.numel() // 8 * 8].view(torch.int64) if b.data_ptr() % 8 == 0 else b for b in as_bytes]
+    views = _Views(tensors)
     for chunk in geometry.chunks:
         buf = work[: chunk.rows]
-        flat, flat_bytes = buf.view(-1), buf.view(-1).view(torch.uint8)
+        flat = buf.view(-1)
         if chunk.raw:  # zero the lanes that bytes only partly fill, then copy the bytes in
             torch._foreach_zero_([flat[_lane(p) :][: -(-p.nbytes // 8)] for p in chunk.raw])
-        pairs = [
-            (
-                flat[p.row * BLOCK : p.row * BLOCK + p.nbytes // 8],
-                as_lanes[p.tensor][p.start // 8 :][: p.nbytes // 8],
-            )
-            for p in chunk.lanes
-        ]
-        pairs += [
-            (flat_bytes[8 * _lane(p) :][: p.nbytes], as_bytes[p.tensor][p.start :][: p.nbytes])
-            for p in chunk.raw
-        ]
-        if pairs:
-            dst, src = zip(*pairs, strict=True)
-            torch._foreach_copy_(list(dst), list(src))
+        dst = [flat[p.row * BLOCK : p.row * BLOCK + p.nbytes // 8] for p in chunk.lanes]
+        src = [views.lanes(p) for p in chunk.lanes]
+        if chunk.raw:
+            flat_bytes = flat.view(torch.uint8)
+            dst += [flat_bytes[8 * _lane(p) :][: p.nbytes] for p in chunk.raw]
+            src += [views.bytes(p.tensor)[p.start : p.start + p.nbytes] for p in chunk.raw]
+        if dst:
+            torch._foreach_copy_(dst, src)
         if fused is not None:
             buf = fused(buf, keys)
         else:
