@@ -260,8 +260,9 @@ def _block_sums(tensors: Sequence[torch.Tensor], geometry: _Geometry, device: to
         else:
             buf.add_(keys)
             mix_(buf, torch.empty_like(buf))
-        if chunk.tails:
-            torch._foreach_zero_([buf[row, valid:] for row, valid in chunk.tails])
+        if chunk.tails:  # one basic slice each (cheaper on the host than buf[row, valid:])
+            out = buf.view(-1)
+            torch._foreach_zero_([out[row * BLOCK + valid : (row + 1) * BLOCK] for row, valid in chunk.tails])
         torch.sum(buf, dim=1, out=sums[chunk.first_block : chunk.first_block + chunk.rows])
     return sums
 
