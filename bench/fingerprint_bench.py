@@ -2,6 +2,7 @@
 
     python bench/fingerprint_bench.py              # CPU, one thread: 5 M and 50 M parameters
     python bench/fingerprint_bench.py --gpu        # CUDA: the 1.3 B-parameter GPT-like set (292 tensors)
+    python bench/fingerprint_bench.py --host-work  # no GPU needed: the torch fallback's host work per call
 
 Needs only this checkout, torch and numpy (and Triton for the GPU kernel): it puts ``trainer_image`` on
 ``sys.path`` itself. Prints figures, never asserts timings.
@@ -19,6 +20,11 @@ probed in the same run with ``torch.sum`` over one large buffer), the Triton pat
 fallback, ``torch._foreach_norm`` (one fused launch group, not bit-exact) for scale, the ratio
 floor / Triton (goal 0.8), a check that both paths agree, and the check overhead at the default interval
 for a given step time.
+
+``--host-work`` (any machine): what the pure-torch fallback's host does per call on the same 1.3 B set,
+the Python and the views it makes, with every device operation replaced by a no-op (the tensors are CPU
+tensors that are never touched): on a GPU that work runs beside the kernels, and what the GPU waits for
+before the first one. Best of ``--repeat`` runs.
 """
 
 from __future__ import annotations
@@ -80,15 +86,51 @@ def cpu(args: argparse.Namespace) -> None:
             del t
 
 
-def gpt_like(vocab: int, width: int, layers: int, dtype: torch.dtype) -> list[torch.Tensor]:
-    """The parameter tensors of a GPT-2-style model: 4 + 12 per layer (292 for 24 layers)."""
+def gpt_shapes(vocab: int, width: int, layers: int) -> list[tuple[int, ...]]:
+    """The parameter shapes of a GPT-2-style model: 4 + 12 per layer (292 for 24 layers)."""
     shapes: list[tuple[int, ...]] = [(vocab, width), (width, width)]  # token and position embeddings
     for _ in range(layers):
         shapes += [(width,), (width,), (3 * width, width), (3 * width,), (width, width), (width,)]
         shapes += [(width,), (width,), (4 * width, width), (4 * width,), (width, 4 * width), (width,)]
-    shapes += [(width,), (width,)]
+    return [*shapes, (width,), (width,)]
+
+
+def gpt_like(vocab: int, width: int, layers: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    """The parameter tensors of :func:`gpt_shapes`, random, on the GPU."""
     gen = torch.Generator(device="cuda").manual_seed(0)
-    return [torch.randn(s, device="cuda", dtype=dtype, generator=gen) for s in shapes]
+    return [
+        torch.randn(s, device="cuda", dtype=dtype, generator=gen) for s in gpt_shapes(vocab, width, layers)
+    ]
+
+
+def host_work(args: argparse.Namespace) -> None:
+    """The torch fallback's host work per call, its device operations replaced by no-ops (see above)."""
+    import types
+    from unittest import mock
+
+    from ddp_trainer.fingerprint import torch_kernel
+    from ddp_trainer.fingerprint.definition import BLOCK
+
+    rows = torch_kernel.CHUNK_BYTES["cuda"] // (8 * BLOCK)
+    work = torch.empty(rows, BLOCK, dtype=torch.int64)  # the chunk buffer's size; never written
+    stub = types.SimpleNamespace(**{k: getattr(torch, k) for k in dir(torch) if not k.startswith("__")})
+    stub._foreach_copy_ = stub._foreach_zero_ = lambda *a, **k: None
+    stub.sum = lambda *a, **k: None
+    stub.empty = lambda size, dtype, device: torch.empty(size, dtype=dtype)  # the block sums
+    gpu = types.SimpleNamespace(type="cuda")  # _block_sums reads only the device's type
+    print(f"torch fallback, host work per call (device operations are no-ops), best of {args.repeat}")
+    with (
+        mock.patch.object(torch_kernel, "torch", stub),
+        mock.patch.object(torch_kernel, "_fused", lambda: lambda buf, keys: buf),
+        mock.patch.object(torch_kernel, "_buffers", lambda device, rows: (work[0], work[:rows])),
+    ):
+        for dtype in (torch.float32, torch.bfloat16):
+            tensors = [torch.empty(s, dtype=dtype) for s in gpt_shapes(args.vocab, args.width, args.layers)]
+            geometry = torch_kernel._geometry_for(tensors, torch.device("cuda"))
+            run = {"host": lambda t=tensors, g=geometry: torch_kernel._block_sums(t, g, gpu)}  # type: ignore[misc]
+            best = best_in_turns(run, args.repeat)["host"]
+            name = str(dtype).removeprefix("torch.")
+            print(f"  {name:9s} {len(tensors)} tensors, {len(geometry.chunks)} chunks: {best * 1e3:.2f} ms")
 
 
 def cuda_median(fn: Callable[[], object], repeat: int) -> float:
@@ -153,6 +195,7 @@ def gpu(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpu", action="store_true", help="the CUDA part (else the CPU part)")
+    parser.add_argument("--host-work", action="store_true", help="the torch fallback's host work, no GPU")
     parser.add_argument("--sizes", type=float, nargs="+", default=[5, 50], help="CPU sizes, M parameters")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--vocab", type=int, default=50304)
@@ -160,7 +203,10 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--step-seconds", type=float, default=0.4, help="step time for the overhead line")
     args = parser.parse_args()
-    gpu(args) if args.gpu else cpu(args)
+    if args.host_work:
+        host_work(args)
+    else:
+        gpu(args) if args.gpu else cpu(args)
 
 
 if __name__ == "__main__":

@@ -371,6 +371,10 @@ def test_cuda_equals_cpu(impl: str, monkeypatch: pytest.MonkeyPatch) -> None:
     assert sync.fingerprint_tensors(on_gpu).cpu().tolist() == expected
     if impl:  # the kernel asked for ran: a failing Triton kernel would fall back to torch and pass unseen
         assert fpmod.impl_for(on_gpu[0].device) == impl
+    if impl == "torch":  # and through its fused kernel: one that fails to build falls back to eager ops
+        from ddp_trainer.fingerprint import torch_kernel
+
+        assert torch_kernel._fused() is not None, "torch's jiterator did not build the fused mixer"
     contiguous = [t for t in on_gpu if t.is_contiguous()]
     first = sync.fingerprint_tensors(contiguous)  # builds (and uploads) the kernel's tables once
     torch.cuda.set_sync_debug_mode("error")  # the next call reads nothing back to the host
