@@ -35,6 +35,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "trainer_image"))
@@ -127,8 +128,11 @@ def host_work(args: argparse.Namespace) -> None:
         for dtype in (torch.float32, torch.bfloat16):
             tensors = [torch.empty(s, dtype=dtype) for s in gpt_shapes(args.vocab, args.width, args.layers)]
             geometry = torch_kernel._geometry_for(tensors, torch.device("cuda"))
-            run = {"host": lambda t=tensors, g=geometry: torch_kernel._block_sums(t, g, gpu)}  # type: ignore[misc]
-            best = best_in_turns(run, args.repeat)["host"]
+
+            def call(t: list[torch.Tensor] = tensors, g: Any = geometry) -> object:
+                return torch_kernel._block_sums(t, g, gpu)  # type: ignore[arg-type]
+
+            best = best_in_turns({"host": call}, args.repeat)["host"]
             name = str(dtype).removeprefix("torch.")
             print(f"  {name:9s} {len(tensors)} tensors, {len(geometry.chunks)} chunks: {best * 1e3:.2f} ms")
 
