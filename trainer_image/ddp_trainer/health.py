@@ -296,6 +296,7 @@ class SyncHealth:
         from ddp_trainer import metrics as metrics_module
 
         first = next(model.parameters(), None)
+        device = first.device if first is not None else torch.device("cpu")
         labels = {
             contract.JOB_LABEL: self.pod.job,
             contract.NAMESPACE_LABEL: self.pod.namespace,
@@ -311,7 +312,7 @@ class SyncHealth:
             "model": type(inner).__name__,
             "attempt": str(self.pod.attempt),
             "torch_version": torch.__version__,
-            "fingerprint": fingerprint.impl_for(first.device if first is not None else torch.device("cpu")),
+            "fingerprint": fingerprint.impl_in_use(device),
         }
         series = metrics_module.TrainerMetrics(labels, info)
         series.restarts.set(contract.restarts_before(self.pod.attempt))
@@ -491,14 +492,14 @@ class SyncHealth:
     def check(self, kind: CheckKind) -> replicas.SyncReport:
         """One check now (collective), with the step-time skew since the previous one; applies the policy
         (raises :class:`DivergenceError` under ``Fail`` or when a repair does not take). Then the
-        fingerprint kernel in use goes into ``ddp_info``: a compiled kernel that failed during the check has
-        fallen back (:mod:`ddp_trainer.fingerprint.dispatch`)."""
+        fingerprint kernel in use goes into ``ddp_info``: the one that took the model's tensors (chosen by
+        their size), or its fallback if it failed in the check (:mod:`ddp_trainer.fingerprint.dispatch`)."""
         try:
             return self.verifier.verify(self.subject, kind)
         finally:
             first = next(self.subject.model.parameters(), None)
             device = first.device if first is not None else torch.device("cpu")
-            self.metrics.describe(fingerprint=fingerprint.impl_for(device))
+            self.metrics.describe(fingerprint=fingerprint.impl_in_use(device))
 
     def agree(self, kind: str) -> None:
         """Collective on the header's group: every rank at the same step with the same tensors, or a

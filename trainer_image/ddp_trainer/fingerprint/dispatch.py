@@ -8,8 +8,8 @@ Four kernels compute the same bits (tests check each against an independent NumP
   two reused uint64 buffers;
 * pure torch (``torch_kernel``), any device: every block of every tensor in a few batched launches (on
   CUDA one fused elementwise kernel by torch's jiterator), no host synchronisation;
-* Triton (``triton_kernel``), CUDA, the default there: one launch over a cached table of every block of
-  every tensor, one launch for the per-tensor fold.
+* Triton (``triton_kernel``), CUDA, the default there (from :data:`TRITON_MIN_BYTES` a call): one launch
+  over a cached table of every block of every tensor, one launch for the per-tensor fold.
 
 ``DDPJOB_FINGERPRINT_IMPL=numba|numpy|torch|triton`` forces one (Numba and NumPy: CPU tensors only).
 Where NumPy does not import (an image with torch alone, as the no-code-change hook allows), CPU tensors
@@ -19,16 +19,20 @@ The fallback. A compiled kernel (Triton, Numba) that raises while it builds or r
 rest of the process, by the plain path of the same device (torch, NumPy), and the failed call is
 computed again there: the check goes on, and since every path computes the same definition, a rank that
 fell back still agrees with one that did not. It is said once, as a warning naming the kernel and the
-error; Triton missing on a CUDA machine is said once too. :func:`impl_for` names the path in use, before
-and after (the trainer shows it as the ``fingerprint`` label of ``ddp_info``). An error that leaves the
-CUDA context unusable (an illegal memory access) fails the torch path as well: that one propagates.
+error; Triton missing on a CUDA machine is said once too. :func:`impl_for` names the kernel a large call on
+a device gets, :func:`impl_in_use` the one that fingerprinted the largest call so far (the trainer shows
+it as the ``fingerprint`` label of ``ddp_info``: the kernel of the model's own check, after any fallback).
+An error that leaves the CUDA context unusable (an illegal memory access) fails the torch path as well:
+that one propagates.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
 import os
+import sys
 from collections.abc import Iterable
 from types import ModuleType
 
@@ -46,10 +50,18 @@ COMPILED_MIN_BYTES = 1 << 20
 for a check's control scalars and the structure hash (< 1 ms). So a GPU job, whose only CPU tensors are
 those, never loads Numba: its first check, which a Hugging Face ``Trainer`` counts in ``train_runtime``,
 is that much shorter."""
+TRITON_MIN_BYTES = 1 << 30
+"""CUDA tensors of fewer bytes in all, in one call, take the torch path unless Triton is forced (the same
+bits). Triton's first kernel in a process costs its import and a hash of its own 500 MB library (Triton's
+cache key: 1.25 s on the CPU machine) before it loads a kernel, 0.5-1.5 s that a Hugging Face ``Trainer``
+counts in ``train_runtime``; the torch path does a check of up to 1 GiB in about five passes over the
+bytes (about 1.5 ms of an H100's bandwidth), so Triton pays off only for larger models, over a long
+run."""
 FALLBACK = {"triton": "torch", "numba": "numpy"}
 """The plain path that replaces a compiled kernel that failed."""
 _broken: dict[str, str] = {}  # kernel -> the error that retired it, for the rest of the process
 _said: set[str] = set()
+_largest: dict[str, tuple[int, str]] = {}  # device type -> (bytes, kernel) of its largest call so far
 
 
 def _say_once(key: str, message: str, *args: object) -> None:
@@ -89,13 +101,62 @@ def _triton() -> ModuleType | None:
     return None
 
 
-def impl_for(device: torch.device) -> str:
-    """The kernel that fingerprints tensors on ``device`` now: ``DDPJOB_FINGERPRINT_IMPL`` if set, else on
-    the CPU Numba if it imports, else NumPy; on CUDA Triton if it imports, else torch — and in place of a
-    compiled kernel that failed in this process, its fallback."""
+def _triton_expected() -> bool:
+    """Whether the Triton kernel serves CUDA tensors, asked without importing Triton where it was not
+    imported yet (a process whose calls all stay below :data:`TRITON_MIN_BYTES` never imports it): where
+    it is installed but then fails to import, the first large call falls back to torch (said once)."""
+    if "ddp_trainer.fingerprint.triton_kernel" in sys.modules:
+        return _triton() is not None
+    try:
+        installed = importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):  # a broken or odd entry in sys.modules
+        installed = False
+    if not installed:
+        _say_once(
+            "triton-missing",
+            "fingerprint: no Triton kernel on this CUDA device (Triton is not installed); the torch path "
+            "computes the same bits",
+        )
+    return installed
+
+
+def _forced() -> str:
+    """``DDPJOB_FINGERPRINT_IMPL``, lower case ("" when unset); a value that names no kernel raises."""
     forced = os.environ.get("DDPJOB_FINGERPRINT_IMPL", "").strip().lower()
     if forced and forced not in IMPLS:
         raise ValueError(f"DDPJOB_FINGERPRINT_IMPL={forced!r}: expected one of {', '.join(IMPLS)}")
+    return forced
+
+
+def impl_for(device: torch.device, nbytes: int | None = None) -> str:
+    """The kernel that fingerprints tensors on ``device`` now: ``DDPJOB_FINGERPRINT_IMPL`` if set, else on
+    the CPU Numba if it imports, else NumPy; on CUDA Triton if it imports, else torch — and in place of a
+    compiled kernel that failed in this process, its fallback. With ``nbytes`` (one call's bytes in all),
+    the kernel of that call: below :data:`COMPILED_MIN_BYTES` NumPy instead of Numba, and on CUDA below
+    :data:`TRITON_MIN_BYTES` torch unless Triton is forced (decided before Triton is looked for: such a
+    call never imports it)."""
+    if nbytes is not None and device.type == "cuda" and nbytes < TRITON_MIN_BYTES and _forced() != "triton":
+        return "torch"
+    impl = _configured(device)
+    if impl == "numba" and nbytes is not None and nbytes < COMPILED_MIN_BYTES:
+        return "numpy"
+    return impl
+
+
+def impl_in_use(device: torch.device) -> str:
+    """The kernel that fingerprinted the largest call on ``device``'s type in this process (a model's own
+    check), or its fallback if it failed since; before any call, :func:`impl_for`."""
+    seen = _largest.get(device.type)
+    if seen is None:
+        return impl_for(device)
+    impl = seen[1]
+    while impl in _broken:
+        impl = FALLBACK[impl]
+    return impl
+
+
+def _configured(device: torch.device) -> str:
+    forced = _forced()
     cpu = _cpu_kernels() if device.type == "cpu" else None
     if forced in ("numpy", "numba") and cpu is None:
         forced = ""  # NumPy cannot read device memory, and may be missing
@@ -103,7 +164,7 @@ def impl_for(device: torch.device) -> str:
         impl = forced
     elif cpu is not None:
         impl = "numba" if cpu[1].available() else "numpy"
-    elif device.type == "cuda" and _triton() is not None:
+    elif device.type == "cuda" and _triton_expected():
         impl = "triton"
     else:
         impl = "torch"
@@ -131,9 +192,7 @@ def torch_fingerprint(t: torch.Tensor) -> torch.Tensor:
 
 def _run(tensors: list[torch.Tensor], impl: str) -> torch.Tensor:
     if impl in ("numpy", "numba"):
-        compiled = (
-            impl == "numba" and sum(t.numel() * t.element_size() for t in tensors) >= COMPILED_MIN_BYTES
-        )
+        compiled = impl == "numba"
         return torch.tensor([numpy_fingerprint(t, compiled=compiled) for t in tensors], dtype=torch.int64)
     if impl == "triton":
         kernel = _triton()
@@ -168,6 +227,18 @@ def fingerprint_tensor(t: torch.Tensor) -> torch.Tensor:
     return fingerprint_tensors([t])[0]
 
 
+def _group(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """One device's tensors: the kernel for their size, and the record behind :func:`impl_in_use`."""
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    impl = impl_for(device, nbytes)
+    values = _fingerprint_group(tensors, impl)
+    while impl in _broken:  # it fell back during the call
+        impl = FALLBACK[impl]
+    if nbytes >= _largest.get(device.type, (-1, ""))[0]:
+        _largest[device.type] = (nbytes, impl)
+    return values
+
+
 def fingerprint_tensors(tensors: Iterable[torch.Tensor], device: torch.device | None = None) -> torch.Tensor:
     """One int64 per tensor, on ``device`` (default: the first tensor's). No host synchronisation."""
     items = list(tensors)
@@ -178,9 +249,9 @@ def fingerprint_tensors(tensors: Iterable[torch.Tensor], device: torch.device | 
     for i, t in enumerate(items):
         by_device.setdefault(t.device, []).append(i)
     if len(by_device) == 1:
-        return _fingerprint_group(items, impl_for(items[0].device)).to(target)
+        return _group(items, items[0].device).to(target)
     out = torch.empty(len(items), dtype=torch.int64, device=target)
     for dev, indices in by_device.items():
-        values = _fingerprint_group([items[i] for i in indices], impl_for(dev))
+        values = _group([items[i] for i in indices], dev)
         out[torch.tensor(indices, device=target)] = values.to(target)
     return out

@@ -29,8 +29,12 @@ log = logging.getLogger(__name__)
 
 _I64 = {name: signed(value) for name, value in (("G", G), ("H", H), ("M1", M1), ("M2", M2))}
 _SIGNED_ROUNDS = tuple((shift, signed(mult)) for shift, mult in ROUNDS)
-CHUNK_BYTES = {"cuda": 256 << 20, "cpu": 8 << 20}
-"""Scratch per chunk, per buffer: large on a GPU (few launches), cache-sized on a CPU."""
+CHUNK_BYTES = {"cuda": 64 << 20, "cpu": 8 << 20}
+"""Scratch per chunk, per buffer: on a GPU large enough that a chunk's launches stay few beside its bytes
+(64 MB: about 15 us of an H100's bandwidth per pass) and small enough that a check takes little memory
+from training (the buffer, kept, and the fused kernel's output of the same size, while the check runs:
+128 MB at most; every GPU model below ``dispatch.TRITON_MIN_BYTES`` takes this path); cache-sized on a
+CPU."""
 _local = threading.local()  # buffers per thread, so concurrent callers do not share them
 _CACHE_SIZE = 8
 _geometry: collections.OrderedDict[tuple[Any, ...], _Geometry] = collections.OrderedDict()
