@@ -85,6 +85,11 @@ def _verdict_exit(code: int) -> SystemExit:
     return SystemExit(code)
 
 
+def _size(model: nn.Module) -> int:
+    """Bytes of the model's parameters and buffers: what its first check fingerprints, at least."""
+    return sum(t.numel() * t.element_size() for _, t in replicas.named_tensors(model))
+
+
 class SyncHealthError(RuntimeError):
     """Bad input, or ranks that do not check together: the check cannot run (training is left as it was)."""
 
@@ -312,7 +317,7 @@ class SyncHealth:
             "model": type(inner).__name__,
             "attempt": str(self.pod.attempt),
             "torch_version": torch.__version__,
-            "fingerprint": fingerprint.impl_in_use(device),
+            "fingerprint": fingerprint.impl_in_use(device, _size(model)),
         }
         series = metrics_module.TrainerMetrics(labels, info)
         series.restarts.set(contract.restarts_before(self.pod.attempt))

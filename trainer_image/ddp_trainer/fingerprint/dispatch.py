@@ -143,12 +143,13 @@ def impl_for(device: torch.device, nbytes: int | None = None) -> str:
     return impl
 
 
-def impl_in_use(device: torch.device) -> str:
+def impl_in_use(device: torch.device, expected_bytes: int | None = None) -> str:
     """The kernel that fingerprinted the largest call on ``device``'s type in this process (a model's own
-    check), or its fallback if it failed since; before any call, :func:`impl_for`."""
+    check), or its fallback if it failed since; before any call, :func:`impl_for` of a call of
+    ``expected_bytes`` (a model's parameters and buffers, say)."""
     seen = _largest.get(device.type)
     if seen is None:
-        return impl_for(device)
+        return impl_for(device, expected_bytes)
     impl = seen[1]
     while impl in _broken:
         impl = FALLBACK[impl]
