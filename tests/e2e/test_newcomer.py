@@ -41,9 +41,15 @@ def test_a_usage_error_fails_at_once_without_restarts(
     assert status["phase"] == "Failed" and status["attempt"] == 1, status
     failed = {c["type"]: c for c in status["conditions"]}["Failed"]
     assert failed["reason"] == "UsageError" and "exit code 2 is a usage error" in failed["message"], failed
-    (job,) = children(cluster, namespace, "jobs", "usage")
-    reasons = [c.get("reason") for c in job.get("status", {}).get("conditions", []) if c["type"] == "Failed"]
-    assert reasons == ["PodFailurePolicy"], job.get("status")
+
+    def job_failed() -> list[str] | None:
+        """The Job's own verdict: FailureTarget at once, Failed once its pods are gone (Kubernetes 1.31+)."""
+        (job,) = children(cluster, namespace, "jobs", "usage")
+        conditions = job.get("status", {}).get("conditions", [])
+        return [c.get("reason") for c in conditions if c["type"] == "Failed"] or None
+
+    reasons = wait_for(job_failed, what="the Job's Failed condition", timeout=60)
+    assert reasons == ["PodFailurePolicy"], reasons
 
 
 def test_the_operator_without_its_peering_object_runs_standalone_and_says_so(

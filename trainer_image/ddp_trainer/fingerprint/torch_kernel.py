@@ -1,6 +1,5 @@
-"""The fingerprint with torch operations only, on any device (the fallback on CUDA without a working
-Triton kernel), for many tensors at once: a fixed number of launches per chunk of blocks, whatever the
-number of tensors or blocks, and no host synchronisation.
+"""The fingerprint with torch operations only, on any device (on CUDA: calls under 1 GiB, and every call
+where Triton is missing or failed), for many tensors at once, no host synchronisation.
 
 How. Every block of every tensor becomes one row of a ``(rows, BLOCK)`` int64 chunk buffer: one batched
 copy (``torch._foreach_copy_``) moves the tensors' bytes into their rows (a tensor's last, partial block
@@ -8,10 +7,9 @@ fills its row's front; the rest of the row is ignored), the lanes get their keys
 through ``F`` (on CUDA one fused elementwise kernel compiled by torch's own jiterator, NVRTC; elsewhere,
 or where that cannot compile, eleven in-place int64 operations), the terms past a block's last lane are
 zeroed, and one ``sum(dim=1)`` gives the block sums. The fold over blocks and the metadata are vectorised
-over every tensor (a cumulative sum: integer addition modulo 2**64 is exact in any order). The host side
-is about one view per tensor per call, made chunk by chunk so the GPU starts on the first chunk at once
-(the geometry is cached while the tensors keep their alignment, dtype and shape).
-"""
+over every tensor (a cumulative sum: integer addition modulo 2**64 is exact in any order). The host makes
+about one view per tensor per call (the geometry is cached while the tensors keep their alignment, dtype
+and shape)."""
 
 from __future__ import annotations
 
@@ -30,11 +28,8 @@ log = logging.getLogger(__name__)
 _I64 = {name: signed(value) for name, value in (("G", G), ("H", H), ("M1", M1), ("M2", M2))}
 _SIGNED_ROUNDS = tuple((shift, signed(mult)) for shift, mult in ROUNDS)
 CHUNK_BYTES = {"cuda": 64 << 20, "cpu": 8 << 20}
-"""Scratch per chunk, per buffer: on a GPU large enough that a chunk's launches stay few beside its bytes
-(64 MB: about 15 us of an H100's bandwidth per pass) and small enough that a check takes little memory
-from training (the buffer, kept, and the fused kernel's output of the same size, while the check runs:
-128 MB at most; every GPU model below ``dispatch.TRITON_MIN_BYTES`` takes this path); cache-sized on a
-CPU."""
+"""Scratch per chunk: on a GPU few launches per byte, yet a check takes at most 128 MB from training (the
+kept buffer and the fused kernel's output; GPU models under ``dispatch.TRITON_MIN_BYTES`` come here)."""
 _local = threading.local()  # buffers per thread, so concurrent callers do not share them
 _CACHE_SIZE = 8
 _geometry: collections.OrderedDict[tuple[Any, ...], _Geometry] = collections.OrderedDict()
@@ -184,9 +179,8 @@ def _geometry_for(tensors: Sequence[torch.Tensor], device: torch.device) -> _Geo
 
 
 def _buffers(device: torch.device, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(keys ``(j+1)*G`` for j < B, a ``(rows, B)`` work buffer),
-    cached per device and thread and grown as needed. On CUDA they are reused in stream order: use one
-    stream per thread for fingerprints."""
+    """(keys ``(j+1)*G`` for j < B, a ``(rows, B)`` work buffer), cached per device and thread and grown as
+    needed. On CUDA they are reused in stream order: use one stream per thread for fingerprints."""
     cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] | None
     cache = getattr(_local, "torch", None)
     if cache is None:
@@ -206,10 +200,8 @@ def _lane(piece: _Piece) -> int:
 
 
 class _Views:
-    """Each tensor's bytes and int64 lanes, made when a chunk first needs them: the first chunk's copy is
-    launched after its own tensors' views only, and the GPU works on it while the host makes the next
-    chunk's. A piece that covers its whole tensor is the tensor's lane view itself (no slice): on the
-    GPU the host work per call is about one view per tensor."""
+    """Each tensor's bytes and int64 lanes, made when a chunk first needs them (the GPU starts on the first
+    chunk while the host makes the next one's); a piece that covers its whole tensor is its view itself."""
 
     def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
         self.tensors = tensors
@@ -230,8 +222,7 @@ class _Views:
             if t.numel() * t.element_size() % 8 == 0:
                 lanes = t.view(-1).view(torch.int64)  # aligned: the same memory as int64
             else:  # a partial last lane: its bytes go through a raw piece
-                raw = self.bytes(piece.tensor)
-                lanes = raw[: raw.numel() // 8 * 8].view(torch.int64)
+                lanes = (raw := self.bytes(piece.tensor))[: raw.numel() // 8 * 8].view(torch.int64)
             self._lanes[piece.tensor] = lanes
         if piece.start == 0 and piece.nbytes == 8 * lanes.numel():
             return lanes
