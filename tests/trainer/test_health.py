@@ -17,7 +17,6 @@ from torch import nn
 from torchrun_helpers import HERE, launch
 
 from ddp_trainer import contract, health
-from ddp_trainer.fingerprint import dispatch
 from ddp_trainer.health import SyncHealth, SyncHealthError
 
 
@@ -71,21 +70,6 @@ def test_bad_input_leaves_training_as_it_was(single_rank: Path) -> None:
         SyncHealth(net, total_steps=0)
     assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
     assert not single_rank.exists()
-
-
-def test_the_info_series_names_the_kernel_the_models_size_takes(
-    single_rank: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Under 1 MiB a CPU model's check takes NumPy even where Numba is installed (and under 1 GiB, CUDA
-    tensors take torch, not Triton): ``ddp_info`` names that kernel from the start, not the one of a
-    larger call, and the check leaves it so."""
-    monkeypatch.delenv("DDPJOB_FINGERPRINT_IMPL", raising=False)
-    for model, kernel in ((nn.Linear(8, 8), "numpy"), (nn.Linear(600, 600), "numba")):
-        monkeypatch.setattr(dispatch, "_largest", {})
-        with SyncHealth(model, total_steps=1, initial_check=False) as sh:
-            assert sh.metrics.info["fingerprint"] == kernel
-            sh.check("initial")
-            assert sh.metrics.info["fingerprint"] == kernel
 
 
 def test_a_hand_written_loop_gets_checks_and_a_report(single_rank: Path) -> None:

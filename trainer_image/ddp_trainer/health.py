@@ -85,11 +85,6 @@ def _verdict_exit(code: int) -> SystemExit:
     return SystemExit(code)
 
 
-def _size(model: nn.Module) -> int:
-    """Bytes of the model's parameters and buffers: what its first check fingerprints, at least."""
-    return sum(t.numel() * t.element_size() for _, t in replicas.named_tensors(model))
-
-
 class SyncHealthError(RuntimeError):
     """Bad input, or ranks that do not check together: the check cannot run (training is left as it was)."""
 
@@ -317,7 +312,7 @@ class SyncHealth:
             "model": type(inner).__name__,
             "attempt": str(self.pod.attempt),
             "torch_version": torch.__version__,
-            "fingerprint": fingerprint.impl_in_use(device, _size(model)),
+            "fingerprint": fingerprint.impl_for(device),
         }
         series = metrics_module.TrainerMetrics(labels, info)
         series.restarts.set(contract.restarts_before(self.pod.attempt))
@@ -497,14 +492,14 @@ class SyncHealth:
     def check(self, kind: CheckKind) -> replicas.SyncReport:
         """One check now (collective), with the step-time skew since the previous one; applies the policy
         (raises :class:`DivergenceError` under ``Fail`` or when a repair does not take). Then the
-        fingerprint kernel in use goes into ``ddp_info``: the one that took the model's tensors (chosen by
-        their size), or its fallback if it failed in the check (:mod:`ddp_trainer.fingerprint.dispatch`)."""
+        fingerprint kernel in use goes into ``ddp_info``: a compiled kernel that failed during the check has
+        fallen back (:mod:`ddp_trainer.fingerprint.dispatch`)."""
         try:
             return self.verifier.verify(self.subject, kind)
         finally:
             first = next(self.subject.model.parameters(), None)
             device = first.device if first is not None else torch.device("cpu")
-            self.metrics.describe(fingerprint=fingerprint.impl_in_use(device))
+            self.metrics.describe(fingerprint=fingerprint.impl_for(device))
 
     def agree(self, kind: str) -> None:
         """Collective on the header's group: every rank at the same step with the same tensors, or a

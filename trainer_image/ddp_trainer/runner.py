@@ -48,7 +48,7 @@ def rank_metrics(
         "model": config.model,
         "attempt": str(pod.attempt),
         "torch_version": torch.__version__,
-        "fingerprint": fingerprint.impl_in_use(device),
+        "fingerprint": fingerprint.impl_for(device),
     }
     metrics = TrainerMetrics(labels, info)
     metrics.restarts.set(contract.restarts_before(pod.attempt))  # SyncHealth adds the restarts in place

@@ -15,7 +15,6 @@ from ddp_trainer.fingerprint.dispatch import (
     fingerprint_tensor,
     fingerprint_tensors,
     impl_for,
-    impl_in_use,
     numpy_fingerprint,
     torch_fingerprint,
 )
@@ -29,7 +28,6 @@ __all__ = [
     "fingerprint_tensor",
     "fingerprint_tensors",
     "impl_for",
-    "impl_in_use",
     "meta_hash",
     "mix64",
     "numpy_fingerprint",

@@ -20,10 +20,10 @@ rest of the process, by the plain path of the same device (torch, NumPy), and th
 computed again there: the check goes on, and since every path computes the same definition, a rank that
 fell back still agrees with one that did not. It is said once, as a warning naming the kernel and the
 error; Triton missing on a CUDA machine is said once too. :func:`impl_for` names the kernel a large call on
-a device gets, :func:`impl_in_use` the one that fingerprinted the largest call so far (the trainer shows
-it as the ``fingerprint`` label of ``ddp_info``: the kernel of the model's own check, after any fallback).
-An error that leaves the CUDA context unusable (an illegal memory access) fails the torch path as well:
-that one propagates.
+a device gets, before and after (the trainer shows it as the ``fingerprint`` label of ``ddp_info``; calls
+under :data:`COMPILED_MIN_BYTES` on the CPU and :data:`TRITON_MIN_BYTES` on CUDA take NumPy and torch). An
+error that leaves the CUDA context unusable (an illegal memory access) fails the torch path as well: that
+one propagates.
 """
 
 from __future__ import annotations
@@ -61,7 +61,6 @@ FALLBACK = {"triton": "torch", "numba": "numpy"}
 """The plain path that replaces a compiled kernel that failed."""
 _broken: dict[str, str] = {}  # kernel -> the error that retired it, for the rest of the process
 _said: set[str] = set()
-_largest: dict[str, tuple[int, str]] = {}  # device type -> (bytes, kernel) of its largest call so far
 
 
 def _say_once(key: str, message: str, *args: object) -> None:
@@ -143,19 +142,6 @@ def impl_for(device: torch.device, nbytes: int | None = None) -> str:
     return impl
 
 
-def impl_in_use(device: torch.device, expected_bytes: int | None = None) -> str:
-    """The kernel that fingerprinted the largest call on ``device``'s type in this process (a model's own
-    check), or its fallback if it failed since; before any call, :func:`impl_for` of a call of
-    ``expected_bytes`` (a model's parameters and buffers, say)."""
-    seen = _largest.get(device.type)
-    if seen is None:
-        return impl_for(device, expected_bytes)
-    impl = seen[1]
-    while impl in _broken:
-        impl = FALLBACK[impl]
-    return impl
-
-
 def _configured(device: torch.device) -> str:
     forced = _forced()
     cpu = _cpu_kernels() if device.type == "cpu" else None
@@ -229,15 +215,8 @@ def fingerprint_tensor(t: torch.Tensor) -> torch.Tensor:
 
 
 def _group(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """One device's tensors: the kernel for their size, and the record behind :func:`impl_in_use`."""
-    nbytes = sum(t.numel() * t.element_size() for t in tensors)
-    impl = impl_for(device, nbytes)
-    values = _fingerprint_group(tensors, impl)
-    while impl in _broken:  # it fell back during the call
-        impl = FALLBACK[impl]
-    if nbytes >= _largest.get(device.type, (-1, ""))[0]:
-        _largest[device.type] = (nbytes, impl)
-    return values
+    """One device's tensors, with the kernel for their size in all."""
+    return _fingerprint_group(tensors, impl_for(device, sum(t.numel() * t.element_size() for t in tensors)))
 
 
 def fingerprint_tensors(tensors: Iterable[torch.Tensor], device: torch.device | None = None) -> torch.Tensor:
