@@ -296,7 +296,6 @@ class SyncHealth:
         from ddp_trainer import metrics as metrics_module
 
         first = next(model.parameters(), None)
-        device = first.device if first is not None else torch.device("cpu")
         labels = {
             contract.JOB_LABEL: self.pod.job,
             contract.NAMESPACE_LABEL: self.pod.namespace,
@@ -312,7 +311,7 @@ class SyncHealth:
             "model": type(inner).__name__,
             "attempt": str(self.pod.attempt),
             "torch_version": torch.__version__,
-            "fingerprint": fingerprint.impl_for(device),
+            "fingerprint": fingerprint.impl_for(first.device if first is not None else torch.device("cpu")),
         }
         series = metrics_module.TrainerMetrics(labels, info)
         series.restarts.set(contract.restarts_before(self.pod.attempt))

@@ -92,12 +92,16 @@ def _triton() -> ModuleType | None:
         if triton_kernel.available():
             return triton_kernel
         reason = "Triton is not installed"
+    _say_no_triton(reason)
+    return None
+
+
+def _say_no_triton(reason: str) -> None:
     _say_once(
         "triton-missing",
         "fingerprint: no Triton kernel on this CUDA device (%s); the torch path computes the same bits",
         reason,
     )
-    return None
 
 
 def _triton_expected() -> bool:
@@ -111,11 +115,7 @@ def _triton_expected() -> bool:
     except (ImportError, ValueError):  # a broken or odd entry in sys.modules
         installed = False
     if not installed:
-        _say_once(
-            "triton-missing",
-            "fingerprint: no Triton kernel on this CUDA device (Triton is not installed); the torch path "
-            "computes the same bits",
-        )
+        _say_no_triton("Triton is not installed")
     return installed
 
 
@@ -178,9 +178,9 @@ def torch_fingerprint(t: torch.Tensor) -> torch.Tensor:
 
 
 def _run(tensors: list[torch.Tensor], impl: str) -> torch.Tensor:
-    if impl in ("numpy", "numba"):
-        compiled = impl == "numba"
-        return torch.tensor([numpy_fingerprint(t, compiled=compiled) for t in tensors], dtype=torch.int64)
+    if impl in ("numpy", "numba"):  # impl_for chose between them by the call's size
+        values = [numpy_fingerprint(t, compiled=impl == "numba") for t in tensors]
+        return torch.tensor(values, dtype=torch.int64)
     if impl == "triton":
         kernel = _triton()
         if kernel is None:
