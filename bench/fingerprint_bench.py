@@ -109,10 +109,10 @@ def host_work(args: argparse.Namespace) -> None:
     import types
     from unittest import mock
 
-    from ddp_trainer.fingerprint import torch_kernel
+    from ddp_trainer.fingerprint import torch_kernel, torch_plan
     from ddp_trainer.fingerprint.definition import BLOCK
 
-    rows = torch_kernel.CHUNK_BYTES["cuda"] // (8 * BLOCK)
+    rows = torch_plan.CHUNK_BYTES["cuda"] // (8 * BLOCK)
     work = torch.empty(rows, BLOCK, dtype=torch.int64)  # the chunk buffer's size; never written
     stub = types.SimpleNamespace(**{k: getattr(torch, k) for k in dir(torch) if not k.startswith("__")})
     stub._foreach_copy_ = stub._foreach_zero_ = lambda *a, **k: None
@@ -124,17 +124,20 @@ def host_work(args: argparse.Namespace) -> None:
         mock.patch.object(torch_kernel, "torch", stub),
         mock.patch.object(torch_kernel, "_fused", lambda: lambda buf, keys: buf),
         mock.patch.object(torch_kernel, "_buffers", lambda device, rows: (work[0], work[:rows])),
+        mock.patch.object(torch_kernel, "_ints", lambda values, device: torch.tensor(values)),
     ):
         for dtype in (torch.float32, torch.bfloat16):
             tensors = [torch.empty(s, dtype=dtype) for s in gpt_shapes(args.vocab, args.width, args.layers)]
-            geometry = torch_kernel._geometry_for(tensors, torch.device("cuda"))
+            geometry = torch_plan.geometry_for(tensors, torch.device("cuda"))
 
             def call(t: list[torch.Tensor] = tensors, g: Any = geometry) -> object:
                 return torch_kernel._block_sums(t, g, gpu)  # type: ignore[arg-type]
 
             best = best_in_turns({"host": call}, args.repeat)["host"]
             name = str(dtype).removeprefix("torch.")
-            print(f"  {name:9s} {len(tensors)} tensors, {len(geometry.chunks)} chunks: {best * 1e3:.2f} ms")
+            direct = sum(c.direct for c in geometry.chunks)
+            chunks = f"{len(geometry.chunks)} chunks ({direct} read in place)"
+            print(f"  {name:9s} {len(tensors)} tensors, {chunks}: {best * 1e3:.2f} ms")
 
 
 def cuda_median(fn: Callable[[], object], repeat: int) -> float:

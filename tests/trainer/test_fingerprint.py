@@ -185,9 +185,10 @@ def test_small_cpu_tensors_never_load_numba_and_large_ones_do() -> None:
 
 
 def test_the_kernels_import_only_the_definition() -> None:
-    """The layers of the package: kernels below (each on the hash's definition alone), dispatch above."""
+    """The layers of the package: kernels below (each on the hash's definition alone, the torch path also on
+    its plan), dispatch above."""
     package = Path(fpmod.__file__).parent
-    for kernel in ("numpy_kernel", "numba_kernel", "torch_kernel", "triton_kernel"):
+    for kernel in ("numpy_kernel", "numba_kernel", "torch_kernel", "torch_plan", "triton_kernel"):
         tree = ast.parse((package / f"{kernel}.py").read_text())
         ours = {
             node.module
@@ -201,7 +202,8 @@ def test_the_kernels_import_only_the_definition() -> None:
             for alias in node.names
             if alias.name.startswith("ddp_trainer")
         }
-        assert ours == {"ddp_trainer.fingerprint.definition"}, (kernel, ours)
+        plan = {"ddp_trainer.fingerprint.torch_plan"} if kernel == "torch_kernel" else set()
+        assert ours == {"ddp_trainer.fingerprint.definition", *plan}, (kernel, ours)
 
 
 def test_uint_and_other_dtypes_without_arithmetic_match_too() -> None:
@@ -534,15 +536,28 @@ def test_cuda_without_triton_uses_torch_and_says_so_once(
     assert len(lines) == 1 and "no Triton kernel" in lines[0], lines
 
 
-def test_the_torch_path_takes_many_tensors_at_once_across_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """One call over tensors that straddle chunks (3 blocks a chunk here), misaligned views, partial lanes
-    and empty tensors gives each tensor its own reference fingerprint."""
-    from ddp_trainer.fingerprint import torch_kernel
+@pytest.mark.parametrize("rows", [3, 8, 64])
+def test_the_torch_path_takes_many_tensors_at_once_across_chunks(
+    monkeypatch: pytest.MonkeyPatch, rows: int
+) -> None:
+    """One call over tensors that straddle chunks (``rows`` blocks a chunk), large ones read in place and
+    small ones gathered, misaligned views, partial lanes and empty tensors gives each tensor its own
+    reference fingerprint."""
+    from ddp_trainer.fingerprint import torch_kernel, torch_plan
 
-    monkeypatch.setitem(torch_kernel.CHUNK_BYTES, "cpu", 3 * 8 * LANES_PER_BLOCK)
-    tensors = [sample(torch.float32, 5 * LANES_PER_BLOCK + 3), sample(torch.bfloat16, 7)]
+    monkeypatch.setitem(torch_plan.CHUNK_BYTES, "cpu", rows * 8 * LANES_PER_BLOCK)
+    tensors = [sample(torch.float32, 5 * LANES_PER_BLOCK + 3), sample(torch.bfloat16, 7)]  # 2.5 blocks
     tensors += [sample(torch.float64, 2 * LANES_PER_BLOCK), sample(torch.uint8, 8 * LANES_PER_BLOCK + 1)[1:]]
+    tensors += [sample(torch.float32, 18 * LANES_PER_BLOCK + 5, seed=1)]  # 9 whole blocks and a partial one
     tensors += [torch.zeros(0), sample(torch.int16, 3 * LANES_PER_BLOCK + 1), torch.tensor(True)]
+    before = [t.clone() for t in tensors]
+    geometry = torch_plan.geometry_for(tensors, torch.device("cpu"))
+    direct = [c.rows for c in geometry.chunks if c.direct]
+    # a tensor's whole blocks go in place when they fill a quarter chunk, in chunks of even size
+    assert direct == {3: [2, 2, 3, 3, 3], 8: [2, 2, 5, 4], 64: []}[rows], direct
+    assert max(c.rows for c in geometry.chunks) <= rows
+    assert (geometry.order is None) == (not direct)
     got = torch_kernel.fingerprint_many(tensors).tolist()
     assert got == [reference(t) for t in tensors]
     assert torch_kernel.fingerprint_many(tensors).tolist() == got  # again, from the cached geometry
+    assert all(t.equal(u) for t, u in zip(tensors, before, strict=True))  # read in place, never written

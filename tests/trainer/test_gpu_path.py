@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ddp_trainer import contract, probe
-from ddp_trainer.fingerprint import torch_kernel, triton_kernel
+from ddp_trainer.fingerprint import torch_kernel, torch_plan, triton_kernel
 from ddp_trainer.loop import Precision, StepResult, train
 from ddp_trainer.lossread import LossReader
 from ddp_trainer.state import TrainState
@@ -118,7 +118,7 @@ def test_the_steps_between_two_checks_make_no_host_synchronisation() -> None:
 def test_the_torch_fallback_equals_triton_across_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     if not triton_kernel.available():
         pytest.skip("Triton is not available on this GPU machine")
-    monkeypatch.setitem(torch_kernel.CHUNK_BYTES, "cuda", 3 * 8 * 65536)
+    monkeypatch.setitem(torch_plan.CHUNK_BYTES, "cuda", 3 * 8 * 65536)
     gen = torch.Generator("cuda").manual_seed(0)
     tensors = [torch.randn(n, device="cuda", generator=gen) for n in (5 * 65536 * 2 + 3, 7, 0, 65536 * 2)]
     tensors += [
@@ -126,6 +126,9 @@ def test_the_torch_fallback_equals_triton_across_chunks(monkeypatch: pytest.Monk
         torch.ones(3, 5).cuda().t(),
     ]
     expected = [int(torch_kernel.fingerprint_many([t.cpu()])) for t in tensors]
+    flat = [t.contiguous() for t in tensors]
+    kinds = {c.direct for c in torch_plan.geometry_for(flat, flat[0].device).chunks}
+    assert kinds == {True, False}, kinds  # the fused kernel on a tensor's own memory and on the buffer
     assert torch_kernel.fingerprint_many(tensors).tolist() == expected
     assert triton_kernel.fingerprint_tensors(tensors).tolist() == expected
 

@@ -1,39 +1,33 @@
 """The fingerprint with torch operations only, on any device (on CUDA: calls under 1 GiB, and every call
 where Triton is missing or failed), for many tensors at once, no host synchronisation.
 
-How. Every block of every tensor becomes one row of a ``(rows, BLOCK)`` int64 chunk buffer: one batched
-copy (``torch._foreach_copy_``) moves the tensors' bytes into their rows (a tensor's last, partial block
-fills its row's front; the rest of the row is ignored), the lanes get their keys ``(j + 1) * G`` and go
-through ``F`` (on CUDA one fused elementwise kernel compiled by torch's own jiterator, NVRTC; elsewhere,
-or where that cannot compile, eleven in-place int64 operations), the terms past a block's last lane are
-zeroed, and one ``sum(dim=1)`` gives the block sums. The fold over blocks and the metadata are vectorised
-over every tensor (a cumulative sum: integer addition modulo 2**64 is exact in any order). The host makes
-about one view per tensor per call (the geometry is cached while the tensors keep their alignment, dtype
-and shape)."""
+How. Every block of every tensor is one row of a ``(rows, BLOCK)`` int64 chunk
+(:mod:`~ddp_trainer.fingerprint.torch_plan`): a large tensor's whole blocks are its own memory viewed so
+(direct chunks); the rest is gathered into a chunk buffer by one batched copy (``torch._foreach_copy_``; a
+tensor's last, partial block fills its row's front). The lanes get their keys ``(j + 1) * G`` and go
+through ``F`` (on CUDA one fused elementwise kernel compiled by torch's own jiterator, NVRTC, that reads
+the chunk and writes the terms; elsewhere, or where that cannot compile, eleven in-place int64 operations
+on the buffer), the terms past a block's last lane are zeroed, and one ``sum(dim=1)`` gives the block
+sums. The fold over blocks and the metadata are vectorised over every tensor (a cumulative sum: integer
+addition modulo 2**64 is exact in any order). The host makes about one view per tensor per call (the
+plan is cached while the tensors keep their alignment, dtype and shape)."""
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
 
 import torch
 
-from ddp_trainer.fingerprint.definition import BLOCK, M1, M2, ROUNDS, G, H, byte_view, meta_hash, signed
+from ddp_trainer.fingerprint.definition import BLOCK, M1, M2, ROUNDS, G, H, byte_view, signed
+from ddp_trainer.fingerprint.torch_plan import Chunk, Geometry, Piece, geometry_for
 
 log = logging.getLogger(__name__)
 
 _I64 = {name: signed(value) for name, value in (("G", G), ("H", H), ("M1", M1), ("M2", M2))}
 _SIGNED_ROUNDS = tuple((shift, signed(mult)) for shift, mult in ROUNDS)
-CHUNK_BYTES = {"cuda": 64 << 20, "cpu": 8 << 20}
-"""Scratch per chunk: on a GPU few launches per byte, yet a check takes at most 128 MB from training (the
-kept buffer and the fused kernel's output; GPU models under ``dispatch.TRITON_MIN_BYTES`` come here)."""
 _local = threading.local()  # buffers per thread, so concurrent callers do not share them
-_CACHE_SIZE = 8
-_geometry: collections.OrderedDict[tuple[Any, ...], _Geometry] = collections.OrderedDict()
-_geometry_lock = threading.Lock()
 
 
 def mix_(y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
@@ -79,105 +73,6 @@ def _fused() -> Callable[..., torch.Tensor] | None:
     return _jit[0]
 
 
-class _Piece(NamedTuple):
-    tensor: int
-    """Index of the tensor in the call's list."""
-    start: int
-    """Its first byte in the tensor."""
-    nbytes: int
-    """Bytes copied."""
-    row: int
-    """Row of the chunk buffer (a block) where its bytes start."""
-
-
-class _Chunk(NamedTuple):
-    rows: int
-    first_block: int
-    """Its first row's index among every block of every tensor."""
-    lanes: tuple[_Piece, ...]
-    """Pieces copied as int64 lanes (8-byte aligned, whole lanes)."""
-    raw: tuple[_Piece, ...]
-    """Pieces copied as bytes (a misaligned tensor, a partial last lane), into zeroed lanes."""
-    tails: tuple[tuple[int, int], ...]
-    """(row, valid lanes) of each partial block: its later terms are zeroed."""
-
-
-class _Geometry(NamedTuple):
-    chunks: tuple[_Chunk, ...]
-    blocks: int
-    rows: int
-    """Rows of the largest chunk."""
-    first: list[int]
-    """Each tensor's first block."""
-    counts: list[int]
-    """Blocks per tensor."""
-    metas: list[int]
-    on_device: dict[str, torch.Tensor]
-    """The fold's index tensors (first block, block count, block offset within its tensor, metadata) on
-    the geometry's device, made at the first call: later calls copy nothing to the device."""
-
-
-def _geometry_for(tensors: Sequence[torch.Tensor], device: torch.device) -> _Geometry:
-    key = (device, *[(t.data_ptr() % 8, t.dtype, t.shape) for t in tensors])
-    with _geometry_lock:
-        have = _geometry.get(key)
-        if have is not None:
-            _geometry.move_to_end(key)
-            return have
-    rows_per_chunk = max(1, CHUNK_BYTES.get(device.type, CHUNK_BYTES["cuda"]) // (8 * BLOCK))
-    chunks: list[_Chunk] = []
-    lanes: list[_Piece] = []
-    raw: list[_Piece] = []
-    tails: list[tuple[int, int]] = []
-    first: list[int] = []
-    count: list[int] = []
-    block = row = chunk_first = 0
-
-    def close() -> None:
-        nonlocal lanes, raw, tails, row, chunk_first
-        if row:
-            chunks.append(_Chunk(row, chunk_first, tuple(lanes), tuple(raw), tuple(tails)))
-        chunk_first, row, lanes, raw, tails = block, 0, [], [], []
-
-    for i, t in enumerate(tensors):
-        nbytes = t.numel() * t.element_size()
-        blocks = -(-nbytes // (8 * BLOCK))
-        first.append(block)
-        count.append(blocks)
-        aligned = t.data_ptr() % 8 == 0
-        for b in range(blocks):
-            start = 8 * BLOCK * b
-            size = min(8 * BLOCK, nbytes - start)
-            whole = size // 8 * 8 if aligned else 0
-            if (
-                whole
-                and lanes
-                and lanes[-1].tensor == i
-                and lanes[-1].row + lanes[-1].nbytes // (8 * BLOCK) == row
-            ):
-                last = lanes[-1]  # the tensor's previous whole block, one row up: one copy for both
-                lanes[-1] = last._replace(nbytes=last.nbytes + whole)
-            elif whole:
-                lanes.append(_Piece(i, start, whole, row))
-            if size > whole:
-                raw.append(_Piece(i, start + whole, size - whole, row))
-            if size < 8 * BLOCK:
-                tails.append((row, -(-size // 8)))
-            row += 1
-            block += 1
-            if row == rows_per_chunk:
-                close()
-    close()
-    metas = [signed(meta_hash(t.dtype, t.shape)) for t in tensors]
-    rows = max((c.rows for c in chunks), default=0)
-    made = _Geometry(tuple(chunks), block, rows, first, count, metas, {})
-    with _geometry_lock:
-        _geometry[key] = made
-        while len(_geometry) > _CACHE_SIZE:
-            _geometry.popitem(last=False)
-    return made
-
-
 def _buffers(device: torch.device, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(keys ``(j+1)*G`` for j < B, a ``(rows, B)`` work buffer), cached per device and thread and grown as
     needed. On CUDA they are reused in stream order: use one stream per thread for fingerprints."""
@@ -194,7 +89,7 @@ def _buffers(device: torch.device, rows: int) -> tuple[torch.Tensor, torch.Tenso
     return have
 
 
-def _lane(piece: _Piece) -> int:
+def _lane(piece: Piece) -> int:
     """The lane of the chunk buffer (flattened) where ``piece`` starts."""
     return piece.row * BLOCK + piece.start % (8 * BLOCK) // 8
 
@@ -214,7 +109,7 @@ class _Views:
             have = self._bytes[i] = byte_view(self.tensors[i])
         return have
 
-    def lanes(self, piece: _Piece) -> torch.Tensor:
+    def lanes(self, piece: Piece) -> torch.Tensor:
         """``piece``'s whole lanes (the tensor is 8-byte aligned: only such tensors have lane pieces)."""
         lanes = self._lanes.get(piece.tensor)
         if lanes is None:
@@ -229,37 +124,53 @@ class _Views:
         return lanes[piece.start // 8 : (piece.start + piece.nbytes) // 8]
 
 
-def _block_sums(tensors: Sequence[torch.Tensor], geometry: _Geometry, device: torch.device) -> torch.Tensor:
+def _block_sums(tensors: Sequence[torch.Tensor], geometry: Geometry, device: torch.device) -> torch.Tensor:
     """``s[b]`` of every block of every tensor, in order (int64 on ``device``)."""
-    sums = torch.empty(geometry.blocks, dtype=torch.int64, device=device)
+    sums = torch.empty(geometry.blocks, dtype=torch.int64, device=device)  # in the order chunks write them
     if not geometry.blocks:
         return sums
     keys, work = _buffers(device, geometry.rows)
     fused = _fused() if device.type == "cuda" else None
     views = _Views(tensors)
     for chunk in geometry.chunks:
-        buf = work[: chunk.rows]
-        flat = buf.view(-1)
-        if chunk.raw:  # zero the lanes that bytes only partly fill, then copy the bytes in
-            torch._foreach_zero_([flat[_lane(p) :][: -(-p.nbytes // 8)] for p in chunk.raw])
-        dst = [flat[p.row * BLOCK : p.row * BLOCK + p.nbytes // 8] for p in chunk.lanes]
-        src = [views.lanes(p) for p in chunk.lanes]
-        if chunk.raw:
-            flat_bytes = flat.view(torch.uint8)
-            dst += [flat_bytes[8 * _lane(p) :][: p.nbytes] for p in chunk.raw]
-            src += [views.bytes(p.tensor)[p.start : p.start + p.nbytes] for p in chunk.raw]
-        if dst:
-            torch._foreach_copy_(dst, src)
-        if fused is not None:
-            buf = fused(buf, keys)
-        else:
-            buf.add_(keys)
-            mix_(buf, torch.empty_like(buf))
-        if chunk.tails:  # one basic slice each (cheaper on the host than buf[row, valid:])
-            out = buf.view(-1)
+        if chunk.direct:  # the tensor's own memory, never written: the terms go to new memory or the buffer
+            src = views.lanes(chunk.lanes[0]).view(chunk.rows, BLOCK)
+            terms = fused(src, keys) if fused else _mixed(torch.add(src, keys, out=work[: chunk.rows]))
+            torch.sum(terms, dim=1, out=sums[chunk.first : chunk.first + chunk.rows])
+            continue
+        buf = _gather(chunk, work[: chunk.rows], views)
+        terms = fused(buf, keys) if fused else _mixed(buf.add_(keys))
+        if chunk.tails:  # one basic slice each (cheaper on the host than terms[row, valid:])
+            out = terms.view(-1)
             torch._foreach_zero_([out[row * BLOCK + valid : (row + 1) * BLOCK] for row, valid in chunk.tails])
-        torch.sum(buf, dim=1, out=sums[chunk.first_block : chunk.first_block + chunk.rows])
-    return sums
+        torch.sum(terms, dim=1, out=sums[chunk.first : chunk.first + chunk.rows])
+    if geometry.order is None:
+        return sums
+    order = geometry.on_device.get("order")
+    if order is None:
+        order = geometry.on_device["order"] = _ints(geometry.order, device)
+    return sums.index_select(0, order)  # a gather: deterministic, no host synchronisation
+
+
+def _gather(chunk: Chunk, buf: torch.Tensor, views: _Views) -> torch.Tensor:
+    """A packed chunk's bytes copied into the rows of ``buf``: one batched copy."""
+    flat = buf.view(-1)
+    if chunk.raw:  # zero the lanes that bytes only partly fill, then copy the bytes in
+        torch._foreach_zero_([flat[_lane(p) :][: -(-p.nbytes // 8)] for p in chunk.raw])
+    dst = [flat[p.row * BLOCK : p.row * BLOCK + p.nbytes // 8] for p in chunk.lanes]
+    src = [views.lanes(p) for p in chunk.lanes]
+    if chunk.raw:
+        flat_bytes = flat.view(torch.uint8)
+        dst += [flat_bytes[8 * _lane(p) :][: p.nbytes] for p in chunk.raw]
+        src += [views.bytes(p.tensor)[p.start : p.start + p.nbytes] for p in chunk.raw]
+    if dst:
+        torch._foreach_copy_(dst, src)
+    return buf
+
+
+def _mixed(y: torch.Tensor) -> torch.Tensor:
+    """``F`` in place by eager operations (no fused kernel here)."""
+    return mix_(y, torch.empty_like(y))
 
 
 def _ints(values: list[int], device: torch.device) -> torch.Tensor:
@@ -275,10 +186,10 @@ def fingerprint_many(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """One int64 fingerprint per tensor (all on one device), pure torch, on that device."""
     device = tensors[0].device
     flat = tensors if all(t.is_contiguous() for t in tensors) else [t.contiguous() for t in tensors]
-    geometry = _geometry_for(flat, device)
+    geometry = geometry_for(flat, device)
     sums = _block_sums(flat, geometry, device)
     ints = geometry.on_device
-    if not ints:
+    if "first" not in ints:
         first, count = _ints(geometry.first, device), _ints(geometry.counts, device)
         local = torch.arange(geometry.blocks, dtype=torch.int64, device=device)
         local -= first.repeat_interleave(count, output_size=geometry.blocks)
