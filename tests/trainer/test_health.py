@@ -90,6 +90,22 @@ def test_a_hand_written_loop_gets_checks_and_a_report(single_rank: Path) -> None
     )
 
 
+def test_a_compiled_model_in_ddp_is_named_by_its_own_class(single_rank: Path) -> None:
+    """nanoGPT's order, ``DDP(torch.compile(model))``: the ``model`` label names the user's class, not
+    ``OptimizedModule`` (the compile is lazy: nothing is compiled here)."""
+
+    class GPT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = nn.Linear(2, 1)
+
+    wrapped = nn.parallel.DistributedDataParallel(torch.compile(GPT()))
+    assert type(wrapped.module).__name__ == "OptimizedModule"
+    with SyncHealth(wrapped, None, total_steps=1) as sh:
+        assert sh.metrics.info["model"] == "GPT"
+        sh.step()
+
+
 def test_an_exception_writes_the_report_and_propagates(single_rank: Path) -> None:
     with pytest.raises(ZeroDivisionError), SyncHealth(nn.Linear(2, 1), every=2) as sh:
         sh.step()

@@ -38,6 +38,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ddp_trainer.wrappers import model_name
+
 PREFIX = "ddpjob sync health"
 _HOOK_FILES = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(torch.__file__))
 
@@ -98,10 +100,7 @@ class AutoSync:
         if self.state == "waiting":
             self.models.append((weakref.ref(model), where))
         elif self.state == "checking":
-            say(
-                f"{type(model.module).__name__} (DDP, built at {where}) came after the check started: "
-                "not checked"
-            )
+            say(f"{model_name(model)} (DDP, built at {where}) came after the check started: not checked")
 
     def pre_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         """Before an optimizer step: the first step of a DDP model's optimizer starts the check."""
@@ -133,7 +132,7 @@ class AutoSync:
         self.state = "checking"
         self.health.close_on_uncaught_exception()
         names = ", ".join(
-            (f"ddp{i} = " if len(models) > 1 else "") + f"{type(m.module).__name__} (built at {where})"
+            (f"ddp{i} = " if len(models) > 1 else "") + f"{model_name(m)} (built at {where})"
             for i, (m, where) in enumerate(models)
         )
         say(

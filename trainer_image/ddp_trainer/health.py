@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_trainer import boundary, contract, fingerprint, probe, replicas, report
+from ddp_trainer import boundary, contract, fingerprint, probe, replicas, report, wrappers
 from ddp_trainer import launchstate as launcher
 from ddp_trainer import sdc as sdc_drill
 from ddp_trainer.config import PodEnv, Policy, read_pod_env
@@ -302,13 +302,12 @@ class SyncHealth:
             contract.RANK_LABEL: str(self.rank),
             contract.NODE_RANK_LABEL: str(self.launch.node_rank),
         }
-        inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
         info = {
             "world_size": str(self.world_size),
             "device": first.device.type if first is not None else "cpu",
             "backend": str(dist.get_backend(self.group)),
             "precision": _PRECISIONS.get(first.dtype, str(first.dtype)) if first is not None else "fp32",
-            "model": type(inner).__name__,
+            "model": wrappers.model_name(model),
             "attempt": str(self.pod.attempt),
             "torch_version": torch.__version__,
             "fingerprint": fingerprint.impl_for(first.device if first is not None else torch.device("cpu")),
