@@ -49,6 +49,12 @@ def main() -> None:
         torch.manual_seed(1 + dist.get_rank())
         train([first, second], optimizers)
         final = second
+    elif scenario == "compiled":  # nanoGPT's order: compiled, then wrapped (dynamo traces; eager kernels)
+        model = DistributedDataParallel(torch.compile(net(), backend="eager"))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        torch.manual_seed(1 + dist.get_rank())
+        train([model], [optimizer])
+        final = model
     else:  # "plain", "uneven"
         model = DistributedDataParallel(net())
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

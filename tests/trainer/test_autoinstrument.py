@@ -195,6 +195,16 @@ def test_two_ddp_models_are_both_checked(tmp_path: Path, hook_dir: Path) -> None
     assert rep["mismatchedTensors"] == ["ddp1.0.weight"] and rep["divergedRanks"] == [1], rep
 
 
+def test_a_compiled_model_is_checked_and_named_by_its_own_class(tmp_path: Path, hook_dir: Path) -> None:
+    """``DDP(torch.compile(model))``, as nanoGPT builds it: checked, and the line names ``Sequential``,
+    not torch.compile's ``OptimizedModule``."""
+    code, out, _ = torchrun(tmp_path, SCENARIOS, "compiled", "final.pt", path=[hook_dir])
+    assert code == 0, out
+    assert "checking 1 DDP model(s): Sequential (built at" in out, out
+    rep = report(tmp_path)
+    assert (rep["result"], rep["reason"], rep["lastCheckStep"]) == ("Succeeded", "AllChecksPassed", 20), rep
+
+
 def test_a_script_that_checks_itself_is_not_checked_twice(tmp_path: Path, hook_dir: Path) -> None:
     code, out, _ = torchrun(tmp_path, EXAMPLES / "plain_loop.py", path=[hook_dir], env={"STEPS": "10"})
     assert code == 0, out

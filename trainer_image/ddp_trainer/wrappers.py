@@ -12,8 +12,8 @@ def inner(model: nn.Module) -> nn.Module:
     while True:
         if isinstance(model, DistributedDataParallel):
             model = model.module
-        elif isinstance(compiled := getattr(model, "_orig_mod", None), nn.Module):
-            model = compiled
+        elif type(model).__name__ == "OptimizedModule" and isinstance(model._orig_mod, nn.Module):
+            model = model._orig_mod  # by name: importing torch._dynamo to compare classes costs ~1 s
         else:
             return model
 
