@@ -133,13 +133,13 @@ def _block_sums(tensors: Sequence[torch.Tensor], geometry: Geometry, device: tor
     fused = _fused() if device.type == "cuda" else None
     views = _Views(tensors)
     for chunk in geometry.chunks:
-        if chunk.direct:  # the tensor's own memory, never written: the terms go to new memory or the buffer
-            src = views.lanes(chunk.lanes[0]).view(chunk.rows, BLOCK)
-            terms = fused(src, keys) if fused else _mixed(torch.add(src, keys, out=work[: chunk.rows]))
-            torch.sum(terms, dim=1, out=sums[chunk.first : chunk.first + chunk.rows])
-            continue
-        buf = _gather(chunk, work[: chunk.rows], views)
-        terms = fused(buf, keys) if fused else _mixed(buf.add_(keys))
+        buf = work[: chunk.rows]
+        if chunk.direct:  # the tensor's own memory
+            lanes = views.lanes(chunk.lanes[0]).view(chunk.rows, BLOCK)
+        else:
+            lanes = _gather(chunk, buf, views)
+        # the terms go to new memory (fused) or the buffer: never into a tensor read in place
+        terms = fused(lanes, keys) if fused else _mixed(torch.add(lanes, keys, out=buf))
         if chunk.tails:  # one basic slice each (cheaper on the host than terms[row, valid:])
             out = terms.view(-1)
             torch._foreach_zero_([out[row * BLOCK + valid : (row + 1) * BLOCK] for row, valid in chunk.tails])

@@ -44,7 +44,8 @@ class Piece(NamedTuple):
 class Chunk(NamedTuple):
     rows: int
     first: int
-    """Where its rows' sums go: the index of its first block (direct), or its first packed row."""
+    """Its first row's place among the block sums as written: the direct chunks' rows, then the packed
+    rows (``Geometry.order`` maps them to block order)."""
     lanes: tuple[Piece, ...]
     """Pieces copied as int64 lanes (8-byte aligned, whole lanes); a direct chunk's one piece."""
     raw: tuple[Piece, ...]
@@ -153,10 +154,10 @@ def plan(tensors: Sequence[torch.Tensor], rows_per_chunk: int) -> Geometry:
     close()
     metas = [signed(meta_hash(t.dtype, t.shape)) for t in tensors]
     rows = max((c.rows for c in chunks), default=0)
-    if not direct:
-        return Geometry(tuple(chunks), block, rows, first, count, metas, None, {})
-    chunks = [c if c.direct else c._replace(first=len(direct) + c.first) for c in chunks]  # after them
-    order = [0] * block
-    for written, b in enumerate(direct + packed):
-        order[b] = written
+    order = None
+    if direct:
+        chunks = [c if c.direct else c._replace(first=len(direct) + c.first) for c in chunks]  # after them
+        order = [0] * block
+        for written, b in enumerate(direct + packed):
+            order[b] = written
     return Geometry(tuple(chunks), block, rows, first, count, metas, order, {})
