@@ -83,6 +83,7 @@ def hf_gpu(steps: int, every: int, callback: bool) -> None:
     """One GPU side, run under torchrun (NCCL): prints ``runtime <seconds> <steady seconds>`` and
     ``diagnosis {json}``: where the callback's time goes (see :func:`diagnose`)."""
     import json
+    import threading
     import time
     import warnings
 
@@ -108,7 +109,7 @@ def hf_gpu(steps: int, every: int, callback: bool) -> None:
     marks: dict[str, float] = {}
     ends: dict[int, float] = {}  # step -> when on_step_end began (host clock, no sync)
     inside: dict[int, float] = {}  # step -> seconds inside SyncHealthCallback.on_step_end
-    syncs: dict[int, int] = {}  # step -> synchronising calls torch warned about inside it
+    syncs: dict[int, list[str]] = {}  # step -> where torch warned of a synchronising call inside it
 
     class Clock(TrainerCallback):  # type: ignore[misc]
         """The time after step 20 and at the end: the steady state, start-up (the first check) excluded."""
@@ -121,6 +122,7 @@ def hf_gpu(steps: int, every: int, callback: bool) -> None:
             if state.global_step == 20:
                 torch.cuda.synchronize()
                 marks["20"] = time.perf_counter()
+            profiled(state.global_step)
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             torch.cuda.synchronize()
@@ -143,7 +145,25 @@ def hf_gpu(steps: int, every: int, callback: bool) -> None:
                 finally:
                     torch.cuda.set_sync_debug_mode(0)
             inside[state.global_step] = time.perf_counter() - started
-            syncs[state.global_step] = sum("synchroniz" in str(w.message) for w in seen)
+            # torch's own "Synchronization debug mode is a prototype feature" (once, at step 1) is no sync
+            syncs[state.global_step] = [
+                f"{w.filename}:{w.lineno}" for w in seen if "called a synchronizing" in str(w.message)
+            ]
+
+    profile_to = os.environ.get("HEALTH_BENCH_PROFILE")  # a diagnostic: torch.profiler over steps 41-60
+    profiler = torch.profiler.profile() if profile_to else None
+
+    def profiled(step: int) -> None:
+        if profiler is not None and step == 40:
+            profiler.start()
+        if profiler is not None and step == 60:
+            profiler.stop()
+            table = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+            cuda = profiler.key_averages().table(sort_by="self_cuda_time_total", row_limit=15)
+            threads = ", ".join(t.name for t in threading.enumerate())
+            Path(f"{profile_to}-{'with' if callback else 'bare'}.txt").write_text(
+                f"threads: {threads}\n\n{table}\n\n{cuda}\n"
+            )
 
     callbacks = [Clock(), Timed(every=every), Begun()] if callback else [Clock(), Begun()]
     trainer = Trainer(model=GPT2LMHeadModel(config), args=args, train_dataset=data, callbacks=callbacks)
@@ -180,13 +200,14 @@ def diagnose(
     marks: dict[str, float],
     ends: dict[int, float],
     inside: dict[int, float],
-    syncs: dict[int, int],
+    syncs: dict[int, list[str]],
 ) -> dict[str, Any]:
     """Where one side's time goes: ``start_s`` (the callbacks' ``on_train_begin``: the initial check and
     the imports it needs), ``between_ms`` (the median step, host clock, over steps after 20 that neither
     are a check step nor follow one: a per-step cost shows here), ``check_steps_ms`` (the steps that
     check, beside ``between_ms``: a per-check cost shows here), and, with the callback, the seconds
-    inside its ``on_step_end`` and the synchronising calls torch saw there, apart for check steps."""
+    inside its ``on_step_end`` and the synchronising calls torch saw there, apart for check steps
+    (between checks, with the file and line of each: ``sync_sites_between_checks``)."""
     import statistics
 
     checking = {s for s in range(1, steps + 1) if s % every == 0 or s == steps}
@@ -201,14 +222,15 @@ def diagnose(
         between = [s for s in inside if s not in checking]
         out["callback_between_us"] = 1e6 * statistics.mean(inside[s] for s in between) if between else None
         out["callback_check_ms"] = {s: round(1e3 * inside[s], 2) for s in sorted(checking) if s in inside}
-        out["syncs_between_checks"] = sum(syncs[s] for s in between)
-        out["syncs_at_checks"] = sum(syncs[s] for s in checking if s in syncs)
+        out["syncs_between_checks"] = sum(len(syncs[s]) for s in between)
+        out["syncs_at_checks"] = sum(len(syncs[s]) for s in checking if s in syncs)
+        out["sync_sites_between_checks"] = {s: syncs[s] for s in between if syncs[s]}
     return out
 
 
 def gpu(args: argparse.Namespace) -> None:
-    """The callback's cost on one GPU: two rounds in turns, the best runtime of each side, and the
-    diagnosis of each side's best round (``start_s``, ``between_ms``, ``check_steps_ms``, ...)."""
+    """The callback's cost on one GPU: ``--rounds`` (2) rounds in turns, the best runtime of each side,
+    and the diagnosis of each side's best round (``start_s``, ``between_ms``, ``check_steps_ms``, ...)."""
     import json
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DDPJOB_", "PROMETHEUS_"))}
@@ -220,7 +242,7 @@ def gpu(args: argparse.Namespace) -> None:
     steady: dict[bool, float] = {}
     diagnosis: dict[bool, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(2):
+        for _ in range(args.rounds):
             for callback in (False, True):
                 cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
                 cmd += [
@@ -308,6 +330,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--every", type=int, default=100)
     parser.add_argument("--gpu", action="store_true", help="the callback's cost on one GPU")
+    parser.add_argument("--rounds", type=int, default=2, help="--gpu: rounds of both sides in turns")
     parser.add_argument("--hf-steps", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--hf-gpu-steps", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--callback", action="store_true", help=argparse.SUPPRESS)

@@ -1,5 +1,6 @@
-"""What sync health adds to a training step, counted on the CPU (issue 30: the Hugging Face callback cost
-+18 % of a GPT-2's steady-state step time on an H200, undiagnosed).
+"""What sync health adds to a training step, counted on the CPU (issue 30: the Hugging Face callback seemed
+to cost +18 % of a GPT-2's steady-state step time on an H200; on 2026-11-27 the same benchmark gave -1 %,
+the two sides' profiles the same operators, and the spread was the host's noise: bench/RESULTS.md).
 
 Between two checks the callback must add nothing a GPU could wait for: no torch call at all (so no
 ``.item()``, ``float(t)``, ``.cpu()``, ``.tolist()``, ``bool(t)``, ``nonzero``, collective or
