@@ -111,6 +111,24 @@ def hf_gpu(steps: int, every: int, callback: bool) -> None:
     inside: dict[int, float] = {}  # step -> seconds inside SyncHealthCallback.on_step_end
     syncs: dict[int, list[str]] = {}  # step -> where torch warned of a synchronising call inside it
 
+    profile_to = os.environ.get("HEALTH_BENCH_PROFILE")  # a diagnostic: torch.profiler over steps 41-60
+    profiler = torch.profiler.profile() if profile_to else None
+
+    def profiled(step: int) -> None:
+        if profiler is None or step not in (40, 60):
+            return
+        if step == 40:
+            profiler.start()
+            return
+        profiler.stop()
+        averages = profiler.key_averages()
+        cpu = averages.table(sort_by="self_cpu_time_total", row_limit=25)
+        cuda = averages.table(sort_by="self_cuda_time_total", row_limit=15)
+        threads = ", ".join(t.name for t in threading.enumerate())
+        Path(f"{profile_to}-{'with' if callback else 'bare'}.txt").write_text(
+            f"threads: {threads}\n\n{cpu}\n\n{cuda}\n"
+        )
+
     class Clock(TrainerCallback):  # type: ignore[misc]
         """The time after step 20 and at the end: the steady state, start-up (the first check) excluded."""
 
@@ -149,21 +167,6 @@ def hf_gpu(steps: int, every: int, callback: bool) -> None:
             syncs[state.global_step] = [
                 f"{w.filename}:{w.lineno}" for w in seen if "called a synchronizing" in str(w.message)
             ]
-
-    profile_to = os.environ.get("HEALTH_BENCH_PROFILE")  # a diagnostic: torch.profiler over steps 41-60
-    profiler = torch.profiler.profile() if profile_to else None
-
-    def profiled(step: int) -> None:
-        if profiler is not None and step == 40:
-            profiler.start()
-        if profiler is not None and step == 60:
-            profiler.stop()
-            table = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
-            cuda = profiler.key_averages().table(sort_by="self_cuda_time_total", row_limit=15)
-            threads = ", ".join(t.name for t in threading.enumerate())
-            Path(f"{profile_to}-{'with' if callback else 'bare'}.txt").write_text(
-                f"threads: {threads}\n\n{table}\n\n{cuda}\n"
-            )
 
     callbacks = [Clock(), Timed(every=every), Begun()] if callback else [Clock(), Begun()]
     trainer = Trainer(model=GPT2LMHeadModel(config), args=args, train_dataset=data, callbacks=callbacks)
