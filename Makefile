@@ -36,6 +36,7 @@ tools: $(STAMP) $(BIN)/helm prometheus s3server kueue
 lint: tools
 	$(BIN)/ruff check operator trainer_image tests bench hack
 	$(BIN)/ruff format --check operator trainer_image tests bench hack
+	$(BIN)/lint-imports --no-cache
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -63,7 +64,7 @@ images:
 	hack/images/build.sh
 
 manifests: tools
-	$(BIN)/python -m ddp_operator.crd --write-manifests
+	$(BIN)/python -m ddp_operator.api.crd --write-manifests
 	$(BIN)/helm template ddpjob charts/ddpjob-operator --namespace ddpjob-system > manifests/operator.yaml
 
 clean:

@@ -1,7 +1,7 @@
 """Checkpoint write and read throughput: a folder (a volume) vs object storage (MinIO on this machine).
 
-Both go through the trainer's own path: ``checkpoint.save`` (serialize, header with sha256, publish
-atomically, prune) and ``checkpoint.choose_on_rank0`` (list, read, verify the sha256, ``torch.load``
+Both go through the trainer's own path: ``checkpoints.save`` (serialize, header with sha256, publish
+atomically, prune) and ``checkpoints.choose_on_rank0`` (list, read, verify the sha256, ``torch.load``
 check), for a model of the given size (fp32 ``Linear`` layers, an SGD optimizer without state, so the
 payload is the weights). The folder and MinIO's data directory are on the same disk, so the difference is
 the protocol (HTTP, signature v4, MinIO's own write path), not the medium. Best of ``--runs`` runs each,
@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
-from ddp_trainer import checkpoint, provenance
-from ddp_trainer.config import TrainerConfig
-from ddp_trainer.loop import Precision
-from ddp_trainer.objectstore import S3Store
-from ddp_trainer.state import TrainState
-from ddp_trainer.stores import DirectoryStore, Store
+from ddp_trainer.checkpoint import checkpoints, provenance
+from ddp_trainer.checkpoint.objectstore import S3Store
+from ddp_trainer.checkpoint.stores import DirectoryStore, Store
+from ddp_trainer.core.config import TrainerConfig
+from ddp_trainer.core.state import TrainState
+from ddp_trainer.train.loop import Precision
 from s3server import running_minio  # tests/s3server.py: PYTHONPATH=tests
 
 WRITER = provenance.Writer(
@@ -45,10 +45,10 @@ def _once(store: Store, state: TrainState) -> tuple[float, float, int]:
     """Seconds to save, seconds to choose (read + verify), and the checkpoint's bytes."""
     state.step += 1
     started = time.perf_counter()
-    checkpoint.save(store, state, WRITER, keep=1)
+    checkpoints.save(store, state, WRITER, keep=1)
     saved = time.perf_counter() - started
     started = time.perf_counter()
-    choice = checkpoint.choose_on_rank0(store, WRITER, "")
+    choice = checkpoints.choose_on_rank0(store, WRITER, "")
     read = time.perf_counter() - started
     assert choice.action == "resume" and choice.step == state.step and choice.payload is not None
     return saved, read, len(choice.payload)

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "trainer_image")
 
 import torch
 
-from ddp_trainer import fingerprint
+from ddp_trainer.sync import fingerprints
 
 
 def best_in_turns(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
@@ -60,7 +60,7 @@ def best_in_turns(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str
 
 def cpu(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
-    from ddp_trainer.fingerprint import numba_kernel
+    from ddp_trainer.sync.fingerprints import numba_kernel
 
     if numba_kernel.available():
         import numba
@@ -75,9 +75,9 @@ def cpu(args: argparse.Namespace) -> None:
             t = torch.randn(int(millions * 1e6)).to(dtype)
             fns: dict[str, Callable[[], object]] = {
                 "read": t.sum,
-                "numba": lambda t=t: fingerprint.numpy_fingerprint(t, compiled=True),
-                "numpy": lambda t=t: fingerprint.numpy_fingerprint(t),
-                "torch": lambda t=t: fingerprint.torch_fingerprint(t),
+                "numba": lambda t=t: fingerprints.numpy_fingerprint(t, compiled=True),
+                "numpy": lambda t=t: fingerprints.numpy_fingerprint(t),
+                "torch": lambda t=t: fingerprints.torch_fingerprint(t),
             }
             s = best_in_turns({k: fns[k] for k in ("read", *paths)}, args.repeat)
             ms = " ".join(f"{s[k] * 1e3:8.1f}" for k in ("read", *paths))
@@ -109,8 +109,8 @@ def host_work(args: argparse.Namespace) -> None:
     import types
     from unittest import mock
 
-    from ddp_trainer.fingerprint import torch_kernel, torch_plan
-    from ddp_trainer.fingerprint.definition import BLOCK
+    from ddp_trainer.sync.fingerprints import torch_kernel, torch_plan
+    from ddp_trainer.sync.fingerprints.definition import BLOCK
 
     rows = torch_plan.CHUNK_BYTES["cuda"] // (8 * BLOCK)
     work = torch.empty(rows, BLOCK, dtype=torch.int64)  # the chunk buffer's size; never written
@@ -159,7 +159,7 @@ def forced(impl: str, tensors: list[torch.Tensor]) -> Callable[[], torch.Tensor]
     def run() -> torch.Tensor:
         os.environ["DDPJOB_FINGERPRINT_IMPL"] = impl
         try:
-            return fingerprint.fingerprint_tensors(tensors)
+            return fingerprints.fingerprint_tensors(tensors)
         finally:
             del os.environ["DDPJOB_FINGERPRINT_IMPL"]
 
@@ -169,7 +169,7 @@ def forced(impl: str, tensors: list[torch.Tensor]) -> Callable[[], torch.Tensor]
 def gpu(args: argparse.Namespace) -> None:
     if not torch.cuda.is_available():
         sys.exit("--gpu: torch.cuda.is_available() is False")
-    from ddp_trainer.fingerprint import triton_kernel
+    from ddp_trainer.sync.fingerprints import triton_kernel
 
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; median of {args.repeat} runs")
     print(f"triton: {'available' if triton_kernel.available() else 'NOT available'}")

@@ -167,7 +167,7 @@ def timed(fn: Any) -> tuple[float, float]:
 def probe_one(dtype: torch.dtype) -> None:
     import transformers
 
-    from ddp_trainer import probe
+    from ddp_trainer.sync import probe
 
     torch.manual_seed(0)
     config = transformers.GPT2Config(

@@ -55,8 +55,8 @@ def bare(steps: int, batch: int, seed: int, device_type: str) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     sys.path.insert(0, str(ROOT / "trainer_image"))
-    from ddp_trainer.config import TrainerConfig
-    from ddp_trainer.data import micro_batches, synthetic
+    from ddp_trainer.core.config import TrainerConfig
+    from ddp_trainer.train.data import micro_batches, synthetic
 
     cuda = device_type == "cuda"
     dist.init_process_group("nccl" if cuda else "gloo")

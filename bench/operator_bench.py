@@ -22,7 +22,8 @@ API writes are counted from the API server's audit log (tests/cluster/audit.py):
 patch and delete the operator's ServiceAccount made during a phase, until it has been quiet for 3 s; per
 DDPJob, by resource; "besides status" leaves out ``patch ddpjobs/status``. Memory is the operator
 process's VmRSS (now) and VmHWM (peak since start) from /proc/<pid>/status, and VmRSS again
-(``rss_settled``) after the operator's timer has given freed heap back (ddp_operator.heap, 36 s later).
+(``rss_settled``) after the operator's timer has given freed heap back (ddp_operator.runtime.heap, 36 s
+later).
 In the phases applied at once, each DDPJob's create → children time runs from the first watch event of
 the DDPJob to the later of its Service's and Job's (p50, p99, max), besides the wall time of the whole
 apply; and again on the API server's clock (``create_to_children_by_server_s``: the audit log's completion
@@ -56,8 +57,8 @@ sys.path.insert(0, str(REPO / "tests"))
 from cluster.audit import AuditLog, writes_by_kind  # noqa: E402
 from cluster.fixtures import Cluster, running_cluster, unavailable_reason, wait_for  # noqa: E402
 from cluster.kubeapi import ApiError, Kube  # noqa: E402
-from ddp_operator import heap  # noqa: E402
-from ddp_operator.handlers import TIMER_INTERVAL_SECONDS  # noqa: E402
+from ddp_operator.runtime import heap  # noqa: E402
+from ddp_operator.runtime.handlers import TIMER_INTERVAL_SECONDS  # noqa: E402
 from e2e.operator_process import OPERATOR_USER, Operator, ddpjob, install  # noqa: E402
 
 DDPJOBS = "/apis/ddpjob.io/v1alpha1/namespaces/{ns}/ddpjobs"
@@ -279,7 +280,7 @@ def delete_all(cluster: Cluster, operator: Operator, namespaces: list[str]) -> d
 
 def settled_memory(operator: Operator) -> dict[str, float]:
     """The operator's memory now (``rss``, ``peak``), and its RSS again once its timer has given the heap
-    freed after the phase back to the system (``rss_settled``: :mod:`ddp_operator.heap`)."""
+    freed after the phase back to the system (``rss_settled``: :mod:`ddp_operator.runtime.heap`)."""
     now = operator.memory_mib()
     time.sleep(heap.TRIM_EVERY_SECONDS + TIMER_INTERVAL_SECONDS + 1)
     return {**now, "rss_settled": operator.memory_mib()["rss"]}

@@ -1,7 +1,7 @@
-"""The newcomer's walk: follow one DDPJob body through ``apply.reconcile`` and count the rooms (modules).
+"""The newcomer's walk: follow one DDPJob body through ``reconcile.reconcile`` and count the rooms (modules).
 
 Runs one reconcile of a running two-pod DDPJob (a metrics reading in hand, so the live status is built
-too) with the API calls left out (``apply._ignore`` and ``apply._event`` answer nothing), and records,
+too) with the API calls left out (``reconcile._ignore`` and ``reconcile._event`` answer nothing), and records,
 with ``sys.setprofile``, which of this project's modules the code is in at every call and every return.
 Consecutive steps in the same module are one stop. It prints the stops in order, then
 
@@ -23,9 +23,11 @@ from typing import Any
 
 import ddp_operator
 import ddp_trainer
-from ddp_operator import apply, live, render
-from ddp_operator.progress import Progress
-from ddp_operator.spec import parse
+from ddp_operator.api.spec import parse
+from ddp_operator.build import render
+from ddp_operator.observe import live
+from ddp_operator.observe.progress import Progress
+from ddp_operator.runtime import reconcile
 
 ROOTS = {Path(ddp_operator.__file__).parent: "ddp_operator", Path(ddp_trainer.__file__).parent: "ddp_trainer"}
 
@@ -75,7 +77,7 @@ def _children(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str
 
 
 class _Scraper:
-    """Holds one reading of the pods' metrics, as :class:`ddp_operator.scraper.Scraper` would."""
+    """Holds one reading of the pods' metrics, as :class:`ddp_operator.runtime.scraper.Scraper` would."""
 
     def __init__(self) -> None:
         reading = Progress(
@@ -95,12 +97,12 @@ class _Scraper:
 
 
 def walk() -> list[str]:
-    apply._ignore = lambda *args, **kwargs: None  # type: ignore[assignment]  # no API server
-    apply._event = lambda *args, **kwargs: None  # type: ignore[assignment]
+    reconcile._ignore = lambda *args, **kwargs: None  # type: ignore[assignment]  # no API server
+    reconcile._event = lambda *args, **kwargs: None  # type: ignore[assignment]
     body = _body()
     jobs, pods = _children(body)
     logger = __import__("logging").getLogger("walk")
-    apply.reconcile(body, jobs, pods, logger, {}, _Scraper())  # type: ignore[arg-type]  # warm the caches
+    reconcile.reconcile(body, jobs, pods, logger, {}, _Scraper())  # type: ignore[arg-type]  # warm the caches
     scraper, stops = _Scraper(), list[str]()
 
     def profile(frame: FrameType, event: str, arg: object) -> None:
@@ -115,7 +117,7 @@ def walk() -> list[str]:
 
     sys.setprofile(profile)
     try:
-        apply.reconcile(body, jobs, pods, logger, {}, scraper)  # type: ignore[arg-type]
+        reconcile.reconcile(body, jobs, pods, logger, {}, scraper)  # type: ignore[arg-type]
     finally:
         sys.setprofile(None)
     return stops

@@ -17,13 +17,15 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from ddp_operator import names, policy, reconcile, render, status
+from ddp_operator.api import names
+from ddp_operator.api.spec import parse, parse_file
+from ddp_operator.build import render
+from ddp_operator.decide import decision, restarts, status
 from ddp_operator.local import host
 from ddp_operator.local import processes as local
-from ddp_operator.spec import parse, parse_file
 from ddp_trainer import contract
-from ddp_trainer.config import parse_args, read_pod_env
-from ddp_trainer.distributed import apply_env_defaults
+from ddp_trainer.core.config import parse_args, read_pod_env
+from ddp_trainer.core.distributed import apply_env_defaults
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,9 +44,9 @@ def _job(name: str, **spec: Any) -> dict[str, Any]:
 
 
 def test_divergence_exit_code_is_the_policys_signal() -> None:
-    outcome = policy.Outcome(False, {0: contract.DIVERGENCE_EXIT_CODE})
-    assert policy.decide(outcome, 1, 3).reason == "SyncDivergence"
-    assert policy.decide(policy.Outcome(False, {0: contract.FAILURE_EXIT_CODE}), 1, 3).reason != (
+    outcome = restarts.Outcome(False, {0: contract.DIVERGENCE_EXIT_CODE})
+    assert restarts.decide(outcome, 1, 3).reason == "SyncDivergence"
+    assert restarts.decide(restarts.Outcome(False, {0: contract.FAILURE_EXIT_CODE}), 1, 3).reason != (
         "SyncDivergence"
     )
 
@@ -135,7 +137,7 @@ def test_round_trip_render_run_the_trainer_read_the_status(tmp_path: Path, attem
     now = dt.datetime(2026, 1, 1, 0, 1, tzinfo=dt.UTC)
     body = {**_job("roundtrip"), "status": previous}
     body["spec"] = {**body["spec"], "trainer": {"steps": 4, "batchSize": 8}, "syncCheck": {"everySteps": 2}}
-    written = reconcile.decide_for(body, [job], [_pod_with_report(job, message, 0)], now).status
+    written = decision.decide_for(body, [job], [_pod_with_report(job, message, 0)], now).status
     assert written["phase"] == "Succeeded"
     assert (written["attempt"], written["restarts"]) == (attempt, contract.restarts_before(attempt))
     assert written["sync"] == status.report_sync(report)
@@ -161,9 +163,9 @@ def test_crd_defaults_are_the_trainers_defaults() -> None:
     defaults, mapped to trainer flags by render.trainer_values (the one mapping), equal TrainerConfig's."""
     import dataclasses
 
-    from ddp_operator import render
-    from ddp_operator.spec import parse
-    from ddp_trainer.config import TrainerConfig
+    from ddp_operator.api.spec import parse
+    from ddp_operator.build import render
+    from ddp_trainer.core.config import TrainerConfig
 
     doc = {
         "apiVersion": "ddpjob.io/v1alpha1",

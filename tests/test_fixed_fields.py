@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 import yaml
 
-from ddp_operator import crd, render, spec
-from ddp_trainer import contract, provenance
-from ddp_trainer.config import TrainerConfig
+from ddp_operator.api import crd, spec
+from ddp_operator.build import render
+from ddp_trainer import contract
+from ddp_trainer.checkpoint import provenance
+from ddp_trainer.core.config import TrainerConfig
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "quickstart.yaml"

@@ -1,10 +1,13 @@
-"""The house rules that keep the code easy to move into (docs/architecture.md): no import cycles, the
-contract imports nothing heavy, the operator never needs torch, modules stay small or say why."""
+"""The house rules that keep the code easy to move into (docs/architecture.md). The layers are folders and
+import-linter checks them in `make lint` ([tool.importlinter] in pyproject.toml); here: that checker can
+fail, the contract imports nothing but the standard library, modules stay small or say why."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -48,42 +51,6 @@ def _imports(name: str, path: Path, *, lazy: bool = True) -> set[str]:
 
 
 MODULES = _modules()
-GRAPH = {
-    name: {m for m in _imports(name, path) if m in MODULES and m != name} for name, path in MODULES.items()
-}
-
-
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One import cycle of ``graph`` (module → modules it imports), or None."""
-    done: set[str] = set()
-
-    def visit(name: str, stack: list[str]) -> list[str] | None:
-        if name in stack:
-            return [*stack[stack.index(name) :], name]
-        if name in done:
-            return None
-        for dep in sorted(graph.get(name, ())):
-            # a module importing its own package's __init__ is fine
-            if not name.startswith(dep + ".") and (cycle := visit(dep, [*stack, name])):
-                return cycle
-        done.add(name)
-        return None
-
-    for module in sorted(graph):
-        if cycle := visit(module, []):
-            return cycle
-    return None
-
-
-def test_no_import_cycles() -> None:
-    assert GRAPH["ddp_operator.reconcile"] >= {"ddp_operator.observe", "ddp_trainer.contract"}
-    cycle = find_cycle(GRAPH)
-    assert cycle is None, "import cycle: " + " → ".join(cycle or [])
-
-
-def test_the_cycle_check_can_fail() -> None:
-    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    assert find_cycle({"p.m": {"p"}, "p": set()}) is None
 
 
 def test_the_contract_imports_only_the_standard_library() -> None:
@@ -91,15 +58,6 @@ def test_the_contract_imports_only_the_standard_library() -> None:
         name.split(".")[0] for name in _imports("ddp_trainer.contract", MODULES["ddp_trainer.contract"])
     }
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
-
-
-def test_the_operator_never_imports_torch_at_module_level() -> None:
-    for name, path in MODULES.items():
-        if name.startswith("ddp_operator"):
-            heavy = {m for m in _imports(name, path, lazy=False) if m.split(".")[0] == "torch"}
-            assert not heavy, f"{name} imports {heavy}: the operator image has no torch"
-    trainer_side = {m for name in GRAPH if name.startswith("ddp_operator") for m in GRAPH[name]}
-    assert {m for m in trainer_side if m.startswith("ddp_trainer")} <= {"ddp_trainer", "ddp_trainer.contract"}
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
@@ -110,41 +68,38 @@ def test_modules_stay_small_or_say_why(name: str) -> None:
     assert lines <= LONG or reason, f"{name} has {lines} lines: split it, or say why at its top"
 
 
-EDGES = ("ddp_operator.local", "ddp_operator.cli", "ddp_operator.__main__")
-"""The operator's edges: local mode and the command line (``__main__`` only calls it). They sit on the
-core; the core (observe, decide, apply, render, ...) imports neither, so a cluster never runs local code."""
+def test_every_layer_is_a_folder_the_layer_contract_names() -> None:
+    """A new folder of either package joins a layer of its contract, or lint-imports would not see it."""
+    config = (REPO / "pyproject.toml").read_text()
+    for package, root in ROOTS.items():
+        for folder in sorted(p for p in root.iterdir() if (p / "__init__.py").is_file()):
+            name = f"{package}.{folder.name}"
+            assert f'"{name}' in config or f"| {name}" in config, f"{name} is in no import-linter layer"
 
 
-def _under(name: str, package: str) -> bool:
-    return name == package or name.startswith(package + ".")
+def test_lint_imports_fails_on_an_import_against_the_layers(tmp_path: Path) -> None:
+    """The checker `make lint` runs, on a two-layer package whose lower layer imports the upper one."""
+    pkg = tmp_path / "house"
+    for layer, body in (("upper", ""), ("lower", "from house import upper\n")):
+        (pkg / layer).mkdir(parents=True)
+        (pkg / layer / "__init__.py").write_text(body)
+    (pkg / "__init__.py").write_text("")
+    (tmp_path / ".importlinter").write_text(
+        textwrap.dedent(
+            """\
+            [importlinter]
+            root_package = house
 
-
-def layer_violations(graph: dict[str, set[str]]) -> list[str]:
-    """``<module> imports <edge>`` for each import from the operator's core into one of its edges."""
-    core = [n for n in sorted(graph) if _under(n, "ddp_operator") and not any(_under(n, e) for e in EDGES)]
-    return [
-        f"{name} imports {dep}"
-        for name in core
-        for dep in sorted(graph[name])
-        if any(_under(dep, edge) for edge in ("ddp_operator.local", "ddp_operator.cli"))
-    ]
-
-
-def test_the_core_never_imports_local_mode_or_the_cli() -> None:
-    assert {"ddp_operator.local.run", "ddp_operator.cli", "ddp_operator.observe"} <= GRAPH.keys()
-    assert layer_violations(GRAPH) == []
-
-
-def test_the_layer_check_can_fail() -> None:
-    graph = {
-        "ddp_operator.observe": {"ddp_operator.local", "ddp_operator.local.logs", "ddp_trainer.contract"},
-        "ddp_operator.spec": {"ddp_operator.cli"},
-        "ddp_operator.local.run": {"ddp_operator.observe", "ddp_operator.local.gang"},
-        "ddp_operator.cli": {"ddp_operator.local.run"},
-        "ddp_operator.localish": {"ddp_operator.spec"},
-    }
-    assert layer_violations(graph) == [
-        "ddp_operator.observe imports ddp_operator.local",
-        "ddp_operator.observe imports ddp_operator.local.logs",
-        "ddp_operator.spec imports ddp_operator.cli",
-    ]
+            [importlinter:contract:layers]
+            name = house layers
+            type = layers
+            layers =
+                house.upper
+                house.lower
+            """
+        )
+    )
+    lint = Path(sys.executable).with_name("lint-imports")
+    run = subprocess.run([str(lint), "--no-cache"], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "house.lower is not allowed to import house.upper" in run.stdout

@@ -86,7 +86,7 @@ def test_building_the_wheels_prints_no_warning_and_ships_every_package(tmp_path:
     wheel, editable, sdist = _build(source, tmp_path, 3)
     names = set(zipfile.ZipFile(tmp_path / wheel).namelist())
     expected = _shipped_files()
-    assert {"ddp_operator/crds/ddpjobs.ddpjob.io.yaml", "ddp_trainer/py.typed"} <= expected
+    assert {"ddp_operator/api/crds/ddpjobs.ddpjob.io.yaml", "ddp_trainer/py.typed"} <= expected
     assert expected - names == set(), "left out of the wheel"
     assert "editable" in editable and (tmp_path / editable).is_file()
     with tarfile.open(tmp_path / sdist) as archive:  # a wheel builds from the sdist too (python -m build)

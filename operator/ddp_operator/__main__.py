@@ -1,3 +1,3 @@
-from .cli import main
+from ddp_operator.cli import main
 
 raise SystemExit(main())

@@ -15,8 +15,10 @@ from typing import Any
 
 import yaml
 
-from . import __version__, crd, render
-from .spec import Spec, SpecError, load_documents, other_kinds, parse_file, warnings
+from ddp_operator import __version__
+from ddp_operator.api import crd
+from ddp_operator.api.spec import Spec, SpecError, load_documents, other_kinds, parse_file, warnings
+from ddp_operator.build import render
 
 
 def _load(path: str, docs: list[Any] | None = None) -> list[Spec] | None:
@@ -47,7 +49,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _script_warnings(spec: Spec, path: Path) -> list[str]:
     """Scripts ``ddpjob local`` would not find (a warning: in a cluster the script is in the image)."""
-    from .local import scripts
+    from ddp_operator.local import scripts
 
     return [
         f"{line}: `ddpjob local` would not find it (in a cluster it must be in the image)"
@@ -73,7 +75,7 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _local(args: argparse.Namespace) -> int:
-    from .local import processes, run, scripts  # the run's imports stay off validate's and render's path
+    from ddp_operator.local import processes, run, scripts
 
     try:
         docs, skipped = other_kinds(load_documents(Path(args.file)))
@@ -106,7 +108,7 @@ def _local(args: argparse.Namespace) -> int:
 
 
 def _operator(args: argparse.Namespace) -> int:
-    from . import heap
+    from ddp_operator.runtime import heap
 
     if args.may_exec and (missing := heap.allocator_env(os.environ)):
         settings = " ".join(f"{key}={value}" for key, value in missing.items())
@@ -121,7 +123,7 @@ def _operator(args: argparse.Namespace) -> int:
         os.execve(sys.executable, sys.orig_argv, {**os.environ, **missing})
     import kopf
 
-    from . import handlers, opmetrics
+    from ddp_operator.runtime import handlers, opmetrics
 
     log_format = kopf.LogFormat.JSON if args.json_logs else kopf.LogFormat.FULL
     kopf.configure(verbose=args.verbose, log_format=log_format)
@@ -148,7 +150,7 @@ def _no_peering(namespaces: list[str]) -> bool:
     """True (after a warning) when the peering object is absent: Kopf would wait for it in silence."""
     import kubernetes
 
-    from . import peering
+    from ddp_operator.runtime import peering
 
     log = logging.getLogger("ddpjob.operator")
     try:

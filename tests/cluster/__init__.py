@@ -3,7 +3,7 @@
 ``make cluster-up`` / ``make cluster-down`` (or ``hack/cluster/cluster up|down|status``) drive it; the
 session fixture in :mod:`fixtures` does the same for pytest. Modules, one concept each:
 
-- ``ddp_operator.kubelet``: a container's env and command line, as the kubelet does
+- ``ddp_operator.api.kubelet``: a container's env and command line, as the kubelet does
 - :mod:`podstatus`     pure: Pod status (phase, conditions, container states) from what ran
 - :mod:`certs`         CA, serving and client certificates, service-account key (openssl)
 - :mod:`layout`        where everything lives under ``.cluster/``, ports, addresses

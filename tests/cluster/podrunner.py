@@ -2,7 +2,7 @@
 
 The pod gets its own network namespace (:mod:`netns`) and UTS namespace (its hostname); each container is
 a process group started with the pod's resolved environment and command line
-(:mod:`ddp_operator.kubelet`), in the
+(:mod:`ddp_operator.api.kubelet`), in the
 agent's Python environment (its ``bin`` directory first on ``PATH``), with stdout and stderr in a log file
 under ``.cluster/pods/<ns>_<pod>_<uid>/``. The image name is ignored.
 
@@ -30,7 +30,7 @@ from typing import Any
 
 import urllib3
 
-from ddp_operator import kubelet as podenv
+from ddp_operator.api import kubelet as podenv
 
 from . import images, netns, podstatus, processes, projected, serviceproxy, volumes
 from .kubeapi import Kube, final_delete_options

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddp_operator import kubelet
+from ddp_operator.api import kubelet
 
 from .volumes import FILE_VOLUMES, VolumeError
 

@@ -18,7 +18,7 @@ import pytest
 from cluster import processes
 from cluster.fixtures import Cluster, wait_for
 from cluster.nodeconfig import RealNode
-from ddp_trainer import launch
+from ddp_trainer.launch import agent
 
 from .conftest import (
     Operator,
@@ -80,7 +80,7 @@ def _rank_process(nodes: list[RealNode], pod: dict[str, Any]) -> int:
     launcher named after its rank (a fork of the launcher's fork server)."""
     main = container_pid(nodes, pod)
     tree = _descendants(main)
-    leaves = [pid for pid in tree if processes.name(pid).startswith(launch.WORKER_NAME_PREFIX)]
+    leaves = [pid for pid in tree if processes.name(pid).startswith(agent.WORKER_NAME_PREFIX)]
     assert len(leaves) == 1, (tree, leaves)
     return leaves[0]
 

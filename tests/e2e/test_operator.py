@@ -196,9 +196,10 @@ def test_operator_metrics(cluster: Cluster, operator: Operator) -> None:
 
 
 def test_the_operator_started_itself_again_on_glibcs_heap(cluster: Cluster, operator: Operator) -> None:
-    """ddp_operator.heap.ALLOCATOR_ENV is in the running operator's environment (the interpreter reads it
+    """ddp_operator.runtime.heap.ALLOCATOR_ENV is in the running operator's environment (the interpreter
+    reads it
     at start only), and the log says why."""
-    from ddp_operator.heap import ALLOCATOR_ENV
+    from ddp_operator.runtime.heap import ALLOCATOR_ENV
 
     assert operator.process is not None
     environ = Path(f"/proc/{operator.process.pid}/environ").read_bytes().split(b"\0")

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from ddp_trainer import contract, provenance
+from ddp_trainer import contract
+from ddp_trainer.checkpoint import provenance
 
 pytestmark = pytest.mark.slow
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from ddp_operator import render
+from ddp_operator.api.spec import parse
+from ddp_operator.build import render
 from ddp_operator.local import processes as local
-from ddp_operator.spec import parse
 from ddp_trainer import contract
 
 DOC: dict[str, Any] = {

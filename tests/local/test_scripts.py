@@ -9,8 +9,8 @@ from pathlib import Path
 
 import yaml
 
+from ddp_operator.api.spec import parse_file
 from ddp_operator.local import scripts
-from ddp_operator.spec import parse_file
 
 from .jobs import unique_name
 

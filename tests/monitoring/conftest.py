@@ -29,7 +29,7 @@ OPERATOR_FAMILIES = {
     "ddpjob_gang_restarts",
     "ddpjob_gang_restarts_in_place",
 }
-"""The operator's families (:mod:`ddp_operator.opmetrics`)."""
+"""The operator's families (:mod:`ddp_operator.runtime.opmetrics`)."""
 
 
 @functools.cache

@@ -1,5 +1,5 @@
 """A real Prometheus scrapes a real training run (torchrun, 2 "pods" x 1 process, gloo on loopback) and
-the operator's metrics module (:mod:`ddp_operator.opmetrics` in a process of its own that records a
+the operator's metrics module (:mod:`ddp_operator.runtime.opmetrics` in a process of its own that records a
 reconcile every half second: no cluster here), with the chart's alert rules loaded: every dashboard
 panel's query returns data, a healthy run raises no alert (not even pending), and the fire drill
 (``DDPJOB_CHAOS_DIVERGE`` under ``--on-divergence=Warn``) fires DDPJobDivergenceDetected. Default scrape

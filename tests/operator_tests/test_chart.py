@@ -12,8 +12,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from ddp_operator import render
-from ddp_operator.spec import parse
+from ddp_operator.api.spec import parse
+from ddp_operator.build import render
 from ddp_trainer import contract
 
 from .conftest import REPO

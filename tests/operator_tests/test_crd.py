@@ -9,7 +9,8 @@ import celpy
 import pytest
 import yaml
 
-from ddp_operator import cli, crd, schema
+from ddp_operator import cli
+from ddp_operator.api import crd, schema
 
 from .conftest import REPO
 

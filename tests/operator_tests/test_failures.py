@@ -1,4 +1,5 @@
-"""Which rank failed first (ddp_operator.failures): the rank whose own error ended it, not its peers that
+"""Which rank failed first (ddp_operator.observe.failures): the rank whose own error ended it, not its peers
+that
 saw it through a collective, across every pod's report; what the summary line and the sync sentence say."""
 
 from __future__ import annotations
@@ -7,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from ddp_operator import failures, policy, progress
+from ddp_operator.decide import restarts
+from ddp_operator.observe import failures, progress
 
 GLOO = (
     "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed "
@@ -67,7 +69,7 @@ def test_gather_keeps_each_ranks_earliest_failure_and_skips_what_is_not_one() ->
 def test_the_summary_and_the_sync_sentence_name_the_rank_that_failed_in_your_words() -> None:
     report = {"result": "Failed", "reason": "TrainerError", "message": GLOO, "checks": 1}
     report["failures"] = [failure(0, 101.1, GLOO), failure(1, 100.0, CRASH)]
-    decision = policy.decide(policy.Outcome(False, {0: 1}, report, message="node 0 exited 1"), 1, 0)
+    decision = restarts.decide(restarts.Outcome(False, {0: 1}, report, message="node 0 exited 1"), 1, 0)
     assert decision.message.startswith(
         f"attempt 1 failed (rank 1 failed first, in your command: {CRASH}; "
     ), decision.message
@@ -77,11 +79,13 @@ def test_the_summary_and_the_sync_sentence_name_the_rank_that_failed_in_your_wor
     # the built-in trainer's own failure keeps its words
     plain = {"result": "Failed", "reason": "TrainerError", "message": "boom", "checks": 0}
     assert "the trainer failed (TrainerError: boom)" in progress.sync_sentence(plain)
-    assert "rank 0: TrainerError: boom" in policy.decide(policy.Outcome(False, {0: 1}, plain), 1, 0).message
+    assert (
+        "rank 0: TrainerError: boom" in restarts.decide(restarts.Outcome(False, {0: 1}, plain), 1, 0).message
+    )
 
 
 def test_a_users_code_that_raised_is_said_in_a_users_words() -> None:
     users = {"result": "Failed", "reason": "CommandError", "message": "ZeroDivisionError: x", "checks": 1}
     assert progress.sync_sentence(users).startswith("no verdict: your command failed (ZeroDivisionError: x)")
-    said = policy.decide(policy.Outcome(False, {0: 1}, users), 1, 0).message
+    said = restarts.decide(restarts.Outcome(False, {0: 1}, users), 1, 0).message
     assert "rank 0: in your command: ZeroDivisionError: x" in said and "TrainerError" not in said, said

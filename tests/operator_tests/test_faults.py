@@ -10,10 +10,13 @@ from typing import Any
 
 import pytest
 
-from ddp_operator import crd, live, reconcile, render, schema, stall
-from ddp_operator.observe import current_attempt
-from ddp_operator.progress import Progress
-from ddp_operator.status import finished
+from ddp_operator.api import crd, schema
+from ddp_operator.build import render
+from ddp_operator.decide import decision, stall
+from ddp_operator.decide.status import finished
+from ddp_operator.observe import live
+from ddp_operator.observe.facts import current_attempt
+from ddp_operator.observe.progress import Progress
 
 from .test_reconcile import NOW, _body, _job, _pod, _reconcile, _spec
 
@@ -72,7 +75,7 @@ def test_a_real_finish_still_sticks() -> None:
 
 def test_a_refused_job_fails_the_ddpjob_and_creates_nothing() -> None:
     said = 'the API server refuses the Job x-1 this spec renders: metadata.labels: Invalid value: "a b"'
-    plan = reconcile.refused({"attempt": 1}, 2, NOW, said)
+    plan = decision.refused({"attempt": 1}, 2, NOW, said)
     failed = {c["type"]: c for c in plan.status["conditions"]}["Failed"]
     assert plan.status["phase"] == "Failed" and failed["reason"] == "InvalidSpec"
     assert failed["message"] == said
@@ -81,7 +84,7 @@ def test_a_refused_job_fails_the_ddpjob_and_creates_nothing() -> None:
 
 
 def test_a_stale_job_kept_only_by_pods_past_their_deadline_is_let_go() -> None:
-    deadline = NOW - dt.timedelta(seconds=reconcile.STOP_MARGIN_SECONDS + 1)
+    deadline = NOW - dt.timedelta(seconds=decision.STOP_MARGIN_SECONDS + 1)
     stale = _deleting(_job(1, condition="Failed"), NOW - dt.timedelta(seconds=200))
     stuck = _deleting(_pod(1, 1), deadline)
     plan = _reconcile({"attempt": 2, "phase": "Restarting"}, [stale], [stuck])
@@ -190,13 +193,13 @@ def test_a_stalled_attempt_restarts_the_gang_and_its_job_goes() -> None:
     snap = live.record(None, 1, 9400, _answers("a"), NOW.timestamp() - 700, _reading(50))
     snap = live.record(snap, 1, 9400, _answers("a", hung="job-1-1-xyz"), NOW.timestamp(), _reading(50))
     body = _body({"phase": "Running", "attempt": 1})
-    plan = reconcile.decide_for(body, [_job(1)], [_pod(1, 0), _pod(1, 1)], NOW, snap)
+    plan = decision.decide_for(body, [_job(1)], [_pod(1, 0), _pod(1, 1)], NOW, snap)
     assert plan.status["attempt"] == 2 and plan.status["phase"] == "Restarting"
     ready = {c["type"]: c for c in plan.status["conditions"]}["Ready"]
     assert ready["reason"] == "Stalled" and "job-1-1-xyz" in ready["message"]
     assert "gang restart 1 of 2" in ready["message"] and plan.delete_jobs == ("job-1",)
     body = _body({"phase": "Running", "attempt": 3})
-    spent = reconcile.decide_for(body, [_job(3)], [_pod(3, 0), _pod(3, 1)], NOW, replace(snap, attempt=3))
+    spent = decision.decide_for(body, [_job(3)], [_pod(3, 0), _pod(3, 1)], NOW, replace(snap, attempt=3))
     assert spent.status["phase"] == "Failed" and spent.delete_jobs == ("job-3",)
 
 
@@ -223,7 +226,7 @@ def test_a_gang_that_never_steps_ends_its_attempt_as_stalled() -> None:
     ready_since = (NOW - dt.timedelta(seconds=61)).strftime("%Y-%m-%dT%H:%M:%SZ")
     ready = {"type": "Ready", "status": "True", "reason": "AllNodesReady", "lastTransitionTime": ready_since}
     body = _body({"phase": "Running", "attempt": 1, "conditions": [ready]}, startTimeoutSeconds=60)
-    plan = reconcile.decide_for(body, [_job(1)], [_pod(1, 0), _pod(1, 1)], NOW, snap)
+    plan = decision.decide_for(body, [_job(1)], [_pod(1, 0), _pod(1, 1)], NOW, snap)
     said = {c["type"]: c for c in plan.status["conditions"]}["Ready"]
     assert said["reason"] == "Stalled" and "job-1-1-xyz" in said["message"], said
     assert plan.status["attempt"] == 2 and plan.delete_jobs == ("job-1",)
@@ -249,7 +252,7 @@ def test_a_job_the_controller_marked_failure_target_has_failed() -> None:
     crashed = _pod(1, 0, phase="Failed", exit_code=1)
     plan = _reconcile({"phase": "Running", "attempt": 1}, [target], [crashed, _pod(1, 1)], NOW)
     assert plan.status["phase"] == "Restarting" and plan.status["attempt"] == 1  # waits for pod 1 first
-    later = NOW + dt.timedelta(seconds=render.TERMINATION_GRACE_SECONDS + reconcile.STOP_MARGIN_SECONDS + 1)
+    later = NOW + dt.timedelta(seconds=render.TERMINATION_GRACE_SECONDS + decision.STOP_MARGIN_SECONDS + 1)
     target["status"]["conditions"][0]["lastTransitionTime"] = NOW.strftime("%Y-%m-%dT%H:%M:%SZ")
     plan = _reconcile({"phase": "Running", "attempt": 1}, [target], [crashed, _pod(1, 1)], later)
     assert plan.status["attempt"] == 2 and plan.delete_jobs == ("job-1",)
@@ -258,7 +261,7 @@ def test_a_job_the_controller_marked_failure_target_has_failed() -> None:
 def test_why_the_gang_restarts_stays_said_while_the_old_pods_go() -> None:
     snap = live.record(None, 1, 9400, _answers("a"), NOW.timestamp() - 700, _reading(50))
     snap = live.record(snap, 1, 9400, _answers("a", hung="job-1-1-xyz"), NOW.timestamp(), _reading(50))
-    decided = reconcile.decide_for(
+    decided = decision.decide_for(
         _body({"phase": "Running", "attempt": 1}), [_job(1)], [_pod(1, 0), _pod(1, 1)], NOW, snap
     )
     going = _deleting(_job(1), NOW)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ddp_operator import policy, render
+from ddp_operator.build import render
+from ddp_operator.decide import restarts
 from ddp_trainer import contract
 
 from .test_reconcile import _job, _pod, _reconcile, _spec
@@ -60,8 +61,8 @@ def test_faulty_nodes_add_up_over_attempts_and_restarts_run_out() -> None:
 
 
 def test_exit_code_87_without_a_report_restarts_and_avoids_nothing() -> None:
-    decision = policy.decide(policy.Outcome(False, exit_codes={0: contract.FAULTY_RANK_EXIT_CODE}), 1, 3)
-    assert (decision.action, decision.reason) == (policy.Action.RESTART, contract.FAULTY_RANK)
+    decision = restarts.decide(restarts.Outcome(False, exit_codes={0: contract.FAULTY_RANK_EXIT_CODE}), 1, 3)
+    assert (decision.action, decision.reason) == (restarts.Action.RESTART, contract.FAULTY_RANK)
     assert "its node is not known" in decision.message
 
 

@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pytest
 
-from ddp_operator.kubelet import (
+from ddp_operator.api.kubelet import (
     ResolveError,
     expand,
     field_value,

@@ -3,9 +3,9 @@ not answer."""
 
 from __future__ import annotations
 
-from ddp_operator import live, progress
-from ddp_operator.progress import Progress
-from ddp_operator.status import progress_status
+from ddp_operator.decide.status import progress_status
+from ddp_operator.observe import live, progress
+from ddp_operator.observe.progress import Progress
 
 T0 = 1_800_000_000.0
 
@@ -94,7 +94,7 @@ def test_without_a_total_the_status_shows_the_step_and_the_rates_and_no_percent_
 def test_the_spec_knows_the_total_only_for_the_built_in_trainer() -> None:
     from dataclasses import replace
 
-    from ddp_operator.spec import known_total_steps, parse
+    from ddp_operator.api.spec import known_total_steps, parse
 
     doc = {
         "apiVersion": "ddpjob.io/v1alpha1",

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ddp_operator import names, observe, policy
+from ddp_operator.api import names
+from ddp_operator.decide import restarts
+from ddp_operator.observe import facts as observed
 from ddp_trainer import contract
 
 
@@ -35,7 +37,7 @@ def _pod(attempt: int, index: int, *, code: int | None = None, message: str = ""
 
 
 def test_nothing_yet_is_the_first_attempt() -> None:
-    facts = observe.observe({}, [], [])
+    facts = observed.observe({}, [], [])
     assert (facts.attempt, facts.job, facts.stale_jobs, facts.report) == (
         contract.FIRST_ATTEMPT,
         None,
@@ -45,7 +47,7 @@ def test_nothing_yet_is_the_first_attempt() -> None:
 
 
 def test_the_newest_attempt_wins_and_older_jobs_are_stale() -> None:
-    facts = observe.observe(
+    facts = observed.observe(
         {"attempt": 1}, [_job(1, "Failed"), _job(2)], [_pod(1, 0), _pod(2, 0, ready=True)]
     )
     assert facts.attempt == 2 and facts.stale_jobs == ("job-1",)
@@ -54,19 +56,19 @@ def test_the_newest_attempt_wins_and_older_jobs_are_stale() -> None:
 
 
 def test_the_status_attempt_counts_before_its_job_exists() -> None:
-    facts = observe.observe({"attempt": 3}, [_job(2, "Failed")], [])
+    facts = observed.observe({"attempt": 3}, [_job(2, "Failed")], [])
     assert facts.attempt == 3 and facts.job is None and facts.stale_jobs == ("job-2",)
 
 
 def test_a_malformed_attempt_label_is_never_current() -> None:
-    assert observe.attempt_of(_job("x")) == 0
-    assert observe.observe({}, [_job("x")], []).stale_jobs == ("job-x",)
+    assert observed.attempt_of(_job("x")) == 0
+    assert observed.observe({}, [_job("x")], []).stale_jobs == ("job-x",)
 
 
 def test_a_failed_job_carries_its_outcome_with_rank_0s_report() -> None:
     report = json.dumps({"result": contract.DIVERGED, "checks": 2})
     pods = [_pod(1, 1, code=1), _pod(1, 0, code=contract.DIVERGENCE_EXIT_CODE, message=report)]
-    facts = observe.observe({}, [_job(1, "Failed")], pods)
+    facts = observed.observe({}, [_job(1, "Failed")], pods)
     assert facts.job is not None and facts.job.failed and facts.job.outcome is not None
     assert facts.job.outcome.exit_codes == {0: contract.DIVERGENCE_EXIT_CODE, 1: 1}
     assert facts.job.outcome.message == f"node 0 exited {contract.DIVERGENCE_EXIT_CODE}, node 1 exited 1"
@@ -74,7 +76,9 @@ def test_a_failed_job_carries_its_outcome_with_rank_0s_report() -> None:
 
 
 def test_a_crash_log_is_not_a_report() -> None:
-    facts = observe.observe({}, [_job(1)], [_pod(1, 0, code=1, message="Traceback (most recent call last):")])
+    facts = observed.observe(
+        {}, [_job(1)], [_pod(1, 0, code=1, message="Traceback (most recent call last):")]
+    )
     assert facts.report is None and facts.job is not None and facts.job.outcome is None
 
 
@@ -83,17 +87,17 @@ def test_a_disrupted_pod_makes_the_outcome_a_preemption() -> None:
     pod["status"]["conditions"].append(
         {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
     )
-    facts = observe.observe({}, [_job(1, "Failed")], [pod])
+    facts = observed.observe({}, [_job(1, "Failed")], [pod])
     assert facts.job is not None and facts.job.outcome is not None and facts.job.outcome.reason == "Preempted"
 
 
 def test_a_pod_that_failed_on_its_own_is_a_crash_and_deleted_or_stopped_pods_are_not() -> None:
     crash = [_pod(1, 0, code=143), _pod(1, 1, code=137)]
-    outcome = observe.observe({}, [_job(1, "Failed")], crash).job
+    outcome = observed.observe({}, [_job(1, "Failed")], crash).job
     assert outcome is not None and outcome.outcome is not None and outcome.outcome.crashed
     deleted = _pod(1, 1, code=1)
     deleted["metadata"]["deletionTimestamp"] = "2026-11-22T12:00:00Z"  # torchrun exits 1 when stopped
-    stopped = observe.observe({}, [_job(1, "Failed")], [_pod(1, 0, code=143), deleted]).job
+    stopped = observed.observe({}, [_job(1, "Failed")], [_pod(1, 0, code=143), deleted]).job
     assert stopped is not None and stopped.outcome is not None and not stopped.outcome.crashed
 
 
@@ -103,10 +107,10 @@ def test_a_job_failed_by_its_pod_failure_policy_is_a_configuration_error() -> No
         reason="PodFailurePolicy",
         message="Container trainer for pod ns/job-1-0 failed with exit code 2 matching FailJob rule",
     )
-    facts = observe.observe({}, [job], [_pod(1, 0, code=2)])
+    facts = observed.observe({}, [job], [_pod(1, 0, code=2)])
     assert facts.job is not None and facts.job.outcome is not None
     assert facts.job.outcome.reason == "PodFailurePolicy"
-    assert policy.decide(facts.job.outcome, 1, 3).reason == "UsageError"
+    assert restarts.decide(facts.job.outcome, 1, 3).reason == "UsageError"
 
 
 def test_a_pod_that_stopped_with_the_gang_is_no_crash() -> None:
@@ -114,10 +118,12 @@ def test_a_pod_that_stopped_with_the_gang_is_no_crash() -> None:
     report = json.dumps({"result": "Interrupted", "reason": "Terminated", "message": "stopped"})
     deleted = _pod(1, 1, code=143)
     deleted["metadata"]["deletionTimestamp"] = "2026-11-22T12:00:00Z"
-    facts = observe.observe({}, [_job(1, "Failed")], [_pod(1, 0, code=1, message=report), deleted])
+    facts = observed.observe({}, [_job(1, "Failed")], [_pod(1, 0, code=1, message=report), deleted])
     assert facts.job is not None and facts.job.outcome is not None and not facts.job.outcome.crashed
-    assert policy.decide(facts.job.outcome, 1, 3).reason == policy.PREEMPTED
-    crashed = observe.observe({}, [_job(1, "Failed")], [_pod(1, 0, code=1, message="Traceback ..."), deleted])
+    assert restarts.decide(facts.job.outcome, 1, 3).reason == restarts.PREEMPTED
+    crashed = observed.observe(
+        {}, [_job(1, "Failed")], [_pod(1, 0, code=1, message="Traceback ..."), deleted]
+    )
     assert crashed.job is not None and crashed.job.outcome is not None and crashed.job.outcome.crashed
 
 
@@ -132,7 +138,9 @@ def test_a_crash_log_names_the_failing_ranks_first_error() -> None:
             "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
         ]
     )
-    facts = observe.observe({}, [_job(1, "Failed")], [_pod(1, 0, code=143), _pod(1, 1, code=1, message=tail)])
+    facts = observed.observe(
+        {}, [_job(1, "Failed")], [_pod(1, 0, code=143), _pod(1, 1, code=1, message=tail)]
+    )
     assert facts.job is not None and facts.job.outcome is not None
     assert facts.job.outcome.message == "node 0 exited 143, node 1 exited 1: KeyError: 'LABELS'"
 
@@ -147,12 +155,12 @@ def test_a_pod_evicted_from_a_lost_node_fails_the_attempt_at_once_as_a_preemptio
     evicted["status"]["conditions"].append(
         {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}
     )
-    job = observe.observe({"attempt": 1}, [_job(1)], [healthy, evicted]).job
+    job = observed.observe({"attempt": 1}, [_job(1)], [healthy, evicted]).job
     assert job is not None and job.failed and job.stopping_pods == 0
-    assert job.outcome is not None and job.outcome.reason == policy.PREEMPTED
+    assert job.outcome is not None and job.outcome.reason == restarts.PREEMPTED
     assert "p-1 on node-2" in job.outcome.message and not job.outcome.crashed
     # without the eviction the same Job runs on; a complete Job stays complete
-    running = observe.observe({"attempt": 1}, [_job(1)], [healthy, _pod(1, 1, ready=True)]).job
+    running = observed.observe({"attempt": 1}, [_job(1)], [healthy, _pod(1, 1, ready=True)]).job
     assert running is not None and not running.failed
-    done = observe.observe({"attempt": 1}, [_job(1, "Complete")], [healthy, evicted]).job
+    done = observed.observe({"attempt": 1}, [_job(1, "Complete")], [healthy, evicted]).job
     assert done is not None and done.complete and not done.failed

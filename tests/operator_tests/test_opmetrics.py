@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from ddp_operator import apply, handlers, opmetrics
+from ddp_operator.runtime import handlers, opmetrics, reconcile
 
 
 def _job(name: str, phase: str | None) -> dict[str, Any]:
@@ -101,4 +101,4 @@ def test_a_scrape_reads_again_an_index_that_changed_meanwhile() -> None:
 
 
 def test_the_client_pool_holds_every_reconcile_that_runs_at_once() -> None:
-    assert apply.CONNECTIONS > handlers.HANDLER_THREADS + 1  # Kopf's handler threads and the timer's
+    assert reconcile.CONNECTIONS > handlers.HANDLER_THREADS + 1  # Kopf's handler threads and the timer's

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddp_operator.podlogs import first_error
+from ddp_operator.observe.podlogs import first_error
 
 # The shape of a real `torchrun --nproc-per-node 2 boom.py` (torch 2.15) where rank 1 raised and rank 0
 # then lost its peer; cut down.

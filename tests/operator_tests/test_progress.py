@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from ddp_operator import progress
+from ddp_operator.observe import progress
 
 METRICS_POD0 = """
 ddp_steps_total{job="j",namespace="n",node_rank="0",rank="0"} 40.0

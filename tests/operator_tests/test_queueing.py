@@ -1,4 +1,4 @@
-"""What a queued DDPJob says while Kueue holds its Job (queueing.py), read from Workloads shaped as Kueue
+"""What a queued DDPJob says while Kueue holds its Job (kueue.py), read from Workloads shaped as Kueue
 v0.17 writes them (copied from the test cluster's Kueue: tests/e2e/test_kueue.py proves them there)."""
 
 from __future__ import annotations
@@ -6,9 +6,11 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from ddp_operator import queueing, reconcile, render
-from ddp_operator.plan import Plan
-from ddp_operator.spec import parse
+from ddp_operator.api.spec import parse
+from ddp_operator.build import render
+from ddp_operator.decide import decision
+from ddp_operator.decide.plan import Plan
+from ddp_operator.observe import kueue
 
 NOW = dt.datetime(2026, 11, 27, 3, 0, tzinfo=dt.UTC)
 QUOTA = (
@@ -69,45 +71,43 @@ TIMED_OUT = _workload(
 
 
 def test_a_workload_is_read_as_kueue_writes_it() -> None:
-    assert queueing.owner_job(WAITING) == "train-1"
-    assert (
-        queueing.owner_job({"metadata": {"ownerReferences": [{"kind": "Pod", "apiVersion": "v1"}]}}) is None
-    )
-    waiting = queueing.read(WAITING)
+    assert kueue.owner_job(WAITING) == "train-1"
+    assert kueue.owner_job({"metadata": {"ownerReferences": [{"kind": "Pod", "apiVersion": "v1"}]}}) is None
+    waiting = kueue.read(WAITING)
     assert (waiting.admitted, waiting.pending, waiting.evicted, waiting.inadmissible) == (
         False,
         QUOTA,
         None,
         False,
     )
-    admitted = queueing.read(ADMITTED)
+    admitted = kueue.read(ADMITTED)
     assert (admitted.admitted, admitted.cluster_queue, admitted.pending) == (True, "team", "")
-    evicted = queueing.read(EVICTED)
+    evicted = kueue.read(EVICTED)
     assert evicted.evicted == ("Preempted", PREEMPTED) and evicted.evictions == 1 and not evicted.admitted
-    assert queueing.read(NO_QUEUE).inadmissible
-    slim = queueing.slim(ADMITTED)
-    assert "resourceRequests" not in slim["status"] and queueing.read(slim) == admitted
+    assert kueue.read(NO_QUEUE).inadmissible
+    slim = kueue.slim(ADMITTED)
+    assert "resourceRequests" not in slim["status"] and kueue.read(slim) == admitted
 
 
 def test_the_reason_and_message_name_kueue_the_local_queue_and_kueues_words() -> None:
-    assert queueing.waiting("team-q", "train-1", None)[0] == queueing.PENDING
-    reason, message = queueing.waiting("team-q", "train-1", queueing.read(WAITING))
+    assert kueue.waiting("team-q", "train-1", None)[0] == kueue.PENDING
+    reason, message = kueue.waiting("team-q", "train-1", kueue.read(WAITING))
     assert (
         reason == "KueuePending"
         and "Kueue" in message
         and "LocalQueue team-q" in message
         and QUOTA in message
     )
-    reason, message = queueing.waiting("team-q", "train-1", queueing.read(EVICTED))
+    reason, message = kueue.waiting("team-q", "train-1", kueue.read(EVICTED))
     assert reason == "KueuePreempted" and message.startswith("preempted by Kueue: " + PREEMPTED)
     assert "admitted again" in message and QUOTA in message
-    reason, message = queueing.waiting("nope", "train-1", queueing.read(NO_QUEUE))
+    reason, message = kueue.waiting("nope", "train-1", kueue.read(NO_QUEUE))
     assert reason == "KueueInadmissible" and "LocalQueue nope doesn't exist" in message
-    reason, message = queueing.waiting("team-q", "train-1", queueing.read(ADMITTED))
+    reason, message = kueue.waiting("team-q", "train-1", kueue.read(ADMITTED))
     assert reason == "KueueAdmitted" and "ClusterQueue team" in message
-    reason, message = queueing.waiting("team-q", "train-1", queueing.read(TIMED_OUT))
+    reason, message = kueue.waiting("team-q", "train-1", kueue.read(TIMED_OUT))
     assert reason == "KueueRequeued" and "PodsReady timeout" in message
-    assert {"KueueInadmissible", "KueuePreempted", "KueueRequeued", "KueueEvicted"} == queueing.WARNINGS
+    assert {"KueueInadmissible", "KueuePreempted", "KueueRequeued", "KueueEvicted"} == kueue.WARNINGS
 
 
 def _decide(previous: dict[str, Any], workload: dict[str, Any] | None, *, suspended: bool = True) -> Plan:
@@ -121,7 +121,7 @@ def _decide(previous: dict[str, Any], workload: dict[str, Any] | None, *, suspen
     job = render.render_job(parse(body, admitted=True), 1)
     job["spec"]["suspend"] = suspended
     workloads = {"train-1": workload} if workload is not None else None
-    return reconcile.decide_for(body, [job], [], NOW, workloads=workloads)
+    return decision.decide_for(body, [job], [], NOW, workloads=workloads)
 
 
 def _ready(plan: Plan) -> dict[str, Any]:

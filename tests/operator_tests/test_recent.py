@@ -1,4 +1,4 @@
-"""Read your own writes (ddp_operator.recent): a reconcile that runs before the watches have shown the
+"""Read your own writes (ddp_operator.runtime.recent): a reconcile that runs before the watches have shown the
 operator its own status patch or its new Job decides from what it wrote, not from the stale index."""
 
 from __future__ import annotations
@@ -6,8 +6,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from ddp_operator import recent, reconcile
-from ddp_operator.recent import Recent
+from ddp_operator.decide import decision
+from ddp_operator.runtime import recent
+from ddp_operator.runtime.recent import Recent
 
 KEY = ("ns", "job")
 NOW = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
@@ -96,20 +97,20 @@ def test_forget_drops_everything_of_a_deleted_ddpjob() -> None:
 def test_deciding_from_the_remembered_writes_repeats_nothing() -> None:
     """The bug it fixes: reconciles from the stale index planned the creation again, moved ``startTime``
     and repeated the transition events; from the remembered writes each step happens once."""
-    first = reconcile.decide_for(body("10"), [], [], NOW)
+    first = decision.decide_for(body("10"), [], [], NOW)
     assert first.create_job is not None and first.events
     later = NOW + dt.timedelta(seconds=1)
-    again = reconcile.decide_for(body("10"), [], [], later)  # the stale view: everything is planned again
+    again = decision.decide_for(body("10"), [], [], later)  # the stale view: everything is planned again
     assert again.create_job is not None and again.status["startTime"] != first.status["startTime"]
 
     memory = Recent()
     memory.patched(KEY, {**body("11"), "status": first.status})
     created = {**first.create_job, "metadata": {**first.create_job["metadata"], "resourceVersion": "11"}}
     memory.created(KEY, created, now=0.0)
-    second = reconcile.decide_for(memory.body(KEY, body("10")), memory.jobs(KEY, [], now=1.0), [], later)
+    second = decision.decide_for(memory.body(KEY, body("10")), memory.jobs(KEY, [], now=1.0), [], later)
     assert second.create_job is None and second.create_service is None
     assert second.status["startTime"] == first.status["startTime"]
     assert second.status["phase"] == "Suspended"  # the Job is there now: suspended, said once
     memory.patched(KEY, {**body("12"), "status": second.status})
-    third = reconcile.decide_for(memory.body(KEY, body("10")), memory.jobs(KEY, [], now=2.0), [], later)
+    third = decision.decide_for(memory.body(KEY, body("10")), memory.jobs(KEY, [], now=2.0), [], later)
     assert third.status == second.status and not third.events and third.create_job is None

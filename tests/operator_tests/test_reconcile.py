@@ -8,11 +8,15 @@ from typing import Any
 
 import pytest
 
-from ddp_operator import apply, live, names, recent, reconcile, render, status, storage
-from ddp_operator.plan import Plan
-from ddp_operator.progress import Progress
-from ddp_operator.recent import Recent
-from ddp_operator.spec import parse
+from ddp_operator.api import names
+from ddp_operator.api.spec import parse
+from ddp_operator.build import render
+from ddp_operator.decide import decision, status
+from ddp_operator.decide.plan import Plan
+from ddp_operator.observe import claims, live
+from ddp_operator.observe.progress import Progress
+from ddp_operator.runtime import recent, reconcile
+from ddp_operator.runtime.recent import Recent
 from ddp_trainer import contract
 
 NOW = dt.datetime(2026, 11, 22, 12, 0, 0, tzinfo=dt.UTC)
@@ -81,7 +85,7 @@ def _reconcile(
     now: dt.datetime = NOW,
     **spec: Any,
 ) -> Plan:
-    return reconcile.decide_for(_body(previous, **spec), jobs or [], pods or [], now)
+    return decision.decide_for(_body(previous, **spec), jobs or [], pods or [], now)
 
 
 REPORT = {
@@ -127,19 +131,19 @@ def test_unschedulable_is_explained() -> None:
 def test_a_claim_that_cannot_bind_is_diagnosed_in_ready_and_an_event_once() -> None:
     why = "0/2 nodes are available: pod has unbound immediate PersistentVolumeClaims. not found"
     claim = {"spec": {"accessModes": ["ReadWriteOnce"]}, "status": {"phase": "Pending"}}
-    reading = storage.ClaimReading("job-checkpoints", claim, ())
+    reading = claims.ClaimReading("job-checkpoints", claim, ())
     pods = [_pod(1, i, phase="Pending", unschedulable=why) for i in range(2)]
     body = _body({"phase": "Pending", "attempt": 1}, checkpoint={"volumeClaimTemplate": {"size": "1Gi"}})
-    plan = reconcile.decide_for(body, [_job(1)], pods, NOW, None, reading)
+    plan = decision.decide_for(body, [_job(1)], pods, NOW, None, reading)
     ready = {c["type"]: c for c in plan.status["conditions"]}["Ready"]
     assert (ready["status"], ready["reason"]) == ("False", "NoStorageClass")
     assert "job-checkpoints" in ready["message"] and "no default one" in ready["message"]
     assert [(e.type, e.reason) for e in plan.events] == [("Warning", "NoStorageClass")]
     assert "job-checkpoints" in plan.events[0].message
-    again = reconcile.decide_for({**body, "status": plan.status}, [_job(1)], pods, NOW, None, reading)
+    again = decision.decide_for({**body, "status": plan.status}, [_job(1)], pods, NOW, None, reading)
     assert again.events == ()  # said once, while the cause holds
     # without a reading (the claim not read), the scheduler's message is all there is
-    plain = reconcile.decide_for(body, [_job(1)], pods, NOW)
+    plain = decision.decide_for(body, [_job(1)], pods, NOW)
     assert _conditions(plain)["Ready"] == ("False", "Unschedulable")
 
 
@@ -265,7 +269,7 @@ def test_transition_times_are_kept_while_a_condition_holds() -> None:
 
 @pytest.mark.parametrize("phase", status.PHASES)
 def test_phases_are_the_crd_enum(phase: str) -> None:
-    from ddp_operator import crd
+    from ddp_operator.api import crd
 
     assert phase in crd.openapi_schema()["properties"]["status"]["properties"]["phase"]["enum"]
 
@@ -273,7 +277,7 @@ def test_phases_are_the_crd_enum(phase: str) -> None:
 def test_an_invalid_spec_fails_at_once_saying_why_and_creates_nothing() -> None:
     body = _body({"phase": "Running", "attempt": 2, "startTime": "2026-11-22T11:00:00Z"})
     body["spec"]["trainer"] = "oops"  # a shape this operator cannot read (an older CRD stored it)
-    plan = reconcile.decide_for(body, [_job(2)], [], NOW)
+    plan = decision.decide_for(body, [_job(2)], [], NOW)
     assert plan.create_job is None and plan.create_service is None and plan.delete_jobs == ()
     assert plan.status["phase"] == "Failed" and plan.status["observedGeneration"] == 3
     assert plan.status["attempt"] == 2 and plan.status["completionTime"] == "2026-11-22T12:00:00Z"
@@ -405,7 +409,7 @@ def _snapshot(at: dt.datetime, step: int, attempt: int = 1, **extra: Any) -> liv
 
 def _running(previous: dict[str, Any], snapshot: live.Snapshot | None, now: dt.datetime = NOW) -> Plan:
     body = _body(previous, trainer={"steps": 1000})
-    return reconcile.decide_for(body, [_job(1)], _running_pods(), now, snapshot)
+    return decision.decide_for(body, [_job(1)], _running_pods(), now, snapshot)
 
 
 def test_a_running_job_is_read_and_its_progress_written() -> None:
@@ -488,7 +492,7 @@ def test_a_finished_job_is_not_read_and_says_its_time_and_throughput() -> None:
 def test_the_status_patch_removes_what_the_new_status_dropped() -> None:
     old = {"phase": "Running", "progress": {"step": 3, "unreachable": ["p"]}, "gone": 1}
     new = {"phase": "Running", "progress": {"step": 9}}
-    assert apply.merge_patch(old, new) == {
+    assert reconcile.merge_patch(old, new) == {
         "phase": "Running",
         "progress": {"step": 9, "unreachable": None},
         "gone": None,
@@ -519,7 +523,7 @@ def test_restarts_in_place_are_counted_once_from_the_pods_readings_with_their_ca
     )
     assert failed.status["attempt"] == 2 and failed.status["restarts"] == 2
     assert failed.status["lastRestart"]["kind"] == "Recreate"
-    job = reconcile.decide_for(_body(failed.status), [], [], NOW).create_job
+    job = decision.decide_for(_body(failed.status), [], [], NOW).create_job
     assert job is not None
     env = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env[contract.PET_MAX_RESTARTS] == "0" and env[contract.PET_RDZV_BACKEND] == "c10d"
@@ -530,6 +534,6 @@ def test_a_restart_in_place_keeps_a_queued_jobs_admission() -> None:
     re-suspended, deleted nor replaced, so the gang keeps its admission and its nodes."""
     body = _body({"phase": "Running", "attempt": 1}, queueName="team", trainer={"steps": 1000})
     reading = _snapshot(NOW, 40, restarts_in_place=1, restart_cause="rank 1 killed by signal 9")
-    plan = reconcile.decide_for(body, [_job(1)], _running_pods(), NOW, reading)
+    plan = decision.decide_for(body, [_job(1)], _running_pods(), NOW, reading)
     assert plan.status["restartsInPlace"] == 1 and plan.status["phase"] == "Running"
     assert plan.suspend_job is None and plan.delete_jobs == () and plan.create_job is None

@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
-from ddp_operator import cli, render, spec
+from ddp_operator import cli
+from ddp_operator.api import spec
+from ddp_operator.build import render
 
 BASE: dict[str, Any] = {
     "apiVersion": "ddpjob.io/v1alpha1",

@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 import yaml
 
-from ddp_operator import cli, crd, podcheck, render, schema, spec
+from ddp_operator import cli
+from ddp_operator.api import crd, podcheck, schema, spec
+from ddp_operator.build import render
 
 CORPUS = sorted((Path(__file__).parent / "refused").glob("*.yaml"))
 

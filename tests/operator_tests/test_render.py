@@ -12,8 +12,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from ddp_operator import cli, names, render
-from ddp_operator.spec import Spec, parse, parse_file
+from ddp_operator import cli
+from ddp_operator.api import names
+from ddp_operator.api.spec import Spec, parse, parse_file
+from ddp_operator.build import render
 from ddp_trainer import contract
 
 from .conftest import GOLDEN, REPO
@@ -399,7 +401,7 @@ def test_no_sync_hook(spec: Callable[[], Spec]) -> None:
 
 
 def test_a_pythonpath_from_value_from_is_said_to_turn_the_hook_off() -> None:
-    from ddp_operator.spec import warnings
+    from ddp_operator.api.spec import warnings
 
     ref = {"configMapKeyRef": {"name": "p", "key": "k"}}
     said = warnings(_custom(env=[{"name": "PYTHONPATH", "valueFrom": ref}]))

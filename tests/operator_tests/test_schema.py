@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddp_operator import schema
+from ddp_operator.api import schema
 
 SCHEMA: dict[str, Any] = {
     "type": "object",

@@ -7,8 +7,8 @@ import threading
 import time
 import urllib.error
 
-from ddp_operator import scraper
-from ddp_operator.plan import Target
+from ddp_operator.observe.live import Target
+from ddp_operator.runtime import scraper
 
 TEXT = 'ddp_step{rank="0"} 7.0\nddp_samples_total{rank="0"} 70.0\n'
 TARGETS = (Target("p-0", 0, "http://10.0.0.1:9400/metrics"), Target("p-1", 1, "http://10.0.0.2:9400/metrics"))

@@ -371,7 +371,7 @@ def test_validation_is_thread_safe() -> None:
     """The operator reconciles in threads; cel-python's shared environment once mixed their activations."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ddp_operator.spec import SpecError, parse
+    from ddp_operator.api.spec import SpecError, parse
 
     good, bad = BASE, _with("spec.backend", "nccl")
 
@@ -392,7 +392,7 @@ def test_validation_is_thread_safe() -> None:
 
 
 def test_admitted_objects_keep_the_api_servers_verdict() -> None:
-    from ddp_operator.spec import SpecError, parse
+    from ddp_operator.api.spec import SpecError, parse
 
     doc = _with("spec.backend", "nccl")  # refused offline; the server's CEL decides for stored objects
     with pytest.raises(SpecError):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import datetime as dt
 
-from ddp_operator import live, status
-from ddp_operator.progress import Progress
-from ddp_operator.status import StatusBuilder
+from ddp_operator.decide import status
+from ddp_operator.decide.status import StatusBuilder
+from ddp_operator.observe import live
+from ddp_operator.observe.progress import Progress
 
 T0 = 1_800_000_000.0
 
@@ -106,7 +107,7 @@ def test_the_succeeded_event_says_time_and_throughput() -> None:
 def test_a_job_that_built_no_ddp_model_says_so_not_that_nothing_reported() -> None:
     """The sync hook's report when no DDP model was built (reason NoDDPModel, no checks): SyncVerified is
     Unknown with that reason, distinct from a job that wrote no report at all (NotYetReported)."""
-    from ddp_operator import progress
+    from ddp_operator.observe import progress
     from ddp_trainer import contract
 
     message = contract.NO_DDP_MODEL_MESSAGE
@@ -128,7 +129,7 @@ def test_a_job_that_built_no_ddp_model_says_so_not_that_nothing_reported() -> No
 def test_the_last_probe_verdict_and_why_reach_the_status_and_the_summary() -> None:
     """An undecidable probe (the model does not reproduce itself) is said in status.probe and in the sync
     sentence, without naming anyone; a faulty finding keeps its ranks beside the verdict."""
-    from ddp_operator import progress
+    from ddp_operator.observe import progress
 
     why = (
         "compute probe at step 100: undecidable: the model's computation does not reproduce itself on this "
@@ -146,8 +147,8 @@ def test_the_last_probe_verdict_and_why_reach_the_status_and_the_summary() -> No
 
 def test_who_failed_first_survives_the_pods_deletion_in_last_report() -> None:
     """status.lastReport keeps every pod's failed ranks, so the cause is still named after the Job
-    controller deleted the pods (observe.remembered_report reads it back)."""
-    from ddp_operator import failures, observe
+    controller deleted the pods (facts.remembered_report reads it back)."""
+    from ddp_operator.observe import facts, failures
 
     report = {"result": "Failed", "reason": "CommandError", "message": ""}
     report["failures"] = [  # type: ignore[assignment]
@@ -161,7 +162,7 @@ def test_who_failed_first_survives_the_pods_deletion_in_last_report() -> None:
     ]
     kept = status.last_report(report, 3)
     assert [f["rank"] for f in kept["failures"]] == [0, 1] and kept["failures"][1]["at"] == 11.0
-    back = observe.remembered_report({"lastReport": kept}, 3)
+    back = facts.remembered_report({"lastReport": kept}, 3)
     assert back is not None
     assert failures.describe(back.get("failures") or []).startswith(
         "rank 1 failed first, in your command: RuntimeError: injected crash on rank 1 at step 5"

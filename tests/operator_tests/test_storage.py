@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ddp_operator.storage import ClaimReading, claim_of, claim_to_read, diagnose
+from ddp_operator.observe.claims import ClaimReading, claim_of, claim_to_read, diagnose
 
 NAME = "quickstart-checkpoints"
 

@@ -11,9 +11,12 @@ import time
 import kopf
 import pytest
 
-from ddp_operator import handlers, heap, names, observe, render
-from ddp_operator.spec import parse
-from ddp_operator.ticker import PEERING_LOGGER, PeeringPause, Ticker
+from ddp_operator.api import names
+from ddp_operator.api.spec import parse
+from ddp_operator.build import render
+from ddp_operator.observe import facts
+from ddp_operator.runtime import handlers, heap
+from ddp_operator.runtime.ticker import PEERING_LOGGER, PeeringPause, Ticker
 
 
 def _wait(check: object, timeout: float = 5) -> None:
@@ -68,7 +71,7 @@ def test_nothing_is_ticked_while_kopf_says_peering_paused_it() -> None:
 def test_after_each_round_the_timer_gives_freed_heap_back_at_most_every_trim_interval(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A burst's freed memory stays resident until ``malloc_trim`` (ddp_operator.heap): the operator's
+    """A burst's freed memory stays resident until ``malloc_trim`` (ddp_operator.runtime.heap): the operator's
     timer calls it after a round, rate-limited; and on this glibc the call is really there."""
     assert heap._TRIM is not None, "glibc's malloc_trim was not found"
     trims: list[float] = []
@@ -153,7 +156,7 @@ def test_the_pods_index_keeps_what_observe_reads_and_observe_sees_the_same() -> 
     assert len(json.dumps(slimmed)) < len(json.dumps(pods)) / 3
     failed = {**job, "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "x"}]}}
     previous = {"attempt": 1}
-    assert observe.observe(previous, [failed], slimmed) == observe.observe(previous, [failed], pods)
+    assert facts.observe(previous, [failed], slimmed) == facts.observe(previous, [failed], pods)
 
 
 def test_the_timer_leaves_alone_a_ddpjob_an_event_just_reconciled_and_not_one_it_reconciled_itself(
@@ -165,7 +168,7 @@ def test_the_timer_leaves_alone_a_ddpjob_an_event_just_reconciled_and_not_one_it
     for name in handlers.INDEXES:
         monkeypatch.setitem(handlers._KOPF, name, {key: [running]} if name == "ddpjob_bodies" else {})
     calls: list[bool] = []
-    monkeypatch.setattr(handlers.apply, "reconcile", lambda *_: calls.append(True))
+    monkeypatch.setattr(handlers.reconciler, "reconcile", lambda *_: calls.append(True))
     monkeypatch.setitem(handlers._LAST, key, time.monotonic())  # an event's reconcile, just now
     handlers._tick(key)
     assert calls == []

@@ -14,8 +14,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_trainer.probe import ProbeResult
 from ddp_trainer.sync import SyncHealth
+from ddp_trainer.sync.probe import ProbeResult
 
 
 class Noisy(nn.Module):

@@ -7,8 +7,8 @@ import time
 
 import torch
 
-from ddp_trainer.config import TrainerConfig
-from ddp_trainer.model import MLP
+from ddp_trainer.core.config import TrainerConfig
+from ddp_trainer.train.model import MLP
 
 SLEEP_SECONDS = 0.03
 

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_trainer import sync
-from ddp_trainer.model import MLP
+from ddp_trainer.train.model import MLP
 
 
 def as_dict(report: sync.SyncReport) -> dict[str, Any]:

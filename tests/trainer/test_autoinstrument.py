@@ -1,4 +1,4 @@
-"""The no-code-change hook (ddp_trainer.autoinstrument, installed by ``python -m ddp_trainer.inject``) on
+"""The no-code-change hook (ddp_trainer.hook.autoinstrument, installed by ``python -m ddp_trainer.inject``) on
 scripts with no ddpjob code, under torchrun with 2 ranks on gloo (tests/trainer/autoinstrument_scenarios.py):
 it never changes training, needs only torch, leaves a script without DDP alone, fails fast and names the
 cause when ranks take different numbers of steps, checks two DDP models, and never checks twice."""
@@ -218,7 +218,8 @@ def test_a_training_process_waits_for_gloos_threads_before_the_interpreter_ends(
     """torch's gloo threads release a finished collective after its caller woke up; in an interpreter
     already finalizing that aborts the process (distributed.GLOO_SETTLE_SECONDS). The hook's exit handler
     (and SyncHealth's, registered once) wait for them in a process that trained; others do not wait."""
-    from ddp_trainer import autoinstrument, distributed
+    from ddp_trainer.core import distributed
+    from ddp_trainer.hook import autoinstrument
 
     settled: list[float] = []
     monkeypatch.setattr(distributed, "settle_gloo", lambda: settled.append(distributed.GLOO_SETTLE_SECONDS))
@@ -245,7 +246,7 @@ def test_a_hook_that_cannot_switch_on_reports_why_for_the_status(
     operator shows its message in SyncVerified (reason SyncHookOff) instead of "not reported"."""
     import importlib.util
 
-    from ddp_operator import progress
+    from ddp_operator.observe import progress
 
     spec = importlib.util.spec_from_file_location("hook_sitecustomize", hook_dir / "sitecustomize.py")
     assert spec is not None and spec.loader is not None

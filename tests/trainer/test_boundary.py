@@ -1,4 +1,4 @@
-"""The step boundary (:mod:`ddp_trainer.boundary`): when checks and checkpoints are due, the fire drill,
+"""The step boundary (:mod:`ddp_trainer.sync.boundary`): when checks and checkpoints are due, the fire drill,
 the skew ratio, the stop flag. The two collectives run in the ``slow`` multi-process tests."""
 
 from __future__ import annotations
@@ -10,17 +10,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from ddp_trainer.boundary import (
-    CHAOS_NUDGE,
-    Due,
-    StopRequest,
-    drill_fires,
-    due_at,
-    nudge,
-    skew_ratio,
-)
-from ddp_trainer.config import ChaosSpec, TrainerConfig
-from ddp_trainer.model import MLP
+from ddp_trainer.core.config import ChaosSpec, TrainerConfig
+from ddp_trainer.sync.boundary import CHAOS_NUDGE, Due, StopRequest, drill_fires, due_at, nudge, skew_ratio
+from ddp_trainer.train.model import MLP
 
 
 def schedule(step: int, *, saving: bool = True, stop: bool = False, checkpoint_every: int = 4) -> Due:

@@ -29,8 +29,9 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 import ddp_trainer
-from ddp_trainer import contract, probe
-from ddp_trainer.health import SyncHealth
+from ddp_trainer import contract
+from ddp_trainer.sync import probe
+from ddp_trainer.sync.health import SyncHealth
 
 OURS = str(Path(ddp_trainer.__file__).parent)
 COLLECTIVES = (

@@ -1,4 +1,5 @@
-"""Checkpoint files (:mod:`ddp_trainer.checkpoint`): atomic, stamped with their writer, verified when read,
+"""Checkpoint files (:mod:`ddp_trainer.checkpoint.checkpoints`): atomic, stamped with their writer, verified
+when read,
 pruned without ever losing the newest good one, restoring model and optimizer (or only the weights)."""
 
 from __future__ import annotations
@@ -7,12 +8,13 @@ from pathlib import Path
 
 import torch
 
-from ddp_trainer import checkpoint, contract, provenance
-from ddp_trainer.config import TrainerConfig
-from ddp_trainer.loop import Precision
-from ddp_trainer.model import MLP
-from ddp_trainer.provenance import Identity, Writer
-from ddp_trainer.state import TrainState
+from ddp_trainer import contract
+from ddp_trainer.checkpoint import checkpoints, provenance
+from ddp_trainer.checkpoint.provenance import Identity, Writer
+from ddp_trainer.core.config import TrainerConfig
+from ddp_trainer.core.state import TrainState
+from ddp_trainer.train.loop import Precision
+from ddp_trainer.train.model import MLP
 
 SETTINGS = provenance.settings_of(TrainerConfig(), 2, precision="fp32", optimizer="AdamW")
 ME = Writer(Identity("team", "mine", "u1"), SETTINGS)
@@ -41,16 +43,16 @@ def _save_steps(directory: Path, steps: list[int], writer: Writer = ME, keep: in
     state = _trained_state()
     for step in steps:
         state.step = step
-        assert checkpoint.save(directory, state, writer, keep) is not None
+        assert checkpoints.save(directory, state, writer, keep) is not None
     return state
 
 
 def _choose(directory: Path, **kwargs: str) -> provenance.Choice:
-    return provenance.choose(checkpoint.scan(directory), ME, loadable=checkpoint.loadable, **kwargs)
+    return provenance.choose(checkpoints.scan(directory), ME, loadable=checkpoints.loadable, **kwargs)
 
 
 def _steps(directory: Path) -> list[int]:
-    return [step for step, _ in checkpoint.list_checkpoints(directory)]
+    return [step for step, _ in checkpoints.list_checkpoints(directory)]
 
 
 def test_a_checkpoint_records_its_writer_and_restores_model_and_optimizer(tmp_path: Path) -> None:
@@ -58,13 +60,13 @@ def test_a_checkpoint_records_its_writer_and_restores_model_and_optimizer(tmp_pa
     (tmp_path / "notes.txt").write_text("ignored")
     state = _save_steps(tmp_path, [12])
     assert not list(tmp_path.glob(".step-*12*"))
-    header, _ = provenance.decode(checkpoint.checkpoint_path(tmp_path, 12, "mine").read_bytes())
+    header, _ = provenance.decode(checkpoints.checkpoint_path(tmp_path, 12, "mine").read_bytes())
     assert (header.identity, header.step, header.settings) == (ME.identity, 12, SETTINGS)
     choice = _choose(tmp_path)
     assert (choice.action, choice.step, choice.skipped) == ("resume", 12, ())
     fresh = _fresh_state()
     assert choice.payload is not None
-    checkpoint.load_into(fresh, choice.payload, torch.device("cpu"))
+    checkpoints.load_into(fresh, choice.payload, torch.device("cpu"))
     assert (fresh.step, fresh.epoch) == (12, 1)
     for a, b in zip(state.model.state_dict().values(), fresh.model.state_dict().values(), strict=True):
         assert torch.equal(a, b)
@@ -76,13 +78,13 @@ def test_a_checkpoint_records_its_writer_and_restores_model_and_optimizer(tmp_pa
 
 def test_truncated_bit_flipped_and_unloadable_files_are_skipped_newest_first(tmp_path: Path) -> None:
     _save_steps(tmp_path, [10, 20, 30, 40, 50])
-    path = {step: checkpoint.checkpoint_path(tmp_path, step, "mine") for step in (20, 30, 40, 50)}
+    path = {step: checkpoints.checkpoint_path(tmp_path, step, "mine") for step in (20, 30, 40, 50)}
     path[50].write_bytes(path[50].read_bytes()[:-100])  # truncated
     data = bytearray(path[40].read_bytes())
     data[-10] ^= 0x04  # one flipped bit in the payload
     path[40].write_bytes(bytes(data))
     path[30].write_bytes(b"\x80\x02 a torch.save file from an older trainer")
-    checkpoint.write_atomic(path[20], provenance.encode(ME, 20, b"not a torch payload"))  # digest fine
+    checkpoints.write_atomic(path[20], provenance.encode(ME, 20, b"not a torch payload"))  # digest fine
     choice = _choose(tmp_path)
     assert (choice.action, choice.step) == ("resume", 10)
     why = dict(s.split(": ", 1) for s in choice.skipped)
@@ -95,7 +97,9 @@ def test_truncated_bit_flipped_and_unloadable_files_are_skipped_newest_first(tmp
 
 def test_a_renamed_file_is_caught_by_its_header(tmp_path: Path) -> None:
     _save_steps(tmp_path, [10, 20])
-    checkpoint.checkpoint_path(tmp_path, 20, "mine").rename(checkpoint.checkpoint_path(tmp_path, 90, "mine"))
+    checkpoints.checkpoint_path(tmp_path, 20, "mine").rename(
+        checkpoints.checkpoint_path(tmp_path, 90, "mine")
+    )
     choice = _choose(tmp_path)
     assert (choice.action, choice.step) == ("resume", 10)
     assert choice.skipped == ("step-00000090.mine.pt: the header says step 20",)
@@ -110,7 +114,7 @@ def test_another_jobs_folder_is_refused_and_warm_start_loads_weights_only(tmp_pa
     assert (choice.action, choice.step, choice.warm_from) == ("warm", 1500, "team/other")
     fresh = _fresh_state()
     assert choice.payload is not None
-    checkpoint.load_weights(fresh, choice.payload, torch.device("cpu"))
+    checkpoints.load_weights(fresh, choice.payload, torch.device("cpu"))
     assert (fresh.step, fresh.epoch, fresh.optimizer.state_dict()["state"]) == (0, 0, {})
     for a, b in zip(theirs.model.state_dict().values(), fresh.model.state_dict().values(), strict=True):
         assert torch.equal(a, b)
@@ -123,7 +127,7 @@ def test_keep_prunes_only_this_jobs_files_and_never_the_newest(tmp_path: Path) -
     _save_steps(tmp_path, [40], keep=1)
     assert _steps(tmp_path) == [5, 25, 40]
     _save_steps(tmp_path, [50], keep=2)
-    path50 = checkpoint.checkpoint_path(tmp_path, 50, "mine")
+    path50 = checkpoints.checkpoint_path(tmp_path, 50, "mine")
     path50.write_bytes(path50.read_bytes()[:-1])  # this job's newest, truncated
     assert _choose(tmp_path).step == 40
     # The restarted attempt resumes from 40 and saves 45 (keep=1): the earlier attempt's later file goes,
@@ -139,13 +143,13 @@ def test_jobs_sharing_a_folder_never_write_each_others_files(tmp_path: Path) -> 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000010.mine.pt", "step-00000010.other.pt"]
     # A DDPJob deleted and created again has the old one's name but not its uid: its files stay the old one's.
     recreated = Writer(Identity("team", "mine", "u3"), SETTINGS)
-    before = checkpoint.checkpoint_path(tmp_path, 10, "mine").read_bytes()
+    before = checkpoints.checkpoint_path(tmp_path, 10, "mine").read_bytes()
     state = _trained_state(step=10)
-    assert checkpoint.save(tmp_path, state, recreated, keep=2) is None
-    assert checkpoint.checkpoint_path(tmp_path, 10, "mine").read_bytes() == before
+    assert checkpoints.save(tmp_path, state, recreated, keep=2) is None
+    assert checkpoints.checkpoint_path(tmp_path, 10, "mine").read_bytes() == before
     state.step = 20
-    assert checkpoint.save(tmp_path, state, recreated, keep=1) == str(
-        checkpoint.checkpoint_path(tmp_path, 20, "mine")
+    assert checkpoints.save(tmp_path, state, recreated, keep=1) == str(
+        checkpoints.checkpoint_path(tmp_path, 20, "mine")
     )
     assert _steps(tmp_path) == [10, 10, 20]
-    assert checkpoint.checkpoint_path(tmp_path, 20).name == "step-00000020.pt"  # outside any DDPJob
+    assert checkpoints.checkpoint_path(tmp_path, 20).name == "step-00000020.pt"  # outside any DDPJob

@@ -14,8 +14,9 @@ import pytest
 import torch
 from torchrun_helpers import Launch, checkpoints, launch
 
-from ddp_operator import status
-from ddp_trainer import contract, provenance
+from ddp_operator.decide import status
+from ddp_trainer import contract
+from ddp_trainer.checkpoint import provenance
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""The command line and the pod environment (:mod:`ddp_trainer.config`)."""
+"""The command line and the pod environment (:mod:`ddp_trainer.core.config`)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from ddp_trainer import config
 from ddp_trainer.contract import DIVERGENCE_EXIT_CODE
+from ddp_trainer.core import config
 
 CONTRACT = [
     "--device=cpu",

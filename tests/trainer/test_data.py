@@ -1,11 +1,11 @@
-"""Data order: sharded per rank, reshuffled per epoch, resumable (:mod:`ddp_trainer.data`)."""
+"""Data order: sharded per rank, reshuffled per epoch, resumable (:mod:`ddp_trainer.train.data`)."""
 
 from __future__ import annotations
 
 import torch
 
-from ddp_trainer import config
-from ddp_trainer.data import micro_batches, synthetic
+from ddp_trainer.core import config
+from ddp_trainer.train.data import micro_batches, synthetic
 
 
 def test_resuming_the_data_skips_exactly_what_was_consumed() -> None:

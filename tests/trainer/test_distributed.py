@@ -1,4 +1,4 @@
-"""The launcher environment (:mod:`ddp_trainer.distributed`)."""
+"""The launcher environment (:mod:`ddp_trainer.core.distributed`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_trainer.distributed import metrics_dir, process_start, read_launch_env
+from ddp_trainer.core.distributed import metrics_dir, process_start, read_launch_env
 
 
 def test_launcher_environment() -> None:

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 import torch
 
-from ddp_trainer import fingerprint as fpmod
 from ddp_trainer import sync
-from ddp_trainer.fingerprint import dispatch, numba_kernel, numpy_kernel
-from ddp_trainer.model import MLP
+from ddp_trainer.sync import fingerprints as fpmod
+from ddp_trainer.sync.fingerprints import dispatch, numba_kernel, numpy_kernel
+from ddp_trainer.train.model import MLP
 
 # --- the reference: the formula of fingerprint/definition.py's docstring, written again in NumPy ----
 U64 = np.uint64
@@ -132,7 +132,7 @@ def test_a_small_cuda_call_takes_the_torch_path_and_never_imports_triton() -> No
     code = textwrap.dedent(
         """
         import os, sys, torch
-        from ddp_trainer.fingerprint import dispatch
+        from ddp_trainer.sync.fingerprints import dispatch
         cuda, small, large = torch.device("cuda", 0), 4 << 20, dispatch.TRITON_MIN_BYTES
         print(dispatch.impl_for(cuda, small), dispatch.impl_for(cuda))
         print(dispatch.impl_for(cuda, large), "triton" in sys.modules)
@@ -166,8 +166,8 @@ def test_small_cpu_tensors_never_load_numba_and_large_ones_do() -> None:
     code = textwrap.dedent(
         """
         import sys, torch
-        from ddp_trainer.fingerprint import dispatch, fingerprint_tensors
-        from ddp_trainer.fingerprint.numpy_kernel import fingerprint as numpy_fp
+        from ddp_trainer.sync.fingerprints import dispatch, fingerprint_tensors
+        from ddp_trainer.sync.fingerprints.numpy_kernel import fingerprint as numpy_fp
         small = [torch.tensor(7), torch.tensor(1.0, dtype=torch.float64), torch.zeros(300, dtype=torch.uint8)]
         got = fingerprint_tensors(small).tolist()
         assert got == [numpy_fp(t) for t in small], got
@@ -202,8 +202,8 @@ def test_the_kernels_import_only_the_definition() -> None:
             for alias in node.names
             if alias.name.startswith("ddp_trainer")
         }
-        plan = {"ddp_trainer.fingerprint.torch_plan"} if kernel == "torch_kernel" else set()
-        assert ours == {"ddp_trainer.fingerprint.definition", *plan}, (kernel, ours)
+        plan = {"ddp_trainer.sync.fingerprints.torch_plan"} if kernel == "torch_kernel" else set()
+        assert ours == {"ddp_trainer.sync.fingerprints.definition", *plan}, (kernel, ours)
 
 
 def test_uint_and_other_dtypes_without_arithmetic_match_too() -> None:
@@ -352,7 +352,7 @@ TRITON_SCRIPT = textwrap.dedent(
     import json, sys
     import torch
     from ddp_trainer import fingerprint
-    from ddp_trainer.fingerprint import triton_kernel
+    from ddp_trainer.sync.fingerprints import triton_kernel
     sys.path.insert(0, sys.argv[1])
     from test_fingerprint import ALL, reference, sample
     tensors = [sample(d, n, seed=n) for d in ALL for n in (1, 5, 333)]
@@ -408,7 +408,7 @@ def test_cuda_equals_cpu(impl: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if impl:  # the kernel asked for ran: a failing Triton kernel would fall back to torch and pass unseen
         assert fpmod.impl_for(on_gpu[0].device) == impl
     if impl == "torch":  # and through its fused kernel: one that fails to build falls back to eager ops
-        from ddp_trainer.fingerprint import torch_kernel
+        from ddp_trainer.sync.fingerprints import torch_kernel
 
         assert torch_kernel._fused() is not None, "torch's jiterator did not build the fused mixer"
     contiguous = [t for t in on_gpu if t.is_contiguous()]
@@ -428,7 +428,7 @@ def test_on_a_gpu_a_small_model_takes_torch_without_triton_and_a_large_one_trito
     code = textwrap.dedent(
         """
         import sys, torch
-        from ddp_trainer.fingerprint import dispatch, fingerprint_tensors, torch_kernel
+        from ddp_trainer.sync.fingerprints import dispatch, fingerprint_tensors, torch_kernel
         small = [torch.randn(1000, 1000, device="cuda"), torch.tensor(2.0, device="cuda")]
         got = fingerprint_tensors(small).tolist()
         assert got == torch_kernel.fingerprint_many([t.cpu() for t in small]).tolist(), got
@@ -475,7 +475,7 @@ def fallback_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 def test_a_triton_kernel_that_fails_falls_back_to_torch_and_says_so_once(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from ddp_trainer.fingerprint import triton_kernel
+    from ddp_trainer.sync.fingerprints import triton_kernel
 
     def launch(tensors: list[torch.Tensor]) -> torch.Tensor:
         raise RuntimeError("PassManager::run failed")  # what a Triton build error looks like
@@ -526,7 +526,7 @@ def test_a_failure_of_a_plain_path_is_not_hidden(monkeypatch: pytest.MonkeyPatch
 def test_cuda_without_triton_uses_torch_and_says_so_once(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from ddp_trainer.fingerprint import triton_kernel
+    from ddp_trainer.sync.fingerprints import triton_kernel
 
     monkeypatch.delenv("DDPJOB_FINGERPRINT_IMPL", raising=False)
     monkeypatch.setattr(triton_kernel, "available", lambda: False)
@@ -543,7 +543,7 @@ def test_the_torch_path_takes_many_tensors_at_once_across_chunks(
     """One call over tensors that straddle chunks (``rows`` blocks a chunk), large ones read in place and
     small ones gathered, misaligned views, partial lanes and empty tensors gives each tensor its own
     reference fingerprint."""
-    from ddp_trainer.fingerprint import torch_kernel, torch_plan
+    from ddp_trainer.sync.fingerprints import torch_kernel, torch_plan
 
     monkeypatch.setitem(torch_plan.CHUNK_BYTES, "cpu", rows * 8 * LANES_PER_BLOCK)
     tensors = [sample(torch.float32, 5 * LANES_PER_BLOCK + 3), sample(torch.bfloat16, 7)]  # 2.5 blocks

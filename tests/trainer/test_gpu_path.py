@@ -16,11 +16,12 @@ import pytest
 import torch
 from torch import nn
 
-from ddp_trainer import contract, probe
-from ddp_trainer.fingerprint import torch_kernel, torch_plan, triton_kernel
-from ddp_trainer.loop import Precision, StepResult, train
-from ddp_trainer.lossread import LossReader
-from ddp_trainer.state import TrainState
+from ddp_trainer import contract
+from ddp_trainer.core.lossread import LossReader
+from ddp_trainer.core.state import TrainState
+from ddp_trainer.sync import probe
+from ddp_trainer.sync.fingerprints import torch_kernel, torch_plan, triton_kernel
+from ddp_trainer.train.loop import Precision, StepResult, train
 
 pytestmark = [
     pytest.mark.gpu,
@@ -136,7 +137,7 @@ def test_the_torch_fallback_equals_triton_across_chunks(monkeypatch: pytest.Monk
 def test_the_stop_agreement_makes_no_host_synchronisation_and_stops_every_rank_a_step_later() -> None:
     import torch.distributed as dist
 
-    from ddp_trainer.boundary import StopAgreement
+    from ddp_trainer.sync.boundary import StopAgreement
 
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)  # type: ignore[attr-defined]

@@ -1,4 +1,4 @@
-"""SyncHealth (ddp_trainer.health): its settings and bad input on one process, and real ranks (torchrun,
+"""SyncHealth (ddp_trainer.sync.health): its settings and bad input on one process, and real ranks (torchrun,
 gloo) for what only several ranks show: a model that differs between ranks, ranks that disagree on the
 number of steps, a repair."""
 
@@ -16,8 +16,9 @@ import torch.distributed as dist
 from torch import nn
 from torchrun_helpers import HERE, launch
 
-from ddp_trainer import contract, health
-from ddp_trainer.health import SyncHealth, SyncHealthError
+from ddp_trainer import contract
+from ddp_trainer.sync import health
+from ddp_trainer.sync.health import SyncHealth, SyncHealthError
 
 
 def test_settings_come_from_the_arguments_then_the_ddpjob_environment_then_the_defaults() -> None:
@@ -205,8 +206,7 @@ def test_local_rank_0_serves_the_ddp_series(single_rank: Path, monkeypatch: pyte
 def test_a_bare_check_waits_for_gloo_at_exit(single_rank: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A script that calls check_in_sync with no SyncHealth ran collectives too: at exit it must wait for
     gloo's threads like SyncHealth does, or it aborts (distributed.GLOO_SETTLE_SECONDS)."""
-    from ddp_trainer import replicas
-    from ddp_trainer.sync import check_in_sync
+    from ddp_trainer.sync import check_in_sync, replicas
 
     asked: list[bool] = []
     monkeypatch.setattr(replicas, "settle_gloo_at_exit", lambda: asked.append(True))

@@ -101,7 +101,7 @@ def test_help_prints_the_usage_and_copies_nothing(tmp_path: Path, flag: str) -> 
 def test_built_at_names_the_users_frame_not_a_librarys(tmp_path: Path) -> None:
     """DDP built inside an installed library (accelerate, a Trainer) called from the user's script: "built
     at" is the script's line, not the library's."""
-    from ddp_trainer import autoinstrument
+    from ddp_trainer.hook import autoinstrument
 
     library = tmp_path / "site-packages" / "somelib"
     library.mkdir(parents=True)

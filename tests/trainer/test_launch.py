@@ -7,23 +7,24 @@ from pathlib import Path
 
 import pytest
 
-from ddp_trainer import contract, launchstate
-from ddp_trainer import launch as launcher
+from ddp_trainer import contract
+from ddp_trainer.core import inplace
+from ddp_trainer.launch import agent as launcher
 
 GLOO_RESET = "RuntimeError: [pair.cc:545] Read error [127.0.0.1]:3479: Connection reset by peer."
 
 
 def test_a_killed_rank_is_the_cause_not_the_peers_that_lost_it() -> None:
     failures = {0: (1, GLOO_RESET), 1: (-9, "Signal 9 (SIGKILL) received by PID 7"), 2: (-15, "")}
-    assert launchstate.cause(failures) == "rank 1 killed by signal 9 (and 2 more rank(s) on this node)"
+    assert inplace.cause(failures) == "rank 1 killed by signal 9 (and 2 more rank(s) on this node)"
 
 
 def test_a_ranks_own_error_beats_a_collateral_one_and_a_traceback_says_its_last_line() -> None:
     own = "Traceback (most recent call last):\n  File x\nValueError: bad batch"
-    assert launchstate.cause({0: (1, GLOO_RESET), 3: (1, own)}) == (
+    assert inplace.cause({0: (1, GLOO_RESET), 3: (1, own)}) == (
         "rank 3 exited 1: ValueError: bad batch (and 1 more rank(s) on this node)"
     )
-    assert launchstate.cause({}) == contract.OTHER_NODE_FAILED
+    assert inplace.cause({}) == contract.OTHER_NODE_FAILED
 
 
 def test_causes_across_pods_are_ranked_the_same_way() -> None:
@@ -38,18 +39,18 @@ def test_causes_across_pods_are_ranked_the_same_way() -> None:
 def test_configuration_divergence_and_sigterm_codes_are_never_restarted_in_place(
     codes: list[int], expected: int | None
 ) -> None:
-    assert launchstate.not_retried(codes) == expected
-    assert launchstate.exit_code_of(dict(enumerate(codes))) == (expected or 1)
+    assert inplace.not_retried(codes) == expected
+    assert inplace.exit_code_of(dict(enumerate(codes))) == (expected or 1)
 
 
 def test_the_state_round_trips_and_a_missing_or_broken_one_is_a_fresh_start(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
-    launchstate.write_state(path, launchstate.LaunchState(2, "rank 1 killed by signal 9", 12.5))
+    inplace.write_state(path, inplace.LaunchState(2, "rank 1 killed by signal 9", 12.5))
     env = {contract.LAUNCH_STATE_ENV: str(path)}
-    assert launchstate.read_state(env) == launchstate.LaunchState(2, "rank 1 killed by signal 9", 12.5)
-    assert launchstate.read_state({}) == launchstate.LaunchState()
+    assert inplace.read_state(env) == inplace.LaunchState(2, "rank 1 killed by signal 9", 12.5)
+    assert inplace.read_state({}) == inplace.LaunchState()
     path.write_text("{not json")
-    assert launchstate.read_state(env) == launchstate.LaunchState()
+    assert inplace.read_state(env) == inplace.LaunchState()
 
 
 def test_node_rank_0_hosts_the_rendezvous_unless_the_user_says_otherwise() -> None:

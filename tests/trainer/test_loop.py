@@ -1,4 +1,4 @@
-"""The training loop (:mod:`ddp_trainer.loop`) on a plain module: one process, no process group."""
+"""The training loop (:mod:`ddp_trainer.train.loop`) on a plain module: one process, no process group."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from ddp_trainer.loop import Batches, Precision, StepResult, train
-from ddp_trainer.state import TrainState
+from ddp_trainer.core.state import TrainState
+from ddp_trainer.train.loop import Batches, Precision, StepResult, train
 
 CPU = torch.device("cpu")
 

@@ -1,11 +1,11 @@
-"""The ``ddp_*`` series (:mod:`ddp_trainer.metrics`)."""
+"""The ``ddp_*`` series (:mod:`ddp_trainer.reporting.metrics`)."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
 from ddp_trainer import contract
-from ddp_trainer.metrics import TrainerMetrics
+from ddp_trainer.reporting.metrics import TrainerMetrics
 
 
 def test_metrics_record_values_with_the_rank_labels() -> None:

@@ -1,4 +1,4 @@
-"""The built-in model and the loss a run trains with (:mod:`ddp_trainer.model`)."""
+"""The built-in model and the loss a run trains with (:mod:`ddp_trainer.train.model`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ddp_trainer.config import TrainerConfig
-from ddp_trainer.model import MLP, build_model, compute_loss
+from ddp_trainer.core.config import TrainerConfig
+from ddp_trainer.train.model import MLP, build_model, compute_loss
 
 
 class OwnLoss(nn.Linear):

@@ -1,4 +1,4 @@
-"""The compute probe (ddp_trainer.probe): the verdict's pure rules, one rank's digest, the SDC drill; and
+"""The compute probe (ddp_trainer.sync.probe): the verdict's pure rules, one rank's digest, the SDC drill; and
 across 2 nodes x 2 processes (gloo), the drill that the replica check misses and the probe names."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import torch
 from torch import nn
 from torchrun_helpers import HERE, launch
 
-from ddp_trainer import contract, probe, sdc
-from ddp_trainer.config import parse_chaos, read_pod_env
-from ddp_trainer.health import SyncHealth, SyncHealthError
+from ddp_trainer import contract
+from ddp_trainer.core.config import parse_chaos, read_pod_env
+from ddp_trainer.sync import probe, sdc
+from ddp_trainer.sync.health import SyncHealth, SyncHealthError
 
 A, B, C = 11, 22, 33
 CPU = [7, 7, 7, 7]

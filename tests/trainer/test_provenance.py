@@ -1,4 +1,5 @@
-"""Who wrote a checkpoint and whether this run may load it (:mod:`ddp_trainer.provenance`): pure, no torch."""
+"""Who wrote a checkpoint and whether this run may load it (:mod:`ddp_trainer.checkpoint.provenance`): pure,
+no torch."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ import dataclasses
 
 import pytest
 
-from ddp_trainer import contract, provenance
-from ddp_trainer.config import TrainerConfig
-from ddp_trainer.provenance import Candidate, Identity, Writer
+from ddp_trainer import contract
+from ddp_trainer.checkpoint import provenance
+from ddp_trainer.checkpoint.provenance import Candidate, Identity, Writer
+from ddp_trainer.core.config import TrainerConfig
 
 MINE = Identity("team", "mine", "uid-mine")
 OTHER = Identity("team", "other", "uid-other")

@@ -1,4 +1,4 @@
-"""The final report and the termination message (:mod:`ddp_trainer.report`)."""
+"""The final report and the termination message (:mod:`ddp_trainer.reporting.report`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from ddp_operator import status
-from ddp_trainer import contract, report
-from ddp_trainer.verify import Tally
+from ddp_operator.decide import status
+from ddp_trainer import contract
+from ddp_trainer.reporting import report
+from ddp_trainer.sync.verify import Tally
 
 FACTS = report.RunFacts(step=20, world_size=4, resumed_from=10, attempt=2)
 PASSED = Tally(checks=4, last_check_step=20, last_check_ok=True)

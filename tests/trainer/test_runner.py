@@ -1,4 +1,5 @@
-"""The trainer's session (:mod:`ddp_trainer.runner`) in one process with a real gloo group of one rank."""
+"""The trainer's session (:mod:`ddp_trainer.train.runner`) in one process with a real gloo group of one
+rank."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddp_trainer.config import PodEnv, TrainerConfig
-from ddp_trainer.distributed import LaunchEnv
-from ddp_trainer.fingerprint import dispatch, numba_kernel
-from ddp_trainer.runner import Session
+from ddp_trainer.core.config import PodEnv, TrainerConfig
+from ddp_trainer.core.distributed import LaunchEnv
+from ddp_trainer.sync.fingerprints import dispatch, numba_kernel
+from ddp_trainer.train.runner import Session
 
 
 @pytest.fixture

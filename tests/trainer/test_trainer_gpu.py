@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_trainer import replicas, sync
-from ddp_trainer.model import MLP
+from ddp_trainer import sync
+from ddp_trainer.sync import replicas
+from ddp_trainer.train.model import MLP
 
 pytestmark = [
     pytest.mark.gpu,

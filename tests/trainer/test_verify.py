@@ -1,4 +1,4 @@
-"""Verification's policy and tally (:mod:`ddp_trainer.verify`) driven by made-up sync reports: no process
+"""Verification's policy and tally (:mod:`ddp_trainer.sync.verify`) driven by made-up sync reports: no process
 group. The real collective check runs in the ``slow`` multi-process tests."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from ddp_trainer import sync
-from ddp_trainer.loop import Precision
-from ddp_trainer.metrics import TrainerMetrics
-from ddp_trainer.model import MLP
-from ddp_trainer.state import TrainState
-from ddp_trainer.verify import DivergenceError, Tally, Verifier, control_state
+from ddp_trainer.core.state import TrainState
+from ddp_trainer.reporting.metrics import TrainerMetrics
+from ddp_trainer.sync.verify import DivergenceError, Tally, Verifier, control_state
+from ddp_trainer.train.loop import Precision
+from ddp_trainer.train.model import MLP
 
 LABELS = {"ddpjob": "j", "ddpjob_namespace": "n", "rank": "0", "node_rank": "0"}
 OK = sync.SyncReport(in_sync=True, checked=12)

@@ -11,10 +11,10 @@ import sys
 from collections.abc import Sequence
 
 from ddp_trainer import contract
-from ddp_trainer.config import UsageExit, parse_args, read_pod_env
 from ddp_trainer.contract import Report
-from ddp_trainer.distributed import apply_env_defaults, metrics_dir, read_launch_env
-from ddp_trainer.launchstate import exit_now, write_error_file
+from ddp_trainer.core.config import UsageExit, parse_args, read_pod_env
+from ddp_trainer.core.distributed import apply_env_defaults, metrics_dir, read_launch_env
+from ddp_trainer.core.inplace import exit_now, write_error_file
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -23,7 +23,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = parse_args(sys.argv[1:] if argv is None else argv)
     except UsageExit as exc:  # argparse said why on stderr; the report says it to the operator
         if os.environ.get("LOCAL_RANK", "0") == "0":
-            from ddp_trainer.report import usage, write_termination_message
+            from ddp_trainer.reporting.report import usage, write_termination_message
 
             write_termination_message(read_pod_env(os.environ).termination_log, usage(exc.message)[1])
         raise
@@ -37,12 +37,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Imported here: torch and prometheus_client must see the environment prepared above.
     import torch
 
-    from ddp_trainer import metrics, runner
-    from ddp_trainer.checkpoint import CheckpointRefused
-    from ddp_trainer.distributed import pick_device, process_group
-    from ddp_trainer.probe import FaultyRankError
-    from ddp_trainer.report import failed, termination_message, write_termination_message
-    from ddp_trainer.verify import DivergenceError
+    from ddp_trainer.checkpoint.checkpoints import CheckpointRefused
+    from ddp_trainer.core.distributed import pick_device, process_group
+    from ddp_trainer.reporting import metrics
+    from ddp_trainer.reporting.report import failed, termination_message, write_termination_message
+    from ddp_trainer.sync.probe import FaultyRankError
+    from ddp_trainer.sync.verify import DivergenceError
+    from ddp_trainer.train import runner
 
     pod = read_pod_env(os.environ)
     kind = config.resolved_device(torch.cuda.is_available())

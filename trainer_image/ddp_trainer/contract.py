@@ -93,7 +93,7 @@ SYNC_HOOK_DIR: Final = "/ddpjob-sync"
 SYNC_HOOK_INSTALL: Final = ("python", "-m", "ddp_trainer.inject", SYNC_HOOK_DIR)
 """The init container's command (in the trainer image)."""
 SYNC_HOOK_OFF_ENV: Final = "DDPJOB_SYNC_HOOK"
-"""``0`` turns the hook off in one process (``ddp_trainer/bootstrap/sitecustomize.py`` spells it too)."""
+"""``0`` turns the hook off in one process (``ddp_trainer/hook/bootstrap/sitecustomize.py`` spells it too)."""
 PYTHONPATH: Final = "PYTHONPATH"
 
 TERMINATION_LOG_PATH: Final = "/dev/termination-log"
@@ -152,7 +152,8 @@ S3_CREDENTIALS_DIR: Final = "/var/run/secrets/ddpjob.io/s3"
 S3_ACCESS_KEY_FILE: Final = "access-key-id"
 S3_SECRET_KEY_FILE: Final = "secret-access-key"
 S3_SCHEME: Final = "s3://"
-"""``--checkpoint-dir s3://<bucket>/<prefix>``: checkpoints as objects (``ddp_trainer.objectstore``)."""
+"""``--checkpoint-dir s3://<bucket>/<prefix>``: checkpoints as objects
+(``ddp_trainer.checkpoint.objectstore``)."""
 
 # -- what a checkpoint records, and the spec fields that cannot change ----------------------------------
 # Declared here once: ``provenance.settings_of`` records exactly RECORDED_SETTINGS' keys, the CRD fixes

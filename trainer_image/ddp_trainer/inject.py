@@ -6,7 +6,7 @@ is on and the DDPJob runs its own command; ``DEST`` is an emptyDir the trainer c
 :data:`ddp_trainer.contract.SYNC_HOOK_DIR`, first on its ``PYTHONPATH``. It copies
 
 * ``ddp_trainer`` itself (this package, the check's code) to ``DEST/ddp_trainer``;
-* the hook's entry, ``ddp_trainer/bootstrap/sitecustomize.py``, to ``DEST/sitecustomize.py``;
+* the hook's entry, ``ddp_trainer/hook/bootstrap/sitecustomize.py``, to ``DEST/sitecustomize.py``;
 * the pure-Python dependencies the user's image may lack (``prometheus_client``) to ``DEST/vendor``, which
   the hook puts *last* on ``sys.path``, so the image's own copies win.
 
@@ -42,7 +42,7 @@ def install(dest: Path) -> int:
     if here == (dest / "ddp_trainer").resolve():
         raise SystemExit(f"ddp_trainer.inject: {dest} is where this ddp_trainer runs from: nothing to copy")
     shutil.copytree(here, dest / "ddp_trainer", ignore=_IGNORE, dirs_exist_ok=True)
-    shutil.copyfile(here / "bootstrap" / "sitecustomize.py", dest / "sitecustomize.py")
+    shutil.copyfile(here / "hook" / "bootstrap" / "sitecustomize.py", dest / "sitecustomize.py")
     for name in VENDORED:
         shutil.copytree(package_dir(name), dest / "vendor" / name, ignore=_IGNORE, dirs_exist_ok=True)
     # the trainer container mounts it read-only: compiled here, its modules need no compiling per process

@@ -7,10 +7,9 @@ import shutil
 import socket
 from pathlib import Path
 
+from ddp_operator.api import names
+from ddp_operator.local.processes import LOCAL_ADDR
 from ddp_trainer import contract
-
-from .. import names
-from .processes import LOCAL_ADDR
 
 
 def free_port() -> int:

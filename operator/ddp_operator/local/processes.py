@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddp_operator.api import kubelet, names
+from ddp_operator.api.spec import Spec
+from ddp_operator.build import render
+from ddp_operator.local import scripts
 from ddp_trainer import contract
-
-from .. import kubelet, names, render
-from ..spec import Spec
-from . import scripts
 
 Obj = dict[str, Any]
 LOCAL_ADDR = "127.0.0.1"

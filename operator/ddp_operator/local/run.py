@@ -1,6 +1,7 @@
 """The I/O edge of ``ddpjob local``: start the pods of each attempt, watch them, report, restart or stop.
 
-Everything it decides comes from pure functions: ``processes.local_pods`` (what runs), ``policy.decide`` (what
+Everything it decides comes from pure functions: ``processes.local_pods`` (what runs), ``restarts.decide``
+(what
 happens after an attempt) and ``progress`` (what a person sees). Long because it is local mode's one loop:
 start, watch, report, restart (in place or as a new attempt) or stop, and the sync hook's init container.
 """
@@ -18,11 +19,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
+from ddp_operator.api.spec import Spec, known_total_steps, sync_hook
+from ddp_operator.decide import restarts
+from ddp_operator.local import gang, host, processes
+from ddp_operator.observe import failures, podlogs, progress
 from ddp_trainer import contract
-
-from .. import failures, podlogs, policy, progress
-from ..spec import Spec, known_total_steps, sync_hook
-from . import gang, host, processes
 
 GRACE_SECONDS = 30.0  # the trainer checkpoints at its next step boundary on SIGTERM, well within this
 POLL_SECONDS = 0.2
@@ -115,7 +116,7 @@ def run(
     in_place = 0  # gang restarts done in place (same pods), as the pods' reports say
     with Interrupt() as interrupt:
         while True:
-            used = policy.restarts_used(attempt, earlier, in_place)
+            used = restarts.restarts_used(attempt, earlier, in_place)
             outcome = _attempt(spec, attempt, run_dir, console, interrupt, used, job_dir)
             now_in_place = _in_place(outcome.report, attempt)
             if now_in_place:
@@ -133,12 +134,12 @@ def run(
                 )
                 return EXIT_INTERRUPTED
             # an earlier, interrupted run's attempts count like preemptions: not against maxRestarts
-            decision = policy.decide(outcome, attempt, spec.max_restarts, earlier, in_place)
-            if decision.action is policy.Action.RESTART:
+            decision = restarts.decide(outcome, attempt, spec.max_restarts, earlier, in_place)
+            if decision.action is restarts.Action.RESTART:
                 console.say(f"ddpjob local: {spec.name}: {decision.message}")
                 attempt += 1
                 continue
-            succeeded = decision.action is policy.Action.SUCCEED
+            succeeded = decision.action is restarts.Action.SUCCEED
             host.write_state(run_dir, "Succeeded" if succeeded else "Failed")
             attempts = attempt - first_attempt + 1
             _summary(console, spec, run_dir, attempts, decision, outcome, time.monotonic() - started)
@@ -159,7 +160,7 @@ def _attempt(
     interrupt: Interrupt,
     used: int,
     job_dir: Path | None = None,
-) -> policy.Outcome:
+) -> restarts.Outcome:
     master_port = spec.master_port if host.port_is_free(spec.master_port) else host.free_port()
     metrics_ports = [host.free_port() for _ in range(spec.nodes)]
     gpus = list(range(spec.world_size)) if spec.device == "cuda" else None
@@ -195,7 +196,7 @@ def _attempt(
             members.start(gang.Member(pod.name, pod.argv, env, pod.log_path, console.pod_line, pod.workdir))
     except FileNotFoundError as exc:
         members.kill()
-        return policy.Outcome(
+        return restarts.Outcome(
             False, reason="InvalidSpec", message=f"the command {exc.filename!r} is not found on this machine"
         )
     first, codes = _watch(spec, pods, members, console, interrupt)
@@ -209,7 +210,7 @@ def _attempt(
         for text in error or members.last_lines(pod.index, 12):
             console.say(f"  [{pod.name}] {text}")
     culprits = [f"node {pod.index} exited {code}" for pod, code in zip(pods, first, strict=True) if code]
-    return policy.Outcome(
+    return restarts.Outcome(
         succeeded=not interrupt.count and all(code == 0 for code in codes),
         exit_codes={pod.index: code for pod, code in zip(pods, codes, strict=True) if code is not None},
         report=report,
@@ -219,7 +220,7 @@ def _attempt(
     )
 
 
-def _init(pod: processes.LocalPod, env: dict[str, str]) -> policy.Outcome | None:
+def _init(pod: processes.LocalPod, env: dict[str, str]) -> restarts.Outcome | None:
     """Run the pod's init commands (the sync hook's) to completion, their output in its log; the outcome
     of a failed attempt when one fails (as a pod whose init container fails never starts)."""
     pod.workdir.mkdir(parents=True, exist_ok=True)
@@ -227,7 +228,7 @@ def _init(pod: processes.LocalPod, env: dict[str, str]) -> policy.Outcome | None
         with open(pod.log_path, "ab") as log:
             done = subprocess.run(argv, env=env, cwd=pod.workdir, stdout=log, stderr=subprocess.STDOUT)
         if done.returncode != 0:
-            return policy.Outcome(
+            return restarts.Outcome(
                 False,
                 reason="InitContainerFailed",
                 message=f"{pod.name}: the sync hook's init container ({' '.join(argv)}) exited "
@@ -312,11 +313,11 @@ def _summary(
     spec: Spec,
     run_dir: Path,
     attempts: int,
-    decision: policy.Decision,
-    outcome: policy.Outcome,
+    decision: restarts.Decision,
+    outcome: restarts.Outcome,
     seconds: float,
 ) -> None:
-    result = "Succeeded" if decision.action is policy.Action.SUCCEED else "Failed"
+    result = "Succeeded" if decision.action is restarts.Action.SUCCEED else "Failed"
     console.say(
         f"ddpjob local: {spec.name}: {result} in {seconds:.1f}s after {attempts} attempt(s)"
         + ("" if result == "Succeeded" else f" — {decision.reason}: {decision.message}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..spec import Spec
+from ddp_operator.api.spec import Spec
 
 SCRIPT_SUFFIXES = (".py", ".sh")
 

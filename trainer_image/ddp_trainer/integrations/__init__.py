@@ -3,7 +3,7 @@
 * :mod:`ddp_trainer.integrations.transformers` — ``SyncHealthCallback`` for the Hugging Face ``Trainer``;
 * :mod:`ddp_trainer.integrations.lightning` — ``SyncHealthCallback`` for ``lightning.pytorch.Trainer``.
 
-Both build a :class:`ddp_trainer.health.SyncHealth` when training starts and call it after each optimizer
+Both build a :class:`ddp_trainer.sync.health.SyncHealth` when training starts and call it after each optimizer
 step. Each module imports its framework, so importing ``ddp_trainer`` never does: the frameworks are the
 user's dependencies, not the trainer's.
 """

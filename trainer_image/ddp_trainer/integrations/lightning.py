@@ -1,6 +1,6 @@
 """Sync health for Lightning: ``lightning.pytorch.Trainer(..., callbacks=[SyncHealthCallback()])``.
 
-The callback builds a :class:`ddp_trainer.health.SyncHealth` when training starts (the LightningModule,
+The callback builds a :class:`ddp_trainer.sync.health.SyncHealth` when training starts (the LightningModule,
 the first optimizer, the total from ``max_steps`` or the estimated stepping batches, whether the DDP
 wrapper broadcasts buffers) and calls it after each batch that ended with an optimizer step; an exception
 in training writes the report. The compute probe runs ``training_step`` on the first batch rank 0 saw
@@ -18,8 +18,8 @@ import lightning
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from ddp_trainer.health import SyncHealth
 from ddp_trainer.integrations import distributed, require
+from ddp_trainer.sync.health import SyncHealth
 
 MIN_VERSION = (2, 4)
 require("lightning", lightning.__version__, MIN_VERSION, "ddp_trainer.integrations.lightning")

@@ -1,6 +1,6 @@
 """Sync health for the Hugging Face ``Trainer``: ``Trainer(..., callbacks=[SyncHealthCallback()])``.
 
-The callback builds a :class:`ddp_trainer.health.SyncHealth` when training begins (the model and the
+The callback builds a :class:`ddp_trainer.sync.health.SyncHealth` when training begins (the model and the
 optimizer from the callback's arguments, the total from ``state.max_steps``, the step from
 ``state.global_step`` when resuming) and calls it at the end of every optimizer step; keyword arguments
 go to ``SyncHealth`` (``every=``, ``on_divergence=``, ...). The last logged loss feeds ``ddp_loss``.
@@ -13,8 +13,8 @@ from typing import Any
 import transformers
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from ddp_trainer.health import SyncHealth
 from ddp_trainer.integrations import distributed, require
+from ddp_trainer.sync.health import SyncHealth
 
 MIN_VERSION = (4, 57)
 require("transformers", transformers.__version__, MIN_VERSION, "ddp_trainer.integrations.transformers")

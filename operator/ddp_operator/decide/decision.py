@@ -1,0 +1,333 @@
+"""Facts → the next step for a DDPJob, and its phase. Pure: one function of what is observed.
+
+:func:`decide_for` parses the DDPJob, reads its children into :class:`~ddp_operator.observe.facts.Facts`,
+renders
+the objects of the current attempt (a value the plan may carry, never something the decision asks for
+midway) and calls :func:`decide`, which picks exactly one branch below and returns a :class:`Plan`: the
+status to write, the Service and Job to create, the Jobs to delete, the Job to (un)suspend, the events
+to post. Each branch says its phase and ``Ready`` condition; :mod:`ddp_operator.decide.status` builds the rest
+of the status. :mod:`ddp_operator.runtime.reconcile` carries plans out; every branch here is unit-tested
+without an API
+server (``tests/operator_tests/test_reconcile.py``) and proven against one by the e2e tests.
+
+Long because every branch of the decision reads best in one place, in the order the branches are checked
+(a running attempt's own cases included: starting, unschedulable, waiting on its claim or on Kueue).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ddp_operator.api import reasons
+from ddp_operator.api.spec import Spec, SpecError, known_total_steps, parse
+from ddp_operator.build import render
+from ddp_operator.decide import restarts, stall, status
+from ddp_operator.decide.plan import Event, Plan, Scrape
+from ddp_operator.decide.status import StatusBuilder, parse_time, stamp
+from ddp_operator.observe import claims, kueue, live
+from ddp_operator.observe import facts as observe_module
+from ddp_operator.observe.facts import Facts, JobFacts, observe
+from ddp_trainer import contract
+
+STOP_MARGIN_SECONDS = observe_module.STOP_MARGIN_SECONDS
+STALLED = reasons.STALLED
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Everything one decision depends on."""
+
+    spec: Spec
+    generation: int
+    previous: Mapping[str, Any]
+    """The DDPJob's last written status."""
+    facts: Facts
+    now: dt.datetime
+    service: dict[str, Any]
+    """The headless Service, rendered."""
+    claim: dict[str, Any] | None
+    """The checkpoint PersistentVolumeClaim, rendered, when spec.checkpoint.volumeClaimTemplate asks."""
+    job: dict[str, Any]
+    """The Job of ``facts.attempt``, rendered."""
+    snapshot: live.Snapshot | None = None
+    """The latest reading of the pods' metrics (:mod:`ddp_operator.runtime.scraper`), if any."""
+    storage: claims.Diagnosis | None = None
+    """Why the checkpoint claim keeps the pods from starting, when the claim was read and something does."""
+    workload: kueue.Workload | None = None
+    """Kueue's Workload of the attempt's Job (``spec.queueName``), once Kueue made one."""
+
+
+def decide_for(
+    body: Mapping[str, Any],
+    jobs: list[dict[str, Any]],
+    pods: list[dict[str, Any]],
+    now: dt.datetime,
+    snapshot: live.Snapshot | None = None,
+    claim: claims.ClaimReading | None = None,
+    workloads: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Plan:
+    """The plan for one DDPJob from its body and the children that carry its label, what the cluster
+    says about its checkpoint claim when :func:`claims.claim_to_read` asked for it, and Kueue's
+    Workloads of its Jobs (by Job name; :mod:`queueing`)."""
+    previous = dict(body.get("status") or {})
+    generation = int(body.get("metadata", {}).get("generation") or 0)
+    try:
+        spec = parse(body, admitted=True)
+    except SpecError as exc:
+        return invalid_spec(exc, previous, generation, now)
+    facts = observe(previous, jobs, pods, spec.metrics_port)
+    used = restarts.restarts_used(
+        facts.attempt,
+        status.count(previous.get("preemptions")),
+        status.count(previous.get(status.RESTARTS_IN_PLACE)),
+    )
+    avoid = status.avoided_nodes(previous)  # where the compute probe found a faulty rank
+    service = render.render_service(spec)
+    job = render.render_job(spec, facts.attempt, used, avoid_nodes=avoid)
+    rendered = render.render_checkpoint_claim(spec)
+    why = claims.diagnose(claim, owned=rendered is not None, nodes=spec.nodes)
+    found = (workloads or {}).get(facts.job.name) if facts.job and spec.queue_name else None
+    workload = kueue.read(found) if found is not None else None
+    return decide(
+        Inputs(spec, generation, previous, facts, now, service, rendered, job, snapshot, why, workload)
+    )
+
+
+def invalid_spec(error: SpecError, previous: Mapping[str, Any], generation: int, now: dt.datetime) -> Plan:
+    """A spec the API server should have refused (a hand-edited object, an older CRD): fail, say why."""
+    return refused(previous, generation, now, "; ".join(str(problem) for problem in error.problems))
+
+
+def refused(previous: Mapping[str, Any], generation: int, now: dt.datetime, message: str) -> Plan:
+    """Fail with reason ``InvalidSpec`` and ``message``, creating nothing: a spec this operator cannot read,
+    or one whose children the API server refused (``apply``, which undid what it had created)."""
+    out = StatusBuilder(previous, stamp(now))
+    out.values.update({k: v for k, v in previous.items() if k != "conditions"}, observedGeneration=generation)
+    return _finish(out, False, reasons.INVALID_SPEC, message[:1024])
+
+
+def decide(inputs: Inputs) -> Plan:
+    """The status to write and the next step: exactly one branch applies, checked in this order."""
+    facts, job = inputs.facts, inputs.facts.job
+    out = status.begin(
+        inputs.previous, inputs.now, inputs.generation, facts.attempt, facts.report, inputs.spec
+    )
+    seen, cause = _in_place(inputs)
+    status.restarted_in_place(out, facts.attempt, seen, cause, inputs.spec.max_restarts)
+    if status.finished(inputs.previous):
+        return _finished(inputs, out)
+    if (deadline := _deadline_passed(inputs)) is not None:
+        return _finish(out, False, reasons.DEADLINE_EXCEEDED, deadline, delete=_all_jobs(facts))
+    if facts.stale_jobs:
+        return _stopping_old_attempts(inputs, out)
+    if job is None:
+        return _create(inputs, out)
+    if job.complete:
+        status.checkpoint_events(out, facts.report)
+        steps = facts.report.get("step") if facts.report else None
+        if progress := status.final_progress(inputs.previous, steps, known_total_steps(inputs.spec), out.now):
+            out.values["progress"] = progress
+        message = status.completed_message(inputs.previous, facts.attempt, inputs.now, steps)
+        return _finish(out, True, "Completed", message)
+    if job.failed:
+        return _after_failure(inputs, out, job)
+    return _running(inputs, out, job)
+
+
+def _in_place(inputs: Inputs) -> tuple[int, str]:
+    """The restarts in place the current attempt's pods reported (the metrics while it runs, rank 0's
+    report at its end: the higher count wins), and the cause of the last."""
+    attempt, report, snapshot = inputs.facts.attempt, inputs.facts.report or {}, inputs.snapshot
+    seen, cause = 0, ""
+    if snapshot is not None and snapshot.attempt == attempt and snapshot.latest is not None:
+        seen, cause = snapshot.latest.restarts_in_place, snapshot.latest.restart_cause
+    said = report.get("restartsInPlace")
+    if report.get("attempt") == attempt and isinstance(said, int) and said > seen:
+        seen, cause = said, str(report.get("lastRestart") or cause)
+    return seen, cause
+
+
+def _all_jobs(facts: Facts) -> tuple[str, ...]:
+    return facts.stale_jobs + ((facts.job.name,) if facts.job else ())
+
+
+def _finished(inputs: Inputs, out: StatusBuilder) -> Plan:
+    """A terminal phase sticks; old Jobs go; the DDPJob itself goes once its TTL has passed."""
+    status.keep_finished(out)
+    finished = parse_time(inputs.previous.get("completionTime"))
+    ttl = inputs.spec.ttl_seconds_after_finished
+    expired = ttl is not None and finished is not None and (inputs.now - finished).total_seconds() >= ttl
+    return Plan(out.plan().status, delete_jobs=inputs.facts.stale_jobs, delete_self=expired)
+
+
+def _deadline_passed(inputs: Inputs) -> str | None:
+    deadline = inputs.spec.active_deadline_seconds
+    started = parse_time(inputs.previous.get("startTime") or stamp(inputs.now))
+    if deadline is not None and started and (inputs.now - started).total_seconds() > deadline:
+        return f"ran longer than activeDeadlineSeconds ({deadline}s), restarts included"
+    return None
+
+
+def _stopping_old_attempts(inputs: Inputs, out: StatusBuilder) -> Plan:
+    """Old Jobs go (foreground: the next gang starts once their pods are gone), except that a Job whose
+    pods were evicted from a lost node, or are past their deletion deadline by ``STOP_MARGIN_SECONDS``, is
+    deleted without waiting for them: their node does not answer, and the API server would keep them
+    Terminating until it does (``observe.give_up_at``)."""
+    attempt = inputs.facts.attempt
+    lost = tuple(name for name, give_up in inputs.facts.stale_deadlines if inputs.now >= give_up)
+    said = {c.get("type"): c for c in inputs.previous.get("conditions", []) or []}.get(reasons.READY) or {}
+    if inputs.previous.get("phase") == reasons.RESTARTING and said.get("reason") and said.get("message"):
+        # Why the gang restarts (Stalled, NodeLost, AttemptFailed, ...) stays said until the next attempt.
+        out.phase(reasons.RESTARTING, said["reason"], said["message"])
+        out.condition(reasons.READY, False, said["reason"], said["message"])
+    else:
+        out.phase(
+            reasons.RESTARTING, reasons.GANG_RESTART, f"stopping the pods of attempt(s) before {attempt}"
+        )
+        out.condition(
+            reasons.READY, False, reasons.GANG_RESTART, "waiting for the pods of earlier attempts to go away"
+        )
+    for name in lost:
+        message = (
+            f"Job {name}: its pods' node does not answer (evicted from a lost node, or not confirmed "
+            f"stopped {STOP_MARGIN_SECONDS}s past their deletion deadline); not waiting for them"
+        )
+        out.events.append(Event("Warning", reasons.NODE_LOST, message))
+    return out.plan(delete_jobs=inputs.facts.stale_jobs, abandon_jobs=lost)
+
+
+SUSPENDED_READY = "spec.suspend is true"
+
+
+def _create(inputs: Inputs, out: StatusBuilder) -> Plan:
+    spec, attempt = inputs.spec, inputs.facts.attempt
+    out.phase(
+        reasons.SUSPENDED if spec.suspend else reasons.PENDING,
+        reasons.SUSPENDED if spec.suspend else "Created",
+        f"created Job {inputs.job['metadata']['name']} (attempt {attempt})",
+    )
+    # Suspended from the start: the status says at once what the next reconcile (the Job there, suspended)
+    # would, so that one writes nothing: one event and one status write for a suspended DDPJob's creation.
+    if spec.suspend:
+        out.condition(reasons.READY, False, reasons.SUSPENDED, SUSPENDED_READY)
+    else:
+        out.condition(reasons.READY, False, "Creating", f"creating attempt {attempt}")
+    status.sync_condition(out)
+    return out.plan(create_claim=inputs.claim, create_service=inputs.service, create_job=inputs.job)
+
+
+def _after_failure(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
+    """A failed attempt: the policy chooses between a gang restart and failing the DDPJob, once the
+    attempt's pods have stopped (rank 0 reports on its way out: a preemption is told apart from a crash
+    only then), or a termination grace period after the failure at the latest."""
+    attempt = inputs.facts.attempt
+    assert job.outcome is not None
+    since = (inputs.now - job.failed_at).total_seconds() if job.failed_at else 0.0
+    if job.stopping_pods and since < render.TERMINATION_GRACE_SECONDS + STOP_MARGIN_SECONDS:
+        message = (
+            f"attempt {attempt} failed; waiting for its {job.stopping_pods} other pod(s) to stop and report"
+        )
+        out.phase(reasons.RESTARTING, reasons.STOPPING_ATTEMPT, message)
+        out.condition(reasons.READY, False, reasons.STOPPING_ATTEMPT, message)
+        return out.plan()
+    return _end_attempt(inputs, out, job.name, job.outcome)
+
+
+def _end_attempt(
+    inputs: Inputs, out: StatusBuilder, job: str, outcome: restarts.Outcome, stop: bool = False
+) -> Plan:
+    """The policy's decision on an ended attempt: the next attempt (Job ``job`` goes first), or the
+    DDPJob fails (deleting ``job`` too when its pods still run: ``stop``)."""
+    attempt = inputs.facts.attempt
+    preemptions = status.count(inputs.previous.get("preemptions"))
+    in_place = status.count(out.values.get(status.RESTARTS_IN_PLACE))
+    decision = restarts.decide(outcome, attempt, inputs.spec.max_restarts, preemptions, in_place)
+    status.checkpoint_events(out, inputs.facts.report)
+    if decision.reason == contract.FAULTY_RANK:
+        status.avoid_nodes(out, restarts.faulty_nodes(outcome))
+    if decision.action is restarts.Action.RESTART:
+        out.values.update(attempt=attempt + 1, restarts=contract.restarts_before(attempt + 1) + in_place)
+        status.recreated(out, attempt + 1, decision.reason, decision.message)
+        if decision.reason == restarts.PREEMPTED:
+            out.values["preemptions"] = preemptions + 1
+        out.phase(reasons.RESTARTING, decision.reason, decision.message, warning=True)
+        out.condition(reasons.READY, False, decision.reason, decision.message)
+        return out.plan(delete_jobs=(job,))
+    return _finish(out, False, decision.reason, decision.message, delete=(job,) if stop else ())
+
+
+def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
+    """The attempt's Job exists and has not finished: pending, queued, suspended or running."""
+    spec, facts = inputs.spec, inputs.facts
+    toggle = None
+    if spec.suspend and not job.suspended:
+        toggle = (job.name, True)
+    elif not spec.suspend and job.suspended and spec.queue_name is None:
+        toggle = (job.name, False)
+    ready, attempt = facts.ready_nodes, facts.attempt
+    out.values["readyNodes"] = ready
+    if queued := kueue.summary(inputs.workload):
+        out.values["kueue"] = queued
+    else:  # a new attempt's Job: the earlier Job's Workload is gone with it
+        out.values.pop("kueue", None)
+    if spec.suspend:
+        out.phase(
+            reasons.SUSPENDED, reasons.SUSPENDED, "suspended: the pods are stopped and the checkpoint is kept"
+        )
+        out.condition(reasons.READY, False, reasons.SUSPENDED, SUSPENDED_READY)
+    elif job.suspended and spec.queue_name is None:
+        out.phase(reasons.PENDING, "Resuming", f"resuming Job {job.name}")
+        out.condition(reasons.READY, False, "Resuming", f"Job {job.name} is still suspended")
+    elif job.suspended:
+        reason, message = kueue.waiting(spec.queue_name or "", job.name, inputs.workload)
+        out.phase(reasons.PENDING, reason, message, warning=reason in kueue.WARNINGS)
+        out.condition(reasons.READY, False, reason, message)
+    elif ready == spec.nodes:
+        out.phase(
+            reasons.RUNNING,
+            reasons.ALL_NODES_READY,
+            f"all {spec.nodes} pods of attempt {attempt} are running",
+        )
+        out.condition(reasons.READY, True, reasons.ALL_NODES_READY, f"{ready}/{spec.nodes} pods ready")
+    elif (found := inputs.storage) is not None:
+        # before the scheduler's message: it says only "pod has unbound immediate PersistentVolumeClaims"
+        out.phase(reasons.PENDING, found.reason, found.message, warning=found.fault)
+        out.condition(reasons.READY, False, found.reason, f"{ready}/{spec.nodes} pods ready; {found.message}")
+    elif why := facts.unschedulable:
+        out.phase(reasons.PENDING, "Unschedulable", f"pods cannot be scheduled: {why}", warning=True)
+        out.condition(reasons.READY, False, "Unschedulable", f"{ready}/{spec.nodes} pods ready; {why}")
+    else:
+        out.phase(reasons.PENDING, "Starting", f"starting {spec.nodes} pods of attempt {attempt}")
+        out.condition(reasons.READY, False, "Starting", f"{ready}/{spec.nodes} pods ready")
+    running = ready == spec.nodes and not spec.suspend and not job.suspended
+    if running and (why := stall.stalled(inputs.snapshot, attempt, spec.stall_timeout_seconds)):
+        return _end_attempt(inputs, out, job.name, restarts.Outcome(False, reason=STALLED, message=why), True)
+    if running and (why := _never_started(inputs, out)):
+        return _end_attempt(inputs, out, job.name, restarts.Outcome(False, reason=STALLED, message=why), True)
+    status.write_reading(out, inputs.snapshot, attempt, known_total_steps(spec))
+    status.sync_condition(out)
+    scrape = None
+    if facts.targets and not spec.suspend and not job.suspended:
+        scrape = Scrape(attempt, spec.metrics_port, facts.targets)
+    return out.plan(suspend_job=toggle, scrape=scrape)
+
+
+def _never_started(inputs: Inputs, out: StatusBuilder) -> str | None:
+    """A gang whose pods all run (since the ``Ready`` condition turned True) but that never stepped."""
+    spec = inputs.spec
+    since = parse_time(out.conditions[reasons.READY]["lastTransitionTime"])
+    running = (inputs.now - since).total_seconds() if since else 0.0
+    built_in = spec.command is None and spec.args is None and spec.metrics_port != 0
+    return stall.never_started(
+        inputs.snapshot, inputs.facts.attempt, running, spec.start_timeout_seconds, spec.world_size, built_in
+    )
+
+
+def _finish(
+    out: StatusBuilder, succeeded: bool, reason: str, message: str, delete: tuple[str, ...] = ()
+) -> Plan:
+    status.finish(out, succeeded, reason, message)
+    return out.plan(delete_jobs=delete)

@@ -1,0 +1,191 @@
+"""The gang-restart decision, shared by the operator and ``ddpjob local``. Pure.
+
+An attempt is one Indexed Job: all pods start together and one failed pod fails the attempt. Then:
+
+- a sync divergence under ``onDivergence: Fail`` fails the DDPJob at once: restarting would resume the
+  same diverged training, so the operator says what diverged instead of burning restarts;
+- an invalid spec fails at once as well: no restart can fix it, and neither can one after the deadline;
+- so does a configuration error: a refused checkpoint (another job's, or this job's written with other
+  settings: every attempt would find the same files in the same volume), a refused command line, any pod
+  that exits with one of ``contract.CONFIGURATION_EXIT_CODES`` (2 usage, 78 refused; the Job's
+  ``podFailurePolicy`` fails the Job on them too);
+- a faulty rank named by the compute probe under ``onFaultyRank: Fail`` (report reason ``FaultyRank``,
+  exit code 87) restarts the gang while restarts are left; the next attempt's pods avoid the node
+  (:func:`faulty_nodes`, ``status.probe.faultyNodes``, ``render.avoiding``);
+- a preemption (a pod deleted gracefully or evicted: the trainer checkpointed at SIGTERM) restarts the
+  gang without using up ``maxRestarts``;
+- any other failure starts attempt + 1 (resuming from the last good checkpoint) while restarts are left;
+  the restarts done in place inside the attempts' pods (torchrun's agents, ``ddp_trainer.launch``) count
+  against the same ``maxRestarts`` (:func:`restarts_used`), and the next Job's agents get what is left.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ddp_operator.api import reasons
+from ddp_operator.observe import failures
+from ddp_operator.observe.outcome import Outcome as Outcome
+from ddp_trainer import contract
+
+
+class Action(enum.Enum):
+    SUCCEED = "Succeed"
+    RESTART = "Restart"
+    FAIL = "Fail"
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str
+    message: str
+
+
+def diverged(outcome: Outcome) -> bool:
+    """True when the replicas diverged and the job's policy was to stop."""
+    if outcome.report is not None and outcome.report.get("result") == contract.DIVERGED:
+        return True
+    return contract.DIVERGENCE_EXIT_CODE in outcome.exit_codes.values()
+
+
+def configuration_error(outcome: Outcome) -> str:
+    """Why the attempt can never succeed as configured, else ``""``: the report's reason
+    (``ForeignCheckpoint``, ``SettingsChanged``, ``InvalidArguments``), or what a configuration exit code
+    (``contract.CONFIGURATION_EXIT_CODES``) or the Job's ``podFailurePolicy`` says."""
+    reason = (outcome.report or {}).get("reason")
+    if reason in contract.CONFIGURATION_REASONS:
+        return str(reason)
+    codes = set(outcome.exit_codes.values())
+    if contract.CHECKPOINT_REFUSED_EXIT_CODE in codes:
+        return reasons.CHECKPOINT_REFUSED
+    if contract.USAGE_EXIT_CODE in codes:
+        return reasons.USAGE_ERROR
+    if outcome.reason == POD_FAILURE_POLICY:
+        return reasons.CONFIGURATION_ERROR
+    return ""
+
+
+def faulty_rank(outcome: Outcome) -> bool:
+    """The compute probe named a faulty rank and the job's policy was to stop the attempt."""
+    if (outcome.report or {}).get("reason") == contract.FAULTY_RANK:
+        return True
+    return contract.FAULTY_RANK_EXIT_CODE in outcome.exit_codes.values()
+
+
+def faulty_nodes(outcome: Outcome) -> tuple[str, ...]:
+    """The nodes of the faulty ranks the report names (empty names, from outside a pod, left out)."""
+    nodes = (outcome.report or {}).get("faultyNodes") or []
+    return tuple(dict.fromkeys(str(n) for n in nodes if isinstance(n, str) and n))
+
+
+POD_FAILURE_POLICY = reasons.POD_FAILURE_POLICY
+_CONFIGURATION_WORDS = {
+    reasons.USAGE_ERROR: "exit code 2 is a usage error, which no restart can fix",
+    reasons.CHECKPOINT_REFUSED: "exit code 78 means the checkpoint was refused, which no restart can fix",
+    reasons.CONFIGURATION_ERROR: (
+        "a configuration exit code (the Job's podFailurePolicy), which no restart can fix"
+    ),
+}
+
+
+def preempted(outcome: Outcome) -> bool:
+    """The attempt was stopped from outside (a pod deleted gracefully, evicted, preempted): rank 0 saved a
+    checkpoint at SIGTERM and reported ``Interrupted``, or Kubernetes marked a pod ``DisruptionTarget``; and
+    no pod failed on its own (a crash stops the others with SIGTERM too: that is no preemption)."""
+    if outcome.crashed:
+        return False
+    if outcome.reason == PREEMPTED:
+        return True
+    return outcome.report is not None and outcome.report.get("result") == contract.INTERRUPTED
+
+
+PREEMPTED = reasons.PREEMPTED
+
+
+def restarts_used(attempt: int, preemptions: int = 0, in_place: int = 0) -> int:
+    """Gang restarts counted against ``maxRestarts`` before ``attempt`` ends: the attempts before it but
+    the preemptions, plus the restarts done in place (same pods) in every attempt so far."""
+    return contract.restarts_before(attempt) - preemptions + in_place
+
+
+def decide(
+    outcome: Outcome, attempt: int, max_restarts: int, preemptions: int = 0, in_place: int = 0
+) -> Decision:
+    """What to do after ``attempt`` (1-based) ended with ``outcome``; restarts so far are attempt - 1, of
+    which ``preemptions`` were preemptions (they do not count against ``max_restarts``), plus ``in_place``
+    restarts inside the same pods (:func:`restarts_used`)."""
+    if outcome.succeeded:
+        return Decision(Action.SUCCEED, reasons.COMPLETED, f"attempt {attempt} completed")
+    if diverged(outcome):
+        detail = (outcome.report or {}).get("message") or "the replicas are no longer bit-identical"
+        return Decision(Action.FAIL, reasons.SYNC_DIVERGENCE, f"attempt {attempt}: {detail}; not restarting")
+    refused = configuration_error(outcome)
+    if refused:
+        detail = (outcome.report or {}).get("message") or (
+            f"{outcome.message or _failed_pods(outcome)}: {_CONFIGURATION_WORDS.get(refused, refused)}"
+        )
+        return Decision(Action.FAIL, refused, f"attempt {attempt}: {detail}; not restarting")
+    if outcome.reason == reasons.INVALID_SPEC:
+        return Decision(
+            Action.FAIL, reasons.INVALID_SPEC, outcome.message or "the spec is invalid; not restarting"
+        )
+    if outcome.reason == reasons.DEADLINE_EXCEEDED:
+        return Decision(
+            Action.FAIL, reasons.DEADLINE_EXCEEDED, "activeDeadlineSeconds passed; not restarting"
+        )
+    if faulty_rank(outcome):
+        return _away_from_faulty(outcome, attempt, max_restarts, preemptions)
+    if preempted(outcome):
+        return Decision(
+            Action.RESTART,
+            PREEMPTED,
+            f"attempt {attempt} was stopped from outside (pod deleted, evicted or preempted) and saved a "
+            "checkpoint; restarting the gang from it (preemptions do not count against maxRestarts)",
+        )
+    why = outcome.message or _failed_pods(outcome)
+    report = outcome.report or {}
+    if cause := failures.describe(report.get("failures") or []):  # a user's command: who failed first
+        why = f"{cause}; {why}"
+    elif report.get("result") == contract.FAILED and report.get("message"):
+        reason = report.get("reason", reasons.TRAINER_ERROR)
+        said = "in your command" if reason == contract.COMMAND_ERROR else reason
+        why += f"; rank 0: {said}: {report['message']}"
+    restarts = restarts_used(attempt, preemptions, in_place)
+    if restarts < max_restarts:
+        return Decision(
+            Action.RESTART,
+            outcome.reason or reasons.ATTEMPT_FAILED,
+            f"attempt {attempt} failed ({why}); gang restart {restarts + 1} of {max_restarts}",
+        )
+    return Decision(
+        Action.FAIL,
+        reasons.MAX_RESTARTS_EXCEEDED if max_restarts else (outcome.reason or reasons.ATTEMPT_FAILED),
+        f"attempt {attempt} failed ({why}) and {max_restarts} restart(s) are used up",
+    )
+
+
+def _away_from_faulty(outcome: Outcome, attempt: int, max_restarts: int, preemptions: int) -> Decision:
+    detail = (outcome.report or {}).get("message") or "the compute probe named a faulty rank"
+    nodes = faulty_nodes(outcome)
+    where = f"away from node(s) {', '.join(nodes)}" if nodes else "(its node is not known: none avoided)"
+    restarts = contract.restarts_before(attempt) - preemptions
+    if restarts < max_restarts:
+        return Decision(
+            Action.RESTART,
+            contract.FAULTY_RANK,
+            f"attempt {attempt}: {detail}; gang restart {restarts + 1} of {max_restarts}, {where}",
+        )
+    return Decision(
+        Action.FAIL,
+        contract.FAULTY_RANK,
+        f"attempt {attempt}: {detail}; {max_restarts} restart(s) are used up",
+    )
+
+
+def _failed_pods(outcome: Outcome) -> str:
+    failed = {index: code for index, code in sorted(outcome.exit_codes.items()) if code != 0}
+    if not failed:
+        return "no pod reported an exit code"
+    return ", ".join(f"node {index} exited {code}" for index, code in failed.items())

@@ -1,0 +1,89 @@
+"""Which rank failed first, and what its peers' errors were: the cause of a failed attempt, named. Pure.
+
+Every rank of a user's command that ends with an exception records it, with the time, in its pod's report
+(``ddp_trainer.reporting.report.record_failure``, done by the no-code hook). When one rank raises, its peers
+fail a
+moment later in their next collective ("Connection closed by peer", a gloo or NCCL timeout): those are
+consequences. The cause is the earliest failure that is not such a consequence (the earliest of all when
+every one is), across every pod of the attempt.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ddp_trainer import contract
+
+CONSEQUENCE_CHARS = 120
+"""Characters kept of the consequences' error (the cause's is kept whole, as recorded)."""
+_SOURCE = re.compile(r"\[[^\]]*\.(?:cc|cpp|h|hpp|py):\d+\]\s*")  # gloo's "[.../pair.cc:561] "
+
+
+def is_consequence(error: str) -> bool:
+    """Whether ``error`` is one a rank gets because a peer died, seen through a collective."""
+    low = error.lower()
+    return any(word.lower() in low for word in contract.COLLATERAL_ERRORS)
+
+
+def gather(reports: Iterable[Mapping[str, Any] | None]) -> list[dict[str, Any]]:
+    """The failures every pod's report recorded, one per rank (the earliest), the earliest first."""
+    by_rank: dict[int, dict[str, Any]] = {}
+    for report in reports:
+        for entry in (report or {}).get("failures", []) or []:
+            if not isinstance(entry, Mapping) or not isinstance(entry.get("rank"), int):
+                continue
+            rank = entry["rank"]
+            if rank not in by_rank or _at(entry) < _at(by_rank[rank]):
+                by_rank[rank] = dict(entry)
+    return sorted(by_rank.values(), key=lambda e: (_at(e), e["rank"]))
+
+
+def first_failure(
+    failures: Sequence[Mapping[str, Any]],
+) -> tuple[Mapping[str, Any] | None, list[Mapping[str, Any]]]:
+    """The failure that caused the others, and the others (the earliest first): the earliest rank's own
+    error wins over any peer's collective error, whatever their times; among equals, the earliest."""
+    if not failures:
+        return None, []
+    ordered = sorted(failures, key=lambda e: (is_consequence(str(e.get("error", ""))), _at(e), e["rank"]))
+    first = ordered[0]
+    return first, sorted(ordered[1:], key=lambda e: (_at(e), e["rank"]))
+
+
+def describe(failures: Sequence[Mapping[str, Any]]) -> str:
+    """``rank 1 failed first, in your command: RuntimeError: ...; then ranks 0, 2, 3 failed as a
+    consequence (RuntimeError: Connection closed by peer ...)``; ``""`` without failures."""
+    first, rest = first_failure(failures)
+    if first is None:
+        return ""
+    text = f"rank {first['rank']} failed first, in your command: {first.get('error', '')}"
+    if rest:
+        ranks = ", ".join(str(rank) for rank in sorted(e["rank"] for e in rest))
+        word = "rank" if len(rest) == 1 else "ranks"
+        text += f"; then {word} {ranks} failed as a consequence ({short(str(rest[0].get('error', '')))})"
+    return text
+
+
+def short(error: str) -> str:
+    """A peer's collective error without the C++ source location, cut to :data:`CONSEQUENCE_CHARS`."""
+    text = _SOURCE.sub("", error).strip()
+    return text if len(text) <= CONSEQUENCE_CHARS else text[: CONSEQUENCE_CHARS - 1] + "…"
+
+
+def with_failures(
+    report: Mapping[str, Any] | None, reports: Iterable[Mapping[str, Any] | None]
+) -> Mapping[str, Any] | None:
+    """Rank 0's ``report`` with ``failures`` gathered from every pod's report (``reports``)."""
+    found = gather(reports)
+    if not found:
+        return report
+    merged = dict(report or {"result": contract.FAILED, "reason": contract.COMMAND_ERROR, "message": ""})
+    merged["failures"] = found
+    return merged
+
+
+def _at(entry: Mapping[str, Any]) -> float:
+    at = entry.get("at")
+    return float(at) if isinstance(at, int | float) else float("inf")

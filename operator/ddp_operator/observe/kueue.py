@@ -1,0 +1,135 @@
+"""Kueue's side of a queued DDPJob: its Job's Workload → what the DDPJob says while it waits. Pure.
+
+With ``spec.queueName`` the operator creates the attempt's Job suspended, labelled
+``kueue.x-k8s.io/queue-name``; Kueue makes a Workload for it (owned by the Job), reserves quota in the
+LocalQueue's ClusterQueue when the whole gang fits, and admits it by unsuspending the Job. It may take the
+quota back later (preemption by a higher-priority Workload, pods not all ready in time under
+``waitForPodsReady``, a stopped queue): then it *evicts* the Workload, suspends the Job (its pods get
+SIGTERM, and the trainer checkpoints) and requeues it. None of that is a failure of the DDPJob: no
+attempt ends, no restart is counted, and when Kueue admits the Workload again the same Job's pods start
+from the latest checkpoint.
+
+The Workload's conditions carry Kueue's own words (``QuotaReserved`` False with "insufficient unused quota
+for cpu ..."; ``Evicted`` with "Preempted to accommodate a workload ..."); :func:`waiting` turns them into
+the DDPJob's phase reason and message, naming Kueue, the LocalQueue and that message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ddp_operator.api import reasons
+
+GROUP: Final = "kueue.x-k8s.io"
+WORKLOADS: Final = "workloads"
+# The DDPJob's phase reasons while its Job is suspended for Kueue (its Ready condition's too).
+PENDING: Final = reasons.KUEUE_PENDING
+INADMISSIBLE: Final = reasons.KUEUE_INADMISSIBLE
+PREEMPTED: Final = reasons.KUEUE_PREEMPTED
+REQUEUED: Final = reasons.KUEUE_REQUEUED
+EVICTED: Final = reasons.KUEUE_EVICTED
+ADMITTED: Final = reasons.KUEUE_ADMITTED
+WARNINGS: Final = frozenset({INADMISSIBLE, PREEMPTED, REQUEUED, EVICTED})
+"""The reasons a Warning event announces."""
+_EVICTIONS: Final = {
+    "Preempted": (PREEMPTED, "preempted by Kueue"),
+    "PodsReadyTimeout": (REQUEUED, "requeued by Kueue"),
+}
+"""Kueue's eviction reasons this operator names, and how its message begins; any other is ``EVICTED``."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the decision reads of a Job's Workload."""
+
+    name: str
+    admitted: bool
+    cluster_queue: str | None
+    """Where quota is reserved, while it is."""
+    pending: str
+    """``QuotaReserved``'s message while no quota is reserved (why it waits), else ''."""
+    inadmissible: bool
+    """``QuotaReserved`` is False with reason ``Inadmissible``: it cannot be admitted as things are."""
+    evicted: tuple[str, str] | None
+    """``Evicted`` (reason, message) while it is True: Kueue took the admission back."""
+    evictions: int
+    """How many times Kueue evicted it, every reason (``status.schedulingStats``)."""
+
+
+def _conditions(body: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    return {c.get("type", ""): c for c in (body.get("status") or {}).get("conditions") or []}
+
+
+def owner_job(body: Mapping[str, Any]) -> str | None:
+    """The name of the batch Job that owns a Workload, if one does."""
+    for ref in body.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("kind") == "Job" and str(ref.get("apiVersion", "")).startswith("batch/"):
+            return str(ref.get("name"))
+    return None
+
+
+def slim(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A Workload as the operator's index keeps it: what :func:`read` reads, not its pod sets."""
+    status = body.get("status") or {}
+    kept = {key: status[key] for key in ("conditions", "schedulingStats") if key in status}
+    if cluster_queue := (status.get("admission") or {}).get("clusterQueue"):
+        kept["admission"] = {"clusterQueue": cluster_queue}
+    meta = body.get("metadata", {})
+    return {"metadata": {k: meta[k] for k in ("name", "ownerReferences") if k in meta}, "status": kept}
+
+
+def read(body: Mapping[str, Any]) -> Workload:
+    conditions = _conditions(body)
+    status = body.get("status") or {}
+    reserved = conditions.get("QuotaReserved", {})
+    evicted = conditions.get("Evicted", {})
+    stats = (status.get("schedulingStats") or {}).get("evictions") or []
+    return Workload(
+        name=str(body.get("metadata", {}).get("name", "")),
+        admitted=conditions.get("Admitted", {}).get("status") == "True",
+        cluster_queue=(status.get("admission") or {}).get("clusterQueue"),
+        pending=str(reserved.get("message") or "") if reserved.get("status") != "True" else "",
+        inadmissible=reserved.get("status") == "False" and reserved.get("reason") == "Inadmissible",
+        evicted=(str(evicted.get("reason") or ""), str(evicted.get("message") or ""))
+        if evicted.get("status") == "True"
+        else None,
+        evictions=sum(int(entry.get("count") or 0) for entry in stats),
+    )
+
+
+def waiting(queue: str, job: str, workload: Workload | None) -> tuple[str, str]:
+    """The phase reason and message of a DDPJob whose Job Kueue keeps suspended."""
+    if workload is None:
+        return PENDING, (
+            f"Job {job} waits for Kueue to admit it to LocalQueue {queue}; Kueue has made no Workload for it "
+            f"yet (is Kueue installed, managing batch/job?)"
+        )
+    again = f"; waiting in LocalQueue {queue} to be admitted again"
+    why = f": {workload.pending}" if workload.pending else ""
+    if workload.evicted is not None:
+        reason, message = workload.evicted
+        ours, said = _EVICTIONS.get(reason, (EVICTED, f"evicted by Kueue ({reason})"))
+        return ours, f"{said}: {message}{again}{why}"
+    if workload.admitted:  # for the moment until Kueue unsuspends the Job
+        where = f" to ClusterQueue {workload.cluster_queue}" if workload.cluster_queue else ""
+        return ADMITTED, f"Kueue admitted Workload {workload.name}{where}; Job {job} is about to start"
+    if workload.inadmissible:
+        return INADMISSIBLE, f"Kueue cannot admit Workload {workload.name} from LocalQueue {queue}{why}"
+    why = why or ": no quota reserved yet"
+    return PENDING, f"waiting for Kueue to admit Workload {workload.name} from LocalQueue {queue}{why}"
+
+
+def summary(workload: Workload | None) -> dict[str, Any] | None:
+    """``status.kueue``: the Workload, where it is admitted, how often Kueue evicted it."""
+    if workload is None:
+        return None
+    out: dict[str, Any] = {
+        "workload": workload.name,
+        "admitted": workload.admitted,
+        "evictions": workload.evictions,
+    }
+    if workload.cluster_queue:
+        out["clusterQueue"] = workload.cluster_queue
+    return out

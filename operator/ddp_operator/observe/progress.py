@@ -1,0 +1,314 @@
+"""What a person watching a run sees: training progress read from the pods' own /metrics, and the
+sync report in one sentence.
+
+``ddpjob local`` and the operator (for ``status.progress``) scrape the same Prometheus endpoints a
+cluster's Prometheus would and parse them here, so the progress line and the status show exactly what the
+metrics say. Parsing and formatting are pure; ``scrape`` and ``fetch`` are the only I/O.
+
+Long because the sync sentence covers every way a run can end, and reads best next to the progress line.
+"""
+
+from __future__ import annotations
+
+import math
+import urllib.request
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from ddp_operator.observe import failures
+from ddp_trainer import contract
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Training progress across every rank that has reported."""
+
+    step: int = 0
+    samples: float = 0.0
+    loss: float | None = None
+    checks_ok: int = 0
+    checks_mismatch: int = 0
+    ranks: int = 0
+    step_times: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    """Per rank: the sum and the count of ``ddp_step_duration_seconds`` (the step-time histogram)."""
+    skew: float | None = None
+    """``ddp_step_time_skew_ratio``: (slowest - fastest) / slowest mean step time between checks, 0-1."""
+    last_check_time: float | None = None
+    """Unix time of the last sync check (any rank: they check together)."""
+    last_check_ok: bool | None = None
+    """Whether the last sync check found every rank bit-identical (rank 0's verdict)."""
+    last_check_step: int | None = None
+    """The optimizer step at which the last sync check ran (rank 0's)."""
+    repairs: int = 0
+    mismatched_tensors: int = 0
+    """Tensors that differed at the last check (names are in the final report only)."""
+    max_abs_diff: float | None = None
+    nonfinite_steps: int = 0
+    """Steps whose loss was NaN or infinite (rank 0)."""
+    total_steps: int | None = None
+    """``ddp_total_steps``: the run's total as its code knows it (rank 0's), None where it does not say."""
+    restarts_in_place: int = 0
+    """``ddp_restarts_in_place``: gang restarts done in place in this attempt (the highest any pod says)."""
+    restart_cause: str = ""
+    """Why the last of them happened: of the pods' ``ddp_last_restart_info`` causes for it, the one that
+    names the failing rank best (``contract.blame``)."""
+
+    def total(self, spec_steps: int) -> int:
+        """The total to show: what the code said, else the spec's (``spec.trainer.steps``)."""
+        return self.total_steps or spec_steps
+
+    def slowest(self) -> tuple[int, float] | None:
+        """The rank with the longest mean step time, and that time (seconds); None before any step."""
+        return slowest(self, None)
+
+    def steps_per_second(self) -> float | None:
+        """Rank 0's step rate from its step-time histogram (excludes what happens between steps)."""
+        total, count = self.step_times.get("0") or next(iter(self.step_times.values()), (0.0, 0.0))
+        return count / total if total > 0 and count > 0 else None
+
+
+def slowest(now: Progress, earlier: Progress | None) -> tuple[int, float] | None:
+    """The slowest rank and its mean step time, between two readings when ``earlier`` has fewer steps of
+    that rank (a restarted rank's histogram starts over: then since its start)."""
+    means: dict[str, float] = {}
+    for rank, (total, count) in now.step_times.items():
+        before = earlier.step_times.get(rank) if earlier else None
+        if before and count > before[1] and total >= before[0]:
+            total, count = total - before[0], count - before[1]
+        if count > 0:
+            means[rank] = total / count
+    if not means:
+        return None
+    rank = max(means, key=lambda r: (means[r], -_rank_number(r)))
+    return _rank_number(rank), means[rank]
+
+
+def _rank_number(rank: str) -> int:
+    try:
+        return int(rank)
+    except ValueError:
+        return -1
+
+
+def scrape(port: int, timeout: float = 0.5) -> str | None:
+    """The text of http://127.0.0.1:PORT/metrics, or None while nothing answers there."""
+    try:
+        return fetch(f"http://127.0.0.1:{port}/metrics", timeout=timeout)
+    except OSError:
+        return None
+
+
+SIZE_LIMIT = 1 << 20  # bytes: a trainer's exposition is a few KiB; anything larger is not read
+
+
+def fetch(url: str, timeout: float = 2.0, limit: int = SIZE_LIMIT) -> str:
+    """The text at ``url`` (at most ``limit`` bytes: OSError past that); OSError when nothing answers."""
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        body: bytes = response.read(limit + 1)
+    if len(body) > limit:
+        raise OSError(f"more than {limit} bytes")
+    return body.decode(errors="replace")
+
+
+def parse(texts: Iterable[str]) -> Progress:
+    """Progress from the exposition texts of every pod (each pod shows all of its local ranks)."""
+    steps: dict[str, float] = {}
+    samples: dict[str, float] = {}
+    losses: dict[str, float] = {}
+    checks: dict[tuple[str, str, str], float] = {}
+    gauges: dict[str, dict[str, float]] = {name: {} for name in _GAUGES}
+    durations: dict[str, list[float]] = {}
+    causes: dict[str, float] = {}
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                rank = sample.labels.get(contract.RANK_LABEL, "")
+                if sample.name in gauges:
+                    gauges[sample.name][rank] = sample.value
+                elif sample.name in (_DURATION_SUM, _DURATION_COUNT):
+                    durations.setdefault(rank, [0.0, 0.0])[sample.name == _DURATION_COUNT] = sample.value
+                elif sample.name == contract.counter_sample(contract.STEPS):
+                    steps[rank] = sample.value
+                elif sample.name == contract.counter_sample(contract.SAMPLES):
+                    samples[rank] = sample.value
+                elif sample.name == contract.LAST_RESTART_INFO:
+                    cause = sample.labels.get("cause", "")
+                    causes[cause] = max(causes.get(cause, 0.0), sample.value)
+                elif sample.name == contract.LOSS:
+                    losses[rank] = sample.value
+                elif sample.name == contract.counter_sample(contract.SYNC_CHECKS):
+                    key = (rank, sample.labels.get("kind", ""), sample.labels.get("result", ""))
+                    checks[key] = sample.value
+    by_result = _sum_by_result(checks)
+    step = _rank0(gauges[contract.STEP])  # the optimizer step, resumed ones included
+    loss = losses.get("0", next(iter(losses.values()), None))
+    last_ok = _rank0(gauges[contract.SYNC_LAST_CHECK_OK])
+    check_step = _rank0(gauges[contract.SYNC_LAST_CHECK_STEP])
+    checks_seen = bool(checks) and sum(checks.values()) > 0
+    return Progress(
+        step=int(step) if step is not None else (int(min(steps.values())) if steps else 0),
+        samples=sum(samples.values()),
+        loss=loss if loss is not None and math.isfinite(loss) else None,
+        # Every rank takes part in every check: count rank 0's, or any one rank's when 0 is not shown.
+        checks_ok=int(by_result.get(contract.CHECK_RESULT_OK, 0)),
+        checks_mismatch=int(by_result.get(contract.CHECK_RESULT_MISMATCH, 0)),
+        ranks=len(steps),
+        step_times={rank: (total, count) for rank, (total, count) in durations.items()},
+        skew=_finite(max(gauges[contract.STEP_TIME_SKEW].values(), default=None)),
+        last_check_time=_time(max(gauges[contract.SYNC_LAST_CHECK_TIMESTAMP].values(), default=None)),
+        last_check_ok=bool(last_ok) if last_ok is not None and checks_seen else None,
+        last_check_step=int(check_step) if check_step is not None and checks_seen else None,
+        repairs=int(_rank0(gauges[contract.counter_sample(contract.SYNC_REPAIRS)]) or 0),
+        mismatched_tensors=int(_finite(_rank0(gauges[contract.SYNC_MISMATCHED_TENSORS])) or 0),
+        max_abs_diff=_finite(_rank0(gauges[contract.SYNC_MAX_ABS_DIVERGENCE])),
+        nonfinite_steps=int(_rank0(gauges[contract.counter_sample(contract.NONFINITE_LOSS_STEPS)]) or 0),
+        total_steps=int(_finite(_rank0(gauges[contract.TOTAL_STEPS])) or 0) or None,
+        restarts_in_place=(restarts := int(max(gauges[contract.RESTARTS_IN_PLACE].values(), default=0))),
+        restart_cause=min(
+            (cause for cause, value in causes.items() if restarts and int(value) == restarts),
+            key=contract.blame,
+            default="",
+        ),
+    )
+
+
+# Series read as one value per rank (rank 0's wins where one value is wanted).
+_GAUGES = (
+    contract.STEP,
+    contract.STEP_TIME_SKEW,
+    contract.SYNC_LAST_CHECK_TIMESTAMP,
+    contract.SYNC_LAST_CHECK_OK,
+    contract.SYNC_LAST_CHECK_STEP,
+    contract.SYNC_MISMATCHED_TENSORS,
+    contract.SYNC_MAX_ABS_DIVERGENCE,
+    contract.counter_sample(contract.SYNC_REPAIRS),
+    contract.counter_sample(contract.NONFINITE_LOSS_STEPS),
+    contract.TOTAL_STEPS,
+    contract.RESTARTS_IN_PLACE,
+)
+_DURATION_SUM = contract.STEP_DURATION + "_sum"
+_DURATION_COUNT = contract.STEP_DURATION + "_count"
+
+
+def _rank0(values: Mapping[str, float]) -> float | None:
+    """Rank 0's value, or the lowest rank's when rank 0 is not shown (its pod did not answer)."""
+    if not values:
+        return None
+    return values.get("0", values[min(values, key=lambda r: (_rank_number(r) < 0, _rank_number(r)))])
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _time(value: float | None) -> float | None:
+    """A Unix time; 0 (a gauge initialised but never set) is none."""
+    return value if value is not None and math.isfinite(value) and value > 0 else None
+
+
+def _sum_by_result(checks: Mapping[tuple[str, str, str], float]) -> dict[str, float]:
+    """Checks of every kind by result, as one rank saw them (rank 0 when it is shown)."""
+    ranks = sorted({rank for rank, _, _ in checks}, key=lambda r: (r != "0", r))
+    if not ranks:
+        return {}
+    chosen = ranks[0]
+    out: dict[str, float] = {}
+    for (rank, _, result), value in checks.items():
+        if rank == chosen:
+            out[result] = out.get(result, 0.0) + value
+    return out
+
+
+def duration(seconds: float) -> str:
+    """``1h02m``, ``3m20s``, ``45s``: what a column (and the ETA of the progress line) has room for."""
+    whole = max(0, round(seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def line(progress: Progress, total_steps: int, elapsed: float, first: Progress | None = None) -> str:
+    """One line: step/total, loss, samples/s since the first reading, ETA at the step rate since then,
+    and the sync checks so far. ``total_steps`` is the spec's: the code's own total wins where it says."""
+    total_steps = progress.total(total_steps)
+    percent = 100.0 * progress.step / total_steps if total_steps else 0.0
+    loss = f"{progress.loss:.4f}" if progress.loss is not None else "-"
+    base_samples = first.samples if first else 0.0
+    rate = f"{(progress.samples - base_samples) / elapsed:,.0f}" if elapsed > 0.5 else "-"
+    steps = progress.step - (first.step if first else 0)
+    eta = (
+        f"  ETA {duration((total_steps - progress.step) * elapsed / steps)}"
+        if steps > 0 and elapsed > 0.5 and total_steps
+        else ""
+    )
+    checks = f"{progress.checks_ok} ok"
+    if progress.checks_mismatch:
+        checks += f", {progress.checks_mismatch} MISMATCH"
+    where = f"step {progress.step}/{total_steps} ({percent:.0f}%)" if total_steps else f"step {progress.step}"
+    return f"{where}  loss {loss}  {rate} samples/s{eta}  sync checks: {checks}"
+
+
+def sync_sentence(report: Mapping[str, Any] | None) -> str:
+    """The sync report in one sentence a person reads at a glance, then what the compute probe concluded
+    last and why, where it ran."""
+    sentence = _replica_sentence(report)
+    if report and report.get("probeVerdict"):
+        sentence += f"; {report.get('probeWhy') or report['probeVerdict']}"
+    return sentence
+
+
+def _replica_sentence(report: Mapping[str, Any] | None) -> str:
+    """What the replica checks said: what happened, not a guess. "Diverged" only for a divergence; a
+    repaired run says how many mismatches it repaired; a single rank says that its checks compare nothing."""
+    if not report:
+        return (
+            "not reported (no rank wrote a sync report: the command stopped before it wrote one, or it ran "
+            "without the sync hook (spec.syncCheck.autoInstrument: false, or a command that is not Python) "
+            "and without ddp_trainer's SyncHealth or a callback; see docs/your-code.md)"
+        )
+    if report.get("reason") == contract.SYNC_HOOK_OFF:
+        return f"not checked: {report.get('message', '')}"
+    if report.get("reason") == contract.NO_DDP_MODEL:
+        return contract.NO_DDP_MODEL_MESSAGE + " (the sync hook saw no DistributedDataParallel model built)"
+    checks, ranks = report.get("checks", 0), report.get("worldSize", "?")
+    mismatches, repairs = report.get("mismatches", 0), report.get("repairs", 0)
+    result, reason = report.get("result"), report.get("reason", "")
+    last = f"last check at step {report.get('lastCheckStep')}"
+    if result == contract.FAILED:
+        seen = (
+            f"{mismatches} of {checks} sync checks found ranks differing"
+            if mismatches
+            else f"none of its {checks} sync checks found ranks differing"
+        )
+        first, _ = failures.first_failure(report.get("failures") or [])
+        if first is not None:
+            return (
+                f"no verdict: your command failed on rank {first['rank']} ({first.get('error', '')}); {seen}"
+            )
+        if reason == contract.COMMAND_ERROR:
+            return f"no verdict: your command failed ({report.get('message', '')}); {seen}"
+        return f"no verdict: the trainer failed ({reason}: {report.get('message', '')}); {seen}"
+    if ranks == 1:
+        return (
+            f"a single rank: its {checks} sync checks had no other replica to compare with, so they prove "
+            "nothing about replicas agreeing (run 2 or more ranks for that)"
+        )
+    if result == contract.DIVERGED or (mismatches and not report.get("verified")):
+        tensors = ", ".join(report.get("mismatchedTensors", [])[:5]) or "unknown tensors"
+        ignored = " (ignored: onDivergence is Warn)" if result == contract.SUCCEEDED else ""
+        return (
+            f"replicas DIVERGED{ignored}: {mismatches} of {checks} checks found ranks differing "
+            f"({tensors}); {report.get('message', '')}"
+        )
+    so_far = " so far (interrupted)" if result == contract.INTERRUPTED else ""
+    if repairs:
+        return (
+            f"{mismatches} of {checks} checks found ranks differing across {ranks} ranks; {repairs} "
+            f"repair(s) re-broadcast rank 0's model, and the {last} found every rank bit-identical{so_far}"
+        )
+    return f"replicas verified bit-identical {checks} times across {ranks} ranks{so_far} ({last})"

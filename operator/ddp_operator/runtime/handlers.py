@@ -1,0 +1,241 @@
+"""Kopf handlers: wire events to functions. No logic of their own.
+
+Every DDPJob is reconciled from three in-memory indexes (its own body, its batch Jobs, its pods), whenever
+any of them changes and on a timer (:mod:`ticker`, the operator's own: Kopf's timer would put a finalizer on
+every DDPJob), so status always comes from what exists: :mod:`observe` reads the
+children into facts, :mod:`reconcile` decides (pure), :mod:`apply` carries the plan out (idempotent).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextvars
+import logging
+import threading
+import time
+from typing import Any
+
+import kopf
+import kubernetes
+
+from ddp_operator.api import crd, names
+from ddp_operator.decide.status import finished
+from ddp_operator.observe import kueue
+from ddp_operator.runtime import heap, opmetrics
+from ddp_operator.runtime import reconcile as reconciler
+from ddp_operator.runtime.recent import Recent
+from ddp_operator.runtime.scraper import Scraper
+from ddp_operator.runtime.ticker import PeeringPause, Ticker
+
+LABELS = {names.MANAGED_BY_LABEL: names.MANAGED_BY}
+Key = tuple[str, str]
+# One reconcile at a time per DDPJob: child events, the timer and the DDPJob's own events run in threads.
+_LOCKS: collections.defaultdict[Key, threading.Lock] = collections.defaultdict(threading.Lock)
+# The latest reading of each running DDPJob's /metrics, refreshed in background threads, never in a reconcile.
+SCRAPER = Scraper()
+# What this operator wrote that the indexes above do not show yet (read your own writes).
+RECENT = Recent()
+# Kopf's peering pauses the watches (and with them the indexes): the timer pauses with them.
+PEERING = PeeringPause()
+TIMER_INTERVAL_SECONDS = 5.0
+HANDLER_THREADS = 16
+# What the timer needs from Kopf, taken from the first DDPJob event: the indexes, settings and context.
+_KOPF: dict[str, Any] = {}
+
+
+# When an event last reconciled each DDPJob (time.monotonic()): the timer leaves alone a DDPJob that an
+# event reconciled less than its interval ago, so a burst of creations is not slowed by reconciles that
+# decide nothing new. The timer's own reconciles are not recorded: every round reaches the others.
+_LAST: dict[Key, float] = {}
+
+
+def _tick(key: Key) -> None:
+    """The timer's reconcile of one DDPJob (the safety net: deadlines, TTLs and restarts waiting for old
+    pods are noticed within seconds)."""
+    if time.monotonic() - _LAST.get(key, 0.0) < TIMER_INTERVAL_SECONDS:
+        return
+    for body in list(_KOPF["ddpjob_bodies"].get(key, []))[:1]:
+        if _watched(body.get("spec") or {}, body.get("status") or {}):
+            logger = kopf.ObjectLogger(body=kopf.Body(body), settings=_KOPF["settings"])
+            reconcile(key, logger=logger, by_timer=True, **{name: _KOPF[name] for name in INDEXES})
+
+
+TIMER = Ticker(
+    TIMER_INTERVAL_SECONDS, lambda: _KOPF["ddpjob_bodies"].keys(), _tick, PEERING.paused, heap.Trimmer()
+)
+INDEXES = ("ddpjob_bodies", "ddpjob_jobs", "ddpjob_pods", "ddpjob_workloads")
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    # Kopf's own bookkeeping lives in annotations under our prefix, so the CRD's status schema stays ours.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=crd.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=crd.GROUP, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{crd.GROUP}/kopf-finalizer"
+    # One active operator: replicas peer through KopfPeering under this name; the highest priority acts.
+    settings.peering.name = "ddpjob-operator"
+    # Watches end server-side after 5 minutes, so a silently dropped connection is noticed within that time.
+    settings.watching.server_timeout = 300
+    # The client gives the server a little longer than its own timeout before it calls the stream dead.
+    settings.watching.client_timeout = 330
+    # Connecting should be quick on a healthy API server; retry rather than hang.
+    settings.watching.connect_timeout = 10
+    # Transitions are posted as events by reconcile itself; Kopf only posts its warnings and errors.
+    settings.posting.level = logging.WARNING
+    # Reconciles mostly wait on the API server: more of them at once than the default executor's
+    # cpu + 4 threads keeps a burst of creations (a thousand DDPJobs applied at once) moving.
+    settings.execution.max_workers = HANDLER_THREADS
+    _KOPF["settings"] = settings
+    PEERING.install()
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+
+
+@kopf.on.cleanup()
+def stop_timer(**_: Any) -> None:
+    TIMER.stop()
+
+
+# Memory: the indexes keep every DDPJob, Job and pod, so they keep only what reconcile reads: not
+# metadata.managedFields nor kubectl's last-applied-configuration annotation (a second copy of the spec).
+DROPPED_METADATA = frozenset({"managedFields"})
+DROPPED_ANNOTATIONS = frozenset({"kubectl.kubernetes.io/last-applied-configuration"})
+
+
+def slim(body: kopf.Body | dict[str, Any]) -> dict[str, Any]:
+    """The object as the indexes keep it: without the metadata nobody reads."""
+    out = dict(body)
+    metadata = {k: v for k, v in (out.get("metadata") or {}).items() if k not in DROPPED_METADATA}
+    annotations = metadata.get("annotations")
+    if annotations and DROPPED_ANNOTATIONS.intersection(annotations):
+        metadata["annotations"] = {k: v for k, v in annotations.items() if k not in DROPPED_ANNOTATIONS}
+    out["metadata"] = metadata
+    return out
+
+
+@kopf.index(crd.GROUP, crd.VERSION, crd.PLURAL)
+def ddpjob_bodies(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Key, dict[str, Any]]:
+    return {(namespace or "", name): slim(body)}
+
+
+def slim_job(body: kopf.Body | dict[str, Any]) -> dict[str, Any]:
+    """A Job as its index keeps it: :func:`slim`, and without ``spec.template`` (the pod template, most of
+    a Job's bytes): observe reads a Job's metadata, ``spec.suspend`` and ``status`` only."""
+    out = slim(body)
+    if isinstance(out.get("spec"), dict) and "template" in out["spec"]:
+        out["spec"] = {k: v for k, v in out["spec"].items() if k != "template"}
+    return out
+
+
+POD_SPEC_KEPT = ("nodeName",)
+
+
+def slim_pod(body: kopf.Body | dict[str, Any]) -> dict[str, Any]:
+    """A pod as its index keeps it: :func:`slim`, and of its spec only what observe reads (``nodeName``):
+    the spec (the injected environment, volumes, probes) is most of a pod's bytes."""
+    out = slim(body)
+    if isinstance(out.get("spec"), dict):
+        out["spec"] = {k: v for k, v in out["spec"].items() if k in POD_SPEC_KEPT}
+    return out
+
+
+@kopf.index("batch", "v1", "jobs", labels=LABELS)
+def ddpjob_jobs(
+    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> dict[Key, dict[str, Any]]:
+    return {_owner(namespace, labels): slim_job(body)}
+
+
+@kopf.index("v1", "pods", labels=LABELS)
+def ddpjob_pods(
+    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> dict[Key, dict[str, Any]]:
+    return {_owner(namespace, labels): slim_pod(body)}
+
+
+def _owned_by_job(body: kopf.Body, **_: Any) -> bool:
+    return kueue.owner_job(body) is not None
+
+
+# Kueue's Workloads, by (namespace, the name of the Job that owns them): the DDPJob's status says what Kueue
+# says while its Job waits (kueue.py). Kueue labels a Workload with nothing of ours, so every Workload
+# owned by a Job is kept, slimmed to its conditions. Without Kueue's CRD Kopf serves nothing here (it logs
+# that the resource is unresolved) and picks the resource up when the CRD appears.
+@kopf.index(kueue.GROUP, kueue.WORKLOADS, when=_owned_by_job)
+def ddpjob_workloads(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Key, dict[str, Any]]:
+    return {(namespace or "", kueue.owner_job(body) or ""): kueue.slim(body)}
+
+
+@kopf.on.event(kueue.GROUP, kueue.WORKLOADS, when=_owned_by_job)
+def on_workload(namespace: str | None, body: kopf.Body, **kwargs: Any) -> None:
+    """A Workload changed: reconcile the DDPJob whose Job owns it (Jobs are named ``<ddpjob>-<attempt>``;
+    a DDPJob of that name whose Jobs are not the owner finds no Workload of its own and decides as before)."""
+    owner = ((namespace or ""), (kueue.owner_job(body) or "").rpartition("-")[0])
+    if owner[1] and owner in kwargs["ddpjob_bodies"]:
+        reconcile(owner, **kwargs)
+
+
+def _owner(namespace: str | None, labels: kopf.Labels) -> Key:
+    """The DDPJob a child belongs to, by its label."""
+    return (namespace or "", labels.get(names.JOB_NAME_LABEL, ""))
+
+
+@kopf.on.event(crd.GROUP, crd.VERSION, crd.PLURAL)
+def on_ddpjob(namespace: str | None, name: str, type: str, **kwargs: Any) -> None:
+    if not TIMER.started:
+        _KOPF.update({name: kwargs[name] for name in INDEXES})
+        opmetrics.WATCHED.watch(kwargs["ddpjob_bodies"])  # ddpjob_jobs and ddpjob_job_info, read at a scrape
+        TIMER.start(contextvars.copy_context())  # Kopf's context: kopf.event works from the timer's thread
+    if type != "DELETED":
+        reconcile((namespace or "", name), **kwargs)
+    else:
+        SCRAPER.forget((namespace or "", name))
+        RECENT.forget((namespace or "", name))
+        _LAST.pop((namespace or "", name), None)
+
+
+@kopf.on.event("batch", "v1", "jobs", labels=LABELS)
+def on_job(namespace: str | None, labels: kopf.Labels, **kwargs: Any) -> None:
+    reconcile(_owner(namespace, labels), **kwargs)
+
+
+@kopf.on.event("v1", "pods", labels=LABELS)
+def on_pod(namespace: str | None, labels: kopf.Labels, type: str, body: kopf.Body, **kwargs: Any) -> None:
+    key = _owner(namespace, labels)
+    if type == "DELETED":  # the index has dropped it: its last state may be rank 0's only report
+        RECENT.pod_deleted(key, slim_pod(body), time.monotonic())
+    reconcile(key, **kwargs)
+
+
+def _watched(spec: Any, status: Any) -> bool:
+    """Finished DDPJobs need no timer, unless their ttlSecondsAfterFinished is still running."""
+    return not finished(status) or spec.get("ttlSecondsAfterFinished") is not None
+
+
+def reconcile(
+    key: Key,
+    *,
+    ddpjob_bodies: kopf.Index[Key, dict[str, Any]],
+    ddpjob_jobs: kopf.Index[Key, dict[str, Any]],
+    ddpjob_pods: kopf.Index[Key, dict[str, Any]],
+    ddpjob_workloads: kopf.Index[Key, dict[str, Any]],
+    logger: reconciler.Logger,
+    by_timer: bool = False,
+    **_: Any,
+) -> None:
+    """One reconcile at a time per DDPJob, from what the indexes hold now."""
+    with _LOCKS[key]:
+        if not by_timer:
+            _LAST[key] = time.monotonic()
+        for body in list(ddpjob_bodies.get(key, []))[:1]:
+            jobs, pods = list(ddpjob_jobs.get(key, [])), list(ddpjob_pods.get(key, []))
+            workloads = {}
+            for job in jobs:
+                name = job.get("metadata", {}).get("name", "")
+                for workload in list(ddpjob_workloads.get((key[0], name), []))[:1]:
+                    workloads[name] = workload
+            reconciler.reconcile(body, jobs, pods, logger, SCRAPER, RECENT, workloads)

@@ -1,0 +1,217 @@
+"""Checkpoints: atomic files (or objects) that say who wrote them, only of verified states, restored
+identically on every rank. Where they live is a :class:`~ddp_trainer.checkpoint.stores.Store`: a folder on a
+volume
+or a bucket prefix (:mod:`ddp_trainer.checkpoint.objectstore`); every guarantee below holds on both.
+
+* Only global rank 0 writes, and only right after a sync check passed at that very step, so a
+  checkpoint is never a diverged model; a divergence stops all saving until a check passes again.
+* A file is a header line (the writing DDPJob's namespace, name and uid, the settings that shape the
+  model and its digest, the step, and a sha256 over all of it) and the torch payload: see
+  :mod:`ddp_trainer.checkpoint.provenance`.
+* A save writes ``.step-XXXXXXXX.<job>.pt.tmp-<pid>``, fsyncs it and renames it to
+  ``step-XXXXXXXX.<job>.pt`` (``<job>`` is the DDPJob's name; none outside a DDPJob), atomic on POSIX: a
+  crash mid-save leaves the previous checkpoints untouched (object storage: one PUT, visible only
+  whole). Each step has its own file; a save at a step
+  that already has one of this job's files replaces it in one rename. Then this
+  job's files beyond the newest ``keep`` are removed, and so are this job's files of later steps (an
+  earlier attempt's files that this attempt passed over as corrupt). Another job's files are never
+  overwritten or removed.
+* Restore: rank 0 reads the files newest first, verifies each, and :func:`provenance.choose` decides
+  (resume, warm start, refuse, or start fresh); the decision and the payload's bytes are broadcast, so
+  every rank loads the same bytes. Pods that see a different (or empty) checkpoint volume still end with
+  the same model AND optimizer state, which the trainer then verifies before step 1.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ddp_trainer import contract
+from ddp_trainer.checkpoint import provenance
+from ddp_trainer.checkpoint.provenance import Candidate, Choice, Identity, Writer
+from ddp_trainer.checkpoint.stores import DirectoryStore, Store, StoreRefused
+from ddp_trainer.checkpoint.stores import write_atomic as write_atomic
+from ddp_trainer.core.state import TrainState
+
+log = logging.getLogger("ddp_trainer")
+
+_NAME = re.compile(r"^step-(\d{8})(?:\.[^/]+)?\.pt$")
+_PAYLOAD_KEYS = frozenset({"model", "optimizer", "scaler", "step", "epoch"})
+
+
+class CheckpointRefused(Exception):
+    """The store holds another job's checkpoint, or this job's with other settings, or refused the trainer."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+Where = Store | Path
+
+
+def _store(where: Where) -> Store:
+    return DirectoryStore(where) if isinstance(where, Path) else where
+
+
+def open_store(where: str | Path) -> Store:
+    """The store of ``--checkpoint-dir``: ``s3://bucket/prefix`` is object storage (its client imported
+    only then: the ``s3`` extra), anything else a folder."""
+    text = str(where)
+    if text.startswith(contract.S3_SCHEME):
+        from ddp_trainer.checkpoint.objectstore import S3Store
+
+        return S3Store.from_url(text, os.environ)
+    return DirectoryStore(Path(text))
+
+
+def checkpoint_name(step: int, job: str = "") -> str:
+    """The name of DDPJob ``job``'s checkpoint for ``step``: ``step-00001500.<job>.pt``
+    (``step-00001500.pt`` outside a DDPJob), so that jobs sharing a store never write each other's."""
+    return f"step-{step:08d}.{job}.pt" if job else f"step-{step:08d}.pt"
+
+
+def checkpoint_path(directory: Path, step: int, job: str = "") -> Path:
+    """The file of DDPJob ``job`` for ``step`` in a folder."""
+    return directory / checkpoint_name(step, job)
+
+
+def list_checkpoints(where: Where) -> list[tuple[int, str]]:
+    """Complete checkpoints in ``where`` as ``(step, name)``, oldest first (temp files ignored)."""
+    found = [(int(m[1]), name) for name in _store(where).names() if (m := _NAME.match(name))]
+    return sorted(found)
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    inner = getattr(model, "module", model)
+    assert isinstance(inner, torch.nn.Module)
+    return inner
+
+
+def serialize(state: TrainState) -> bytes:
+    """The torch payload: model, optimizer and scaler state, step and epoch."""
+    buffer = io.BytesIO()
+    torch.save(
+        {
+            "model": _unwrap(state.model).state_dict(),
+            "optimizer": state.optimizer.state_dict(),
+            "scaler": state.scaler.state_dict(),
+            "step": state.step,
+            "epoch": state.epoch,
+        },
+        buffer,
+    )
+    return buffer.getvalue()
+
+
+def owner(store: Store, name: str) -> Identity | None:
+    """Who the header of ``name`` names (unverified), or None when it has no readable header."""
+    try:
+        head = store.head(name, provenance.MAX_HEADER_BYTES + 1)
+    except OSError:
+        return None
+    return provenance.peek_identity(head)
+
+
+def save(where: Where, state: TrainState, writer: Writer, keep: int) -> str | None:
+    """Rank 0 only: publish the checkpoint of ``state.step`` and prune this job's old ones. Returns where
+    it went, or None when that step's checkpoint belongs to another job (never overwritten; no save)."""
+    store = _store(where)
+    name = checkpoint_name(state.step, writer.identity.name)
+    theirs = owner(store, name) if store.exists(name) else None
+    if theirs is not None and theirs != writer.identity:
+        log.warning("step %d: not saving: %s belongs to %s", state.step, store.location(name), theirs)
+        return None
+    store.publish(name, provenance.encode(writer, state.step, serialize(state)))
+    prune(store, writer.identity, state.step, keep)
+    return store.location(name)
+
+
+def prune(where: Where, identity: Identity, saved_step: int, keep: int) -> list[str]:
+    """Remove this job's checkpoints beyond the newest ``keep`` up to ``saved_step`` (which is always
+    kept), and this job's of later steps. Returns the names removed."""
+    store = _store(where)
+    own = [(step, name) for step, name in list_checkpoints(store) if owner(store, name) == identity]
+    later = [name for step, name in own if step > saved_step]
+    older = [name for step, name in own if step < saved_step]
+    doomed = later + older[: max(0, len(older) - (keep - 1))]
+    for name in doomed:
+        store.remove(name)
+    return doomed
+
+
+def scan(where: Where) -> Iterator[Candidate]:
+    """The checkpoints, newest first, each read and verified (lazily: one in memory at a time)."""
+    store = _store(where)
+    for step, name in reversed(list_checkpoints(store)):
+        try:
+            header, payload = provenance.decode(store.read(name))
+        except (OSError, ValueError) as err:
+            yield Candidate(name, step, problem=str(err))
+            continue
+        if header.step != step:
+            yield Candidate(name, step, problem=f"the header says step {header.step}")
+            continue
+        yield Candidate(name, step, header, payload)
+
+
+def loadable(candidate: Candidate) -> str:
+    """Why ``torch.load`` cannot use a candidate's payload (``""``: it can)."""
+    assert candidate.payload is not None
+    try:
+        data = torch.load(io.BytesIO(candidate.payload), map_location="cpu", weights_only=True)
+    except Exception as err:
+        return f"torch.load failed: {type(err).__name__}: {err}"
+    keys = set(data) if isinstance(data, dict) else set()
+    if not keys >= _PAYLOAD_KEYS:
+        return f"torch.load found no train state (missing {sorted(_PAYLOAD_KEYS - keys)})"
+    return ""
+
+
+def choose_on_rank0(where: Where, writer: Writer, warm_start_from: str) -> Choice:
+    """Rank 0's choice among the checkpoints in ``where``; a store that refuses the trainer (credentials,
+    a missing bucket) is a refusal too, so that every rank stops before step 1 and no restart follows."""
+    store = _store(where)
+    try:
+        return provenance.choose(
+            scan(store), writer, warm_start_from=warm_start_from, where=store.where, loadable=loadable
+        )
+    except StoreRefused as err:
+        message = f"the checkpoint storage refused the trainer: {err}"
+        return Choice("refuse", reason=contract.CHECKPOINT_STORAGE_REFUSED, message=message)
+
+
+def restore_on_rank0(where: Where | None, writer: Writer, warm_start_from: str) -> Choice:
+    """Collective: rank 0 scans ``where`` and chooses; every rank gets the same :class:`Choice`."""
+    box: list[Any] = [Choice("fresh")]
+    if dist.get_rank() == 0 and where is not None:
+        box[0] = choose_on_rank0(where, writer, warm_start_from)
+        for skipped in box[0].skipped:
+            log.warning("checkpoint skipped: %s", skipped)
+    dist.broadcast_object_list(box, src=0)  # an opaque blob: the right tool here, unlike for parameters
+    choice: Choice = box[0]
+    return choice
+
+
+def load_into(state: TrainState, payload: bytes, device: torch.device) -> None:
+    """Resume: load a payload from :func:`serialize` into ``state`` (before DDP wrapping)."""
+    data = torch.load(io.BytesIO(payload), map_location=device, weights_only=True)
+    _unwrap(state.model).load_state_dict(data["model"])
+    state.optimizer.load_state_dict(data["optimizer"])
+    state.scaler.load_state_dict(data["scaler"])
+    state.step, state.epoch = int(data["step"]), int(data["epoch"])
+
+
+def load_weights(state: TrainState, payload: bytes, device: torch.device) -> None:
+    """Warm start: only the model's weights; the optimizer, scaler, step and epoch stay fresh."""
+    data = torch.load(io.BytesIO(payload), map_location=device, weights_only=True)
+    _unwrap(state.model).load_state_dict(data["model"])

@@ -1,0 +1,123 @@
+"""What the launcher (:mod:`ddp_trainer.launch`) and its workers share, and a worker's ways out: the gang
+restarts done in place and their causes (:class:`LaunchState`, kept in the file
+:data:`contract.LAUNCH_STATE_ENV` names), which exit codes are never retried in place, the worker's error
+for torch's error file, and :func:`exit_now`. Below the trainer's modules (which read the state and leave
+through it), above nothing but :mod:`contract`; imports no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ddp_trainer import contract
+
+OTHER_NODE = contract.OTHER_NODE_FAILED
+ERROR_LIMIT = 240
+"""Characters of the first error kept (it ends up in a metric label and the status)."""
+
+
+@dataclass(frozen=True)
+class LaunchState:
+    """What the launcher tells its workers: the gang restarts done in place in this pod."""
+
+    restarts: int = 0
+    cause: str = ""
+    """Why the last one happened (``""`` before any)."""
+    at: float = 0.0
+    """Unix time the launcher saw the failure (or the re-opened rendezvous)."""
+
+
+def read_state(env: Mapping[str, str]) -> LaunchState:
+    """The launcher's state for this worker; a fresh one without a launcher (plain torchrun)."""
+    path = env.get(contract.LAUNCH_STATE_ENV, "")
+    if not path:
+        return LaunchState()
+    try:
+        data = json.loads(Path(path).read_text())
+        return LaunchState(int(data["restarts"]), str(data["cause"]), float(data["at"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return LaunchState()
+
+
+def write_state(path: Path, state: LaunchState) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(state)))
+    tmp.replace(path)
+
+
+def first_line(message: str) -> str:
+    """The first meaningful line of an error (a traceback's last line is its exception)."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    chosen = lines[-1] if lines[0].startswith("Traceback") else lines[0]
+    return chosen[:ERROR_LIMIT]
+
+
+def cause(failures: Mapping[int, tuple[int, str]]) -> str:
+    """One sentence for the failed workers ``{global rank: (exit code, message)}``: the one most likely to
+    have failed first names the cause (:func:`contract.blame`; the others usually failed because of it)."""
+    if not failures:
+        return OTHER_NODE
+    sentences = [_sentence(rank, code, message) for rank, (code, message) in sorted(failures.items())]
+    first = min(sentences, key=contract.blame)
+    more = f" (and {len(failures) - 1} more rank(s) on this node)" if len(failures) > 1 else ""
+    return first + more
+
+
+def _sentence(rank: int, code: int, message: str) -> str:
+    if code < 0:  # a signal's message only repeats the signal
+        return f"rank {rank} killed by signal {-code}"
+    detail = first_line(message)
+    return f"rank {rank} exited {code}{': ' + detail if detail else ''}"
+
+
+NO_RETRY = (*contract.NOT_RETRIED_EXIT_CODES, contract.INTERRUPTED_EXIT_CODE)
+"""Configuration and divergence codes, and 143: a worker that stopped at SIGTERM was asked to stop from
+outside (the pod is being deleted, evicted or preempted), which a restart in place would defeat."""
+
+
+def not_retried(codes: Sequence[int]) -> int | None:
+    """The exit code that forbids an in-place restart, if any worker exited with one (:data:`NO_RETRY`)."""
+    for code in codes:
+        if code in NO_RETRY:
+            return code
+    return None
+
+
+def exit_code_of(failures: Mapping[int, int]) -> int:
+    """The launcher's exit code when the agent gave up: a not-retried code if a worker had one, else 1
+    (as torchrun)."""
+    return not_retried(list(failures.values())) or contract.FAILURE_EXIT_CODE
+
+
+def write_error_file(message: str) -> None:
+    """Tell the agent this worker's error (torch's error-file format), so the cause it records is the
+    worker's own words rather than only its exit code."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE", "")
+    if not path:
+        return
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps({"message": message[:2000], "timestamp": int(time.time())}))
+    except OSError:
+        pass
+
+
+def exit_now(code: int) -> None:
+    """A worker's way out: flush and leave without the interpreter's teardown. By now the report is
+    written (and, in the built-in trainer, the process group destroyed); what is left is the teardown
+    racing gloo's worker threads, which now and then aborted a finished worker ("terminate called without
+    an active exception", SIGABRT; the mechanism: :data:`ddp_trainer.core.distributed.GLOO_SETTLE_SECONDS`),
+    turning a good run into a failed one."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,263 @@
+"""``python -m ddp_trainer.launch [torchrun args]``: torchrun, running its own elastic agent, with
+three additions.
+
+torchrun's agent (``--max-restarts``, which the operator sets as ``PET_MAX_RESTARTS``) restarts every local
+worker when one fails, and with the ``c10d`` rendezvous (``PET_RDZV_BACKEND``) every other node's agent
+sees the re-opened rendezvous and restarts its workers too: the whole gang restarts in the same pods and
+resumes from the last checkpoint. This launcher adds:
+
+1. **No retry for what a retry cannot fix.** The agent restarts on any worker failure; a worker that exits
+   with one of :data:`contract.NOT_RETRIED_EXIT_CODES` (2 usage, 78 refused checkpoint, 86 divergence under
+   ``Fail``) takes the agent's remaining restarts away, so the agent stops, and the launcher exits with that
+   code: the pod fails with it, the Job's ``podFailurePolicy`` and the operator's policy see it.
+2. **Bookkeeping the operator reads.** Each gang restart this pod's agent does is counted, with its cause
+   (the failing rank, its exit code and its first error, as torch's error file or the signal says; "a rank
+   on another node failed" on the other pods), in the JSON file :data:`contract.LAUNCH_STATE_ENV` names.
+   The restarted workers read it (:func:`ddp_trainer.core.inplace.read_state`) into
+   ``ddp_restarts_in_place``,
+   ``ddp_last_restart_info`` and their report, so the operator learns of every restart from the pods.
+
+3. **Warm restarts for the built-in trainer.** ``--module ddp_trainer`` (the image's default) runs as a
+   function entrypoint under the ``forkserver`` start method, with torch pre-imported in the
+   fork server (:data:`PRELOAD`): each worker, the first ones and those of every restart in place, is a
+   fork of a process that has already paid Python's and torch's start (about 1.5 s per worker on two busy
+   cores, most of what a restart in place costs). A user's script or module keeps torchrun's own way: a
+   new interpreter per worker, in which the no-code hook's exit handlers run.
+
+The agent's methods are wrapped, not replaced (``_monitor_workers`` and ``_restart_workers`` of
+``LocalElasticAgent``, the same since torch 1.9); ``tests/local/test_run.py`` runs the real thing.
+The pure parts (the state, causes and exit codes) are :mod:`ddp_trainer.core.inplace`, which the trainer's
+modules import; this module imports the trainer (its workers run it), never the other way round.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ddp_trainer import contract
+from ddp_trainer.core.inplace import OTHER_NODE, LaunchState, cause, exit_code_of, not_retried, write_state
+
+log = logging.getLogger("ddp_trainer.launch")
+
+
+def rendezvous_host(env: Mapping[str, str]) -> dict[str, str]:
+    """Node rank 0 hosts the ``c10d`` rendezvous store, the others connect to it: said explicitly
+    (``is_host``), since torch would guess it from whether the endpoint's name resolves to this machine, which
+    pods that share a host (``ddpjob local``) or whose hostname is not the endpoint's name can get wrong.
+    Nothing when the user set ``PET_RDZV_CONF`` or the rendezvous is not ``c10d``."""
+    node = env.get(contract.PET_NODE_RANK, "").strip()
+    if (
+        env.get(contract.PET_RDZV_BACKEND) != contract.RDZV_BACKEND
+        or "PET_RDZV_CONF" in env
+        or not node.isdigit()
+    ):
+        return {}
+    return {"PET_RDZV_CONF": f"is_host={1 if int(node) == 0 else 0}"}
+
+
+class _Book:
+    """The launcher's side of the bookkeeping: the failure seen, then the restart that follows it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.state = LaunchState()
+        self.pending: tuple[str, float] | None = None
+        write_state(path, self.state)
+
+    def failed(self, failures: Mapping[int, tuple[int, str]]) -> None:
+        self.pending = (cause(failures), time.time())
+
+    def restarting(self) -> None:
+        why, at = self.pending or (OTHER_NODE, time.time())
+        self.pending = None
+        self.state = LaunchState(self.state.restarts + 1, why, at)
+        write_state(self.path, self.state)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) + f",{int(at % 1 * 1000):03d}"
+        print(
+            f"{stamp} [launcher] gang restart in place {self.state.restarts}: {why}; restarting this pod's "
+            "workers from the last checkpoint",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+BUILTIN_MODULE = "ddp_trainer"
+PRELOAD = ("torch",)
+"""What the fork server imports once, before it forks any worker of the built-in trainer: torch, nearly all
+of a worker's start. Not the trainer's own modules (25 ms): one of them is this module, which each forked
+worker runs again as its ``__mp_main__`` (multiprocessing's way), and runpy warns when it is already
+imported; nor ``prometheus_client``, which must be imported after ``PROMETHEUS_MULTIPROC_DIR`` is set."""
+
+
+def runs_builtin(args: Any) -> bool:
+    """torchrun's parsed ``args`` start the built-in trainer (``--module ddp_trainer``)."""
+    return (
+        bool(args.module) and args.training_script == BUILTIN_MODULE and not (args.no_python or args.run_path)
+    )
+
+
+def builtin_worker(*argv: str) -> None:
+    """One worker of the built-in trainer, forked from the pre-imported fork server. A clean end returns
+    (the agent collects the return value); any other leaves with the trainer's exit code, which the agent
+    reads from the process. The interpreter's teardown never runs in a forked worker (multiprocessing ends
+    it with ``os._exit``), so the abort at exit :func:`exit_now` avoids cannot happen here."""
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # torchrun runs python -u
+    name_process(f"{WORKER_NAME_PREFIX}{os.environ.get('RANK', '')}")
+    from ddp_trainer.__main__ import main as trainer
+
+    code = trainer(list(argv))
+    logging.shutdown()
+    if code:
+        sys.exit(code)
+
+
+SOCKET_DIR_LIMIT = 64
+"""The longest temp dir the fork server's socket may live under: its path (the dir, ``/pymp-…/listener-…``)
+must fit a UNIX socket address (107 bytes on Linux); ``ddpjob local`` gives each pod a deep one."""
+
+
+def start_fork_server() -> None:
+    """Start the fork server now, so that it imports torch while the agent meets the others at the
+    rendezvous; its socket goes under ``/tmp`` where the temp dir's path is too long for one."""
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    multiprocessing.set_forkserver_preload(list(PRELOAD))
+    saved = tempfile.tempdir
+    if len(tempfile.gettempdir()) > SOCKET_DIR_LIMIT and os.path.isdir("/tmp"):
+        tempfile.tempdir = "/tmp"
+    try:
+        forkserver.ensure_running()
+    finally:
+        tempfile.tempdir = saved
+
+
+WORKER_NAME_PREFIX = "ddpjob-rank-"
+"""A forked worker's process name (``/proc/<pid>/comm``, what ``ps`` and ``top`` show), with its global
+rank: its command line and environment are the fork server's, which name no rank."""
+
+
+def name_process(name: str) -> None:
+    """Set this process's name (Linux ``prctl(PR_SET_NAME)``, 15 characters); elsewhere nothing."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # 15 = PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
+def warm_failure_path() -> None:
+    """Import ``torch._dynamo`` now, in the background, while the agent waits at the rendezvous: torch's log
+    formatter imports it the first time the agent logs a worker's failure with its traceback (torch's
+    multiprocessing context does), which took 0.9-1.3 s of every first restart in place on two busy cores."""
+
+    def load() -> None:
+        with contextlib.suppress(Exception):
+            importlib.import_module("torch._dynamo")
+
+    threading.Thread(target=load, name="ddpjob-warm-import", daemon=True).start()
+
+
+def _warm(config_from_args: Any) -> Any:
+    """torchrun's ``config_from_args``, turned to the built-in trainer's function entrypoint on a warm
+    fork server (torchrun's ``run`` keeps its own rendezvous defaults around it)."""
+
+    def warm(args: Any) -> tuple[Any, Any, list[str]]:
+        config, _, _ = config_from_args(args)  # sets OMP_NUM_THREADS=1 (more than one worker per node)...
+        config.start_method = "forkserver"
+        start_fork_server()  # ...which torch reads when it loads: the fork server must see it
+        warm_failure_path()
+        return config, builtin_worker, list(args.training_script_args)
+
+    return warm
+
+
+def _ended(agent: Any, group: Any) -> dict[int, tuple[int, str]]:
+    """``{global rank: (exit code, message)}`` of every local worker that ended non-zero, where the agent's
+    process context is torchrun's multiprocessing one (the built-in trainer's): it names only the first
+    failure it notices, often a rank that lost its peer rather than the one that died."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    context = getattr(agent, "_pcontext", None)
+    processes = getattr(getattr(context, "_pc", None), "processes", None) or ()
+    error_files = getattr(context, "error_files", None) or {}
+    found = {}
+    for worker, process in zip(sorted(group.workers, key=lambda w: w.local_rank), processes, strict=False):
+        if process.exitcode:
+            error_file = error_files.get(worker.local_rank, "")
+            failure = ProcessFailure(worker.local_rank, process.pid, process.exitcode, error_file)
+            found[worker.global_rank] = (process.exitcode, failure.message)
+    return found
+
+
+def _install(book: _Book) -> None:
+    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    monitor = LocalElasticAgent._monitor_workers
+    restart = LocalElasticAgent._restart_workers
+
+    def monitor_workers(self: Any, group: Any) -> Any:
+        result = monitor(self, group)
+        if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+            failures = {rank: (f.exitcode, f.message) for rank, f in result.failures.items()}
+            failures = {**_ended(self, group), **failures}
+            book.failed(failures)
+            code = not_retried([code for code, _ in failures.values()])
+            if code is not None and self._remaining_restarts > 0:
+                print(
+                    f"[launcher] a worker exited {code}, which no restart can fix",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                self._remaining_restarts = 0
+        return result
+
+    def restart_workers(self: Any, group: Any) -> None:
+        book.restarting()
+        restart(self, group)
+
+    LocalElasticAgent._monitor_workers = monitor_workers  # type: ignore[method-assign]
+    LocalElasticAgent._restart_workers = restart_workers  # type: ignore[method-assign]
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run torchrun with ``argv``; its exit code (a not-retried worker code passes through)."""
+    state = os.environ.get(contract.LAUNCH_STATE_ENV) or os.path.join(
+        tempfile.mkdtemp(prefix="ddpjob-launch-"), "state.json"
+    )
+    os.environ[contract.LAUNCH_STATE_ENV] = state  # the workers inherit it
+    # A fresh store for the workers of every round: the shared one keeps the last round's keys, and a
+    # restarted gang read its dead peers' addresses from it (gloo: connectFullMesh refused).
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    os.environ.update(rendezvous_host(os.environ))
+    _install(_Book(Path(state)))
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    args = torchrun.parse_args(list(argv))  # type: ignore[no-untyped-call]
+    if runs_builtin(args):
+        torchrun.config_from_args = _warm(torchrun.config_from_args)
+    try:
+        torchrun.run(args)  # type: ignore[no-untyped-call]
+    except ChildFailedError as err:
+        code = exit_code_of({rank: failure.exitcode for rank, failure in err.failures.items()})
+        print(err.format_msg(), file=sys.stderr, flush=True)  # type: ignore[no-untyped-call]
+        return code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

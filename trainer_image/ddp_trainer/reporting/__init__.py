@@ -1,0 +1,1 @@
+"""What a run says: the termination report (report) and the ddp_* Prometheus series (metrics)."""

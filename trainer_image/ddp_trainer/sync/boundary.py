@@ -1,0 +1,134 @@
+"""What happens at a step boundary, besides metrics: the fire drill, the stop agreement, the step-time
+skew, and the decision whether a check (and a checkpoint) is due.
+
+:func:`due_at` is pure. :func:`agree_stop` and :meth:`SkewMeter.publish` are collectives: every rank
+calls them at the same boundaries (the runner's ``on_step``), in the same order.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from dataclasses import dataclass
+from types import FrameType
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddp_trainer.core.config import ChaosSpec, TrainerConfig
+from ddp_trainer.core.lossread import LateRead
+from ddp_trainer.sync import replicas
+from ddp_trainer.sync.verify import CheckKind
+
+log = logging.getLogger("ddp_trainer")
+
+CHAOS_NUDGE = 1e-3
+"""How far the fire drill moves one parameter element."""
+
+
+@dataclass(frozen=True)
+class Due:
+    """What the boundary after a step must do."""
+
+    check: CheckKind | None
+    """The check to run (``periodic`` or ``final``), or None."""
+    save: bool
+    """Save a checkpoint if that check passes."""
+
+
+def due_at(step: int, config: TrainerConfig, *, saving: bool, stop: bool) -> Due:
+    """After ``step``: check every ``--sync-every`` steps, at the end, when stopping and before every
+    checkpoint; save every ``--checkpoint-every`` steps (0: never) and when stopping, if ``saving``."""
+    every = config.checkpoint_every
+    save = saving and ((every > 0 and step % every == 0) or stop)
+    final = step >= config.steps
+    if save or stop or final or step % config.sync_every == 0:
+        return Due("final" if final or stop else "periodic", save)
+    return Due(None, False)
+
+
+def drill_fires(chaos: ChaosSpec | None, rank: int, step: int) -> bool:
+    """Whether ``DDPJOB_CHAOS_DIVERGE`` names this rank and this step."""
+    return chaos is not None and chaos.rank == rank and chaos.step == step
+
+
+def nudge(model: nn.Module, amount: float = CHAOS_NUDGE) -> str:
+    """The fire drill: move the first element of the first parameter by ``amount``; returns its name."""
+    name, param = replicas.named_tensors(model, buffers=False)[0]
+    with torch.no_grad():
+        param.view(-1)[0] += amount
+    return name
+
+
+def agree_stop(requested: bool) -> bool:
+    """Collective (one 4-byte all_reduce): stop if any rank was asked to, so all stop at the same step.
+    Reading the result waits for the device: on CUDA use :class:`StopAgreement`, which does not."""
+    flag = torch.tensor([int(requested)], dtype=torch.int32, device=replicas.comm_device(None))
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+class StopAgreement:
+    """:func:`agree_stop` at every step boundary without making the host wait for the GPU. On CUDA (NCCL)
+    each step's all_reduce is queued behind the step's kernels and its result read a step later
+    (:class:`ddp_trainer.core.lossread.LateRead`): the call returns the *previous* step's agreement. Every
+    rank
+    reads the same reduced flag at the same step, so all stop together, one step after the request.
+    Elsewhere it is :func:`agree_stop` itself."""
+
+    def __init__(self) -> None:
+        self._late = LateRead()
+
+    def __call__(self, requested: bool) -> bool:
+        device = replicas.comm_device(None)
+        if device.type != "cuda":
+            return agree_stop(requested)
+        flag = torch.full((1,), int(requested), dtype=torch.int32, device=device)  # a fill, not a copy
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(self._late.put(flag))
+
+
+class StopRequest:
+    """Set by SIGTERM/SIGINT; the ranks then stop together at the next step boundary."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def install(self) -> None:
+        """Make SIGTERM and SIGINT set the flag (and nothing else)."""
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            self.requested = True
+            log.warning("received %s: stopping at the next step boundary", signal.Signals(signum).name)
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+
+def skew_ratio(slowest: float, fastest: float) -> float:
+    """``(slowest - fastest) / slowest`` of the ranks' mean step times, 0-1 (0 when nothing was timed)."""
+    return (slowest - fastest) / slowest if slowest > 0 else 0.0
+
+
+class SkewMeter:
+    """This rank's step times since the last publish (their sum and count)."""
+
+    def __init__(self) -> None:
+        self.total, self.count = 0.0, 0
+
+    def add(self, seconds: float) -> None:
+        """One step's wall time."""
+        self.total += seconds
+        self.count += 1
+
+    def publish(self) -> float | None:
+        """Collective (one all_reduce) unless no step was timed on this rank since the last call, which
+        happens on every rank alike: the skew between the ranks' mean step times since then."""
+        if not self.count:
+            return None
+        mean = self.total / self.count
+        self.total, self.count = 0.0, 0
+        both = torch.tensor([mean, -mean], dtype=torch.float64, device=replicas.comm_device(None))
+        dist.all_reduce(both, op=dist.ReduceOp.MAX)
+        return skew_ratio(float(both[0]), -float(both[1]))
