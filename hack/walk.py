@@ -24,7 +24,7 @@ from typing import Any
 import ddp_operator
 import ddp_trainer
 from ddp_operator.api.spec import parse
-from ddp_operator.build import render
+from ddp_operator.children import render
 from ddp_operator.observe import live
 from ddp_operator.observe.progress import Progress
 from ddp_operator.runtime import reconcile

@@ -19,7 +19,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from ddp_operator.api import names
 from ddp_operator.api.spec import parse, parse_file
-from ddp_operator.build import render
+from ddp_operator.children import render
 from ddp_operator.decide import decision, restarts, status
 from ddp_operator.local import host
 from ddp_operator.local import processes as local
@@ -164,7 +164,7 @@ def test_crd_defaults_are_the_trainers_defaults() -> None:
     import dataclasses
 
     from ddp_operator.api.spec import parse
-    from ddp_operator.build import render
+    from ddp_operator.children import render
     from ddp_trainer.core.config import TrainerConfig
 
     doc = {

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from ddp_operator.api import crd, spec
-from ddp_operator.build import render
+from ddp_operator.children import render
 from ddp_trainer import contract
 from ddp_trainer.checkpoint import provenance
 from ddp_trainer.core.config import TrainerConfig

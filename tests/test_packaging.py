@@ -127,7 +127,8 @@ def test_a_wheel_installed_elsewhere_runs_crd_and_validate(tmp_path: Path) -> No
     crd = ddpjob("crd")
     assert crd.returncode == 0, crd.stderr
     assert crd.stderr.strip().startswith(str(site)), f"imported from the checkout: {crd.stderr}"
-    assert crd.stdout == (REPO / "operator" / "ddp_operator" / "crds" / "ddpjobs.ddpjob.io.yaml").read_text()
+    packaged = REPO / "operator" / "ddp_operator" / "api" / "crds" / "ddpjobs.ddpjob.io.yaml"
+    assert crd.stdout == packaged.read_text()
     good, bad = ddpjob("validate", "job.yaml"), ddpjob("validate", "bad.yaml")
     assert good.returncode == 0, good.stdout + good.stderr
     assert bad.returncode != 0 and "spec.nodes" in bad.stdout + bad.stderr

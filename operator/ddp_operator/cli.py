@@ -18,7 +18,7 @@ import yaml
 from ddp_operator import __version__
 from ddp_operator.api import crd
 from ddp_operator.api.spec import Spec, SpecError, load_documents, other_kinds, parse_file, warnings
-from ddp_operator.build import render
+from ddp_operator.children import render
 
 
 def _load(path: str, docs: list[Any] | None = None) -> list[Spec] | None:

@@ -17,7 +17,7 @@ import pytest
 from cluster.fixtures import Cluster, wait_for
 from cluster.nodeconfig import RealNode
 from ddp_operator.api import spec
-from ddp_operator.build import render
+from ddp_operator.children import render
 from operator_tests.test_refusals import VOLUME, doc_with
 
 from .conftest import Operator, children, ddpjob, real_ddpjob, wait_phase

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ddp_operator.api.spec import parse
-from ddp_operator.build import render
+from ddp_operator.children import render
 from ddp_operator.local import processes as local
 from ddp_trainer import contract
 

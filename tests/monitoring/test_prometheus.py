@@ -34,7 +34,7 @@ RUN = [*TRAINER, "--model=slow_factories:slow_mlp", "--sync-every=20", "--timeou
 TRAINER_JOB, OPERATOR_JOB = "ddpjob-trainer", "ddpjob-operator"
 OPERATOR_STUB = """
 import sys, time
-from ddp_operator import opmetrics
+from ddp_operator.runtime import opmetrics
 opmetrics.serve(int(sys.argv[1]))
 # the DDPJobs of this module's runs, as the operator's index would hold them (ddpjob_job_info: the
 # divergence alert fires only for a job the operator, when it is scraped, still lists)

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from ddp_operator.api.spec import parse
-from ddp_operator.build import render
+from ddp_operator.children import render
 from ddp_trainer import contract
 
 from .conftest import REPO

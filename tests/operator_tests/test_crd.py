@@ -36,7 +36,7 @@ def test_chart_and_manifest_are_generated_from_the_package_file() -> None:
 
 def test_ddpjob_crd_prints_the_package_file(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["crd"]) == 0
-    packaged = REPO / "operator" / "ddp_operator" / "crds" / crd.CRD_FILE
+    packaged = REPO / "operator" / "ddp_operator" / "api" / "crds" / crd.CRD_FILE
     assert capsys.readouterr().out == packaged.read_text()
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from ddp_operator.api import crd, schema
-from ddp_operator.build import render
+from ddp_operator.children import render
 from ddp_operator.decide import decision, stall
 from ddp_operator.decide.status import finished
 from ddp_operator.observe import live

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ddp_operator.build import render
+from ddp_operator.children import render
 from ddp_operator.decide import restarts
 from ddp_trainer import contract
 

@@ -7,7 +7,7 @@ import datetime as dt
 from typing import Any
 
 from ddp_operator.api.spec import parse
-from ddp_operator.build import render
+from ddp_operator.children import render
 from ddp_operator.decide import decision
 from ddp_operator.decide.plan import Plan
 from ddp_operator.observe import kueue

@@ -10,7 +10,7 @@ import pytest
 
 from ddp_operator.api import names
 from ddp_operator.api.spec import parse
-from ddp_operator.build import render
+from ddp_operator.children import render
 from ddp_operator.decide import decision, status
 from ddp_operator.decide.plan import Plan
 from ddp_operator.observe import claims, live

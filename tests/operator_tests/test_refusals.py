@@ -13,7 +13,7 @@ import pytest
 
 from ddp_operator import cli
 from ddp_operator.api import spec
-from ddp_operator.build import render
+from ddp_operator.children import render
 
 BASE: dict[str, Any] = {
     "apiVersion": "ddpjob.io/v1alpha1",

@@ -21,7 +21,7 @@ import yaml
 
 from ddp_operator import cli
 from ddp_operator.api import crd, podcheck, schema, spec
-from ddp_operator.build import render
+from ddp_operator.children import render
 
 CORPUS = sorted((Path(__file__).parent / "refused").glob("*.yaml"))
 

@@ -15,7 +15,7 @@ import yaml
 from ddp_operator import cli
 from ddp_operator.api import names
 from ddp_operator.api.spec import Spec, parse, parse_file
-from ddp_operator.build import render
+from ddp_operator.children import render
 from ddp_trainer import contract
 
 from .conftest import GOLDEN, REPO

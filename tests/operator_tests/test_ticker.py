@@ -13,7 +13,7 @@ import pytest
 
 from ddp_operator.api import names
 from ddp_operator.api.spec import parse
-from ddp_operator.build import render
+from ddp_operator.children import render
 from ddp_operator.observe import facts
 from ddp_operator.runtime import handlers, heap
 from ddp_operator.runtime.ticker import PEERING_LOGGER, PeeringPause, Ticker

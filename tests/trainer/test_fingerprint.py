@@ -351,7 +351,7 @@ TRITON_SCRIPT = textwrap.dedent(
     """
     import json, sys
     import torch
-    from ddp_trainer import fingerprint
+    from ddp_trainer.sync import fingerprints as fingerprint
     from ddp_trainer.sync.fingerprints import triton_kernel
     sys.path.insert(0, sys.argv[1])
     from test_fingerprint import ALL, reference, sample

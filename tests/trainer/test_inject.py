@@ -29,10 +29,10 @@ def python(code: str, path: list[Path], **env: str) -> subprocess.CompletedProce
 
 def test_it_copies_the_hook_the_library_and_the_vendored_packages(hook_dir: Path) -> None:
     assert (hook_dir / "sitecustomize.py").read_text().startswith('"""The no-code-change hook')
-    assert (hook_dir / "ddp_trainer" / "health.py").is_file()
-    assert (hook_dir / "ddp_trainer" / "autoinstrument.py").is_file()
+    assert (hook_dir / "ddp_trainer" / "sync" / "health.py").is_file()
+    assert (hook_dir / "ddp_trainer" / "hook" / "autoinstrument.py").is_file()
     assert (hook_dir / "vendor" / "prometheus_client" / "__init__.py").is_file()
-    assert list((hook_dir / "ddp_trainer").glob("__pycache__/health.*.pyc"))  # compiled: mounted read-only
+    assert list((hook_dir / "ddp_trainer" / "sync").glob("__pycache__/health.*.pyc"))  # compiled: mounted read-only
 
 
 def test_it_refuses_a_missing_destination_argument(capsys: pytest.CaptureFixture[str]) -> None:
@@ -80,7 +80,7 @@ def test_it_can_be_switched_off_in_one_process(hook_dir: Path) -> None:
 
 
 def test_the_hook_spells_the_contracts_switch() -> None:
-    text = (Path(inject.__file__).parent / "bootstrap" / "sitecustomize.py").read_text()
+    text = (Path(inject.__file__).parent / "hook" / "bootstrap" / "sitecustomize.py").read_text()
     assert f'"{contract.SYNC_HOOK_OFF_ENV}"' in text
     assert contract.SYNC_HOOK_INSTALL[2] == inject.__name__
 

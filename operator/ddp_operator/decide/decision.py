@@ -23,7 +23,7 @@ from typing import Any
 
 from ddp_operator.api import reasons
 from ddp_operator.api.spec import Spec, SpecError, known_total_steps, parse
-from ddp_operator.build import render
+from ddp_operator.children import render
 from ddp_operator.decide import restarts, stall, status
 from ddp_operator.decide.plan import Event, Plan, Scrape
 from ddp_operator.decide.status import StatusBuilder, parse_time, stamp

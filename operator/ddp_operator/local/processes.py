@@ -18,7 +18,7 @@ from typing import Any
 
 from ddp_operator.api import kubelet, names
 from ddp_operator.api.spec import Spec
-from ddp_operator.build import render
+from ddp_operator.children import render
 from ddp_operator.local import scripts
 from ddp_trainer import contract
 

@@ -13,11 +13,24 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ddp_trainer import contract
-
 from ddp_operator.api import crd
-from ddp_operator.api.names import ATTEMPT_LABEL, CHECKPOINT_CLAIM_SUFFIX, CHECKPOINT_VOLUME, COMPLETION_INDEX_ANNOTATION, CONTAINER_NAME, JOB_NAME_LABEL, KUEUE_PRIORITY_LABEL, KUEUE_QUEUE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, SHM_VOLUME, SYNC_HOOK_INIT_CONTAINER, SYNC_HOOK_VOLUME
+from ddp_operator.api.names import (
+    ATTEMPT_LABEL,
+    CHECKPOINT_CLAIM_SUFFIX,
+    CHECKPOINT_VOLUME,
+    COMPLETION_INDEX_ANNOTATION,
+    CONTAINER_NAME,
+    JOB_NAME_LABEL,
+    KUEUE_PRIORITY_LABEL,
+    KUEUE_QUEUE_LABEL,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    SHM_VOLUME,
+    SYNC_HOOK_INIT_CONTAINER,
+    SYNC_HOOK_VOLUME,
+)
 from ddp_operator.api.spec import Spec, sync_hook
+from ddp_trainer import contract
 
 DEFAULT_CHECKPOINT_DIR = "/checkpoints"
 TERMINATION_GRACE_SECONDS = 120  # room for the trainer to checkpoint at the next step boundary on SIGTERM
