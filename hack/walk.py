@@ -102,7 +102,7 @@ def walk() -> list[str]:
     body = _body()
     jobs, pods = _children(body)
     logger = __import__("logging").getLogger("walk")
-    reconcile.reconcile(body, jobs, pods, logger, {}, _Scraper())  # type: ignore[arg-type]  # warm the caches
+    reconcile.reconcile(body, jobs, pods, logger, _Scraper())  # type: ignore[arg-type]  # warm the caches
     scraper, stops = _Scraper(), list[str]()
 
     def profile(frame: FrameType, event: str, arg: object) -> None:
@@ -117,7 +117,7 @@ def walk() -> list[str]:
 
     sys.setprofile(profile)
     try:
-        reconcile.reconcile(body, jobs, pods, logger, {}, scraper)  # type: ignore[arg-type]
+        reconcile.reconcile(body, jobs, pods, logger, scraper)  # type: ignore[arg-type]
     finally:
         sys.setprofile(None)
     return stops

@@ -1,4 +1,4 @@
-"""`ddpjob render`: golden files, the official Kubernetes schemas (strict), and DESIGN.md's contract."""
+"""`ddpjob render`: golden files, the official Kubernetes schemas (strict), and the environment contract."""
 
 from __future__ import annotations
 

@@ -32,7 +32,8 @@ def test_it_copies_the_hook_the_library_and_the_vendored_packages(hook_dir: Path
     assert (hook_dir / "ddp_trainer" / "sync" / "health.py").is_file()
     assert (hook_dir / "ddp_trainer" / "hook" / "autoinstrument.py").is_file()
     assert (hook_dir / "vendor" / "prometheus_client" / "__init__.py").is_file()
-    assert list((hook_dir / "ddp_trainer" / "sync").glob("__pycache__/health.*.pyc"))  # compiled: mounted read-only
+    # compiled: the volume is mounted read-only
+    assert list((hook_dir / "ddp_trainer" / "sync").glob("__pycache__/health.*.pyc"))
 
 
 def test_it_refuses_a_missing_destination_argument(capsys: pytest.CaptureFixture[str]) -> None:

@@ -232,7 +232,8 @@ def _elastic_env(spec: Spec, attempt: int, used: int | None) -> list[Obj]:
 
 
 def injected_env(spec: Spec, attempt: int, used: int | None = None) -> list[Obj]:
-    """The environment contract of DESIGN.md, before the user's env is laid over it."""
+    """The environment contract (docs/operator.md; names in ``ddp_trainer.contract``), before the user's
+    env is laid over it."""
     index = f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"
     addr = master_addr(spec, attempt)
     env = [

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the trainer: the ``ddp_*`` family of DESIGN.md.
+"""Prometheus metrics of the trainer: the ``ddp_*`` family (names in ``ddp_trainer.contract``).
 
 Every series carries ``ddpjob`` (the DDPJob's name), ``ddpjob_namespace``, ``rank`` (global) and
 ``node_rank`` (:data:`ddp_trainer.contract.METRIC_LABELS`: not ``job``/``namespace``, which Prometheus
