@@ -7,6 +7,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/versions.env"
+source "$here/../gobuild.sh"
 
 key="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_coredns-${COREDNS_VERSION}_$(
   cd "$here" && { echo versions.env; find go -type f -name '*.go'; } | LC_ALL=C sort \
@@ -40,18 +41,18 @@ k8s_ldflags="-s -w -X $ver.gitVersion=$K8S_VERSION -X $ver.gitMajor=1 -X $ver.gi
 k8s_ldflags+=" -X $ver.gitTreeState=clean -X $ver.buildDate=1970-01-01T00:00:00Z"
 k8s_ldflags+=" -X $ver.gitCommit=ddpjob-module-build"
 
-# build NAME DIR LDFLAGS BINARY...: go build in DIR, then move the binaries into place.
+# build NAME DIR LDFLAGS ESTIMATE BINARY...: go build in DIR, then move the binaries into place.
 build() {
-  local name="$1" dir="$2" ldflags="$3"; shift 3
+  local name="$1" dir="$2" ldflags="$3" estimate="$4"; shift 4
   local tmp start=$SECONDS
   tmp="$(mktemp -d "$cache/tmp/$name.XXXX")"
-  echo "building $name ($*) into $bin; the first build on a machine takes a while" >&2
-  (cd "$here/go/$dir" && "$GO" build -trimpath -ldflags="$ldflags" -o "$tmp/" ./...) >&2
+  quiet_build "$cache/build-$name.log" "$name ($*)" "none cached for this pin in $bin" "$estimate" \
+    bash -c 'cd "$1" && "$2" build -trimpath -ldflags="$3" -o "$4/" ./...' _ "$here/go/$dir" "$GO" "$ldflags" "$tmp"
   for b in "$@"; do mv -f "$tmp/$b" "$bin/$b"; done
   rm -rf "$tmp"
-  echo "$name built in $((SECONDS - start)) s" | tee -a "$cache/build-times" >&2
+  echo "$name built in $((SECONDS - start)) s" >> "$cache/build-times"
 }
 
-if missing "${k8s_bins[@]}"; then build kubernetes k8s "$k8s_ldflags" "${k8s_bins[@]}"; fi
-if missing coredns; then build coredns coredns "-s -w" coredns; fi
+if missing "${k8s_bins[@]}"; then build kubernetes k8s "$k8s_ldflags" "21 min (5 with Go's caches warm)" "${k8s_bins[@]}"; fi
+if missing coredns; then build coredns coredns "-s -w" "4.5 min" coredns; fi
 echo "$bin"

@@ -32,13 +32,16 @@ export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0 GOSUMDB="${GOSUMDB:-off}
 start=$SECONDS
 tmp="$(mktemp -d "$(dirname "$cache")/kueue-build.XXXX")"
 trap 'rm -rf "$tmp"' EXIT
-echo "building Kueue $KUEUE_VERSION ($MODULE/cmd/kueue) into $cache; the first build takes a few minutes" >&2
+source "$(dirname "${BASH_SOURCE[0]}")/../gobuild.sh"
 ldflags="-s -w -X $MODULE/pkg/version.GitVersion=$KUEUE_VERSION -X $MODULE/pkg/version.GitCommit=module-build"
-(cd "$tmp" && GOBIN="$tmp/bin" "$GO" install -trimpath -ldflags="$ldflags" "$MODULE/cmd/kueue@$KUEUE_VERSION") >&2
+quiet_build "$(dirname "$cache")/kueue-build.log" "Kueue $KUEUE_VERSION ($MODULE/cmd/kueue)" \
+  "not built on this machine yet (the cluster tier queues DDPJobs with it)" "3 min" \
+  bash -c 'cd "$1" && GOBIN="$1/bin" "$2" install -trimpath -ldflags="$3" "$4"' _ \
+  "$tmp" "$GO" "$ldflags" "$MODULE/cmd/kueue@$KUEUE_VERSION"
 source_dir="$("$GO" mod download -json "$MODULE@$KUEUE_VERSION" | python3 -c 'import json,sys;print(json.load(sys.stdin)["Dir"])')"
 mkdir -p "$tmp/config"
 cp -r "$source_dir/config/components/crd" "$source_dir/config/components/webhook" "$tmp/config/"
 chmod -R u+w "$tmp/config"
 rm -rf "$cache" && mkdir -p "$cache" && mv "$tmp/bin" "$tmp/config" "$cache/"
-echo "Kueue built in $((SECONDS - start)) s" | tee -a "$cache/build-times" >&2
+echo "Kueue built in $((SECONDS - start)) s" >> "$cache/build-times"
 echo "$cache"

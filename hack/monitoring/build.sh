@@ -6,6 +6,7 @@
 # (go/prometheus, go/alertmanager, go/operator) builds on its own: the three pin different versions of
 # the same libraries, and a build that stopped half-way resumes with what is missing.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../gobuild.sh"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/versions.env"
 
@@ -37,22 +38,23 @@ stamp() {  # -X flags for github.com/prometheus/common/version, so `--version` n
   echo "-s -w -X $v.Version=$1 -X $v.Revision=ddpjob-module-build -X $v.Branch=HEAD -X $v.BuildUser=ddpjob"
 }
 
-# build NAME MODULE_DIR LDFLAGS TAGS PACKAGE...: go build the main packages in that module, then move them
+# build NAME MODULE_DIR LDFLAGS TAGS ESTIMATE PACKAGE...: go build the main packages in that module, then move them
 # into place.
 build() {
-  local name="$1" dir="$2" ldflags="$3" tags="$4"; shift 4
+  local name="$1" dir="$2" ldflags="$3" tags="$4" estimate="$5"; shift 5
   local tmp start=$SECONDS
   tmp="$(mktemp -d "$cache/tmp/$name.XXXX")"
-  echo "building $name into $bin; the first build on a machine takes a few minutes" >&2
-  (cd "$dir" && "$GO" build -trimpath -tags="$tags" -ldflags="$ldflags" -o "$tmp/" "$@") >&2
+  quiet_build "$cache/build-$name.log" "$name" "none cached for this pin in $bin" "$estimate" \
+    bash -c 'd="$1" t="$2" tags="$3" l="$4" go="$5"; shift 5; cd "$d" && "$go" build -trimpath -tags="$tags" -ldflags="$l" -o "$t/" "$@"' \
+    _ "$dir" "$tmp" "$tags" "$ldflags" "$GO" "$@"
   mv -f "$tmp"/* "$bin/"
   rm -rf "$tmp"
-  echo "$name built in $((SECONDS - start)) s" | tee -a "$cache/build-times" >&2
+  echo "$name built in $((SECONDS - start)) s" >> "$cache/build-times"
 }
 
 operator="github.com/prometheus-operator/prometheus-operator"
 if missing operator prometheus-config-reloader; then
-  build prometheus-operator "$here/go/operator" "$(stamp "${PROMETHEUS_OPERATOR_VERSION#v}")" "" \
+  build prometheus-operator "$here/go/operator" "$(stamp "${PROMETHEUS_OPERATOR_VERSION#v}")" "" "8 min" \
     "$operator/cmd/operator" "$operator/cmd/prometheus-config-reloader"
 fi
 if missing alertmanager; then
@@ -70,11 +72,11 @@ if missing alertmanager; then
     > "$work/alertmanager/ui/app/dist/index.html"
   cp "$here/go/alertmanager/go.mod" "$here/go/alertmanager/go.sum" "$work/"
   echo "replace $am => ./alertmanager" >> "$work/go.mod"
-  build alertmanager "$work" "$(stamp "${ALERTMANAGER_VERSION#v}")" "" "$am/cmd/alertmanager"
+  build alertmanager "$work" "$(stamp "${ALERTMANAGER_VERSION#v}")" "" "5 min" "$am/cmd/alertmanager"
   rm -rf "$work"
 fi
 if missing prometheus promtool; then
-  build prometheus "$here/go/prometheus" "$(stamp "$PROMETHEUS_RELEASE")" "$PROMETHEUS_BUILD_TAGS" \
+  build prometheus "$here/go/prometheus" "$(stamp "$PROMETHEUS_RELEASE")" "$PROMETHEUS_BUILD_TAGS" "10 min" \
     github.com/prometheus/prometheus/cmd/prometheus github.com/prometheus/prometheus/cmd/promtool
 fi
 echo "$bin"

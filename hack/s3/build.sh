@@ -15,9 +15,10 @@ export GOSUMDB="${GOSUMDB:-off}"  # sum.golang.org is not reachable from these m
 mkdir -p "$cache"
 tmp="$(mktemp -d "$cache/.build.XXXX")"
 start=$SECONDS
-echo "building MinIO $MINIO_VERSION into $cache from the Go module proxy (once per machine; minutes)" >&2
-GOBIN="$tmp" "$GO" install -trimpath -ldflags="-s -w" "github.com/minio/minio@$MINIO_VERSION" >&2
+source "$(dirname "${BASH_SOURCE[0]}")/../gobuild.sh"
+quiet_build "$cache/build.log" "MinIO $MINIO_VERSION (the object-storage tests' S3 server)" \
+  "not built on this machine yet" "2.5 min" \
+  env GOBIN="$tmp" "$GO" install -trimpath -ldflags="-s -w" "github.com/minio/minio@$MINIO_VERSION"
 mv -f "$tmp/minio" "$cache/minio"
 rm -rf "$tmp"
-echo "MinIO built in $((SECONDS - start)) s" >&2
 echo "$cache/minio"
