@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+import dataclasses
+import typing
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ddp_operator import cli
+from ddp_operator.api import crd, spec
 
 from .conftest import REPO
 
@@ -466,3 +469,44 @@ def test_warns_where_restarts_would_lose_the_checkpoints(
     else:
         field = "spec.checkpoint" if "step 0" in warned else "spec.checkpoint.volumeClaimTemplate.accessModes"
         assert err.startswith(f"{path}: DDPJob/demo: warning: {field}: ") and warned in err, err
+
+
+def _unmatched(cls: Any, node: Mapping[str, Any], path: str) -> list[str]:
+    """Every CRD property under ``node`` that no field of ``cls`` reads, and every field whose property
+    is not in the CRD, recursively through nested dataclasses."""
+    hints = typing.get_type_hints(cls)
+    props, covered, out = set(node.get("properties", {})), set(), []
+    for f in dataclasses.fields(cls):
+        key = spec.crd_key(f)
+        if key is None:
+            continue
+        head = key.split(".")[0]
+        covered.add(head)
+        if head not in props:
+            out.append(f"{path}: field {cls.__name__}.{f.name} reads {key!r}, which the CRD does not have")
+            continue
+        nested, _ = spec._nested(hints[f.name])
+        if nested is not None:
+            out += _unmatched(nested, node["properties"][head], f"{path}.{head}")
+    out += [f"{path}.{p}: in the CRD, read by no field of {cls.__name__}" for p in sorted(props - covered)]
+    return out
+
+
+def test_the_spec_type_and_the_crd_schema_are_one_source() -> None:
+    """Spec's dataclasses are read from the CRD by name (``spec.from_crd``): a property added to the CRD
+    without its field, or a field without its property, fails here, naming it."""
+    assert _unmatched(spec.Spec, crd.openapi_schema()["properties"]["spec"], "spec") == []
+
+
+def test_the_round_trip_check_can_fail() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Small:
+        steps: int
+        batch_size: int = 1
+
+    node = {"properties": {"steps": {"type": "integer"}, "warmupSteps": {"type": "integer"}}}
+    assert _unmatched(Small, node, "spec.trainer") == [
+        "spec.trainer: field Small.batch_size reads 'batchSize', which the CRD does not have",
+        "spec.trainer.warmupSteps: in the CRD, read by no field of Small",
+    ]
+    assert spec.from_crd(Small, {"steps": 7}, node) == {"steps": 7}

@@ -11,10 +11,13 @@ Long because the dataclasses mirror the CRD's spec one to one; the logic is ``pa
 
 from __future__ import annotations
 
+import types
+import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping as AbcMapping
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import yaml
 
@@ -36,6 +39,10 @@ class SpecError(ValueError):
     def lines(self) -> list[str]:
         prefix = f"{self.source}: " if self.source else ""
         return [f"{prefix}{problem}" for problem in self.problems]
+
+
+_NOT_IN_SPEC: Mapping[str, Any] = {"key": None}
+"""A field that is not read from ``spec`` (the name, the namespace, a value derived in ``_build``)."""
 
 
 @dataclass(frozen=True)
@@ -82,9 +89,13 @@ class S3Spec:
     prefix: str = ""
     endpoint: str | None = None
     region: str | None = None
-    secret_name: str | None = None
-    access_key_id_key: str = "AWS_ACCESS_KEY_ID"
-    secret_access_key_key: str = "AWS_SECRET_ACCESS_KEY"
+    secret_name: str | None = field(default=None, metadata={"key": "credentialsSecret.name"})
+    access_key_id_key: str = field(
+        default="AWS_ACCESS_KEY_ID", metadata={"key": "credentialsSecret.accessKeyIdKey"}
+    )
+    secret_access_key_key: str = field(
+        default="AWS_SECRET_ACCESS_KEY", metadata={"key": "credentialsSecret.secretAccessKeyKey"}
+    )
 
     @property
     def url(self) -> str:
@@ -97,7 +108,7 @@ class CheckpointSpec:
     mount_path: str
     keep: int
     volume: Mapping[str, Any] | None = None
-    claim: ClaimTemplateSpec | None = None
+    claim: ClaimTemplateSpec | None = field(default=None, metadata={"key": "volumeClaimTemplate"})
     warm_start_from: str | None = None
     s3: S3Spec | None = None
 
@@ -128,12 +139,13 @@ class PodTemplateSpec:
 class Spec:
     """One DDPJob, defaulted and valid. Field meanings: ``kubectl explain ddpjob.spec``."""
 
-    name: str
-    namespace: str
+    name: str = field(metadata=_NOT_IN_SPEC)
+    namespace: str = field(metadata=_NOT_IN_SPEC)
     nodes: int
     procs_per_node: int
     device: str
     backend: str
+    """``spec.backend``, else the device's (nccl on cuda, gloo on cpu): ``_build`` fills it in."""
     image: str
     command: tuple[str, ...] | None
     args: tuple[str, ...] | None
@@ -152,10 +164,10 @@ class Spec:
     active_deadline_seconds: int | None
     suspend: bool
     queue_name: str | None
-    workload_priority_class: str | None
+    workload_priority_class: str | None = field(metadata={"key": "workloadPriorityClassName"})
     pod_template: PodTemplateSpec
-    uid: str | None = None
-    given: frozenset[str] = frozenset()
+    uid: str | None = field(default=None, metadata=_NOT_IN_SPEC)
+    given: frozenset[str] = field(default=frozenset(), metadata=_NOT_IN_SPEC)
     """The spec fields the document itself sets (before defaults)."""
     node_lost_toleration_seconds: int = 30
     stall_timeout_seconds: int = 600
@@ -316,116 +328,101 @@ def _label(doc: Any, source: str) -> str:
 
 
 def _build(doc: Mapping[str, Any]) -> Spec:
-    s = doc["spec"]
-    metadata = doc["metadata"]
-    trainer, check, template = s["trainer"], s["syncCheck"], s.get("podTemplate", {})
-    nccl = schema.apply_defaults(
-        crd.openapi_schema()["properties"]["spec"]["properties"]["nccl"], s.get("nccl", {})
-    )
+    s, metadata = doc["spec"], doc["metadata"]
+    read = from_crd(Spec, s, crd.openapi_schema()["properties"]["spec"])
+    read["backend"] = read["backend"] or ("nccl" if read["device"] == "cuda" else "gloo")
     return Spec(
+        **read,
         name=metadata["name"],
         namespace=metadata.get("namespace") or DEFAULT_NAMESPACE,
         uid=metadata.get("uid"),
-        nodes=s["nodes"],
-        procs_per_node=s["procsPerNode"],
-        device=s["device"],
-        backend=s.get("backend") or ("nccl" if s["device"] == "cuda" else "gloo"),
-        image=s["image"],
-        command=tuple(s["command"]) if "command" in s else None,
-        args=tuple(s["args"]) if "args" in s else None,
-        env=tuple(s.get("env", ())),
-        env_from=tuple(s.get("envFrom", ())),
-        resources={kind: dict(values) for kind, values in s.get("resources", {}).items()},
-        trainer=TrainerSpec(
-            seed=trainer["seed"],
-            steps=trainer["steps"],
-            batch_size=trainer["batchSize"],
-            learning_rate=float(trainer["learningRate"]),
-            grad_accumulation=trainer["gradAccumulation"],
-            checkpoint_every=trainer["checkpointEvery"],
-            model=trainer["model"],
-        ),
-        sync_check=SyncCheckSpec(
-            every_steps=check["everySteps"],
-            on_divergence=check["onDivergence"],
-            probe_every_steps=check["probeEverySteps"],
-            on_faulty_rank=check["onFaultyRank"],
-            auto_instrument=check["autoInstrument"],
-        ),
-        nccl=NcclSpec(
-            timeout_seconds=nccl["timeoutSeconds"],
-            trace_buffer_size=nccl["traceBufferSize"],
-            debug=nccl.get("debug"),
-            socket_ifname=nccl.get("socketIfname"),
-            ib_disable=nccl.get("ibDisable"),
-            env=dict(nccl.get("env", {})),
-        ),
-        master_port=s["masterPort"],
-        metrics_port=s["metricsPort"],
-        shm_size=s["shmSize"],
-        checkpoint=_checkpoint(s["checkpoint"]) if "checkpoint" in s else None,
-        max_restarts=s["maxRestarts"],
-        node_lost_toleration_seconds=s["nodeLostTolerationSeconds"],
-        stall_timeout_seconds=s["stallTimeoutSeconds"],
-        start_timeout_seconds=s["startTimeoutSeconds"],
-        ttl_seconds_after_finished=s.get("ttlSecondsAfterFinished"),
-        active_deadline_seconds=s.get("activeDeadlineSeconds"),
-        suspend=s["suspend"],
-        queue_name=s.get("queueName"),
-        workload_priority_class=s.get("workloadPriorityClassName"),
-        pod_template=PodTemplateSpec(
-            labels=dict(template.get("labels", {})),
-            annotations=dict(template.get("annotations", {})),
-            node_selector=dict(template.get("nodeSelector", {})),
-            tolerations=tuple(template.get("tolerations", ())),
-            affinity=template.get("affinity"),
-            priority_class_name=template.get("priorityClassName"),
-            scheduler_name=template.get("schedulerName"),
-            service_account_name=template.get("serviceAccountName"),
-            volumes=tuple(template.get("volumes", ())),
-            volume_mounts=tuple(template.get("volumeMounts", ())),
-            image_pull_secrets=tuple(template.get("imagePullSecrets", ())),
-            runtime_class_name=template.get("runtimeClassName"),
-            security_context=dict(template.get("securityContext", {})),
-            container_security_context=dict(template.get("containerSecurityContext", {})),
-            host_network=template.get("hostNetwork"),
-            dns_policy=template.get("dnsPolicy"),
-            init_containers=tuple(template.get("initContainers", ())),
-            topology_spread_constraints=tuple(template.get("topologySpreadConstraints", ())),
-        ),
     )
 
 
-def _checkpoint(c: Mapping[str, Any]) -> CheckpointSpec:
-    template = c.get("volumeClaimTemplate")
-    claim = None
-    if template is not None:
-        claim = ClaimTemplateSpec(
-            size=template["size"],
-            access_modes=tuple(template["accessModes"]),
-            reclaim_policy=template["reclaimPolicy"],
-            storage_class_name=template.get("storageClassName"),
-        )
-    s3 = None
-    if (bucket := c.get("s3")) is not None:
-        secret = bucket.get("credentialsSecret") or {}
-        s3 = S3Spec(
-            bucket=bucket["bucket"],
-            prefix=bucket.get("prefix", ""),
-            endpoint=bucket.get("endpoint"),
-            region=bucket.get("region"),
-            secret_name=secret.get("name"),
-            access_key_id_key=secret.get("accessKeyIdKey", "AWS_ACCESS_KEY_ID"),
-            secret_access_key_key=secret.get("secretAccessKeyKey", "AWS_SECRET_ACCESS_KEY"),
-        )
-    return CheckpointSpec(
-        mount_path=c["mountPath"],
-        keep=c["keep"],
-        volume=c.get("volume"),
-        claim=claim,
-        warm_start_from=c.get("warmStartFrom"),
-        s3=s3,
-    )
+def crd_key(f: Any) -> str | None:
+    """The CRD property (a dotted path under its object) a dataclass field is read from: its camelCase
+    name, unless the field says otherwise (``metadata={"key": ...}``; None: not read from the spec)."""
+    if "key" in f.metadata:
+        key: str | None = f.metadata["key"]
+        return key
+    head, *rest = str(f.name).split("_")
+    return head + "".join(word.capitalize() for word in rest)
+
+
+def _lookup(mapping: Mapping[str, Any], path: str) -> Any:
+    for part in path.split("."):
+        if not isinstance(mapping, AbcMapping) or part not in mapping:
+            return MISSING
+        mapping = mapping[part]
+    return mapping
+
+
+def _nested(kind: Any) -> tuple[Any, bool]:
+    """The dataclass a field holds (or None), and whether the field may be None."""
+    args = typing.get_args(kind)
+    if typing.get_origin(kind) in (Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return (inner[0] if len(inner) == 1 and is_dataclass(inner[0]) else None), True
+    return (kind if is_dataclass(kind) else None), False
+
+
+def _convert(kind: Any, value: Any) -> Any:
+    origin = typing.get_origin(kind)
+    if origin in (Union, types.UnionType):
+        kinds = [a for a in typing.get_args(kind) if a is not type(None)]
+        return value if value is None or len(kinds) != 1 else _convert(kinds[0], value)
+    if origin is tuple:
+        return tuple(value)
+    if origin in (Mapping, AbcMapping, dict):
+        return {k: dict(v) if isinstance(v, AbcMapping) else v for k, v in value.items()}
+    if kind is float:
+        return float(value)
+    return value
+
+
+def from_crd(cls: Any, mapping: Mapping[str, Any], node: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of dataclass ``cls`` read from ``mapping``, a CRD object whose schema is ``node``: each
+    field from its :func:`crd_key`, converted by its type (tuples, mappings, floats), a nested dataclass
+    read the same way (an absent object takes its schema's defaults, or None where the field may be None).
+    Absent fields keep the dataclass's default (else empty, or None: :func:`_empty`). The CRD's schema is
+    the one source; tests/operator_tests/test_spec.py proves every property has a field and every field a
+    property. A value of the wrong shape where an object belongs is a ``TypeError`` naming it."""
+    if not isinstance(mapping, AbcMapping):
+        raise TypeError(f"expected an object for {cls.__name__}, got {type(mapping).__name__}")
+    hints = typing.get_type_hints(cls)
+    out: dict[str, Any] = {}
+    for f in fields(cls):
+        key = crd_key(f)
+        if key is None:
+            continue
+        kind = hints[f.name]
+        sub, optional = _nested(kind)
+        value = _lookup(mapping, key)
+        if sub is not None:
+            sub_node = _node(node, key)
+            if value is MISSING and optional:
+                out[f.name] = None
+                continue
+            if value is MISSING:
+                value = schema.apply_defaults(sub_node, {})
+            out[f.name] = sub(**from_crd(sub, value, sub_node))
+        elif value is not MISSING:
+            out[f.name] = _convert(kind, value)
+        elif f.default is MISSING and f.default_factory is MISSING:
+            out[f.name] = _empty(kind)
+    return out
+
+
+def _empty(kind: Any) -> Any:
+    """An absent list is an empty tuple, an absent object an empty mapping, anything else None."""
+    origin = typing.get_origin(kind)
+    return () if origin is tuple else {} if origin in (Mapping, AbcMapping, dict) else None
+
+
+def _node(node: Mapping[str, Any], path: str) -> Mapping[str, Any]:
+    for part in path.split("."):
+        node = node["properties"][part]
+    return node
 
 
 def checkpoints_durable(spec: Spec) -> bool:

@@ -10,6 +10,7 @@ place: every function here is a small pure piece of one Job.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -163,19 +164,13 @@ def trainer_values(spec: Spec) -> dict[str, object]:
     """The built-in trainer's settings by ``TrainerConfig`` field, from spec.trainer, spec.syncCheck and
     spec.nccl: the one place where the API's names meet the trainer's (``syncCheck.everySteps`` →
     ``sync_every`` → ``--sync-every``)."""
-    t, check, ckpt = spec.trainer, spec.sync_check, spec.checkpoint
+    check, ckpt = spec.sync_check, spec.checkpoint
     values: dict[str, object] = {
         "device": spec.device,
         "backend": spec.backend,
-        "seed": t.seed,
-        "steps": t.steps,
-        "batch_size": t.batch_size,
-        "learning_rate": t.learning_rate,
-        "grad_accumulation": t.grad_accumulation,
-        "checkpoint_every": t.checkpoint_every,
+        **dataclasses.asdict(spec.trainer),  # spec.trainer's fields are TrainerConfig's, by name
         "checkpoint_dir": checkpoint_dir(spec),
         "checkpoint_keep": ckpt.keep if ckpt else DEFAULT_CHECKPOINT_KEEP,
-        "model": t.model,
         "sync_every": check.every_steps,
         "on_divergence": check.on_divergence,
         "timeout_seconds": spec.nccl.timeout_seconds,

@@ -56,17 +56,12 @@ def settings_of(
     another sample order (seed, batch size, accumulation and world size decide which micro-batches a rank
     skips and sees), other optimizer moments. ``steps``, the check and save schedules and the timeout are
     left out: changing them is a legitimate way to continue a job. The keys are
-    :data:`contract.RECORDED_SETTINGS`' (tests/test_fixed_fields.py keeps them equal)."""
+    :data:`contract.RECORDED_SETTINGS`', each read from the ``TrainerConfig`` field of its name."""
+    computed: dict[str, str | int | float] = {"world_size": world_size, "precision": precision}
+    computed["optimizer"] = optimizer
     return {
-        "model": config.model,
-        "dataset": config.dataset,
-        "seed": config.seed,
-        "batch_size": config.batch_size,
-        "grad_accumulation": config.grad_accumulation,
-        "learning_rate": config.learning_rate,
-        "world_size": world_size,
-        "precision": precision,
-        "optimizer": optimizer,
+        name: computed[name] if name in computed else getattr(config, name)
+        for name in contract.RECORDED_SETTINGS
     }
 
 
