@@ -155,3 +155,16 @@ def test_a_warm_start_takes_the_named_jobs_newest_but_this_jobs_own_checkpoints_
     assert (choice.action, choice.step, choice.warm_from, choice.skipped) == ("resume", 20, "", ())
     # Nothing of the named job's: a fresh start (it "may" seed the weights).
     assert provenance.choose([], ME, warm_start_from="other").action == "fresh"
+
+
+def test_an_elastic_job_records_its_global_batch_not_its_world_size() -> None:
+    """A checkpoint of an elastic job resumes at any world size (its data order is the global batch's),
+    never under another maxNodes, and never in a rigid job (or the reverse)."""
+    elastic = TrainerConfig(elastic_max_nodes=4)
+    at_two = provenance.settings_of(elastic, 2, precision="fp32", optimizer="AdamW")
+    at_three = provenance.settings_of(elastic, 3, precision="fp32", optimizer="AdamW")
+    assert at_two == at_three and at_two["world_size"] == 0 and at_two["elastic_max_nodes"] == 4
+    rigid = provenance.settings_of(TrainerConfig(), 2, precision="fp32", optimizer="AdamW")
+    assert provenance.digest(rigid) != provenance.digest(at_two)
+    other = provenance.settings_of(TrainerConfig(elastic_max_nodes=8), 2, precision="fp32", optimizer="AdamW")
+    assert provenance.digest(other) != provenance.digest(at_two)

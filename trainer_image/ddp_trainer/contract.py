@@ -168,6 +168,7 @@ RECORDED_SETTINGS: Final[dict[str, tuple[str, ...]]] = {
     "grad_accumulation": ("trainer.gradAccumulation",),
     "learning_rate": ("trainer.learningRate",),
     "world_size": ("nodes", "procsPerNode"),
+    "elastic_max_nodes": ("elastic", "elastic.maxNodes"),
     "precision": ("device",),
     "optimizer": (),
 }

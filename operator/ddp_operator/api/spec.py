@@ -66,6 +66,15 @@ class SyncCheckSpec:
 
 
 @dataclass(frozen=True)
+class ElasticSpec:
+    """``spec.elastic``: the range of nodes the job trains on (``spec.nodes`` is the desired size)."""
+
+    min_nodes: int
+    max_nodes: int
+    below_min_timeout_seconds: int = 600
+
+
+@dataclass(frozen=True)
 class NcclSpec:
     timeout_seconds: int
     trace_buffer_size: int
@@ -170,6 +179,7 @@ class Spec:
     given: frozenset[str] = field(default=frozenset(), metadata=_NOT_IN_SPEC)
     """The spec fields the document itself sets (before defaults)."""
     node_lost_toleration_seconds: int = 30
+    elastic: ElasticSpec | None = None
     stall_timeout_seconds: int = 600
     start_timeout_seconds: int = 900
 

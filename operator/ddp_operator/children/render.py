@@ -177,7 +177,15 @@ def trainer_values(spec: Spec) -> dict[str, object]:
     }
     if ckpt and ckpt.warm_start_from:
         values["warm_start_from"] = ckpt.warm_start_from
+    if spec.elastic is not None:
+        values["elastic_max_nodes"] = spec.elastic.max_nodes
     return values
+
+
+def nnodes(spec: Spec) -> str | int:
+    """torchrun's ``--nnodes``: the gang's size, or ``min:max`` for an elastic job (its agents then
+    re-rendezvous whenever a node leaves or joins)."""
+    return f"{spec.elastic.min_nodes}:{spec.elastic.max_nodes}" if spec.elastic else spec.nodes
 
 
 def trainer_args(spec: Spec) -> list[str]:
@@ -232,7 +240,7 @@ def injected_env(spec: Spec, attempt: int, used: int | None = None) -> list[Obj]
     index = f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"
     addr = master_addr(spec, attempt)
     env = [
-        _value(contract.PET_NNODES, spec.nodes),
+        _value(contract.PET_NNODES, nnodes(spec)),
         _value(contract.PET_NPROC_PER_NODE, spec.procs_per_node),
         _field(contract.PET_NODE_RANK, index),
         _value(contract.PET_MASTER_ADDR, addr),

@@ -57,7 +57,9 @@ def settings_of(
     skips and sees), other optimizer moments. ``steps``, the check and save schedules and the timeout are
     left out: changing them is a legitimate way to continue a job. The keys are
     :data:`contract.RECORDED_SETTINGS`', each read from the ``TrainerConfig`` field of its name."""
-    computed: dict[str, str | int | float] = {"world_size": world_size, "precision": precision}
+    # an elastic job resumes at any world size (its data order is the global batch's): 0 stands for any
+    world = 0 if config.elastic_max_nodes else world_size
+    computed: dict[str, str | int | float] = {"world_size": world, "precision": precision}
     computed["optimizer"] = optimizer
     return {
         name: computed[name] if name in computed else getattr(config, name)

@@ -47,6 +47,10 @@ class TrainerConfig:
     """AdamW learning rate (constant)."""
     grad_accumulation: int = 1
     """Micro-batches per optimizer step; all but the last run under DDP's ``no_sync()``."""
+    elastic_max_nodes: int = 0
+    """An elastic job's largest size in nodes (``spec.elastic.maxNodes``; 0: not elastic). The global batch
+    is then ``batch_size x grad_accumulation x processes per node x elastic_max_nodes`` samples at every
+    world size: each rank takes its share of it, in micro-batches of at most ``batch_size``."""
     checkpoint_every: int = 100
     """Save a verified checkpoint every N steps when ``checkpoint_dir`` is set; 0 turns the schedule off
     (SIGTERM still saves one)."""

@@ -16,7 +16,9 @@ from torch import nn
 
 from ddp_trainer.core.state import TrainState
 
-Batches = Iterator[tuple[int, torch.Tensor, torch.Tensor]]
+Batches = Iterator[tuple[Any, ...]]
+"""``(epoch, inputs, targets)`` micro-batches, or ``(epoch, inputs, targets, loss weight)`` (an elastic
+job's: the weight replaces ``1 / grad_accumulation``)."""
 LossFn = Callable[[nn.Module, Any, torch.Tensor], torch.Tensor]
 """``loss_fn(model, outputs, targets) -> loss``: how a micro-batch's outputs become the loss."""
 
@@ -96,12 +98,13 @@ def train(
         losses: list[torch.Tensor] = []
         samples = 0
         for micro in range(grad_accumulation):
-            epoch, inputs, targets = next(batches)
+            epoch, inputs, targets, *weight = next(batches)
             inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
             last = micro == grad_accumulation - 1
             with contextlib.nullcontext() if last else no_sync():
                 with precision.autocast():
-                    loss = loss_fn(model, model(inputs), targets) / grad_accumulation
+                    loss = loss_fn(model, model(inputs), targets)
+                    loss = loss * weight[0] if weight else loss / grad_accumulation
                 scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
             losses.append(loss.detach())
             samples += int(targets.shape[0])

@@ -26,8 +26,8 @@ from ddp_trainer.reporting.metrics import TrainerMetrics
 from ddp_trainer.sync import boundary, fingerprints, probe, replicas
 from ddp_trainer.sync.health import SyncHealth
 from ddp_trainer.sync.verify import CheckKind, DivergenceError, Tally, model_digest
-from ddp_trainer.train.data import build_dataset, micro_batches
-from ddp_trainer.train.loop import Precision, StepResult, train
+from ddp_trainer.train.data import build_dataset, elastic_batches, global_batch, micro_batches
+from ddp_trainer.train.loop import Batches, Precision, StepResult, train
 from ddp_trainer.train.model import build_model, compute_loss
 
 log = logging.getLogger("ddp_trainer")
@@ -94,17 +94,20 @@ class Session:
         device_ids = [self.device] if self.device.type == "cuda" else None
         state.model = DistributedDataParallel(model, device_ids=device_ids)  # broadcasts rank 0's tensors
         self.state = state
-        self.health = SyncHealth(  # trust DDP's silent broadcast, then verify (the initial check)
-            state.model,
-            state.optimizer,
+        settings = SyncHealth.Config.from_env(  # the rest (the compute probe's) from the DDPJob's environment
             total_steps=self.config.steps,
             every=self.config.sync_every,
             on_divergence=self.config.on_divergence,
+            write_report=False,  # the runner writes the report (its run() returns it)
+        )
+        self.health = SyncHealth(  # trust DDP's silent broadcast, then verify (the initial check)
+            state.model,
+            state.optimizer,
+            settings,
             scaler=state.scaler,
             state=state,
             pod=self.pod,
             metrics=self.metrics,
-            write_report=False,
         )
         return state
 
@@ -173,10 +176,12 @@ class Session:
                 )
         health.drill()
         stop = self.agreement(self.stop.requested)
-        due = boundary.due_at(result.step, self.config, saving=self.store is not None, stop=stop)
         probing = health.probe_due()  # the compute probe needs just-verified parameters: a check first
-        if due.check is not None or probing:
-            verified = self.check(state, due.check or "periodic").in_sync
+        due = boundary.due_at(
+            result.step, self.config, saving=self.store is not None, stop=stop, probe=probing
+        )
+        if due.check is not None:
+            verified = self.check(state, due.check).in_sync
             if probing and verified:
                 health.run_probe()  # under onFaultyRank Fail, raises FaultyRankError naming the rank
             if due.save and verified:
@@ -196,19 +201,12 @@ class Session:
         self.stop.install()
         state = self.build()
         config = self.config
-        batches = micro_batches(
-            build_dataset(config),
-            batch_size=config.batch_size,
-            rank=self.launch.rank,
-            world_size=self.launch.world_size,
-            seed=config.seed,
-            skip=state.step * config.grad_accumulation,
-        )
+        accumulation, batches = self.batches(state.step)
         train(
             state,
             batches,
             total_steps=config.steps,
-            grad_accumulation=config.grad_accumulation,
+            grad_accumulation=accumulation,
             precision=self.precision,
             device=self.device,
             loss_fn=compute_loss,
@@ -218,6 +216,36 @@ class Session:
             self.check(state, "final")
         code, rep = report.finished(self.tally, self.facts(), config.steps, model_digest(state.model))
         return code, self.health.probe_summary(rep) if self.health is not None else rep
+
+    def batches(self, step: int) -> tuple[int, Batches]:
+        """Micro-batches per step and the micro-batches from ``step`` on: this rank's shard, or an elastic
+        job's share of the global batch at this world size (``data.elastic_batches``)."""
+        config, launch = self.config, self.launch
+        if config.elastic_max_nodes:
+            size = global_batch(config, launch.local_world_size)
+            log.info(
+                "elastic: world size %d, global batch %d samples per step, from step %d",
+                launch.world_size,
+                size,
+                step,
+            )
+            return elastic_batches(
+                build_dataset(config),
+                batch_size=config.batch_size,
+                global_size=size,
+                rank=launch.rank,
+                world_size=launch.world_size,
+                seed=config.seed,
+                start_step=step,
+            )
+        return config.grad_accumulation, micro_batches(
+            build_dataset(config),
+            batch_size=config.batch_size,
+            rank=launch.rank,
+            world_size=launch.world_size,
+            seed=config.seed,
+            skip=step * config.grad_accumulation,
+        )
 
     def facts(self) -> report.RunFacts:
         """What the report states beside the tally."""
