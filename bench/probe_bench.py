@@ -41,7 +41,7 @@ def rank_main(rank: int, world: int, store: str, steps: int, repeats: int, out: 
     from torch.nn.parallel import DistributedDataParallel
 
     from ddp_trainer.sync.health import SyncHealth
-    from ddp_trainer.sync.probe import DEFAULT_PROBE_EVERY
+    from ddp_trainer.sync.settings import DEFAULT_PROBE_EVERY
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
@@ -94,8 +94,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "trainer_image"))
     import torch.multiprocessing as mp
 
-    from ddp_trainer.sync.health import DEFAULT_EVERY
-    from ddp_trainer.sync.probe import DEFAULT_PROBE_EVERY
+    from ddp_trainer.sync.settings import DEFAULT_EVERY, DEFAULT_PROBE_EVERY
 
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "result")

@@ -3,6 +3,7 @@ the skew ratio, the stop flag. The two collectives run in the ``slow`` multi-pro
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 from collections.abc import Iterator
@@ -11,7 +12,16 @@ import pytest
 import torch
 
 from ddp_trainer.core.config import ChaosSpec, TrainerConfig
-from ddp_trainer.sync.boundary import CHAOS_NUDGE, Due, StopRequest, drill_fires, due_at, nudge, skew_ratio
+from ddp_trainer.sync.boundary import (
+    CHAOS_NUDGE,
+    Due,
+    StopRequest,
+    check_due,
+    drill_fires,
+    due_at,
+    nudge,
+    skew_ratio,
+)
 from ddp_trainer.train.model import MLP
 
 
@@ -47,6 +57,51 @@ def test_no_checkpoint_dir_or_schedule_saves_nothing() -> None:
     assert schedule(4, saving=False) == Due(None, False)
     assert schedule(8, checkpoint_every=0) == Due(None, False)
     assert schedule(20, checkpoint_every=0) == Due("final", False)
+
+
+def test_one_rule_says_when_a_check_is_due() -> None:
+    """:func:`check_due`, as SyncHealth.step uses it (no stop, no save): every ``every`` steps, at the
+    total (and past it), before a probe; no total: periodic only."""
+    due = {step: check_due(step, 3, 7) for step in range(1, 10)}
+    assert due == {
+        1: None,
+        2: None,
+        3: "periodic",
+        4: None,
+        5: None,
+        6: "periodic",
+        7: "final",
+        8: "final",
+        9: "final",  # past the total: still final (final wins over periodic)
+    }
+    assert [s for s in range(1, 10) if check_due(s, 3, None)] == [3, 6, 9]
+    assert check_due(9, 3, None) == "periodic"
+    assert check_due(4, 3, None, probe=True) == "periodic"  # the probe needs just-verified parameters
+    assert check_due(7, 3, 7, probe=True) == "final"
+    assert check_due(4, 3, 20, save=True) == "periodic" and check_due(4, 3, 20, stop=True) == "final"
+
+
+def test_both_callers_check_when_they_did_before_the_rule_was_shared() -> None:
+    """The two rules the shared one replaced, written out: the trainer's (a check when saving, stopping,
+    at the end or every ``sync_every``; a probe needs one too) and SyncHealth.step's (at the total, every
+    ``every``, or for a probe)."""
+    config = TrainerConfig(steps=20, sync_every=3, checkpoint_every=4)
+    for step, saving, stop, probe in itertools.product(range(1, 24), *[(False, True)] * 3):
+        save = saving and (step % 4 == 0 or stop)
+        final = step >= 20
+        before = "final" if final or stop else "periodic"
+        wanted = before if save or stop or final or step % 3 == 0 or probe else None
+        assert due_at(step, config, saving=saving, stop=stop, probe=probe) == Due(wanted, save), step
+    for step, total, probe in itertools.product(range(1, 24), (None, 1, 20), (False, True)):
+        final = total is not None and step >= total
+        wanted = ("final" if final else "periodic") if final or step % 3 == 0 or probe else None
+        assert check_due(step, 3, total, probe=probe) == wanted, (step, total, probe)
+
+
+def test_a_probe_makes_the_trainer_check_without_saving() -> None:
+    config = TrainerConfig(steps=20, sync_every=3, checkpoint_every=4)
+    assert due_at(5, config, saving=True, stop=False, probe=True) == Due("periodic", False)
+    assert due_at(5, config, saving=True, stop=False) == Due(None, False)
 
 
 def test_the_fire_drill_fires_on_its_rank_at_its_step_only() -> None:

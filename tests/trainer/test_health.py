@@ -17,32 +17,82 @@ from torch import nn
 from torchrun_helpers import HERE, launch
 
 from ddp_trainer import contract
-from ddp_trainer.sync import health
+from ddp_trainer.sync import SyncConfig, health
 from ddp_trainer.sync.health import SyncHealth, SyncHealthError
 
 
 def test_settings_come_from_the_arguments_then_the_ddpjob_environment_then_the_defaults() -> None:
-    env = {contract.SYNC_EVERY_ENV: "7", contract.ON_DIVERGENCE_ENV: "Warn"}
-    assert health.settings({}, None, None) == (100, "Fail")
-    assert health.settings(env, None, None) == (7, "Warn")
-    assert health.settings(env, 3, "Repair") == (3, "Repair")
+    env = {
+        contract.SYNC_EVERY_ENV: "7",
+        contract.ON_DIVERGENCE_ENV: "Warn",
+        contract.PROBE_EVERY_ENV: "0",
+        contract.ON_FAULTY_RANK_ENV: "Warn",
+    }
+
+    def chosen(config: SyncConfig) -> tuple[int, str, int, str]:
+        return config.every, config.on_divergence, config.probe_every, config.on_faulty_rank
+
+    assert SyncConfig.from_env({}) == SyncConfig() and chosen(SyncConfig()) == (100, "Fail", 1000, "Fail")
+    assert chosen(SyncConfig.from_env(env)) == (7, "Warn", 0, "Warn")
+    given = SyncConfig.from_env(env, every=3, on_divergence="Repair", probe_every=50, on_faulty_rank="Fail")
+    assert chosen(given) == (3, "Repair", 50, "Fail")
+    assert chosen(SyncConfig.from_env(env, every=None, probe_every=None)) == (
+        7,
+        "Warn",
+        0,
+        "Warn",
+    )  # not given
+    assert SyncConfig.from_env({}, total_steps=9, peer_timeout=5, write_report=None) == SyncConfig(
+        total_steps=9, peer_timeout=5.0
+    )
+    assert SyncHealth.Config is SyncConfig
+
+
+def test_from_env_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(contract.SYNC_EVERY_ENV, " 12 ")
+    assert SyncConfig.from_env().every == 12 and SyncConfig().every == 100  # the constructor reads nothing
 
 
 @pytest.mark.parametrize(
-    ("env", "every", "policy", "message"),
+    ("env", "settings", "message"),
     [
-        ({}, 0, None, "every=0: expected a whole number of steps, at least 1"),
-        ({contract.SYNC_EVERY_ENV: "0"}, None, None, "DDPJOB_SYNC_EVERY=0: expected a whole number"),
-        ({contract.SYNC_EVERY_ENV: "ten"}, None, None, "DDPJOB_SYNC_EVERY='ten': expected a whole number"),
-        ({}, None, "Ignore", "on_divergence='Ignore': expected one of Fail, Repair, Warn"),
-        ({contract.ON_DIVERGENCE_ENV: "fail"}, None, None, "DDPJOB_ON_DIVERGENCE='fail': expected one of"),
+        ({}, {"every": 0}, "every=0: expected a whole number of steps, at least 1"),
+        ({contract.SYNC_EVERY_ENV: "0"}, {}, "DDPJOB_SYNC_EVERY=0: expected a whole number"),
+        ({contract.SYNC_EVERY_ENV: "ten"}, {}, "DDPJOB_SYNC_EVERY='ten': expected a whole number"),
+        ({}, {"on_divergence": "Ignore"}, "on_divergence='Ignore': expected one of Fail, Repair, Warn"),
+        ({contract.ON_DIVERGENCE_ENV: "fail"}, {}, "DDPJOB_ON_DIVERGENCE='fail': expected one of"),
+        (
+            {contract.PROBE_EVERY_ENV: "x"},
+            {},
+            "DDPJOB_PROBE_EVERY='x': expected a whole number of steps, 0 for off",
+        ),
+        ({}, {"on_faulty_rank": "Repair"}, "on_faulty_rank='Repair': expected one of Fail, Warn"),
+        ({}, {"total_steps": 0}, "total_steps=0: expected a positive number of steps, or None"),
+        ({contract.SYNC_EVERY_ENV: "0"}, {"every": 5}, None),  # the argument wins: the variable is not read
     ],
 )
 def test_bad_settings_name_the_value_and_what_is_accepted(
-    env: dict[str, str], every: int | None, policy: str | None, message: str
+    env: dict[str, str], settings: dict[str, Any], message: str | None
 ) -> None:
-    with pytest.raises(SyncHealthError, match=message.replace("(", r"\(")):
-        health.settings(env, every, policy)
+    if message is None:
+        assert SyncConfig.from_env(env, **settings).every == 5
+        return
+    with pytest.raises(SyncHealthError, match=re.escape(message)):
+        SyncConfig.from_env(env, **settings)
+
+
+def test_a_config_built_directly_is_checked_too() -> None:
+    with pytest.raises(
+        SyncHealthError, match=re.escape("every=0: expected a whole number of steps, at least 1")
+    ):
+        SyncConfig(every=0)
+    with pytest.raises(SyncHealthError, match=re.escape("probe_every=-1: expected a whole number of steps")):
+        SyncConfig().replace(probe_every=-1)
+    assert SyncConfig(every=5).replace(every=None, total_steps=3) == SyncConfig(every=5, total_steps=3)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'evry'"):
+        SyncConfig.from_env({}, evry=5)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'evry'"):
+        SyncConfig().replace(evry=5)
 
 
 def test_old_torch_versions_are_refused() -> None:
@@ -69,6 +119,12 @@ def test_bad_input_leaves_training_as_it_was(single_rank: Path) -> None:
         SyncHealth("model")  # type: ignore[arg-type]
     with pytest.raises(SyncHealthError, match="total_steps=0: expected a positive number of steps"):
         SyncHealth(net, total_steps=0)
+    with pytest.raises(
+        TypeError, match=re.escape("SyncHealth.__init__() got an unexpected keyword argument")
+    ):
+        SyncHealth(net, evry=5)
+    with pytest.raises(SyncHealthError, match=re.escape("config: expected a SyncHealth.Config or None")):
+        SyncHealth(net, None, {"every": 5})  # type: ignore[arg-type]
     assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
     assert not single_rank.exists()
 
@@ -89,6 +145,21 @@ def test_a_hand_written_loop_gets_checks_and_a_report(single_rank: Path) -> None
         3,
         6,
     )
+
+
+def test_one_config_or_keywords_give_the_same_run(single_rank: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(contract.SYNC_EVERY_ENV, "3")
+    net = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    by_keywords = SyncHealth(net, optimizer, total_steps=6, write_report=False, probe_every=0)
+    assert by_keywords.config == SyncConfig(every=3, total_steps=6, write_report=False, probe_every=0)
+    by_keywords.close()
+    config = SyncHealth.Config(every=4, total_steps=5, write_report=False, probe_every=0)  # no environment
+    with SyncHealth(net, optimizer, config, total_steps=6) as sh:  # a keyword replaces the config's value
+        assert (sh.config, sh.every, sh.total_steps) == (config.replace(total_steps=6), 4, 6)
+        for _ in range(6):
+            sh.step()
+        assert sh.checks == 3  # initial, step 4, step 6 (the last)
 
 
 def test_a_compiled_model_in_ddp_is_named_by_its_own_class(single_rank: Path) -> None:

@@ -15,6 +15,7 @@ from ddp_trainer import contract
 from ddp_trainer.core.config import parse_chaos, read_pod_env
 from ddp_trainer.sync import probe, sdc
 from ddp_trainer.sync.health import SyncHealth, SyncHealthError
+from ddp_trainer.sync.settings import DEFAULT_PROBE_EVERY, SyncConfig
 
 A, B, C = 11, 22, 33
 CPU = [7, 7, 7, 7]
@@ -79,16 +80,17 @@ def test_a_pass_that_cannot_run_deterministically_is_undecidable_naming_the_op()
 def test_due_and_settings() -> None:
     assert [s for s in range(0, 9) if probe.due(s, 4)] == [4, 8]
     assert not any(probe.due(s, 0) for s in range(10))
-    assert probe.settings({}, None, None) == (probe.DEFAULT_PROBE_EVERY, "Fail")
+    assert SyncConfig.from_env({}).probe_every == DEFAULT_PROBE_EVERY == 1000
     env = {contract.PROBE_EVERY_ENV: "0", contract.ON_FAULTY_RANK_ENV: "Warn"}
-    assert probe.settings(env, None, None) == (0, "Warn")
-    assert probe.settings(env, 50, "Fail") == (50, "Fail")
+    assert SyncConfig.from_env(env).probe_every == 0 and SyncConfig.from_env(env).on_faulty_rank == "Warn"
+    given = SyncConfig.from_env(env, probe_every=50, on_faulty_rank="Fail")
+    assert (given.probe_every, given.on_faulty_rank) == (50, "Fail")
     with pytest.raises(
-        ValueError, match="DDPJOB_PROBE_EVERY='x': expected a whole number of steps, 0 for off"
+        SyncHealthError, match="DDPJOB_PROBE_EVERY='x': expected a whole number of steps, 0 for off"
     ):
-        probe.settings({contract.PROBE_EVERY_ENV: "x"}, None, None)
-    with pytest.raises(ValueError, match="on_faulty_rank='Repair': expected one of Fail, Warn"):
-        probe.settings({}, None, "Repair")
+        SyncConfig.from_env({contract.PROBE_EVERY_ENV: "x"})
+    with pytest.raises(SyncHealthError, match="on_faulty_rank='Repair': expected one of Fail, Warn"):
+        SyncConfig.from_env({}, on_faulty_rank="Repair")
 
 
 def test_the_sdc_drill_is_parsed_beside_the_divergence_drill() -> None:

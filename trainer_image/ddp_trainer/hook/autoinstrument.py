@@ -126,7 +126,8 @@ class AutoSync:
         inner = [m.module for m, _ in models]
         buffers = all(bool(m.broadcast_buffers) for m, _ in models)
         model: nn.Module = models[0][0] if len(models) == 1 else Combined(inner)
-        self.health = health.SyncHealth(model, optimizer, broadcast_buffers=buffers, check_buffers=buffers)
+        settings = health.SyncHealth.Config.from_env(broadcast_buffers=buffers, check_buffers=buffers)
+        self.health = health.SyncHealth(model, optimizer, settings)  # the rest from the DDPJob's environment
         self.built_before = health.SyncHealth.built
         self.optimizer = weakref.ref(optimizer)
         self.state = "checking"

@@ -5,7 +5,8 @@ the first optimizer, the total from ``max_steps`` or the estimated stepping batc
 wrapper broadcasts buffers) and calls it after each batch that ended with an optimizer step; an exception
 in training writes the report. The compute probe runs ``training_step`` on the first batch rank 0 saw
 (once every ``probeEverySteps`` steps, in eval mode; what that call logs is logged). Keyword arguments go
-to ``SyncHealth`` (``every=``, ``on_divergence=``, ...).
+to ``SyncHealth`` (``every=``, ``on_divergence=``, ..., or ``config=``, a ``SyncHealth.Config``, whose total,
+step and buffer setting the Trainer's replace unless given as keywords).
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 The callback builds a :class:`ddp_trainer.sync.health.SyncHealth` when training begins (the model and the
 optimizer from the callback's arguments, the total from ``state.max_steps``, the step from
 ``state.global_step`` when resuming) and calls it at the end of every optimizer step; keyword arguments
-go to ``SyncHealth`` (``every=``, ``on_divergence=``, ...). The last logged loss feeds ``ddp_loss``.
+go to ``SyncHealth`` (``every=``, ``on_divergence=``, ..., or ``config=``, a ``SyncHealth.Config``, whose
+total, step and buffer setting the Trainer's replace unless given as keywords). The last logged loss
+feeds ``ddp_loss``.
 """
 
 from __future__ import annotations

@@ -5,8 +5,10 @@ This module is the public library; use it from your own training code.
 * :class:`SyncHealth` — everything the ddpjob trainer does at a check, for any DDP loop: build it from the
   model (and optimizer), call ``step()`` after each optimizer step; it checks every ``every`` steps,
   applies the policy (Fail, Repair, Warn), serves the ``ddp_*`` metrics and writes the report the operator
-  reads (``docs/your-code.md``).
-* :func:`fingerprint` — one int64 per tensor, a pure function of the tensor's raw bits.
+  reads (``docs/your-code.md``). Its settings are one :class:`SyncConfig` (``SyncHealth.Config``), with
+  ``SyncConfig.from_env()``; keywords still work (``SyncHealth(model, optimizer, every=50)``).
+* :func:`fingerprint` — one int64 per tensor, a pure function of the tensor's raw bits;
+  :func:`structure_fingerprint` — one int64 for the tensors' names, shapes and dtypes.
 * :func:`check_in_sync` — do all ranks hold the same tensors? Two tiny collectives in the common case.
 * :func:`broadcast_module_` — make every rank hold ``src``'s tensors (after changing one rank on purpose,
   or to repair a divergence).
@@ -19,7 +21,7 @@ The functions are documented where they live, :mod:`ddp_trainer.sync.replicas` (
 
 from __future__ import annotations
 
-from ddp_trainer.sync.health import SyncHealth, SyncHealthError
+from ddp_trainer.sync.health import SyncHealth
 from ddp_trainer.sync.replicas import (
     SyncReport,
     TensorMismatch,
@@ -33,9 +35,12 @@ from ddp_trainer.sync.replicas import (
     fingerprint_tensors,
     named_tensors,
     optimizer_state_tensors,
+    structure_fingerprint,
 )
+from ddp_trainer.sync.settings import SyncConfig, SyncHealthError
 
 __all__ = [
+    "SyncConfig",
     "SyncHealth",
     "SyncHealthError",
     "SyncReport",
@@ -50,4 +55,5 @@ __all__ = [
     "fingerprint_tensors",
     "named_tensors",
     "optimizer_state_tensors",
+    "structure_fingerprint",
 ]

@@ -1,7 +1,8 @@
 """What happens at a step boundary, besides metrics: the fire drill, the stop agreement, the step-time
 skew, and the decision whether a check (and a checkpoint) is due.
 
-:func:`due_at` is pure. :func:`agree_stop` and :meth:`SkewMeter.publish` are collectives: every rank
+:func:`check_due` (the one rule for when a check is due, also :class:`ddp_trainer.sync.SyncHealth`'s)
+and :func:`due_at` are pure. :func:`agree_stop` and :meth:`SkewMeter.publish` are collectives: every rank
 calls them at the same boundaries (the runner's ``on_step``), in the same order.
 """
 
@@ -37,15 +38,27 @@ class Due:
     """Save a checkpoint if that check passes."""
 
 
-def due_at(step: int, config: TrainerConfig, *, saving: bool, stop: bool) -> Due:
-    """After ``step``: check every ``--sync-every`` steps, at the end, when stopping and before every
-    checkpoint; save every ``--checkpoint-every`` steps (0: never) and when stopping, if ``saving``."""
+def check_due(
+    step: int, every: int, total: int | None, *, stop: bool = False, save: bool = False, probe: bool = False
+) -> CheckKind | None:
+    """The one rule for when a check is due after ``step`` (the built-in trainer's and
+    :meth:`ddp_trainer.sync.SyncHealth.step`'s): ``final`` at or past ``total`` (None: unknown) and when
+    the ranks ``stop``; else ``periodic`` every ``every`` steps, before a checkpoint is saved (``save``)
+    and before a compute probe (``probe``: it needs just-verified parameters); else None."""
+    if stop or (total is not None and step >= total):
+        return "final"
+    if save or probe or step % every == 0:
+        return "periodic"
+    return None
+
+
+def due_at(step: int, config: TrainerConfig, *, saving: bool, stop: bool, probe: bool = False) -> Due:
+    """After ``step`` of the built-in trainer: the check :func:`check_due` says (every ``--sync-every``
+    steps, at ``--steps``, when stopping, before every checkpoint and before a ``probe``); save every
+    ``--checkpoint-every`` steps (0: never) and when stopping, if ``saving``."""
     every = config.checkpoint_every
     save = saving and ((every > 0 and step % every == 0) or stop)
-    final = step >= config.steps
-    if save or stop or final or step % config.sync_every == 0:
-        return Due("final" if final or stop else "periodic", save)
-    return Due(None, False)
+    return Due(check_due(step, config.sync_every, config.steps, stop=stop, save=save, probe=probe), save)
 
 
 def drill_fires(chaos: ChaosSpec | None, rank: int, step: int) -> bool:

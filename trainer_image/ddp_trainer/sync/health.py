@@ -7,8 +7,9 @@ buffers when DDP broadcasts them, fingerprints parameters, buffers, optimizer st
 (step, epoch where known, learning rates, loss scale where known), applies the ``Fail``/``Repair``/``Warn``
 policy, keeps the ``ddp_*`` metrics (local rank 0 serves its pod's ranks on ``DDPJOB_METRICS_PORT``), runs
 the fire drill (``DDPJOB_CHAOS_DIVERGE``) and, at the end, writes the termination report the operator and
-``ddpjob local`` read. Its settings come from the DDPJob (``DDPJOB_SYNC_EVERY``, ``DDPJOB_ON_DIVERGENCE``)
-unless given::
+``ddpjob local`` read. Its settings (:class:`ddp_trainer.sync.SyncConfig`, also ``SyncHealth.Config``)
+come from the DDPJob (``DDPJOB_SYNC_EVERY``, ``DDPJOB_ON_DIVERGENCE``, ...) unless given, as keywords or
+as one config::
 
     from ddp_trainer.sync import SyncHealth
 
@@ -16,6 +17,8 @@ unless given::
         for batch in batches:
             ...; optimizer.step()
             health.step(loss)
+
+    SyncHealth(ddp_model, optimizer, SyncHealth.Config.from_env(total_steps=steps, every=50))
 
 A check is two small collectives more than :func:`ddp_trainer.sync.check_in_sync`: before the fingerprint
 all-reduce every rank contributes a header (its step, its number of tensors, a hash of their names, shapes
@@ -39,7 +42,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, get_args
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -48,13 +51,14 @@ from torch import nn
 from ddp_trainer import contract
 from ddp_trainer.core import inplace as launcher
 from ddp_trainer.core import wrappers
-from ddp_trainer.core.config import PodEnv, Policy, read_pod_env
+from ddp_trainer.core.config import PodEnv, read_pod_env
 from ddp_trainer.core.distributed import LaunchEnv, metrics_dir, read_launch_env, settle_gloo_at_exit
 from ddp_trainer.core.lossread import LossReader
 from ddp_trainer.reporting import report
 from ddp_trainer.sync import boundary, fingerprints, probe, replicas
 from ddp_trainer.sync import sdc as sdc_drill
-from ddp_trainer.sync.settings import setting, whole_steps
+from ddp_trainer.sync.settings import SyncConfig
+from ddp_trainer.sync.settings import SyncHealthError as SyncHealthError
 from ddp_trainer.sync.verify import CheckKind, DivergenceError, Tally, Verifier, broadcast_state, check_state
 from ddp_trainer.sync.verify import model_digest as digest_of
 
@@ -63,13 +67,7 @@ if TYPE_CHECKING:  # prometheus_client loads only after PROMETHEUS_MULTIPROC_DIR
 
 log = logging.getLogger("ddp_trainer")
 
-DEFAULT_EVERY = 100
-DEFAULT_POLICY: Policy = "Fail"
-DEFAULT_PEER_TIMEOUT = 30.0
-"""Seconds a check waits for its peers to join it (after the first): DDP keeps ranks within one step of
-each other, so a peer that is not there by then never comes."""
 MIN_TORCH = (2, 4)
-POLICIES: tuple[str, ...] = get_args(Policy)
 _PRECISIONS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 """``ddp_info``'s precision for code the trainer does not configure: the parameters' dtype."""
 _REPORTED = (contract.DIVERGENCE_EXIT_CODE, contract.FAULTY_RANK_EXIT_CODE)
@@ -86,10 +84,6 @@ def _verdict_exit(code: int) -> SystemExit:
     if "TORCHELASTIC_RUN_ID" in os.environ:
         atexit.register(launcher.exit_now, code)
     return SystemExit(code)
-
-
-class SyncHealthError(RuntimeError):
-    """Bad input, or ranks that do not check together: the check cannot run (training is left as it was)."""
 
 
 @dataclass
@@ -112,38 +106,11 @@ def torch_version_ok(version: str) -> bool:
     return (major, minor) >= MIN_TORCH
 
 
-def settings(env: Mapping[str, str], every: int | None, on_divergence: str | None) -> tuple[int, Policy]:
-    """The check interval and the policy: the arguments, else the DDPJob's environment, else the defaults.
-    Raises :class:`SyncHealthError` naming the argument (or variable), its value and what is accepted."""
-    try:
-        steps = setting(
-            env,
-            every,
-            "every",
-            contract.SYNC_EVERY_ENV,
-            DEFAULT_EVERY,
-            whole_steps(1),
-            "expected a whole number of steps, at least 1",
-        )
-        policy = setting(
-            env,
-            on_divergence,
-            "on_divergence",
-            contract.ON_DIVERGENCE_ENV,
-            DEFAULT_POLICY,
-            POLICIES.__contains__,
-            f"expected one of {', '.join(POLICIES)}",
-        )
-    except ValueError as err:
-        raise SyncHealthError(str(err)) from None
-    return steps, policy
-
-
 def header(step: int, named: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
     """What ranks must agree on before comparing fingerprints: the step, the number of tensors, and a
     hash of their names, shapes and dtypes; each with its negation, so one MAX all-reduce gives both the
     largest and the smallest value."""
-    structure = int(replicas._structure_fingerprint(named).item())
+    structure = int(replicas.structure_fingerprint(named).item())
     values = [step, len(named), structure]
     return torch.tensor([v for x in values for v in (x, -x)], dtype=torch.int64)
 
@@ -176,27 +143,27 @@ class SyncHealth:
 
     Collective: every rank builds it at the same point (after the model is wrapped in DDP, or at least
     after every rank holds its copy) and calls :meth:`step` after each optimizer step. Building it runs
-    the initial check. ``every`` and ``on_divergence`` default to the DDPJob's ``DDPJOB_SYNC_EVERY`` and
-    ``DDPJOB_ON_DIVERGENCE``, else 100 and ``Fail``. Under ``Fail`` a divergence writes the report and
-    exits the process with :data:`ddp_trainer.contract.DIVERGENCE_EXIT_CODE` (``SystemExit``), on every
-    rank at the same check.
+    the initial check. Under ``Fail`` a divergence writes the report and exits the process with
+    :data:`ddp_trainer.contract.DIVERGENCE_EXIT_CODE` (``SystemExit``), on every rank at the same check.
 
-    Optional keyword arguments: ``scaler`` (a ``torch.amp.GradScaler``, whose scale is compared),
-    ``broadcast_buffers`` (whether DDP copies rank 0's buffers at each forward; default: what the DDP
-    wrapper says, False for a plain module), ``peer_timeout`` (seconds a check waits for its peers),
-    ``state`` (an existing train state to check instead of counting steps here: the reference trainer's),
-    ``pod`` (the ``DDPJOB_*`` settings, instead of reading them from the environment),
-    ``start_step`` (the step a resumed loop starts from), ``metrics`` (existing series; then nothing is
-    served here), ``write_report`` (False: the caller writes
-    it), ``initial_check`` (False: the caller runs the first check when it wants), ``check_buffers``
-    (False: compare parameters, optimizer and control state only, for a model whose buffers are meant to
-    differ between ranks: DDP with ``broadcast_buffers=False``).
+    ``config`` (a :class:`SyncHealth.Config`, that is :class:`ddp_trainer.sync.SyncConfig`) holds the
+    settings: the check's interval and policy, ``total_steps``, the compute probe's
+    (:mod:`ddp_trainer.sync.probe`), buffers, timeouts, the report. Without one they come from
+    ``SyncHealth.Config.from_env(env, **settings)``: each setting given as a keyword (``every=50``,
+    ``on_divergence="Repair"``, ...), else the DDPJob's environment (``DDPJOB_SYNC_EVERY``,
+    ``DDPJOB_ON_DIVERGENCE``, ``DDPJOB_PROBE_EVERY``, ``DDPJOB_ON_FAULTY_RANK``), else the defaults (100,
+    ``Fail``, 1000, ``Fail``); with one, keywords given replace its values.
 
-    The compute probe (:mod:`ddp_trainer.sync.probe`): ``probe_every`` (default ``DDPJOB_PROBE_EVERY``,
-    else 1000; 0 off), ``on_faulty_rank`` (``Fail``: the report, then exit
-    :data:`ddp_trainer.contract.FAULTY_RANK_EXIT_CODE`; ``Warn``), ``probe_batch``, ``probe_loss``,
-    ``probe_step`` (what it runs; default: the first input the model saw on rank 0).
+    The objects it works with are keyword arguments of their own: ``group`` (the process group),
+    ``scaler`` (a ``torch.amp.GradScaler``, whose scale is compared), ``state`` (an existing train state to
+    check instead of counting steps here: the reference trainer's), ``pod`` (the ``DDPJOB_*`` settings,
+    instead of reading them from the environment), ``metrics`` (existing series; then nothing is served
+    here), ``env`` (the environment read instead of ``os.environ``), and what the compute probe runs:
+    ``probe_batch``, ``probe_loss``, ``probe_step`` (default: the first input the model saw on rank 0).
     """
+
+    Config: ClassVar[type[SyncConfig]] = SyncConfig
+    """The settings as one value: :class:`ddp_trainer.sync.settings.SyncConfig`."""
 
     built: ClassVar[int] = 0
     """How many were built in this process (the no-code-change hook stands down when the script builds
@@ -206,28 +173,22 @@ class SyncHealth:
         self,
         model: nn.Module,
         optimizer: torch.optim.Optimizer | None = None,
+        config: SyncConfig | None = None,
         *,
-        total_steps: int | None = None,
-        every: int | None = None,
-        on_divergence: str | None = None,
         group: dist.ProcessGroup | None = None,
         scaler: torch.amp.GradScaler | None = None,
-        broadcast_buffers: bool | None = None,
-        peer_timeout: float | None = None,
         state: Any = None,
         pod: PodEnv | None = None,
         metrics: TrainerMetrics | None = None,
-        write_report: bool = True,
-        initial_check: bool = True,
         env: Mapping[str, str] | None = None,
-        start_step: int = 0,
-        probe_every: int | None = None,
-        on_faulty_rank: str | None = None,
         probe_batch: Any = None,
         probe_loss: Callable[[nn.Module], torch.Tensor] | None = None,
         probe_step: probe.StepFn | None = None,
-        check_buffers: bool = True,
+        **settings: Any,
     ) -> None:
+        unknown = sorted(settings.keys() - SyncConfig.names())
+        if unknown:
+            raise TypeError(f"SyncHealth.__init__() got an unexpected keyword argument {unknown[0]!r}")
         environ: Mapping[str, str] = os.environ if env is None else env
         if not torch_version_ok(torch.__version__):
             raise SyncHealthError(
@@ -242,33 +203,36 @@ class SyncHealth:
             raise SyncHealthError(
                 f"optimizer: expected a torch.optim.Optimizer or None, got {type(optimizer)!r}"
             )
-        if total_steps is not None and (isinstance(total_steps, bool) or total_steps < 1):
-            raise SyncHealthError(
-                f"total_steps={total_steps!r}: expected a positive number of steps, or None"
-            )
-        self.every, self.policy = settings(environ, every, on_divergence)
+        if config is not None and not isinstance(config, SyncConfig):
+            raise SyncHealthError(f"config: expected a SyncHealth.Config or None, got {type(config)!r}")
+        config = SyncConfig.from_env(environ, **settings) if config is None else config.replace(**settings)
         if not dist.is_available() or not dist.is_initialized():
             raise SyncHealthError(
                 "torch.distributed is not initialized: build SyncHealth after init_process_group() (under "
                 "torchrun), on every rank"
             )
         SyncHealth.built += 1
-        self.total_steps = total_steps
-        self.check_buffers = check_buffers
+        self.config = config
+        """The settings it runs with (the keywords given folded in)."""
+        self.every, self.policy = config.every, config.on_divergence
+        self.total_steps = config.total_steps
+        self.check_buffers = config.check_buffers
         self.group = group
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size(group)
         self.launch: LaunchEnv = read_launch_env(environ)
         self.pod: PodEnv = pod if pod is not None else read_pod_env(environ)
-        self.broadcast_buffers = broadcast_buffers
-        self.peer_timeout = DEFAULT_PEER_TIMEOUT if peer_timeout is None else float(peer_timeout)
-        self.subject: Any = state if state is not None else Tracked(model, optimizer, scaler, start_step)
+        self.broadcast_buffers = config.broadcast_buffers
+        self.peer_timeout = config.peer_timeout
+        self.subject: Any = (
+            state if state is not None else Tracked(model, optimizer, scaler, config.start_step)
+        )
         self._owns_steps = state is None
-        self.write_report = write_report
+        self.write_report = config.write_report
         self.metrics = metrics if metrics is not None else self._metrics(environ, model)
         self.metrics.sync_every.set(self.every)
-        if total_steps is not None:
-            self.metrics.total_steps.set(total_steps)
+        if self.total_steps is not None:
+            self.metrics.total_steps.set(self.total_steps)
         self.verifier = Verifier(self.policy, self.metrics, check=self._check, repair=self._repair)
         self.skew = boundary.SkewMeter()
         self._losses = LossReader()
@@ -283,9 +247,9 @@ class SyncHealth:
         """The gang restarts done in place in this attempt, and the cause of the last (every rank's)."""
         self.metrics.restarts.set(contract.restarts_before(self.pod.attempt) + self.restart.restarts)
         self.metrics.restarted(self.restart.restarts, self.restart.cause)
-        self._start_probe(environ, model, probe_every, on_faulty_rank, probe_batch, probe_loss, probe_step)
+        self._start_probe(model, probe_batch, probe_loss, probe_step)
         self._last = time.perf_counter()
-        if initial_check:
+        if config.initial_check:
             self.check("initial")
 
     # -- setup ----------------------------------------------------------------------------------------
@@ -329,21 +293,14 @@ class SyncHealth:
 
     def _start_probe(
         self,
-        environ: Mapping[str, str],
         model: nn.Module,
-        every: int | None,
-        policy: str | None,
         batch: Any,
         loss: Callable[[nn.Module], torch.Tensor] | None,
         step: probe.StepFn | None,
     ) -> None:
         """The compute probe (:mod:`ddp_trainer.sync.probe`) when on, and the SDC fire drill when it names
-        this
-        rank."""
-        try:
-            self.probe_every, self.on_faulty_rank = probe.settings(environ, every, policy)
-        except ValueError as err:
-            raise SyncHealthError(str(err)) from None
+        this rank."""
+        self.probe_every, self.on_faulty_rank = self.config.probe_every, self.config.on_faulty_rank
         self.probes = 0
         self.last_probe: probe.ProbeResult | None = None
         self.faulty_found = 0
@@ -383,19 +340,19 @@ class SyncHealth:
         return int(self.subject.step)
 
     def step(self, loss: float | torch.Tensor | None = None, samples: int | None = None) -> None:
-        """Call once after each optimizer step: progress metrics; the fire drill; the check when due (every
-        ``every`` steps and at ``total_steps``), with the policy applied."""
+        """Call once after each optimizer step: progress metrics; the fire drill; the check when due
+        (:func:`ddp_trainer.sync.boundary.check_due`: every ``every`` steps, at ``total_steps`` and before
+        a compute probe), with the policy applied."""
         if self._owns_steps:
             self.subject.step += 1
         now = time.perf_counter()
         duration, self._last = now - self._last, now
         self.observe(duration, samples or 0, loss)
         self.drill()
-        step = self.current_step
-        final = self.total_steps is not None and step >= self.total_steps
         probing = self.probe_due()
-        if final or step % self.every == 0 or probing:
-            self._checked("final" if final else "periodic")
+        kind = boundary.check_due(self.current_step, self.every, self.total_steps, probe=probing)
+        if kind is not None:
+            self._checked(kind)
         if probing and self.tally.last_check_ok:  # only on verified parameters: never a false accusation
             self._probed()
 

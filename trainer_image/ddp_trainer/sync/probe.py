@@ -57,16 +57,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_trainer import contract
 from ddp_trainer.sync.fingerprints import fingerprint_tensor, fingerprint_tensors
-from ddp_trainer.sync.settings import setting, whole_steps
 
 log = logging.getLogger("ddp_trainer")
 
-DEFAULT_PROBE_EVERY = 1000
-"""Steps between probes. One probe costs about one step with gradients (bench/probe_bench.py): every
-1000 steps it is ~0.1 % of training, the issue's budget, and a fault is found within 1000 steps."""
-PROBE_POLICIES = ("Fail", "Warn")
 Kind = Literal["agree", "faulty", "flaky", "undecidable"]
 LossFn = Callable[[nn.Module], torch.Tensor]
 StepFn = Callable[[nn.Module, Any], Any]
@@ -374,28 +368,3 @@ class Probe:
         places: list[Any] = [None] * dist.get_world_size(self.group)
         dist.all_gather_object(places, (self.pod, self.node), group=self.group)
         return tuple(places[r][0] for r in ranks), tuple(places[r][1] for r in ranks)
-
-
-def settings(env: Mapping[str, str], every: int | None, policy: str | None) -> tuple[int, str]:
-    """The probe interval (0: off) and ``onFaultyRank`` policy: the arguments, else the DDPJob's
-    environment (``DDPJOB_PROBE_EVERY``, ``DDPJOB_ON_FAULTY_RANK``), else the defaults. Raises
-    ``ValueError`` naming the argument (or variable), its value and what is accepted."""
-    steps = setting(
-        env,
-        every,
-        "probe_every",
-        contract.PROBE_EVERY_ENV,
-        DEFAULT_PROBE_EVERY,
-        whole_steps(0),
-        "expected a whole number of steps, 0 for off",
-    )
-    chosen = setting(
-        env,
-        policy,
-        "on_faulty_rank",
-        contract.ON_FAULTY_RANK_ENV,
-        PROBE_POLICIES[0],
-        PROBE_POLICIES.__contains__,
-        f"expected one of {', '.join(PROBE_POLICIES)}",
-    )
-    return steps, chosen

@@ -148,7 +148,10 @@ def comm_device(group: dist.ProcessGroup | None = None) -> torch.device:
     return torch.device("cpu")
 
 
-def _structure_fingerprint(named: Sequence[tuple[str, torch.Tensor]]) -> torch.Tensor:
+def structure_fingerprint(named: Sequence[tuple[str, torch.Tensor]]) -> torch.Tensor:
+    """One int64 hash of the tensors' names, shapes and dtypes (not their values): equal on ranks that
+    hold the same model's structure. :func:`check_in_sync` compares it beside the fingerprints, and
+    :class:`~ddp_trainer.sync.health.SyncHealth`'s header agreement before them."""
     text = ";".join(f"{n}:{tuple(t.shape)}:{t.dtype}" for n, t in named).encode()
     return fingerprint_tensor(torch.tensor(list(text), dtype=torch.uint8))
 
@@ -177,7 +180,7 @@ def check_in_sync(
     named += [(k, _as_tensor(v)) for k, v in (extra or {}).items()]
     device = comm_device(group)
     vec = torch.cat(
-        (fingerprint_tensors((t for _, t in named), device), _structure_fingerprint(named).to(device)[None])
+        (fingerprint_tensors((t for _, t in named), device), structure_fingerprint(named).to(device)[None])
     )
     low, high = vec.clone(), vec.clone()
     dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
