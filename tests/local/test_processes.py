@@ -10,6 +10,8 @@ import pytest
 from ddp_operator.api.spec import parse
 from ddp_operator.children import render
 from ddp_operator.local import processes as local
+from ddp_operator.local import run
+from ddp_operator.observe import startup
 from ddp_trainer import contract
 
 DOC: dict[str, Any] = {
@@ -79,6 +81,31 @@ def test_secrets_come_from_this_machine_or_are_named() -> None:
     assert _pods(doc, host_env={"API_KEY": "s3cret"})[0].env["API_KEY"] == "s3cret"
     with pytest.raises(local.LocalError, match=r"API_KEY comes from Secret 'creds'.*export API_KEY="):
         _pods(doc)
+
+
+def test_the_secrets_and_config_maps_envfrom_names_are_named_as_the_operator_names_them() -> None:
+    """Nothing reads them here: the run says so at its start, each by kind, name and field, the words the
+    operator's status uses when one is missing on a cluster (observe.startup), and what to do instead."""
+    doc = {
+        **DOC,
+        "spec": {
+            **DOC["spec"],
+            "envFrom": [{"secretRef": {"name": "s3-creds"}}, {"configMapRef": {"name": "settings"}}],
+            "checkpoint": {"s3": {"bucket": "ckpt", "credentialsSecret": {"name": "bucket-creds"}}},
+        },
+    }
+    notes = run._local_notes(parse(doc), contract.FIRST_ATTEMPT)
+    said = [note for note in notes if "Secret s3-creds" in note]
+    assert said == [
+        "Secret s3-creds (spec.envFrom[0].secretRef), ConfigMap settings (spec.envFrom[1].configMapRef): not "
+        "read here (no API server); this machine's environment reaches every pod, so export their variables "
+        "before `ddpjob local`"
+    ]
+    assert any(
+        n.startswith("Secret bucket-creds (spec.checkpoint.s3.credentialsSecret): not read") for n in notes
+    )
+    refs = startup.references(parse(doc))
+    assert startup.named("Secret", "s3-creds", refs) in said[0]
 
 
 def test_gpus_are_split_between_pods() -> None:

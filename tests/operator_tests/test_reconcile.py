@@ -19,6 +19,8 @@ from ddp_operator.runtime import recent, reconcile
 from ddp_operator.runtime.recent import Recent
 from ddp_trainer import contract
 
+from .test_startup import MOUNT_NOT_FOUND, NOT_FOUND, failed_mount, kubelet_pod, mounting_pod
+
 NOW = dt.datetime(2026, 11, 22, 12, 0, 0, tzinfo=dt.UTC)
 
 
@@ -145,6 +147,73 @@ def test_a_claim_that_cannot_bind_is_diagnosed_in_ready_and_an_event_once() -> N
     # without a reading (the claim not read), the scheduler's message is all there is
     plain = decision.decide_for(body, [_job(1)], pods, NOW)
     assert _conditions(plain)["Ready"] == ("False", "Unschedulable")
+
+
+def test_a_missing_secret_is_named_in_ready_once_and_spends_no_restart() -> None:
+    """The kubelet's CreateContainerConfigError: Pending with reason ConfigError, the pod, the container
+    and the kubelet's words in Ready, one Warning event; past startTimeoutSeconds nothing is restarted,
+    and once the Secret exists the pods start and the job runs."""
+    missing = ("CreateContainerConfigError", 'secret "s3-creds" not found')
+    pods = [kubelet_pod(0, waiting=missing), kubelet_pod(1, waiting=missing)]
+    body = _body({"phase": "Pending", "attempt": 1}, envFrom=[{"secretRef": {"name": "s3-creds"}}])
+    body["spec"]["startTimeoutSeconds"] = 60
+    plan = decision.decide_for(body, [_job(1)], pods, NOW)
+    ready = {c["type"]: c for c in plan.status["conditions"]}["Ready"]
+    assert plan.status["phase"] == "Pending"
+    assert (ready["status"], ready["reason"]) == ("False", "ConfigError")
+    assert ready["message"].startswith(
+        '0/2 pods ready; pod job-1-0-x7k2p container trainer: CreateContainerConfigError: secret "s3-creds" '
+        "not found; it will not fix itself: create Secret s3-creds (spec.envFrom[0].secretRef) in namespace "
+        "team-a"
+    )
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "ConfigError")]
+    assert "spec.envFrom[0].secretRef" in plan.events[0].message
+    later = NOW + dt.timedelta(hours=2)
+    again = decision.decide_for({**body, "status": plan.status}, [_job(1)], pods, later)
+    assert again.events == () and again.status == plan.status  # said once; nothing new to write
+    assert again.delete_jobs == () and again.create_job is None  # no restart spent, no new gang
+    assert (again.status["attempt"], again.status["restarts"]) == (1, 0)
+    pods = [_pod(1, 0), _pod(1, 1)]  # the Secret was created: the kubelet starts the containers
+    started = decision.decide_for({**body, "status": again.status}, [_job(1)], pods, later)
+    assert started.status["phase"] == "Running" and _conditions(started)["Ready"] == ("True", "AllNodesReady")
+
+
+def test_a_failing_pull_is_one_cause_while_the_kubelet_alternates_its_reasons() -> None:
+    """ErrImagePull, then ImagePullBackOff, then ErrImagePull again as the kubelet retries: the REASON
+    column follows the kubelet, the event is posted once; another cause is another event."""
+    body = _body({"phase": "Pending", "attempt": 1})
+    said = []
+    for waiting in (
+        ("ErrImagePull", NOT_FOUND),
+        ("ImagePullBackOff", 'Back-off pulling image "ddpjob/traner:0.1.0"'),
+        ("ErrImagePull", NOT_FOUND),
+        ("CreateContainerConfigError", 'configmap "settings" not found'),
+    ):
+        plan = decision.decide_for(body, [_job(1)], [kubelet_pod(0, waiting=waiting), kubelet_pod(1)], NOW)
+        assert plan.status["phase"] == "Pending" and plan.delete_jobs == ()
+        ready = {c["type"]: c for c in plan.status["conditions"]}["Ready"]
+        assert ready["reason"] == {"CreateContainerConfigError": "ConfigError"}.get(waiting[0], waiting[0])
+        assert waiting[1] in ready["message"] and "pod job-1-0-x7k2p container trainer" in ready["message"]
+        said += [(e.type, e.reason) for e in plan.events]
+        body = {**body, "status": plan.status}
+    assert said == [("Warning", "ErrImagePull"), ("Warning", "ConfigError")]
+
+
+def test_a_missing_bucket_secret_is_named_from_the_kubelets_failed_mount() -> None:
+    """checkpoint.s3's credentials Secret is a volume: no container waits with a reason, the pod stays
+    ContainerCreating, and the kubelet's FailedMount event is what names it."""
+    s3 = {"s3": {"bucket": "ckpt", "credentialsSecret": {"name": "bucket-creds"}}}
+    body = _body({"phase": "Pending", "attempt": 1}, checkpoint=s3)
+    pods, events = [mounting_pod(0), mounting_pod(1)], [failed_mount(MOUNT_NOT_FOUND)]
+    plan = decision.decide_for(body, [_job(1)], pods, NOW, mount_events=events)
+    ready = {c["type"]: c for c in plan.status["conditions"]}["Ready"]
+    assert plan.status["phase"] == "Pending" and ready["reason"] == "FailedMount"
+    assert MOUNT_NOT_FOUND in ready["message"] and "spec.checkpoint.s3.credentialsSecret" in ready["message"]
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "FailedMount")]
+    again = decision.decide_for({**body, "status": plan.status}, [_job(1)], pods, NOW, mount_events=events)
+    assert again.events == () and again.delete_jobs == ()
+    plain = decision.decide_for(body, [_job(1)], pods, NOW)  # the events not read: nothing to go by
+    assert _conditions(plain)["Ready"] == ("False", "Starting")
 
 
 def test_success_reads_the_sync_report() -> None:

@@ -60,3 +60,31 @@ KUEUE_EVICTED: Final = "KueueEvicted"
 """Kueue evicted it for another reason (a stopped queue, an admission check, deactivation)."""
 KUEUE_ADMITTED: Final = "KueueAdmitted"
 """Admitted, and the Job not unsuspended yet (a moment)."""
+
+# -- a pod that cannot start (``observe.startup``): the phase's and Ready's reason while the kubelet waits --
+IMAGE_PULL_BACK_OFF: Final = "ImagePullBackOff"
+"""The kubelet waits to pull an image again (its message says why the last pull failed, 1.32 on)."""
+ERR_IMAGE_PULL: Final = "ErrImagePull"
+"""The kubelet's pull of an image failed (a name the registry does not have, no credentials, no network)."""
+INVALID_IMAGE_NAME: Final = "InvalidImageName"
+"""An image reference that does not parse: it will never pull."""
+ERR_IMAGE_NEVER_PULL: Final = "ErrImageNeverPull"
+"""An image absent from the node under ``imagePullPolicy: Never``."""
+CONFIG_ERROR: Final = "ConfigError"
+"""The kubelet's ``CreateContainerConfigError``: a Secret or ConfigMap (or a key in one) that the
+container's environment names is missing, or its securityContext cannot hold for the image."""
+CONTAINER_ERROR: Final = "ContainerError"
+"""The kubelet's ``CreateContainerError`` or ``RunContainerError``: the runtime could not create or start
+the container (a mount, the command)."""
+MOUNT_FAILED: Final = "FailedMount"
+"""The kubelet cannot mount a volume of the pod (a Secret or ConfigMap a volume names is missing, say),
+as its ``FailedMount`` event says."""
+STARTUP_REASONS: Final = (
+    IMAGE_PULL_BACK_OFF,
+    ERR_IMAGE_PULL,
+    INVALID_IMAGE_NAME,
+    ERR_IMAGE_NEVER_PULL,
+    CONFIG_ERROR,
+    CONTAINER_ERROR,
+    MOUNT_FAILED,
+)

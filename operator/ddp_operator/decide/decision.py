@@ -11,13 +11,14 @@ without an API
 server (``tests/operator_tests/test_reconcile.py``) and proven against one by the e2e tests.
 
 Long because every branch of the decision reads best in one place, in the order the branches are checked
-(a running attempt's own cases included: starting, unschedulable, waiting on its claim or on Kueue).
+(a running attempt's own cases included: starting, a container that cannot start, unschedulable,
+waiting on its claim or on Kueue).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ from ddp_operator.children import render
 from ddp_operator.decide import restarts, stall, status
 from ddp_operator.decide.plan import Event, Plan, Scrape
 from ddp_operator.decide.status import StatusBuilder, parse_time, stamp
-from ddp_operator.observe import claims, kueue, live
+from ddp_operator.observe import claims, kueue, live, startup
 from ddp_operator.observe import facts as observe_module
 from ddp_operator.observe.facts import Facts, JobFacts, observe
 from ddp_trainer import contract
@@ -68,17 +69,19 @@ def decide_for(
     snapshot: live.Snapshot | None = None,
     claim: claims.ClaimReading | None = None,
     workloads: Mapping[str, Mapping[str, Any]] | None = None,
+    mount_events: Sequence[Mapping[str, Any]] = (),
 ) -> Plan:
     """The plan for one DDPJob from its body and the children that carry its label, what the cluster
-    says about its checkpoint claim when :func:`claims.claim_to_read` asked for it, and Kueue's
-    Workloads of its Jobs (by Job name; :mod:`queueing`)."""
+    says about its checkpoint claim when :func:`claims.claim_to_read` asked for it, Kueue's
+    Workloads of its Jobs (by Job name; :mod:`queueing`), and the kubelet's ``FailedMount`` events on
+    its pods when :func:`mounts.pods_to_read` asked for them."""
     previous = dict(body.get("status") or {})
     generation = int(body.get("metadata", {}).get("generation") or 0)
     try:
         spec = parse(body, admitted=True)
     except SpecError as exc:
         return invalid_spec(exc, previous, generation, now)
-    facts = observe(previous, jobs, pods, spec.metrics_port)
+    facts = observe(previous, jobs, pods, spec.metrics_port, startup.references(spec), mount_events)
     used = restarts.restarts_used(
         facts.attempt,
         status.count(previous.get("preemptions")),
@@ -296,6 +299,8 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
         # before the scheduler's message: it says only "pod has unbound immediate PersistentVolumeClaims"
         out.phase(reasons.PENDING, found.reason, found.message, warning=found.fault)
         out.condition(reasons.READY, False, found.reason, f"{ready}/{spec.nodes} pods ready; {found.message}")
+    elif (failed := facts.startup) is not None:
+        _cannot_start(inputs, out, failed)
     elif why := facts.unschedulable:
         out.phase(reasons.PENDING, "Unschedulable", f"pods cannot be scheduled: {why}", warning=True)
         out.condition(reasons.READY, False, "Unschedulable", f"{ready}/{spec.nodes} pods ready; {why}")
@@ -313,6 +318,24 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
     if facts.targets and not spec.suspend and not job.suspended:
         scrape = Scrape(attempt, spec.metrics_port, facts.targets)
     return out.plan(suspend_job=toggle, scrape=scrape)
+
+
+def _cannot_start(inputs: Inputs, out: StatusBuilder, failed: startup.StartupFailure) -> None:
+    """A container the kubelet cannot start (an image, a Secret): Pending, the kubelet's words and the fix
+    in ``Ready``, a Warning event once per cause (not at each retry of the kubelet's, which alternates
+    ``ErrImagePull`` and ``ImagePullBackOff``). No restart: a new gang would wait for the same cause, and
+    the pods start by themselves once it is gone (the start timeout counts only from when all run)."""
+    old = {c.get("type"): c for c in inputs.previous.get("conditions", []) or []}.get(reasons.READY) or {}
+    said = (
+        inputs.previous.get("phase") == reasons.PENDING
+        and startup.same_cause(str(old.get("reason")), failed.reason)
+        and failed.subject in str(old.get("message"))
+    )
+    out.values["phase"] = reasons.PENDING
+    if not said:
+        out.events.append(Event("Warning", failed.reason, failed.said))
+    ready = f"{inputs.facts.ready_nodes}/{inputs.spec.nodes} pods ready; {failed.said}"
+    out.condition(reasons.READY, False, failed.reason, ready)
 
 
 def _never_started(inputs: Inputs, out: StatusBuilder) -> str | None:

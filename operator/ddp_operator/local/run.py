@@ -22,7 +22,7 @@ from typing import Any, TextIO
 from ddp_operator.api.spec import Spec, known_total_steps, sync_hook
 from ddp_operator.decide import restarts
 from ddp_operator.local import gang, host, processes
-from ddp_operator.observe import failures, podlogs, progress
+from ddp_operator.observe import failures, podlogs, progress, startup
 from ddp_trainer import contract
 
 GRACE_SECONDS = 30.0  # the trainer checkpoints at its next step boundary on SIGTERM, well within this
@@ -272,16 +272,17 @@ def _local_notes(spec: Spec, first_attempt: int) -> list[str]:
             "no spec.command: the args run after the trainer image's entrypoint "
             "(torchrun, under the launcher), " + " ".join(contract.IMAGE_ENTRYPOINT)
         )
-    if spec.env_from:
+    # named as the operator names them when they are missing (observe.startup): kind, name, field
+    named = startup.references(spec)
+    if env_from := [str(ref) for ref in named if ref.field.startswith("spec.envFrom")]:
         notes.append(
-            "spec.envFrom: ConfigMaps and Secrets are not read here (no API server); this machine's "
-            "environment reaches every pod, so export their variables before `ddpjob local`"
+            f"{', '.join(env_from)}: not read here (no API server); this machine's environment reaches "
+            "every pod, so export their variables before `ddpjob local`"
         )
-    s3 = spec.checkpoint.s3 if spec.checkpoint else None
-    if s3 is not None and s3.secret_name:
+    if s3 := [str(ref) for ref in named if ref.field.startswith("spec.checkpoint.s3")]:
         notes.append(
-            f"spec.checkpoint.s3.credentialsSecret ({s3.secret_name}): not read here (no API server); "
-            "export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY before `ddpjob local`"
+            f"{s3[0]}: not read here (no API server); export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+            "before `ddpjob local`"
         )
     if spec.pod_template.init_containers:
         names = ", ".join(str(c.get("name")) for c in spec.pod_template.init_containers)

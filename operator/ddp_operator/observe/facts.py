@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from ddp_operator.api import names, reasons
-from ddp_operator.observe import failures, podlogs
+from ddp_operator.observe import failures, mounts, podlogs
 from ddp_operator.observe.live import Target
 from ddp_operator.observe.outcome import Outcome
+from ddp_operator.observe.startup import Reference, StartupFailure, first_failure
 from ddp_trainer import contract
 
 
@@ -62,6 +63,8 @@ class Facts:
     stale_deadlines: tuple[tuple[str, dt.datetime], ...] = ()
     """Stale Jobs going away whose pods are all being deleted too, with the time after which waiting for
     those pods is pointless (:func:`stale_deadlines`)."""
+    startup: StartupFailure | None = None
+    """The first container of ``attempt`` the kubelet cannot start (an image, a Secret), in its words."""
 
 
 def attempt_of(obj: Mapping[str, Any]) -> int:
@@ -267,8 +270,12 @@ def observe(
     jobs: Sequence[Mapping[str, Any]],
     pods: Sequence[Mapping[str, Any]],
     metrics_port: int = contract.DEFAULT_METRICS_PORT,
+    references: Sequence[Reference] = (),
+    mount_events: Sequence[Mapping[str, Any]] = (),
 ) -> Facts:
-    """The facts about one DDPJob, from its last status and the Jobs and pods that carry its label."""
+    """The facts about one DDPJob, from its last status and the Jobs and pods that carry its label;
+    ``references``: the Secrets and ConfigMaps its spec names (:func:`~.startup.references`);
+    ``mount_events``: the kubelet's ``FailedMount`` events on its pods (:func:`mounts.pods_to_read`)."""
     attempt = current_attempt(previous, jobs)
     current = [job for job in jobs if attempt_of(job) == attempt]
     mine = [pod for pod in pods if attempt_of(pod) == attempt]
@@ -304,6 +311,7 @@ def observe(
         report=report,
         targets=metrics_targets(mine, attempt, metrics_port),
         stale_deadlines=stale_deadlines(jobs, pods, attempt),
+        startup=first_failure(mine, references) or mounts.failure(mount_events, mine, references),
     )
 
 

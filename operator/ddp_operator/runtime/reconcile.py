@@ -23,7 +23,7 @@ from kubernetes.client.exceptions import ApiException
 from ddp_operator.api import crd, reasons
 from ddp_operator.decide.decision import decide_for, refused
 from ddp_operator.decide.plan import Plan
-from ddp_operator.observe import claims
+from ddp_operator.observe import claims, mounts
 from ddp_operator.runtime import opmetrics
 from ddp_operator.runtime.recent import Recent
 from ddp_operator.runtime.scraper import Scraper
@@ -54,7 +54,7 @@ def reconcile(
         snapshot = scraper.latest(key) if scraper else None
         now = dt.datetime.now(dt.UTC)
         claim = read_claim(body, pods)
-        plan = decide_for(body, jobs, pods, now, snapshot, claim, workloads)
+        plan = decide_for(body, jobs, pods, now, snapshot, claim, workloads, read_mounts(body, pods, now))
         _scrape(scraper, key, plan)
         try:
             try:
@@ -92,6 +92,29 @@ def read_claim(body: Mapping[str, Any], pods: list[dict[str, Any]]) -> claims.Cl
         # an older chart's ClusterRole: no diagnosis, but the reconcile goes on
         logging.getLogger(__name__).warning(f"cannot read claim {name} ({exc.status} {exc.reason})")
         return None
+
+
+def read_mounts(
+    body: Mapping[str, Any], pods: list[dict[str, Any]], now: dt.datetime
+) -> tuple[dict[str, Any], ...]:
+    """The kubelet's ``FailedMount`` events on the pods whose volumes wait (:func:`mounts.pods_to_read`):
+    one LIST while a pod's sandbox waits for its volumes, none otherwise."""
+    if (body.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Suspended"):
+        return ()
+    waiting = set(mounts.pods_to_read(pods, now))
+    if not waiting:
+        return ()
+    core, namespace = kubernetes.client.CoreV1Api(_client()), body["metadata"]["namespace"]
+    selector = f"involvedObject.kind=Pod,reason={mounts.FAILED_MOUNT}"
+    try:
+        found = _ignore((), core.list_namespaced_event, namespace, field_selector=selector)
+    except ApiException as exc:
+        if exc.status != 403:
+            raise
+        logging.getLogger(__name__).warning(f"cannot read the pods' events ({exc.status} {exc.reason})")
+        return ()
+    items = (found or {}).get("items", [])
+    return tuple(e for e in items if (e.get("involvedObject") or {}).get("name") in waiting)
 
 
 def _read_claim(
