@@ -140,7 +140,10 @@ def test_pods_tolerate_a_lost_node_for_node_lost_toleration_seconds() -> None:
 def test_transition_rules_are_left_to_the_api_server() -> None:
     spec = crd.openapi_schema()["properties"]["spec"]
     rules = [r["rule"] for r in spec["x-kubernetes-validations"] if "oldSelf" in r["rule"]]
-    assert "self.nodes == oldSelf.nodes" in rules and "self.trainer.model == oldSelf.trainer.model" in rules
+    assert (
+        "self.nodes == oldSelf.nodes || has(self.elastic)" in rules
+        and "self.trainer.model == oldSelf.trainer.model" in rules
+    )
     body = _body()
     assert schema.validate(crd.openapi_schema(), schema.apply_defaults(crd.openapi_schema(), body)) == []
 

@@ -86,6 +86,18 @@ RDZV_BACKEND: Final = "c10d"
 re-opens the rendezvous, and every other node's agent sees the waiting node and restarts its own workers
 (``static`` restarts only the node that failed; the others hang in their next collective)."""
 
+RDZV_STORE_ENV: Final = "DDPJOB_RDZV_STORE"
+"""``external``: no pod hosts the ``c10d`` rendezvous store, a process of its own does
+(``python -m ddp_trainer.launch.store``), so any node of an elastic job, node 0 included, may leave."""
+RDZV_STORE_EXTERNAL: Final = "external"
+ELASTIC_RDZV_CONF: Final = "last_call_timeout=3,keep_alive_interval=1,keep_alive_max_attempt=5"
+"""An elastic job's rendezvous timing (torch's defaults: 30 s, 5 s, 3): a round closes 3 s after its
+last joiner, and a node that stopped answering is dropped after about 5 s."""
+
+ELASTIC_WORLD_LOG: Final = "elastic:"
+"""How rank 0 of each world of an elastic job starts its log line ``elastic: world size W verified at step
+S, ...``, once the new world holds its state and has passed its check (``ddpjob local`` lists them)."""
+
 SYNC_HOOK_DIR: Final = "/ddpjob-sync"
 """Where the trainer container of a DDPJob with its own command finds the no-code-change hook
 (``spec.syncCheck.autoInstrument``): an emptyDir that the init container fills with

@@ -62,6 +62,7 @@ class Member:
         cwd: Path | None = None,
     ) -> None:
         self.name = name
+        self.env = env
         log_path.parent.mkdir(parents=True, exist_ok=True)
         if cwd is not None:
             cwd.mkdir(parents=True, exist_ok=True)
@@ -109,6 +110,11 @@ class Gang:
     def last_lines(self, index: int, count: int) -> list[str]:
         """The last ``count`` lines that pod ``index`` (in start order) printed."""
         return list(self.members[index].tail)[-count:]
+
+    def replace(self, index: int, member: Member) -> None:
+        """A new process for pod ``index`` (in start order) after its last one ended, as the Job controller
+        replaces a pod of an Indexed Job that failed."""
+        self.members[index] = member
 
     def codes(self) -> list[int | None]:
         return [member.poll() for member in self.members]

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 from ddp_operator.api.spec import Spec, known_total_steps, sync_hook
 from ddp_operator.decide import restarts
-from ddp_operator.local import gang, host, processes
+from ddp_operator.local import elastic, gang, host, processes
 from ddp_operator.observe import failures, podlogs, progress, startup
 from ddp_trainer import contract
 
@@ -143,6 +143,8 @@ def run(
             host.write_state(run_dir, "Succeeded" if succeeded else "Failed")
             attempts = attempt - first_attempt + 1
             _summary(console, spec, run_dir, attempts, decision, outcome, time.monotonic() - started)
+            if spec.elastic is not None:
+                console.say("  " + elastic.summary(elastic.worlds(sorted(run_dir.glob("attempt-*/*.log")))))
             return EXIT_OK if succeeded else EXIT_FAILED
 
 
@@ -185,21 +187,48 @@ def _attempt(
         + f"; logs {pods[0].log_path.parent}"
     )
     members = gang.Gang(marker)
+    store = None
+    if spec.elastic is not None:
+        store_log = pods[0].log_path.parent / "rendezvous-store.log"
+        store = elastic.start_store(master_port, {**os.environ, gang.MARKER: marker}, store_log)
+        console.say(
+            f"attempt {attempt}: elastic ({spec.elastic.min_nodes}-{spec.elastic.max_nodes} nodes): the "
+            f"rendezvous store serves :{master_port} in a process of its own, so any pod may leave"
+        )
+    started: dict[int, gang.Member] = {}
     try:
         for pod in pods:
             for folder in [*pod.volumes, processes.tmp_dir(pod)]:
                 folder.mkdir(parents=True, exist_ok=True)
-            env = {**processes.process_env(pod, os.environ, Path.cwd()), gang.MARKER: marker}
+            env = {
+                **processes.process_env(pod, os.environ, Path.cwd()),
+                gang.MARKER: marker,
+                **elastic.pod_env(spec),
+            }
             if init_failed := _init(pod, {**processes.init_env(os.environ), gang.MARKER: marker}):
                 members.kill()
                 return init_failed
-            members.start(gang.Member(pod.name, pod.argv, env, pod.log_path, console.pod_line, pod.workdir))
+            member = gang.Member(pod.name, pod.argv, env, pod.log_path, console.pod_line, pod.workdir)
+            members.start(member)
+            started[pod.index] = member
     except FileNotFoundError as exc:
         members.kill()
         return restarts.Outcome(
             False, reason="InvalidSpec", message=f"the command {exc.filename!r} is not found on this machine"
         )
-    first, codes = _watch(spec, pods, members, console, interrupt)
+
+    def respawn(index: int, count: int) -> None:
+        """The Job controller's replacement of a failed pod (same index, a log of its own)."""
+        pod, old = pods[index], started[index]
+        log = pod.log_path.with_name(f"{pod.name}.{count + 1}.log")
+        members.replace(index, gang.Member(pod.name, pod.argv, old.env, log, console.pod_line, pod.workdir))
+
+    try:
+        first, codes = _watch(spec, pods, members, console, interrupt, respawn)
+    finally:
+        if store is not None:
+            store.terminate()
+            store.wait(10)
     reports = [contract.parse_report(_read(pod.termination_path)) for pod in pods]
     report = failures.with_failures(reports[0], reports)  # every pod's failed ranks: who failed first
     failed = [(pod, code) for pod, code in zip(pods, first, strict=True) if code]
@@ -238,15 +267,40 @@ def _init(pod: processes.LocalPod, env: dict[str, str]) -> restarts.Outcome | No
 
 
 def _watch(
-    spec: Spec, pods: list[processes.LocalPod], members: gang.Gang, console: Console, interrupt: Interrupt
+    spec: Spec,
+    pods: list[processes.LocalPod],
+    members: gang.Gang,
+    console: Console,
+    interrupt: Interrupt,
+    respawn: Callable[[int, int], None] | None = None,
 ) -> tuple[list[int | None], list[int | None]]:
     """Wait for all pods to succeed, one to fail, or an interrupt; then make sure none is left.
-    Returns the exit codes when that happened (who failed first) and after every pod stopped."""
+    Returns the exit codes when that happened (who failed first) and after every pod stopped. An elastic
+    job's failed pod is replaced instead (``respawn``) while enough others run (``elastic.replaceable``)."""
     last_progress = first_at = time.monotonic()
     first: progress.Progress | None = None
+    replaced, pending = 0, dict[int, float]()  # pod index -> when its replacement starts
     while True:
         codes = members.codes()
-        if interrupt.count or any(code not in (None, 0) for code in codes) or all(c == 0 for c in codes):
+        for index, code in enumerate(codes):
+            if index in pending or respawn is None or interrupt.count:
+                continue
+            if elastic.replaceable(spec, codes, index, replaced + len(pending)):
+                running = sum(c is None for c in codes)
+                pending[index] = time.monotonic() + elastic.REPLACE_AFTER_SECONDS
+                console.say(
+                    f"{pods[index].name} exited {code}: the other {running} pod(s) go on at a smaller world "
+                    f"(elastic); a new {pods[index].name} starts in {elastic.REPLACE_AFTER_SECONDS:.0f} s, "
+                    "as the Job controller replaces a failed pod, and rejoins at a step boundary"
+                )
+        for index, due in list(pending.items()):
+            if time.monotonic() >= due and not interrupt.count:
+                respawn(index, replaced)  # type: ignore[misc]  # pending only when respawn is set
+                replaced += 1
+                del pending[index]
+        codes = members.codes()
+        failed = [code for index, code in enumerate(codes) if code not in (None, 0) and index not in pending]
+        if interrupt.count or failed or all(c == 0 for c in codes):
             break
         time.sleep(POLL_SECONDS)
         if time.monotonic() - last_progress >= PROGRESS_SECONDS:

@@ -56,6 +56,8 @@ def rendezvous_host(env: Mapping[str, str]) -> dict[str, str]:
     pods that share a host (``ddpjob local``) or whose hostname is not the endpoint's name can get wrong.
     Nothing when the user set ``PET_RDZV_CONF`` or the rendezvous is not ``c10d``."""
     node = env.get(contract.PET_NODE_RANK, "").strip()
+    if env.get(contract.RDZV_STORE_ENV) == contract.RDZV_STORE_EXTERNAL and "PET_RDZV_CONF" not in env:
+        return {"PET_RDZV_CONF": f"is_host=0,{contract.ELASTIC_RDZV_CONF}"}
     if (
         env.get(contract.PET_RDZV_BACKEND) != contract.RDZV_BACKEND
         or "PET_RDZV_CONF" in env

@@ -224,10 +224,11 @@ class Session:
         if config.elastic_max_nodes:
             size = global_batch(config, launch.local_world_size)
             log.info(
-                "elastic: world size %d, global batch %d samples per step, from step %d",
+                "%s world size %d verified at step %d, before its first step; global batch %d samples",
+                contract.ELASTIC_WORLD_LOG,
                 launch.world_size,
-                size,
                 step,
+                size,
             )
             return elastic_batches(
                 build_dataset(config),
