@@ -45,11 +45,19 @@ def test_names_columns_and_subresources() -> None:
     assert spec["names"]["shortNames"] == ["ddpj"]
     assert "ddpjob" in spec["names"]["categories"]
     (version,) = spec["versions"]
-    assert version["subresources"] == {"status": {}}
+    assert version["subresources"] == {
+        "status": {},
+        "scale": {
+            "specReplicasPath": ".spec.nodes",
+            "statusReplicasPath": ".status.readyNodes",
+            "labelSelectorPath": ".status.selector",
+        },
+    }
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
         "Phase",
         "Reason",
         "Nodes",
+        "Elastic",
         "Attempt",
         "Sync",
         "Progress",

@@ -606,3 +606,39 @@ def test_a_restart_in_place_keeps_a_queued_jobs_admission() -> None:
     plan = decision.decide_for(body, [_job(1)], _running_pods(), NOW, reading)
     assert plan.status["restartsInPlace"] == 1 and plan.status["phase"] == "Running"
     assert plan.suspend_job is None and plan.delete_jobs == () and plan.create_job is None
+
+
+ELASTIC = {"minNodes": 1, "maxNodes": 4}
+
+
+def test_a_scaled_elastic_job_resizes_its_job_in_place_without_a_new_attempt() -> None:
+    """kubectl scale: spec.nodes 2 -> 3 while attempt 1's Job (2 pods) runs. The same Job gets
+    completions = parallelism = 3; no new Job, no deletion, no restart; a Normal event; status.elastic."""
+    previous = {"phase": "Running", "attempt": 1, "restarts": 0}
+    body = _body(previous, nodes=3, elastic=ELASTIC)
+    plan = decision.decide_for(body, [_job(1)], _running_pods(), NOW)
+    assert plan.resize_job == ("job-1", 3)
+    assert plan.create_job is None and plan.delete_jobs == () and plan.status["attempt"] == 1
+    assert plan.status.get("restarts", 0) == 0
+    said = {e.reason: e for e in plan.events}
+    assert [(e.type, e.reason) for e in plan.events] == [("Normal", "BelowDesired"), ("Normal", "Resized")]
+    assert "from 2 to 3 nodes" in said["Resized"].message and "no restart spent" in said["Resized"].message
+    elastic = plan.status["elastic"]
+    assert (elastic["nodes"], elastic["desired"], elastic["resizes"]) == (2, 3, 1)
+    assert elastic["lastResize"] == {"from": 2, "to": 3, "reason": "Scaled", "time": "2026-11-22T12:00:00Z"}
+    assert elastic["summary"] == "2/3 (1-4)"
+    # the world below the desired size but at least minNodes trains on: Running, said so
+    assert plan.status["phase"] == "Running"
+    assert _conditions(plan)["Ready"] == ("True", "BelowDesired")
+    assert plan.status["selector"] == "ddpjob.io/job-name=job"
+    # the next reconcile sees the Job at 3: nothing more to do, the count kept
+    job = _job(1)
+    job["spec"]["completions"] = job["spec"]["parallelism"] = 3
+    again = decision.decide_for({**body, "status": plan.status}, [job], _running_pods(), NOW)
+    assert again.resize_job is None and again.events == ()
+    assert again.status["elastic"]["resizes"] == 1 and again.status["elastic"]["lastResize"]["to"] == 3
+
+
+def test_a_rigid_job_is_never_resized_and_has_no_elastic_status() -> None:
+    plan = decision.decide_for(_body({"phase": "Running", "attempt": 1}), [_job(1)], _running_pods(), NOW)
+    assert plan.resize_job is None and "elastic" not in plan.status

@@ -430,3 +430,18 @@ def test_only_the_launcher_restarts_in_place(command: list[str] | None, in_place
     assert (elastic <= set(env)) is in_place and (not elastic & set(env)) is (not in_place), env
     if in_place:
         assert env[contract.PET_MAX_RESTARTS] == "3" and env[contract.PET_RDZV_BACKEND] == "c10d"
+
+
+def test_an_elastic_job_runs_torchrun_over_its_range_with_its_global_batch_and_kueues_slices() -> None:
+    doc = yaml.safe_load((REPO / "examples" / "elastic.yaml").read_text())
+    doc["spec"]["queueName"] = "team"
+    spec = parse(doc)
+    job = render.render_job(spec, 1)
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert _env(container)[contract.PET_NNODES] == "1:3"
+    assert "--elastic-max-nodes=3" in container["args"]
+    assert job["metadata"]["annotations"] == {names.KUEUE_ELASTIC_ANNOTATION: "true"}
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 3
+    rigid = render.render_job(parse_file(REPO / "examples" / "quickstart.yaml")[0], 1)
+    assert "annotations" not in rigid["metadata"]
+    assert _env(rigid["spec"]["template"]["spec"]["containers"][0])[contract.PET_NNODES] == "2"

@@ -46,6 +46,12 @@ RESTARTED_IN_PLACE: Final = "RestartedInPlace"
 STOPPING_ATTEMPT: Final = "StoppingAttempt"
 ALL_NODES_READY: Final = "AllNodesReady"
 RECONCILE_FAILED: Final = "ReconcileFailed"
+BELOW_DESIRED: Final = "BelowDesired"
+"""An elastic job training with fewer nodes than ``spec.nodes`` (and at least ``minNodes``)."""
+RESIZED: Final = "Resized"
+"""An Event: an elastic job's Job resized in place (``decide.resize``)."""
+SCALED: Final = "Scaled"
+"""``status.elastic.lastResize.reason`` when ``spec.nodes`` changed (kubectl scale, an HPA, an edit)."""
 
 # -- Kueue (``observe.kueue``): the phase's reason while the Job is suspended for Kueue ---------------------
 KUEUE_PENDING: Final = "KueuePending"

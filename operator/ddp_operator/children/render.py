@@ -22,6 +22,7 @@ from ddp_operator.api.names import (
     COMPLETION_INDEX_ANNOTATION,
     CONTAINER_NAME,
     JOB_NAME_LABEL,
+    KUEUE_ELASTIC_ANNOTATION,
     KUEUE_PRIORITY_LABEL,
     KUEUE_QUEUE_LABEL,
     MANAGED_BY,
@@ -540,6 +541,8 @@ def render_job(spec: Spec, attempt: int, used: int | None = None, avoid_nodes: S
         metadata["labels"][KUEUE_QUEUE_LABEL] = spec.queue_name
     if spec.workload_priority_class:
         metadata["labels"][KUEUE_PRIORITY_LABEL] = spec.workload_priority_class
+    if spec.queue_name and spec.elastic is not None:  # a resize is a new Workload slice, not a new Job
+        metadata.setdefault("annotations", {})[KUEUE_ELASTIC_ANNOTATION] = "true"
     pod_annotations = {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(spec.metrics_port),

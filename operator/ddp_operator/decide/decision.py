@@ -22,10 +22,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ddp_operator.api import reasons
+from ddp_operator.api import names, reasons
 from ddp_operator.api.spec import Spec, SpecError, known_total_steps, parse
 from ddp_operator.children import render
-from ddp_operator.decide import restarts, stall, status
+from ddp_operator.decide import resize, restarts, stall, status
 from ddp_operator.decide.plan import Event, Plan, Scrape
 from ddp_operator.decide.status import StatusBuilder, parse_time, stamp
 from ddp_operator.observe import claims, kueue, live, startup
@@ -295,6 +295,14 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
             f"all {spec.nodes} pods of attempt {attempt} are running",
         )
         out.condition(reasons.READY, True, reasons.ALL_NODES_READY, f"{ready}/{spec.nodes} pods ready")
+    elif spec.elastic is not None and ready >= spec.elastic.min_nodes:
+        out.phase(
+            reasons.RUNNING,
+            reasons.BELOW_DESIRED,
+            f"training at {ready} of {spec.nodes} desired nodes (elastic: "
+            f"{spec.elastic.min_nodes}-{spec.elastic.max_nodes}); the others join at a step boundary",
+        )
+        out.condition(reasons.READY, True, reasons.BELOW_DESIRED, f"{ready}/{spec.nodes} pods ready")
     elif (found := inputs.storage) is not None:
         # before the scheduler's message: it says only "pod has unbound immediate PersistentVolumeClaims"
         out.phase(reasons.PENDING, found.reason, found.message, warning=found.fault)
@@ -307,7 +315,8 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
     else:
         out.phase(reasons.PENDING, "Starting", f"starting {spec.nodes} pods of attempt {attempt}")
         out.condition(reasons.READY, False, "Starting", f"{ready}/{spec.nodes} pods ready")
-    running = ready == spec.nodes and not spec.suspend and not job.suspended
+    enough = spec.elastic.min_nodes if spec.elastic is not None else spec.nodes
+    running = ready >= enough and not spec.suspend and not job.suspended
     if running and (why := stall.stalled(inputs.snapshot, attempt, spec.stall_timeout_seconds)):
         return _end_attempt(inputs, out, job.name, restarts.Outcome(False, reason=STALLED, message=why), True)
     if running and (why := _never_started(inputs, out)):
@@ -317,7 +326,12 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
     scrape = None
     if facts.targets and not spec.suspend and not job.suspended:
         scrape = Scrape(attempt, spec.metrics_port, facts.targets)
-    return out.plan(suspend_job=toggle, scrape=scrape)
+    sized = resize.decide(spec, job, inputs.previous, ready, inputs.now)
+    if sized is not None:
+        out.values["elastic"] = sized.status
+        out.values["selector"] = f"{names.JOB_NAME_LABEL}={spec.name}"  # the /scale subresource's
+        out.events.extend([sized.event] if sized.event else [])
+    return out.plan(suspend_job=toggle, scrape=scrape, resize_job=sized.job if sized else None)
 
 
 def _cannot_start(inputs: Inputs, out: StatusBuilder, failed: startup.StartupFailure) -> None:

@@ -38,6 +38,7 @@ class Plan:
     delete_jobs: tuple[str, ...] = ()
     abandon_jobs: tuple[str, ...] = ()  # deleted without waiting for pods whose node does not answer
     suspend_job: tuple[str, bool] | None = None
+    resize_job: tuple[str, int] | None = None  # an elastic job's Job: completions = parallelism = this
     events: tuple[Event, ...] = ()
     delete_self: bool = False  # ttlSecondsAfterFinished has passed
     scrape: Scrape | None = None  # None: the job does not run; forget its metrics

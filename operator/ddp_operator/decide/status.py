@@ -133,6 +133,8 @@ def begin(
         "checkpoint",
         "probe",
         "kueue",
+        "elastic",  # an elastic job's size and resizes (decide.resize), kept once the Job has finished
+        "selector",
         RESTARTS_IN_PLACE,
         LAST_RESTART,
     ):

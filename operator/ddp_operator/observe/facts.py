@@ -36,6 +36,8 @@ class JobFacts:
     """How the attempt ended, when it failed (exit codes, rank 0's report, the Job's reason)."""
     failed_at: dt.datetime | None = None
     """When the Job's Failed condition became true."""
+    parallelism: int | None = None
+    """The Job's ``spec.parallelism``: an elastic job's size now (``decide.resize``)."""
     stopping_pods: int = 0
     """Pods of the attempt that have not terminated yet (the Job controller stops them after a failure;
     rank 0 writes its report, and its SIGTERM checkpoint, on the way out), except pods evicted from a
@@ -295,6 +297,7 @@ def observe(
             complete=condition(job, "Complete") is not None,
             failed=failed is not None,
             suspended=bool(job.get("spec", {}).get("suspend")),
+            parallelism=job.get("spec", {}).get("parallelism"),
             outcome=outcome(job, mine, report, failed) if failed else None,
             failed_at=_time(failed.get("lastTransitionTime")) if failed else None,
             # after a lost node nothing stops the other pods but the Job's deletion: do not wait for them

@@ -264,6 +264,10 @@ def carry_out(body: Mapping[str, Any], plan: Plan, logger: Logger, recent: Recen
         _ignore((404,), batch.delete_namespaced_job, job_name, namespace, propagation_policy="Background")
     if created := _create_children(namespace, plan, logger):
         recent.created(key, created, time.monotonic())
+    if plan.resize_job is not None:  # an elastic job: the same Indexed Job, another size
+        job_name, nodes = plan.resize_job
+        size = {"spec": {"completions": nodes, "parallelism": nodes}}
+        _ignore((404,), batch.patch_namespaced_job, job_name, namespace, size)
     if plan.suspend_job is not None:
         job_name, suspend = plan.suspend_job
         _ignore((404,), batch.patch_namespaced_job, job_name, namespace, {"spec": {"suspend": suspend}})
