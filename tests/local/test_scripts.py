@@ -3,6 +3,7 @@ missing one said before any pod starts (`ddpjob local`) or as a warning (`ddpjob
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +66,68 @@ def test_local_refuses_a_missing_script_before_any_pod_starts_and_validate_warns
     assert checked.returncode == 0, checked.stderr  # valid for a cluster: the script may be in the image
     assert "warning: spec.args[0]: 'trian.py' is not a file in" in checked.stderr
     assert "(in a cluster it must be in the image)" in checked.stderr
+
+
+def test_a_shell_command_string_is_not_a_script_path(tmp_path: Path) -> None:
+    """``bash -c "cd src && exec torchrun train.py"``: the argument of ``-c`` (or any argument with spaces)
+    is run as written, never looked up as a file; a plain missing script still is."""
+    doc = yaml.safe_load(
+        yaml.safe_dump(
+            {
+                "apiVersion": "ddpjob.io/v1alpha1",
+                "kind": "DDPJob",
+                "metadata": {"name": "shell"},
+                "spec": {
+                    "nodes": 1,
+                    "device": "cpu",
+                    "command": ["bash", "-c"],
+                    "args": ["cd src && exec torchrun train.py", "absent.py"],
+                },
+            }
+        )
+    )
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    spec = parse_file(tmp_path / "job.yaml")[0]
+    assert scripts.missing(spec, [tmp_path]) == [f"spec.args[1]: 'absent.py' is not a file in {tmp_path}"]
+    python_c = dataclasses.replace(spec, command=("python", "-c"), args=("import x.py",))
+    assert scripts.missing(python_c, [tmp_path]) == []
+    assert not scripts.is_path("a b.py") and scripts.is_path("train.py")
+
+
+def test_local_runs_a_bash_c_command_as_written_to_succeeded_verified(tmp_path: Path) -> None:
+    """The form the issue found refused: ``command: [bash, -c]``, ``args: ["cd DIR && exec torchrun
+    train.py"]`` (a DDP script run from its own folder); it trains, and the sync hook verifies it."""
+    name = unique_name()
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train.py").write_text(
+        "import torch, torch.distributed as dist\n"
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "dist.init_process_group('gloo')\n"
+        "torch.manual_seed(0)\n"
+        "model = DDP(torch.nn.Linear(4, 2))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(20):\n"
+        "    opt.zero_grad(); model(torch.randn(8, 4)).sum().backward(); opt.step()\n"
+        "dist.destroy_process_group()\n"
+        "print('trained in', __import__('os').getcwd())\n"
+    )
+    doc = {
+        "apiVersion": "ddpjob.io/v1alpha1",
+        "kind": "DDPJob",
+        "metadata": {"name": name},
+        "spec": {
+            "nodes": 1,
+            "procsPerNode": 2,
+            "device": "cpu",
+            "command": ["bash", "-c"],
+            "args": [f"cd {src} && exec torchrun train.py"],
+            "syncCheck": {"everySteps": 5},
+        },
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    done = ddpjob(tmp_path, "local", "job.yaml", "--workdir", str(tmp_path / "runs"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"ddpjob local: {name}: Succeeded" in done.stdout, done.stdout
+    assert "replicas verified bit-identical" in done.stdout, done.stdout
+    assert f"trained in {src}" in done.stdout, done.stdout

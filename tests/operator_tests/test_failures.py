@@ -89,3 +89,21 @@ def test_a_users_code_that_raised_is_said_in_a_users_words() -> None:
     assert progress.sync_sentence(users).startswith("no verdict: your command failed (ZeroDivisionError: x)")
     said = restarts.decide(restarts.Outcome(False, {0: 1}, users), 1, 0).message
     assert "rank 0: in your command: ZeroDivisionError: x" in said and "TrainerError" not in said, said
+
+
+def test_ranks_that_each_raised_the_same_error_all_failed_on_their_own() -> None:
+    """Every rank hit the same FileNotFoundError itself (a script run from the wrong folder): none failed
+    'as a consequence'; a collective error after it still is one, and another own error is said apart."""
+    missing = "FileNotFoundError: [Errno 2] No such file or directory: 'configurator.py'"
+    same = [{"rank": r, "error": missing, "at": 10.0 + r} for r in range(4)]
+    assert failures.describe(same) == f"ranks 0–3 all failed, each in your command: {missing}"
+    mixed = [
+        *same[:2],
+        {"rank": 2, "error": "RuntimeError: Connection closed by peer [10.0.0.2]:1234", "at": 12.0},
+        {"rank": 3, "error": "KeyError: 'lr'", "at": 13.0},
+    ]
+    said = failures.describe(mixed)
+    assert said.startswith(f"ranks 0, 1 all failed, each in your command: {missing}"), said
+    assert "; then rank 3 failed on their own (KeyError: 'lr')" in said, said
+    assert "; then rank 2 failed as a consequence (RuntimeError: Connection closed by peer" in said, said
+    assert failures.ranks([{"rank": r} for r in (0, 1, 2, 3, 6, 8, 9)]) == "0–3, 6, 8, 9"

@@ -54,16 +54,37 @@ def first_failure(
 
 def describe(failures: Sequence[Mapping[str, Any]]) -> str:
     """``rank 1 failed first, in your command: RuntimeError: ...; then ranks 0, 2, 3 failed as a
-    consequence (RuntimeError: Connection closed by peer ...)``; ``""`` without failures."""
+    consequence (RuntimeError: Connection closed by peer ...)``, or, when several ranks raised the same
+    error on their own, ``ranks 0–3 all failed, each in your command: FileNotFoundError: ...``; ``""``
+    without failures."""
     first, rest = first_failure(failures)
     if first is None:
         return ""
-    text = f"rank {first['rank']} failed first, in your command: {first.get('error', '')}"
-    if rest:
-        ranks = ", ".join(str(rank) for rank in sorted(e["rank"] for e in rest))
-        word = "rank" if len(rest) == 1 else "ranks"
-        text += f"; then {word} {ranks} failed as a consequence ({short(str(rest[0].get('error', '')))})"
+    error = str(first.get("error", ""))
+    same = [e for e in rest if str(e.get("error", "")) == error and not is_consequence(error)]
+    others = [e for e in rest if e not in same and not is_consequence(str(e.get("error", "")))]
+    consequences = [e for e in rest if e not in same and e not in others]
+    if same:  # every one of them raised it on its own: none failed because of another
+        text = f"ranks {ranks([first, *same])} all failed, each in your command: {error}"
+    else:
+        text = f"rank {first['rank']} failed first, in your command: {error}"
+    for group, how in ((others, "on their own"), (consequences, "as a consequence")):
+        if group:
+            word = "rank" if len(group) == 1 else "ranks"
+            said = short(str(group[0].get("error", "")))
+            text += f"; then {word} {ranks(group)} failed {how} ({said})"
     return text
+
+
+def ranks(failures: Sequence[Mapping[str, Any]]) -> str:
+    """The failures' ranks, runs of consecutive ones as ``0–3``: ``0–3, 6``."""
+    runs: list[list[int]] = []
+    for n in sorted({int(e["rank"]) for e in failures}):
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}–{b}" if b > a + 1 else f"{a}, {b}" for a, b in runs)
 
 
 def short(error: str) -> str:
