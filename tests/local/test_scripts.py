@@ -10,10 +10,10 @@ from pathlib import Path
 
 import yaml
 
-from ddp_operator.api.spec import parse_file
+from ddp_operator.api.spec import parse, parse_file
 from ddp_operator.local import scripts
 
-from .jobs import unique_name
+from .jobs import job, unique_name
 
 
 def write_job(path: Path, name: str, args: list[str]) -> None:
@@ -71,23 +71,8 @@ def test_local_refuses_a_missing_script_before_any_pod_starts_and_validate_warns
 def test_a_shell_command_string_is_not_a_script_path(tmp_path: Path) -> None:
     """``bash -c "cd src && exec torchrun train.py"``: the argument of ``-c`` (or any argument with spaces)
     is run as written, never looked up as a file; a plain missing script still is."""
-    doc = yaml.safe_load(
-        yaml.safe_dump(
-            {
-                "apiVersion": "ddpjob.io/v1alpha1",
-                "kind": "DDPJob",
-                "metadata": {"name": "shell"},
-                "spec": {
-                    "nodes": 1,
-                    "device": "cpu",
-                    "command": ["bash", "-c"],
-                    "args": ["cd src && exec torchrun train.py", "absent.py"],
-                },
-            }
-        )
-    )
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
-    spec = parse_file(tmp_path / "job.yaml")[0]
+    args = ["cd src && exec torchrun train.py", "absent.py"]
+    spec = parse(job("shell", nodes=1, procsPerNode=1, command=["bash", "-c"], args=args))
     assert scripts.missing(spec, [tmp_path]) == [f"spec.args[1]: 'absent.py' is not a file in {tmp_path}"]
     python_c = dataclasses.replace(spec, command=("python", "-c"), args=("import x.py",))
     assert scripts.missing(python_c, [tmp_path]) == []
@@ -112,19 +97,8 @@ def test_local_runs_a_bash_c_command_as_written_to_succeeded_verified(tmp_path: 
         "dist.destroy_process_group()\n"
         "print('trained in', __import__('os').getcwd())\n"
     )
-    doc = {
-        "apiVersion": "ddpjob.io/v1alpha1",
-        "kind": "DDPJob",
-        "metadata": {"name": name},
-        "spec": {
-            "nodes": 1,
-            "procsPerNode": 2,
-            "device": "cpu",
-            "command": ["bash", "-c"],
-            "args": [f"cd {src} && exec torchrun train.py"],
-            "syncCheck": {"everySteps": 5},
-        },
-    }
+    command = {"command": ["bash", "-c"], "args": [f"cd {src} && exec torchrun train.py"]}
+    doc = job(name, nodes=1, procsPerNode=2, syncCheck={"everySteps": 5}, **command)
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
     done = ddpjob(tmp_path, "local", "job.yaml", "--workdir", str(tmp_path / "runs"))
     assert done.returncode == 0, done.stdout + done.stderr

@@ -18,6 +18,7 @@ from typing import Any
 from ddp_operator.api import reasons
 from ddp_operator.api.spec import Spec
 from ddp_operator.decide.plan import Event
+from ddp_operator.decide.status import stamp
 from ddp_operator.observe.facts import JobFacts
 
 
@@ -29,10 +30,6 @@ class Resize:
     job: tuple[str, int] | None
     status: dict[str, Any]
     event: Event | None
-
-
-def stamp(now: dt.datetime) -> str:
-    return now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def decide(

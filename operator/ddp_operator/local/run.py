@@ -294,8 +294,8 @@ def _watch(
                     "as the Job controller replaces a failed pod, and rejoins at a step boundary"
                 )
         for index, due in list(pending.items()):
-            if time.monotonic() >= due and not interrupt.count:
-                respawn(index, replaced)  # type: ignore[misc]  # pending only when respawn is set
+            if respawn is not None and time.monotonic() >= due and not interrupt.count:
+                respawn(index, replaced)
                 replaced += 1
                 del pending[index]
         codes = members.codes()

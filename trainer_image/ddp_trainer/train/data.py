@@ -8,6 +8,7 @@ batches as one that never stopped.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator
 
@@ -90,9 +91,16 @@ def step_share(
     if global_size < world_size:
         raise ValueError(f"the global batch of {global_size} samples cannot feed {world_size} ranks")
     epoch, k = divmod(step, per_epoch)
-    order = torch.randperm(samples, generator=torch.Generator().manual_seed(seed + epoch))
+    order = epoch_order(samples, seed, epoch)
     lo, hi = rank * global_size // world_size, (rank + 1) * global_size // world_size
     return epoch, order[k * global_size + lo : k * global_size + hi]
+
+
+@functools.lru_cache(maxsize=2)
+def epoch_order(samples: int, seed: int, epoch: int) -> torch.Tensor:
+    """An elastic epoch's sample order, drawn once per epoch (not at every step: a permutation of a large
+    dataset costs milliseconds). Read only: the shares are slices of it."""
+    return torch.randperm(samples, generator=torch.Generator().manual_seed(seed + epoch))
 
 
 def elastic_batches(
