@@ -1,6 +1,7 @@
-"""`ddpjob local` gives pods what a cluster gives them (issue 15): RANK for a plain script, a working
-directory per pod, volume folders before the pods start, a custom command's own output, the image's
-entrypoint for a spec with only args, the logs of an earlier run, and a file with other kinds in it."""
+"""`ddpjob local` gives pods what a cluster gives them (issue 15): RANK for a plain script, the launch
+folder to run in (as torchrun by hand) and a /tmp per pod, volume folders before the pods start, a custom
+command's own output, the image's entrypoint for a spec with only args, the logs of an earlier run, and
+a file with other kinds in it."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ dist.all_reduce(t)
 data = sys.argv[1]
 assert os.path.isdir(data), data
 open(os.path.join(data, f"rank-{dist.get_rank()}"), "w").close()
-open("here.txt", "w").write(os.environ["NODE_RANK"])
+open(f"here-{os.environ['NODE_RANK']}.txt", "w").write(os.getcwd())
 import tempfile; open(os.path.join(tempfile.gettempdir(), "mine"), "w").close()  # the pod's own /tmp
 print(f"rank {dist.get_rank()} of {dist.get_world_size()} sum {t.item()} local {os.environ['LOCAL_RANK']}")
 dist.destroy_process_group()
@@ -42,8 +43,8 @@ def test_a_plain_python_script_gets_its_rank_a_workdir_and_its_volumes(tmp_path:
     assert f"[{name}-1-1]" not in out
     run = tmp_path / "runs" / name
     assert sorted(p.name for p in (run / "volumes" / "data").iterdir()) == ["rank-0", "rank-1"]
-    for index in (0, 1):  # each pod wrote here.txt in a working directory of its own
-        assert (run / "attempt-1" / f"{name}-1-{index}" / "here.txt").read_text() == str(index)
+    for index in (0, 1):  # each pod ran where `ddpjob local` started, and kept a /tmp of its own
+        assert (tmp_path / f"here-{index}.txt").read_text() == str(tmp_path)
         assert (run / "attempt-1" / f"{name}-1-{index}" / "tmp" / "mine").is_file()
 
 

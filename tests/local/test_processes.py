@@ -94,7 +94,7 @@ def test_the_secrets_and_config_maps_envfrom_names_are_named_as_the_operator_nam
             "checkpoint": {"s3": {"bucket": "ckpt", "credentialsSecret": {"name": "bucket-creds"}}},
         },
     }
-    notes = run._local_notes(parse(doc), contract.FIRST_ATTEMPT)
+    notes = run._local_notes(parse(doc), contract.FIRST_ATTEMPT, Path("/r"))
     said = [note for note in notes if "Secret s3-creds" in note]
     assert said == [
         "Secret s3-creds (spec.envFrom[0].secretRef), ConfigMap settings (spec.envFrom[1].configMapRef): not "
@@ -178,3 +178,34 @@ def test_the_sync_hook_init_container_runs_here_into_the_volume_first_on_pythonp
     env = local.init_env({"PYTHONPATH": "/elsewhere", "PATH": "/usr/bin"})
     assert "PYTHONPATH" not in env and env["PATH"].endswith(":/usr/bin")
     assert _pods()[0].init == ()  # the built-in trainer: no hook
+
+
+def test_the_commands_run_where_ddpjob_local_started_or_in_a_working_dir_this_machine_has() -> None:
+    """As torchrun started by hand: in the launch folder, shared by every pod (each keeps its own /tmp);
+    spec.workingDir where it is inside a volume (its local folder) or exists here, else the launch folder
+    with a note that names the field, its value and where the commands run instead."""
+    dirs = {"/checkpoints": Path("/r/volumes/checkpoint")}
+    here = Path("/home/me/nanoGPT")
+    assert local.command_dir(None, dirs, here) == (here, None)
+    assert local.command_dir("/checkpoints/src", dirs, here) == (Path("/r/volumes/checkpoint/src"), None)
+    assert local.command_dir("/srv/code", dirs, here, is_dir=lambda p: p == Path("/srv/code")) == (
+        Path("/srv/code"),
+        None,
+    )
+    where, note = local.command_dir("/workspace", dirs, here, is_dir=lambda p: False)
+    assert where == here
+    assert note == (
+        "spec.workingDir /workspace: a folder of the image, not on this machine; the commands run in "
+        "/home/me/nanoGPT, where ddpjob local was started"
+    )
+    pods = _pods(launch_dir=here)
+    assert {pod.cwd for pod in pods} == {here}
+    assert len({local.tmp_dir(pod) for pod in pods}) == 3, "each pod's /tmp is its own"
+
+
+def test_working_dir_is_the_trainer_containers() -> None:
+    spec = parse({**DOC, "spec": {**DOC["spec"], "workingDir": "/workspace/nanoGPT"}})
+    _, job = render.render(spec)
+    assert job["spec"]["template"]["spec"]["containers"][0]["workingDir"] == "/workspace/nanoGPT"
+    _, without = render.render(parse(DOC))
+    assert "workingDir" not in without["spec"]["template"]["spec"]["containers"][0]

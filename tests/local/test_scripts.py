@@ -4,6 +4,7 @@ missing one said before any pod starts (`ddpjob local`) or as a warning (`ddpjob
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ import yaml
 from ddp_operator.api.spec import parse, parse_file
 from ddp_operator.local import scripts
 
-from .jobs import job, unique_name
+from .jobs import job, run_local, unique_name
 
 
 def write_job(path: Path, name: str, args: list[str]) -> None:
@@ -105,3 +106,38 @@ def test_local_runs_a_bash_c_command_as_written_to_succeeded_verified(tmp_path: 
     assert f"ddpjob local: {name}: Succeeded" in done.stdout, done.stdout
     assert "replicas verified bit-identical" in done.stdout, done.stdout
     assert f"trained in {src}" in done.stdout, done.stdout
+
+
+NANOGPT = Path(__file__).parents[1] / "public" / "nanogpt"
+
+
+def test_nanogpt_run_from_its_folder_as_its_readme_says_ends_verified(tmp_path: Path) -> None:
+    """karpathy/nanoGPT's ``train.py`` reads ``configurator.py``, ``config/`` and ``data/`` relative to where
+    it is launched: under `ddpjob local`, started in its folder, the commands run there (as torchrun's would)
+    and it trains to Succeeded, verified, on two pods that share the folder. The script is nanoGPT's own
+    (tests/public/README.md: two lines patched for a machine without GPUs); the data is prepared by its own
+    ``prepare.py`` from an ``input.txt`` written here (no network)."""
+    src = tmp_path / "nanoGPT"
+    shutil.copytree(NANOGPT, src)
+    text = (NANOGPT / "model.py").read_text() * 4  # ~60k characters of text: enough for a char model
+    (src / "data" / "shakespeare_char" / "input.txt").write_text(text)
+    prepared = subprocess.run(
+        [sys.executable, "data/shakespeare_char/prepare.py"],
+        cwd=src,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert prepared.returncode == 0, prepared.stderr
+    name = unique_name()
+    small = "--n_layer=2 --n_head=2 --n_embd=32 --block_size=32 --batch_size=4 --dropout=0.0"
+    quick = "--max_iters=12 --lr_decay_iters=12 --warmup_iters=2 --eval_interval=6 --eval_iters=2"
+    cpu = "--device=cpu --backend=gloo --compile=False --dtype=float32 --gradient_accumulation_steps=2"
+    args = ["train.py", "config/train_shakespeare_char.py", *small.split(), *quick.split(), *cpu.split()]
+    doc = job(name, nodes=2, procsPerNode=1, command=["torchrun"], args=args, syncCheck={"everySteps": 4})
+    code, out = run_local(src, [doc], workdir=str(tmp_path / "runs"), timeout=300)
+    assert code == 0, out
+    assert f"ddpjob local: {name}: Succeeded" in out, out
+    assert "sync: replicas verified bit-identical" in out and "across 2 ranks" in out, out
+    assert (src / "out-shakespeare-char" / "ckpt.pt").is_file(), "rank 0 saves into the folder it ran in"
+    assert not list((tmp_path / "runs").rglob("ckpt.pt")), "nothing lands in the pods' own folders"

@@ -158,6 +158,7 @@ class Spec:
     image: str
     command: tuple[str, ...] | None
     args: tuple[str, ...] | None
+    working_dir: str | None
     env: tuple[Mapping[str, Any], ...]
     env_from: tuple[Mapping[str, Any], ...]
     resources: Mapping[str, Mapping[str, int | str]]

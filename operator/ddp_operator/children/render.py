@@ -426,6 +426,7 @@ def _container(spec: Spec, attempt: int, mounts: list[Obj], used: int | None) ->
         "image": spec.image,
         "imagePullPolicy": "IfNotPresent",
         **_command(spec),
+        **({"workingDir": spec.working_dir} if spec.working_dir else {}),
         "env": container_env(spec, attempt, used),
         **({"envFrom": [dict(source) for source in spec.env_from]} if spec.env_from else {}),
         "ports": [

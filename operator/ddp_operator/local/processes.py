@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,9 @@ class LocalPod:
     log_path: Path
     termination_path: Path
     workdir: Path
-    """The pod's own working directory (a container's is its own too)."""
+    """The pod's own folder: its ``/tmp`` and what its init commands leave (a container's is its own too)."""
+    cwd: Path
+    """Where its command runs (:func:`command_dir`), shared by every pod."""
     volumes: tuple[Path, ...] = ()
     """The folders its volumes map to, made before it starts (the kubelet mounts them first)."""
     init: tuple[tuple[str, ...], ...] = ()
@@ -154,12 +156,13 @@ def local_pods(
     restarts_used: int | None = None,
 ) -> list[LocalPod]:
     """Every pod of ``attempt``, its command line and environment resolved as the kubelet would. Each pod
-    runs in a working directory of its own; ``launch_dir`` (where ``ddpjob local`` was started) stands in
-    for the image's code: a relative path there, or else in ``job_dir`` (the DDPJob file's), becomes
-    absolute, and it is on PYTHONPATH."""
+    keeps a folder of its own (its ``/tmp``); ``launch_dir`` (where ``ddpjob local`` was started) stands in
+    for the image's code: the commands run there (:func:`command_dir`), a relative script path there, or
+    else in ``job_dir`` (the DDPJob file's), becomes absolute, and it is on PYTHONPATH."""
     job = render.render_job(spec, attempt, restarts_used)
     container = secrets_from_host(job["spec"]["template"]["spec"]["containers"][0], host_env)
     dirs = volume_dirs(job, run_dir)
+    cwd, _ = command_dir(spec.working_dir, dirs, launch_dir)
     attempt_dir = run_dir / f"attempt-{attempt}"
     replacements = {
         render.master_addr(spec, attempt): LOCAL_ADDR,
@@ -198,11 +201,33 @@ def local_pods(
                 attempt_dir / f"{name}.log",
                 termination,
                 workdir=attempt_dir / name,
+                cwd=cwd,
                 volumes=tuple(path for path in dirs.values() if run_dir in path.parents),
                 init=init_commands(job, dirs),
             )
         )
     return pods
+
+
+def command_dir(
+    working_dir: str | None,
+    dirs: Mapping[str, Path],
+    launch_dir: Path,
+    is_dir: Callable[[Path], bool] = Path.is_dir,
+) -> tuple[Path, str | None]:
+    """Where the pods' commands run here, and a note when that is not ``spec.workingDir``: the folder
+    ``ddpjob local`` was started in, as torchrun started by hand would run (here that folder is the image's
+    code), unless ``spec.workingDir`` is inside a volume (its local folder) or exists on this machine. Every
+    pod shares it, as pods share a volume; what must stay private (``/tmp``) is in each pod's own folder."""
+    if not working_dir:
+        return launch_dir, None
+    local = remap(working_dir, dirs)
+    if local != working_dir or is_dir(Path(local)):
+        return Path(local), None
+    return launch_dir, (
+        f"spec.workingDir {working_dir}: a folder of the image, not on this machine; the commands run in "
+        f"{launch_dir}, where ddpjob local was started"
+    )
 
 
 def with_entrypoint(container: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -20,6 +20,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from ddp_operator.api.spec import Spec, known_total_steps, sync_hook
+from ddp_operator.children import render
 from ddp_operator.decide import restarts
 from ddp_operator.local import elastic, gang, host, processes
 from ddp_operator.observe import failures, podlogs, progress, startup
@@ -107,7 +108,7 @@ def run(
         f"{spec.world_size} ranks ({spec.device}/{spec.backend}) in {run_dir}"
     )
     console.say(f"  the image {spec.image} is not pulled: pods run in this Python environment ({sys.prefix})")
-    for line in [note, *_local_notes(spec, first_attempt)]:
+    for line in [note, *_local_notes(spec, first_attempt, run_dir)]:
         if line:
             console.say(f"  {line}")
     started = time.monotonic()
@@ -208,7 +209,7 @@ def _attempt(
             if init_failed := _init(pod, {**processes.init_env(os.environ), gang.MARKER: marker}):
                 members.kill()
                 return init_failed
-            member = gang.Member(pod.name, pod.argv, env, pod.log_path, console.pod_line, pod.workdir)
+            member = gang.Member(pod.name, pod.argv, env, pod.log_path, console.pod_line, pod.cwd)
             members.start(member)
             started[pod.index] = member
     except FileNotFoundError as exc:
@@ -221,7 +222,7 @@ def _attempt(
         """The Job controller's replacement of a failed pod (same index, a log of its own)."""
         pod, old = pods[index], started[index]
         log = pod.log_path.with_name(f"{pod.name}.{count + 1}.log")
-        members.replace(index, gang.Member(pod.name, pod.argv, old.env, log, console.pod_line, pod.workdir))
+        members.replace(index, gang.Member(pod.name, pod.argv, old.env, log, console.pod_line, pod.cwd))
 
     try:
         first, codes = _watch(spec, pods, members, console, interrupt, respawn)
@@ -318,9 +319,12 @@ def _watch(
     return codes, members.codes()
 
 
-def _local_notes(spec: Spec, first_attempt: int) -> list[str]:
+def _local_notes(spec: Spec, first_attempt: int, run_dir: Path) -> list[str]:
     """What runs differently here than in a cluster, said once at the start."""
     notes = []
+    dirs = processes.volume_dirs(render.render_job(spec, first_attempt), run_dir)
+    if moved := processes.command_dir(spec.working_dir, dirs, Path.cwd())[1]:
+        notes.append(moved)
     if spec.command is None and spec.args is not None:
         notes.append(
             "no spec.command: the args run after the trainer image's entrypoint "
