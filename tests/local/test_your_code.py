@@ -169,3 +169,42 @@ def test_a_job_that_builds_no_ddp_model_says_there_was_nothing_to_verify(tmp_pat
     assert f"ddpjob local: {name}: Succeeded" in out, out
     assert "sync: no DDP model was built in any rank: nothing to verify" in out, out
     assert "not reported" not in out, out
+
+
+def test_hsdp_without_ddpjob_code_is_verified_shard_by_shard_and_a_drifted_replica_named(
+    tmp_path: Path,
+) -> None:
+    """examples/hsdp.yaml as shipped (FSDP2's fully_shard on a 2 x 2 mesh, no ddpjob code): every shard is
+    compared across its replicas and the job ends verified; the fire drill on rank 3 is named with its
+    shard and replica group, and fails the job."""
+    name = unique_name()
+    code, out = run_local(tmp_path, [example("hsdp.yaml", name, {})], timeout=400)
+    assert code == 0, out
+    assert "checking 1 HSDP model(s): Sequential (found at its optimizer's first step)" in out, out
+    assert (
+        "sync: replicas verified bit-identical 5 times across 4 ranks (last check at step 20; "
+        "HSDP 2 x 2: each of 2 shards compared across its 2 replicas)"
+    ) in out, out
+    name = unique_name()
+    doc = example("hsdp.yaml", name, {"DDPJOB_CHAOS_DIVERGE": "rank=3,step=7"})
+    code, out = run_local(tmp_path, [doc], timeout=400)
+    assert code == 1 and "replicas DIVERGED" in out, out
+    assert "rank 3 (replica 1 of shard 1, replica group [1, 3]) differs from rank 1 (replica 0)" in out, out
+    rep = report(tmp_path, name)
+    assert (rep["reason"], rep["mismatchedTensors"], rep["divergedRanks"]) == (
+        "SyncDivergence",
+        ["0.weight (shard 1)"],
+        [3],
+    ), rep
+
+
+def test_fsdp_over_one_mesh_dimension_says_nothing_is_replicated_naming_fsdp(tmp_path: Path) -> None:
+    """The same script on a 1-D mesh (SHARDS=4: FSDP): no two ranks hold the same parameters; the job
+    succeeds and says so, naming FSDP, not "no DDP model"."""
+    name = unique_name()
+    code, out = run_local(tmp_path, [example("hsdp.yaml", name, {"SHARDS": "4"})], timeout=400)
+    assert code == 0, out
+    assert "sync: FSDP shards every parameter across all ranks" in out, out
+    assert "no two ranks hold the same parameters, so there is nothing to compare" in out, out
+    assert "no DDP model" not in out, out
+    assert report(tmp_path, name)["reason"] == "FullyShardedNoReplicas"

@@ -182,3 +182,21 @@ def test_a_sync_hook_that_could_not_switch_on_says_why_in_sync_verified() -> Non
         "SyncHookOff",
         message,
     )
+
+
+def test_an_fsdp_job_says_nothing_is_replicated_naming_fsdp() -> None:
+    """The sync hook's report for FSDP over a 1-D mesh (reason FullyShardedNoReplicas): SyncVerified is
+    Unknown with that reason and the report's own words, which name FSDP."""
+    from ddp_operator.observe import progress
+    from ddp_trainer import contract
+    from ddp_trainer.sync import sharded
+
+    report = {"result": "Succeeded", "reason": contract.FULLY_SHARDED, "message": sharded.FSDP_ONLY}
+    out = StatusBuilder({}, "2026-01-01T00:00:00Z")
+    out.values["sync"] = status.report_sync(report)
+    out.values["lastReport"] = status.last_report(report, 1)
+    status.sync_condition(out)
+    condition = out.conditions["SyncVerified"]
+    assert (condition["status"], condition["reason"]) == ("Unknown", "FullyShardedNoReplicas"), condition
+    assert condition["message"].startswith("FSDP shards every parameter across all ranks"), condition
+    assert progress.sync_sentence(report) == sharded.FSDP_ONLY

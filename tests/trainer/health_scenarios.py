@@ -22,6 +22,20 @@ def model(width: int = 8) -> nn.Module:
     return DistributedDataParallel(nn.Sequential(nn.Linear(4, width), nn.ReLU(), nn.Linear(width, 1)))
 
 
+def sharded_model(mesh_shape: tuple[int, ...]) -> nn.Module:
+    """FSDP2 over a 1-D mesh (FSDP) or a 2-D one (HSDP: replicate x shard), the same seed on every rank."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    names = ("replicate", "shard")[-len(mesh_shape) :]
+    mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    for layer in (net[0], net[2], net):
+        fully_shard(layer, mesh=mesh)
+    return net
+
+
 def train(health: SyncHealth, net: nn.Module, optimizer: torch.optim.Optimizer, steps: int) -> None:
     for _ in range(steps):
         loss = net(torch.randn(4, 4)).pow(2).mean()
@@ -56,6 +70,17 @@ def main() -> None:
                         next(net.parameters()).view(-1)[0] += 1e-3
                 train(health, net, optimizer, 7)
             result["report"] = health.last_report
+        elif scenario in ("hsdp_repair", "fsdp"):  # SyncHealth in the script's own loop, FSDP2's model
+            net = sharded_model((2, 2) if scenario == "hsdp_repair" else (4,))
+            optimizer = torch.optim.AdamW(net.parameters(), lr=0.01)
+            with SyncHealth(net, optimizer, total_steps=10, every=5, on_divergence="Repair") as health:
+                train(health, net, optimizer, 3)
+                if rank == 3:  # replica 1 of shard 1 drifts; its replica group [1, 3] repairs from rank 1
+                    with torch.no_grad():
+                        next(net.parameters()).to_local().view(-1)[0] += 1e-3
+                train(health, net, optimizer, 7)
+            result["report"] = health.last_report
+            result["digest"] = [float(p.to_local().double().sum()) for p in net.parameters()]
         result["ok"] = True
     except Exception as err:  # what the scenario is about: the error and how long it took
         result.update(ok=False, error=f"{type(err).__name__}: {err}")

@@ -232,6 +232,43 @@ def test_repair_rebroadcasts_and_ends_verified(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
+def test_hsdp_in_a_scripts_own_loop_repairs_a_replica_from_its_own_group(tmp_path: Path) -> None:
+    """SyncHealth over an FSDP2 model on a 2 x 2 mesh (4 ranks, gloo): rank 3 (replica 1 of shard 1) drifts,
+    the check names it with its replica group and shard, Repair re-broadcasts from rank 1 (replica 0 of
+    that shard, not rank 0, which holds another shard), and the run ends verified with each shard equal
+    across its replicas."""
+    run = launch(
+        tmp_path, [str(HERE / "health_scenarios.py"), "hsdp_repair", str(tmp_path)], nnodes=1, nproc=4
+    )
+    run.wait(180)
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    assert all(r["ok"] for r in results), results
+    report = results[0]["report"]
+    assert (report["result"], report["reason"], report["mismatches"], report["repairs"]) == (
+        "Succeeded",
+        "RepairedDivergence",
+        1,
+        1,
+    ), report
+    assert report["divergedRanks"] == [3] and report["mismatchedTensors"] == ["0.weight (shard 1)"], report
+    assert report["sharding"] == "HSDP 2 x 2: each of 2 shards compared across its 2 replicas", report
+    assert results[0]["digest"] == results[2]["digest"] and results[1]["digest"] == results[3]["digest"]
+    assert results[0]["digest"] != results[1]["digest"], "the two shards hold different parameters"
+    logs = run.logs()
+    assert "rank 3 (replica 1 of shard 1, replica group [1, 3]) differs from rank 1 (replica 0)" in logs, logs
+
+
+@pytest.mark.slow
+def test_fsdp_over_one_mesh_dimension_is_refused_naming_fsdp(tmp_path: Path) -> None:
+    run = launch(tmp_path, [str(HERE / "health_scenarios.py"), "fsdp", str(tmp_path)], nnodes=1, nproc=4)
+    run.wait(180)
+    for r in range(4):
+        result = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert not result["ok"] and "SyncHealthError: FSDP shards every parameter" in result["error"], result
+        assert "no two ranks hold the same parameters" in result["error"], result
+
+
 def test_an_old_framework_is_refused_naming_the_version_needed() -> None:
     from ddp_trainer.integrations import require, version_tuple
 

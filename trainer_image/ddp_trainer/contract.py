@@ -294,6 +294,12 @@ NO_DDP_MODEL: Final = "NoDDPModel"
 """Report reason (result ``Succeeded``, no checks): the no-code hook saw no DDP model built in the pod's
 local rank 0, so there was nothing to verify."""
 NO_DDP_MODEL_MESSAGE: Final = "no DDP model was built in any rank: nothing to verify"
+FULLY_SHARDED: Final = "FullyShardedNoReplicas"
+"""Report reason (result ``Succeeded``, no checks): the no-code hook found an FSDP model sharded over a 1-D
+mesh (``fully_shard``): every rank holds its own shard, so no two ranks hold the same parameters and there
+is nothing to compare (the message says so and names FSDP; HSDP, a 2-D mesh, is checked)."""
+NOTHING_TO_COMPARE: Final = (NO_DDP_MODEL, FULLY_SHARDED)
+"""Report reasons of a run whose sync check had nothing to compare (the job's SyncVerified is Unknown)."""
 SYNC_HOOK_OFF: Final = "SyncHookOff"
 """Report reason (result ``Succeeded``, no checks): the no-code hook could not switch on in the pod's
 local rank 0; the message says why. Nothing was verified (distinct from "no report": a crash)."""
@@ -357,6 +363,9 @@ class Report(TypedDict, total=False):
     """Gang restarts done in place (same pods) during this attempt (present only when there were any)."""
     lastRestart: str
     """Why the last in-place gang restart happened: the failing rank, its exit code and first error."""
+    sharding: str
+    """For an HSDP model, what was compared (``HSDP 2 x 2: each of 2 shards compared across its 2
+    replicas``); absent for DDP."""
     probes: int
     """Compute probes run (present when the probe is on)."""
     probeVerdict: str

@@ -336,8 +336,8 @@ def finish(out: StatusBuilder, succeeded: bool, reason: str, message: str) -> No
 def sync_condition(out: StatusBuilder) -> None:
     sync = out.values.get("sync")
     last = out.values.get("lastReport") or {}
-    if not sync and last.get("reason") == contract.NO_DDP_MODEL:
-        out.condition(reasons.SYNC_VERIFIED, None, contract.NO_DDP_MODEL, contract.NO_DDP_MODEL_MESSAGE)
+    if not sync and last.get("reason") in contract.NOTHING_TO_COMPARE:
+        out.condition(reasons.SYNC_VERIFIED, None, str(last["reason"]), str(last.get("message", "")))
     elif not sync and last.get("reason") == contract.SYNC_HOOK_OFF:
         out.condition(reasons.SYNC_VERIFIED, None, contract.SYNC_HOOK_OFF, str(last.get("message", "")))
     elif not sync:

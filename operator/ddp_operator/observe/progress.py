@@ -275,6 +275,8 @@ def _replica_sentence(report: Mapping[str, Any] | None) -> str:
         return f"not checked: {report.get('message', '')}"
     if report.get("reason") == contract.NO_DDP_MODEL:
         return contract.NO_DDP_MODEL_MESSAGE + " (the sync hook saw no DistributedDataParallel model built)"
+    if report.get("reason") == contract.FULLY_SHARDED:
+        return str(report.get("message", ""))
     checks, ranks = report.get("checks", 0), report.get("worldSize", "?")
     mismatches, repairs = report.get("mismatches", 0), report.get("repairs", 0)
     result, reason = report.get("result"), report.get("reason", "")
@@ -311,4 +313,5 @@ def _replica_sentence(report: Mapping[str, Any] | None) -> str:
             f"{mismatches} of {checks} checks found ranks differing across {ranks} ranks; {repairs} "
             f"repair(s) re-broadcast rank 0's model, and the {last} found every rank bit-identical{so_far}"
         )
-    return f"replicas verified bit-identical {checks} times across {ranks} ranks{so_far} ({last})"
+    layout = f"; {report['sharding']}" if report.get("sharding") else ""
+    return f"replicas verified bit-identical {checks} times across {ranks} ranks{so_far} ({last}{layout})"

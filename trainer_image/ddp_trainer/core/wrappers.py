@@ -19,6 +19,9 @@ def inner(model: nn.Module) -> nn.Module:
 
 
 def model_name(model: nn.Module) -> str:
-    """The class name of the user's model (``GPT``, not ``OptimizedModule`` or ``DistributedDataParallel``):
+    """The class name of the user's model (``GPT``, not ``OptimizedModule``, ``DistributedDataParallel`` or
+    FSDP2's ``FSDPGPT``):
     what the trainer's lines and the ``model`` label of ``ddp_info`` say."""
-    return type(inner(model)).__name__
+    mro = [cls.__name__ for cls in type(inner(model)).__mro__]
+    # fully_shard swaps the class for FSDP<Class>(FSDPModule, Class): the user's is the one after FSDPModule
+    return mro[2] if mro[1:2] == ["FSDPModule"] and len(mro) > 2 else mro[0]

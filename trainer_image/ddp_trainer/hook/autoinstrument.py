@@ -10,6 +10,10 @@ the same :class:`ddp_trainer.sync.health.SyncHealth` the callbacks and the built
   model's parameters (the pre-hook: all ranks are there, before the update) it builds ``SyncHealth``
   over every DDP model seen so far (the initial check, at step 0); after each step of that optimizer it
   calls ``SyncHealth.step()`` (a check every ``DDPJOB_SYNC_EVERY`` steps, the policy applied);
+* finds an FSDP2 model (``fully_shard``) at the first step of an optimizer over DTensor parameters, among
+  the live modules (FSDP2 has no constructor to wrap, and scripts import ``fully_shard`` by several
+  names): an HSDP model (a 2-D mesh) is checked within each replica group; an FSDP model over a 1-D mesh
+  has nothing replicated, which one line and the report say (reason ``FullyShardedNoReplicas``);
 * wraps ``torch.distributed.destroy_process_group``: the final check and the report come before the
   group is gone; ``atexit`` does the same for a script that never destroys it, and an uncaught exception
   writes a ``Failed`` report.
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import gc
 import os
 import sys
 import traceback
@@ -87,7 +92,7 @@ class AutoSync:
         self.models: list[tuple[weakref.ref[DistributedDataParallel], str]] = []
         self.health: Any = None  # a SyncHealth once started (imported then: prometheus_client loads late)
         self.optimizer: weakref.ref[torch.optim.Optimizer] | None = None
-        self.state = "waiting"  # waiting → checking → done, or off
+        self.state = "waiting"  # waiting → checking → done, or off, or sharded (FSDP: nothing to compare)
         self.built_before = 0  # SyncHealth objects that existed when this one was built
         self.distributed = False  # a process group was seen (this is a training rank)
 
@@ -106,11 +111,20 @@ class AutoSync:
         """Before an optimizer step: the first step of a DDP model's optimizer starts the check."""
         if self.state != "waiting":
             return
-        models = [(m, where) for ref, where in self.models if (m := ref()) is not None]
+        models: list[tuple[nn.Module, str]] = [(m, w) for ref, w in self.models if (m := ref()) is not None]
         params = {id(p) for group in optimizer.param_groups for p in group["params"]}
         if not models or not any(id(p) in params for m, _ in models for p in m.parameters()):
-            return  # an optimizer of no DDP model (or no DDP model yet)
-        from ddp_trainer.sync import health
+            models = [(root, "found at its optimizer's first step") for root in fsdp_roots(optimizer)]
+            if not models:
+                return  # an optimizer of no DDP or FSDP2 model (or none yet)
+        from ddp_trainer.sync import health, sharded
+
+        layouts = [sharded.layout(m) for m, _ in models]
+        if any(lay is not None and lay.group is None for lay in layouts):
+            self.state = "sharded"
+            self.distributed = True
+            say(f"{sharded.FSDP_ONLY}: nothing was checked")
+            return
 
         if not health.torch_version_ok(torch.__version__):
             self.state = "off"
@@ -122,22 +136,29 @@ class AutoSync:
             return
         self.start(models, optimizer, health)
 
-    def start(self, models: list[tuple[DistributedDataParallel, str]], optimizer: Any, health: Any) -> None:
-        inner = [m.module for m, _ in models]
-        buffers = all(bool(m.broadcast_buffers) for m, _ in models)
+    def start(self, models: list[tuple[nn.Module, str]], optimizer: Any, health: Any) -> None:
+        inner = [m.module if isinstance(m, DistributedDataParallel) else m for m, _ in models]
+        # DDP: buffers compared when its wrapper broadcasts them; HSDP: each replica's, which start equal
+        buffers = all(bool(getattr(m, "broadcast_buffers", True)) for m, _ in models)
         model: nn.Module = models[0][0] if len(models) == 1 else Combined(inner)
-        settings = health.SyncHealth.Config.from_env(broadcast_buffers=buffers, check_buffers=buffers)
+        settings = health.SyncHealth.Config.from_env(
+            broadcast_buffers=buffers and isinstance(models[0][0], DistributedDataParallel),
+            check_buffers=buffers,
+        )
         self.health = health.SyncHealth(model, optimizer, settings)  # the rest from the DDPJob's environment
         self.built_before = health.SyncHealth.built
         self.optimizer = weakref.ref(optimizer)
         self.state = "checking"
         self.health.close_on_uncaught_exception()
         names = ", ".join(
-            (f"ddp{i} = " if len(models) > 1 else "") + f"{model_name(m)} (built at {where})"
+            (f"ddp{i} = " if len(models) > 1 else "")
+            + f"{model_name(m)} ({where if 'found' in where else 'built at ' + where})"
             for i, (m, where) in enumerate(models)
         )
+        layout = self.health.layout
+        kind, how = ("DDP", "") if layout is None else (layout.kind, f" ({layout.describe()})")
         say(
-            f"checking {len(models)} DDP model(s): {names}; every {self.health.every} steps of "
+            f"checking {len(models)} {kind} model(s): {names}{how}; every {self.health.every} steps of "
             f"{type(optimizer).__name__} (policy {self.health.policy})"
             + ("" if buffers else "; buffers are kept per rank (broadcast_buffers=False): not compared")
         )
@@ -176,6 +197,8 @@ class AutoSync:
             except Exception as error:  # ranks that do not end together: the report says so
                 print(f"{PREFIX}: {type(error).__name__}: {error}", file=sys.stderr)
                 launcher.exit_now(1)
+        elif self.state == "sharded":
+            nothing_replicated_report()
         elif self.state == "waiting" and (self.distributed or "TORCHELASTIC_RUN_ID" in os.environ):
             if self.models:
                 say("a DDP model was built but no optimizer stepped it: nothing was checked")
@@ -192,9 +215,37 @@ class AutoSync:
 HOOK = AutoSync()
 
 
+def fsdp_roots(optimizer: torch.optim.Optimizer) -> list[nn.Module]:
+    """The outermost ``fully_shard`` modules whose parameters ``optimizer`` steps, found among the live
+    objects (once: at its first step, and only when its parameters are DTensors)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    module_type = getattr(fsdp, "FSDPModule", None)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if module_type is None or not any(hasattr(p, "device_mesh") for p in params):
+        return []
+    ids = {id(p) for p in params}
+    found = [obj for obj in gc.get_objects() if module_type in type(obj).__mro__]  # no __class__ lookups
+    nested = {id(sub) for m in found for sub in m.modules() if sub is not m}
+    return [m for m in found if id(m) not in nested and any(id(p) in ids for p in m.parameters())]
+
+
 def no_ddp_report() -> None:
     """The pod's report when its local rank 0 trained no DDP model: nothing to verify (not "no report",
     which means it crashed before writing one). A report already there (a rank's failure) stays."""
+    from ddp_trainer import contract
+
+    _nothing_report(contract.NO_DDP_MODEL, contract.NO_DDP_MODEL_MESSAGE)
+
+
+def nothing_replicated_report() -> None:
+    """The pod's report when it trained an FSDP model over a 1-D mesh: no two ranks hold the same bytes."""
+    from ddp_trainer import contract
+    from ddp_trainer.sync import sharded
+
+    _nothing_report(contract.FULLY_SHARDED, sharded.FSDP_ONLY)
+
+
+def _nothing_report(reason: str, message: str) -> None:
     if os.environ.get("LOCAL_RANK", "0") != "0":
         return
     from ddp_trainer import contract
@@ -206,8 +257,8 @@ def no_ddp_report() -> None:
         config.read_pod_env(os.environ).termination_log,
         {
             "result": contract.SUCCEEDED,
-            "reason": contract.NO_DDP_MODEL,
-            "message": contract.NO_DDP_MODEL_MESSAGE,
+            "reason": reason,
+            "message": message,
             "worldSize": world,
             "attempt": int(os.environ.get(contract.ATTEMPT_ENV, "1") or 1),
         },

@@ -70,7 +70,7 @@ def nudge(model: nn.Module, amount: float = CHAOS_NUDGE) -> str:
     """The fire drill: move the first element of the first parameter by ``amount``; returns its name."""
     name, param = replicas.named_tensors(model, buffers=False)[0]
     with torch.no_grad():
-        param.view(-1)[0] += amount
+        replicas.local(param).view(-1)[0] += amount  # a DTensor (HSDP): this rank's shard
     return name
 
 

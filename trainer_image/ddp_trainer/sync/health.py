@@ -55,7 +55,7 @@ from ddp_trainer.core.config import PodEnv, read_pod_env
 from ddp_trainer.core.distributed import LaunchEnv, metrics_dir, read_launch_env, settle_gloo_at_exit
 from ddp_trainer.core.lossread import LossReader
 from ddp_trainer.reporting import report
-from ddp_trainer.sync import boundary, fingerprints, probe, replicas
+from ddp_trainer.sync import boundary, fingerprints, probe, replicas, sharded
 from ddp_trainer.sync import sdc as sdc_drill
 from ddp_trainer.sync.settings import SyncConfig
 from ddp_trainer.sync.settings import SyncHealthError as SyncHealthError
@@ -211,6 +211,10 @@ class SyncHealth:
                 "torch.distributed is not initialized: build SyncHealth after init_process_group() (under "
                 "torchrun), on every rank"
             )
+        self.layout = sharded.layout(model)
+        """How an FSDP2 model's parameters lie (HSDP: the replica groups compared); None for DDP."""
+        if self.layout is not None and self.layout.group is None:
+            raise SyncHealthError(f"{sharded.FSDP_ONLY}: build SyncHealth for a DDP or an HSDP model")
         SyncHealth.built += 1
         self.config = config
         """The settings it runs with (the keywords given folded in)."""
@@ -218,6 +222,8 @@ class SyncHealth:
         self.total_steps = config.total_steps
         self.check_buffers = config.check_buffers
         self.group = group
+        self.compared = self.layout.group if self.layout is not None else group
+        """The group whose ranks hold the same bytes: ``group``, or this rank's HSDP replica group."""
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size(group)
         self.launch: LaunchEnv = read_launch_env(environ)
@@ -306,6 +312,14 @@ class SyncHealth:
         self.faulty_found = 0
         self.last_faulty: probe.ProbeResult | None = None
         self.prober: probe.Probe | None = None
+        if self.probe_every and self.layout is not None:
+            self.probe_every = 0
+            log.log(
+                logging.WARNING if self.rank == 0 else logging.DEBUG,
+                "the compute probe is off for %s: a sharded forward is collective over the shard "
+                "dimension, so one rank's compute cannot be told apart (docs/your-code.md, HSDP)",
+                self.layout.kind,
+            )
         if self.probe_every:
             group = self.peers if self.peers is not None else self.group
             self.prober = probe.Probe(
@@ -491,12 +505,15 @@ class SyncHealth:
         skew = self.skew.publish()
         if skew is not None:
             self.metrics.skew.set(skew)
-        return check_state(
-            subject, self.group, broadcast_buffers=self.broadcast_buffers, buffers=self.check_buffers
+        report = check_state(
+            subject, self.compared, broadcast_buffers=self.broadcast_buffers, buffers=self.check_buffers
         )
+        if self.layout is None:
+            return report
+        return sharded.combine(report, self.layout, self.peers if self.peers is not None else self.group)
 
     def _repair(self, subject: Any) -> None:
-        broadcast_state(subject, self.group)
+        broadcast_state(subject, self.compared)
 
     # -- the end --------------------------------------------------------------------------------------
 
@@ -591,6 +608,8 @@ class SyncHealth:
         return report.failed(message, self.tally, self.facts(), reason=contract.COMMAND_ERROR)
 
     def _publish(self, code: int, rep: contract.Report) -> None:
+        if self.layout is not None:
+            rep["sharding"] = self.layout.describe()
         self.last_report = rep
         if not self.write_report:
             return

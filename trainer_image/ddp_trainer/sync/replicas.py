@@ -82,7 +82,7 @@ def fingerprint(module: nn.Module, *, buffers: bool = True) -> torch.Tensor:
     (each 64-bit word is mixed with its position before the sum). Works for every dtype; the algorithm
     is described in :mod:`ddp_trainer.sync.fingerprints`.
     """
-    return fingerprint_tensors(t for _, t in named_tensors(module, buffers=buffers))
+    return fingerprint_tensors(local(t) for _, t in named_tensors(module, buffers=buffers))
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,9 @@ class SyncReport:
     """How many tensors were compared (parameters, buffers and extras)."""
     mismatches: tuple[TensorMismatch, ...] = field(default=())
     """The tensors that differ, in module order."""
+    where: tuple[str, ...] = field(default=())
+    """For a sharded model (HSDP), each diverged rank with its replica group and shard
+    (:func:`ddp_trainer.sync.sharded.combine`); empty otherwise."""
 
     @property
     def mismatched(self) -> tuple[str, ...]:
@@ -139,6 +142,12 @@ def _as_tensor(value: torch.Tensor | float | int | bool) -> torch.Tensor:
     if isinstance(value, int):
         return torch.tensor(value, dtype=torch.int64)
     return torch.tensor(float(value), dtype=torch.float64)
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """The bytes this rank holds of ``tensor``: a DTensor's local shard (FSDP2, HSDP), else the tensor."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) and hasattr(tensor, "device_mesh") else tensor
 
 
 def comm_device(group: dist.ProcessGroup | None = None) -> torch.device:
@@ -180,7 +189,10 @@ def check_in_sync(
     named += [(k, _as_tensor(v)) for k, v in (extra or {}).items()]
     device = comm_device(group)
     vec = torch.cat(
-        (fingerprint_tensors((t for _, t in named), device), structure_fingerprint(named).to(device)[None])
+        (
+            fingerprint_tensors((local(t) for _, t in named), device),
+            structure_fingerprint(named).to(device)[None],
+        )
     )
     low, high = vec.clone(), vec.clone()
     dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
@@ -222,10 +234,10 @@ def _compare(
     diffs = torch.full((len(bad),), math.nan, dtype=torch.float64, device=vec.device)
     if structure_ok:  # shapes agree, so tensors can be compared element by element
         for j, idx in enumerate(bad):
-            local = named[idx][1].detach()
-            reference = local.to(vec.device, copy=True).contiguous()
+            mine_ = local(named[idx][1]).detach()
+            reference = mine_.to(vec.device, copy=True).contiguous()
             dist.broadcast(byte_view(reference), src=_global(group, references[j]), group=group)
-            delta = (local.to(vec.device).double() - reference.double()).abs()
+            delta = (mine_.to(vec.device).double() - reference.double()).abs()
             diffs[j] = torch.nan_to_num(delta, nan=math.inf).max() if delta.numel() else 0.0
         dist.all_reduce(diffs, op=dist.ReduceOp.MAX, group=group)
     return tuple(
@@ -240,7 +252,7 @@ def broadcast_tensors_(
 ) -> None:
     """Overwrite each tensor, in place, with global rank ``src``'s copy (bit-exact: the bytes are sent)."""
     device = comm_device(group)
-    for t in tensors:
+    for t in map(local, tensors):
         if t.is_contiguous() and t.device == device:
             dist.broadcast(byte_view(t), src=src, group=group)
         else:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ddp_trainer.core.config import Policy
@@ -59,9 +60,10 @@ class DivergenceError(Exception):
 
     def __init__(self, report: replicas.SyncReport, reason: str) -> None:
         ranks = ", ".join(str(rank) for rank in list(report.ranks)[:8]) or "unknown"
+        where = "".join(f"; {line}" for line in report.where[:4])
         super().__init__(
             f"{len(report.mismatches)} tensor(s) differ between ranks: {', '.join(report.mismatched[:5])}; "
-            f"diverged rank(s): {ranks}"
+            f"diverged rank(s): {ranks}{where}"
         )
         self.report = report
         self.reason = reason
@@ -125,11 +127,13 @@ def model_digest(model: nn.Module) -> str:
 
 
 def broadcast_state(state: Subject, group: Any = None) -> None:
-    """Collective: every rank takes rank 0's model and optimizer state."""
-    replicas.broadcast_module_(state.model, src=0, group=group)
+    """Collective: every rank takes the model and optimizer state of ``group``'s first rank (rank 0 of
+    the world; of a replica group, for HSDP)."""
+    src = 0 if group is None else dist.get_global_rank(group, 0)
+    replicas.broadcast_module_(state.model, src=src, group=group)
     if state.optimizer is not None:
         tensors = replicas.optimizer_state_tensors(state.optimizer, state.model).values()
-        replicas.broadcast_tensors_(tensors, src=0, group=group)
+        replicas.broadcast_tensors_(tensors, src=src, group=group)
 
 
 class Verifier:
@@ -191,6 +195,8 @@ class Verifier:
             list(report.ranks),
             report.max_abs_diff,
         )
+        for line in report.where:
+            log.error("step %d: %s", state.step, line)
         if kind == "repair":
             raise DivergenceError(report, "RepairFailed")
         if self.policy == "Fail":
