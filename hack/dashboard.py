@@ -1,9 +1,10 @@
 """Generate the Grafana dashboard of a DDPJob: ``charts/ddpjob-operator/files/dashboard.json``.
 
 One screen for "is my job healthy": the sync verdict and checks, mismatched tensors and divergence,
-repairs, step time p50/p99 per rank with the slowest rank named, skew, throughput, loss, restarts, last-step
-age, and the operator's reconcile health. Grafana's JSON model (schemaVersion 39), built here as plain
-data from the contract's metric names (Grafana's Python SDK would add a dependency for the same JSON).
+repairs, step time p50/p99 per rank with the slowest rank named, skew, throughput beside the world size
+(an elastic job's nodes now and desired), loss, restarts, last-step age, and the operator's reconcile
+health. Grafana's JSON model (schemaVersion 39), built here as plain data from the contract's metric
+names (Grafana's Python SDK would add a dependency for the same JSON).
 Variables: ``datasource`` (any Prometheus), ``namespace`` and ``job`` (the trainer's ``ddpjob_namespace``
 and ``ddpjob`` labels, multi-select).
 
@@ -41,6 +42,13 @@ def mean_step_time() -> str:
 
 def quantile(q: float, metric: str, by: str, selector: str = SEL) -> str:
     return f"histogram_quantile({q}, sum by ({by}, le) (rate({metric}_bucket{{{selector}}}[{RATE}])))"
+
+
+def world(elastic: str) -> str:
+    """An elastic job's size as the operator says it (``elastic``: nodes now, or desired), else the nodes
+    whose ranks report (a rigid job's world: its nodes, training or not there)."""
+    nodes = f"count by ({BY_JOB}) (count by ({BY_JOB}, {c.NODE_RANK_LABEL}) ({c.INFO}{{{SEL}}}))"
+    return f"max by ({BY_JOB}) ({elastic}{{{SEL}}}) or {nodes}"
 
 
 # A panel: (title, kind, unit, width, height, [(expr, legend)], extra fieldConfig defaults)
@@ -212,6 +220,14 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "suffix: samples/s",
                 (8, 8),
                 (f"sum by ({BY_JOB}) (rate({total(c.SAMPLES)}{{{SEL}}}[{RATE}]))", JOB),
+            ),
+            p(
+                "World size (nodes)",
+                "timeseries",
+                "short",
+                (8, 8),
+                (world("ddpjob_elastic_nodes"), "{{ddpjob}}: training"),
+                (world("ddpjob_elastic_desired_nodes"), "{{ddpjob}}: desired"),
             ),
             p("Loss per rank", "timeseries", "none", (8, 8), (f"{c.LOSS}{{{SEL}}}", PER_RANK)),
             p(

@@ -15,20 +15,13 @@ import pytest
 import yaml
 
 from cluster.images import MONITORING_BUILD, monitoring_bin
+from ddp_operator.runtime import opmetrics
 from ddp_trainer import contract
 
 from .chart_files import ALERTS
 
 REPO = Path(__file__).resolve().parents[2]
-OPERATOR_FAMILIES = {
-    "ddpjob_jobs",
-    "ddpjob_job_info",
-    "ddpjob_sync_state",
-    "ddpjob_reconciles",
-    "ddpjob_reconcile_duration_seconds",
-    "ddpjob_gang_restarts",
-    "ddpjob_gang_restarts_in_place",
-}
+OPERATOR_FAMILIES = set(opmetrics.FAMILIES)
 """The operator's families (:mod:`ddp_operator.runtime.opmetrics`)."""
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
+from ddp_operator.decide.plan import Plan
 from ddp_operator.runtime import handlers, opmetrics, reconcile
 
 
@@ -95,10 +96,44 @@ class _Changing(dict[tuple[str, str], list[dict[str, Any]]]):
 
 
 def test_a_scrape_reads_again_an_index_that_changed_meanwhile() -> None:
-    assert opmetrics.job_phases(_Changing(changes=2)) == [("ns", "a", "Running", "NotYetReported")]
+    assert opmetrics.job_phases(_Changing(changes=2)) == [
+        opmetrics.Watched("ns", "a", "Running", "NotYetReported")
+    ]
     with pytest.raises(RuntimeError):
         opmetrics.job_phases(_Changing(changes=5))
 
 
 def test_the_client_pool_holds_every_reconcile_that_runs_at_once() -> None:
     assert reconcile.CONNECTIONS > handlers.HANDLER_THREADS + 1  # Kopf's handler threads and the timer's
+
+
+def test_an_elastic_jobs_size_is_read_from_its_status_while_it_runs_and_resizes_are_counted(
+    index: dict[Any, Any],
+) -> None:
+    """ddpjob_elastic_nodes and ddpjob_elastic_desired_nodes follow status.elastic while the job has not
+    finished (the below-desired alert must end with it); a rigid job has none; each resize a plan makes
+    counts once in ddpjob_elastic_resizes_total, by namespace and reason."""
+    elastic = _job("el", "Running")
+    elastic["status"]["elastic"] = {"nodes": 2, "desired": 3, "resizes": 0}
+    index[("ns", "el")] = [elastic]
+    index[("ns", "rigid")] = [_job("rigid", "Running")]
+    labels = {"ddpjob_namespace": "ns", "ddpjob": "el"}
+    assert REGISTRY.get_sample_value("ddpjob_elastic_nodes", labels) == 2
+    assert REGISTRY.get_sample_value("ddpjob_elastic_desired_nodes", labels) == 3
+    rigid = {"ddpjob_namespace": "ns", "ddpjob": "rigid"}
+    assert REGISTRY.get_sample_value("ddpjob_elastic_nodes", rigid) is None
+    elastic["status"]["phase"] = "Succeeded"
+    assert REGISTRY.get_sample_value("ddpjob_elastic_nodes", labels) is None
+    counted = {"ddpjob_namespace": "ns", "reason": "Scaled"}
+    before = REGISTRY.get_sample_value("ddpjob_elastic_resizes_total", counted) or 0.0
+    resized = {"elastic": {"nodes": 2, "desired": 3, "resizes": 1, "lastResize": {"reason": "Scaled"}}}
+    body = {"metadata": {"namespace": "ns", "name": "el"}, "status": {"elastic": {"resizes": 0}}}
+    opmetrics.observe_plan(body, Plan(resized))
+    opmetrics.observe_plan({**body, "status": resized}, Plan(resized))  # the next reconcile: no new resize
+    assert REGISTRY.get_sample_value("ddpjob_elastic_resizes_total", counted) == before + 1
+
+
+def test_the_families_list_is_what_the_operator_exports() -> None:
+    """tests/monitoring reads opmetrics.FAMILIES: each must be registered, or a panel could query nothing."""
+    exported = {metric.name for metric in REGISTRY.collect()}
+    assert set(opmetrics.FAMILIES) <= exported, set(opmetrics.FAMILIES) - exported

@@ -642,3 +642,41 @@ def test_a_scaled_elastic_job_resizes_its_job_in_place_without_a_new_attempt() -
 def test_a_rigid_job_is_never_resized_and_has_no_elastic_status() -> None:
     plan = decision.decide_for(_body({"phase": "Running", "attempt": 1}), [_job(1)], _running_pods(), NOW)
     assert plan.resize_job is None and "elastic" not in plan.status
+
+
+def test_an_elastic_job_below_its_minimum_waits_saying_how_short_then_fails_naming_the_shortfall() -> None:
+    """minNodes 2, desired 2: the world trained at 2 (status.elastic.nodes), then one pod is gone. The job
+    waits (Ready False, BelowMinNodes, how many nodes short and for how long, belowMinSince kept across
+    reconciles); past belowMinTimeoutSeconds it fails with that reason, naming the shortfall, without a
+    restart. A job that never reached its minimum is only starting."""
+    elastic = {"minNodes": 2, "maxNodes": 3, "belowMinTimeoutSeconds": 600}
+    previous = {"phase": "Running", "attempt": 1, "restarts": 0, "elastic": {"nodes": 2, "resizes": 0}}
+    body = _body(previous, elastic=elastic)
+    one = [_pod(1, 0), _pod(1, 1, phase="Pending", ready=False)]
+    plan = decision.decide_for(body, [_job(1)], one, NOW)
+    assert (plan.status["phase"], _conditions(plan)["Ready"]) == ("Running", ("False", "BelowMinNodes"))
+    ready = {c["type"]: c for c in plan.status["conditions"]}["Ready"]
+    assert ready["message"].startswith(
+        "waiting for 1 more node: 1 of minNodes 2 running (desired 2) for 0 s; the job fails after "
+        "spec.elastic.belowMinTimeoutSeconds (600 s)"
+    ), ready
+    assert plan.status["elastic"]["belowMinSince"] == "2026-11-22T12:00:00Z"
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "BelowMinNodes")]
+    assert plan.delete_jobs == () and plan.create_job is None
+    later = decision.decide_for(
+        {**body, "status": plan.status}, [_job(1)], one, NOW + dt.timedelta(seconds=601)
+    )
+    assert later.status["phase"] == "Failed" and later.status["restarts"] == 0, later.status
+    failed = {c["type"]: c for c in later.status["conditions"]}["Failed"]
+    assert failed["reason"] == "BelowMinNodes", failed
+    assert (
+        "only 1 of minNodes 2 nodes for 601 s, past spec.elastic.belowMinTimeoutSeconds (600 s): "
+        "short by 1 node" in failed["message"]
+    ), failed
+    assert later.delete_jobs == ("job-1",) and later.create_job is None
+    back = decision.decide_for({**body, "status": plan.status}, [_job(1)], _running_pods(), NOW)
+    assert back.status["phase"] == "Running" and "belowMinSince" not in back.status["elastic"]
+    fresh = decision.decide_for(
+        _body({"phase": "Pending", "attempt": 1}, elastic=elastic), [_job(1)], one, NOW
+    )
+    assert _conditions(fresh)["Ready"][1] != "BelowMinNodes"

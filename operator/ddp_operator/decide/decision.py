@@ -303,6 +303,15 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
             f"{spec.elastic.min_nodes}-{spec.elastic.max_nodes}); the others join at a step boundary",
         )
         out.condition(reasons.READY, True, reasons.BELOW_DESIRED, f"{ready}/{spec.nodes} pods ready")
+    elif (short := resize.below_min(spec, inputs.previous, ready, inputs.now)) is not None:
+        message = short.message(spec, facts.unschedulable)
+        if short.over:
+            outcome = restarts.Outcome(False, reason=reasons.BELOW_MIN_NODES, message=message)
+            if (sized := resize.decide(spec, job, inputs.previous, ready, inputs.now)) is not None:
+                out.values["elastic"] = sized.status
+            return _end_attempt(inputs, out, job.name, outcome, True)
+        out.phase(reasons.RUNNING, reasons.BELOW_MIN_NODES, message, warning=True)
+        out.condition(reasons.READY, False, reasons.BELOW_MIN_NODES, message)
     elif (found := inputs.storage) is not None:
         # before the scheduler's message: it says only "pod has unbound immediate PersistentVolumeClaims"
         out.phase(reasons.PENDING, found.reason, found.message, warning=found.fault)

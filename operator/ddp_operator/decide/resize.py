@@ -18,7 +18,7 @@ from typing import Any
 from ddp_operator.api import reasons
 from ddp_operator.api.spec import Spec
 from ddp_operator.decide.plan import Event
-from ddp_operator.decide.status import stamp
+from ddp_operator.decide.status import parse_time, stamp
 from ddp_operator.observe.facts import JobFacts
 
 
@@ -48,6 +48,8 @@ def decide(
     }
     if "lastResize" in before:
         status["lastResize"] = before["lastResize"]
+    if (since := below_min_since(spec, previous, ready, now)) is not None:
+        status["belowMinSince"] = stamp(since)
     status["summary"] = f"{ready}/{spec.nodes} ({spec.elastic.min_nodes}-{spec.elastic.max_nodes})"
     size = job.parallelism
     if size is None or size == spec.nodes:
@@ -60,3 +62,55 @@ def decide(
         "step; no new attempt, no restart spent"
     )
     return Resize((job.name, spec.nodes), status, Event("Normal", reasons.RESIZED, message))
+
+
+@dataclass(frozen=True)
+class BelowMin:
+    """An elastic job that trained and has fewer than ``minNodes`` nodes now: how short, since when, and
+    whether it has waited past ``belowMinTimeoutSeconds``."""
+
+    ready: int
+    short: int
+    waited: float
+    over: bool
+
+    def message(self, spec: Spec, unschedulable: str | None = None) -> str:
+        assert spec.elastic is not None
+        bound = spec.elastic.below_min_timeout_seconds
+        plural = "s" if self.short > 1 else ""
+        why = f"; the missing pods: {unschedulable}" if unschedulable else ""
+        if self.over:
+            return (
+                f"only {self.ready} of minNodes {spec.elastic.min_nodes} nodes for {self.waited:.0f} s, "
+                f"past spec.elastic.belowMinTimeoutSeconds ({bound} s): short by {self.short} node{plural}"
+                f"{why}; not restarting (a new gang would wait for the same nodes)"
+            )
+        return (
+            f"waiting for {self.short} more node{plural}: {self.ready} of minNodes {spec.elastic.min_nodes} "
+            f"running (desired {spec.nodes}) for {self.waited:.0f} s; the job fails after "
+            f"spec.elastic.belowMinTimeoutSeconds ({bound} s){why}"
+        )
+
+
+def below_min_since(
+    spec: Spec, previous: Mapping[str, Any], ready: int, now: dt.datetime
+) -> dt.datetime | None:
+    """Since when an elastic job that had trained (its world was at least ``minNodes``) has had fewer than
+    ``minNodes`` nodes; None when it has enough, or has not yet trained (the start timeout covers that)."""
+    if spec.elastic is None or ready >= spec.elastic.min_nodes:
+        return None
+    before = previous.get("elastic") or {}
+    if (since := parse_time(before.get("belowMinSince"))) is not None:
+        return since
+    was = before.get("nodes")
+    return now if isinstance(was, int) and was >= spec.elastic.min_nodes else None
+
+
+def below_min(spec: Spec, previous: Mapping[str, Any], ready: int, now: dt.datetime) -> BelowMin | None:
+    """:func:`below_min_since` as what the status says: how many nodes short and for how long."""
+    since = below_min_since(spec, previous, ready, now)
+    if since is None or spec.elastic is None:
+        return None
+    waited = (now - since).total_seconds()
+    short = spec.elastic.min_nodes - ready
+    return BelowMin(ready, short, waited, waited >= spec.elastic.below_min_timeout_seconds)

@@ -131,6 +131,8 @@ def decide(
         return Decision(
             Action.FAIL, reasons.INVALID_SPEC, outcome.message or "the spec is invalid; not restarting"
         )
+    if outcome.reason == reasons.BELOW_MIN_NODES:  # a new gang would wait for the same missing nodes
+        return Decision(Action.FAIL, reasons.BELOW_MIN_NODES, f"attempt {attempt}: {outcome.message}")
     if outcome.reason == reasons.DEADLINE_EXCEEDED:
         return Decision(
             Action.FAIL, reasons.DEADLINE_EXCEEDED, "activeDeadlineSeconds passed; not restarting"

@@ -1,5 +1,5 @@
 """The operator's Prometheus metrics (``ddpjob_*``): jobs by phase, one info series per job, reconciles,
-gang restarts.
+gang restarts, and an elastic job's size (the nodes training now, the desired count, resizes by reason).
 
 No label is called ``namespace`` or ``job``: Prometheus sets those on the target (the operator's own), and
 a scraped label of that name would be renamed ``exported_*``. Every label value exists from the start.
@@ -8,6 +8,7 @@ a scraped label of that name would be renamed ``exported_*``. Every label value 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
@@ -15,7 +16,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ddp_operator.decide.plan import Plan
-from ddp_operator.decide.status import PHASES
+from ddp_operator.decide.status import PHASES, TERMINAL
 from ddp_trainer import contract
 
 JOBS_HELP = "DDPJobs this operator watches, by phase."
@@ -30,6 +31,25 @@ SYNC_STATE_HELP = (
     "built a DDP model: nothing to verify), NotYetReported."
 )
 SYNC_STATE_LABELS = (contract.NAMESPACE_LABEL, contract.JOB_LABEL, "reason")
+ELASTIC_NODES_HELP = (
+    "An elastic DDPJob's world now: the nodes training (status.elastic.nodes), while it has not finished."
+)
+ELASTIC_DESIRED_HELP = "An elastic DDPJob's desired nodes (spec.nodes), while it has not finished."
+JOB_LABELS = (contract.NAMESPACE_LABEL, contract.JOB_LABEL)
+FAMILIES = (
+    "ddpjob_jobs",
+    "ddpjob_job_info",
+    "ddpjob_sync_state",
+    "ddpjob_elastic_nodes",
+    "ddpjob_elastic_desired_nodes",
+    "ddpjob_elastic_resizes",
+    "ddpjob_reconciles",
+    "ddpjob_reconcile_duration_seconds",
+    "ddpjob_gang_restarts",
+    "ddpjob_gang_restarts_in_place",
+)
+"""Every family this module exports (tests/monitoring reads it: the dashboard and the alerts query only
+these, and a real Prometheus scraping the operator sees each)."""
 Bodies = Mapping[Any, Iterable[Mapping[str, Any]]]
 
 
@@ -49,27 +69,46 @@ class WatchedJobs(Collector):
         return iter(self._families())
 
     def collect(self) -> Iterator[Metric]:
-        jobs, info, sync = self._families()
+        jobs, info, sync, nodes, desired = families = self._families()
         counts = dict.fromkeys(PHASES, 0)
-        for namespace, name, phase, reason in job_phases(self.bodies):
+        for job in job_phases(self.bodies):
+            namespace, name, phase = job.namespace, job.name, job.phase
             counts[phase] = counts.get(phase, 0) + 1
             info.add_metric([namespace, name, phase], 1)
-            sync.add_metric([namespace, name, reason], 1)
+            sync.add_metric([namespace, name, job.sync], 1)
+            if job.elastic is not None and phase not in TERMINAL:
+                nodes.add_metric([namespace, name], job.elastic[0])
+                desired.add_metric([namespace, name], job.elastic[1])
         for phase, count in counts.items():
             jobs.add_metric([phase], count)
-        return iter((jobs, info, sync))
+        return iter(families)
 
     @staticmethod
-    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+    def _families() -> tuple[GaugeMetricFamily, ...]:
         return (
             GaugeMetricFamily("ddpjob_jobs", JOBS_HELP, labels=["phase"]),
             GaugeMetricFamily("ddpjob_job_info", JOB_INFO_HELP, labels=JOB_INFO_LABELS),
             GaugeMetricFamily("ddpjob_sync_state", SYNC_STATE_HELP, labels=SYNC_STATE_LABELS),
+            GaugeMetricFamily("ddpjob_elastic_nodes", ELASTIC_NODES_HELP, labels=JOB_LABELS),
+            GaugeMetricFamily("ddpjob_elastic_desired_nodes", ELASTIC_DESIRED_HELP, labels=JOB_LABELS),
         )
 
 
-def job_phases(bodies: Bodies, attempts: int = 5) -> list[tuple[str, str, str, str]]:
-    """(namespace, name, phase, SyncVerified reason) of every DDPJob in ``bodies``. Kopf's event loop writes
+@dataclass(frozen=True)
+class Watched:
+    """What the metrics say of one DDPJob in the index."""
+
+    namespace: str
+    name: str
+    phase: str
+    sync: str
+    """Its SyncVerified condition's reason."""
+    elastic: tuple[int, int] | None = None
+    """An elastic job's (nodes now, desired nodes)."""
+
+
+def job_phases(bodies: Bodies, attempts: int = 5) -> list[Watched]:
+    """What the metrics say of every DDPJob in ``bodies``. Kopf's event loop writes
     its index while a scrape (another thread) reads it: a read that saw it change ("changed size during
     iteration", or a key gone meanwhile) is read again, up to ``attempts`` reads in all."""
     for _ in range(attempts - 1):
@@ -80,12 +119,26 @@ def job_phases(bodies: Bodies, attempts: int = 5) -> list[tuple[str, str, str, s
     return _read(bodies)
 
 
-def _read(bodies: Bodies) -> list[tuple[str, str, str, str]]:
+def _read(bodies: Bodies) -> list[Watched]:
     return [
-        (body["metadata"]["namespace"], body["metadata"]["name"], _phase(body), _sync_reason(body))
+        Watched(
+            body["metadata"]["namespace"],
+            body["metadata"]["name"],
+            _phase(body),
+            _sync_reason(body),
+            _size(body),
+        )
         for group in list(bodies.values())
         for body in list(group)
     ]
+
+
+def _size(body: Mapping[str, Any]) -> tuple[int, int] | None:
+    elastic = (body.get("status") or {}).get("elastic")
+    if not isinstance(elastic, Mapping):
+        return None
+    nodes, desired = elastic.get("nodes"), elastic.get("desired")
+    return (nodes, desired) if isinstance(nodes, int) and isinstance(desired, int) else None
 
 
 def _sync_reason(body: Mapping[str, Any]) -> str:
@@ -114,6 +167,11 @@ GANG_RESTARTS_IN_PLACE = Counter(
     "Gang restarts done in place (same pods; also counted in ddpjob_gang_restarts), by namespace.",
     ["ddpjob_namespace"],
 )
+ELASTIC_RESIZES = Counter(
+    "ddpjob_elastic_resizes",
+    "Elastic DDPJobs' Jobs resized in place, by namespace and why (Scaled: spec.nodes changed).",
+    ["ddpjob_namespace", "reason"],
+)
 RECONCILE_RESULTS = ("ok", "error")
 for _result in RECONCILE_RESULTS:
     RECONCILES.labels(_result)
@@ -132,6 +190,12 @@ def observe_plan(body: Mapping[str, Any], plan: Plan) -> None:
     after = int(plan.status.get("restartsInPlace") or 0)
     if after > before:
         GANG_RESTARTS_IN_PLACE.labels(body["metadata"]["namespace"]).inc(after - before)
+    old = (body.get("status") or {}).get("elastic") or {}
+    new = plan.status.get("elastic") or {}
+    grown = int(new.get("resizes") or 0) - int(old.get("resizes") or 0)
+    if grown > 0:
+        reason = str((new.get("lastResize") or {}).get("reason") or "Scaled")
+        ELASTIC_RESIZES.labels(body["metadata"]["namespace"], reason).inc(grown)
 
 
 def observe_reconcile(result: str, seconds: float) -> None:
