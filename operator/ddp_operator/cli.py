@@ -42,9 +42,22 @@ def _validate(args: argparse.Namespace) -> int:
                 f"{path}: {crd.KIND}/{spec.name}: valid ({spec.nodes} nodes × {spec.procs_per_node} "
                 f"procs = {spec.world_size} ranks, {spec.device}/{spec.backend})"
             )
-            for warning in warnings(spec) + _script_warnings(spec, Path(path)):
+            found = (
+                warnings(spec) + _script_warnings(spec, Path(path)) + _pod_security(spec, args.pod_security)
+            )
+            for warning in found:
                 print(f"{path}: {crd.KIND}/{spec.name}: warning: {warning}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _pod_security(spec: Spec, level: str | None) -> list[str]:
+    """What Pod Security admission at ``level`` would refuse in the pods (none when no level is asked)."""
+    from ddp_operator.api import podsecurity
+
+    if level is None:
+        return []
+    pod = render.render_job(spec, 1)["spec"]["template"]["spec"]
+    return podsecurity.violations(pod, level)
 
 
 def _script_warnings(spec: Spec, path: Path) -> list[str]:
@@ -192,6 +205,12 @@ def build_parser() -> argparse.ArgumentParser:
         "problem (field, value, what is accepted) if any file is refused.",
     )
     validate.add_argument("files", nargs="+", metavar="FILE")
+    validate.add_argument(
+        "--pod-security",
+        choices=["baseline", "restricted"],
+        help="also warn about what a namespace enforcing this Pod Security level would refuse in the pods "
+        "(pod-security.kubernetes.io/enforce), naming each field",
+    )
     validate.set_defaults(run=_validate)
 
     rendered = commands.add_parser(

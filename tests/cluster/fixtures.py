@@ -84,10 +84,11 @@ class Cluster:
         """A kubeconfig that authenticates as ``system:serviceaccount:<namespace>:<name>``."""
         return serviceaccounts.write_kubeconfig(self.kube, self.layout, namespace, name)
 
-    def create_namespace(self, prefix: str = "t") -> str:
+    def create_namespace(self, prefix: str = "t", labels: dict[str, str] | None = None) -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        metadata: dict[str, Any] = {"name": name, **({"labels": labels} if labels else {})}
         self.kube.create(
-            "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+            "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
         )
         wait_for(
             lambda: self.kube.get_or_none(f"/api/v1/namespaces/{name}/serviceaccounts/default"),

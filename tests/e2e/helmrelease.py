@@ -41,16 +41,20 @@ CLUSTER_KINDS = ("clusterroles", "clusterrolebindings", "clusterkopfpeerings.kop
 
 
 @contextlib.contextmanager
-def installed(cluster: Cluster, prefix: str, **values: Any) -> Iterator[Release]:
+def installed(
+    cluster: Cluster, prefix: str, *, pod_security: str | None = None, **values: Any
+) -> Iterator[Release]:
     """The chart installed with ``values`` (dotted keys), watching a namespace of its own
     (``<prefix>-jobs-*``, the operator in ``<prefix>-op-*``); uninstalled and both namespaces deleted after.
+    ``pod_security``: both namespaces enforce that Pod Security level (their ``enforce`` label).
     The session's cluster-wide operator is paused meanwhile (two must not reconcile the same DDPJobs)."""
+    labels = {"pod-security.kubernetes.io/enforce": pod_security} if pod_security else None
     with session_operator_paused():
         release = Release(
             cluster,
             name=f"{prefix[0]}{uuid.uuid4().hex[:6]}",
-            namespace=cluster.create_namespace(f"{prefix}-op"),
-            jobs=cluster.create_namespace(f"{prefix}-jobs"),
+            namespace=cluster.create_namespace(f"{prefix}-op", labels),
+            jobs=cluster.create_namespace(f"{prefix}-jobs", labels),
         )
         try:
             release.install(**values)

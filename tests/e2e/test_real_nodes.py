@@ -3,9 +3,12 @@
 it reconciles train across both real nodes from the trainer image, verified: the built-in trainer, the
 no-code and plain-loop examples as shipped (their scripts are in the trainer image, and the init
 container copies the sync hook into a volume the kubelet shares with the trainer container), the
-quickstart with its claim bound to a PersistentVolume that the kubelets mount; and a lost node. Skipped,
-saying why, where real nodes cannot run (``realfixture.real_nodes``). The other e2e modules run
-their pods on these nodes too, under the operator as a local process (tests/e2e/conftest.py).
+quickstart with its claim bound to a PersistentVolume that the kubelets mount; and a lost node. Both
+namespaces (the operator's and the jobs') enforce Pod Security ``restricted``, as platform teams label
+training namespaces: every pod above is admitted as rendered, and a spec that breaks the level is refused
+by the API server, which the DDPJob's status says, naming the field. Skipped, saying why, where real nodes
+cannot run (``realfixture.real_nodes``). The other e2e modules run their pods on these nodes too, under the
+operator as a local process (tests/e2e/conftest.py).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from cluster import realfixture
 from cluster.fixtures import Cluster, manifests, wait_for
 from cluster.nodeconfig import RealNode
 
-from .conftest import ON_REAL_NODES, REPO, children, container_pid, wait_phase, writable_folder
+from .conftest import ON_REAL_NODES, REPO, children, container_pid, events, get, wait_phase, writable_folder
 from .helmrelease import Release, installed
 from .operator_process import ddpjob
 
@@ -35,7 +38,7 @@ def host_uid(nodes: list[RealNode], pod: dict[str, Any], container: str) -> str:
 
 @pytest.fixture(scope="module")
 def release(cluster: Cluster, real_nodes: list[RealNode]) -> Iterator[Release]:
-    with installed(cluster, "real", **ON_REAL_NODES) as installed_release:
+    with installed(cluster, "real", pod_security="restricted", **ON_REAL_NODES) as installed_release:
         yield installed_release
 
 
@@ -131,6 +134,62 @@ def test_the_quickstart_trains_on_real_nodes_with_its_claim_mounted_by_the_kubel
         cluster.kubectl("delete", "pv", f"rwo-{ns}", "--wait=false", check=False)
 
 
+def shared_claim(namespace: str, name: str, folder: Path) -> list[dict[str, Any]]:
+    """A ReadWriteMany hostPath PersistentVolume bound to claim ``name`` in ``namespace``, and the claim."""
+    volume = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": f"{name}-{namespace}"},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteMany"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "hostPath": {"path": str(folder)},
+            "claimRef": {"namespace": namespace, "name": name},
+        },
+    }
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "resources": {"requests": {"storage": "1Gi"}},
+            "storageClassName": "",
+            "volumeName": f"{name}-{namespace}",
+        },
+    }
+    return [volume, claim]
+
+
+def test_a_pod_security_refusal_is_said_naming_the_field_and_nothing_of_the_gang_exists(
+    cluster: Cluster, release: Release
+) -> None:
+    """In the restricted namespace, a podTemplate with hostNetwork: the Job is created, the API server
+    refuses its pods (the Job controller's FailedCreate events), and the DDPJob says so: Pending, reason
+    PodSecurity, the API server's words and the field; no pod exists and no restart is spent."""
+    doc = ddpjob("hostnet", podTemplate={**ON_REAL_NODES, "hostNetwork": True}, trainer={"steps": 10})
+    cluster.kubectl("apply", "-n", release.jobs, "-f", "-", input=manifests(doc))
+
+    def said() -> dict[str, Any] | None:
+        status = get(cluster, release.jobs, "hostnet").get("status", {})
+        ready = {c["type"]: c for c in status.get("conditions", [])}.get("Ready", {})
+        return status if ready.get("reason") == "PodSecurity" else None
+
+    status = wait_for(said, what="the DDPJob's Ready reason PodSecurity", timeout=120, every=1)
+    ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+    assert status["phase"] == "Pending" and status.get("restarts", 0) == 0, status
+    assert 'violates PodSecurity "restricted:latest"' in ready["message"], ready
+    assert "host namespaces (hostNetwork=true)" in ready["message"], ready
+    assert (
+        'spec.podTemplate.hostNetwork: true is not allowed under Pod Security "restricted"'
+        in (ready["message"])
+    ), ready
+    assert children(cluster, release.jobs, "pods", "hostnet") == []
+    assert [e["type"] for e in events(cluster, release.jobs, "hostnet", "PodSecurity")] == ["Warning"]
+    cluster.kubectl("delete", "ddpjob", "hostnet", "-n", release.jobs, "--wait=false")
+
+
 def test_a_lost_real_node_restarts_the_gang_on_the_node_that_remains(
     cluster: Cluster, real_nodes: list[RealNode], release: Release, tmp_path: Path
 ) -> None:
@@ -138,9 +197,12 @@ def test_a_lost_real_node_restarts_the_gang_on_the_node_that_remains(
     containers that die with their node. The node lost is the one without the operator's pod."""
     folder = writable_folder(tmp_path / "ckpt")
     ns = release.jobs
+    # the checkpoints on a claim (restricted refuses a hostPath volume in the pod): a ReadWriteMany volume
+    # both kubelets mount, as a shared filesystem would be (both real nodes are this machine)
+    cluster.kubectl("apply", "-f", "-", input=manifests(*shared_claim(ns, "lost-ckpt", folder)))
     doc = ddpjob(
         "lost",
-        checkpoint={"volume": {"hostPath": {"path": str(folder)}}, "mountPath": "/ckpt"},
+        checkpoint={"volume": {"persistentVolumeClaim": {"claimName": "lost-ckpt"}}, "mountPath": "/ckpt"},
         trainer={"steps": 160, "checkpointEvery": 20},
         syncCheck={"everySteps": 20},
         nodeLostTolerationSeconds=10,

@@ -88,7 +88,8 @@ class StartupFailure:
         where = f" init container {self.container}" if self.init else f" container {self.container}"
         quoted = f": {self.message}" if self.message else " (the kubelet gives no message)"
         then = "it will not fix itself: " if self.final else ""
-        return f"pod {self.pod}{where if self.container else ''}: {self.waiting}{quoted}; {then}{self.fix}"
+        what = f"Job {self.pod}" if self.waiting == "FailedCreate" else f"pod {self.pod}"
+        return f"{what}{where if self.container else ''}: {self.waiting}{quoted}; {then}{self.fix}"
 
 
 def same_cause(reason: str, other: str) -> bool:

@@ -23,7 +23,7 @@ from kubernetes.client.exceptions import ApiException
 from ddp_operator.api import crd, reasons
 from ddp_operator.decide.decision import decide_for, refused
 from ddp_operator.decide.plan import Plan
-from ddp_operator.observe import claims, mounts
+from ddp_operator.observe import claims, mounts, podsecurity
 from ddp_operator.runtime import opmetrics
 from ddp_operator.runtime.recent import Recent
 from ddp_operator.runtime.scraper import Scraper
@@ -54,7 +54,8 @@ def reconcile(
         snapshot = scraper.latest(key) if scraper else None
         now = dt.datetime.now(dt.UTC)
         claim = read_claim(body, pods)
-        plan = decide_for(body, jobs, pods, now, snapshot, claim, workloads, read_mounts(body, pods, now))
+        events = read_mounts(body, pods, now) + read_refusals(body, jobs, pods, now)
+        plan = decide_for(body, jobs, pods, now, snapshot, claim, workloads, events)
         _scrape(scraper, key, plan)
         try:
             try:
@@ -112,6 +113,29 @@ def read_mounts(
         if exc.status != 403:
             raise
         logging.getLogger(__name__).warning(f"cannot read the pods' events ({exc.status} {exc.reason})")
+        return ()
+    items = (found or {}).get("items", [])
+    return tuple(e for e in items if (e.get("involvedObject") or {}).get("name") in waiting)
+
+
+def read_refusals(
+    body: Mapping[str, Any], jobs: list[dict[str, Any]], pods: list[dict[str, Any]], now: dt.datetime
+) -> tuple[dict[str, Any], ...]:
+    """The Job controller's ``FailedCreate`` events on a Job without pods (:func:`podsecurity.jobs_to_read`:
+    Pod Security admission may have refused them): one LIST then, none once the pods exist."""
+    if (body.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Suspended"):
+        return ()
+    waiting = set(podsecurity.jobs_to_read(jobs, pods, now))
+    if not waiting:
+        return ()
+    core, namespace = kubernetes.client.CoreV1Api(_client()), body["metadata"]["namespace"]
+    selector = f"involvedObject.kind=Job,reason={podsecurity.FAILED_CREATE}"
+    try:
+        found = _ignore((), core.list_namespaced_event, namespace, field_selector=selector)
+    except ApiException as exc:
+        if exc.status != 403:
+            raise
+        logging.getLogger(__name__).warning(f"cannot read the Jobs' events ({exc.status} {exc.reason})")
         return ()
     items = (found or {}).get("items", [])
     return tuple(e for e in items if (e.get("involvedObject") or {}).get("name") in waiting)
