@@ -32,10 +32,10 @@ FROM runtime AS trainer
 # torch from PyPI brings its own CUDA runtime; the node's driver is all the GPU side needs.
 # s3: checkpoints in object storage (spec.checkpoint.s3); a small client, imported only when used
 RUN pip install --no-cache-dir "/wheels/ddpjob-0.1.0-py3-none-any.whl[trainer,s3]"
-# the examples' plain torch scripts, so examples/no-code.yaml, plain-loop.yaml and hsdp.yaml run as shipped
+# the examples' plain torch scripts, so examples/no-code.yaml, plain-loop.yaml, hsdp.yaml and elastic-loop.yaml run as shipped
 # (their args name examples/<script>.py, relative to the working directory)
 WORKDIR /home/ddpjob
-COPY examples/plain_ddp.py examples/plain_loop.py examples/hsdp.py examples/
+COPY examples/plain_ddp.py examples/plain_loop.py examples/hsdp.py examples/elastic_loop.py examples/
 USER 1000:1000
 EXPOSE 29500 9400
 # torchrun (its elastic agent restarts the gang in place) with the bookkeeping of ddp_trainer.launch

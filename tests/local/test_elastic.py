@@ -19,6 +19,7 @@ from ddp_operator.local import elastic
 from local.jobs import job, unique_name
 
 ELASTIC = {"minNodes": 1, "maxNodes": 3}
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _spec(**overrides: object) -> Spec:
@@ -70,6 +71,47 @@ def _pids_of(job: str, node_rank: int) -> list[int]:
     return found
 
 
+def _lose_pod(tmp_path: Path, name: str, file: str, node: int, saved: str) -> str:
+    """`ddpjob local FILE` in ``tmp_path``; once a checkpoint matching ``saved`` exists, every process of
+    pod ``node`` is SIGKILLed, as a lost node; everything it printed, after it ended with exit 0."""
+    argv = [sys.executable, "-m", "ddp_operator", "local", file, "--workdir", "runs"]
+    process = subprocess.Popen(
+        argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    checkpoints = tmp_path / "runs" / name / "volumes" / "checkpoint"
+    deadline = time.monotonic() + 120
+    while not list(checkpoints.glob(saved)):
+        assert process.poll() is None and time.monotonic() < deadline, "no checkpoint before the loss"
+        time.sleep(0.1)
+    victims = _pids_of(name, node)
+    assert victims, f"no process of pod {node}"
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    out, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, out
+    return out
+
+
+@pytest.mark.slow
+def test_a_users_elastic_script_resumes_in_each_world_and_each_world_is_verified(tmp_path: Path) -> None:
+    """examples/elastic-loop.yaml as shipped but for its name and length: a script of the user's
+    (examples/elastic_loop.py: SyncHealth, its own checkpoint, its share of a fixed global batch). Pod 1
+    is lost after the first save; the others resume at world size 2 from it, the replacement grows the
+    world back, and each world is verified before its first step (SyncHealth says so for ddpjob local)."""
+    doc = yaml.safe_load((EXAMPLES / "elastic-loop.yaml").read_text())
+    name = doc["metadata"]["name"] = unique_name()
+    doc["spec"]["env"] = [{"name": "STEPS", "value": "120"}]
+    doc["spec"]["args"][0] = str(EXAMPLES / "elastic_loop.py")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    out = _lose_pod(tmp_path, name, "job.yaml", 1, "elastic-loop.pt")
+    assert f"ddpjob local: {name}: Succeeded" in out and "after 1 attempt(s)" in out, out
+    summary = next(line for line in out.splitlines() if "elastic: ran at world sizes" in line)
+    sizes = summary.split("world sizes ", 1)[1].split(" (ranks)")[0].split(" → ")
+    assert sizes[0] == "3" and "2" in sizes and sizes[-1] == "3", summary
+    assert "world size 2: resumed from step " in out and "trained to step 120 at world size 3" in out, out
+    assert "replicas verified bit-identical" in out, out
+
+
 @pytest.mark.slow
 def test_losing_node_0_shrinks_the_world_and_its_replacement_grows_it_back(tmp_path: Path) -> None:
     """Three pods of one process; once the first checkpoint is written, every process of pod 0 (node 0,
@@ -87,21 +129,7 @@ def test_losing_node_0_shrinks_the_world_and_its_replacement_grows_it_back(tmp_p
         syncCheck={"everySteps": 20},
     )
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
-    argv = [sys.executable, "-m", "ddp_operator", "local", "job.yaml", "--workdir", "runs"]
-    process = subprocess.Popen(
-        argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    checkpoints = tmp_path / "runs" / name / "volumes" / "checkpoint"
-    deadline = time.monotonic() + 120
-    while not list(checkpoints.glob("step-*.pt")):
-        assert process.poll() is None and time.monotonic() < deadline, "no checkpoint before the loss"
-        time.sleep(0.1)
-    victims = _pids_of(name, 0)
-    assert victims, "no process of pod 0"
-    for pid in victims:
-        os.kill(pid, signal.SIGKILL)
-    out, _ = process.communicate(timeout=300)
-    assert process.returncode == 0, out
+    out = _lose_pod(tmp_path, name, "job.yaml", 0, "step-*.pt")
     assert f"ddpjob local: {name}: Succeeded" in out and "after 1 attempt(s)" in out, out
     assert f"{name}-1-0 exited -9: the other 2 pod(s) go on at a smaller world (elastic)" in out, out
     summary = next(line for line in out.splitlines() if "elastic: ran at world sizes" in line)

@@ -4,6 +4,7 @@ API server's refusal read back (``observe.podsecurity``): each finding names the
 from __future__ import annotations
 
 import datetime as dt
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -150,3 +151,34 @@ def test_validate_warns_offline_naming_the_field(tmp_path: Path) -> None:
         [*cmd[:-1], str(REPO / "examples" / "no-code.yaml")], capture_output=True, text=True
     )
     assert quiet.returncode == 0 and "Pod Security" not in quiet.stderr, quiet.stderr
+
+
+class _Events:
+    """CoreV1Api's event list, as the API server answers it."""
+
+    def __init__(self, items: list[dict[str, Any]]) -> None:
+        self.items, self.calls = items, []  # type: ignore[var-annotated]
+
+    def __call__(self, _client: Any = None) -> _Events:
+        return self
+
+    def list_namespaced_event(self, namespace: str, field_selector: str, _preload_content: bool) -> Any:
+        self.calls.append((namespace, field_selector))
+        return type("Response", (), {"data": json.dumps({"items": self.items})})()
+
+
+def test_the_runtime_lists_failed_creates_only_while_a_job_has_no_pod(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ddp_operator.runtime import reconcile
+
+    job = _job()
+    api = _Events([_event("psa-1"), _event("someone-else-1")])
+    monkeypatch.setattr(reconcile, "_client", lambda: None)
+    monkeypatch.setattr(reconcile.kubernetes.client, "CoreV1Api", api)
+    body = {"metadata": {"name": "psa", "namespace": "ml"}, "status": {"phase": "Pending"}}
+    found = reconcile.read_events(body, [job], [], NOW)
+    assert [e["involvedObject"]["name"] for e in found] == ["psa-1"]
+    assert api.calls == [("ml", "involvedObject.kind=Job,reason=FailedCreate")]
+    pod = {"metadata": {"labels": dict(job["spec"]["template"]["metadata"]["labels"])}}
+    assert reconcile.read_events(body, [job], [pod], NOW) == () and len(api.calls) == 1  # its pods exist

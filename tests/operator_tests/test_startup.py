@@ -443,11 +443,13 @@ def test_the_runtime_lists_failed_mounts_only_while_a_pods_volumes_wait(
     api = _Events([failed_mount(MOUNT_NOT_FOUND), failed_mount(MOUNT_NOT_FOUND, pod="someone-else")])
     monkeypatch.setattr(reconcile, "_client", lambda: None)
     monkeypatch.setattr(reconcile.kubernetes.client, "CoreV1Api", api)
-    assert reconcile.read_mounts(body, [kubelet_pod(0)], now) == () and api.calls == []  # nothing waits
-    found = reconcile.read_mounts(body, [mounting_pod(0)], now)
+    assert reconcile.read_events(body, [], [kubelet_pod(0)], now) == () and api.calls == []  # nothing waits
+    found = reconcile.read_events(body, [], [mounting_pod(0)], now)
     assert [e["involvedObject"]["name"] for e in found] == ["job-1-0-x7k2p"]
     assert api.calls == [("team-a", "involvedObject.kind=Pod,reason=FailedMount")]
     finished = {**body, "status": {"phase": "Succeeded"}}
-    assert reconcile.read_mounts(finished, [mounting_pod(0)], now) == ()
+    assert reconcile.read_events(finished, [], [mounting_pod(0)], now) == ()
     monkeypatch.setattr(reconcile.kubernetes.client, "CoreV1Api", _Events([], status=403))
-    assert reconcile.read_mounts(body, [mounting_pod(0)], now) == ()  # an older chart: no reading, no failure
+    assert (
+        reconcile.read_events(body, [], [mounting_pod(0)], now) == ()
+    )  # an older chart: no reading, no failure

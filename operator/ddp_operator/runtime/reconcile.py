@@ -54,7 +54,7 @@ def reconcile(
         snapshot = scraper.latest(key) if scraper else None
         now = dt.datetime.now(dt.UTC)
         claim = read_claim(body, pods)
-        events = read_mounts(body, pods, now) + read_refusals(body, jobs, pods, now)
+        events = read_events(body, jobs, pods, now)
         plan = decide_for(body, jobs, pods, now, snapshot, claim, workloads, events)
         _scrape(scraper, key, plan)
         try:
@@ -95,50 +95,38 @@ def read_claim(body: Mapping[str, Any], pods: list[dict[str, Any]]) -> claims.Cl
         return None
 
 
-def read_mounts(
-    body: Mapping[str, Any], pods: list[dict[str, Any]], now: dt.datetime
-) -> tuple[dict[str, Any], ...]:
-    """The kubelet's ``FailedMount`` events on the pods whose volumes wait (:func:`mounts.pods_to_read`):
-    one LIST while a pod's sandbox waits for its volumes, none otherwise."""
-    if (body.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Suspended"):
-        return ()
-    waiting = set(mounts.pods_to_read(pods, now))
-    if not waiting:
-        return ()
-    core, namespace = kubernetes.client.CoreV1Api(_client()), body["metadata"]["namespace"]
-    selector = f"involvedObject.kind=Pod,reason={mounts.FAILED_MOUNT}"
-    try:
-        found = _ignore((), core.list_namespaced_event, namespace, field_selector=selector)
-    except ApiException as exc:
-        if exc.status != 403:
-            raise
-        logging.getLogger(__name__).warning(f"cannot read the pods' events ({exc.status} {exc.reason})")
-        return ()
-    items = (found or {}).get("items", [])
-    return tuple(e for e in items if (e.get("involvedObject") or {}).get("name") in waiting)
-
-
-def read_refusals(
+def read_events(
     body: Mapping[str, Any], jobs: list[dict[str, Any]], pods: list[dict[str, Any]], now: dt.datetime
 ) -> tuple[dict[str, Any], ...]:
-    """The Job controller's ``FailedCreate`` events on a Job without pods (:func:`podsecurity.jobs_to_read`:
-    Pod Security admission may have refused them): one LIST then, none once the pods exist."""
+    """The events the decision needs beside the indexes: the kubelet's ``FailedMount`` on the pods whose
+    volumes wait (:func:`mounts.pods_to_read`) and the Job controller's ``FailedCreate`` on a Job without
+    pods (:func:`podsecurity.jobs_to_read`: Pod Security may have refused them). One LIST for each that
+    waits, none once the pods run."""
     if (body.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Suspended"):
         return ()
-    waiting = set(podsecurity.jobs_to_read(jobs, pods, now))
-    if not waiting:
-        return ()
+    wanted = (
+        ("Pod", mounts.FAILED_MOUNT, set(mounts.pods_to_read(pods, now))),
+        ("Job", podsecurity.FAILED_CREATE, set(podsecurity.jobs_to_read(jobs, pods, now))),
+    )
     core, namespace = kubernetes.client.CoreV1Api(_client()), body["metadata"]["namespace"]
-    selector = f"involvedObject.kind=Job,reason={podsecurity.FAILED_CREATE}"
-    try:
-        found = _ignore((), core.list_namespaced_event, namespace, field_selector=selector)
-    except ApiException as exc:
-        if exc.status != 403:
-            raise
-        logging.getLogger(__name__).warning(f"cannot read the Jobs' events ({exc.status} {exc.reason})")
-        return ()
-    items = (found or {}).get("items", [])
-    return tuple(e for e in items if (e.get("involvedObject") or {}).get("name") in waiting)
+    found: list[dict[str, Any]] = []
+    for kind, reason, waiting in wanted:
+        if not waiting:
+            continue
+        selector = f"involvedObject.kind={kind},reason={reason}"
+        try:
+            items = (_ignore((), core.list_namespaced_event, namespace, field_selector=selector) or {}).get(
+                "items", []
+            )
+        except ApiException as exc:
+            if exc.status != 403:
+                raise
+            logging.getLogger(__name__).warning(
+                f"cannot read the {kind}s' events ({exc.status} {exc.reason})"
+            )
+            continue
+        found += [e for e in items if (e.get("involvedObject") or {}).get("name") in waiting]
+    return tuple(found)
 
 
 def _read_claim(

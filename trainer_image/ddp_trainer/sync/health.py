@@ -97,6 +97,21 @@ class Tracked:
     epoch: int | None = None
 
 
+def say_world(world_size: int, step: int) -> None:
+    """An elastic job's new world, verified before its first step, on stderr as the built-in trainer logs
+    it (``ddpjob local`` lists each world from these lines: :data:`ddp_trainer.contract.ELASTIC_WORLD_LOG`).
+    Every resize restarts the workers, so a script's ``SyncHealth`` (or the hook's) is built anew in each
+    world and says it once."""
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f",{int(now % 1 * 1000):03d}"
+    print(
+        f"{stamp} [rank 0] {contract.ELASTIC_WORLD_LOG} world size {world_size} verified at step {step}, "
+        "before its first step",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def torch_version_ok(version: str) -> bool:
     """Whether ``version`` (``torch.__version__``) is at least :data:`MIN_TORCH`."""
     try:
@@ -257,6 +272,8 @@ class SyncHealth:
         self._last = time.perf_counter()
         if config.initial_check:
             self.check("initial")
+            if self._owns_steps and ":" in environ.get(contract.PET_NNODES, "") and self.rank == 0:
+                say_world(self.world_size, self.current_step)
 
     # -- setup ----------------------------------------------------------------------------------------
 
