@@ -176,7 +176,12 @@ def test_a_pod_security_refusal_is_said_naming_the_field_and_nothing_of_the_gang
         ready = {c["type"]: c for c in status.get("conditions", [])}.get("Ready", {})
         return status if ready.get("reason") == "PodSecurity" else None
 
-    status = wait_for(said, what="the DDPJob's Ready reason PodSecurity", timeout=120, every=1)
+    try:
+        status = wait_for(said, what="the DDPJob's Ready reason PodSecurity", timeout=120, every=1)
+    except AssertionError as exc:
+        told = cluster.kubectl("get", "events", "-n", release.jobs, "-o", "json", check=False).stdout
+        last = get(cluster, release.jobs, "hostnet").get("status")
+        raise AssertionError(f"{exc}; status: {last}; events: {told[-3000:]}") from None
     ready = {c["type"]: c for c in status["conditions"]}["Ready"]
     assert status["phase"] == "Pending" and status.get("restarts", 0) == 0, status
     assert 'violates PodSecurity "restricted:latest"' in ready["message"], ready

@@ -28,7 +28,8 @@ BREAKS = {
     "volumes": [{"name": "data", "hostPath": {"path": "/data"}}],
     "volumeMounts": [{"name": "data", "mountPath": "/data"}],
 }
-# what the Job controller's event said on the test cluster (kube-apiserver 1.33) for BREAKS' hostNetwork
+# the Job controller's FailedCreate message, in the form the test cluster's API server (1.34) gives it
+# (tests/e2e/test_real_nodes.py reads the real one)
 REFUSAL = (
     'Error creating: pods "psa-1-0-x2x9k" is forbidden: violates PodSecurity "restricted:latest": host '
     'namespaces (hostNetwork=true), allowPrivilegeEscalation != false (container "trainer" must set '
@@ -110,9 +111,10 @@ def test_the_api_servers_refusal_is_read_from_a_job_without_pods_and_names_the_f
     job = _job()
     assert refused.jobs_to_read([job], [], NOW) == ("psa-1",)
     assert refused.jobs_to_read([job], [], NOW - dt.timedelta(seconds=8)) == (), "just created: not yet"
-    pod = {"metadata": {"labels": dict(job["spec"]["template"]["metadata"]["labels"])}}
-    assert refused.jobs_to_read([job], [pod], NOW) == (), "its pods exist: nothing was refused"
-    found = refused.failure([_event("other-1"), _event("psa-1")], job)
+    started = {"metadata": {"labels": dict(job["spec"]["template"]["metadata"]["labels"])}}
+    assert refused.jobs_to_read([job], [started], NOW) == (), "its pods exist: nothing was refused"
+    pod = job["spec"]["template"]["spec"]
+    found = refused.failure([_event("other-1"), _event("psa-1")], "psa-1", "ml", pod)
     assert found is not None and (found.reason, found.final, found.waiting) == (
         "PodSecurity",
         True,
@@ -122,13 +124,13 @@ def test_the_api_servers_refusal_is_read_from_a_job_without_pods_and_names_the_f
     assert found.said.startswith(f"Job psa-1: FailedCreate: {REFUSAL}; it will not fix itself: ")
     assert 'spec.podTemplate.hostNetwork: true is not allowed under Pod Security "restricted"' in found.fix
     assert "pod-security.kubernetes.io/enforce=restricted on namespace ml" in found.fix
-    assert refused.failure([_event("psa-1", message="exceeded quota: compute")], job) is None, (
-        "quota: it waits"
-    )
+    quota = [_event("psa-1", message="exceeded quota: compute")]
+    assert refused.failure(quota, "psa-1", "ml", pod) is None, "quota: it waits"
 
 
 def test_a_refused_job_is_pending_with_the_reason_and_the_fields_and_is_never_restarted() -> None:
     job = _job()
+    del job["spec"]["template"]  # as the operator's index keeps a Job
     body = {**_doc(podTemplate={"hostNetwork": True}), "status": {"phase": "Pending", "attempt": 1}}
     body["metadata"]["generation"] = 1
     plan = decision.decide_for(body, [job], [], NOW, mount_events=[_event("psa-1")])

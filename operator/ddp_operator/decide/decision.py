@@ -17,6 +17,7 @@ waiting on its claim or on Kueue).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from ddp_operator.children import render
 from ddp_operator.decide import resize, restarts, stall, status
 from ddp_operator.decide.plan import Event, Plan, Scrape
 from ddp_operator.decide.status import StatusBuilder, parse_time, stamp
-from ddp_operator.observe import claims, kueue, live, startup
+from ddp_operator.observe import claims, kueue, live, podsecurity, startup
 from ddp_operator.observe import facts as observe_module
 from ddp_operator.observe.facts import Facts, JobFacts, observe
 from ddp_trainer import contract
@@ -73,8 +74,9 @@ def decide_for(
 ) -> Plan:
     """The plan for one DDPJob from its body and the children that carry its label, what the cluster
     says about its checkpoint claim when :func:`claims.claim_to_read` asked for it, Kueue's
-    Workloads of its Jobs (by Job name; :mod:`queueing`), and the kubelet's ``FailedMount`` events on
-    its pods when :func:`mounts.pods_to_read` asked for them."""
+    Workloads of its Jobs (by Job name; :mod:`queueing`), and the events read for it: the kubelet's
+    ``FailedMount`` on its pods (:func:`mounts.pods_to_read`), the Job controller's ``FailedCreate`` on a
+    Job without pods (:func:`podsecurity.jobs_to_read`)."""
     previous = dict(body.get("status") or {})
     generation = int(body.get("metadata", {}).get("generation") or 0)
     try:
@@ -90,6 +92,10 @@ def decide_for(
     avoid = status.avoided_nodes(previous)  # where the compute probe found a faulty rank
     service = render.render_service(spec)
     job = render.render_job(spec, facts.attempt, used, avoid_nodes=avoid)
+    if facts.startup is None and facts.job is not None:  # pods refused: named from the rendered template
+        pod = job["spec"]["template"]["spec"]
+        if refusal := podsecurity.failure(mount_events, facts.job.name, spec.namespace, pod):
+            facts = dataclasses.replace(facts, startup=refusal)
     rendered = render.render_checkpoint_claim(spec)
     why = claims.diagnose(claim, owned=rendered is not None, nodes=spec.nodes)
     found = (workloads or {}).get(facts.job.name) if facts.job and spec.queue_name else None

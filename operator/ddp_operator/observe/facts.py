@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from ddp_operator.api import names, reasons
-from ddp_operator.observe import failures, mounts, podlogs, podsecurity
+from ddp_operator.observe import failures, mounts, podlogs
 from ddp_operator.observe.live import Target
 from ddp_operator.observe.outcome import Outcome
 from ddp_operator.observe.startup import Reference, StartupFailure, first_failure
@@ -277,8 +277,7 @@ def observe(
 ) -> Facts:
     """The facts about one DDPJob, from its last status and the Jobs and pods that carry its label;
     ``references``: the Secrets and ConfigMaps its spec names (:func:`~.startup.references`);
-    ``mount_events``: the kubelet's ``FailedMount`` events on its pods (:func:`mounts.pods_to_read`) and the
-    Job controller's ``FailedCreate`` events on a Job without pods (:func:`podsecurity.jobs_to_read`)."""
+    ``mount_events``: the kubelet's ``FailedMount`` events on its pods (:func:`mounts.pods_to_read`)."""
     attempt = current_attempt(previous, jobs)
     current = [job for job in jobs if attempt_of(job) == attempt]
     mine = [pod for pod in pods if attempt_of(pod) == attempt]
@@ -315,9 +314,7 @@ def observe(
         report=report,
         targets=metrics_targets(mine, attempt, metrics_port),
         stale_deadlines=stale_deadlines(jobs, pods, attempt),
-        startup=first_failure(mine, references)
-        or mounts.failure(mount_events, mine, references)
-        or podsecurity.failure(mount_events, current[0] if current else None),
+        startup=first_failure(mine, references) or mounts.failure(mount_events, mine, references),
     )
 
 

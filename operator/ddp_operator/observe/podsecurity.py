@@ -59,17 +59,17 @@ def _attempt(obj: Mapping[str, Any]) -> str | None:
     return ((obj.get("metadata") or {}).get("labels") or {}).get(names.ATTEMPT_LABEL)
 
 
-def failure(events: Sequence[Mapping[str, Any]], job: Mapping[str, Any] | None) -> StartupFailure | None:
-    """Why ``job``'s pods were refused, from its newest Pod Security ``FailedCreate`` event, or None."""
-    if job is None:
-        return None
-    name = job["metadata"]["name"]
+def failure(
+    events: Sequence[Mapping[str, Any]], job: str, namespace: str, pod: Mapping[str, Any]
+) -> StartupFailure | None:
+    """Why Job ``job``'s pods were refused, from its newest Pod Security ``FailedCreate`` event, or None;
+    ``pod``: the pod spec the Job's template holds (the rendered one: the index keeps no template)."""
     refusals = [
         e
         for e in events
         if e.get("reason") == FAILED_CREATE
         and (e.get("involvedObject") or {}).get("kind") == "Job"
-        and (e.get("involvedObject") or {}).get("name") == name
+        and (e.get("involvedObject") or {}).get("name") == job
         and _LEVEL.search(str(e.get("message") or ""))
     ]
     if not refusals:
@@ -78,19 +78,10 @@ def failure(events: Sequence[Mapping[str, Any]], job: Mapping[str, Any] | None) 
     message = str(newest.get("message") or "").strip()
     match = _LEVEL.search(message)
     level = match.group(1) if match and match.group(1) in podsecurity.LEVELS else "restricted"
-    fields = podsecurity.violations(job["spec"]["template"]["spec"], level)
-    namespace = job["metadata"].get("namespace") or "default"
+    fields = podsecurity.violations(pod, level)
     fix = (
         "; ".join(fields) if fields else f'the namespace {namespace} enforces Pod Security "{level}"'
     ) + f" ({podsecurity.ENFORCE_LABEL}={level} on namespace {namespace}): {APPLY_AGAIN}"
     return StartupFailure(
-        name,
-        "",
-        False,
-        FAILED_CREATE,
-        message[:MESSAGE_CHARS],
-        reasons.POD_SECURITY,
-        True,
-        fix,
-        "PodSecurity",
+        job, "", False, FAILED_CREATE, message[:MESSAGE_CHARS], reasons.POD_SECURITY, True, fix, "PodSecurity"
     )
