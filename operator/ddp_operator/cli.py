@@ -146,6 +146,15 @@ def _operator(args: argparse.Namespace) -> int:
     opmetrics.serve(args.metrics_port)
     namespaces = args.namespace or []
     standalone = args.standalone or _no_peering(namespaces)
+    handlers.PEERING_LIFETIME_SECONDS = args.peering_lifetime
+    if not standalone:
+        logging.getLogger("ddpjob.operator").info(
+            "peering priority %d, record lifetime %d s: the replica of highest priority acts, the others "
+            "stand by and take over within %d s of its loss",
+            args.priority,
+            args.peering_lifetime,
+            args.peering_lifetime,
+        )
     kopf.run(
         registry=kopf.get_default_registry(),
         clusterwide=not namespaces,
@@ -157,6 +166,18 @@ def _operator(args: argparse.Namespace) -> int:
     )
     del handlers  # imported for its registrations
     return 0
+
+
+def _priority(text: str) -> int:
+    """``--priority``: a number, or ``auto``: :func:`ddp_operator.runtime.peering.by_start_time` now."""
+    from ddp_operator.runtime import peering
+
+    if text == "auto":
+        return peering.by_start_time()
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number or 'auto'") from None
 
 
 def _no_peering(namespaces: list[str]) -> bool:
@@ -262,7 +283,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip peering (only for a single replica without the KopfPeering CRDs)",
     )
-    operate.add_argument("--priority", type=int, default=0, help="peering priority among replicas")
+    operate.add_argument(
+        "--priority",
+        type=_priority,
+        default=0,
+        help="peering priority among replicas: the highest acts, the others stand by; 'auto': by start "
+        "time, the oldest replica first (a newer one, or one restarted, stands by) (default %(default)s)",
+    )
+    operate.add_argument(
+        "--peering-lifetime",
+        type=int,
+        default=60,
+        help="seconds a replica's peering record lives without a keep-alive: a standby takes over this long "
+        "after the acting replica died without a word (default %(default)s)",
+    )
     operate.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     operate.add_argument("--json-logs", action="store_true", help="structured (JSON) logs, one object a line")
     operate.set_defaults(run=_operator)

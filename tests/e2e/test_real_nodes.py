@@ -13,6 +13,10 @@ operator as a local process (tests/e2e/conftest.py).
 
 from __future__ import annotations
 
+import datetime as dt
+import os
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +29,7 @@ from cluster.fixtures import Cluster, manifests, wait_for
 from cluster.nodeconfig import RealNode
 
 from .conftest import ON_REAL_NODES, REPO, children, container_pid, events, get, wait_phase, writable_folder
-from .helmrelease import Release, installed
+from .helmrelease import Release, audit_events, installed
 from .operator_process import ddpjob
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -132,6 +136,77 @@ def test_the_quickstart_trains_on_real_nodes_with_its_claim_mounted_by_the_kubel
     finally:
         cluster.kubectl("delete", "ddpjob", "quickstart", "-n", ns, "--wait=false", check=False)
         cluster.kubectl("delete", "pv", f"rwo-{ns}", "--wait=false", check=False)
+
+
+POD_NAME = "authentication.kubernetes.io/pod-name"
+PEERING_LIFETIME = 15  # the chart's peeringLifetimeSeconds
+
+
+def acting_writes(cluster: Cluster, release: Release) -> list[tuple[float, str, str]]:
+    """(time, operator pod, what) of every write the release's operator made but Kopf's peering keep-alives,
+    from the API server's audit log: each by the pod whose bound token made it."""
+    user = f"system:serviceaccount:{release.namespace}:{release.service_account}"
+    out = []
+    for event in audit_events(cluster, user):
+        ref = event.get("objectRef") or {}
+        if event["verb"] not in ("create", "update", "patch", "delete") or "kopfpeering" in ref.get(
+            "resource", ""
+        ):
+            continue
+        when = dt.datetime.fromisoformat(event["stageTimestamp"].replace("Z", "+00:00")).timestamp()
+        pod = ((event["user"].get("extra") or {}).get(POD_NAME) or ["?"])[0]
+        what = f"{event['verb']} {ref.get('resource')}/{ref.get('subresource', '')} {ref.get('name', '')}"
+        out.append((when, pod, what))
+    return sorted(out)
+
+
+def test_a_standby_operator_takes_over_within_the_peering_lifetime_and_never_two_act(
+    cluster: Cluster, real_nodes: list[RealNode]
+) -> None:
+    """replicaCount 2: both operator pods run, one acts. Its process is SIGKILLed on its node (a death
+    without a word: its peering record stays until it expires); a DDPJob applied at that moment is taken up
+    by the standby within the peering lifetime and Succeeds. The audit log shows one pod's writes before
+    the kill and only the other's after: never two acting."""
+    with installed(cluster, "standby", pod_security="restricted", replicaCount=2, **ON_REAL_NODES) as release:
+
+        def two_running() -> list[dict[str, Any]] | None:
+            pods = cluster.kubectl_json("get", "pods", "-n", release.namespace, "-l", release.selector)[
+                "items"
+            ]
+            live = [p for p in pods if p["status"].get("phase") == "Running"]
+            return live if len(live) == 2 else None
+
+        pods = wait_for(two_running, what="two Running operator pods", timeout=120)
+        first = ddpjob(
+            "first", trainer={"steps": 20}, syncCheck={"everySteps": 10}, podTemplate=ON_REAL_NODES
+        )
+        cluster.kubectl("apply", "-n", release.jobs, "-f", "-", input=manifests(first))
+        wait_phase(cluster, release.jobs, "first", "Running", "Succeeded", timeout=180)
+        acting = {pod for _, pod, _ in acting_writes(cluster, release)}
+        assert len(acting) == 1, acting_writes(cluster, release)
+        (leader,) = [p for p in pods if p["metadata"]["name"] in acting]
+        (standby,) = [p for p in pods if p is not leader]
+        killed = time.time()
+        os.kill(container_pid(real_nodes, leader, "operator"), signal.SIGKILL)
+        second = ddpjob(
+            "second", trainer={"steps": 20}, syncCheck={"everySteps": 10}, podTemplate=ON_REAL_NODES
+        )
+        cluster.kubectl("apply", "-n", release.jobs, "-f", "-", input=manifests(second))
+        wait_for(
+            lambda: children(cluster, release.jobs, "jobs", "second"),
+            what="the standby to create the second DDPJob's Job",
+            timeout=PEERING_LIFETIME + 60,
+        )
+        writes = acting_writes(cluster, release)
+        taken = next(when for when, pod, what in writes if pod == standby["metadata"]["name"])
+        print(f"standby took over {taken - killed:.1f} s after the acting replica was killed")
+        assert taken - killed <= PEERING_LIFETIME + 5, writes
+        before = {pod for when, pod, _ in writes if when < killed}
+        after = {pod for when, pod, _ in writes if when > killed}
+        assert before == {leader["metadata"]["name"]} and after == {standby["metadata"]["name"]}, writes
+        for name in ("first", "second"):
+            final = wait_phase(cluster, release.jobs, name, "Succeeded", "Failed", timeout=300)
+            assert final["status"]["phase"] == "Succeeded", final["status"]
 
 
 def shared_claim(namespace: str, name: str, folder: Path) -> list[dict[str, Any]]:

@@ -38,6 +38,8 @@ RECENT = Recent()
 # Kopf's peering pauses the watches (and with them the indexes): the timer pauses with them.
 PEERING = PeeringPause()
 TIMER_INTERVAL_SECONDS = 5.0
+PEERING_LIFETIME_SECONDS = 60
+"""Kopf's peering record lifetime (``ddpjob operator --peering-lifetime``; the chart sets 15)."""
 HANDLER_THREADS = 16
 # What the timer needs from Kopf, taken from the first DDPJob event: the indexes, settings and context.
 _KOPF: dict[str, Any] = {}
@@ -76,6 +78,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.finalizer = f"{crd.GROUP}/kopf-finalizer"
     # One active operator: replicas peer through KopfPeering under this name; the highest priority acts.
     settings.peering.name = "ddpjob-operator"
+    # A replica that dies without a word (its node lost) holds its record this long: a standby's bound.
+    settings.peering.lifetime = PEERING_LIFETIME_SECONDS
     # Watches end server-side after 5 minutes, so a silently dropped connection is noticed within that time.
     settings.watching.server_timeout = 300
     # The client gives the server a little longer than its own timeout before it calls the stream dead.

@@ -8,6 +8,8 @@ with the object it peers, without it it runs standalone and says so.
 
 from __future__ import annotations
 
+import random
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,6 +18,16 @@ from kubernetes.client.exceptions import ApiException
 
 NAME = "ddpjob-operator"
 GROUP, VERSION = "kopf.dev", "v1"
+_HORIZON_MS = 4_000_000_000_000  # 2096 in milliseconds since the epoch: every start before it is positive
+
+
+def by_start_time(now: float | None = None, jitter: int | None = None) -> int:
+    """A peering priority that falls with the start time (the oldest replica acts), in milliseconds, with
+    three random digits below them so that two replicas started in the same millisecond still differ
+    (Kopf pauses every replica of equal priority). A replica that starts later, a Deployment's new pod or a
+    restarted container, stands by until the one acting is gone: never two acting at a handover."""
+    started_ms = int((time.time() if now is None else now) * 1000)
+    return (_HORIZON_MS - started_ms) * 1000 + (random.randint(0, 999) if jitter is None else jitter)
 
 
 def missing(namespaces: Sequence[str]) -> list[str]:
