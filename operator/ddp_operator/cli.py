@@ -1,4 +1,7 @@
-"""`ddpjob`: validate, render, run locally, print the CRD, run the operator."""
+"""`ddpjob`: validate, render, run locally, print the CRD, run the operator.
+
+Long because every subcommand's flags and their help are here, read together as `ddpjob --help` shows
+them; what each command does lives in its own module."""
 
 from __future__ import annotations
 

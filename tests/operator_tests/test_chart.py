@@ -42,10 +42,16 @@ def _template(*args: str) -> list[dict[str, Any]]:
 def test_lint_passes_and_values_are_checked() -> None:
     ok = subprocess.run([_helm(), "lint", str(CHART)], capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    bad = subprocess.run(
-        [_helm(), "lint", str(CHART), "--set", "replicaCount=2"], capture_output=True, text=True, timeout=60
+    for value in ("replicaCount=6", "peeringLifetimeSeconds=1"):
+        bad = subprocess.run(
+            [_helm(), "lint", str(CHART), "--set", value], capture_output=True, text=True, timeout=60
+        )
+        assert bad.returncode != 0 and value.split("=")[0] in bad.stdout + bad.stderr, value
+    standby = subprocess.run(
+        [_helm(), "template", "x", str(CHART), "--set", "replicaCount=2"], capture_output=True, text=True
     )
-    assert bad.returncode != 0 and "replicaCount" in bad.stdout + bad.stderr
+    assert standby.returncode == 0 and "kind: PodDisruptionBudget" in standby.stdout, standby.stderr
+    assert "podAntiAffinity" in standby.stdout and "--priority=auto" in standby.stdout
 
 
 def test_manifests_are_generated_from_the_chart() -> None:
