@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from cluster import realfixture
-from cluster.fixtures import Cluster, manifests, wait_for
+from cluster.fixtures import Cluster, host_path_volume, manifests, wait_for
 from cluster.nodeconfig import RealNode
 
 from .conftest import ON_REAL_NODES, REPO, children, container_pid, events, get, wait_phase, writable_folder
@@ -108,18 +108,7 @@ def test_the_quickstart_trains_on_real_nodes_with_its_claim_mounted_by_the_kubel
     kubelet mounts into its pod; the checkpoints the containers wrote (as uid 1000) are on the volume."""
     folder = writable_folder(tmp_path / "pv")
     ns = release.jobs
-    volume = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": f"rwo-{ns}"},
-        "spec": {
-            "capacity": {"storage": "1Gi"},
-            "accessModes": ["ReadWriteOnce"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "hostPath": {"path": str(folder)},
-            "claimRef": {"namespace": ns, "name": "quickstart-checkpoints"},
-        },
-    }
+    volume = host_volume(f"rwo-{ns}", ns, "quickstart-checkpoints", folder, "ReadWriteOnce")
     doc: dict[str, Any] = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
     doc["spec"]["trainer"].update(steps=40, checkpointEvery=20)
     doc["spec"]["syncCheck"]["everySteps"] = 20
@@ -209,20 +198,16 @@ def test_a_standby_operator_takes_over_within_the_peering_lifetime_and_never_two
             assert final["status"]["phase"] == "Succeeded", final["status"]
 
 
+def host_volume(name: str, namespace: str, claim: str, folder: Path, mode: str) -> dict[str, Any]:
+    """A 1Gi hostPath PersistentVolume ``name`` on ``folder``, kept for claim ``namespace/claim`` alone."""
+    volume = host_path_volume(name, "", str(folder))
+    volume["spec"].update(accessModes=[mode], claimRef={"namespace": namespace, "name": claim})
+    return volume
+
+
 def shared_claim(namespace: str, name: str, folder: Path) -> list[dict[str, Any]]:
     """A ReadWriteMany hostPath PersistentVolume bound to claim ``name`` in ``namespace``, and the claim."""
-    volume = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": f"{name}-{namespace}"},
-        "spec": {
-            "capacity": {"storage": "1Gi"},
-            "accessModes": ["ReadWriteMany"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "hostPath": {"path": str(folder)},
-            "claimRef": {"namespace": namespace, "name": name},
-        },
-    }
+    volume = host_volume(f"{name}-{namespace}", namespace, name, folder, "ReadWriteMany")
     claim = {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",

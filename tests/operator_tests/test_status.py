@@ -105,21 +105,30 @@ def test_the_succeeded_event_says_time_and_throughput() -> None:
 
 
 def test_a_job_that_built_no_ddp_model_says_so_not_that_nothing_reported() -> None:
-    """The sync hook's report when no DDP model was built (reason NoDDPModel, no checks): SyncVerified is
-    Unknown with that reason, distinct from a job that wrote no report at all (NotYetReported)."""
+    """The sync hook's report when no DDP model was built (reason NoDDPModel, no checks), or only an FSDP one
+    (FullyShardedNoReplicas): SyncVerified is Unknown with that reason and the report's words, distinct
+    from a job that wrote no report at all (NotYetReported)."""
     from ddp_operator.observe import progress
     from ddp_trainer import contract
+    from ddp_trainer.sync import sharded
 
-    message = contract.NO_DDP_MODEL_MESSAGE
-    report = {"result": "Succeeded", "reason": contract.NO_DDP_MODEL, "message": message}
-    out = StatusBuilder({}, "2026-01-01T00:00:00Z")
-    out.values["sync"] = status.report_sync(report)
-    out.values["lastReport"] = status.last_report(report, 1)
-    status.sync_condition(out)
-    condition = out.conditions["SyncVerified"]
-    assert (condition["status"], condition["reason"]) == ("Unknown", "NoDDPModel"), condition
-    assert condition["message"] == "no DDP model was built in any rank: nothing to verify"
-    assert progress.sync_sentence(report).startswith("no DDP model was built in any rank: nothing to verify")
+    # and FSDP over a 1-D mesh (FullyShardedNoReplicas): nothing replicated, said in words that name FSDP
+    for reason, message, said in (
+        (contract.NO_DDP_MODEL, contract.NO_DDP_MODEL_MESSAGE, "no DDP model was built in any rank: nothing"),
+        (contract.FULLY_SHARDED, sharded.FSDP_ONLY, "FSDP shards every parameter across all ranks"),
+    ):
+        report = {"result": "Succeeded", "reason": reason, "message": message}
+        out = StatusBuilder({}, "2026-01-01T00:00:00Z")
+        out.values["sync"] = status.report_sync(report)
+        out.values["lastReport"] = status.last_report(report, 1)
+        status.sync_condition(out)
+        condition = out.conditions["SyncVerified"]
+        assert (condition["status"], condition["reason"], condition["message"]) == (
+            "Unknown",
+            reason,
+            message,
+        )
+        assert progress.sync_sentence(report).startswith(said)
     silent = StatusBuilder({}, "2026-01-01T00:00:00Z")
     status.sync_condition(silent)
     assert silent.conditions["SyncVerified"]["reason"] == "NotYetReported"
@@ -182,21 +191,3 @@ def test_a_sync_hook_that_could_not_switch_on_says_why_in_sync_verified() -> Non
         "SyncHookOff",
         message,
     )
-
-
-def test_an_fsdp_job_says_nothing_is_replicated_naming_fsdp() -> None:
-    """The sync hook's report for FSDP over a 1-D mesh (reason FullyShardedNoReplicas): SyncVerified is
-    Unknown with that reason and the report's own words, which name FSDP."""
-    from ddp_operator.observe import progress
-    from ddp_trainer import contract
-    from ddp_trainer.sync import sharded
-
-    report = {"result": "Succeeded", "reason": contract.FULLY_SHARDED, "message": sharded.FSDP_ONLY}
-    out = StatusBuilder({}, "2026-01-01T00:00:00Z")
-    out.values["sync"] = status.report_sync(report)
-    out.values["lastReport"] = status.last_report(report, 1)
-    status.sync_condition(out)
-    condition = out.conditions["SyncVerified"]
-    assert (condition["status"], condition["reason"]) == ("Unknown", "FullyShardedNoReplicas"), condition
-    assert condition["message"].startswith("FSDP shards every parameter across all ranks"), condition
-    assert progress.sync_sentence(report) == sharded.FSDP_ONLY

@@ -14,6 +14,7 @@ Long because it is the one list of everything that crosses the boundary, each na
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from typing import Final, Literal, TypedDict
 
@@ -95,6 +96,13 @@ ELASTIC_RDZV_CONF: Final = "last_call_timeout=3,keep_alive_interval=1,keep_alive
 last joiner, and a node whose agent stopped answering is dropped after about 5 s. Tighter (1 s, 2 s)
 shrank faster in bench/elastic_bench.py (3.3 s against 9.4 s) but split the first round on a loaded
 2-core machine (pods that start a second apart) and spent restarts: bench/RESULTS.md."""
+
+
+def log_stamp(at: float) -> str:
+    """The time at the start of the trainer's and the launcher's log lines (``2026-11-28 02:33:22,101``, local
+    time, as :mod:`logging` writes it): ``ddpjob local`` reads the elastic worlds back in time order by it."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) + f",{int(at % 1 * 1000):03d}"
+
 
 ELASTIC_WORLD_LOG: Final = "elastic:"
 """How rank 0 of each world of an elastic job starts its log line ``elastic: world size W verified at step

@@ -84,10 +84,9 @@ class _Book:
         self.pending = None
         self.state = LaunchState(self.state.restarts + 1, why, at)
         write_state(self.path, self.state)
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) + f",{int(at % 1 * 1000):03d}"
         print(
-            f"{stamp} [launcher] gang restart in place {self.state.restarts}: {why}; restarting this pod's "
-            "workers from the last checkpoint",
+            f"{contract.log_stamp(at)} [launcher] gang restart in place {self.state.restarts}: {why}; "
+            "restarting this pod's workers from the last checkpoint",
             file=sys.stderr,
             flush=True,
         )

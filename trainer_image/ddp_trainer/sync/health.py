@@ -102,11 +102,9 @@ def say_world(world_size: int, step: int) -> None:
     it (``ddpjob local`` lists each world from these lines: :data:`ddp_trainer.contract.ELASTIC_WORLD_LOG`).
     Every resize restarts the workers, so a script's ``SyncHealth`` (or the hook's) is built anew in each
     world and says it once."""
-    now = time.time()
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f",{int(now % 1 * 1000):03d}"
     print(
-        f"{stamp} [rank 0] {contract.ELASTIC_WORLD_LOG} world size {world_size} verified at step {step}, "
-        "before its first step",
+        f"{contract.log_stamp(time.time())} [rank 0] {contract.ELASTIC_WORLD_LOG} world size {world_size} "
+        f"verified at step {step}, before its first step",
         file=sys.stderr,
         flush=True,
     )
