@@ -8,7 +8,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
+
+UNDER_LOAD = pytest.mark.flaky(reruns=1, only_rerun=["AssertionError"])
+"""One rerun on a failed assertion, for the few tests whose scenario depends on timing that CPU starvation
+changes (`make test` runs the cluster lane beside them on two cores): a survivor's rendezvous keep-alive
+(1 s x 5) missed, or a rank's last words racing its peers'. docs/testing.md lists them; a failure twice
+in a row is a failure."""
 
 
 def unique_name() -> str:
