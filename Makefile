@@ -34,8 +34,8 @@ kueue:
 tools: $(STAMP) $(BIN)/helm prometheus s3server kueue
 
 lint: tools
-	$(BIN)/ruff check operator trainer_image tests bench hack
-	$(BIN)/ruff format --check operator trainer_image tests bench hack
+	$(BIN)/ruff check operator trainer_image tests testcluster bench hack
+	$(BIN)/ruff format --check operator trainer_image tests testcluster bench hack
 	$(BIN)/lint-imports --no-cache
 
 typecheck: $(STAMP)
@@ -113,4 +113,4 @@ gpu-check:
 # The operator on the real control plane (the test cluster: root and its cached binaries, like `make test`'s
 # cluster tier; ~5 min on 2 cores): apply→children latency, 100 at once, API writes per DDPJob, operator memory.
 bench-operator: $(STAMP) $(BIN)/helm
-	PYTHONPATH=operator:trainer_image:tests $(BIN)/python bench/operator_bench.py
+	PYTHONPATH=operator:trainer_image $(BIN)/python bench/operator_bench.py

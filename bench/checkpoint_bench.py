@@ -25,7 +25,7 @@ from ddp_trainer.checkpoint.stores import DirectoryStore, Store
 from ddp_trainer.core.config import TrainerConfig
 from ddp_trainer.core.state import TrainState
 from ddp_trainer.train.loop import Precision
-from s3server import running_minio  # tests/s3server.py: PYTHONPATH=tests
+from helpers.s3server import running_minio  # tests/helpers/s3server.py: PYTHONPATH=tests
 
 WRITER = provenance.Writer(
     provenance.Identity("bench", "bench", "u1"),

@@ -6,7 +6,8 @@ the same figures as JSON.
 
 Parts, in order (each says how long it took; the whole is meant to stay under 5 minutes on an H100/H200):
 
-1. ``pytest -m gpu`` over tests/trainer (``--noconftest``: the suite's conftest starts cluster fixtures);
+1. ``pytest -m gpu`` over the trainer's tests (``--noconftest``: the suite's conftest starts cluster
+   fixtures);
 2. the fingerprint next to the HBM read floor, fp32 and bf16, on the 1.3 B-parameter GPT-like set
    (``fingerprint_bench``): GPU time per fingerprint (ten back to back between two events: the host work of
    one call overlaps the GPU work of the one before, as it does behind a training step), one call alone
@@ -67,8 +68,12 @@ def gpu_tests() -> None:
         "-p",
         "no:cacheprovider",
     ]
-    files = ["test_fingerprint.py", "test_trainer_gpu.py", "test_gpu_path.py"]  # the files with gpu tests
-    cmd += [f"tests/trainer/{f}" for f in files] + ["-o", f"pythonpath={ROOT / 'tests' / 'trainer'}"]
+    files = [  # the files with gpu tests
+        "tests/unit/trainer/sync/test_fingerprint.py",
+        "tests/unit/trainer/sync/test_gpu_path.py",
+        "tests/integration/trainer/test_trainer_gpu.py",
+    ]
+    cmd += [*files, "-o", f"pythonpath={ROOT / 'tests'}"]  # tests/helpers, as `helpers`
     done = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=400)
     tail = (done.stdout + done.stderr).strip().splitlines()
     print("\n".join(tail[-25:]))

@@ -6,7 +6,8 @@
 Needs what the `cluster` tests need (root, the cached control-plane binaries of hack/cluster/build.sh);
 reuses a cluster that `make cluster-up` started, else starts one and stops it at the end. The CRD and the
 chart's RBAC are applied and `ddpjob operator` runs as a local process authenticating as the chart's
-ServiceAccount, as in the e2e tests (tests/e2e/operator_process.py). Three phases, each in a fresh namespace:
+ServiceAccount, as in the e2e tests (tests/helpers/operator_process.py).
+Three phases, each in a fresh namespace:
 
 * sequential: ``--sequential`` suspended DDPJobs (nodes 2), created one after another through the API
   (a POST, what ``kubectl apply`` does after its own start-up): time from the POST to both the headless
@@ -18,7 +19,7 @@ ServiceAccount, as in the e2e tests (tests/e2e/operator_process.py). Three phase
 * run: ``--run`` tiny DDPJobs (nodes 1, ``python -c pass``: one pod each, run by the node agent as a host
   process) in one ``kubectl apply``: wall time until every one is Succeeded (or Failed).
 
-API writes are counted from the API server's audit log (tests/cluster/audit.py): every create, update,
+API writes are counted from the API server's audit log (testcluster/audit.py): every create, update,
 patch and delete the operator's ServiceAccount made during a phase, until it has been quiet for 3 s; per
 DDPJob, by resource; "besides status" leaves out ``patch ddpjobs/status``. Memory is the operator
 process's VmRSS (now) and VmHWM (peak since start) from /proc/<pid>/status, and VmRSS again
@@ -52,14 +53,14 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+sys.path[:0] = [str(REPO), str(REPO / "tests")]  # the test cluster (testcluster) and tests/helpers
 
-from cluster.audit import AuditLog, writes_by_kind  # noqa: E402
-from cluster.fixtures import Cluster, running_cluster, unavailable_reason, wait_for  # noqa: E402
-from cluster.kubeapi import ApiError, Kube  # noqa: E402
 from ddp_operator.runtime import heap  # noqa: E402
 from ddp_operator.runtime.handlers import TIMER_INTERVAL_SECONDS  # noqa: E402
-from e2e.operator_process import OPERATOR_USER, Operator, ddpjob, install  # noqa: E402
+from helpers.operator_process import OPERATOR_USER, Operator, ddpjob, install  # noqa: E402
+from testcluster.audit import AuditLog, writes_by_kind  # noqa: E402
+from testcluster.fixtures import Cluster, running_cluster, unavailable_reason, wait_for  # noqa: E402
+from testcluster.kubeapi import ApiError, Kube  # noqa: E402
 
 DDPJOBS = "/apis/ddpjob.io/v1alpha1/namespaces/{ns}/ddpjobs"
 FINAL = ("Succeeded", "Failed")

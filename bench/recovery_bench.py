@@ -5,7 +5,7 @@
 Needs what the `cluster` tests need (root, the cached control-plane binaries of hack/cluster/build.sh; run
 it under the cluster lock: ``flock /tmp/ddpjob-cluster.lock python bench/recovery_bench.py``); reuses a
 cluster that `make cluster-up` started, else starts one and stops it at the end. The operator runs as in
-the e2e tests (tests/e2e/operator_process.py). Both paths, one after the other, in one run, the same job
+the e2e tests (tests/helpers/operator_process.py). Both paths, one after the other, in one run, the same job
 (2 nodes × 1 process, the built-in trainer, checkpoints every 50 steps on a hostPath volume):
 
 * in place: the recovery fire drill ``DDPJOB_CHAOS_CRASH=rank=1,step=S`` makes rank 1 SIGKILL itself after
@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+sys.path[:0] = [str(REPO), str(REPO / "tests")]  # the test cluster (testcluster) and tests/helpers
 
-from cluster.fixtures import Cluster, running_cluster, unavailable_reason  # noqa: E402
-from e2e.operator_process import Operator, ddpjob, install  # noqa: E402
+from helpers.operator_process import Operator, ddpjob, install  # noqa: E402
+from testcluster.fixtures import Cluster, running_cluster, unavailable_reason  # noqa: E402
 
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 DRILL = "fire drill: rank 1 kills itself"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prometheus and promtool for the monitoring tests (tests/monitoring): Debian's `prometheus` package
+# Prometheus and promtool for the monitoring tests (tests/integration/monitoring): Debian's `prometheus` package
 # (2.42 on bookworm). Installing it does not start a service; the tests run `prometheus` as a plain process
 # on 127.0.0.1. Does nothing when promtool and prometheus are already on PATH.
 set -euo pipefail

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest_plugins = ["cluster_fixtures", "s3server"]
+pytest_plugins = ["helpers.cluster_fixtures", "helpers.s3server", "helpers.trainer_fixtures"]
 
 CLUSTER_LANE = "cluster"
 HOST_LANE = "host"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds Kueue's controller (`sigs.k8s.io/kueue/cmd/kueue`) from the Go module proxy, once per machine, and
 # prints the directory that holds it: `<dir>/bin/kueue`, and `<dir>/config/` (the release's own CRDs and
-# webhook manifests, copied from the module, which the test cluster installs: tests/cluster/kueue.py).
+# webhook manifests, copied from the module, which the test cluster installs: testcluster/kueue.py).
 # `--check`: print the directory only if it is built already (exit 1 otherwise).
 #
 # Kueue's go.mod has no replace directives, so `go install module/cmd@version` builds the release exactly as

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # `make test`'s step before pytest: the images of the current inputs for the real-node tier
-# (tests/cluster/test_realnode.py, tests/e2e/test_real_nodes.py), built once per machine and input hash.
+# (testcluster/tests/test_realnode.py, tests/e2e/test_real_nodes.py), built once per machine and input hash.
 #
 # Where this machine cannot build them, it says why and returns 0: those tests then skip, each saying why
-# (tests/cluster/realfixture.py). The reasons are the machine's, never the project's: not root, no
+# (testcluster/realfixture.py). The reasons are the machine's, never the project's: not root, no
 # Debian packages to be had, too little disk. A build that starts and fails fails `make test`.
 # Installs what the build and the real nodes need from Debian's packages when missing (root): buildah,
 # podman, mmdebstrap, uidmap (the build), containerd, runc, containernetworking-plugins (the nodes).
@@ -13,7 +13,7 @@ cd "$(dirname "$0")/../.."
 say() { echo "images for the real-node tests: $*" >&2; }
 CACHE=${DDPJOB_IMAGE_CACHE:-$HOME/.cache/ddpjob/images}
 # the build: buildah's storage ~7 GB, the archives ~3.5 (measured); the nodes' imports (~6 GB each) are
-# checked when they happen (tests/cluster/realfixture.py), and skip saying why if they would not fit
+# checked when they happen (testcluster/realfixture.py), and skip saying why if they would not fit
 NEED_GB=${DDPJOB_IMAGE_DISK_GB:-12}
 
 if current=$(hack/images/build.sh --check 2>/dev/null); then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the MinIO server (a real S3-compatible server: signature v4, real credential checks and S3 error
 # codes, multipart uploads) from the Go module proxy, once per machine, and prints the binary's path
-# (`--check`: only if it is built already; exit 1 otherwise). The tests' S3 server (tests/s3server.py).
+# (`--check`: only if it is built already; exit 1 otherwise). The tests' S3 server (tests/helpers/s3server.py).
 # MinIO tags no semantic versions, so the proxy serves it as a pseudo-version: pinned here. About 2.5 min
 # on 2 cores with a warm Go build cache (the control plane's shares many modules), longer from cold.
 set -euo pipefail

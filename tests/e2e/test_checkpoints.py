@@ -14,11 +14,10 @@ from typing import Any
 
 import pytest
 
-from cluster.fixtures import Cluster, host_path_volume, wait_for
-from cluster.nodeconfig import RealNode
-
-from .conftest import Operator, children, container_pid, get, real_ddpjob, wait_phase, writable_folder
-from .test_faults import _descendants  # the host's /proc sees the container's processes
+from helpers.e2e import Operator, container_pid, get, real_ddpjob, wait_phase, writable_folder
+from helpers.e2e_pods import apply_doc, checkpointing_trainer, descendants, events_text, pod_name_at
+from testcluster.fixtures import Cluster, host_path_volume, wait_for
+from testcluster.nodeconfig import RealNode
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -31,34 +30,6 @@ def _volume(cluster: Cluster, namespace: str, folder: Path) -> str:
     return storage_class
 
 
-def _apply(cluster: Cluster, namespace: str, doc: dict[str, Any]) -> None:
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
-
-
-def _pod_at(cluster: Cluster, namespace: str, job: str, index: int) -> str:
-    """The name of the DDPJob's pod at completion ``index``."""
-    return next(
-        p["metadata"]["name"]
-        for p in children(cluster, namespace, "pods", job)
-        if p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == str(index)
-    )
-
-
-def _events(cluster: Cluster, namespace: str, name: str) -> str:
-    return cluster.kubectl(
-        "get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}"
-    ).stdout
-
-
-def _trainer(**checkpoint: Any) -> dict[str, Any]:
-    return {  # a pod goes at the first checkpoint; the steps after it prove the resume, no more
-        "procsPerNode": 2,
-        "trainer": {"steps": 160, "batchSize": 16, "checkpointEvery": 20},
-        "syncCheck": {"everySteps": 20},
-        "checkpoint": checkpoint,
-    }
-
-
 def test_a_deleted_pod_restarts_the_gang_from_the_claim_as_a_preemption(
     cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path, real_nodes: list[RealNode]
 ) -> None:
@@ -66,22 +37,24 @@ def test_a_deleted_pod_restarts_the_gang_from_the_claim_as_a_preemption(
     storage_class = _volume(cluster, namespace, folder)
     try:
         claim = {"storageClassName": storage_class, "size": "1Gi"}
-        _apply(cluster, namespace, real_ddpjob("durable", **_trainer(volumeClaimTemplate=claim)))
+        apply_doc(
+            cluster, namespace, real_ddpjob("durable", **checkpointing_trainer(volumeClaimTemplate=claim))
+        )
         wait_for(
             lambda: list(folder.glob("step-*.pt")), what="a checkpoint on the claim's volume", timeout=240
         )
         (pvc,) = cluster.kubectl_json("get", "pvc", "-n", namespace)["items"]
         assert pvc["metadata"]["name"] == "durable-checkpoints" and pvc["status"]["phase"] == "Bound"
         assert pvc["metadata"]["ownerReferences"][0]["name"] == "durable"
-        victim = _pod_at(cluster, namespace, "durable", 1)
+        victim = pod_name_at(cluster, namespace, "durable", 1)
         cluster.kubectl("delete", "pod", "-n", namespace, victim, "--wait=false")  # graceful: SIGTERM
         status = wait_phase(cluster, namespace, "durable", "Succeeded", "Failed", timeout=300)["status"]
         assert status["phase"] == "Succeeded", status
-        events = _events(cluster, namespace, "durable")
+        events = events_text(cluster, namespace, "durable")
         counts = (status["attempt"], status["restarts"], status.get("preemptions"))
         assert counts == (2, 1, 1), f"{events}\n{json.dumps(status, indent=1)}"
         assert status["checkpoint"]["resumedFromStep"] > 0, status
-        assert "Preempted" in _events(cluster, namespace, "durable")
+        assert "Preempted" in events_text(cluster, namespace, "durable")
         cluster.kubectl("delete", "ddpjob", "durable", "-n", namespace, "--wait=true", "--timeout=60s")
         wait_for(
             lambda: not cluster.kubectl_json("get", "pvc", "-n", namespace)["items"],
@@ -95,7 +68,7 @@ def test_a_deleted_pod_restarts_the_gang_from_the_claim_as_a_preemption(
 def test_an_empty_dir_job_says_restarts_start_from_step_0(
     cluster: Cluster, operator: Operator, namespace: str, real_nodes: list[RealNode]
 ) -> None:
-    _apply(
+    apply_doc(
         cluster, namespace, real_ddpjob("ephemeral", command=["python", "-c", "import time; time.sleep(30)"])
     )
     wait_phase(cluster, namespace, "ephemeral", "Running", timeout=120)
@@ -109,7 +82,7 @@ def _hostpath(folder: Path) -> dict[str, Any]:
 
 
 def _short(name: str, folder: Path, steps: int = 40, **checkpoint: Any) -> dict[str, Any]:
-    spec = _trainer(**_hostpath(folder), **checkpoint)
+    spec = checkpointing_trainer(**_hostpath(folder), **checkpoint)
     spec["trainer"].update(steps=steps)
     return real_ddpjob(name, **spec)
 
@@ -118,21 +91,21 @@ def test_another_jobs_checkpoint_is_refused_and_a_warm_start_is_said(
     cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path, real_nodes: list[RealNode]
 ) -> None:
     folder = tmp_path / "shared"
-    _apply(cluster, namespace, _short("teacher", folder))
+    apply_doc(cluster, namespace, _short("teacher", folder))
     assert wait_phase(cluster, namespace, "teacher", "Succeeded", "Failed", timeout=240)["status"][
         "phase"
     ] == ("Succeeded")
-    _apply(cluster, namespace, _short("student", folder, steps=20))
+    apply_doc(cluster, namespace, _short("student", folder, steps=20))
     status = wait_phase(cluster, namespace, "student", "Failed", "Succeeded", timeout=240)["status"]
     failed = {c["type"]: c for c in status["conditions"]}["Failed"]
     assert status["phase"] == "Failed" and status["attempt"] == 1, status  # never restarted
     assert failed["reason"] == "ForeignCheckpoint", failed
     assert f"{namespace}/teacher" in failed["message"] and f"{namespace}/student" in failed["message"], failed
-    _apply(cluster, namespace, _short("apprentice", folder, steps=20, warmStartFrom="teacher"))
+    apply_doc(cluster, namespace, _short("apprentice", folder, steps=20, warmStartFrom="teacher"))
     status = wait_phase(cluster, namespace, "apprentice", "Succeeded", "Failed", timeout=240)["status"]
     assert status["phase"] == "Succeeded", status
     assert status["checkpoint"]["warmStartedFrom"] == f"{namespace}/teacher", status
-    assert "WarmStarted" in _events(cluster, namespace, "apprentice")
+    assert "WarmStarted" in events_text(cluster, namespace, "apprentice")
 
 
 def test_a_corrupt_newest_checkpoint_falls_back_to_the_one_before(
@@ -144,11 +117,11 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_one_before(
     doc["spec"]["syncCheck"]["everySteps"] = 50
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
     wait_for(lambda: len(list(folder.glob("step-*.pt"))) >= 2, what="two checkpoints", timeout=240)
-    rank0 = _pod_at(cluster, namespace, "fallback", 0)
+    rank0 = pod_name_at(cluster, namespace, "fallback", 0)
     # SIGKILL every process of rank 0's container first (its main one and the ranks below it: no save
     # after this), then flip one byte of the newest checkpoint.
     main = container_pid(real_nodes, cluster.pod(namespace, rank0))
-    for pid in [main, *_descendants(main)]:
+    for pid in [main, *descendants(main)]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 
@@ -168,4 +141,4 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_one_before(
     resumed = int(older[-1].name.split(".")[0].removeprefix("step-"))
     assert status["checkpoint"]["resumedFromStep"] == resumed, status
     assert any(newest.name in skipped for skipped in status["checkpoint"]["skipped"]), status
-    assert "CheckpointSkipped" in _events(cluster, namespace, "fallback")
+    assert "CheckpointSkipped" in events_text(cluster, namespace, "fallback")

@@ -15,12 +15,7 @@ from typing import Any
 
 import pytest
 
-from cluster import processes
-from cluster.fixtures import Cluster, wait_for
-from cluster.nodeconfig import RealNode
-from ddp_trainer.launch import agent
-
-from .conftest import (
+from helpers.e2e import (
     Operator,
     children,
     container_pid,
@@ -28,8 +23,10 @@ from .conftest import (
     get,
     real_ddpjob,
     wait_phase,
-    writable_folder,
 )
+from helpers.e2e_pods import durable_job, pod_at, rank_process
+from testcluster.fixtures import Cluster, wait_for
+from testcluster.nodeconfig import RealNode
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -44,53 +41,12 @@ def _patch(cluster: Cluster, namespace: str, name: str, patch: dict[str, Any], *
     )
 
 
-def _durable(folder: Path, **spec: Any) -> dict[str, Any]:
-    """A built-in trainer job whose checkpoints go to ``folder``, a hostPath mounted at the same path."""
-    writable_folder(folder)
-    return {"checkpoint": {"volume": {"hostPath": {"path": str(folder)}}, "mountPath": str(folder)}, **spec}
-
-
-def _pod_at(cluster: Cluster, namespace: str, job: str, index: int) -> dict[str, Any]:
-    (pod,) = [
-        p
-        for p in children(cluster, namespace, "pods", job)
-        if p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == str(index)
-        and not p["metadata"].get("deletionTimestamp")
-    ]
-    return pod
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (from the host's /proc, which sees every container's processes)."""
-    parents: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        below = parents.get(todo.pop(), [])
-        found += below
-        todo += below
-    return found
-
-
-def _rank_process(nodes: list[RealNode], pod: dict[str, Any]) -> int:
-    """The training process of a pod with one rank: the process below torchrun that the built-in trainer's
-    launcher named after its rank (a fork of the launcher's fork server)."""
-    main = container_pid(nodes, pod)
-    tree = _descendants(main)
-    leaves = [pid for pid in tree if processes.name(pid).startswith(agent.WORKER_NAME_PREFIX)]
-    assert len(leaves) == 1, (tree, leaves)
-    return leaves[0]
-
-
 def test_the_api_server_restarts_under_a_running_job(
     cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path, real_nodes: list[RealNode]
 ) -> None:
     doc = real_ddpjob(
         "outage",  # long enough to outlast the outage (about 15 s), no longer
-        **_durable(tmp_path / "ckpt", trainer={"steps": 400, "checkpointEvery": 50}),
+        **durable_job(tmp_path / "ckpt", trainer={"steps": 400, "checkpointEvery": 50}),
         syncCheck={"everySteps": 50},
     )
     _apply(cluster, namespace, doc)
@@ -114,7 +70,7 @@ def test_a_hung_rank_restarts_the_gang_with_a_reason_naming_it(
     folder = tmp_path / "ckpt"
     doc = real_ddpjob(  # more steps than the test waits for: it ends once the next attempt has resumed
         "hung",
-        **_durable(folder, trainer={"steps": 1000000, "checkpointEvery": 20}),
+        **durable_job(folder, trainer={"steps": 1000000, "checkpointEvery": 20}),
         syncCheck={"everySteps": 20},
         stallTimeoutSeconds=20,
     )
@@ -126,8 +82,8 @@ def test_a_hung_rank_restarts_the_gang_with_a_reason_naming_it(
         timeout=60,
         every=1,
     )
-    victim = _pod_at(cluster, namespace, "hung", 1)
-    frozen = _rank_process(real_nodes, victim)
+    victim = pod_at(cluster, namespace, "hung", 1)
+    frozen = rank_process(real_nodes, victim)
     started = Path(f"/proc/{frozen}/stat").read_text().rsplit(")", 1)[1].split()[19]
     os.kill(frozen, signal.SIGSTOP)
     try:
@@ -271,7 +227,7 @@ def test_a_killed_rank_restarts_the_gang_in_place_and_a_deleted_pod_recreates_it
     folder = tmp_path / "ckpt"
     doc = real_ddpjob(
         "inplace",
-        **_durable(folder, trainer={"steps": 1200, "checkpointEvery": 50}),
+        **durable_job(folder, trainer={"steps": 1200, "checkpointEvery": 50}),
         syncCheck={"everySteps": 50},
         shmSize="512Mi",
     )
@@ -280,12 +236,12 @@ def test_a_killed_rank_restarts_the_gang_in_place_and_a_deleted_pod_recreates_it
     pods = {
         p["metadata"]["name"]: p["metadata"]["uid"] for p in children(cluster, namespace, "pods", "inplace")
     }
-    victim = _pod_at(cluster, namespace, "inplace", 1)
+    victim = pod_at(cluster, namespace, "inplace", 1)
     # spec.shmSize: a memory emptyDir at /dev/shm, which the kubelet mounts as a tmpfs of that size
     mounts = Path(f"/proc/{container_pid(real_nodes, victim)}/mountinfo").read_text().splitlines()
     (shm,) = [m.split() for m in mounts if m.split()[4] == "/dev/shm"]
     assert shm[-3] == "tmpfs" and "size=524288k" in shm[-1], shm
-    os.kill(_rank_process(real_nodes, victim), signal.SIGKILL)
+    os.kill(rank_process(real_nodes, victim), signal.SIGKILL)
 
     def restarted() -> dict[str, Any] | None:
         status = get(cluster, namespace, "inplace").get("status", {})
@@ -308,12 +264,12 @@ def test_a_killed_rank_restarts_the_gang_in_place_and_a_deleted_pod_recreates_it
         "involvedObject.name=inplace,reason=RestartedInPlace",
     )["items"]
     assert events and "rank 1 killed by signal 9" in events[0]["message"], events
-    log = cluster.logs(namespace, _pod_at(cluster, namespace, "inplace", 0)["metadata"]["name"])
+    log = cluster.logs(namespace, pod_at(cluster, namespace, "inplace", 0)["metadata"]["name"])
     assert "[launcher] gang restart in place 1" in log and "restored step-" in log, log[-2000:]
     print(f"in place: {last['message']}")
 
     cluster.kubectl(
-        "delete", "pod", "-n", namespace, _pod_at(cluster, namespace, "inplace", 1)["metadata"]["name"]
+        "delete", "pod", "-n", namespace, pod_at(cluster, namespace, "inplace", 1)["metadata"]["name"]
     )
     status = wait_phase(cluster, namespace, "inplace", "Succeeded", "Failed", timeout=300)["status"]
     assert status["phase"] == "Succeeded", status

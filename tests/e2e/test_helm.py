@@ -22,12 +22,16 @@ from typing import Any
 import pytest
 import yaml
 
-from cluster import kueue
-from cluster.fixtures import Cluster, host_path_volume, wait_for
-from cluster.nodeconfig import RealNode
-
-from .conftest import ON_REAL_NODES, children, get, kubelet_volumes, real_ddpjob, wait_phase, writable_folder
-from .helmrelease import (
+from helpers.e2e import (
+    ON_REAL_NODES,
+    children,
+    get,
+    kubelet_volumes,
+    real_ddpjob,
+    wait_phase,
+    writable_folder,
+)
+from helpers.helmrelease import (
     CRDS,
     Release,
     audit_events,
@@ -36,6 +40,9 @@ from .helmrelease import (
     prometheus_operator_crds,
     used_permissions,
 )
+from testcluster import kueue
+from testcluster.fixtures import Cluster, host_path_volume, wait_for
+from testcluster.nodeconfig import RealNode
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""Queued for real: Kueue v0.17 (built from its module, tests/cluster/kueue.py) admits, holds, preempts and
+"""Queued for real: Kueue v0.17 (built from its module, testcluster/kueue.py) admits, holds, preempts and
 requeues DDPJobs on the test cluster, with the objects a user of a shared cluster writes: a ResourceFlavor,
 a ClusterQueue with quota, a LocalQueue in the namespace, a WorkloadPriorityClass.
 
@@ -19,12 +19,11 @@ from typing import Any
 import pytest
 import yaml
 
-from cluster import kueue
-from cluster.fixtures import Cluster, wait_for
-from cluster.nodeconfig import RealNode
-
-from .conftest import Operator, children, ddpjob, events, get, real_ddpjob, wait_phase
-from .test_faults import _durable, _pod_at, _rank_process
+from helpers.e2e import Operator, children, ddpjob, events, get, real_ddpjob, wait_phase
+from helpers.e2e_pods import durable_job, pod_at, rank_process
+from testcluster import kueue
+from testcluster.fixtures import Cluster, wait_for
+from testcluster.nodeconfig import RealNode
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 KUEUE = "kueue.x-k8s.io/v1beta2"
@@ -177,7 +176,7 @@ def test_a_higher_priority_job_preempts_a_running_one_which_checkpoints_waits_an
     queue = _queues(cluster, namespace)
     folder = tmp_path / "ckpt"
     trainer = {"steps": 600, "batchSize": 16, "checkpointEvery": 20}
-    _apply(cluster, namespace, real_ddpjob("low", queueName=queue, **_durable(folder, trainer=trainer)))
+    _apply(cluster, namespace, real_ddpjob("low", queueName=queue, **durable_job(folder, trainer=trainer)))
     wait_for(lambda: list(folder.glob("step-*.pt")), what="a checkpoint of the low-priority job", timeout=240)
     workload_uid = _workload(cluster, namespace, "low-1")["metadata"]["uid"]
     urgent = {"steps": 60, "batchSize": 16}
@@ -258,12 +257,12 @@ def test_a_restart_in_place_keeps_the_admission_and_a_replaced_job_is_admitted_a
 ) -> None:
     queue = _queues(cluster, namespace)
     folder = tmp_path / "ckpt"
-    spec = _durable(folder, trainer={"steps": 900, "batchSize": 16, "checkpointEvery": 50})
+    spec = durable_job(folder, trainer={"steps": 900, "batchSize": 16, "checkpointEvery": 50})
     _apply(cluster, namespace, real_ddpjob("steady", queueName=queue, **spec))
     wait_for(lambda: list(folder.glob("step-*.pt")), what="a checkpoint", timeout=240)
     workload = _workload(cluster, namespace, "steady-1")
     admitted_at = _condition(workload, "Admitted")["lastTransitionTime"]
-    os.kill(_rank_process(real_nodes, _pod_at(cluster, namespace, "steady", 1)), signal.SIGKILL)
+    os.kill(rank_process(real_nodes, pod_at(cluster, namespace, "steady", 1)), signal.SIGKILL)
     wait_for(
         lambda: get(cluster, namespace, "steady").get("status", {}).get("restartsInPlace") == 1,
         what="a restart in place",
@@ -277,7 +276,7 @@ def test_a_restart_in_place_keeps_the_admission_and_a_replaced_job_is_admitted_a
     assert _condition(again, "Admitted")["lastTransitionTime"] == admitted_at
 
     cluster.kubectl(
-        "delete", "pod", "-n", namespace, _pod_at(cluster, namespace, "steady", 0)["metadata"]["name"]
+        "delete", "pod", "-n", namespace, pod_at(cluster, namespace, "steady", 0)["metadata"]["name"]
     )
     wait_for(
         lambda: cluster.kube.get_or_none(f"/apis/batch/v1/namespaces/{namespace}/jobs/steady-2"),

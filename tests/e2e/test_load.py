@@ -1,7 +1,7 @@
 """Load on the real control plane: a hundred DDPJobs at once, and a soak of short jobs under random pod kills.
 
 Pods are host processes of the node agent on a 2-core machine, so the jobs are tiny (``python -c``). What
-the operator created is read from the API server's audit log (tests/cluster/audit.py), which records every
+the operator created is read from the API server's audit log (testcluster/audit.py), which records every
 request of the operator's ServiceAccount: exactly one Service and one Job per attempt means exactly one
 successful create of each, whatever happened in between, not only what is left at the end.
 """
@@ -18,12 +18,11 @@ from typing import Any
 
 import pytest
 
-from cluster import processes
-from cluster.audit import Request
-from cluster.fixtures import Cluster, wait_for
-
-from .conftest import Operator, ddpjob
-from .operator_process import OPERATOR_USER
+from helpers.e2e import Operator, ddpjob
+from helpers.operator_process import OPERATOR_USER
+from testcluster import processes
+from testcluster.audit import Request
+from testcluster.fixtures import Cluster, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -14,13 +14,12 @@ from typing import Any
 
 import pytest
 
-from cluster.fixtures import Cluster, wait_for
-from cluster.nodeconfig import RealNode
 from ddp_operator.api import spec
 from ddp_operator.children import render
-from operator_tests.test_refusals import VOLUME, doc_with
-
-from .conftest import Operator, children, ddpjob, real_ddpjob, wait_phase
+from helpers.e2e import Operator, children, ddpjob, real_ddpjob, wait_phase
+from helpers.spec_docs import VOLUME, doc_with
+from testcluster.fixtures import Cluster, wait_for
+from testcluster.nodeconfig import RealNode
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -1,4 +1,5 @@
-"""A DDPJob whose command is a user's torchrun script with no ddpjob code (tests/e2e/no_code_train.py), on the
+"""A DDPJob whose command is a user's torchrun script with no ddpjob code
+(tests/helpers/no_code_train.py), on the
 real control plane: the operator's init container puts the sync hook on the pods' PYTHONPATH
 (spec.syncCheck.autoInstrument, on by default), and the DDPJob shows SYNC and PROGRESS as for the built-in
 trainer — live from the pods' metrics while it runs, and from rank 0's report at the end."""
@@ -11,10 +12,9 @@ from typing import Any
 
 import pytest
 
-from cluster.fixtures import Cluster, wait_for
-from cluster.nodeconfig import RealNode
-
-from .conftest import Operator, children, get, real_ddpjob, wait_phase
+from helpers.e2e import Operator, children, get, real_ddpjob, wait_phase
+from testcluster.fixtures import Cluster, wait_for
+from testcluster.nodeconfig import RealNode
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 STEPS = 1500

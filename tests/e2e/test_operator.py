@@ -11,10 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cluster.fixtures import Cluster, wait_for
-from cluster.nodeconfig import RealNode
-
-from .conftest import (
+from helpers.e2e import (
     ON_REAL_NODES,
     REPO,
     Operator,
@@ -26,6 +23,8 @@ from .conftest import (
     wait_phase,
     writable_folder,
 )
+from testcluster.fixtures import Cluster, wait_for
+from testcluster.nodeconfig import RealNode
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -6,7 +6,7 @@ The way a user runs it: the Prometheus Operator (a Deployment) reconciles a ``Pr
 kube-prometheus-stack``, any namespace); their StatefulSets' pods run Prometheus 3, Alertmanager and the
 operator's config reloader, all built from their Go modules (``hack/monitoring/build.sh``). Those three
 images are upstream ones this machine cannot pull (it reaches no registry), so their pods run on the node
-agents, which run those binaries for the images (``tests/cluster/images.py``); the chart's operator and the
+agents, which run those binaries for the images (``testcluster/images.py``); the chart's operator and the
 DDPJob's trainer pods run from the project's images on the real nodes, on the same pod network. The chart
 is installed with the README's monitoring values, then a DDPJob runs the divergence drill under ``Warn``.
 Proven: Prometheus finds the operator and every trainer pod **through the chart's ServiceMonitor and
@@ -32,14 +32,13 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
-from cluster import netns
-from cluster.fixtures import Cluster, wait_for
-from cluster.images import MONITORING_BUILD, monitoring_bin
-from cluster.nodeconfig import RealNode
-from monitoring.chart_files import ALERTS, panel_queries
-
-from .conftest import ON_REAL_NODES, REPO, children, real_ddpjob
-from .helmrelease import Release, installed, prometheus_operator_crds
+from helpers.chart_files import ALERTS, panel_queries
+from helpers.e2e import ON_REAL_NODES, REPO, children, real_ddpjob
+from helpers.helmrelease import Release, installed, prometheus_operator_crds
+from testcluster import netns
+from testcluster.fixtures import Cluster, wait_for
+from testcluster.images import MONITORING_BUILD, monitoring_bin
+from testcluster.nodeconfig import RealNode
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

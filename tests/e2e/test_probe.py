@@ -9,10 +9,9 @@ from typing import Any
 
 import pytest
 
-from cluster.fixtures import Cluster, wait_for
-from cluster.nodeconfig import RealNode
-
-from .conftest import Operator, children, real_ddpjob, wait_phase
+from helpers.e2e import Operator, children, real_ddpjob, wait_phase
+from testcluster.fixtures import Cluster, wait_for
+from testcluster.nodeconfig import RealNode
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""The product as shipped, on real nodes (a kubelet and containerd each, ``tests/cluster/realnode.py``):
+"""The product as shipped, on real nodes (a kubelet and containerd each, ``testcluster/realnode.py``):
 `helm install` runs the operator from its image as the chart's Deployment on a real node, and the DDPJobs
 it reconciles train across both real nodes from the trainer image, verified: the built-in trainer, the
 no-code and plain-loop examples as shipped (their scripts are in the trainer image, and the init
@@ -8,7 +8,7 @@ namespaces (the operator's and the jobs') enforce Pod Security ``restricted``, a
 training namespaces: every pod above is admitted as rendered, and a spec that breaks the level is refused
 by the API server, which the DDPJob's status says, naming the field. Skipped, saying why, where real nodes
 cannot run (``realfixture.real_nodes``). The other e2e modules run their pods on these nodes too, under the
-operator as a local process (tests/e2e/conftest.py).
+operator as a local process (tests/helpers/e2e.py).
 """
 
 from __future__ import annotations
@@ -24,13 +24,12 @@ from typing import Any
 import pytest
 import yaml
 
-from cluster import realfixture
-from cluster.fixtures import Cluster, host_path_volume, manifests, wait_for
-from cluster.nodeconfig import RealNode
-
-from .conftest import ON_REAL_NODES, REPO, children, container_pid, events, get, wait_phase, writable_folder
-from .helmrelease import Release, audit_events, installed
-from .operator_process import ddpjob
+from helpers.e2e import ON_REAL_NODES, REPO, children, container_pid, events, get, wait_phase, writable_folder
+from helpers.helmrelease import Release, audit_events, installed
+from helpers.operator_process import ddpjob
+from testcluster import realfixture
+from testcluster.fixtures import Cluster, host_path_volume, manifests, wait_for
+from testcluster.nodeconfig import RealNode
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

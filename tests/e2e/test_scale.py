@@ -9,9 +9,8 @@ from typing import Any
 
 import pytest
 
-from cluster.fixtures import Cluster, wait_for
-
-from .conftest import Operator, children, ddpjob, get, wait_phase
+from helpers.e2e import Operator, children, ddpjob, get, wait_phase
+from testcluster.fixtures import Cluster, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

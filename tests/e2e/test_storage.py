@@ -12,9 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from cluster.fixtures import Cluster, wait_for
-
-from .conftest import REPO, Operator, get
+from helpers.e2e import REPO, Operator, get
+from testcluster.fixtures import Cluster, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

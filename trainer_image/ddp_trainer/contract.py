@@ -5,7 +5,7 @@ The operator (``ddp_operator``) renders pods and reads back what they report; th
 is defined here, once, and both import it: environment variable names and the attempt numbering, the
 trainer's flags, the NCCL/torch defaults, the exit codes, the termination report's keys and the metric
 names. This module imports nothing but the standard library (the operator image has no torch), and
-``tests/test_contract.py`` renders a pod, runs a real trainer in its environment and reads the report
+``tests/contract/test_contract.py`` renders a pod, runs a real trainer in its environment and reads the report
 back through the operator's status, so a drift between the two halves fails a test.
 
 Long because it is the one list of everything that crosses the boundary, each name with its meaning.
@@ -180,7 +180,7 @@ S3_SCHEME: Final = "s3://"
 # -- what a checkpoint records, and the spec fields that cannot change ----------------------------------
 # Declared here once: ``provenance.settings_of`` records exactly RECORDED_SETTINGS' keys, the CRD fixes
 # exactly FIXED_SPEC_FIELDS with CEL transition rules (``oldSelf``) and docs/operator.md lists the same
-# table; tests/test_fixed_fields.py fails, naming the field, when one of them lacks it.
+# table; tests/contract/test_fixed_fields.py fails, naming the field, when one of them lacks it.
 
 RECORDED_SETTINGS: Final[dict[str, tuple[str, ...]]] = {
     "model": ("trainer.model",),

@@ -396,7 +396,7 @@ def from_crd(cls: Any, mapping: Mapping[str, Any], node: Mapping[str, Any]) -> d
     field from its :func:`crd_key`, converted by its type (tuples, mappings, floats), a nested dataclass
     read the same way (an absent object takes its schema's defaults, or None where the field may be None).
     Absent fields keep the dataclass's default (else empty, or None: :func:`_empty`). The CRD's schema is
-    the one source; tests/operator_tests/test_spec.py proves every property has a field and every field a
+    the one source; tests/unit/operator/api/test_spec.py proves every property has a field and every field a
     property. A value of the wrong shape where an object belongs is a ``TypeError`` naming it."""
     if not isinstance(mapping, AbcMapping):
         raise TypeError(f"expected an object for {cls.__name__}, got {type(mapping).__name__}")

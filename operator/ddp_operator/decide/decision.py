@@ -8,7 +8,7 @@ status to write, the Service and Job to create, the Jobs to delete, the Job to (
 to post. Each branch says its phase and ``Ready`` condition; :mod:`ddp_operator.decide.status` builds the rest
 of the status. :mod:`ddp_operator.runtime.reconcile` carries plans out; every branch here is unit-tested
 without an API
-server (``tests/operator_tests/test_reconcile.py``) and proven against one by the e2e tests.
+server (``tests/unit/operator/runtime/test_reconcile.py``) and proven against one by the e2e tests.
 
 Long because every branch of the decision reads best in one place, in the order the branches are checked
 (a running attempt's own cases included: starting, a container that cannot start, unschedulable,

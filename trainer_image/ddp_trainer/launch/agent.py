@@ -25,7 +25,7 @@ resumes from the last checkpoint. This launcher adds:
    new interpreter per worker, in which the no-code hook's exit handlers run.
 
 The agent's methods are wrapped, not replaced (``_monitor_workers`` and ``_restart_workers`` of
-``LocalElasticAgent``, the same since torch 1.9); ``tests/local/test_run.py`` runs the real thing.
+``LocalElasticAgent``, the same since torch 1.9); ``tests/integration/local/test_run.py`` runs the real thing.
 The pure parts (the state, causes and exit codes) are :mod:`ddp_trainer.core.inplace`, which the trainer's
 modules import; this module imports the trainer (its workers run it), never the other way round.
 """

@@ -60,7 +60,7 @@ __all__ = [
 
 # The fingerprint (one int64 per tensor, a pure function of its raw bits, dtype and shape) lives in
 # ddp_trainer.sync.fingerprints; it is re-exported here as part of this module's public API.
-_BLOCK = BLOCK  # lanes per block (tests/trainer/test_trainer_gpu.py sizes a tensor with it)
+_BLOCK = BLOCK  # lanes per block (tests/integration/trainer/test_trainer_gpu.py sizes a tensor with it)
 _STRUCTURE = "<structure>"
 
 

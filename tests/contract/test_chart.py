@@ -1,0 +1,208 @@
+"""The Helm chart: lints, renders schema-valid objects, least-privilege RBAC, manifests/ in sync."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from ddp_operator.api.spec import parse
+from ddp_operator.children import render
+from ddp_trainer import contract
+from helpers import REPO
+
+CHART = REPO / "charts" / "ddpjob-operator"
+
+
+def _helm() -> str:
+    helm = Path(sys.executable).with_name("helm")
+    if not helm.exists():
+        pytest.fail("helm is missing: `make test` installs it into .venv/bin (hack/install_helm.py)")
+    return str(helm)
+
+
+def _template(*args: str) -> list[dict[str, Any]]:
+    out = subprocess.run(
+        [_helm(), "template", "ddpjob", str(CHART), "--namespace", "ddpjob-system", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def test_lint_passes_and_values_are_checked() -> None:
+    ok = subprocess.run([_helm(), "lint", str(CHART)], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    for value in ("replicaCount=6", "peeringLifetimeSeconds=1"):
+        bad = subprocess.run(
+            [_helm(), "lint", str(CHART), "--set", value], capture_output=True, text=True, timeout=60
+        )
+        assert bad.returncode != 0 and value.split("=")[0] in bad.stdout + bad.stderr, value
+    standby = subprocess.run(
+        [_helm(), "template", "x", str(CHART), "--set", "replicaCount=2"], capture_output=True, text=True
+    )
+    assert standby.returncode == 0 and "kind: PodDisruptionBudget" in standby.stdout, standby.stderr
+    assert "podAntiAffinity" in standby.stdout and "--priority=auto" in standby.stdout
+
+
+def test_manifests_are_generated_from_the_chart() -> None:
+    rendered = subprocess.run(
+        [_helm(), "template", "ddpjob", str(CHART), "--namespace", "ddpjob-system"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    assert (REPO / "manifests" / "operator.yaml").read_text() == rendered, "stale: run `make manifests`"
+
+
+@pytest.mark.parametrize(
+    "values", [[], ["--set", "watchNamespaces={team-a,team-b}"]], ids=["cluster", "namespaced"]
+)
+def test_objects_pass_the_official_schemas(values: list[str]) -> None:
+    objects = _template(*values)
+    for obj in objects:
+        if obj["apiVersion"] == "kopf.dev/v1":  # Kopf's peering kinds: not in the official schemas
+            assert obj["metadata"]["name"] == "ddpjob-operator"  # the name the handlers peer under
+            continue
+        kubernetes_validate.validate(obj, "1.34.0", strict=True)
+    assert any(obj["apiVersion"] == "kopf.dev/v1" for obj in objects)
+
+
+def test_operator_runs_locked_down() -> None:
+    (deployment,) = [o for o in _template() if o["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    (container,) = pod["containers"]
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert container["args"][0] == "operator"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def test_rbac_is_least_privilege() -> None:
+    rules = [rule for o in _template() if o["kind"] == "ClusterRole" for rule in o["rules"]]
+    for rule in rules:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
+    granted = {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert ("", "secrets", "get") not in granted
+    assert ("", "pods", "delete") not in granted and ("", "pods", "create") not in granted
+    assert ("batch", "jobs", "create") in granted and ("ddpjob.io", "ddpjobs/status", "patch") in granted
+    # why a checkpoint claim keeps the pods waiting: the claim itself and the events about it, read only
+    assert ("", "persistentvolumeclaims", "get") in granted and ("", "events", "list") in granted
+    assert {verb for group, resource, verb in granted if resource == "persistentvolumeclaims"} == {
+        "create",
+        "get",
+    }
+    assert ("", "events", "watch") not in granted and ("", "persistentvolumes", "get") not in granted
+
+
+def test_watching_namespaces_binds_only_there() -> None:
+    objects = _template("--set", "watchNamespaces={team-a,team-b}")
+    bindings = [
+        (o["kind"], o["metadata"].get("namespace"), o["roleRef"]["name"])
+        for o in objects
+        if o["kind"] in ("RoleBinding", "ClusterRoleBinding")
+    ]
+    assert ("RoleBinding", "team-a", "ddpjob-operator-jobs") in bindings
+    assert ("RoleBinding", "team-b", "ddpjob-operator-jobs") in bindings
+    assert ("ClusterRoleBinding", None, "ddpjob-operator-jobs") not in bindings
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    assert "--namespace=team-a" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+MONITORING = [
+    "--set",
+    "metrics.podMonitor.enabled=true,metrics.serviceMonitor.enabled=true",
+    "--set",
+    "prometheusRule.enabled=true,grafanaDashboard.enabled=true",
+]
+MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}  # the Prometheus Operator's CRDs
+
+
+def test_monitoring_is_off_by_default() -> None:
+    kinds = {o["kind"] for o in _template()}
+    assert not kinds & (MONITORING_KINDS | {"Service", "ConfigMap"})
+
+
+def test_monitoring_lints_strictly_and_passes_the_official_schemas() -> None:
+    ok = subprocess.run(
+        [_helm(), "lint", "--strict", str(CHART), *MONITORING], capture_output=True, text=True, timeout=60
+    )
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    objects = _template(*MONITORING)
+    assert MONITORING_KINDS | {"Service", "ConfigMap"} <= {o["kind"] for o in objects}
+    for obj in objects:
+        if obj["apiVersion"] in ("kopf.dev/v1", "monitoring.coreos.com/v1"):
+            continue  # not in the official schemas
+        kubernetes_validate.validate(obj, "1.34.0", strict=True)
+
+
+def test_monitoring_values_are_checked() -> None:
+    bad = subprocess.run(
+        [_helm(), "template", str(CHART), "--set", "metrics.podMonitor.enable=true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode != 0 and "enable" in bad.stderr
+
+
+def test_monitors_select_the_operator_and_the_trainer_pods() -> None:
+    objects = {o["kind"]: o for o in _template(*MONITORING)}
+    service, monitor = objects["Service"], objects["ServiceMonitor"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    (deployment,) = [o for o in _template() if o["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert service["spec"]["ports"][0]["targetPort"] in {
+        p["name"] for p in pod["spec"]["containers"][0]["ports"]
+    }
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert {"targetLabel": "job", "replacement": "ddpjob-operator"} in monitor["spec"]["endpoints"][0][
+        "relabelings"
+    ]
+    # the PodMonitor selects what render.py puts on every trainer pod, on the port it names
+    job = {"apiVersion": "ddpjob.io/v1alpha1", "kind": "DDPJob", "metadata": {"name": "j", "namespace": "n"}}
+    spec = parse({**job, "spec": {"nodes": 1, "device": "cpu"}})
+    trainer_labels = render.labels(spec, attempt=1)
+    pods = objects["PodMonitor"]["spec"]
+    assert pods["selector"]["matchLabels"].items() <= trainer_labels.items()
+    endpoint = pods["podMetricsEndpoints"][0]
+    assert endpoint["port"] == contract.METRICS_PORT_NAME
+    assert {"targetLabel": "job", "replacement": "ddpjob-trainer"} in endpoint["relabelings"]
+    assert pods["namespaceSelector"] == {"any": True}
+    scoped = {o["kind"]: o for o in _template(*MONITORING, "--set", "watchNamespaces={team-a}")}
+    assert scoped["PodMonitor"]["spec"]["namespaceSelector"] == {"matchNames": ["team-a"]}
+
+
+def test_rules_and_dashboard_are_the_committed_files() -> None:
+    objects = {o["kind"]: o for o in _template(*MONITORING, "--set", "grafanaDashboard.folder=ML")}
+    alerts = yaml.safe_load((CHART / "files" / "alerts.yaml").read_text())
+    assert objects["PrometheusRule"]["spec"] == alerts
+    dashboard = objects["ConfigMap"]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert dashboard["metadata"]["annotations"] == {"grafana_folder": "ML"}
+    assert json.loads(dashboard["data"]["ddpjob.json"]) == json.loads(
+        (CHART / "files" / "dashboard.json").read_text()
+    )
+    relabelled = _template("--set", "grafanaDashboard.enabled=true,grafanaDashboard.label=dash")
+    (config_map,) = [o for o in relabelled if o["kind"] == "ConfigMap"]
+    assert config_map["metadata"]["labels"]["dash"] == "1"

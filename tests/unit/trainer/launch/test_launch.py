@@ -1,0 +1,61 @@
+"""The launcher's pure decisions: which failed rank is the cause, which exit codes are never restarted in
+place, and the state it hands its workers. (The real agent: tests/integration/local/test_run.py.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddp_trainer import contract
+from ddp_trainer.core import inplace
+from ddp_trainer.launch import agent as launcher
+
+GLOO_RESET = "RuntimeError: [pair.cc:545] Read error [127.0.0.1]:3479: Connection reset by peer."
+
+
+def test_a_killed_rank_is_the_cause_not_the_peers_that_lost_it() -> None:
+    failures = {0: (1, GLOO_RESET), 1: (-9, "Signal 9 (SIGKILL) received by PID 7"), 2: (-15, "")}
+    assert inplace.cause(failures) == "rank 1 killed by signal 9 (and 2 more rank(s) on this node)"
+
+
+def test_a_ranks_own_error_beats_a_collateral_one_and_a_traceback_says_its_last_line() -> None:
+    own = "Traceback (most recent call last):\n  File x\nValueError: bad batch"
+    assert inplace.cause({0: (1, GLOO_RESET), 3: (1, own)}) == (
+        "rank 3 exited 1: ValueError: bad batch (and 1 more rank(s) on this node)"
+    )
+    assert inplace.cause({}) == contract.OTHER_NODE_FAILED
+
+
+def test_causes_across_pods_are_ranked_the_same_way() -> None:
+    causes = [contract.OTHER_NODE_FAILED, "rank 0 exited 1: " + GLOO_RESET, "rank 3 killed by signal 9"]
+    assert min(causes, key=contract.blame) == "rank 3 killed by signal 9"
+    assert min(causes[:2], key=contract.blame).startswith("rank 0 exited 1")
+
+
+@pytest.mark.parametrize(
+    ("codes", "expected"), [([1, -9], None), ([1, 78], 78), ([2], 2), ([86, 1], 86), ([143], 143)]
+)
+def test_configuration_divergence_and_sigterm_codes_are_never_restarted_in_place(
+    codes: list[int], expected: int | None
+) -> None:
+    assert inplace.not_retried(codes) == expected
+    assert inplace.exit_code_of(dict(enumerate(codes))) == (expected or 1)
+
+
+def test_the_state_round_trips_and_a_missing_or_broken_one_is_a_fresh_start(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    inplace.write_state(path, inplace.LaunchState(2, "rank 1 killed by signal 9", 12.5))
+    env = {contract.LAUNCH_STATE_ENV: str(path)}
+    assert inplace.read_state(env) == inplace.LaunchState(2, "rank 1 killed by signal 9", 12.5)
+    assert inplace.read_state({}) == inplace.LaunchState()
+    path.write_text("{not json")
+    assert inplace.read_state(env) == inplace.LaunchState()
+
+
+def test_node_rank_0_hosts_the_rendezvous_unless_the_user_says_otherwise() -> None:
+    c10d = {contract.PET_RDZV_BACKEND: "c10d"}
+    assert launcher.rendezvous_host({**c10d, contract.PET_NODE_RANK: "0"}) == {"PET_RDZV_CONF": "is_host=1"}
+    assert launcher.rendezvous_host({**c10d, contract.PET_NODE_RANK: "3"}) == {"PET_RDZV_CONF": "is_host=0"}
+    assert launcher.rendezvous_host({**c10d, contract.PET_NODE_RANK: "0", "PET_RDZV_CONF": "x=1"}) == {}
+    assert launcher.rendezvous_host({contract.PET_NODE_RANK: "0"}) == {}
