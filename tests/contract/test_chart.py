@@ -91,18 +91,34 @@ def test_operator_runs_locked_down() -> None:
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
 
 
-def test_rbac_is_least_privilege() -> None:
-    rules = [rule for o in _template() if o["kind"] == "ClusterRole" for rule in o["rules"]]
+def _granted(*args: str) -> set[tuple[str, str, str]]:
+    rules = [rule for o in _template(*args) if o["kind"] == "ClusterRole" for rule in o["rules"]]
     for rule in rules:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
-    granted = {
+    return {
         (group, resource, verb)
         for rule in rules
         for group in rule["apiGroups"]
         for resource in rule["resources"]
         for verb in rule["verbs"]
     }
-    assert ("", "secrets", "get") not in granted
+
+
+def test_secrets_are_only_got_and_not_at_all_without_check_references() -> None:
+    """checkReferences (on by default): get on Secrets and ConfigMaps, for the metadata-only look-up of those
+    a spec names; never list or watch (no way to read them all). Off: no access to Secrets at all."""
+    on, off = _granted(), _granted("--set", "checkReferences=false")
+    assert {(r, v) for g, r, v in on if r in ("secrets", "configmaps")} == {
+        ("secrets", "get"),
+        ("configmaps", "get"),
+    }
+    assert not {r for g, r, v in off if r in ("secrets", "configmaps")}
+    assert on - off == {("", "secrets", "get"), ("", "configmaps", "get")}
+
+
+def test_rbac_is_least_privilege() -> None:
+    granted = _granted()
+    assert ("", "secrets", "list") not in granted and ("", "secrets", "watch") not in granted
     assert ("", "pods", "delete") not in granted and ("", "pods", "create") not in granted
     assert ("batch", "jobs", "create") in granted and ("ddpjob.io", "ddpjobs/status", "patch") in granted
     # why a checkpoint claim keeps the pods waiting: the claim itself and the events about it, read only

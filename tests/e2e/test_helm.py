@@ -73,7 +73,8 @@ def _apply(cluster: Cluster, namespace: str, doc: dict[str, Any]) -> None:
 
 
 def _representative_run(cluster: Cluster, release: Release, folder: Path) -> tuple[str, list[dict[str, Any]]]:
-    """The operator's paths: a trained job with a checkpoint claim and a secret env var, a gang restart
+    """The operator's paths: a trained job with a checkpoint claim and a secret env var, a job with a
+    ConfigMap's variables (both looked up, by their metadata, before their pods start), a gang restart
     then a TTL deletion, a suspension, a Job the API server refuses; returns the secret's value and the
     trained job's pods."""
     ns = release.jobs
@@ -104,7 +105,9 @@ def _representative_run(cluster: Cluster, release: Release, folder: Path) -> tup
         "sys.exit(3 if (os.environ['DDPJOB_ATTEMPT'], os.environ['NODE_RANK']) == ('1', '1') else 0)"
     )
     flaky = real_ddpjob("flaky", ttlSecondsAfterFinished=1, command=["python", "-c", fail_once])
-    paused = real_ddpjob("paused", command=["python", "-c", "import time; time.sleep(600)"])
+    cluster.kubectl("create", "configmap", "trainer-settings", "-n", ns, "--from-literal=LOG_LEVEL=info")
+    settings = [{"configMapRef": {"name": "trainer-settings"}}]  # looked up (get) while the pods start
+    paused = real_ddpjob("paused", command=["python", "-c", "import time; time.sleep(600)"], envFrom=settings)
     # a label value Kubernetes refuses on the Job: the operator deletes the Service it created before it
     refused = real_ddpjob("refused", podTemplate={"labels": {"team": "a b"}})
     for doc in (trained, flaky, paused, refused):

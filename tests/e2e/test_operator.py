@@ -188,6 +188,35 @@ def test_unschedulable_job_says_why(
     assert get(cluster, namespace, "greedy")["status"]["phase"] == "Pending"
 
 
+def test_a_missing_secret_is_said_before_any_pod_starts_and_its_creation_lets_the_job_go_on(
+    cluster: Cluster, operator: Operator, namespace: str, real_nodes: list[RealNode]
+) -> None:
+    """The operator's own look-up (the chart's checkReferences): pods that no node can take (a GPU each, so
+    no kubelet ever says anything) and an envFrom Secret that does not exist. The status names the Secret
+    and its field within 30 s, the Job is created all the same, no restart is spent; once the Secret
+    exists, the remaining cause (Unschedulable) is said instead."""
+    doc = real_ddpjob(
+        "unsaid", device="cuda", envFrom=[{"secretRef": {"name": "s3-creds"}}], **_python("pass")
+    )
+    _apply(cluster, namespace, doc)
+
+    def ready_reason(reason: str) -> dict[str, object] | None:
+        status = get(cluster, namespace, "unsaid").get("status", {})
+        ready = {c["type"]: c for c in status.get("conditions", [])}.get("Ready", {})
+        return ready if ready.get("reason") == reason else None
+
+    ready = wait_for(lambda: ready_reason("ConfigError"), what="Ready: ConfigError", timeout=30, every=0.5)
+    assert "Secret s3-creds (spec.envFrom[0].secretRef) does not exist" in str(ready["message"]), ready
+    assert children(cluster, namespace, "jobs", "unsaid"), (
+        "the Job was not created while the Secret is missing"
+    )
+    assert all(not p["spec"].get("nodeName") for p in children(cluster, namespace, "pods", "unsaid"))
+    cluster.kubectl("create", "secret", "generic", "s3-creds", "-n", namespace, "--from-literal=k=v")
+    wait_for(lambda: ready_reason("Unschedulable"), what="Ready: Unschedulable", timeout=30, every=0.5)
+    status = get(cluster, namespace, "unsaid")["status"]
+    assert (status["phase"], status["attempt"], status.get("restarts", 0)) == ("Pending", 1, 0), status
+
+
 def test_operator_metrics(cluster: Cluster, operator: Operator) -> None:
     text = operator.metrics()
     assert 'ddpjob_reconciles_total{result="ok"}' in text

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +29,7 @@ from ddp_operator.children import render
 from ddp_operator.decide import resize, restarts, stall, status
 from ddp_operator.decide.plan import Event, Plan, Scrape
 from ddp_operator.decide.status import StatusBuilder, parse_time, stamp
-from ddp_operator.observe import claims, kueue, live, podsecurity, startup
+from ddp_operator.observe import claims, kueue, live, podsecurity, references, startup
 from ddp_operator.observe import facts as observe_module
 from ddp_operator.observe.facts import Facts, JobFacts, observe
 from ddp_trainer import contract
@@ -71,19 +71,21 @@ def decide_for(
     claim: claims.ClaimReading | None = None,
     workloads: Mapping[str, Mapping[str, Any]] | None = None,
     mount_events: Sequence[Mapping[str, Any]] = (),
+    missing: Collection[tuple[str, str]] = (),
 ) -> Plan:
     """The plan for one DDPJob from its body and the children that carry its label, what the cluster
     says about its checkpoint claim when :func:`claims.claim_to_read` asked for it, Kueue's
     Workloads of its Jobs (by Job name; :mod:`queueing`), and the events read for it: the kubelet's
     ``FailedMount`` on its pods (:func:`mounts.pods_to_read`), the Job controller's ``FailedCreate`` on a
-    Job without pods (:func:`podsecurity.jobs_to_read`)."""
+    Job without pods (:func:`podsecurity.jobs_to_read`); ``missing``: the (kind, name) of the Secrets and
+    ConfigMaps it names that the operator looked up and found absent (:func:`references.to_look_up`)."""
     previous = dict(body.get("status") or {})
     generation = int(body.get("metadata", {}).get("generation") or 0)
     try:
         spec = parse(body, admitted=True)
     except SpecError as exc:
         return invalid_spec(exc, previous, generation, now)
-    facts = observe(previous, jobs, pods, spec.metrics_port, startup.references(spec), mount_events)
+    facts = observe(previous, jobs, pods, spec.metrics_port, references.references(spec), mount_events)
     used = restarts.restarts_used(
         facts.attempt,
         status.count(previous.get("preemptions")),
@@ -96,6 +98,8 @@ def decide_for(
         pod = job["spec"]["template"]["spec"]
         if refusal := podsecurity.failure(mount_events, facts.job.name, spec.namespace, pod):
             facts = dataclasses.replace(facts, startup=refusal)
+    if facts.startup is None and (absent := startup.absent(spec, missing, job["metadata"]["name"])):
+        facts = dataclasses.replace(facts, startup=absent)  # said now, before a pod could say it
     rendered = render.render_checkpoint_claim(spec)
     why = claims.diagnose(claim, owned=rendered is not None, nodes=spec.nodes)
     found = (workloads or {}).get(facts.job.name) if facts.job and spec.queue_name else None
@@ -224,6 +228,8 @@ def _create(inputs: Inputs, out: StatusBuilder) -> Plan:
         out.condition(reasons.READY, False, reasons.SUSPENDED, SUSPENDED_READY)
     else:
         out.condition(reasons.READY, False, "Creating", f"creating attempt {attempt}")
+        if (absent := inputs.facts.startup) is not None:  # created all the same: the objects may come later
+            _cannot_start(inputs, out, absent)
     status.sync_condition(out)
     return out.plan(create_claim=inputs.claim, create_service=inputs.service, create_job=inputs.job)
 

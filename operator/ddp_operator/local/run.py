@@ -23,7 +23,7 @@ from ddp_operator.api.spec import Spec, known_total_steps, sync_hook
 from ddp_operator.children import render
 from ddp_operator.decide import restarts
 from ddp_operator.local import elastic, gang, host, processes
-from ddp_operator.observe import failures, podlogs, progress, startup
+from ddp_operator.observe import failures, podlogs, progress, references
 from ddp_trainer import contract
 
 GRACE_SECONDS = 30.0  # the trainer checkpoints at its next step boundary on SIGTERM, well within this
@@ -330,8 +330,8 @@ def _local_notes(spec: Spec, first_attempt: int, run_dir: Path) -> list[str]:
             "no spec.command: the args run after the trainer image's entrypoint "
             "(torchrun, under the launcher), " + " ".join(contract.IMAGE_ENTRYPOINT)
         )
-    # named as the operator names them when they are missing (observe.startup): kind, name, field
-    named = startup.references(spec)
+    # named as the operator names them when they are missing (observe.references): kind, name, field
+    named = references.references(spec)
     if env_from := [str(ref) for ref in named if ref.field.startswith("spec.envFrom")]:
         notes.append(
             f"{', '.join(env_from)}: not read here (no API server); this machine's environment reaches "

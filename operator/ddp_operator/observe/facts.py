@@ -20,7 +20,8 @@ from ddp_operator.api import names, reasons
 from ddp_operator.observe import failures, mounts, podlogs
 from ddp_operator.observe.live import Target
 from ddp_operator.observe.outcome import Outcome
-from ddp_operator.observe.startup import Reference, StartupFailure, first_failure
+from ddp_operator.observe.references import Reference
+from ddp_operator.observe.startup import StartupFailure, first_failure
 from ddp_trainer import contract
 
 
@@ -276,7 +277,7 @@ def observe(
     mount_events: Sequence[Mapping[str, Any]] = (),
 ) -> Facts:
     """The facts about one DDPJob, from its last status and the Jobs and pods that carry its label;
-    ``references``: the Secrets and ConfigMaps its spec names (:func:`~.startup.references`);
+    ``references``: the Secrets and ConfigMaps its spec names (:func:`~.references.references`);
     ``mount_events``: the kubelet's ``FailedMount`` events on its pods (:func:`mounts.pods_to_read`)."""
     attempt = current_attempt(previous, jobs)
     current = [job for job in jobs if attempt_of(job) == attempt]

@@ -16,7 +16,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ddp_operator.api import reasons
-from ddp_operator.observe.startup import MESSAGE_CHARS, Reference, StartupFailure, missing, node_rank
+from ddp_operator.observe.references import Reference
+from ddp_operator.observe.startup import MESSAGE_CHARS, StartupFailure, missing, node_rank
 
 SCHEDULED_SECONDS = 10.0
 """A pod scheduled this long ago whose sandbox is still not made is worth asking about: a mount that

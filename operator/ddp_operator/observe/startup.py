@@ -10,19 +10,20 @@ not parse, a registry that has no such image or refuses it, a Secret or ConfigMa
 user must act; the operator keeps watching, and the pods start once the cause is gone.
 :mod:`ddp_operator.decide.decision` puts it in the ``Ready`` condition and the REASON column.
 
-:func:`references` lists the Secrets and ConfigMaps a spec names, each with its field: the fix names the
-field, and local mode (which reads none) names them the same way.
+The Secrets and ConfigMaps a spec names, each with its field, are :mod:`~.observe.references`'s: the fix
+names the field.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ddp_operator.api import names, reasons
 from ddp_operator.api.spec import Spec
+from ddp_operator.observe.references import Reference, named, references
 
 REASONS: Mapping[str, str] = {
     "ImagePullBackOff": reasons.IMAGE_PULL_BACK_OFF,
@@ -46,21 +47,6 @@ _ABSENT = re.compile(r"\bnot found\b|does not exist|manifest unknown|name unknow
 _REFUSED = re.compile(
     r"unauthorized|denied|forbidden|authentication required|authorization failed|\b40[13]\b", re.IGNORECASE
 )
-
-
-@dataclass(frozen=True)
-class Reference:
-    """A Secret or ConfigMap the spec names, and where."""
-
-    kind: str
-    """``Secret`` or ``ConfigMap``."""
-    name: str
-    field: str
-    """The spec's field that names it (``spec.envFrom[0].secretRef``)."""
-    optional: bool = False
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.name} ({self.field})"
 
 
 @dataclass(frozen=True)
@@ -88,64 +74,13 @@ class StartupFailure:
         where = f" init container {self.container}" if self.init else f" container {self.container}"
         quoted = f": {self.message}" if self.message else " (the kubelet gives no message)"
         then = "it will not fix itself: " if self.final else ""
-        what = f"Job {self.pod}" if self.waiting == "FailedCreate" else f"pod {self.pod}"
+        what = f"Job {self.pod}" if self.waiting in ("FailedCreate", NOT_FOUND) else f"pod {self.pod}"
         return f"{what}{where if self.container else ''}: {self.waiting}{quoted}; {then}{self.fix}"
 
 
 def same_cause(reason: str, other: str) -> bool:
     """Two reasons of one cause (a failing pull is ``ErrImagePull``, then ``ImagePullBackOff``, again)."""
     return reason == other or (reason in PULLS and other in PULLS)
-
-
-def references(spec: Spec) -> tuple[Reference, ...]:
-    """Every Secret and ConfigMap the spec names: the trainer's ``envFrom`` and ``env``, the checkpoint
-    bucket's credentials, the pod template's volumes, image pull Secrets and init containers."""
-    found = [*_container("spec", spec.env_from, spec.env)]
-    s3 = spec.checkpoint.s3 if spec.checkpoint is not None else None
-    if s3 is not None and s3.secret_name:
-        found.append(Reference("Secret", s3.secret_name, "spec.checkpoint.s3.credentialsSecret"))
-    template = spec.pod_template
-    for i, volume in enumerate(template.volumes):
-        found += _volume(f"spec.podTemplate.volumes[{i}]", volume)
-    for i, secret in enumerate(template.image_pull_secrets):
-        if secret.get("name"):
-            found.append(Reference("Secret", str(secret["name"]), f"spec.podTemplate.imagePullSecrets[{i}]"))
-    for i, init in enumerate(template.init_containers):
-        found += _container(f"spec.podTemplate.initContainers[{i}]", init.get("envFrom"), init.get("env"))
-    return tuple(found)
-
-
-def _container(at: str, env_from: Any, env: Any) -> list[Reference]:
-    found = []
-    for i, source in enumerate(env_from or ()):
-        for key, kind in (("secretRef", "Secret"), ("configMapRef", "ConfigMap")):
-            if ref := source.get(key):
-                found.append(Reference(kind, str(ref.get("name")), f"{at}.envFrom[{i}].{key}", _opt(ref)))
-    for i, var in enumerate(env or ()):
-        source = var.get("valueFrom") or {}
-        for key, kind in (("secretKeyRef", "Secret"), ("configMapKeyRef", "ConfigMap")):
-            if ref := source.get(key):
-                field = f"{at}.env[{i}].valueFrom.{key}"
-                found.append(Reference(kind, str(ref.get("name")), field, _opt(ref)))
-    return found
-
-
-def _volume(at: str, volume: Mapping[str, Any]) -> list[Reference]:
-    found = []
-    if secret := volume.get("secret"):
-        found.append(Reference("Secret", str(secret.get("secretName")), f"{at}.secret", _opt(secret)))
-    if config := volume.get("configMap"):
-        found.append(Reference("ConfigMap", str(config.get("name")), f"{at}.configMap", _opt(config)))
-    for j, source in enumerate((volume.get("projected") or {}).get("sources") or ()):
-        for key, kind in (("secret", "Secret"), ("configMap", "ConfigMap")):
-            if ref := source.get(key):
-                field = f"{at}.projected.sources[{j}].{key}"
-                found.append(Reference(kind, str(ref.get("name")), field, _opt(ref)))
-    return found
-
-
-def _opt(ref: Mapping[str, Any]) -> bool:
-    return bool(ref.get("optional"))
 
 
 def node_rank(pod: Mapping[str, Any]) -> int:
@@ -200,13 +135,6 @@ def _failure(
         final, fix = _pull(reason, message, image, _image_field(name, init), refs)
         subject = image
     return StartupFailure(pod_name, name, init, said, message, reason, final, fix, subject)
-
-
-def named(kind: str, name: str, refs: Sequence[Reference]) -> str:
-    """``Secret s3-creds (spec.envFrom[0].secretRef)``: the object and the fields of the spec that name
-    it (as :class:`Reference` says one), or the object alone when the spec does not name it."""
-    fields = [ref.field for ref in refs if (ref.kind, ref.name) == (kind, name)]
-    return f"{kind} {name}" + (f" ({', '.join(fields)})" if fields else "")
 
 
 def _look(pod: str, namespace: str, what: str) -> str:
@@ -290,3 +218,26 @@ def _pull(reason: str, message: str, image: str, field: str, refs: Sequence[Refe
         f"the kubelet retries the pull with back-off; if it persists, check that the nodes reach the "
         f"registry of {image} and {field}"
     )
+
+
+def absent(spec: Spec, missing: Collection[tuple[str, str]], job: str) -> StartupFailure | None:
+    """The references ``missing`` from the namespace (what the operator's look-up found absent:
+    :func:`~.observe.references.to_look_up`) as the start-up failure of Job ``job``, or None."""
+    refs = references(spec)
+    needed = dict.fromkeys((r.kind, r.name) for r in refs if not r.optional)
+    wanted = [key for key in needed if key in missing]
+    if not wanted:
+        return None
+    subject = ", ".join(named(kind, name, refs) for kind, name in wanted)
+    one = len(wanted) == 1
+    message = f"{subject} {'does' if one else 'do'} not exist in namespace {spec.namespace}"
+    fix = (
+        f"create {'it' if one else 'them'} in namespace {spec.namespace}, or correct the name; the pods "
+        f"start once {'it exists' if one else 'they exist'}"
+    )
+    return StartupFailure(job, "", False, NOT_FOUND, message, reasons.CONFIG_ERROR, True, fix, subject)
+
+
+NOT_FOUND = "NotFound"
+"""The start-up failure's ``waiting``: the operator's own look-up found no such object (no kubelet has
+said anything yet)."""

@@ -9,7 +9,6 @@ it.
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import json
 import logging
 import time
@@ -23,8 +22,8 @@ from kubernetes.client.exceptions import ApiException
 from ddp_operator.api import crd, reasons
 from ddp_operator.decide.decision import decide_for, refused
 from ddp_operator.decide.plan import Plan
-from ddp_operator.observe import claims, mounts, podsecurity
 from ddp_operator.runtime import opmetrics
+from ddp_operator.runtime.reads import api_client, ignore, read_claim, read_events, read_missing
 from ddp_operator.runtime.recent import Recent
 from ddp_operator.runtime.scraper import Scraper
 
@@ -55,7 +54,7 @@ def reconcile(
         now = dt.datetime.now(dt.UTC)
         claim = read_claim(body, pods)
         events = read_events(body, jobs, pods, now)
-        plan = decide_for(body, jobs, pods, now, snapshot, claim, workloads, events)
+        plan = decide_for(body, jobs, pods, now, snapshot, claim, workloads, events, read_missing(body))
         _scrape(scraper, key, plan)
         try:
             try:
@@ -76,75 +75,6 @@ def reconcile(
         opmetrics.observe_reconcile(result, time.monotonic() - started)
 
 
-def read_claim(body: Mapping[str, Any], pods: list[dict[str, Any]]) -> claims.ClaimReading | None:
-    """The checkpoint claim and the events about it (or, once it is bound, the ``FailedAttachVolume``
-    events of the DDPJob's pods), when :func:`claims.claim_to_read` says the decision needs them: two
-    GETs while a job's pods wait, none once they run."""
-    name = claims.claim_to_read(body, pods)
-    if name is None:
-        return None
-    namespace = body["metadata"]["namespace"]
-    core = kubernetes.client.CoreV1Api(_client())
-    try:
-        return _read_claim(core, namespace, name, pods)
-    except ApiException as exc:
-        if exc.status != 403:
-            raise
-        # an older chart's ClusterRole: no diagnosis, but the reconcile goes on
-        logging.getLogger(__name__).warning(f"cannot read claim {name} ({exc.status} {exc.reason})")
-        return None
-
-
-def read_events(
-    body: Mapping[str, Any], jobs: list[dict[str, Any]], pods: list[dict[str, Any]], now: dt.datetime
-) -> tuple[dict[str, Any], ...]:
-    """The events the decision needs beside the indexes: the kubelet's ``FailedMount`` on the pods whose
-    volumes wait (:func:`mounts.pods_to_read`) and the Job controller's ``FailedCreate`` on a Job without
-    pods (:func:`podsecurity.jobs_to_read`: Pod Security may have refused them). One LIST for each that
-    waits, none once the pods run."""
-    if (body.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Suspended"):
-        return ()
-    wanted = (
-        ("Pod", mounts.FAILED_MOUNT, set(mounts.pods_to_read(pods, now))),
-        ("Job", podsecurity.FAILED_CREATE, set(podsecurity.jobs_to_read(jobs, pods, now))),
-    )
-    core, namespace = kubernetes.client.CoreV1Api(_client()), body["metadata"]["namespace"]
-    found: list[dict[str, Any]] = []
-    for kind, reason, waiting in wanted:
-        if not waiting:
-            continue
-        selector = f"involvedObject.kind={kind},reason={reason}"
-        try:
-            items = (_ignore((), core.list_namespaced_event, namespace, field_selector=selector) or {}).get(
-                "items", []
-            )
-        except ApiException as exc:
-            if exc.status != 403:
-                raise
-            logging.getLogger(__name__).warning(
-                f"cannot read the {kind}s' events ({exc.status} {exc.reason})"
-            )
-            continue
-        found += [e for e in items if (e.get("involvedObject") or {}).get("name") in waiting]
-    return tuple(found)
-
-
-def _read_claim(
-    core: kubernetes.client.CoreV1Api, namespace: str, name: str, pods: list[dict[str, Any]]
-) -> claims.ClaimReading:
-    claim = _ignore((404,), core.read_namespaced_persistent_volume_claim, name, namespace)
-    if claim is not None and (claim.get("status") or {}).get("phase") == "Bound":
-        mine = {pod["metadata"]["name"] for pod in pods}
-        found = _ignore((), core.list_namespaced_event, namespace, field_selector="reason=FailedAttachVolume")
-        events = [e for e in (found or {}).get("items", []) if e["involvedObject"].get("name") in mine]
-    else:
-        selector = f"involvedObject.kind=PersistentVolumeClaim,involvedObject.name={name}"
-        events = (_ignore((), core.list_namespaced_event, namespace, field_selector=selector) or {}).get(
-            "items", []
-        )
-    return claims.ClaimReading(name, claim, tuple(events))
-
-
 def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
     """A JSON merge patch (RFC 7386) that turns ``old`` into ``new``: keys ``new`` dropped become null
     (a merge patch keeps what it does not name, so a field once written would otherwise stay forever)."""
@@ -156,33 +86,6 @@ def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any
         else:
             out[key] = value
     return out
-
-
-def _ignore(codes: tuple[int, ...], call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """The call's answer (its JSON body, parsed), or None where it failed with one of ``codes``."""
-    try:
-        response = call(*args, **kwargs, _preload_content=False)
-    except ApiException as exc:
-        if exc.status not in codes:
-            raise
-        return None
-    return json.loads(response.data) if response.data else None
-
-
-CONNECTIONS = 32
-"""The API client's pool: more connections than reconciles can run at once (Kopf's handler threads and the
-timer's). With fewer, a reconcile finds the pool empty, opens a connection of its own (a TLS handshake, on
-the API server's CPU too) and the pool, full again, closes it."""
-
-
-@functools.cache
-def _client() -> kubernetes.client.ApiClient:
-    """One API client, so one connection pool, for every reconcile (made after Kopf's startup loaded the
-    configuration). An API class made without one makes its own: three TLS contexts and connections per
-    reconcile, which cost the operator tens of MiB with a hundred DDPJobs."""
-    configuration = kubernetes.client.Configuration.get_default_copy()
-    configuration.connection_pool_maxsize = CONNECTIONS
-    return kubernetes.client.ApiClient(configuration)
 
 
 def _event(body: Mapping[str, Any], type: str, reason: str, message: str) -> None:
@@ -217,7 +120,7 @@ def _create_children(namespace: str, plan: Plan, logger: Logger) -> dict[str, An
       DDPJobs created at once, and their p50 create → children went from 2–4 s to 0.5 s without it;
     * a claim is never deleted by the operator (it holds checkpoints; the chart grants no such verb), so an
       attempt that creates one is asked of the server with ``dryRun`` first, Service and Job, before it."""
-    client = _client()
+    client = api_client()
     core, batch = kubernetes.client.CoreV1Api(client), kubernetes.client.BatchV1Api(client)
     if plan.create_claim is not None:
         _create(core.create_namespaced_service, namespace, plan.create_service, dry_run="All")
@@ -235,7 +138,7 @@ def _create_children(namespace: str, plan: Plan, logger: Logger) -> dict[str, An
         if service is not None:
             name = service["metadata"]["name"]
             logger.info(f"deleting Service {name}: the API server refuses the Job that follows it")
-            _ignore((404,), core.delete_namespaced_service, name, namespace)
+            ignore((404,), core.delete_namespaced_service, name, namespace)
         raise
 
 
@@ -245,7 +148,7 @@ def _create(create: Callable[..., Any], namespace: str, obj: Mapping[str, Any] |
     if obj is None:
         return None
     try:
-        return _ignore((409,), create, namespace, obj, **options)
+        return ignore((409,), create, namespace, obj, **options)
     except ApiException as exc:
         if exc.status in (400, 422):
             raise Refused.of(obj, exc) from exc
@@ -264,31 +167,31 @@ def carry_out(body: Mapping[str, Any], plan: Plan, logger: Logger, recent: Recen
     metadata = body["metadata"]
     namespace, name = metadata["namespace"], metadata["name"]
     key = (namespace, name)
-    client = _client()
+    client = api_client()
     batch, objects = kubernetes.client.BatchV1Api(client), kubernetes.client.CustomObjectsApi(client)
     custom = (crd.GROUP, crd.VERSION, namespace, crd.PLURAL, name)
     for job_name in plan.delete_jobs:
         logger.info(f"deleting Job {job_name} and its pods")
-        _ignore((404,), batch.delete_namespaced_job, job_name, namespace, propagation_policy="Foreground")
+        ignore((404,), batch.delete_namespaced_job, job_name, namespace, propagation_policy="Foreground")
         recent.deleted(key, job_name)
     for job_name in plan.abandon_jobs:  # a second delete, in the background, drops the foreground wait
         logger.info(f"deleting Job {job_name} without waiting for its pods on a node that does not answer")
-        _ignore((404,), batch.delete_namespaced_job, job_name, namespace, propagation_policy="Background")
+        ignore((404,), batch.delete_namespaced_job, job_name, namespace, propagation_policy="Background")
     if created := _create_children(namespace, plan, logger):
         recent.created(key, created, time.monotonic())
     if plan.resize_job is not None:  # an elastic job: the same Indexed Job, another size
         job_name, nodes = plan.resize_job
         size = {"spec": {"completions": nodes, "parallelism": nodes}}
-        _ignore((404,), batch.patch_namespaced_job, job_name, namespace, size)
+        ignore((404,), batch.patch_namespaced_job, job_name, namespace, size)
     if plan.suspend_job is not None:
         job_name, suspend = plan.suspend_job
-        _ignore((404,), batch.patch_namespaced_job, job_name, namespace, {"spec": {"suspend": suspend}})
+        ignore((404,), batch.patch_namespaced_job, job_name, namespace, {"spec": {"suspend": suspend}})
     if plan.status != body.get("status"):
         patch = {"status": merge_patch(body.get("status") or {}, plan.status)}
-        if patched := _ignore((404,), objects.patch_namespaced_custom_object_status, *custom, patch):
+        if patched := ignore((404,), objects.patch_namespaced_custom_object_status, *custom, patch):
             recent.patched(key, patched)
     for event in plan.events:
         _event(body, event.type, event.reason, event.message)
     if plan.delete_self:
         logger.info("ttlSecondsAfterFinished has passed: deleting the DDPJob")
-        _ignore((404,), objects.delete_namespaced_custom_object, *custom)
+        ignore((404,), objects.delete_namespaced_custom_object, *custom)

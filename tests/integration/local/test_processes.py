@@ -11,7 +11,7 @@ from ddp_operator.api.spec import parse
 from ddp_operator.children import render
 from ddp_operator.local import processes as local
 from ddp_operator.local import run
-from ddp_operator.observe import startup
+from ddp_operator.observe import references
 from ddp_trainer import contract
 
 DOC: dict[str, Any] = {
@@ -85,7 +85,7 @@ def test_secrets_come_from_this_machine_or_are_named() -> None:
 
 def test_the_secrets_and_config_maps_envfrom_names_are_named_as_the_operator_names_them() -> None:
     """Nothing reads them here: the run says so at its start, each by kind, name and field, the words the
-    operator's status uses when one is missing on a cluster (observe.startup), and what to do instead."""
+    operator's status uses when one is missing on a cluster (observe.references), and what to do instead."""
     doc = {
         **DOC,
         "spec": {
@@ -104,8 +104,8 @@ def test_the_secrets_and_config_maps_envfrom_names_are_named_as_the_operator_nam
     assert any(
         n.startswith("Secret bucket-creds (spec.checkpoint.s3.credentialsSecret): not read") for n in notes
     )
-    refs = startup.references(parse(doc))
-    assert startup.named("Secret", "s3-creds", refs) in said[0]
+    refs = references.references(parse(doc))
+    assert references.named("Secret", "s3-creds", refs) in said[0]
 
 
 def test_gpus_are_split_between_pods() -> None:

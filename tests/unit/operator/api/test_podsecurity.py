@@ -172,15 +172,15 @@ class _Events:
 def test_the_runtime_lists_failed_creates_only_while_a_job_has_no_pod(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from ddp_operator.runtime import reconcile
+    from ddp_operator.runtime import reads
 
     job = _job()
     api = _Events([_event("psa-1"), _event("someone-else-1")])
-    monkeypatch.setattr(reconcile, "_client", lambda: None)
-    monkeypatch.setattr(reconcile.kubernetes.client, "CoreV1Api", api)
+    monkeypatch.setattr(reads, "api_client", lambda: None)
+    monkeypatch.setattr(reads.kubernetes.client, "CoreV1Api", api)
     body = {"metadata": {"name": "psa", "namespace": "ml"}, "status": {"phase": "Pending"}}
-    found = reconcile.read_events(body, [job], [], NOW)
+    found = reads.read_events(body, [job], [], NOW)
     assert [e["involvedObject"]["name"] for e in found] == ["psa-1"]
     assert api.calls == [("ml", "involvedObject.kind=Job,reason=FailedCreate")]
     pod = {"metadata": {"labels": dict(job["spec"]["template"]["metadata"]["labels"])}}
-    assert reconcile.read_events(body, [job], [pod], NOW) == () and len(api.calls) == 1  # its pods exist
+    assert reads.read_events(body, [job], [pod], NOW) == () and len(api.calls) == 1  # its pods exist

@@ -14,8 +14,9 @@ from kubernetes.client.exceptions import ApiException
 from ddp_operator.api import names, reasons
 from ddp_operator.api.spec import parse
 from ddp_operator.observe import facts, mounts, startup
-from ddp_operator.observe.startup import Reference, first_failure, references
-from ddp_operator.runtime import handlers, reconcile
+from ddp_operator.observe.references import Reference, references
+from ddp_operator.observe.startup import first_failure
+from ddp_operator.runtime import handlers, reads
 from helpers.kubelet_pods import IMAGE, MOUNT_NOT_FOUND, NOT_FOUND, failed_mount, kubelet_pod, mounting_pod
 
 REFS = (
@@ -343,15 +344,13 @@ def test_the_runtime_lists_failed_mounts_only_while_a_pods_volumes_wait(
     now = dt.datetime(2026, 11, 22, 12, 0, 0, tzinfo=dt.UTC)
     body = {"metadata": {"name": "job", "namespace": "team-a"}, "status": {"phase": "Pending"}}
     api = _Events([failed_mount(MOUNT_NOT_FOUND), failed_mount(MOUNT_NOT_FOUND, pod="someone-else")])
-    monkeypatch.setattr(reconcile, "_client", lambda: None)
-    monkeypatch.setattr(reconcile.kubernetes.client, "CoreV1Api", api)
-    assert reconcile.read_events(body, [], [kubelet_pod(0)], now) == () and api.calls == []  # nothing waits
-    found = reconcile.read_events(body, [], [mounting_pod(0)], now)
+    monkeypatch.setattr(reads, "api_client", lambda: None)
+    monkeypatch.setattr(reads.kubernetes.client, "CoreV1Api", api)
+    assert reads.read_events(body, [], [kubelet_pod(0)], now) == () and api.calls == []  # nothing waits
+    found = reads.read_events(body, [], [mounting_pod(0)], now)
     assert [e["involvedObject"]["name"] for e in found] == ["job-1-0-x7k2p"]
     assert api.calls == [("team-a", "involvedObject.kind=Pod,reason=FailedMount")]
     finished = {**body, "status": {"phase": "Succeeded"}}
-    assert reconcile.read_events(finished, [], [mounting_pod(0)], now) == ()
-    monkeypatch.setattr(reconcile.kubernetes.client, "CoreV1Api", _Events([], status=403))
-    assert (
-        reconcile.read_events(body, [], [mounting_pod(0)], now) == ()
-    )  # an older chart: no reading, no failure
+    assert reads.read_events(finished, [], [mounting_pod(0)], now) == ()
+    monkeypatch.setattr(reads.kubernetes.client, "CoreV1Api", _Events([], status=403))
+    assert reads.read_events(body, [], [mounting_pod(0)], now) == ()  # an older chart: no reading, no failure

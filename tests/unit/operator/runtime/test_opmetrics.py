@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from ddp_operator.decide.plan import Plan
-from ddp_operator.runtime import handlers, opmetrics, reconcile
+from ddp_operator.runtime import handlers, opmetrics, reads
 
 
 def _job(name: str, phase: str | None) -> dict[str, Any]:
@@ -104,7 +104,7 @@ def test_a_scrape_reads_again_an_index_that_changed_meanwhile() -> None:
 
 
 def test_the_client_pool_holds_every_reconcile_that_runs_at_once() -> None:
-    assert reconcile.CONNECTIONS > handlers.HANDLER_THREADS + 1  # Kopf's handler threads and the timer's
+    assert reads.CONNECTIONS > handlers.HANDLER_THREADS + 1  # Kopf's handler threads and the timer's
 
 
 def test_an_elastic_jobs_size_is_read_from_its_status_while_it_runs_and_resizes_are_counted(
