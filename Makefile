@@ -77,9 +77,11 @@ clean:
 CLUSTER_PY ?= $(BIN)/python
 .PHONY: cluster-up cluster-down cluster-status
 
-# `make cluster-up KUEUE=1` starts Kueue too (hack/cluster/README.md: queueing by hand).
+# `make cluster-up KUEUE=1` starts Kueue too (hack/cluster/README.md: queueing by hand); `REAL_NODES=1` the
+# real nodes (kubelet + containerd, the images of `make images`), a default StorageClass, and puts pods there
+# (hack/cluster/README.md: real nodes by hand).
 cluster-up: $(if $(filter $(BIN)/python,$(CLUSTER_PY)),$(STAMP))
-	CLUSTER_PY=$(CLUSTER_PY) hack/cluster/cluster up $(if $(KUEUE),--kueue)
+	CLUSTER_PY=$(CLUSTER_PY) hack/cluster/cluster up $(if $(KUEUE),--kueue) $(if $(REAL_NODES),--real-nodes)
 
 cluster-down:
 	CLUSTER_PY=$(CLUSTER_PY) hack/cluster/cluster down

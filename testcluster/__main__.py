@@ -1,4 +1,4 @@
-"""``python -m testcluster up [--kueue]|down|status|kueue up|down|sa-kubeconfig NS NAME`` (what
+"""``python -m testcluster up [--kueue] [--real-nodes]|down|status|kueue up|down|sa-kubeconfig NS NAME`` (what
 hack/cluster/cluster runs)."""
 
 from __future__ import annotations
@@ -16,6 +16,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="build if needed, start, wait for Ready nodes")
     up.add_argument("--kueue", action="store_true", help="then start Kueue (as `kueue up`)")
+    up.add_argument(
+        "--real-nodes",
+        action="store_true",
+        help="then the real nodes (kubelet + containerd), a default StorageClass, the agents cordoned",
+    )
     queueing = sub.add_parser(
         "kueue", help="start Kueue on the running cluster (building it first), or stop it"
     )
@@ -32,7 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     layout = Layout.default()
     if args.command == "up":
         try:
-            lifecycle.up(layout)
+            if args.real_nodes:
+                from . import byhand  # needs the kubernetes package and pytest; plain `up` does not
+
+                byhand.up(layout)
+            else:
+                lifecycle.up(layout)
             if args.kueue:
                 kueue.start(layout)
                 print(f"Kueue up: its log is {layout.log(kueue.NAME)}", file=sys.stderr)

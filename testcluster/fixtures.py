@@ -145,6 +145,12 @@ def running_cluster(layout: Layout | None = None) -> Iterator[Cluster]:
     """The cluster of ``layout``: the one already up, else one started here and stopped on exit
     (unless ``DDPJOB_KEEP_CLUSTER`` is set). Outside pytest too (``bench/operator_bench.py``)."""
     layout = layout or Layout.default()
+    if (layout.root / lifecycle.BY_HAND_MARKER).exists() and lifecycle.is_up(layout):
+        raise RuntimeError(
+            f"the test cluster at {layout.root} was brought up with REAL_NODES=1 (its agents cordoned, its "
+            "real nodes untainted, for people); the tests start their own real nodes: "
+            "`make cluster-down` first"
+        )
     started_here = not lifecycle.is_up(layout)
     if started_here:
         lifecycle.up(layout)

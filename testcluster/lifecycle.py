@@ -30,6 +30,8 @@ COMPONENTS = ("etcd", "kube-apiserver", "coredns", "kube-controller-manager", "k
 PACKAGE_PARENT = (
     Path(__file__).resolve().parent.parent
 )  # on PYTHONPATH, the node agent is testcluster.nodeagent
+PROVISIONER = "provisioner"  # the default StorageClass's, with REAL_NODES=1 (byhand.py)
+BY_HAND_MARKER = "real-nodes-by-hand"  # in the cluster's folder: brought up for people (byhand.py)
 # Ports, the bridge and the pod namespaces are machine-wide: one cluster per machine. This file names the
 # cluster directory that owns them, so a second work tree refuses to start instead of breaking the first.
 OWNER_FILE = Path("/run/ddpjob-test-cluster.owner")
@@ -199,6 +201,9 @@ def down(layout: Layout | None = None, *, say: Say = _say, force: bool = False) 
     stopped = realnode.down(layout)  # kubelets and containerds of real nodes, and their containers
     if processes.stop(layout.pid(kueue.NAME), grace=5):  # its webhooks go with etcd's data at the next up
         stopped.append(kueue.NAME)
+    if processes.stop(layout.pid(PROVISIONER), grace=2):
+        stopped.append(PROVISIONER)
+    (layout.root / BY_HAND_MARKER).unlink(missing_ok=True)
     for name in reversed(COMPONENTS):  # node agent first: it stops its pods
         if processes.stop(layout.pid(name), grace=15 if name in AGENTS else 10):
             stopped.append(name)

@@ -81,8 +81,9 @@ def _import(node: RealNode, archive: Path, name: str) -> None:
     (node.containerd_root / f"imported-{archive.parent.name}-{archive.name}").touch()
 
 
-@contextlib.contextmanager
-def running_real_nodes(cluster: Cluster, bin_dir: Path) -> Iterator[list[RealNode]]:
+def bring_up(cluster: Cluster, bin_dir: Path) -> list[RealNode]:
+    """Starts the real nodes (containerd and a kubelet each), gives them the images and waits until their
+    Nodes are Ready; raises :class:`Unavailable`, saying why, where this machine cannot run them."""
     archives = nodeimages.image_archives()
     reason = unavailable_reason(archives)
     if reason:
@@ -94,24 +95,30 @@ def running_real_nodes(cluster: Cluster, bin_dir: Path) -> Iterator[list[RealNod
         raise Unavailable(reason)
     pause = nodeimages.write_pause_archive(bin_dir / "pause", cluster.layout.root / "pause.tar")
     started = time.monotonic()
+    for node in nodes:
+        realnode.write_configs(node)
+        realnode.start(node, bin_dir)
+    for node in nodes:
+        nodeimages.import_image(node.socket, pause, nodeimages.PAUSE_IMAGE)
+        for target, archive in archives.items():
+            _import(node, archive, IMAGES[target])  # a no-op for an image the node holds
+            nodeimages.drop_layer_blobs(node.socket, IMAGES[target])
+    for node in nodes:
+        wait_for(
+            lambda n=node: cluster.kube.get_or_none(f"/api/v1/nodes/{n.name}"),
+            what=f"Node {node.name} registered",
+            timeout=60,
+        )
+        cluster.kubectl("wait", "--for=condition=Ready", f"node/{node.name}", "--timeout=120s")
+    print(f"real nodes {', '.join(n.name for n in nodes)} Ready in {time.monotonic() - started:.1f} s")
+    return nodes
+
+
+@contextlib.contextmanager
+def running_real_nodes(cluster: Cluster, bin_dir: Path) -> Iterator[list[RealNode]]:
+    nodes = realnode.nodes(cluster.layout)
     try:
-        for node in nodes:
-            realnode.write_configs(node)
-            realnode.start(node, bin_dir)
-        for node in nodes:
-            nodeimages.import_image(node.socket, pause, nodeimages.PAUSE_IMAGE)
-            for target, archive in archives.items():
-                _import(node, archive, IMAGES[target])  # a no-op for an image the node holds
-                nodeimages.drop_layer_blobs(node.socket, IMAGES[target])
-        for node in nodes:
-            wait_for(
-                lambda n=node: cluster.kube.get_or_none(f"/api/v1/nodes/{n.name}"),
-                what=f"Node {node.name} registered",
-                timeout=60,
-            )
-            cluster.kubectl("wait", "--for=condition=Ready", f"node/{node.name}", "--timeout=120s")
-        print(f"real nodes {', '.join(n.name for n in nodes)} Ready in {time.monotonic() - started:.1f} s")
-        yield nodes
+        yield bring_up(cluster, bin_dir)
     finally:
         _take_out(cluster, nodes)
 
