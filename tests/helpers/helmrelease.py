@@ -42,11 +42,12 @@ CLUSTER_KINDS = ("clusterroles", "clusterrolebindings", "clusterkopfpeerings.kop
 
 @contextlib.contextmanager
 def installed(
-    cluster: Cluster, prefix: str, *, pod_security: str | None = None, **values: Any
+    cluster: Cluster, prefix: str, *, pod_security: str | None = None, chart: Path = CHART, **values: Any
 ) -> Iterator[Release]:
     """The chart installed with ``values`` (dotted keys), watching a namespace of its own
     (``<prefix>-jobs-*``, the operator in ``<prefix>-op-*``); uninstalled and both namespaces deleted after.
-    ``pod_security``: both namespaces enforce that Pod Security level (their ``enforce`` label).
+    ``pod_security``: both namespaces enforce that Pod Security level (their ``enforce`` label); ``chart``:
+    another version's chart folder (an upgrade's starting point).
     The session's cluster-wide operator is paused meanwhile (two must not reconcile the same DDPJobs)."""
     labels = {"pod-security.kubernetes.io/enforce": pod_security} if pod_security else None
     with session_operator_paused():
@@ -57,7 +58,7 @@ def installed(
             jobs=cluster.create_namespace(f"{prefix}-jobs", labels),
         )
         try:
-            release.install(**values)
+            release.install(chart, **values)
             yield release
         finally:
             release.helm("uninstall", release.name, "--wait", "--timeout=120s", check=False)
@@ -106,16 +107,18 @@ class Release:
             arg for key, value in settings.items() for arg in ("--set-json", f"{key}={json.dumps(value)}")
         ]
 
-    def install(self, **more: Any) -> None:
-        self.helm("install", self.name, str(CHART), *self.values(**more), "--wait", "--timeout=240s")
+    def install(self, chart: Path = CHART, **more: Any) -> None:
+        self.helm("install", self.name, str(chart), *self.values(**more), "--wait", "--timeout=240s")
 
-    def upgrade(self, **more: Any) -> None:
-        """``helm upgrade --reuse-values`` with ``more``: what the install set (placement included) stays."""
+    def upgrade(self, *, reuse: str = "--reuse-values", **more: Any) -> None:
+        """``helm upgrade --reuse-values`` to this checkout's chart with ``more``: what the install set
+        (placement included) stays. ``reuse="--reset-then-reuse-values"``: the new chart's defaults too
+        (from another version's chart: its new keys)."""
         self.helm(
             "upgrade",
             self.name,
             str(CHART),
-            "--reuse-values",
+            reuse,
             *self.values(**more),
             "--wait",
             "--timeout=240s",

@@ -34,18 +34,24 @@ def free_port() -> int:
 class Operator:
     """`ddpjob operator` as a process; start and stop it at will (operator-restart tests)."""
 
-    def __init__(self, kubeconfig: Path, log: Path) -> None:
+    def __init__(
+        self, kubeconfig: Path, log: Path, *, args: tuple[str, ...] = (), pythonpath: tuple[Path, ...] = ()
+    ) -> None:
+        """``args``: more of `ddpjob operator`'s flags (``--namespace=...``); ``pythonpath``: folders whose
+        ``ddp_operator`` and ``ddp_trainer`` run instead of this checkout's (an earlier version's)."""
         user = yaml.safe_load(kubeconfig.read_text())["users"][0]["name"]
         assert user.startswith("system:serviceaccount:"), (
             f"the operator under test authenticates as the chart's ServiceAccount, not as {user}"
         )
-        self.kubeconfig, self.log = kubeconfig, log
+        self.kubeconfig, self.log, self.args, self.pythonpath = kubeconfig, log, args, pythonpath
         self.process: subprocess.Popen[bytes] | None = None
         self.metrics_port = 0
 
     def start(self) -> None:
         liveness, self.metrics_port = free_port(), free_port()
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        if self.pythonpath:
+            env["PYTHONPATH"] = os.pathsep.join([*map(str, self.pythonpath), env.get("PYTHONPATH", "")])
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
                 [
@@ -55,6 +61,7 @@ class Operator:
                     "operator",
                     f"--liveness=127.0.0.1:{liveness}",
                     f"--metrics-port={self.metrics_port}",
+                    *self.args,
                 ],
                 env=env,
                 stdout=out,
