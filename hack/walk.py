@@ -1,7 +1,8 @@
 """The newcomer's walk: follow one DDPJob body through ``reconcile.reconcile`` and count the rooms (modules).
 
 Runs one reconcile of a running two-pod DDPJob (a metrics reading in hand, so the live status is built
-too) with the API calls left out (``reconcile._ignore`` and ``reconcile._event`` answer nothing), and records,
+too) with the API calls left out (``ignore`` of ``reconcile`` and ``reads``, and ``reconcile._event``,
+answer nothing), and records,
 with ``sys.setprofile``, which of this project's modules the code is in at every call and every return.
 Consecutive steps in the same module are one stop. It prints the stops in order, then
 
@@ -27,7 +28,7 @@ from ddp_operator.api.spec import parse
 from ddp_operator.children import render
 from ddp_operator.observe import live
 from ddp_operator.observe.progress import Progress
-from ddp_operator.runtime import reconcile
+from ddp_operator.runtime import reads, reconcile
 
 ROOTS = {Path(ddp_operator.__file__).parent: "ddp_operator", Path(ddp_trainer.__file__).parent: "ddp_trainer"}
 
@@ -97,7 +98,7 @@ class _Scraper:
 
 
 def walk() -> list[str]:
-    reconcile._ignore = lambda *args, **kwargs: None  # type: ignore[assignment]  # no API server
+    reconcile.ignore = reads.ignore = lambda *args, **kwargs: None  # type: ignore[assignment]  # no API server
     reconcile._event = lambda *args, **kwargs: None  # type: ignore[assignment]
     body = _body()
     jobs, pods = _children(body)

@@ -532,6 +532,36 @@ def avoiding(affinity: Mapping[str, Any] | None, nodes: Sequence[str]) -> Obj | 
     return out
 
 
+def _failure_rules(spec: Spec) -> list[Obj]:
+    """The Job's ``podFailurePolicy``: a configuration exit code (2 usage, 78 refused) fails the Job, as
+    nothing can fix it. An elastic job's pod that was taken away (deleted, evicted, preempted, its node
+    lost: a ``DisruptionTarget`` condition, or stopped by SIGTERM) is not a failure: the Job replaces it
+    while the others train on at the smaller world, and the replacement joins at a step boundary."""
+    rules: list[Obj] = [
+        {
+            "action": "FailJob",
+            "onExitCodes": {
+                "containerName": CONTAINER_NAME,
+                "operator": "In",
+                "values": list(contract.CONFIGURATION_EXIT_CODES),
+            },
+        }
+    ]
+    if spec.elastic is not None:
+        rules += [
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            {
+                "action": "Ignore",
+                "onExitCodes": {
+                    "containerName": CONTAINER_NAME,
+                    "operator": "In",
+                    "values": [contract.INTERRUPTED_EXIT_CODE],
+                },
+            },
+        ]
+    return rules
+
+
 def render_job(spec: Spec, attempt: int, used: int | None = None, avoid_nodes: Sequence[str] = ()) -> Obj:
     """The Indexed Job of one attempt: pod i is node rank i; one failed pod fails the attempt (a failed
     process inside a pod restarts the gang in place first, while ``used`` restarts leave some:
@@ -556,18 +586,7 @@ def render_job(spec: Spec, attempt: int, used: int | None = None, avoid_nodes: S
         "parallelism": spec.nodes,
         "backoffLimit": 0,
         # A configuration exit code (2 usage, 78 refused) can never succeed: say so on the Job itself.
-        "podFailurePolicy": {
-            "rules": [
-                {
-                    "action": "FailJob",
-                    "onExitCodes": {
-                        "containerName": CONTAINER_NAME,
-                        "operator": "In",
-                        "values": list(contract.CONFIGURATION_EXIT_CODES),
-                    },
-                }
-            ]
-        },
+        "podFailurePolicy": {"rules": _failure_rules(spec)},
         # Kueue admits a queued Job by unsuspending it; a suspended DDPJob keeps its Job suspended.
         "suspend": spec.suspend or spec.queue_name is not None,
         "template": {

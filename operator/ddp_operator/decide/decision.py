@@ -85,7 +85,8 @@ def decide_for(
         spec = parse(body, admitted=True)
     except SpecError as exc:
         return invalid_spec(exc, previous, generation, now)
-    facts = observe(previous, jobs, pods, spec.metrics_port, references.references(spec), mount_events)
+    refs, elastic = references.references(spec), spec.elastic is not None
+    facts = observe(previous, jobs, pods, spec.metrics_port, refs, mount_events, elastic)
     used = restarts.restarts_used(
         facts.attempt,
         status.count(previous.get("preemptions")),

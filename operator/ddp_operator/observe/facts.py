@@ -275,10 +275,13 @@ def observe(
     metrics_port: int = contract.DEFAULT_METRICS_PORT,
     references: Sequence[Reference] = (),
     mount_events: Sequence[Mapping[str, Any]] = (),
+    elastic: bool = False,
 ) -> Facts:
     """The facts about one DDPJob, from its last status and the Jobs and pods that carry its label;
     ``references``: the Secrets and ConfigMaps its spec names (:func:`~.references.references`);
-    ``mount_events``: the kubelet's ``FailedMount`` events on its pods (:func:`mounts.pods_to_read`)."""
+    ``mount_events``: the kubelet's ``FailedMount`` events on its pods (:func:`mounts.pods_to_read`);
+    ``elastic``: a pod evicted from a lost node is not the attempt's failure (the others train on at the
+    smaller world, and the Job replaces it once its node lets it go: :func:`lost_node_failure`)."""
     attempt = current_attempt(previous, jobs)
     current = [job for job in jobs if attempt_of(job) == attempt]
     mine = [pod for pod in pods if attempt_of(pod) == attempt]
@@ -291,7 +294,7 @@ def observe(
     job_facts = None
     if current:
         job = current[0]
-        lost = None if failure(job) else lost_node_failure(job, mine)
+        lost = None if failure(job) or elastic else lost_node_failure(job, mine)
         failed = failure(job) or lost
         job_facts = JobFacts(
             name=job["metadata"]["name"],

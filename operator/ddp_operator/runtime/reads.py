@@ -83,11 +83,14 @@ def read_missing(body: Mapping[str, Any]) -> frozenset[tuple[str, str]]:
     """The Secrets and ConfigMaps the spec needs that are not in its namespace, while its pods have not all
     started (:func:`references.to_look_up`): one metadata-only GET each, none once the pods run. A kind the
     operator may not read is said once in its log and left to the kubelet to report."""
+    phase = str((body.get("status") or {}).get("phase") or "")
+    if phase not in references.LOOK_UP_PHASES:  # the pods run (or ran): not even a parse
+        return frozenset()
     try:
         spec = parse(body, admitted=True)
     except SpecError:
         return frozenset()
-    wanted = references.to_look_up(spec, str((body.get("status") or {}).get("phase") or ""))
+    wanted = references.to_look_up(spec, phase)
     core, found = kubernetes.client.CoreV1Api(api_client()), set()
     for kind, name in wanted:
         if kind in _FORBIDDEN:

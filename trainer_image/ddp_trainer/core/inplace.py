@@ -121,3 +121,15 @@ def exit_now(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+FIRST, SAME, RESIZED = "first", "same", "resized"
+
+
+def world_change(before: int, after: int) -> str:
+    """What a rendezvous of ``after`` nodes is, after one of ``before`` (0: none yet): the ``first``, the
+    ``same`` world again (a restart in place: a rank of this gang failed, here or on another node), or a
+    ``resized`` one (an elastic job's: a node lost or joined)."""
+    if before == 0:
+        return FIRST
+    return SAME if after == before else RESIZED

@@ -1,5 +1,5 @@
 """``python -m ddp_trainer.launch [torchrun args]``: torchrun, running its own elastic agent, with
-three additions.
+four additions.
 
 torchrun's agent (``--max-restarts``, which the operator sets as ``PET_MAX_RESTARTS``) restarts every local
 worker when one fails, and with the ``c10d`` rendezvous (``PET_RDZV_BACKEND``) every other node's agent
@@ -24,8 +24,14 @@ resumes from the last checkpoint. This launcher adds:
    cores, most of what a restart in place costs). A user's script or module keeps torchrun's own way: a
    new interpreter per worker, in which the no-code hook's exit handlers run.
 
-The agent's methods are wrapped, not replaced (``_monitor_workers`` and ``_restart_workers`` of
-``LocalElasticAgent``, the same since torch 1.9); ``tests/integration/local/test_run.py`` runs the real thing.
+4. **A resize is not a restart.** After an elastic job's rendezvous has fewer nodes than the last one (a
+   peer was lost: the survivors' workers failed in a collective with it) or more (one joined), the
+   restart is a resize: it is not counted, and torch's restart it spent is given back; with none left, an
+   elastic job's agent is lent one to find out at the rendezvous, and gives up if the world did not change.
+
+The agent's methods are wrapped, not replaced (``_monitor_workers`` of ``LocalElasticAgent`` and
+``_rendezvous`` of ``SimpleElasticAgent``, the same since torch 1.9);
+``tests/integration/local/test_run.py`` runs the real thing.
 The pure parts (the state, causes and exit codes) are :mod:`ddp_trainer.core.inplace`, which the trainer's
 modules import; this module imports the trainer (its workers run it), never the other way round.
 """
@@ -39,13 +45,13 @@ import os
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ddp_trainer import contract
-from ddp_trainer.core.inplace import OTHER_NODE, LaunchState, cause, exit_code_of, not_retried, write_state
+from ddp_trainer.core.inplace import SAME, exit_code_of, not_retried
+from ddp_trainer.launch.book import Book
 
 log = logging.getLogger("ddp_trainer.launch")
 
@@ -54,7 +60,9 @@ def rendezvous_host(env: Mapping[str, str]) -> dict[str, str]:
     """Node rank 0 hosts the ``c10d`` rendezvous store, the others connect to it: said explicitly
     (``is_host``), since torch would guess it from whether the endpoint's name resolves to this machine, which
     pods that share a host (``ddpjob local``) or whose hostname is not the endpoint's name can get wrong.
-    Nothing when the user set ``PET_RDZV_CONF`` or the rendezvous is not ``c10d``."""
+    An elastic job's (``PET_NNODES`` ``min:max``) gets :data:`contract.ELASTIC_RDZV_CONF`'s timing, so a
+    lost node is dropped in seconds. Nothing when the user set ``PET_RDZV_CONF`` or the rendezvous is not
+    ``c10d``."""
     node = env.get(contract.PET_NODE_RANK, "").strip()
     if env.get(contract.RDZV_STORE_ENV) == contract.RDZV_STORE_EXTERNAL and "PET_RDZV_CONF" not in env:
         return {"PET_RDZV_CONF": f"is_host=0,{contract.ELASTIC_RDZV_CONF}"}
@@ -64,32 +72,8 @@ def rendezvous_host(env: Mapping[str, str]) -> dict[str, str]:
         or not node.isdigit()
     ):
         return {}
-    return {"PET_RDZV_CONF": f"is_host={1 if int(node) == 0 else 0}"}
-
-
-class _Book:
-    """The launcher's side of the bookkeeping: the failure seen, then the restart that follows it."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.state = LaunchState()
-        self.pending: tuple[str, float] | None = None
-        write_state(path, self.state)
-
-    def failed(self, failures: Mapping[int, tuple[int, str]]) -> None:
-        self.pending = (cause(failures), time.time())
-
-    def restarting(self) -> None:
-        why, at = self.pending or (OTHER_NODE, time.time())
-        self.pending = None
-        self.state = LaunchState(self.state.restarts + 1, why, at)
-        write_state(self.path, self.state)
-        print(
-            f"{contract.log_stamp(at)} [launcher] gang restart in place {self.state.restarts}: {why}; "
-            "restarting this pod's workers from the last checkpoint",
-            file=sys.stderr,
-            flush=True,
-        )
+    timing = f",{contract.ELASTIC_RDZV_CONF}" if ":" in env.get("PET_NNODES", "") else ""  # elastic: min:max
+    return {"PET_RDZV_CONF": f"is_host={1 if int(node) == 0 else 0}{timing}"}
 
 
 BUILTIN_MODULE = "ddp_trainer"
@@ -203,12 +187,12 @@ def _ended(agent: Any, group: Any) -> dict[int, tuple[int, str]]:
     return found
 
 
-def _install(book: _Book) -> None:
-    from torch.distributed.elastic.agent.server.api import WorkerState
+def _install(book: Book) -> None:
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent, WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
     monitor = LocalElasticAgent._monitor_workers
-    restart = LocalElasticAgent._restart_workers
+    rendezvous = SimpleElasticAgent._rendezvous
 
     def monitor_workers(self: Any, group: Any) -> Any:
         result = monitor(self, group)
@@ -224,14 +208,20 @@ def _install(book: _Book) -> None:
                     flush=True,
                 )
                 self._remaining_restarts = 0
+            elif code is None and book.elastic and self._remaining_restarts == 0:
+                self._remaining_restarts, book.borrowed = 1, True  # see Book.borrowed
         return result
 
-    def restart_workers(self: Any, group: Any) -> None:
-        book.restarting()
-        restart(self, group)
+    def rendezvous_(self: Any, group: Any) -> None:
+        borrowed = book.borrowed
+        rendezvous(self, group)
+        change, refund = book.rendezvoused(int(group.group_world_size))
+        self._remaining_restarts += refund
+        if change == SAME and borrowed:  # a failure of this gang's own, and no restart was left
+            raise RuntimeError("a worker failed and no gang restart in place is left (spec.maxRestarts)")
 
     LocalElasticAgent._monitor_workers = monitor_workers  # type: ignore[method-assign]
-    LocalElasticAgent._restart_workers = restart_workers  # type: ignore[method-assign]
+    SimpleElasticAgent._rendezvous = rendezvous_  # type: ignore[method-assign]
 
 
 def main(argv: Sequence[str]) -> int:
@@ -244,7 +234,7 @@ def main(argv: Sequence[str]) -> int:
     # restarted gang read its dead peers' addresses from it (gloo: connectFullMesh refused).
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     os.environ.update(rendezvous_host(os.environ))
-    _install(_Book(Path(state)))
+    _install(Book(Path(state), elastic=":" in os.environ.get("PET_NNODES", "")))
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 

@@ -59,3 +59,5 @@ def test_node_rank_0_hosts_the_rendezvous_unless_the_user_says_otherwise() -> No
     assert launcher.rendezvous_host({**c10d, contract.PET_NODE_RANK: "3"}) == {"PET_RDZV_CONF": "is_host=0"}
     assert launcher.rendezvous_host({**c10d, contract.PET_NODE_RANK: "0", "PET_RDZV_CONF": "x=1"}) == {}
     assert launcher.rendezvous_host({contract.PET_NODE_RANK: "0"}) == {}
+    elastic = {**c10d, contract.PET_NODE_RANK: "1", "PET_NNODES": "1:2"}
+    assert launcher.rendezvous_host(elastic) == {"PET_RDZV_CONF": f"is_host=0,{contract.ELASTIC_RDZV_CONF}"}

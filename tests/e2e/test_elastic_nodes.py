@@ -1,0 +1,88 @@
+"""An elastic DDPJob loses a real node and trains on, then grows back when the node returns (issue 42,
+items 3-5, in a cluster): the same Job and attempt, no restart spent, every world verified.
+
+Two pods of one rank on ``real-1`` and ``real-2`` (a required spread); rank 0's node hosts the rendezvous
+store in a cluster today, so the node lost is the other one (its kubelet and containerd stopped, as
+``test_real_nodes``' lost node). The survivor's worker fails in a collective with its lost peer, its agent
+re-rendezvouses at one node (the launcher counts it as a resize, not a restart), restores the last
+checkpoint, verifies and trains on; the operator keeps the attempt (``Running``, ``BelowDesired``). Once
+the node is back, the Job replaces the evicted pod, which joins at a step boundary: two nodes again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers.e2e import Operator, children, get, real_ddpjob, wait_phase
+from helpers.e2e_pods import durable_job, pod_at
+from testcluster import realfixture
+from testcluster.fixtures import Cluster, wait_for
+from testcluster.nodeconfig import RealNode
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+SPREAD = {
+    "topologySpreadConstraints": [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": "shrink"}},
+        }
+    ]
+}
+
+
+def _ready(status: dict[str, Any]) -> dict[str, Any]:
+    return {c["type"]: c for c in status.get("conditions", [])}.get("Ready", {})
+
+
+def test_an_elastic_job_trains_on_without_a_lost_node_and_grows_back_when_it_returns(
+    cluster: Cluster, operator: Operator, namespace: str, real_nodes: list[RealNode], tmp_path: Path
+) -> None:
+    folder = tmp_path / "ckpt"
+    doc = real_ddpjob(
+        "shrink",
+        **durable_job(folder, trainer={"steps": 600, "batchSize": 16, "checkpointEvery": 20}),
+        elastic={"minNodes": 1, "maxNodes": 2},
+        syncCheck={"everySteps": 20},
+        maxRestarts=0,  # a resize must spend none
+        nodeLostTolerationSeconds=10,
+        podTemplate=SPREAD,
+    )
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
+    wait_for(lambda: list(folder.glob("step-*.pt")), what="a first checkpoint", timeout=300)
+    rank0_node = pod_at(cluster, namespace, "shrink", 0)["spec"]["nodeName"]
+    (lost,) = [n for n in real_nodes if n.name != rank0_node]
+    assert pod_at(cluster, namespace, "shrink", 1)["spec"]["nodeName"] == lost.name
+    job_uid = children(cluster, namespace, "jobs", "shrink")[0]["metadata"]["uid"]
+    try:
+        realfixture.lose_node(lost)
+
+        def trains_at_one() -> dict[str, Any] | None:
+            status: dict[str, Any] = get(cluster, namespace, "shrink")["status"]
+            return status if _ready(status).get("reason") == "BelowDesired" else None
+
+        below = wait_for(trains_at_one, what="Running at 1 of 2 nodes (BelowDesired)", timeout=180, every=0.5)
+        assert below["phase"] == "Running" and below["attempt"] == 1, below
+        saved = len(list(folder.glob("step-*.pt")))
+        wait_for(
+            lambda: len(list(folder.glob("step-*.pt"))) > saved,
+            what="a checkpoint written by the world of one node",
+            timeout=180,
+        )
+    finally:
+        realfixture.restore_node(cluster, lost)
+    final = wait_phase(cluster, namespace, "shrink", "Succeeded", "Failed", timeout=600)["status"]
+    assert final["phase"] == "Succeeded" and final["sync"]["verified"] is True, final
+    assert (final["attempt"], final.get("restarts", 0)) == (1, 0), final
+    assert [j["metadata"]["uid"] for j in children(cluster, namespace, "jobs", "shrink")] == [job_uid]
+    log = cluster.kubectl(
+        "logs", "-n", namespace, pod_at(cluster, namespace, "shrink", 0)["metadata"]["name"]
+    )
+    said = log.stdout + log.stderr
+    assert "the world changed from 2 to 1 node(s) (elastic): no restart spent" in said, said[-3000:]
+    assert "world size 1 verified" in said and "world size 2 verified" in said, said[-3000:]

@@ -1,0 +1,51 @@
+"""The launcher's bookkeeping (launch/book.py): a rendezvous of the same world after a failure is a restart
+in place, counted; an elastic job's rendezvous of a smaller or larger world is a resize, not counted, and
+the restart torch spent on the failure that led to it is given back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddp_trainer import contract
+from ddp_trainer.core import inplace
+from ddp_trainer.launch.book import Book
+
+
+def test_the_world_change_of_each_rendezvous() -> None:
+    assert inplace.world_change(0, 3) == inplace.FIRST
+    assert inplace.world_change(3, 3) == inplace.SAME
+    assert inplace.world_change(3, 2) == inplace.RESIZED
+    assert inplace.world_change(2, 3) == inplace.RESIZED
+
+
+def test_a_failure_then_the_same_world_is_a_restart_in_place(tmp_path: Path) -> None:
+    book = Book(tmp_path / "state.json")
+    assert book.rendezvoused(2) == (inplace.FIRST, 0)
+    book.failed({1: (1, "boom")})
+    assert book.rendezvoused(2) == (inplace.SAME, 0)
+    state = inplace.read_state({contract.LAUNCH_STATE_ENV: str(tmp_path / "state.json")})
+    assert state.restarts == 1 and "boom" in state.cause
+
+
+def test_a_lost_peer_shrinks_the_world_at_no_cost_and_a_joiner_grows_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    book = Book(tmp_path / "state.json", elastic=True)
+    book.rendezvoused(3)
+    book.failed({2: (1, "connection reset by peer")})  # the survivors' workers lost their peer
+    assert book.rendezvoused(2) == (inplace.RESIZED, 1)  # torch's restart given back
+    assert book.rendezvoused(3) == (inplace.RESIZED, 0)  # a joiner: torch spent nothing
+    assert book.state.restarts == 0 and book.pending is None
+    said = capsys.readouterr().err
+    assert "the world changed from 3 to 2 node(s) (elastic): no restart spent" in said
+    assert "from 2 to 3 node(s)" in said
+
+
+def test_a_lent_restart_is_not_given_back(tmp_path: Path) -> None:
+    book = Book(tmp_path / "state.json", elastic=True)
+    book.rendezvoused(2)
+    book.failed({0: (1, "peer gone")})
+    book.borrowed = True  # the agent had none left and was lent one: a shrink then costs nothing net
+    assert book.rendezvoused(1) == (inplace.RESIZED, 0) and not book.borrowed
