@@ -7,19 +7,24 @@
 Needs only this checkout, torch and numpy (and Triton for the GPU kernel): it puts ``trainer_image`` on
 ``sys.path`` itself. Prints figures, never asserts timings.
 
-CPU (``torch.set_num_threads(1)``), per size and dtype, each timed as the best of ``--repeat`` runs taken
-in turns (so a noisy neighbour hits every column alike):
+Every ratio is one way (``bench/paired.py``): a warm-up, then ``--rounds`` (5) paired rounds in ABBA
+order, the floor as A and the fingerprint as B; the median of the per-round ratios floor / fingerprint,
+their spread (min-max) and the verdict: ``met`` only when the whole spread clears the goal, else
+``unresolved`` or ``unmet``.
+
+CPU (``torch.set_num_threads(1)``), per size, dtype and fingerprint path, timed by ``time.perf_counter``:
 
 * ``read``: ``t.sum()`` in the tensor's own dtype, the fastest plain read of the bytes (the floor);
-* ``int read``: ``t.view(torch.int32).sum(dtype=torch.int64)``, the same bytes read as integers;
-* ``numpy``: the fingerprint's CPU path (the default for CPU tensors); ``torch``: its pure-torch path;
-* ratios ``read / fingerprint`` (goal 0.8, at least 0.3) and ``int read / fingerprint``.
+* ``numba`` (where installed) and ``numpy``: the fingerprint's CPU paths; ``torch``: its pure-torch path;
+* ratio ``read / fingerprint``: verdicts against the goal 0.8 and the minimum 0.3.
 
-GPU (CUDA events, median of ``--repeat``): the HBM read floor (bytes / read bandwidth, the bandwidth
-probed in the same run with ``torch.sum`` over one large buffer), the Triton path, the pure-torch
-fallback, ``torch._foreach_norm`` (one fused launch group, not bit-exact) for scale, the ratio
-floor / Triton (goal 0.8), a check that both paths agree, and the check overhead at the default interval
-for a given step time.
+GPU (CUDA events, each sample between a ``torch.cuda.synchronize()`` and the end event): the floor is the
+same bytes at the read bandwidth of ``torch.sum`` over one other 2 GiB buffer, timed in every round (not
+yet a read-only kernel over the same block table: issue 43); the Triton path ten calls back to back (GPU
+time per call: the host work of one call overlaps the GPU work of the one before, as behind a training
+step; goal 0.8) and one call alone (its host work included); the pure-torch fallback five back to back
+(goal 0.1) and alone; ``torch._foreach_norm`` (one fused launch group, not bit-exact) for scale; a check
+that both paths agree, and the check overhead at the default interval for a given step time.
 
 ``--host-work`` (any machine): what the pure-torch fallback's host does per call on the same 1.3 B set,
 the Python and the views it makes, with every device operation replaced by a no-op (the tensors are CPU
@@ -40,6 +45,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "trainer_image"))
 
+import paired
 import torch
 
 from ddp_trainer.sync import fingerprints
@@ -66,24 +72,28 @@ def cpu(args: argparse.Namespace) -> None:
         import numba
 
         numba.set_num_threads(1)
-    print(f"CPU, 1 thread; torch {torch.__version__}; best of {args.repeat} runs taken in turns")
+    print(f"CPU, 1 thread; torch {torch.__version__}; {args.rounds} paired rounds (ABBA) per ratio")
     paths = ("numba", "numpy", "torch") if numba_kernel.available() else ("numpy", "torch")
-    header = f"{'params':>8} {'dtype':>8} {'MB':>7} {'read':>8} " + " ".join(f"{p:>8}" for p in paths)
-    print(header + "  " + " ".join(f"{'read/' + p:>11}" for p in paths))
+    print(f"{'params':>8} {'dtype':>8} {'MB':>7} {'path':>6} {'read ms':>8} {'path ms':>8}  read / path")
     for millions in args.sizes:
         for dtype in (torch.float32, torch.bfloat16):
             t = torch.randn(int(millions * 1e6)).to(dtype)
             fns: dict[str, Callable[[], object]] = {
-                "read": t.sum,
                 "numba": lambda t=t: fingerprints.numpy_fingerprint(t, compiled=True),
                 "numpy": lambda t=t: fingerprints.numpy_fingerprint(t),
                 "torch": lambda t=t: fingerprints.torch_fingerprint(t),
             }
-            s = best_in_turns({k: fns[k] for k in ("read", *paths)}, args.repeat)
-            ms = " ".join(f"{s[k] * 1e3:8.1f}" for k in ("read", *paths))
             name, megabytes = str(dtype).removeprefix("torch."), t.numel() * t.element_size() / 1e6
-            ratios = " ".join(f"{s['read'] / s[p]:11.3f}" for p in paths)
-            print(f"{millions:7g}M {name:>8} {megabytes:7.0f} {ms}  {ratios}")
+            for path in paths:
+                got = paired.compare(
+                    paired.timed(t.sum), paired.timed(fns[path]), over="a/b", goal=0.8, rounds=args.rounds
+                )
+                least = paired.verdict(got.low, got.high, 0.3, "at least")
+                read_ms, path_ms = statistics.median(got.a) * 1e3, statistics.median(got.b) * 1e3
+                print(
+                    f"{millions:7g}M {name:>8} {megabytes:7.0f} {path:>6} {read_ms:8.2f} {path_ms:8.2f}  "
+                    f"{got.said()}; >= 0.3: {least}"
+                )
             del t
 
 
@@ -166,37 +176,83 @@ def forced(impl: str, tensors: list[torch.Tensor]) -> Callable[[], torch.Tensor]
     return run
 
 
+def cuda_sampler(fn: Callable[[], object], calls: int = 1) -> Callable[[], float]:
+    """A ``paired`` sampler: seconds per call of ``calls`` calls back to back, between CUDA events, after a
+    ``torch.cuda.synchronize()`` (one call alone includes its host work: the GPU waits for it)."""
+
+    def sample() -> float:
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / calls
+
+    return sample
+
+
+FIGURES = {  # name: (path, calls back to back, goal for floor / fingerprint)
+    "triton": ("triton", 10, 0.8),
+    "triton_alone": ("triton", 1, None),
+    "torch": ("torch", 5, 0.1),
+    "torch_alone": ("torch", 1, None),
+}
+
+
+def gpu_figures(tensors: list[torch.Tensor], probe: torch.Tensor, rounds: int) -> dict[str, paired.Paired]:
+    """Floor / fingerprint for each of :data:`FIGURES`, in paired rounds. The floor sample: ``probe.sum()``
+    timed alone, scaled from the probe's bytes to the tensors' bytes."""
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    read = cuda_sampler(probe.sum)
+    scale = nbytes / (probe.numel() * probe.element_size())
+
+    def floor() -> float:
+        return read() * scale
+
+    return {
+        name: paired.compare(
+            floor, cuda_sampler(forced(path, tensors), calls), over="a/b", goal=goal, rounds=rounds
+        )
+        for name, (path, calls, goal) in FIGURES.items()
+    }
+
+
 def gpu(args: argparse.Namespace) -> None:
     if not torch.cuda.is_available():
         sys.exit("--gpu: torch.cuda.is_available() is False")
     from ddp_trainer.sync.fingerprints import triton_kernel
 
-    print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; median of {args.repeat} runs")
+    print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; {args.rounds} paired rounds (ABBA)")
     print(f"triton: {'available' if triton_kernel.available() else 'NOT available'}")
     probe = torch.empty(2 * 1024**3 // 4, dtype=torch.float32, device="cuda").normal_()
     bandwidth = probe.numel() * 4 / cuda_median(probe.sum, args.repeat)
-    del probe
-    print(f"read bandwidth (torch.sum over 2 GiB): {bandwidth / 1e12:.2f} TB/s")
+    print(f"read bandwidth (torch.sum over 2 GiB, median of {args.repeat}): {bandwidth / 1e12:.2f} TB/s")
     for dtype in (torch.float32, torch.bfloat16):
         tensors = gpt_like(args.vocab, args.width, args.layers, dtype)
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         params = sum(t.numel() for t in tensors)
-        floor = nbytes / bandwidth
-        triton_s = cuda_median(forced("triton", tensors), args.repeat)
-        torch_s = cuda_median(forced("torch", tensors), max(3, args.repeat // 10))
+        got = gpu_figures(tensors, probe, args.rounds)
         norm_s = cuda_median(lambda tensors=tensors: torch._foreach_norm(tensors), args.repeat)
         same = torch.equal(forced("triton", tensors)(), forced("torch", tensors)())
         name = str(dtype).removeprefix("torch.")
         print(f"\n{name}: {len(tensors)} tensors, {params / 1e9:.3f} B parameters, {nbytes / 1e9:.2f} GB")
-        print(f"  HBM read floor            {floor * 1e3:9.3f} ms")
-        for label, seconds in (("Triton", triton_s), ("torch ", torch_s)):
-            ratio = floor / seconds
-            print(f"  fingerprint, {label}      {seconds * 1e3:9.3f} ms   floor/fingerprint {ratio:.3f}")
+        print(f"  HBM read floor            {statistics.median(got['triton'].a) * 1e3:9.3f} ms (median)")
+        for label, key in (
+            ("Triton, 10 back to back", "triton"),
+            ("Triton, one call alone ", "triton_alone"),
+            ("torch, 5 back to back  ", "torch"),
+            ("torch, one call alone  ", "torch_alone"),
+        ):
+            seconds = statistics.median(got[key].b)
+            print(f"  {label} {seconds * 1e3:9.3f} ms   floor/fingerprint {got[key].said()}")
         print(f"  torch._foreach_norm       {norm_s * 1e3:9.3f} ms   (not bit-exact; for scale)")
         print(f"  Triton == torch fallback  {same}")
-        share = triton_s / (100 * args.step_seconds)
+        share = statistics.median(got["triton"].b) / (100 * args.step_seconds)
         print(f"  a check every 100 steps of {args.step_seconds} s: {share:.4%} of training (goal <= 0.05%)")
         del tensors
+    del probe
 
 
 def main() -> None:
@@ -204,7 +260,8 @@ def main() -> None:
     parser.add_argument("--gpu", action="store_true", help="the CUDA part (else the CPU part)")
     parser.add_argument("--host-work", action="store_true", help="the torch fallback's host work, no GPU")
     parser.add_argument("--sizes", type=float, nargs="+", default=[5, 50], help="CPU sizes, M parameters")
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=paired.MIN_ROUNDS, help="paired rounds (ABBA), >= 5")
+    parser.add_argument("--repeat", type=int, default=5, help="--gpu (bandwidth, foreach_norm), --host-work")
     parser.add_argument("--vocab", type=int, default=50304)
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--layers", type=int, default=24)

@@ -4,21 +4,33 @@ the same figures as JSON.
     make gpu-check                      # python3 with torch, Triton and transformers; no venv, no network
     python3 bench/gpu_check.py --json gpu-check.json
 
-Parts, in order (each says how long it took; the whole is meant to stay under 5 minutes on an H100/H200):
+Every A-vs-B figure is taken one way (``bench/paired.py``): a warm-up, then at least 5 paired rounds in
+ABBA order, timed inside the process (between ``torch.cuda.synchronize()`` calls or CUDA events); the table
+and the JSON carry the median of the per-round ratios, their spread (min-max), the rounds and the verdict:
+``met`` only when the whole spread clears the goal, ``unmet`` when none of it does, else ``unresolved``.
+
+Parts, in order (each says how long it took; the whole was under 5 minutes on an H200 before the paired
+rounds; with them, expect about 8-9 minutes, most of it the Hugging Face part's 12 whole runs):
 
 1. ``pytest -m gpu`` over the trainer's tests (``--noconftest``: the suite's conftest starts cluster
    fixtures);
 2. the fingerprint next to the HBM read floor, fp32 and bf16, on the 1.3 B-parameter GPT-like set
-   (``fingerprint_bench``): GPU time per fingerprint (ten back to back between two events: the host work of
-   one call overlaps the GPU work of the one before, as it does behind a training step), one call alone
-   with its host work, and the pure-torch fallback measured both ways (five back to back, and alone;
-   goals: Triton >= 0.8 of the floor, torch >= 0.1, GPU time per call);
+   (``fingerprint_bench.gpu_figures``): GPU time per fingerprint (ten back to back between two events: the
+   host work of one call overlaps the GPU work of the one before, as it does behind a training step), one
+   call alone with its host work, and the pure-torch fallback measured both ways (five back to back, and
+   alone; goals: Triton >= 0.8 of the floor, torch >= 0.1, GPU time per call). The floor is the same bytes
+   at ``torch.sum``'s bandwidth over another 2 GiB buffer, timed in every round: not yet a read of the same
+   blocks (issue 43);
 3. the reference trainer vs a bare DDP loop on the same 4 x 8192 MLP, data and bf16 autocast, NCCL world
-   1, whole torchrun runs of 60 and 260 steps differenced (``loop_bench``; goal >= 0.98);
+   1 (``loop_bench``; goal >= 0.98): both running at once and taking turns, windows of steps timed inside
+   each; the main figure with the batches staged on the GPU (one gather from a device tensor), a second,
+   labelled figure with the DataLoader building them on the host; each with how busy the GPU was (CUDA
+   event time of the steps over wall time; under 90 % is flagged);
 4. the compute probe on a GPT-2 (8 x 1024, SDPA, batch 8 x 512) in fp32 and bf16: five digests (all equal
    is the goal), the time and peak memory of one probe beside one training step's;
-5. the Hugging Face callback's cost: ``Trainer.train()`` runtime with ``SyncHealthCallback`` vs without,
-   GPT-2 6 x 512, bf16, 300 steps, a check every 100 (``health_bench --gpu``).
+5. the Hugging Face callback's cost: the wall time of ``Trainer.train()`` (``on_train_end`` included)
+   with ``SyncHealthCallback`` vs without, GPT-2 6 x 512, bf16, 300 steps, a check every 100, one whole
+   run per sample (``health_bench --gpu``; goal <= 2 %).
 """
 
 from __future__ import annotations
@@ -26,9 +38,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,15 +50,41 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "trainer_image"), str(ROOT / "bench")]
 
+import paired  # noqa: E402
 import torch  # noqa: E402
 
-rows: list[tuple[str, str, str]] = []
+ROUNDS = paired.MIN_ROUNDS
+BUSY_FLAG = 0.9
+rows: list[tuple[str, str, str, str]] = []
 figures: dict[str, Any] = {}
 
 
-def row(what: str, value: str, goal: str = "") -> None:
-    rows.append((what, value, goal))
-    print(f"  {what:58s} {value:>22s}  {goal}", flush=True)
+def row(what: str, value: str, goal: str = "", verdict: str = "") -> None:
+    rows.append((what, value, goal, verdict))
+    print(f"  {what:58s} {value:>22s}  {goal}  {verdict}", flush=True)
+
+
+def ranged(got: paired.Paired, show: Callable[[float], str] = "{:.3f}".format) -> str:
+    """``median [low - high] xN`` of a figure's per-round ratios, each as ``show`` writes it."""
+    median, low, high = (show(v) for v in (got.median, got.low, got.high))
+    return f"{median} [{low} - {high}] x{got.rounds}"
+
+
+def overhead(ratio: float) -> str:
+    """A cost ratio B / A as B's overhead in per cent: 1.013 -> ``+1.30 %``."""
+    return f"{100 * (ratio - 1):+.2f} %"
+
+
+def goal_of(got: paired.Paired, fmt: str = "{:g}") -> str:
+    if got.goal is None:
+        return ""
+    return (">= " if got.direction == "at least" else "<= ") + fmt.format(got.goal)
+
+
+def from_json(got: dict[str, Any]) -> paired.Paired:
+    """A figure back from a bench script's JSON (``Paired.as_json``)."""
+    fields = {k: got[k] for k in ("median", "low", "high", "rounds", "verdict", "goal", "direction", "over")}
+    return paired.Paired(**fields, ratios=tuple(got["ratios"]), a=tuple(got["a"]), b=tuple(got["b"]))
 
 
 def env() -> dict[str, str]:
@@ -84,73 +124,76 @@ def gpu_tests() -> None:
 def fingerprint() -> None:
     import fingerprint_bench as fb
 
-    big = torch.empty(2 * 1024**3 // 4, dtype=torch.float32, device="cuda").normal_()
-    bandwidth = big.numel() * 4 / fb.cuda_median(big.sum, 10)
-    del big
+    probe = torch.empty(2 * 1024**3 // 4, dtype=torch.float32, device="cuda").normal_()
+    bandwidth = probe.numel() * 4 / fb.cuda_median(probe.sum, 10)
     figures["read_bandwidth_tb_s"] = bandwidth / 1e12
-    row("HBM read bandwidth (torch.sum, 2 GiB)", f"{bandwidth / 1e12:.2f} TB/s")
+    row("HBM read bandwidth (torch.sum, 2 GiB, median of 10)", f"{bandwidth / 1e12:.2f} TB/s")
     for dtype in (torch.float32, torch.bfloat16):
         tensors = fb.gpt_like(50304, 2048, 24, dtype)
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        floor = nbytes / bandwidth
-        triton = fb.forced("triton", tensors)
-        back_to_back = fb.cuda_median(lambda triton=triton: [triton() for _ in range(10)], 10) / 10
-        alone = fb.cuda_median(triton, 10)
-        fallback = fb.forced("torch", tensors)
-        torch_s = fb.cuda_median(lambda fallback=fallback: [fallback() for _ in range(5)], 3) / 5
-        torch_alone = fb.cuda_median(fallback, 3)
-        same = torch.equal(triton(), fb.forced("torch", tensors)())
+        got = fb.gpu_figures(tensors, probe, ROUNDS)
+        same = torch.equal(fb.forced("triton", tensors)(), fb.forced("torch", tensors)())
         name = str(dtype).removeprefix("torch.")
+        ms = {key: 1e3 * statistics.median(figure.b) for key, figure in got.items()}
         figures[f"fingerprint_{name}"] = {
             "gbytes": nbytes / 1e9,
-            "floor_ms": floor * 1e3,
-            "triton_ms": back_to_back * 1e3,
-            "triton_alone_ms": alone * 1e3,
-            "torch_ms": torch_s * 1e3,
-            "torch_alone_ms": torch_alone * 1e3,
+            "floor_ms": 1e3 * statistics.median(got["triton"].a),
+            "floor": "the same bytes at torch.sum's bandwidth over another 2 GiB buffer, timed in each round",
+            **{f"{key}_ms": value for key, value in ms.items()},
+            **{f"floor_over_{key}": figure.as_json() for key, figure in got.items()},
             "triton_equals_torch": same,
         }
-        row(
-            f"fingerprint {name} {nbytes / 1e9:.2f} GB: floor / Triton",
-            f"{floor / back_to_back:.3f} ({back_to_back * 1e3:.3f} ms)",
-            ">= 0.8",
-        )
-        row(
-            f"fingerprint {name}: floor / Triton, one call with its host work",
-            f"{floor / alone:.3f} ({alone * 1e3:.3f} ms)",
-        )
-        row(
-            f"fingerprint {name}: floor / torch fallback",
-            f"{floor / torch_s:.3f} ({torch_s * 1e3:.1f} ms)",
-            ">= 0.1",
-        )
-        row(
-            f"fingerprint {name}: floor / torch fallback, one call with its host work",
-            f"{floor / torch_alone:.3f} ({torch_alone * 1e3:.1f} ms)",
-        )
+        for key, label in (
+            ("triton", f"fingerprint {name} {nbytes / 1e9:.2f} GB: floor / Triton, 10 back to back"),
+            ("triton_alone", f"fingerprint {name}: floor / Triton, one call with its host work"),
+            ("torch", f"fingerprint {name}: floor / torch fallback, 5 back to back"),
+            ("torch_alone", f"fingerprint {name}: floor / torch fallback, one call with its host work"),
+        ):
+            figure = got[key]
+            verdict = figure.verdict if figure.goal is not None else ""
+            row(label, f"{ranged(figure)} ({ms[key]:.3f} ms)", goal_of(figure), verdict)
         row(f"fingerprint {name}: Triton == torch, bit for bit", str(same), "True")
         del tensors
+    del probe
 
 
 def trainer_vs_bare() -> None:
-    out = Path(os.environ.get("TMPDIR", "/tmp")) / "gpu-check-loop.json"
-    cmd = [sys.executable, str(ROOT / "bench" / "loop_bench.py"), "--device", "cuda", "--ranks", "1"]
-    cmd += ["--hidden", "8192", "--layers", "4", "--batch", "4096", "--steps", "60", "260", "--rounds", "1"]
-    done = subprocess.run(
-        [*cmd, "--json", str(out)], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300
-    )
-    print(done.stdout[-1500:], done.stderr[-1500:] if done.returncode else "")
-    if done.returncode:
-        row("trainer / bare DDP loop (4 x 8192 MLP, bf16)", "FAILED", ">= 0.98")
-        return
-    got = json.loads(out.read_text())
-    figures["trainer_vs_bare"] = got
-    row(
-        "trainer / bare DDP loop (4 x 8192 MLP, bf16, NCCL)",
-        f"{got['trainer_over_bare']:.3f} "
-        f"({got['trainer_ms_per_step']:.1f} vs {got['bare_ms_per_step']:.1f} ms)",
-        ">= 0.98",
-    )
+    """The staged figure first (the main one), then the host-bound one (labelled)."""
+    shape = ["--device", "cuda", "--ranks", "1", "--hidden", "8192", "--layers", "4", "--batch", "4096"]
+    variants = {
+        "staged": (["--data", "staged", "--steps", "60", "260"], "batches staged on the GPU"),
+        "loader": (["--data", "loader", "--steps", "20", "120"], "host-bound: DataLoader batches"),
+    }
+    for data, (flags, label) in variants.items():
+        out = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpu-check-loop-{data}.json"
+        cmd = [sys.executable, str(ROOT / "bench" / "loop_bench.py"), *shape, *flags, "--rounds", str(ROUNDS)]
+        what = f"trainer / bare DDP loop (4 x 8192 MLP, bf16, NCCL), {label}"
+        try:
+            done = subprocess.run(
+                [*cmd, "--json", str(out)], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=400
+            )
+        except subprocess.TimeoutExpired:
+            row(what, "TIMED OUT (400 s)", ">= 0.98")
+            continue
+        print(done.stdout[-2500:], done.stderr[-1500:] if done.returncode else "")
+        if done.returncode:
+            row(what, "FAILED", ">= 0.98")
+            continue
+        got = json.loads(out.read_text())
+        figures[f"trainer_vs_bare_{data}"] = got
+        figure = from_json(got["paired"])
+        busy, flagged = got.get("busy") or {}, bool(got.get("busy_flagged"))
+        ms = f"{got['trainer_ms_per_step']:.1f} vs {got['bare_ms_per_step']:.1f} ms"
+        verdict = figure.verdict + (f"; FLAGGED: GPU under {BUSY_FLAG:.0%} busy" if flagged else "")
+        row(what, f"{ranged(figure)} ({ms})", goal_of(figure), verdict)
+        said = ", ".join(f"{side} {share:.0%}" for side, share in busy.items())
+        row(
+            f"  GPU busy, {label} (CUDA event time of the steps / wall)",
+            said or "n/a",
+            f">= {BUSY_FLAG:.0%}",
+            "FLAGGED" if flagged else "",
+        )
+        row(f"  excluded ({data})", got.get("excluded", ""))
 
 
 def probe_cost() -> None:
@@ -206,20 +249,34 @@ def probe_one(dtype: torch.dtype) -> None:
 
 
 def hf_callback() -> None:
-    cmd = [sys.executable, str(ROOT / "bench" / "health_bench.py"), "--gpu"]
-    done = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    what = "HF Trainer + SyncHealthCallback vs bare, train() incl. on_train_end"
+    cmd = [sys.executable, str(ROOT / "bench" / "health_bench.py"), "--gpu", "--rounds", str(ROUNDS)]
+    try:
+        done = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        row(what, "TIMED OUT (600 s)", "<= 2 %")
+        return
     print(done.stdout[-1500:], done.stderr[-2500:] if done.returncode else "")
     line = [ln for ln in done.stdout.splitlines() if ln.startswith("GPU callback cost")]
     if done.returncode or not line:
-        row("HF Trainer + SyncHealthCallback vs bare", "FAILED", "<= 2 %")
+        row(what, "FAILED", "<= 2 %")
         return
     got = json.loads(line[-1].split(" ", 3)[3])
     figures["hf_callback"] = got
+    figure = from_json(got["paired"])
     row(
-        "HF Trainer + SyncHealthCallback vs bare (runtime)",
-        f"{got['overhead_pct']:+.2f} % ({got['with_s']:.2f} vs {got['bare_s']:.2f} s)",
+        what,
+        f"{ranged(figure, overhead)} ({got['with_s']:.2f} vs {got['bare_s']:.2f} s)",
         "<= 2 %",
+        figure.verdict,
     )
+    for key, label in (
+        ("runtime_paired", "train_runtime (stops before on_train_end)"),
+        ("steady_paired", "steady state (step 20 to the end)"),
+    ):
+        if key in got:
+            row(f"  the same, {label}", ranged(from_json(got[key]), overhead))
+    row("  excluded", got.get("excluded", ""))
     bare, with_ = got.get("bare") or {}, got.get("with") or {}
     if bare.get("between_ms") and with_.get("between_ms"):  # where the difference is (health_bench.diagnose)
         row(
@@ -263,7 +320,8 @@ def main() -> None:
             row(f"{name}", f"ERROR {type(error).__name__}: {str(error)[:60]}")
         figures.setdefault("seconds", {})[name] = round(time.perf_counter() - started, 1)
         torch.cuda.empty_cache()
-    print("\n" + "\n".join(f"| {w} | {v} | {g} |" for w, v, g in rows))
+    table = [("what", "figure", "goal", "verdict"), ("---", "---:", "---", "---"), *rows]
+    print("\n" + "\n".join(f"| {w} | {v} | {g} | {d} |" for w, v, g, d in table))
     Path(args.json).write_text(json.dumps(figures, indent=1))
     print(f"\nwritten: {args.json}; seconds per part: {figures.get('seconds')}")
 

@@ -3,11 +3,14 @@
     python bench/health_bench.py [--ranks 2] [--steps 300] [--every 100]
     python bench/health_bench.py --gpu     # the callback's cost on one GPU: runtime with it vs without
 
-``--gpu``: ``Trainer.train()``'s ``train_runtime`` of a GPT-2 (6 x 512, vocabulary 50304, bf16, batch 8 x 256)
-under torchrun with NCCL, world 1, 300 steps, with ``SyncHealthCallback`` (a check every 100) and without,
-in turns; prints ``GPU callback cost {json}``, with each side's diagnosis: start-up (the initial check),
-the median step between checks, the check steps, the time inside the callback's ``on_step_end`` and the
-synchronising calls ``torch.cuda.set_sync_debug_mode`` saw there (:func:`diagnose`). Both sides initialise
+``--gpu``: the wall time of ``Trainer.train()`` (``on_train_end`` included; ``train_runtime``, which stops
+before it, beside it) of a GPT-2 (6 x 512, vocabulary 50304, bf16, batch 8 x 256) under torchrun with
+NCCL, world 1, 300 steps, with ``SyncHealthCallback`` (a check every 100) and without, in paired rounds
+(``bench/paired.py``: a warm-up run of each side, then 5 rounds in ABBA order; the median ratio, its
+spread and the verdict against <= 2 %); prints ``GPU callback cost {json}``, with each side's diagnosis:
+start-up (the initial check), the median step between checks, the check steps, the time inside the
+callback's ``on_step_end`` and the synchronising calls ``torch.cuda.set_sync_debug_mode`` saw there
+(:func:`diagnose`). Both sides initialise
 NCCL before ``train()`` (:func:`warm_nccl`), as DDP does in a job of two or more GPUs; the first GPU figure
 (+34.6 %, bench/RESULTS.md) was taken without that: its callback side alone paid NCCL's set-up (by the
 sources of transformers 5.24 and accelerate, nothing else in a world-1 ``Trainer`` run makes an NCCL
@@ -80,8 +83,10 @@ def hf(steps: int, every: int) -> None:
 
 
 def hf_gpu(steps: int, every: int, callback: bool) -> None:
-    """One GPU side, run under torchrun (NCCL): prints ``runtime <seconds> <steady seconds>`` and
-    ``diagnosis {json}``: where the callback's time goes (see :func:`diagnose`)."""
+    """One GPU side, run under torchrun (NCCL): prints ``runtime <train_runtime> <steady seconds> <train()
+    seconds>`` (``train_runtime`` stops before ``on_train_end``; the last figure is the whole ``train()``
+    call, the callback's final check included) and ``diagnosis {json}``: where the callback's time goes
+    (see :func:`diagnose`)."""
     import json
     import threading
     import time
@@ -171,8 +176,11 @@ def hf_gpu(steps: int, every: int, callback: bool) -> None:
     callbacks = [Clock(), Timed(every=every), Begun()] if callback else [Clock(), Begun()]
     trainer = Trainer(model=GPT2LMHeadModel(config), args=args, train_dataset=data, callbacks=callbacks)
     nccl_s = warm_nccl()
-    runtime = trainer.train().metrics["train_runtime"]
-    print(f"runtime {runtime} {marks['end'] - marks['20']}", flush=True)
+    started = time.perf_counter()
+    runtime = trainer.train().metrics["train_runtime"]  # stops before on_train_end: the final check
+    torch.cuda.synchronize()
+    train_s = time.perf_counter() - started  # the whole of train(), on_train_end included
+    print(f"runtime {runtime} {marks['end'] - marks['20']} {train_s}", flush=True)
     found = diagnose(steps, every, marks, ends, inside, syncs) | {"nccl_init_s": nccl_s}
     print("diagnosis " + json.dumps(found), flush=True)
 
@@ -232,53 +240,87 @@ def diagnose(
 
 
 def gpu(args: argparse.Namespace) -> None:
-    """The callback's cost on one GPU: ``--rounds`` (2) rounds in turns, the best runtime of each side,
-    and the diagnosis of each side's best round (``start_s``, ``between_ms``, ``check_steps_ms``, ...)."""
+    """The callback's cost on one GPU, in paired rounds (``bench/paired.py``): ``--warmup`` (1) run of
+    each side, dropped, then ``--rounds`` (5) rounds in ABBA order (bare = A, with the callback = B), one
+    torchrun per sample. The figure is the median of the per-round ratios with / bare of the whole
+    ``train()`` call's wall time (``on_train_end`` included), its spread and the verdict against <= 1.02
+    (2 %); beside it, the same ratios of ``train_runtime`` and of the steady state (step 20 to the end),
+    and the diagnosis of each side's fastest run (``start_s``, ``between_ms``, ``check_steps_ms``, ...).
+    Excluded: each process's start-up before ``train()`` (imports, the model, NCCL's set-up)."""
     import json
+    import statistics
+
+    import paired
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DDPJOB_", "PROMETHEUS_"))}
     env |= {
         "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT / "trainer_image"), env.get("PYTHONPATH", "")])
     }
     env |= {"DDPJOB_METRICS_PORT": "0"}
-    best: dict[bool, float] = {}
-    steady: dict[bool, float] = {}
-    diagnosis: dict[bool, Any] = {}
+    runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
+
+    def side(callback: bool, tmp: str) -> Any:
+        def sample() -> float:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
+            cmd += [
+                str(Path(__file__).resolve()),
+                "--hf-gpu-steps",
+                str(args.steps),
+                "--every",
+                str(args.every),
+            ]
+            cmd += ["--callback"] if callback else []
+            done = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True)
+            lines = done.stdout.splitlines()
+            times = [[float(x) for x in ln.split()[1:4]] for ln in lines if ln.startswith("runtime ")]
+            found = [json.loads(ln.split(" ", 1)[1]) for ln in lines if ln.startswith("diagnosis ")]
+            if done.returncode != 0 or not times:
+                sys.exit(
+                    f"hf gpu run failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+                )
+            runtime, steady, train_s = times[0]
+            runs[callback].append(
+                {
+                    "runtime_s": runtime,
+                    "steady_s": steady,
+                    "train_s": train_s,
+                    "diagnosis": found[0] if found else None,
+                }
+            )
+            return train_s
+
+        return sample
+
     with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(args.rounds):
-            for callback in (False, True):
-                cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
-                cmd += [
-                    str(Path(__file__).resolve()),
-                    "--hf-gpu-steps",
-                    str(args.steps),
-                    "--every",
-                    str(args.every),
-                ]
-                cmd += ["--callback"] if callback else []
-                done = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True)
-                lines = done.stdout.splitlines()
-                runtimes = [
-                    (float(ln.split()[1]), float(ln.split()[2])) for ln in lines if ln.startswith("runtime ")
-                ]
-                found = [json.loads(ln.split(" ", 1)[1]) for ln in lines if ln.startswith("diagnosis ")]
-                if done.returncode != 0 or not runtimes:
-                    sys.exit(
-                        f"hf gpu run failed ({done.returncode}):\n"
-                        f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-                    )
-                if runtimes[0][0] < best.get(callback, float("inf")):
-                    diagnosis[callback] = found[0] if found else None
-                best[callback] = min(best.get(callback, float("inf")), runtimes[0][0])
-                steady[callback] = min(steady.get(callback, float("inf")), runtimes[0][1])
-    figures = {
-        "bare_s": best[False],
-        "with_s": best[True],
-        "overhead_pct": 100 * (best[True] / best[False] - 1),
-        "steady_overhead_pct": 100 * (steady[True] / steady[False] - 1),
-        "bare": diagnosis[False],
-        "with": diagnosis[True],
+        paired.run_rounds(side(False, tmp), side(True, tmp), rounds=args.rounds, warmup=args.warmup)
+    bare, with_ = runs[False][args.warmup :], runs[True][args.warmup :]
+
+    def ratio(key: str, goal: float | None) -> paired.Paired:
+        a, b = [r[key] for r in bare], [r[key] for r in with_]
+        return paired.judge(a, b, over="b/a", goal=goal, direction="at most")
+
+    figure, runtime, steady = ratio("train_s", 1.02), ratio("runtime_s", None), ratio("steady_s", None)
+    fastest = {
+        cb: min(rs, key=lambda r: r["train_s"])["diagnosis"] for cb, rs in ((False, bare), (True, with_))
     }
+    figures = {
+        "bare_s": statistics.median(figure.a),
+        "with_s": statistics.median(figure.b),
+        "overhead_pct": 100 * (figure.median - 1),
+        "overhead_low_pct": 100 * (figure.low - 1),
+        "overhead_high_pct": 100 * (figure.high - 1),
+        "rounds": figure.rounds,
+        "verdict": figure.verdict,
+        "paired": figure.as_json(),
+        "runtime_overhead_pct": 100 * (runtime.median - 1),
+        "runtime_paired": runtime.as_json(),
+        "steady_overhead_pct": 100 * (steady.median - 1),
+        "steady_paired": steady.as_json(),
+        "excluded": "each process's start-up before train() (imports, the model, NCCL's set-up)",
+        "bare": fastest[False],
+        "with": fastest[True],
+    }
+    print(f"with / bare, train(): {figure.said()}")
     print(f"GPU callback cost {json.dumps(figures)}")
 
 
@@ -333,7 +375,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--every", type=int, default=100)
     parser.add_argument("--gpu", action="store_true", help="the callback's cost on one GPU")
-    parser.add_argument("--rounds", type=int, default=2, help="--gpu: rounds of both sides in turns")
+    parser.add_argument("--rounds", type=int, default=5, help="--gpu: paired rounds (ABBA), at least 5")
+    parser.add_argument("--warmup", type=int, default=1, help="--gpu: warm-up runs of each side, dropped")
     parser.add_argument("--hf-steps", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--hf-gpu-steps", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--callback", action="store_true", help=argparse.SUPPRESS)

@@ -129,6 +129,14 @@ def test_the_tiers_are_folders_and_unit_tests_mirror_the_packages() -> None:
             assert (root / folder.relative_to(half) / "__init__.py").exists(), (
                 f"{folder} mirrors no {package} package"
             )
+    # the benchmarks' shared helpers (bench/paired.py) are tested too: tests/unit/bench mirrors bench/,
+    # a test module per module it tests (bench/ is scripts on sys.path, no package)
+    unit = REPO / "tests" / "unit"
+    halves = {p.name for p in unit.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert halves <= {"operator", "trainer", "bench"}, halves
+    for path in (unit / "bench").rglob("test_*.py"):
+        tested = REPO / "bench" / path.relative_to(unit / "bench").with_name(path.name.removeprefix("test_"))
+        assert tested.is_file(), f"{path} mirrors no module of bench/ ({tested} is missing)"
 
 
 def test_helpers_hold_no_tests_and_tests_import_no_tests() -> None:
