@@ -13,6 +13,7 @@ verdict the whole world's, so every rank acts on a divergence at the same check.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
@@ -43,9 +44,7 @@ class Layout:
 
     @property
     def shards(self) -> int:
-        return (
-            int(torch.tensor(self.mesh_shape).prod()) // max(len(self.replicas), 1) if self.mesh_shape else 1
-        )
+        return math.prod(self.mesh_shape) // max(len(self.replicas), 1)
 
     @property
     def kind(self) -> str:
@@ -67,7 +66,8 @@ def is_sharded(tensor: torch.Tensor) -> bool:
 def layout(model: nn.Module) -> Layout | None:
     """The layout of ``model``'s DTensor parameters, or None when it has none (DDP, or no wrapper). The
     replicate dimension is the mesh dimension every parameter replicates over; parameters that disagree
-    on it (or a mesh of more than two dimensions with several) leave it None: nothing is compared."""
+    on it (or a mesh of more than two dimensions with several), or one of size 1 (each replica group a
+    single rank, which would be "verified" against itself), leave it None: nothing is compared."""
     sharded = [p for p in model.parameters() if is_sharded(p)]
     if not sharded:
         return None
@@ -80,7 +80,7 @@ def layout(model: nn.Module) -> Layout | None:
     ]
     coordinate = list(mesh.get_coordinate() or [0] * len(shape))
     rank = dist.get_rank()
-    if len(candidates) != 1 or len(shape) < 2:
+    if len(candidates) != 1 or len(shape) < 2 or shape[candidates[0]] < 2:
         return Layout(shape, None, None, (rank,), _flat(coordinate, shape, skip=None))
     dim = candidates[0]
     group = mesh.get_group(dim)
