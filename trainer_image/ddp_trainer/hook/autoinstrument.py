@@ -218,10 +218,11 @@ HOOK = AutoSync()
 def fsdp_roots(optimizer: torch.optim.Optimizer) -> list[nn.Module]:
     """The outermost ``fully_shard`` modules whose parameters ``optimizer`` steps, found among the live
     objects (once: at its first step, and only when its parameters are DTensors)."""
-    fsdp = sys.modules.get("torch.distributed.fsdp")
-    module_type = getattr(fsdp, "FSDPModule", None)
+    module_type = getattr(sys.modules.get("torch.distributed.fsdp"), "FSDPModule", None)
+    if module_type is None:  # a script that never imported FSDP: nothing built at each of its steps
+        return []
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    if module_type is None or not any(hasattr(p, "device_mesh") for p in params):
+    if not any(hasattr(p, "device_mesh") for p in params):
         return []
     ids = {id(p) for p in params}
     found = [obj for obj in gc.get_objects() if module_type in type(obj).__mro__]  # no __class__ lookups
