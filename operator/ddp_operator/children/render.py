@@ -202,13 +202,6 @@ def _field(name: str, path: str) -> Obj:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def restarts_in_place(spec: Spec, attempt: int, used: int | None = None) -> int:
-    """The in-place gang restarts each pod's torchrun may do (``--max-restarts``): what is left of
-    ``spec.maxRestarts`` after the ``used`` restarts of both kinds (default: the attempts before this one)."""
-    done = contract.restarts_before(attempt) if used is None else used
-    return max(0, spec.max_restarts - done)
-
-
 def runs_launcher(spec: Spec) -> bool:
     """Whether the container runs ``ddp_trainer.launch`` (the image's ENTRYPOINT: no ``command``, or that
     command itself), the only way restarts in place keep their rules (never on exit 2, 78, 86, 87 or 143)
@@ -218,7 +211,7 @@ def runs_launcher(spec: Spec) -> bool:
     return spec.command is None or tuple(spec.command) == contract.IMAGE_ENTRYPOINT
 
 
-def _elastic_env(spec: Spec, attempt: int, used: int | None) -> list[Obj]:
+def _elastic_env(spec: Spec, attempt: int, budget: int | None) -> list[Obj]:
     """torchrun's agent under the launcher (:func:`runs_launcher`; nothing otherwise): the ``c10d``
     rendezvous on node rank 0 (so a restart on one node restarts every node), one rendezvous per attempt,
     this pod's own name as its address (rank 0's is its workers' MASTER_ADDR; the agents are ordered by it,
@@ -231,11 +224,11 @@ def _elastic_env(spec: Spec, attempt: int, used: int | None) -> list[Obj]:
         _value(contract.PET_RDZV_ENDPOINT, f"$({contract.PET_MASTER_ADDR}):$({contract.PET_MASTER_PORT})"),
         _value(contract.PET_RDZV_ID, f"{spec.uid or spec.name}-{attempt}"),
         _value(contract.PET_LOCAL_ADDR, own),
-        _value(contract.PET_MAX_RESTARTS, restarts_in_place(spec, attempt, used)),
+        _value(contract.PET_MAX_RESTARTS, spec.max_restarts if budget is None else budget),
     ]
 
 
-def injected_env(spec: Spec, attempt: int, used: int | None = None) -> list[Obj]:
+def injected_env(spec: Spec, attempt: int, budget: int | None = None) -> list[Obj]:
     """The environment contract (docs/operator.md; names in ``ddp_trainer.contract``), before the user's
     env is laid over it."""
     index = f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"
@@ -246,7 +239,7 @@ def injected_env(spec: Spec, attempt: int, used: int | None = None) -> list[Obj]
         _field(contract.PET_NODE_RANK, index),
         _value(contract.PET_MASTER_ADDR, addr),
         _value(contract.PET_MASTER_PORT, spec.master_port),
-        *_elastic_env(spec, attempt, used),
+        *_elastic_env(spec, attempt, budget),
         _value(contract.MASTER_ADDR, addr),
         _value(contract.MASTER_PORT, spec.master_port),
         _value(contract.NNODES, spec.nodes),
@@ -315,11 +308,11 @@ def _nccl_env(spec: Spec) -> list[Obj]:
     return env
 
 
-def container_env(spec: Spec, attempt: int, used: int | None = None) -> list[Obj]:
+def container_env(spec: Spec, attempt: int, budget: int | None = None) -> list[Obj]:
     """Injected variables the user did not set, then the user's (which may refer to them with $(VAR)).
     With the sync hook, its folder goes first on ``PYTHONPATH``, in front of the user's value if any."""
     users = {entry["name"] for entry in spec.env}
-    injected = [e for e in injected_env(spec, attempt, used) if e["name"] not in users]
+    injected = [e for e in injected_env(spec, attempt, budget) if e["name"] not in users]
     user = [dict(e) for e in spec.env]
     if sync_hook(spec):
         given = next((e for e in user if e["name"] == contract.PYTHONPATH), None)
@@ -420,14 +413,14 @@ def _volumes(spec: Spec) -> tuple[list[Obj], list[Obj]]:
     return volumes, mounts
 
 
-def _container(spec: Spec, attempt: int, mounts: list[Obj], used: int | None) -> Obj:
+def _container(spec: Spec, attempt: int, mounts: list[Obj], budget: int | None) -> Obj:
     return {
         "name": CONTAINER_NAME,
         "image": spec.image,
         "imagePullPolicy": "IfNotPresent",
         **_command(spec),
         **({"workingDir": spec.working_dir} if spec.working_dir else {}),
-        "env": container_env(spec, attempt, used),
+        "env": container_env(spec, attempt, budget),
         **({"envFrom": [dict(source) for source in spec.env_from]} if spec.env_from else {}),
         "ports": [
             {"name": "rendezvous", "containerPort": spec.master_port, "protocol": "TCP"},
@@ -441,7 +434,7 @@ def _container(spec: Spec, attempt: int, mounts: list[Obj], used: int | None) ->
     }
 
 
-def _pod_spec(spec: Spec, attempt: int, used: int | None, avoid_nodes: Sequence[str] = ()) -> Obj:
+def _pod_spec(spec: Spec, attempt: int, budget: int | None, avoid_nodes: Sequence[str] = ()) -> Obj:
     template = spec.pod_template
     volumes, mounts = _volumes(spec)
     pod: Obj = {
@@ -462,7 +455,7 @@ def _pod_spec(spec: Spec, attempt: int, used: int | None, avoid_nodes: Sequence[
             "seccompProfile": {"type": "RuntimeDefault"},
             **template.security_context,
         },
-        "containers": [_container(spec, attempt, mounts, used)],
+        "containers": [_container(spec, attempt, mounts, budget)],
         "volumes": volumes,
     }
     optional = {
@@ -562,11 +555,12 @@ def _failure_rules(spec: Spec) -> list[Obj]:
     return rules
 
 
-def render_job(spec: Spec, attempt: int, used: int | None = None, avoid_nodes: Sequence[str] = ()) -> Obj:
+def render_job(spec: Spec, attempt: int, budget: int | None = None, avoid_nodes: Sequence[str] = ()) -> Obj:
     """The Indexed Job of one attempt: pod i is node rank i; one failed pod fails the attempt (a failed
-    process inside a pod restarts the gang in place first, while ``used`` restarts leave some:
-    :func:`restarts_in_place`). Its pods stay off ``avoid_nodes`` (where the compute probe found a faulty
-    rank: ``status.probe.faultyNodes``)."""
+    process inside a pod restarts the gang in place first, ``budget`` times at most: torchrun's
+    ``--max-restarts``, what :func:`ddp_operator.decide.restarts.left` says is left of ``maxRestarts``;
+    default, all of it, a first attempt's). Its pods stay off ``avoid_nodes`` (where the compute probe
+    found a faulty rank: ``status.probe.faultyNodes``)."""
     metadata = _metadata(spec, job_name(spec, attempt), attempt)
     if spec.queue_name:
         metadata["labels"][KUEUE_QUEUE_LABEL] = spec.queue_name
@@ -594,7 +588,7 @@ def render_job(spec: Spec, attempt: int, used: int | None = None, avoid_nodes: S
                 "labels": {**spec.pod_template.labels, **labels(spec, attempt)},
                 "annotations": pod_annotations,
             },
-            "spec": _pod_spec(spec, attempt, used, avoid_nodes),
+            "spec": _pod_spec(spec, attempt, budget, avoid_nodes),
         },
     }
     if spec.active_deadline_seconds is not None:

@@ -94,7 +94,7 @@ def decide_for(
     )
     avoid = status.avoided_nodes(previous)  # where the compute probe found a faulty rank
     service = render.render_service(spec)
-    job = render.render_job(spec, facts.attempt, used, avoid_nodes=avoid)
+    job = render.render_job(spec, facts.attempt, restarts.left(spec.max_restarts, used), avoid_nodes=avoid)
     if facts.startup is None and facts.job is not None:  # pods refused: named from the rendered template
         pod = job["spec"]["template"]["spec"]
         if refusal := podsecurity.failure(mount_events, facts.job.name, spec.namespace, pod):
@@ -265,7 +265,7 @@ def _end_attempt(
     if decision.reason == contract.FAULTY_RANK:
         status.avoid_nodes(out, restarts.faulty_nodes(outcome))
     if decision.action is restarts.Action.RESTART:
-        out.values.update(attempt=attempt + 1, restarts=contract.restarts_before(attempt + 1) + in_place)
+        out.values.update(attempt=attempt + 1, restarts=restarts.shown(attempt + 1, in_place))
         status.recreated(out, attempt + 1, decision.reason, decision.message)
         if decision.reason == restarts.PREEMPTED:
             out.values["preemptions"] = preemptions + 1

@@ -104,6 +104,18 @@ def preempted(outcome: Outcome) -> bool:
 PREEMPTED = reasons.PREEMPTED
 
 
+def shown(attempt: int, in_place: int) -> int:
+    """``status.restarts``: every gang restart so far, the new attempts before ``attempt`` (preemptions
+    included: restarts too, only free) and the ``in_place`` ones inside the same pods."""
+    return contract.restarts_before(attempt) + in_place
+
+
+def left(max_restarts: int, used: int) -> int:
+    """What the next Job's agents may restart in place (torchrun's ``--max-restarts``): what is left of
+    ``maxRestarts`` after ``used`` (:func:`restarts_used`)."""
+    return max(0, max_restarts - used)
+
+
 def restarts_used(attempt: int, preemptions: int = 0, in_place: int = 0) -> int:
     """Gang restarts counted against ``maxRestarts`` before ``attempt`` ends: the attempts before it but
     the preemptions, plus the restarts done in place (same pods) in every attempt so far."""

@@ -27,6 +27,7 @@ from typing import Any
 
 from ddp_operator.api import reasons
 from ddp_operator.api.spec import Spec, checkpoints_durable
+from ddp_operator.decide import restarts
 from ddp_operator.decide.plan import Event, Obj, Plan
 from ddp_operator.observe.live import Snapshot, rates
 from ddp_operator.observe.progress import Progress, duration, slowest
@@ -121,7 +122,7 @@ def begin(
     out.values.update(
         attempt=attempt,
         # derived from the attempt and the restarts in place the pods reported, never counted apart
-        restarts=contract.restarts_before(attempt) + count(previous.get(RESTARTS_IN_PLACE)),
+        restarts=restarts.shown(attempt, count(previous.get(RESTARTS_IN_PLACE))),
         observedGeneration=generation,
         startTime=previous.get("startTime") or out.now,
         readyNodes=0,

@@ -19,6 +19,7 @@ from typing import Any
 from ddp_operator.api import kubelet, names
 from ddp_operator.api.spec import Spec
 from ddp_operator.children import render
+from ddp_operator.decide import restarts
 from ddp_operator.local import scripts
 from ddp_trainer import contract
 
@@ -159,7 +160,8 @@ def local_pods(
     keeps a folder of its own (its ``/tmp``); ``launch_dir`` (where ``ddpjob local`` was started) stands in
     for the image's code: the commands run there (:func:`command_dir`), a relative script path there, or
     else in ``job_dir`` (the DDPJob file's), becomes absolute, and it is on PYTHONPATH."""
-    job = render.render_job(spec, attempt, restarts_used)
+    used = restarts.restarts_used(attempt) if restarts_used is None else restarts_used
+    job = render.render_job(spec, attempt, restarts.left(spec.max_restarts, used))
     container = secrets_from_host(job["spec"]["template"]["spec"]["containers"][0], host_env)
     dirs = volume_dirs(job, run_dir)
     cwd, _ = command_dir(spec.working_dir, dirs, launch_dir)

@@ -182,3 +182,11 @@ def test_restarts_in_place_count_against_max_restarts() -> None:
     assert restarts.decide(crashed, 1, 2, in_place=2).reason == "MaxRestartsExceeded"
     restart = restarts.decide(crashed, 2, 3, in_place=1)  # 1 new attempt + 1 in place so far
     assert restart.action is restarts.Action.RESTART and restart.message.endswith("gang restart 3 of 3")
+
+
+def test_the_budget_is_one_module_s_arithmetic() -> None:
+    """status.restarts, what is used and what the next Job's agents get: all decide/restarts."""
+    assert restarts.shown(attempt=3, in_place=1) == 3  # two new attempts and one in place
+    used = restarts.restarts_used(3, preemptions=1, in_place=1)  # the preemption was free
+    assert used == 2
+    assert (restarts.left(3, used), restarts.left(2, used), restarts.left(1, used)) == (1, 0, 0)

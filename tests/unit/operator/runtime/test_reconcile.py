@@ -310,7 +310,8 @@ def test_an_invalid_spec_fails_at_once_saying_why_and_creates_nothing() -> None:
 
 def test_the_decision_carries_the_rendered_objects_of_the_current_attempt() -> None:
     plan = reconcile_once({"phase": "Restarting", "attempt": 3, "restarts": 2}, [])
-    assert plan.create_job == render.render_job(spec_of(), 3)
+    # attempt 3 of maxRestarts 2: two restarts used, none left for its agents to restart in place
+    assert plan.create_job == render.render_job(spec_of(), 3, budget=0)
     assert plan.create_service == render.render_service(spec_of())
 
 
