@@ -37,6 +37,11 @@ SPREAD = {
 }
 
 
+def _newest_step(folder: Path) -> int:
+    """The step of the newest checkpoint in ``folder`` (``step-00000040.shrink.pt``), 0 for none."""
+    return max((int(p.name.split(".")[0].removeprefix("step-")) for p in folder.glob("step-*.pt")), default=0)
+
+
 def _ready(status: dict[str, Any]) -> dict[str, Any]:
     return {c["type"]: c for c in status.get("conditions", [])}.get("Ready", {})
 
@@ -69,12 +74,17 @@ def test_an_elastic_job_trains_on_without_a_lost_node_and_grows_back_when_it_ret
 
         below = wait_for(trains_at_one, what="Running at 1 of 2 nodes (BelowDesired)", timeout=180, every=0.5)
         assert below["phase"] == "Running" and below["attempt"] == 1, below
-        saved = len(list(folder.glob("step-*.pt")))
-        wait_for(
-            lambda: len(list(folder.glob("step-*.pt"))) > saved,
-            what="a checkpoint written by the world of one node",
-            timeout=180,
-        )
+        saved = _newest_step(folder)  # the trainer keeps only the newest few: compare steps, not counts
+        try:
+            wait_for(
+                lambda: _newest_step(folder) > saved,
+                what=f"a checkpoint past step {saved} written by the world of one node",
+                timeout=180,
+            )
+        except AssertionError as exc:
+            survivor = pod_at(cluster, namespace, "shrink", 0)["metadata"]["name"]
+            log = cluster.kubectl("logs", "-n", namespace, survivor, check=False)
+            raise AssertionError(f"{exc}\n{survivor}'s log:\n{(log.stdout + log.stderr)[-4000:]}") from None
     finally:
         realfixture.restore_node(cluster, lost)
     final = wait_phase(cluster, namespace, "shrink", "Succeeded", "Failed", timeout=600)["status"]

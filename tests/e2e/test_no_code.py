@@ -7,12 +7,11 @@ trainer — live from the pods' metrics while it runs, and from rank 0's report 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from helpers.e2e import Operator, children, get, real_ddpjob, wait_phase
+from helpers.e2e import SCRIPTS, Operator, children, get, real_ddpjob, wait_phase
 from testcluster.fixtures import Cluster, wait_for
 from testcluster.nodeconfig import RealNode
 
@@ -29,7 +28,7 @@ def test_a_script_with_no_ddpjob_code_shows_sync_and_progress(
         "nocode",
         scripts=True,
         command=["torchrun"],
-        args=[str(Path(__file__).with_name("no_code_train.py"))],
+        args=[str(SCRIPTS / "no_code_train.py")],
         env=[{"name": "STEPS", "value": str(STEPS)}, {"name": "STEP_SECONDS", "value": "0.02"}],
         syncCheck={"everySteps": EVERY, "probeEverySteps": PROBE},
         maxRestarts=0,
@@ -82,7 +81,7 @@ def test_a_crash_in_a_users_script_is_blamed_on_the_rank_that_crashed(
         "crashes",
         scripts=True,
         command=["torchrun"],
-        args=[str(Path(__file__).with_name("no_code_train.py"))],
+        args=[str(SCRIPTS / "no_code_train.py")],
         env=[
             {"name": "STEPS", "value": "400"},
             {"name": "STEP_SECONDS", "value": "0.02"},
@@ -114,7 +113,7 @@ def test_a_script_that_builds_no_ddp_model_says_there_is_nothing_to_verify(
         "noddp",
         scripts=True,
         command=["torchrun"],
-        args=[str(Path(__file__).with_name("no_code_train.py"))],
+        args=[str(SCRIPTS / "no_code_train.py")],
         env=[
             {"name": "STEPS", "value": "40"},
             {"name": "STEP_SECONDS", "value": "0"},

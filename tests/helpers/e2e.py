@@ -19,6 +19,7 @@ from testcluster.nodeconfig import LABEL, RealNode
 __all__ = [
     "ON_REAL_NODES",
     "REPO",
+    "SCRIPTS",
     "Operator",
     "children",
     "container_pid",
