@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from helpers.e2e import Operator, children, get, real_ddpjob, wait_phase
+from helpers.e2e import SCRIPTS, Operator, children, get, real_ddpjob, wait_phase
 from helpers.e2e_pods import durable_job, pod_at
 from testcluster import realfixture
 from testcluster.fixtures import Cluster, wait_for
@@ -50,11 +50,16 @@ def test_an_elastic_job_trains_on_without_a_lost_node_and_grows_back_when_it_ret
     cluster: Cluster, operator: Operator, namespace: str, real_nodes: list[RealNode], tmp_path: Path
 ) -> None:
     folder = tmp_path / "ckpt"
+    # the tests' slow MLP (30 ms a forward: a world of one, two forwards a step, would otherwise finish its
+    # steps in a second, before the node is back); its module is in the scripts folder mounted in the pods
+    trainer = {"steps": 2000, "batchSize": 16, "checkpointEvery": 20, "model": "slow_factories:slow_mlp"}
     doc = real_ddpjob(
         "shrink",
-        **durable_job(folder, trainer={"steps": 800, "batchSize": 16, "checkpointEvery": 20}),
+        **durable_job(folder, trainer=trainer),
+        scripts=True,
+        env=[{"name": "PYTHONPATH", "value": str(SCRIPTS)}],
         elastic={"minNodes": 1, "maxNodes": 2},
-        syncCheck={"everySteps": 20},
+        syncCheck={"everySteps": 100},
         maxRestarts=0,  # a resize must spend none
         nodeLostTolerationSeconds=10,
         podTemplate=SPREAD,
@@ -85,10 +90,29 @@ def test_an_elastic_job_trains_on_without_a_lost_node_and_grows_back_when_it_ret
             survivor = pod_at(cluster, namespace, "shrink", 0)["metadata"]["name"]
             log = cluster.kubectl("logs", "-n", namespace, survivor, check=False)
             raise AssertionError(f"{exc}\n{survivor}'s log:\n{(log.stdout + log.stderr)[-4000:]}") from None
+        # back only once its pod was evicted (DisruptionTarget, past nodeLostTolerationSeconds): the Job then
+        # replaces it; a node back sooner finds its containers killed (137), a crash like any other
+        wait_for(
+            lambda: any(
+                c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+                for p in children(cluster, namespace, "pods", "shrink")
+                if p["spec"].get("nodeName") == lost.name
+                for c in p["status"].get("conditions", [])
+            ),
+            what=f"the pod on {lost.name} evicted from the lost node",
+            timeout=120,
+        )
     finally:
         realfixture.restore_node(cluster, lost)
     final = wait_phase(cluster, namespace, "shrink", "Succeeded", "Failed", timeout=600)["status"]
-    assert final["phase"] == "Succeeded" and final["sync"]["verified"] is True, final
+    if final["phase"] != "Succeeded":
+        logs = [
+            cluster.kubectl("logs", "-n", namespace, p["metadata"]["name"], check=False)
+            for p in children(cluster, namespace, "pods", "shrink")
+        ]
+        tails = "\n---\n".join((r.stdout + r.stderr)[-2500:] for r in logs)
+        raise AssertionError(f"{final.get('conditions')}\n{final.get('lastReport')}\n{tails}")
+    assert final["sync"]["verified"] is True, final
     assert (final["attempt"], final.get("restarts", 0)) == (1, 0), final
     assert [j["metadata"]["uid"] for j in children(cluster, namespace, "jobs", "shrink")] == [job_uid]
     log = cluster.kubectl(
