@@ -141,7 +141,9 @@ def acting_writes(cluster: Cluster, release: Release) -> list[tuple[float, str, 
             "resource", ""
         ):
             continue
-        when = dt.datetime.fromisoformat(event["stageTimestamp"].replace("Z", "+00:00")).timestamp()
+        # when the API server received it: a write the killed process sent just before its SIGKILL may
+        # complete just after it, and is still that process's
+        when = dt.datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
         pod = ((event["user"].get("extra") or {}).get(POD_NAME) or ["?"])[0]
         what = f"{event['verb']} {ref.get('resource')}/{ref.get('subresource', '')} {ref.get('name', '')}"
         out.append((when, pod, what))
