@@ -16,17 +16,14 @@ way (:data:`lifecycle.BY_HAND_MARKER`): ``make cluster-down`` first.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
-from . import lifecycle, processes, provisioner, realfixture
+from . import lifecycle, provisioner, realfixture
 from .fixtures import Cluster
 from .kubeapi import Kube
 from .layout import NODE_NAMES, Layout
 from .nodeconfig import TAINT
-
-MARKER, PROVISIONER = lifecycle.BY_HAND_MARKER, lifecycle.PROVISIONER
 
 
 def up(layout: Layout) -> None:
@@ -35,26 +32,13 @@ def up(layout: Layout) -> None:
     started = time.monotonic()
     nodes = realfixture.bring_up(cluster, lifecycle.build())
     cluster.kubectl("apply", "-f", "-", input=json.dumps(provisioner.storage_class()))
-    processes.spawn(
-        PROVISIONER,
-        [
-            sys.executable,
-            "-m",
-            "testcluster.provisioner",
-            "--kubeconfig",
-            str(layout.kubeconfig),
-            "--root",
-            str(layout.root / "volumes"),
-        ],
-        pid_file=layout.pid(PROVISIONER),
-        log_file=layout.log(PROVISIONER),
-        env={**os.environ, "PYTHONPATH": str(lifecycle.PACKAGE_PARENT), "PYTHONUNBUFFERED": "1"},
-    )
+    volumes = str(layout.root / "volumes")
+    lifecycle.spawn_module(layout, lifecycle.PROVISIONER, "testcluster.provisioner", "--root", volumes)
     for agent in NODE_NAMES:
         cluster.kubectl("cordon", agent)
     for node in nodes:
         cluster.kubectl("taint", "nodes", node.name, f"{TAINT['key']}:{TAINT['effect']}-")
-    (layout.root / MARKER).write_text("")
+    (layout.root / lifecycle.BY_HAND_MARKER).write_text("")
     names = ", ".join(n.name for n in nodes)
     print(
         f"real nodes {names} Ready and untainted, the agents {', '.join(NODE_NAMES)} cordoned, default "

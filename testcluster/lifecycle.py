@@ -152,18 +152,15 @@ def up(layout: Layout | None = None, *, say: Say = _say) -> dict[str, float]:
 def start_node(layout: Layout, node: str) -> None:
     """Starts the node agent of ``node`` (it registers the Node again if it is gone, and reports the
     pods a previous agent of the node had started as Failed: their processes went with it)."""
-    name = f"node-agent-{node}"
+    spawn_module(layout, f"node-agent-{node}", "testcluster.nodeagent", "--node", node)
+
+
+def spawn_module(layout: Layout, name: str, module: str, *args: str) -> None:
+    """Starts ``python -m module --kubeconfig <the cluster's> *args`` as component ``name`` of this
+    cluster: its own session, its pid file and log under the cluster's folder, this package importable."""
     processes.spawn(
         name,
-        [
-            sys.executable,
-            "-m",
-            "testcluster.nodeagent",
-            "--kubeconfig",
-            str(layout.kubeconfig),
-            "--node",
-            node,
-        ],
+        [sys.executable, "-m", module, "--kubeconfig", str(layout.kubeconfig), *args],
         pid_file=layout.pid(name),
         log_file=layout.log(name),
         env={**os.environ, "PYTHONPATH": str(PACKAGE_PARENT), "PYTHONUNBUFFERED": "1"},
