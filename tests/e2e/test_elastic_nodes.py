@@ -1,12 +1,15 @@
-"""An elastic DDPJob loses a real node and trains on, then grows back when the node returns (issue 42,
-items 3-5, in a cluster): the same Job and attempt, no restart spent, every world verified.
+"""An elastic DDPJob loses the real node that runs rank 0 and trains on, then grows back when the node
+returns (issue 42, items 3-5, in a cluster): the same Job and attempt, no restart spent, every world
+verified.
 
-Two pods of one rank on ``real-1`` and ``real-2`` (a required spread); rank 0's node hosts the rendezvous
-store in a cluster today, so the node lost is the other one (its kubelet and containerd stopped, as
-``test_real_nodes``' lost node). The survivor's worker fails in a collective with its lost peer, its agent
-re-rendezvouses at one node (the launcher counts it as a resize, not a restart), restores the last
-checkpoint, verifies and trains on; the operator keeps the attempt (``Running``, ``BelowDesired``). Once
-the node is back, the Job replaces the evicted pod, which joins at a step boundary: two nodes again."""
+Two pods of one rank on ``real-1`` and ``real-2`` (a required spread). The rendezvous store is a pod of
+its own (``<job>-1-rdzv``, with no placement of the workers': it runs on one of the process-tier nodes), so
+the node lost is rank 0's (its kubelet and containerd stopped, as ``test_real_nodes``' lost node): the
+node that would have hosted the rendezvous, and PyTorchJob's elastic mode's point of failure. The
+survivor's worker fails in a collective with its lost peer, its agent re-rendezvouses at one node (the
+launcher counts it as a resize, not a restart), restores the last checkpoint, verifies and trains on; the
+operator keeps the attempt (``Running``, ``BelowDesired``). Once the node is back, the Job replaces the
+evicted pod, which joins at a step boundary: two nodes again. The store ends by itself after the job."""
 
 from __future__ import annotations
 
@@ -67,8 +70,13 @@ def test_an_elastic_job_trains_on_without_a_lost_node_and_grows_back_when_it_ret
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
     wait_for(lambda: list(folder.glob("step-*.pt")), what="a first checkpoint", timeout=300)
     rank0_node = pod_at(cluster, namespace, "shrink", 0)["spec"]["nodeName"]
-    (lost,) = [n for n in real_nodes if n.name != rank0_node]
-    assert pod_at(cluster, namespace, "shrink", 1)["spec"]["nodeName"] == lost.name
+    (lost,) = [n for n in real_nodes if n.name == rank0_node]
+    (kept,) = [n for n in real_nodes if n.name != rank0_node]
+    assert pod_at(cluster, namespace, "shrink", 1)["spec"]["nodeName"] == kept.name
+    (store,) = [
+        p for p in children(cluster, namespace, "pods", "shrink") if p["metadata"]["name"] == "shrink-1-rdzv"
+    ]
+    assert store["spec"]["nodeName"] not in (lost.name, kept.name), store["spec"]  # no worker's node
     job_uid = children(cluster, namespace, "jobs", "shrink")[0]["metadata"]["uid"]
     try:
         realfixture.lose_node(lost)
@@ -87,7 +95,7 @@ def test_an_elastic_job_trains_on_without_a_lost_node_and_grows_back_when_it_ret
                 timeout=180,
             )
         except AssertionError as exc:
-            survivor = pod_at(cluster, namespace, "shrink", 0)["metadata"]["name"]
+            survivor = pod_at(cluster, namespace, "shrink", 1)["metadata"]["name"]
             log = cluster.kubectl("logs", "-n", namespace, survivor, check=False)
             raise AssertionError(f"{exc}\n{survivor}'s log:\n{(log.stdout + log.stderr)[-4000:]}") from None
         # back only once its pod was evicted (DisruptionTarget, past nodeLostTolerationSeconds): the Job then
@@ -115,10 +123,26 @@ def test_an_elastic_job_trains_on_without_a_lost_node_and_grows_back_when_it_ret
     assert final["sync"]["verified"] is True, final
     assert (final["attempt"], final.get("restarts", 0)) == (1, 0), final
     assert [j["metadata"]["uid"] for j in children(cluster, namespace, "jobs", "shrink")] == [job_uid]
-    log = cluster.kubectl(
-        "logs", "-n", namespace, pod_at(cluster, namespace, "shrink", 0)["metadata"]["name"]
+    survivor, replacement = (
+        _log(cluster, namespace, pod_at(cluster, namespace, "shrink", i)["metadata"]["name"]) for i in (1, 0)
     )
-    said = log.stdout + log.stderr
-    assert "the world changed from 2 to 1 node(s) (elastic): no restart spent" in said, said[-3000:]
-    worlds = [int(w) for w in re.findall(r"elastic: world size (\d+) verified at step", said)]
-    assert worlds[:1] == [2] and 1 in worlds and worlds[-1] == 2, (worlds, said[-3000:])  # 2 → 1 → 2
+    assert "the world changed from 2 to 1 node(s) (elastic): no restart spent" in survivor, survivor[-3000:]
+    shrunk = [int(w) for w in re.findall(r"elastic: world size (\d+) verified at step", survivor)]
+    grown = [int(w) for w in re.findall(r"elastic: world size (\d+) verified at step", replacement)]
+    assert 1 in shrunk and (2 in grown or shrunk[-1] == 2), (shrunk, grown, survivor[-3000:])  # 1 → 2
+    # the store pod ends by itself once the agents closed the rendezvous: it does not outlive the job
+    wait_for(
+        lambda: get_pod(cluster, namespace, "shrink-1-rdzv")["status"].get("phase") == "Succeeded",
+        what="the rendezvous store pod to end by itself after the job",
+        timeout=60,
+    )
+
+
+def _log(cluster: Cluster, namespace: str, pod: str) -> str:
+    said = cluster.kubectl("logs", "-n", namespace, pod)
+    return said.stdout + said.stderr
+
+
+def get_pod(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = cluster.kubectl_json("get", "pod", name, "-n", namespace)
+    return found

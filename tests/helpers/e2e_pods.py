@@ -29,7 +29,8 @@ def pod_at(cluster: Cluster, namespace: str, job: str, index: int) -> dict[str, 
     (pod,) = [
         p
         for p in children(cluster, namespace, "pods", job)
-        if p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == str(index)
+        if (p["metadata"].get("annotations") or {}).get("batch.kubernetes.io/job-completion-index")
+        == str(index)
         and not p["metadata"].get("deletionTimestamp")
     ]
     return pod
@@ -69,7 +70,8 @@ def pod_name_at(cluster: Cluster, namespace: str, job: str, index: int) -> str:
     return next(
         p["metadata"]["name"]
         for p in children(cluster, namespace, "pods", job)
-        if p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == str(index)
+        if (p["metadata"].get("annotations") or {}).get("batch.kubernetes.io/job-completion-index")
+        == str(index)
     )
 
 

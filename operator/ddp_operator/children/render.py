@@ -28,6 +28,7 @@ from ddp_operator.api.names import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
     SHM_VOLUME,
+    STORE_SUFFIX,
     SYNC_HOOK_INIT_CONTAINER,
     SYNC_HOOK_VOLUME,
 )
@@ -68,6 +69,31 @@ def service_name(spec: Spec) -> str:
 def pod_hostname(spec: Spec, attempt: int, index: int) -> str:
     """The Job controller names an Indexed Job's pod hosts <job>-<index>; with the subdomain they resolve."""
     return f"{job_name(spec, attempt)}-{index}"
+
+
+def store_name(spec: Spec, attempt: int) -> str:
+    """An elastic job's rendezvous store pod (:mod:`ddp_operator.children.store`)."""
+    return f"{job_name(spec, attempt)}{STORE_SUFFIX}"
+
+
+def store_hostname(spec: Spec, attempt: int) -> str:
+    """The store pod's hostname, ``<name>-<attempt>-r``: no longer than a worker's
+    ``<name>-<attempt>-<index>``, so it fits in a DNS label whenever theirs do (the CRD's rule), and never
+    one of theirs (not a number)."""
+    return f"{job_name(spec, attempt)}-r"
+
+
+def external_store(spec: Spec) -> bool:
+    """Whether the attempt's ``c10d`` rendezvous store is a pod of its own: an elastic job whose agents the
+    launcher runs (:func:`runs_launcher`), so that no worker hosts it and any node may leave, node 0 too."""
+    return spec.elastic is not None and runs_launcher(spec)
+
+
+def rendezvous_endpoint(spec: Spec, attempt: int) -> str:
+    """torchrun's ``--rdzv-endpoint``: the store pod's DNS name for an elastic job, else node rank 0's."""
+    if external_store(spec):
+        return f"{store_hostname(spec, attempt)}.{service_name(spec)}:{spec.master_port}"
+    return f"$({contract.PET_MASTER_ADDR}):$({contract.PET_MASTER_PORT})"
 
 
 def master_addr(spec: Spec, attempt: int) -> str:
@@ -211,18 +237,26 @@ def runs_launcher(spec: Spec) -> bool:
     return spec.command is None or tuple(spec.command) == contract.IMAGE_ENTRYPOINT
 
 
+def rendezvous_id(spec: Spec, attempt: int) -> str:
+    """torchrun's ``--rdzv-id``: one rendezvous per attempt."""
+    return f"{spec.uid or spec.name}-{attempt}"
+
+
 def _elastic_env(spec: Spec, attempt: int, budget: int | None) -> list[Obj]:
     """torchrun's agent under the launcher (:func:`runs_launcher`; nothing otherwise): the ``c10d``
-    rendezvous on node rank 0 (so a restart on one node restarts every node), one rendezvous per attempt,
-    this pod's own name as its address (rank 0's is its workers' MASTER_ADDR; the agents are ordered by it,
-    so pod 0 holds rank 0), and the restart budget."""
+    rendezvous (so a restart on one node restarts every node), its store on node rank 0 or, for an elastic
+    job, in a pod of its own (:func:`rendezvous_endpoint`), one rendezvous per attempt, this pod's own name
+    as its address (rank 0's is its workers' MASTER_ADDR; the agents are ordered by it, so pod 0 holds
+    rank 0), and the restart budget."""
     if not runs_launcher(spec):
         return []
     own = f"{job_name(spec, attempt)}-$({contract.PET_NODE_RANK}).{service_name(spec)}"
+    external = [_value(contract.RDZV_STORE_ENV, contract.RDZV_STORE_EXTERNAL)] if external_store(spec) else []
     return [
         _value(contract.PET_RDZV_BACKEND, contract.RDZV_BACKEND),
-        _value(contract.PET_RDZV_ENDPOINT, f"$({contract.PET_MASTER_ADDR}):$({contract.PET_MASTER_PORT})"),
-        _value(contract.PET_RDZV_ID, f"{spec.uid or spec.name}-{attempt}"),
+        _value(contract.PET_RDZV_ENDPOINT, rendezvous_endpoint(spec, attempt)),
+        _value(contract.PET_RDZV_ID, rendezvous_id(spec, attempt)),
+        *external,
         _value(contract.PET_LOCAL_ADDR, own),
         _value(contract.PET_MAX_RESTARTS, spec.max_restarts if budget is None else budget),
     ]

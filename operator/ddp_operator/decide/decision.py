@@ -26,6 +26,7 @@ from typing import Any
 from ddp_operator.api import names, reasons
 from ddp_operator.api.spec import Spec, SpecError, known_total_steps, parse
 from ddp_operator.children import render
+from ddp_operator.children.store import render_store
 from ddp_operator.decide import resize, restarts, stall, status
 from ddp_operator.decide.plan import Event, Plan, Scrape
 from ddp_operator.decide.status import StatusBuilder, parse_time, stamp
@@ -232,7 +233,10 @@ def _create(inputs: Inputs, out: StatusBuilder) -> Plan:
         if (absent := inputs.facts.startup) is not None:  # created all the same: the objects may come later
             _cannot_start(inputs, out, absent)
     status.sync_condition(out)
-    return out.plan(create_claim=inputs.claim, create_service=inputs.service, create_job=inputs.job)
+    store = render_store(spec, attempt) if render.external_store(spec) else None  # an elastic job's
+    return out.plan(
+        create_claim=inputs.claim, create_service=inputs.service, create_job=inputs.job, create_store=store
+    )
 
 
 def _after_failure(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:

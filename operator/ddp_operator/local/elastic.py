@@ -27,11 +27,6 @@ _WORLD = re.compile(
 )
 
 
-def pod_env(spec: Spec) -> dict[str, str]:
-    """What an elastic job's pods add to their environment here: no pod hosts the rendezvous store."""
-    return {contract.RDZV_STORE_ENV: contract.RDZV_STORE_EXTERNAL} if spec.elastic else {}
-
-
 def start_store(
     port: int, env: Mapping[str, str], log_path: Path, say: object = print
 ) -> subprocess.Popen[bytes]:

@@ -204,7 +204,6 @@ def _attempt(
             env = {
                 **processes.process_env(pod, os.environ, Path.cwd()),
                 gang.MARKER: marker,
-                **elastic.pod_env(spec),
             }
             if init_failed := _init(pod, {**processes.init_env(os.environ), gang.MARKER: marker}):
                 members.kill()

@@ -28,6 +28,9 @@ from ddp_operator.runtime.scraper import Scraper
 from ddp_operator.runtime.ticker import PeeringPause, Ticker
 
 LABELS = {names.MANAGED_BY_LABEL: names.MANAGED_BY}
+WORKERS: dict[str, Any] = {names.MANAGED_BY_LABEL: names.MANAGED_BY, names.STORE_LABEL: kopf.ABSENT}
+"""The pods the operator follows: its workers, not an elastic job's rendezvous store (children/store.py),
+which lives and ends with its Job and whose state the status does not depend on."""
 Key = tuple[str, str]
 # One reconcile at a time per DDPJob: child events, the timer and the DDPJob's own events run in threads.
 _LOCKS: collections.defaultdict[Key, threading.Lock] = collections.defaultdict(threading.Lock)
@@ -154,7 +157,7 @@ def ddpjob_jobs(
     return {_owner(namespace, labels): slim_job(body)}
 
 
-@kopf.index("v1", "pods", labels=LABELS)
+@kopf.index("v1", "pods", labels=WORKERS)
 def ddpjob_pods(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[Key, dict[str, Any]]:
@@ -207,7 +210,7 @@ def on_job(namespace: str | None, labels: kopf.Labels, **kwargs: Any) -> None:
     reconcile(_owner(namespace, labels), **kwargs)
 
 
-@kopf.on.event("v1", "pods", labels=LABELS)
+@kopf.on.event("v1", "pods", labels=WORKERS)
 def on_pod(namespace: str | None, labels: kopf.Labels, type: str, body: kopf.Body, **kwargs: Any) -> None:
     key = _owner(namespace, labels)
     if type == "DELETED":  # the index has dropped it: its last state may be rank 0's only report

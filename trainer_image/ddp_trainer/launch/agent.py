@@ -51,6 +51,7 @@ from typing import Any
 
 from ddp_trainer import contract
 from ddp_trainer.core.inplace import SAME, exit_code_of, not_retried
+from ddp_trainer.launch import store
 from ddp_trainer.launch.book import Book
 
 log = logging.getLogger("ddp_trainer.launch")
@@ -234,6 +235,8 @@ def main(argv: Sequence[str]) -> int:
     # restarted gang read its dead peers' addresses from it (gloo: connectFullMesh refused).
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     os.environ.update(rendezvous_host(os.environ))
+    if (found := store.endpoint(os.environ)) and not store.wait_for(*found):
+        return contract.FAILURE_EXIT_CODE  # a crash: the next attempt gets a new store pod
     _install(Book(Path(state), elastic=":" in os.environ.get("PET_NNODES", "")))
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

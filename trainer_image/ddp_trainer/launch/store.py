@@ -12,36 +12,118 @@ few keys; the workers' own store is made afresh by the agent of each round's ran
 from __future__ import annotations
 
 import logging
+import os
+import pickle
 import signal
+import socket
 import sys
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
+
+from ddp_trainer import contract
 
 log = logging.getLogger("ddp_trainer.launch.store")
 
+POLL_SECONDS = 2.0
+"""How often the store reads whether its rendezvous is closed."""
+LINGER_SECONDS = 10.0
+"""How long it serves on after that: the last agents' own shutdown writes still find it."""
+WAIT_SECONDS = 600.0
+"""How long an agent waits for the store to answer before it gives up (the store pod's image may be pulled
+on a node that has never run the job)."""
+WAIT_SAY_EVERY = 10.0
 
-def serve(port: int, host: str = "0.0.0.0") -> None:
-    """Host the store on ``host:port`` until SIGTERM or SIGINT."""
+
+def closed(store: object, run_id: str) -> bool:
+    """Whether rendezvous ``run_id`` in ``store`` is closed: every agent of the attempt has shut it down
+    (torchrun does, when its workers have ended). torch's own backend reads the state."""
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    found = C10dRendezvousBackend(store, run_id).get_state()  # type: ignore[arg-type]
+    return found is not None and bool(getattr(pickle.loads(found[0]), "closed", False))
+
+
+def serve(
+    port: int, host: str = "0.0.0.0", run_id: str | None = None, linger: float = LINGER_SECONDS
+) -> None:
+    """Host the store on ``host:port`` until SIGTERM or SIGINT, or, given the attempt's ``run_id``, until
+    ``linger`` seconds after that rendezvous is closed."""
     from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     store = TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    ends = f"; it ends {linger:.0f} s after rendezvous {run_id} closes" if run_id else ""
     print(
-        f"ddpjob rendezvous store: serving on {host}:{port}; every node connects here, none hosts it",
+        f"ddpjob rendezvous store: serving on {host}:{port}; every node connects here, none hosts it{ends}",
         flush=True,
     )
-    stop.wait()
+    while not stop.wait(POLL_SECONDS if run_id else None):
+        try:
+            done = run_id is not None and closed(store, run_id)
+        except Exception as exc:  # an unreadable state: keep serving, say it once
+            print(f"ddpjob rendezvous store: cannot read rendezvous {run_id}'s state ({exc})", flush=True)
+            run_id = None
+            continue
+        if done:
+            print(
+                f"ddpjob rendezvous store: rendezvous {run_id} is closed (the job's agents ended)", flush=True
+            )
+            stop.wait(linger)
+            break
     del store
+
+
+def endpoint(env: Mapping[str, str]) -> tuple[str, int] | None:
+    """The external store's host and port, when this pod's agent connects to one (an elastic job's)."""
+    if env.get(contract.RDZV_STORE_ENV) != contract.RDZV_STORE_EXTERNAL:
+        return None
+    host, _, port = env.get(contract.PET_RDZV_ENDPOINT, "").rpartition(":")
+    return (host, int(port)) if host and port.isdigit() else None
+
+
+def wait_for(
+    host: str,
+    port: int,
+    timeout: float = WAIT_SECONDS,
+    say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+) -> bool:
+    """Wait until the store at ``host:port`` accepts a connection (its pod may be scheduled, pulled and
+    started after this one), saying what it waits for every :data:`WAIT_SAY_EVERY` seconds; False if it
+    never did within ``timeout``."""
+    started = time.monotonic()
+    said = started
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=2):
+                if (waited := time.monotonic() - started) >= WAIT_SAY_EVERY:
+                    say(f"ddpjob: the rendezvous store at {host}:{port} answers after {waited:.0f} s")
+                return True
+        except OSError as exc:
+            waited = time.monotonic() - started
+            if waited >= timeout:
+                say(
+                    f"ddpjob: the rendezvous store at {host}:{port} did not answer in {timeout:.0f} s "
+                    f"({exc}); its pod is <job>-<attempt>-rdzv: kubectl describe pod says why it does not run"
+                )
+                return False
+            if time.monotonic() - said >= WAIT_SAY_EVERY:
+                said = time.monotonic()
+                say(
+                    f"ddpjob: waiting for the rendezvous store at {host}:{port} ({exc}): {waited:.0f} s of "
+                    f"{timeout:.0f} s"
+                )
+            time.sleep(0.5)
 
 
 def main(argv: Sequence[str]) -> int:
     if len(argv) != 1 or not argv[0].isdigit():
         print("usage: python -m ddp_trainer.launch.store PORT", file=sys.stderr)
         return 2
-    serve(int(argv[0]))
+    serve(int(argv[0]), run_id=os.environ.get(contract.PET_RDZV_ID) or None)
     return 0
 
 
