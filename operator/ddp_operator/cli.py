@@ -146,6 +146,23 @@ def _operator(args: argparse.Namespace) -> int:
     if not args.verbose:  # every event and timer tick would log a success line: keep what changed
         for handler in logging.getLogger().handlers:
             handler.addFilter(_quiet_successes)
+    if args.node_health:
+        from ddp_operator.observe import nodehealth
+
+        try:
+            rules = nodehealth.parse_rules(args.unhealthy_taints, args.unhealthy_conditions)
+        except ValueError as exc:
+            print(f"ddpjob operator: {exc}", file=sys.stderr)
+            return 2
+        handlers.enable_node_health(rules)
+        conditions = ", ".join(f"{kind}={status}" for kind, status in rules.conditions)
+        logging.getLogger("ddpjob.operator").info(
+            "node health: a faulty rank's node is tainted %s; new attempts avoid nodes with taints %s or "
+            "conditions %s",
+            nodehealth.FAULTY_TAINT,
+            ", ".join(rules.taints) or "(none)",
+            conditions or "(none)",
+        )
     opmetrics.serve(args.metrics_port)
     namespaces = args.namespace or []
     standalone = args.standalone or _no_peering(namespaces)
@@ -299,6 +316,25 @@ def build_parser() -> argparse.ArgumentParser:
         default=60,
         help="seconds a replica's peering record lives without a keep-alive: a standby takes over this long "
         "after the acting replica died without a word (default %(default)s)",
+    )
+    operate.add_argument(
+        "--node-health",
+        action="store_true",
+        help="bad GPUs kept out, for every job: taint the node of a rank the compute probe finds faulty "
+        "(ddpjob.io/faulty-gpu=<device>:NoSchedule, a Node condition and Event), and keep new attempts off "
+        "nodes whose taints or conditions mark GPUs unhealthy (needs the chart's nodeHealth grant)",
+    )
+    operate.add_argument(
+        "--unhealthy-taints",
+        metavar="KEY,KEY",
+        help="with --node-health: taint keys that mark a node's GPUs unhealthy (default: "
+        "ddpjob.io/faulty-gpu and NVSentinel's nvidia.com/gpu-error, gpu-nvlink-error, syslog-xid-error)",
+    )
+    operate.add_argument(
+        "--unhealthy-conditions",
+        metavar="TYPE=STATUS,...",
+        help="with --node-health: Node conditions that mark its GPUs unhealthy (default: "
+        "AcceleratedHardwareReady=False, GpuPcieWatch=True)",
     )
     operate.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     operate.add_argument("--json-logs", action="store_true", help="structured (JSON) logs, one object a line")

@@ -116,6 +116,46 @@ def test_secrets_are_only_got_and_not_at_all_without_check_references() -> None:
     assert on - off == {("", "secrets", "get"), ("", "configmaps", "get")}
 
 
+def test_node_health_grants_nodes_only_when_on_and_passes_its_lists() -> None:
+    """nodeHealth (off by default): the operator taints a faulty rank's node and follows the Nodes; the
+    grant and the flags come with it, and nothing of them without it."""
+    off_objects, on_objects = (
+        _template(),
+        _template(
+            "--set",
+            "nodeHealth.enabled=true",
+            "--set",
+            "nodeHealth.unhealthyConditions={AcceleratedHardwareReady=False,GPUProblem=True}",
+        ),
+    )
+    off, on = _granted(), _granted("--set", "nodeHealth.enabled=true")
+    assert not {r for g, r, v in off if r.startswith("nodes")}
+    assert on - off == {
+        ("", "nodes", "get"),
+        ("", "nodes", "list"),
+        ("", "nodes", "watch"),
+        ("", "nodes", "patch"),
+        ("", "nodes/status", "patch"),
+    }
+    (role,) = [o for o in on_objects if o["kind"] == "Role" and o["metadata"]["name"].endswith("node-events")]
+    assert role["metadata"]["namespace"] == "default" and role["rules"] == [
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
+    ]
+    assert not [
+        o for o in off_objects if o["kind"] == "Role" and o["metadata"]["name"].endswith("node-events")
+    ]
+
+    def args(objects: list[dict[str, Any]]) -> list[str]:
+        (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+        return list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+
+    assert "--node-health" not in args(off_objects)
+    on_args = args(on_objects)
+    assert "--node-health" in on_args
+    assert "--unhealthy-conditions=AcceleratedHardwareReady=False,GPUProblem=True" in on_args
+    assert not [a for a in on_args if a.startswith("--unhealthy-taints")]  # empty: the operator's defaults
+
+
 def test_rbac_is_least_privilege() -> None:
     granted = _granted()
     assert ("", "secrets", "list") not in granted and ("", "secrets", "watch") not in granted

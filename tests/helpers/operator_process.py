@@ -106,8 +106,9 @@ class Operator:
         return {"rss": fields["VmRSS"], "peak": fields["VmHWM"]}
 
 
-def chart_rbac() -> list[dict[str, Any]]:
-    """The chart's objects but its Deployment: ServiceAccount, ClusterRole, bindings (``helm template``)."""
+def chart_rbac(*values: str) -> list[dict[str, Any]]:
+    """The chart's objects but its Deployment: ServiceAccount, ClusterRole, bindings (``helm template``,
+    with ``values``: ``--set`` flags)."""
     helm = Path(sys.executable).with_name("helm")
     rendered = subprocess.run(
         [
@@ -117,6 +118,7 @@ def chart_rbac() -> list[dict[str, Any]]:
             str(REPO / "charts" / "ddpjob-operator"),
             "--namespace",
             OPERATOR_NAMESPACE,
+            *values,
         ],
         capture_output=True,
         text=True,

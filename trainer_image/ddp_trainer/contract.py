@@ -385,6 +385,7 @@ class Report(TypedDict, total=False):
     faultyNodes: list[str]
     """Their nodes (``DDPJOB_NODE_NAME``; ``""`` where unknown), in the order of ``faultyRanks``."""
     faultyPods: list[str]
+    faultyDevices: list[str]
     """Their pods (``HOSTNAME``), in the same order."""
     failures: list[Failure]
     """The ranks of this pod that ended with an exception, the earliest first (present only then)."""

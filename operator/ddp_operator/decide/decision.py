@@ -30,7 +30,7 @@ from ddp_operator.children.store import render_store
 from ddp_operator.decide import resize, restarts, stall, status
 from ddp_operator.decide.plan import Event, Plan, Scrape
 from ddp_operator.decide.status import StatusBuilder, parse_time, stamp
-from ddp_operator.observe import claims, kueue, live, podsecurity, references, startup
+from ddp_operator.observe import claims, kueue, live, nodehealth, podsecurity, references, startup
 from ddp_operator.observe import facts as observe_module
 from ddp_operator.observe.facts import Facts, JobFacts, observe
 from ddp_trainer import contract
@@ -73,13 +73,16 @@ def decide_for(
     workloads: Mapping[str, Mapping[str, Any]] | None = None,
     mount_events: Sequence[Mapping[str, Any]] = (),
     missing: Collection[tuple[str, str]] = (),
+    unhealthy: Mapping[str, str] | None = None,
 ) -> Plan:
     """The plan for one DDPJob from its body and the children that carry its label, what the cluster
     says about its checkpoint claim when :func:`claims.claim_to_read` asked for it, Kueue's
     Workloads of its Jobs (by Job name; :mod:`queueing`), and the events read for it: the kubelet's
     ``FailedMount`` on its pods (:func:`mounts.pods_to_read`), the Job controller's ``FailedCreate`` on a
     Job without pods (:func:`podsecurity.jobs_to_read`); ``missing``: the (kind, name) of the Secrets and
-    ConfigMaps it names that the operator looked up and found absent (:func:`references.to_look_up`)."""
+    ConfigMaps it names that the operator looked up and found absent (:func:`references.to_look_up`);
+    ``unhealthy``: the nodes whose GPUs are marked unhealthy (:mod:`nodehealth`), which a new attempt's pods
+    avoid along with the job's own ``status.probe.faultyNodes``."""
     previous = dict(body.get("status") or {})
     generation = int(body.get("metadata", {}).get("generation") or 0)
     try:
@@ -93,7 +96,8 @@ def decide_for(
         status.count(previous.get("preemptions")),
         status.count(previous.get(status.RESTARTS_IN_PLACE)),
     )
-    avoid = status.avoided_nodes(previous)  # where the compute probe found a faulty rank
+    # where the compute probe found a faulty rank, and where GPUs are marked unhealthy (--node-health)
+    avoid = list(dict.fromkeys([*status.avoided_nodes(previous), *sorted(unhealthy or {})]))
     service = render.render_service(spec)
     job = render.render_job(spec, facts.attempt, restarts.left(spec.max_restarts, used), avoid_nodes=avoid)
     if facts.startup is None and facts.job is not None:  # pods refused: named from the rendered template
@@ -266,8 +270,11 @@ def _end_attempt(
     in_place = status.count(out.values.get(status.RESTARTS_IN_PLACE))
     decision = restarts.decide(outcome, attempt, inputs.spec.max_restarts, preemptions, in_place)
     status.checkpoint_events(out, inputs.facts.report)
+    faulty: tuple[tuple[str, str, str], ...] = ()
     if decision.reason == contract.FAULTY_RANK:
         status.avoid_nodes(out, restarts.faulty_nodes(outcome))
+        why = (outcome.report or {}).get("message") or "the compute probe named a faulty rank"
+        faulty = tuple((node, device, why) for node, device in nodehealth.faulty_devices(outcome.report))
     if decision.action is restarts.Action.RESTART:
         out.values.update(attempt=attempt + 1, restarts=restarts.shown(attempt + 1, in_place))
         status.recreated(out, attempt + 1, decision.reason, decision.message)
@@ -275,8 +282,9 @@ def _end_attempt(
             out.values["preemptions"] = preemptions + 1
         out.phase(reasons.RESTARTING, decision.reason, decision.message, warning=True)
         out.condition(reasons.READY, False, decision.reason, decision.message)
-        return out.plan(delete_jobs=(job,))
-    return _finish(out, False, decision.reason, decision.message, delete=(job,) if stop else ())
+        return out.plan(delete_jobs=(job,), mark_faulty=faulty)
+    plan = _finish(out, False, decision.reason, decision.message, delete=(job,) if stop else ())
+    return dataclasses.replace(plan, mark_faulty=faulty) if faulty else plan
 
 
 def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:

@@ -42,4 +42,5 @@ class Plan:
     resize_job: tuple[str, int] | None = None  # an elastic job's Job: completions = parallelism = this
     events: tuple[Event, ...] = ()
     delete_self: bool = False  # ttlSecondsAfterFinished has passed
+    mark_faulty: tuple[tuple[str, str, str], ...] = ()  # (node, device, why): a faulty rank's (--node-health)
     scrape: Scrape | None = None  # None: the job does not run; forget its metrics

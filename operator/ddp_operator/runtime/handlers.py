@@ -20,8 +20,8 @@ import kubernetes
 
 from ddp_operator.api import crd, names
 from ddp_operator.decide.status import finished
-from ddp_operator.observe import kueue
-from ddp_operator.runtime import heap, opmetrics
+from ddp_operator.observe import kueue, nodehealth
+from ddp_operator.runtime import heap, nodes, opmetrics
 from ddp_operator.runtime import reconcile as reconciler
 from ddp_operator.runtime.recent import Recent
 from ddp_operator.runtime.scraper import Scraper
@@ -68,7 +68,7 @@ def _tick(key: Key) -> None:
 TIMER = Ticker(
     TIMER_INTERVAL_SECONDS, lambda: _KOPF["ddpjob_bodies"].keys(), _tick, PEERING.paused, heap.Trimmer()
 )
-INDEXES = ("ddpjob_bodies", "ddpjob_jobs", "ddpjob_pods", "ddpjob_workloads")
+INDEXES = ["ddpjob_bodies", "ddpjob_jobs", "ddpjob_pods", "ddpjob_workloads"]  # + enable_node_health's
 
 
 @kopf.on.startup()
@@ -232,7 +232,7 @@ def reconcile(
     ddpjob_workloads: kopf.Index[Key, dict[str, Any]],
     logger: reconciler.Logger,
     by_timer: bool = False,
-    **_: Any,
+    **kwargs: Any,
 ) -> None:
     """One reconcile at a time per DDPJob, from what the indexes hold now."""
     with _LOCKS[key]:
@@ -245,4 +245,30 @@ def reconcile(
                 name = job.get("metadata", {}).get("name", "")
                 for workload in list(ddpjob_workloads.get((key[0], name), []))[:1]:
                     workloads[name] = workload
-            reconciler.reconcile(body, jobs, pods, logger, SCRAPER, RECENT, workloads)
+            unhealthy = _unhealthy_nodes(kwargs.get("ddpjob_unhealthy_nodes"))
+            reconciler.reconcile(body, jobs, pods, logger, SCRAPER, RECENT, workloads, unhealthy)
+
+
+def _unhealthy_nodes(index: kopf.Index[str, str] | None) -> dict[str, str]:
+    """The nodes whose GPUs are marked unhealthy, with why (``--node-health``; empty without it)."""
+    return {name: why for name in list(index or {}) for why in list(index[name])[:1]} if index else {}
+
+
+def enable_node_health(rules: nodehealth.Rules) -> None:
+    """``--node-health``: follow the Nodes (an index of those whose taints or conditions mark their GPUs
+    unhealthy, which new attempts avoid) and mark a faulty rank's node (:mod:`ddp_operator.runtime.nodes`).
+    Registered here, before Kopf starts, so that an operator without it neither lists Nodes nor needs the
+    grant."""
+
+    def ddpjob_unhealthy_nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, str] | None:
+        why = nodehealth.why_unhealthy(body, rules)
+        return {name: why} if why else None
+
+    def on_node(name: str, type: str, body: kopf.Body, **_: Any) -> None:
+        if type != "DELETED" and nodehealth.stale_condition(body):
+            nodes.clear_condition(name)
+
+    kopf.index("v1", "nodes")(ddpjob_unhealthy_nodes)
+    kopf.on.event("v1", "nodes")(on_node)
+    INDEXES.append("ddpjob_unhealthy_nodes")
+    reconciler.MARK_FAULTY_NODES = True

@@ -23,12 +23,15 @@ from ddp_operator.api import crd, reasons
 from ddp_operator.children.store import owned_by
 from ddp_operator.decide.decision import decide_for, refused
 from ddp_operator.decide.plan import Plan
+from ddp_operator.runtime import nodes as node_writes
 from ddp_operator.runtime import opmetrics
 from ddp_operator.runtime.reads import api_client, ignore, read_claim, read_events, read_missing
 from ddp_operator.runtime.recent import Recent
 from ddp_operator.runtime.scraper import Scraper
 
 Logger = logging.Logger | kopf.ObjectLogger
+MARK_FAULTY_NODES = False
+"""``--node-health``: a faulty rank's node is tainted (:mod:`ddp_operator.runtime.nodes`)."""
 
 
 def reconcile(
@@ -39,11 +42,13 @@ def reconcile(
     scraper: Scraper | None = None,
     recent: Recent | None = None,
     workloads: Mapping[str, Mapping[str, Any]] | None = None,
+    unhealthy: Mapping[str, str] | None = None,
 ) -> None:
     """Decide (pure) and carry out the plan for one DDPJob; record the reconcile's metrics. ``workloads``:
     Kueue's Workloads of its Jobs, by Job name. ``scraper``
     holds the latest reading of the pods' metrics and takes the plan's next read (in the background);
-    ``recent`` holds what earlier reconciles wrote that ``body`` and ``jobs`` (the indexes) lack."""
+    ``recent`` holds what earlier reconciles wrote that ``body`` and ``jobs`` (the indexes) lack;
+    ``unhealthy``: the nodes whose GPUs are marked unhealthy (``--node-health``), which new attempts avoid."""
     started = time.monotonic()
     result = "error"
     key = (body["metadata"].get("namespace") or "", body["metadata"]["name"])
@@ -55,7 +60,8 @@ def reconcile(
         now = dt.datetime.now(dt.UTC)
         claim = read_claim(body, pods)
         events = read_events(body, jobs, pods, now)
-        plan = decide_for(body, jobs, pods, now, snapshot, claim, workloads, events, read_missing(body))
+        missing = read_missing(body)
+        plan = decide_for(body, jobs, pods, now, snapshot, claim, workloads, events, missing, unhealthy or {})
         _scrape(scraper, key, plan)
         try:
             try:
@@ -203,6 +209,9 @@ def carry_out(body: Mapping[str, Any], plan: Plan, logger: Logger, recent: Recen
     if plan.suspend_job is not None:
         job_name, suspend = plan.suspend_job
         ignore((404,), batch.patch_namespaced_job, job_name, namespace, {"spec": {"suspend": suspend}})
+    for node, device, message in plan.mark_faulty if MARK_FAULTY_NODES else ():
+        if failed := node_writes.mark_faulty(node, device, message, f"DDPJob {namespace}/{name}"):
+            _event(body, "Warning", reasons.NODE_NOT_MARKED, failed)
     if plan.status != body.get("status"):
         patch = {"status": merge_patch(body.get("status") or {}, plan.status)}
         if patched := ignore((404,), objects.patch_namespaced_custom_object_status, *custom, patch):

@@ -272,10 +272,11 @@ def test_the_reference_trainer_fails_the_attempt_naming_rank_and_node(tmp_path: 
     assert run.wait(120) == [1, 1], run.logs()  # torchrun collapses the ranks' 87 into 1: the report says it
     report = run.report(0)
     assert (report["result"], report["reason"]) == ("Failed", contract.FAULTY_RANK), report
-    assert (report["faultyRanks"], report["faultyNodes"], report["faultyPods"]) == (
+    assert (report["faultyRanks"], report["faultyNodes"], report["faultyPods"], report["faultyDevices"]) == (
         [2],
         ["node-1"],
         ["pod-1"],
+        ["cpu"],  # what the node's taint names (a GPU's UUID on a GPU: device_id)
     )
     assert report["verified"] is True and report["mismatches"] == 0  # the replica check saw nothing wrong
     assert report["step"] == 8 and report["probes"] == 2  # step 4 agreed; step 8 (after the drill) named it

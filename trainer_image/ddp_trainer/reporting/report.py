@@ -22,6 +22,7 @@ from ddp_trainer import contract
 from ddp_trainer.contract import REPORT_LIMIT as LIMIT
 
 if TYPE_CHECKING:  # no runtime import: this module stays torch-free
+    from ddp_trainer.sync.probe import ProbeResult
     from ddp_trainer.sync.verify import Tally
 
 log = logging.getLogger(__name__)
@@ -117,20 +118,17 @@ def refused(reason: str, message: str, tally: Tally, facts: RunFacts) -> tuple[i
     return contract.CHECKPOINT_REFUSED_EXIT_CODE, build(contract.FAILED, reason, message, tally, facts)
 
 
-def faulty(
-    message: str, ranks: list[int], nodes: list[str], pods: list[str], tally: Tally, facts: RunFacts
-) -> tuple[int, contract.Report]:
-    """The compute probe named faulty ``ranks`` (on ``nodes``, in ``pods``) under ``onFaultyRank: Fail``."""
-    report = build(contract.FAILED, contract.FAULTY_RANK, message, tally, facts)
-    return contract.FAULTY_RANK_EXIT_CODE, with_faulty(report, ranks, nodes, pods)
+def faulty(found: ProbeResult, tally: Tally, facts: RunFacts) -> tuple[int, contract.Report]:
+    """The compute probe named faulty ranks under ``onFaultyRank: Fail``."""
+    report = build(contract.FAILED, contract.FAULTY_RANK, found.message, tally, facts)
+    return contract.FAULTY_RANK_EXIT_CODE, with_faulty(report, found)
 
 
-def with_faulty(
-    report: contract.Report, ranks: list[int], nodes: list[str], pods: list[str]
-) -> contract.Report:
-    """``report`` naming the faulty ranks, their nodes and pods (also a finished run's, under ``Warn``)."""
-    report["faultyRanks"], report["faultyNodes"] = list(ranks)[:16], list(nodes)[:16]
-    report["faultyPods"] = list(pods)[:16]
+def with_faulty(report: contract.Report, found: ProbeResult) -> contract.Report:
+    """``report`` naming the faulty ranks, their nodes, pods and devices (also a finished run's, under
+    ``Warn``)."""
+    report["faultyRanks"], report["faultyNodes"] = list(found.verdict.ranks)[:16], list(found.nodes)[:16]
+    report["faultyPods"], report["faultyDevices"] = list(found.pods)[:16], list(found.devices)[:16]
     return report
 
 

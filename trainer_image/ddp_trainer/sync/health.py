@@ -598,19 +598,12 @@ class SyncHealth:
         if (last := self.last_probe) is not None:
             rep["probeVerdict"], rep["probeWhy"] = last.verdict.kind, last.message
         if (found := self.last_faulty) is not None:
-            report.with_faulty(rep, list(found.verdict.ranks), list(found.nodes), list(found.pods))
+            report.with_faulty(rep, found)
         return rep
 
     def faulty(self, err: probe.FaultyRankError) -> tuple[int, contract.Report]:
         found = err.result
-        code, rep = report.faulty(
-            found.message,
-            list(found.verdict.ranks),
-            list(found.nodes),
-            list(found.pods),
-            self.tally,
-            self.facts(),
-        )
+        code, rep = report.faulty(found, self.tally, self.facts())
         rep["probes"] = self.probes
         return code, rep
 

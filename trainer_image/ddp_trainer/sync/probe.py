@@ -95,6 +95,8 @@ class ProbeResult:
     pods: tuple[str, ...] = ()
     nodes: tuple[str, ...] = ()
     seconds: float = 0.0
+    devices: tuple[str, ...] = ()
+    """The named ranks' devices (:func:`device_id`): a GPU's UUID, what a node's taint names."""
 
     @property
     def message(self) -> str:
@@ -226,6 +228,16 @@ def hardware_code(device: torch.device) -> int:
     name += ":" + str(torch.backends.cpu.get_cpu_capability())
     data = torch.tensor(list(name.encode()), dtype=torch.uint8)
     return int(fingerprint_tensor(data).item())
+
+
+def device_id(device: torch.device) -> str:
+    """The device a rank computes on, as a node's taint may name it (a label value): a GPU's UUID
+    (``GPU-…``, as ``nvidia-smi -L`` prints it), ``cuda-<index>`` where torch gives none, or ``cpu``."""
+    if device.type != "cuda":
+        return device.type
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    return f"GPU-{uuid}" if uuid else f"cuda-{index}"
 
 
 @contextlib.contextmanager
@@ -360,11 +372,14 @@ class Probe:
             return ProbeResult(step, found, seconds=time.perf_counter() - started)
         second = [row[0] for row in self._gather(self.attempt())]
         found = verdict(first, hardware, second)
-        pods, nodes = self.where(found.ranks) if found.ranks else ((), ())  # the same verdict everywhere
-        return ProbeResult(step, found, pods, nodes, time.perf_counter() - started)
+        pods, nodes, devices = self.where(found.ranks, device) if found.ranks else ((), (), ())
+        return ProbeResult(step, found, pods, nodes, time.perf_counter() - started, devices)
 
-    def where(self, ranks: tuple[int, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """The pods and nodes of ``ranks`` (a collective: only after a verdict that names someone)."""
+    def where(
+        self, ranks: tuple[int, ...], device: torch.device
+    ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+        """The pods, nodes and devices of ``ranks`` (a collective: only after a verdict that names
+        someone; the same verdict everywhere)."""
         places: list[Any] = [None] * dist.get_world_size(self.group)
-        dist.all_gather_object(places, (self.pod, self.node), group=self.group)
-        return tuple(places[r][0] for r in ranks), tuple(places[r][1] for r in ranks)
+        dist.all_gather_object(places, (self.pod, self.node, device_id(device)), group=self.group)
+        return tuple(tuple(places[r][i] for r in ranks) for i in range(3))  # type: ignore[return-value]

@@ -270,8 +270,7 @@ class Session:
     def faulty(self, err: probe.FaultyRankError) -> tuple[int, contract.Report]:
         """The exit code and report when the compute probe named a faulty rank (``onFaultyRank: Fail``)."""
         found = err.result
-        ranks, nodes, pods = list(found.verdict.ranks), list(found.nodes), list(found.pods)
-        code, rep = report.faulty(found.message, ranks, nodes, pods, self.tally, self.facts())
+        code, rep = report.faulty(found, self.tally, self.facts())
         rep["probes"] = self.health.probes if self.health is not None else 0
         return code, rep
 
