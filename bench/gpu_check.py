@@ -18,16 +18,18 @@ rounds; with them, expect about 8-9 minutes, most of it the Hugging Face part's 
    (``fingerprint_bench.gpu_figures``): GPU time per fingerprint (ten back to back between two events: the
    host work of one call overlaps the GPU work of the one before, as it does behind a training step), one
    call alone with its host work, and the pure-torch fallback measured both ways (five back to back, and
-   alone; goals: Triton >= 0.8 of the floor, torch >= 0.1, GPU time per call). The floor is the same bytes
-   at ``torch.sum``'s bandwidth over another 2 GiB buffer, timed in every round: not yet a read of the same
-   blocks (issue 43);
+   alone; goals: Triton >= 0.8 of the floor, torch >= 0.1, GPU time per call). The floor is a read of the
+   same blocks: the fingerprint's first launch with the hash taken out (``triton_kernel.read_blocks``),
+   timed as the figure it is the floor of and alternated with it;
 3. the reference trainer vs a bare DDP loop on the same 4 x 8192 MLP, data and bf16 autocast, NCCL world
    1 (``loop_bench``; goal >= 0.98): both running at once and taking turns, windows of steps timed inside
    each; the main figure with the batches staged on the GPU (one gather from a device tensor), a second,
    labelled figure with the DataLoader building them on the host; each with how busy the GPU was (CUDA
    event time of the steps over wall time; under 90 % is flagged);
-4. the compute probe on a GPT-2 (8 x 1024, SDPA, batch 8 x 512) in fp32 and bf16: five digests (all equal
-   is the goal), the time and peak memory of one probe beside one training step's;
+4. the compute probe on a GPT-2 (8 x 1024, SDPA, batch 8 x 512) in fp32 and bf16: the digest across four
+   fresh processes on the same GPU with training steps between them, and the SDC drill's negative control
+   (``probe_repro``: the fresh processes agree and the perturbed one differs is the goal), the time and
+   peak memory of one probe beside one training step's;
 5. the Hugging Face callback's cost: the wall time of ``Trainer.train()`` (``on_train_end`` included)
    with ``SyncHealthCallback`` vs without, GPT-2 6 x 512, bf16, 300 steps, a check every 100, one whole
    run per sample (``health_bench --gpu``; goal <= 2 %).
@@ -131,14 +133,14 @@ def fingerprint() -> None:
     for dtype in (torch.float32, torch.bfloat16):
         tensors = fb.gpt_like(50304, 2048, 24, dtype)
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        got = fb.gpu_figures(tensors, probe, ROUNDS)
+        got = fb.gpu_figures(tensors, ROUNDS)
         same = torch.equal(fb.forced("triton", tensors)(), fb.forced("torch", tensors)())
         name = str(dtype).removeprefix("torch.")
         ms = {key: 1e3 * statistics.median(figure.b) for key, figure in got.items()}
         figures[f"fingerprint_{name}"] = {
             "gbytes": nbytes / 1e9,
             "floor_ms": 1e3 * statistics.median(got["triton"].a),
-            "floor": "the same bytes at torch.sum's bandwidth over another 2 GiB buffer, timed in each round",
+            "floor": "read_blocks: the same block table read, no hash; timed as each figure, ABBA rounds",
             **{f"{key}_ms": value for key, value in ms.items()},
             **{f"floor_over_{key}": figure.as_json() for key, figure in got.items()},
             "triton_equals_torch": same,
@@ -199,6 +201,28 @@ def trainer_vs_bare() -> None:
 def probe_cost() -> None:
     for dtype in (torch.float32, torch.bfloat16):
         probe_one(dtype)
+        torch.cuda.empty_cache()
+        probe_across(dtype)
+
+
+def across_processes(dtype: str) -> dict[str, Any]:
+    """``probe_repro`` on this GPU: the digest across fresh processes, and the SDC drill's control."""
+    cmd = [sys.executable, str(ROOT / "bench" / "probe_repro.py"), "--device=cuda", "--model=gpt2"]
+    done = subprocess.run(
+        [*cmd, f"--dtype={dtype}", "--steps=2"],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    lines = done.stdout.strip().splitlines()
+    try:
+        found: dict[str, Any] = json.loads(lines[-1])
+        return found
+    except (IndexError, ValueError):
+        return {"error": (done.stderr or done.stdout)[-1500:]}
 
 
 def timed(fn: Any) -> tuple[float, float]:
@@ -232,20 +256,29 @@ def probe_one(dtype: torch.dtype) -> None:
         optimizer.zero_grad(set_to_none=True)
 
     prober = probe.Probe(model, group=None, loss=lambda m: m(input_ids=ids, labels=ids).loss)
-    digests = [prober.digest() for _ in range(5)]
     step_s, step_gib = timed(step)
     probe_s, probe_gib = timed(prober.digest)
     name = str(dtype).removeprefix("torch.")
     figures[f"probe_{name}"] = {
-        "distinct_digests": len(set(digests)),
         "probe_s": probe_s,
         "probe_peak_gib": probe_gib,
         "step_s": step_s,
         "step_peak_gib": step_gib,
     }
-    row(f"probe GPT-2 8x1024 {name}: distinct digests of 5", str(len(set(digests))), "1")
     cost = f"{probe_s * 1e3:.0f} ms {probe_gib:.1f} GiB ({step_s * 1e3:.0f} ms {step_gib:.1f})"
     row(f"probe {name}: time, peak memory (one training step)", cost)
+
+
+def probe_across(dtype: torch.dtype) -> None:
+    """The digest across four fresh processes on this GPU, and the SDC drill's control (probe_repro)."""
+    name = str(dtype).removeprefix("torch.")
+    repro = across_processes(name)
+    figures[f"probe_{name}"]["across_processes"] = repro
+    held = repro.get("agree") is True and repro.get("control_differs") is True
+    agree = "agree" if repro.get("agree") else "DIFFER"
+    control = "differs" if repro.get("control_differs") else "SAME"
+    what = f"probe GPT-2 8x1024 {name}: 4 fresh processes, SDC control"
+    row(what, f"{agree}, control {control}", "agree, differs", "met" if held else "unmet")
 
 
 def hf_callback() -> None:

@@ -388,6 +388,51 @@ def test_triton_kernel_matches_under_the_interpreter(tmp_path: Path) -> None:
     assert result["kernel"] == result["torch"] == result["numpy"] == result["reference"]
 
 
+READ_FLOOR_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import torch
+    from ddp_trainer.sync.fingerprints import triton_kernel
+    from ddp_trainer.sync.fingerprints.definition import BLOCK, byte_view
+    sys.path.insert(0, sys.argv[1])
+    from test_fingerprint import sample
+    tensors = [sample(torch.float32, 2 * 65536 * 2 + 7), sample(torch.bfloat16, 4001)[3:3000]]
+    tensors += [sample(torch.float64, 1500), torch.tensor(2.5), sample(torch.int8, 13)]
+    got = triton_kernel.read_blocks(tensors).tolist()
+    want = []
+    for t in tensors:  # each block's bytes as little-endian 64-bit lanes (the last zero-padded), summed
+        data = byte_view(t).numpy().tobytes()
+        for start in range(0, len(data), 8 * BLOCK):
+            chunk = data[start:start + 8 * BLOCK]
+            chunk += bytes(-len(chunk) % 8)
+            total = int(np.frombuffer(chunk, dtype="<u8").sum(dtype=np.uint64))
+            want.append(total - (1 << 64) if total >= 1 << 63 else total)
+    print(json.dumps({"kernel": got, "numpy": want}))
+    """
+)
+
+
+def test_the_read_floor_reads_exactly_the_fingerprints_blocks_under_the_interpreter() -> None:
+    """The bench's fair floor (issue 43, item 3) reads the same block table, every byte once: its block sums
+    equal numpy's over the same bytes, misaligned views and partial lanes included."""
+    try:
+        import triton  # noqa: F401
+    except ImportError as error:
+        pytest.skip(f"triton is not importable: {error}")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run(
+        [sys.executable, "-c", READ_FLOOR_SCRIPT, str(Path(__file__).parent)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["kernel"] == result["numpy"] and len(result["kernel"]) > 5, result
+
+
 # --- CUDA ----------------------------------------------------------------------------------------------
 needs_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="torch.cuda.is_available() is False: no CUDA device"

@@ -105,6 +105,36 @@ if triton is not None:
         d = tl.sum(acc, axis=0) + tl.load(meta_ptr + t).to(tl.uint64, bitcast=True)
         tl.store(out_ptr + t, _mix(d).to(tl.int64, bitcast=True))
 
+    @triton.jit  # type: ignore[untyped-decorator,misc,unused-ignore]
+    def _read_blocks_kernel(table_ptr, out_ptr, TILE: tl.constexpr):  # type: ignore[no-untyped-def]
+        # The floor of launch 1: the same grid over the same block table, the same loads (whole 64-bit
+        # lanes in tiles, then bytes), and nothing but a wrapping sum of what was read (no mix, no key).
+        c = tl.program_id(0)
+        addr = tl.load(table_ptr + 3 * c)
+        nbytes = tl.load(table_ptr + 3 * c + 1)
+        aligned = tl.load(table_ptr + 3 * c + 2)
+        nlanes = (nbytes + 7) // 8
+        nfull = (nbytes // 8) * aligned
+        tiles = nfull // TILE
+        lanes_ptr = addr.to(tl.pointer_type(tl.uint64))
+        bytes_ptr = addr.to(tl.pointer_type(tl.uint8))
+        j = tl.arange(0, TILE)
+        acc = tl.zeros([TILE], dtype=tl.uint64)
+        for t in range(0, tiles):
+            acc += tl.load(lanes_ptr + t * TILE + j)
+        for start in range(tiles * TILE, nfull, TILE):
+            lane = start + j
+            acc += tl.load(lanes_ptr + lane, mask=lane < nfull, other=0)
+        for start in range(nfull, nlanes, TILE):
+            lane = start + j
+            v = tl.zeros([TILE], dtype=tl.uint64)
+            for k in tl.static_range(8):
+                offset = 8 * lane.to(tl.int64) + k
+                byte = tl.load(bytes_ptr + offset, mask=offset < nbytes, other=0)
+                v |= byte.to(tl.uint64) << (8 * k)
+            acc += tl.where(lane < nlanes, v, 0)
+        tl.store(out_ptr + c, tl.sum(acc, axis=0).to(tl.int64, bitcast=True))
+
 
 class _Plan(NamedTuple):
     """What the launches need for one list of tensors, built on the host once and kept on the device."""
@@ -178,3 +208,18 @@ def fingerprint_tensors(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
             _block_sums_kernel[(plan.blocks,)](plan.table, sums, TILE=TILE, STEP=_STEP, num_warps=WARPS)
         _fold_kernel[(len(flat),)](sums, plan.first, plan.counts, plan.metas, out, TILE=256)
     return out
+
+
+def read_blocks(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The fingerprint's read floor (``bench/fingerprint_bench.py``): launch 1's grid, block table and loads,
+    with a plain wrapping sum of each block's 64-bit lanes in place of the hash; one int64 per block."""
+    if triton is None:
+        raise RuntimeError("Triton is not installed")
+    device = tensors[0].device
+    plan = _plan_for(tensors, device)
+    sums = torch.empty(max(plan.blocks, 1), dtype=torch.int64, device=device)
+    on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with on_device:
+        if plan.blocks:
+            _read_blocks_kernel[(plan.blocks,)](plan.table, sums, TILE=TILE, num_warps=WARPS)
+    return sums
