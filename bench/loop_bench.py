@@ -9,8 +9,9 @@ CPU: gloo, one thread per rank. CUDA: NCCL, one GPU per rank, bf16 autocast on b
 Both sides train the same MLP (``build`` below, through the trainer's ``--model``) on the trainer's
 synthetic dataset with AdamW, the same batch size, seed and sampler, through the same ``micro_batches``:
 
-* trainer: ``torchrun -m ddp_trainer``, its metrics recorded (the Prometheus multiprocess files; their HTTP
-  endpoint off: ``DDPJOB_METRICS_PORT=0``), the sync check at ``--sync-every 100``, no checkpoints;
+* trainer: ``torchrun -m ddp_trainer`` as a pod runs it: its metrics on (the Prometheus multiprocess files
+  and the HTTP endpoint on a free port), the sync check and the compute probe every 100 steps (so each
+  window holds both), no checkpoints;
 * bare: the same torchrun, a plain loop: forward, backward (DDP all-reduce), optimizer step.
 
 ``--data``: ``loader`` (the default) builds each batch in the DataLoader, one sample at a time (the
@@ -39,6 +40,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -57,6 +59,7 @@ from torch.utils.data._utils import collate
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 BUSY_FLAG = 0.9  # a comparison with the GPU busy less than this is flagged
+PROBE_EVERY = 100  # the sync check and the compute probe: a window of 200 steps holds two of each
 TURN_TIMEOUT_S = 1800.0  # a side waiting longer than this for its turn, or the parent for a window, gives up
 
 
@@ -242,14 +245,16 @@ def launch(kind: str, steps: int, args: argparse.Namespace, workdir: Path, plan:
         "LOOP_BENCH_DEVICE": args.device,
         "LOOP_BENCH_PLAN": json.dumps(plan),
         "OMP_NUM_THREADS": "1",
-        "DDPJOB_METRICS_PORT": "0",
+        "DDPJOB_METRICS_PORT": str(free_port()),  # on, as in a pod (only the trainer reads it)
+        "DDPJOB_PROBE_EVERY": str(PROBE_EVERY),
         "DDPJOB_TERMINATION_LOG": str(workdir / f"{kind}.json"),
     }
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.ranks)]
     if kind == "trainer":
         cmd += ["--module", "ddp_trainer", f"--device={args.device}", "--model=loop_bench:build"]
         cmd += ["--backend=nccl", "--precision=bf16"] if args.device == "cuda" else ["--backend=gloo"]
-        cmd += [f"--steps={steps}", f"--batch-size={args.batch}", "--sync-every=100", "--checkpoint-every=0"]
+        cmd += [f"--steps={steps}", f"--batch-size={args.batch}", f"--sync-every={PROBE_EVERY}"]
+        cmd += ["--checkpoint-every=0"]
         cmd += ["--dataset=loop_bench:staged"] if args.data == "staged" else []
     else:
         cmd += [str(Path(__file__).resolve()), "--bare-steps", str(steps), "--batch", str(args.batch)]
@@ -258,6 +263,13 @@ def launch(kind: str, steps: int, args: argparse.Namespace, workdir: Path, plan:
         return subprocess.Popen(
             cmd, env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def tail(workdir: Path, kind: str) -> str:
@@ -405,7 +417,10 @@ def report(args: argparse.Namespace, figure: paired.Paired, busy: dict[str, list
             f"  GPU busy (median of the rounds): {said}"
             + (f"  FLAGGED: under {BUSY_FLAG:.0%}" if flagged else "")
         )
-    excluded = f"start-up, the first {short} steps, the waits between turns, the final check"
+    excluded = (
+        f"start-up, the first {short} steps, the waits between turns, the final check; included: data, "
+        f"metrics (files and endpoint), a sync check and a compute probe every {PROBE_EVERY} steps"
+    )
     print(f"  excluded from each window: {excluded}")
     if args.json:
         figures = {
