@@ -159,9 +159,7 @@ def test_node_health_grants_nodes_only_when_on_and_passes_its_lists() -> None:
 def test_rbac_is_least_privilege() -> None:
     granted = _granted()
     assert ("", "secrets", "list") not in granted and ("", "secrets", "watch") not in granted
-    # pods: created only for an elastic job's rendezvous store (owned by its Job, which the GC follows),
-    # never deleted, patched or read alone: the Job controller owns the workers
-    assert {verb for group, resource, verb in granted if resource == "pods"} == {"list", "watch", "create"}
+    assert ("", "pods", "delete") not in granted and ("", "pods", "create") not in granted
     assert ("batch", "jobs", "create") in granted and ("ddpjob.io", "ddpjobs/status", "patch") in granted
     # why a checkpoint claim keeps the pods waiting: the claim itself and the events about it, read only
     assert ("", "persistentvolumeclaims", "get") in granted and ("", "events", "list") in granted

@@ -2,14 +2,14 @@
 returns (issue 42, items 3-5, in a cluster): the same Job and attempt, no restart spent, every world
 verified.
 
-Two pods of one rank on ``real-1`` and ``real-2`` (a required spread). The rendezvous store is a pod of
+Two pods of one rank on ``real-1`` and ``real-2`` (a required spread). The rendezvous store is a Job of
 its own (``<job>-1-rdzv``, with no placement of the workers': it runs on one of the process-tier nodes), so
 the node lost is rank 0's (its kubelet and containerd stopped, as ``test_real_nodes``' lost node): the
 node that would have hosted the rendezvous, and PyTorchJob's elastic mode's point of failure. The
 survivor's worker fails in a collective with its lost peer, its agent re-rendezvouses at one node (the
 launcher counts it as a resize, not a restart), restores the last checkpoint, verifies and trains on; the
 operator keeps the attempt (``Running``, ``BelowDesired``). Once the node is back, the Job replaces the
-evicted pod, which joins at a step boundary: two nodes again. The store ends by itself after the job."""
+evicted pod, which joins at a step boundary: two nodes again. The store's Job goes once the job ended."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from helpers.e2e import SCRIPTS, Operator, children, get, real_ddpjob, wait_phase
+from helpers.e2e import SCRIPTS, Operator, children, get, real_ddpjob, stores, wait_phase
 from helpers.e2e_pods import durable_job, pod_at
 from testcluster import realfixture
 from testcluster.fixtures import Cluster, wait_for
@@ -73,10 +73,9 @@ def test_an_elastic_job_trains_on_without_a_lost_node_and_grows_back_when_it_ret
     (lost,) = [n for n in real_nodes if n.name == rank0_node]
     (kept,) = [n for n in real_nodes if n.name != rank0_node]
     assert pod_at(cluster, namespace, "shrink", 1)["spec"]["nodeName"] == kept.name
-    (store,) = [
-        p for p in children(cluster, namespace, "pods", "shrink") if p["metadata"]["name"] == "shrink-1-rdzv"
-    ]
+    (store,) = stores(cluster, namespace, "pods", "shrink")
     assert store["spec"]["nodeName"] not in (lost.name, kept.name), store["spec"]  # no worker's node
+
     job_uid = children(cluster, namespace, "jobs", "shrink")[0]["metadata"]["uid"]
     try:
         realfixture.lose_node(lost)
@@ -130,10 +129,10 @@ def test_an_elastic_job_trains_on_without_a_lost_node_and_grows_back_when_it_ret
     shrunk = [int(w) for w in re.findall(r"elastic: world size (\d+) verified at step", survivor)]
     grown = [int(w) for w in re.findall(r"elastic: world size (\d+) verified at step", replacement)]
     assert 1 in shrunk and (2 in grown or shrunk[-1] == 2), (shrunk, grown, survivor[-3000:])  # 1 → 2
-    # the store pod ends by itself once the agents closed the rendezvous: it does not outlive the job
+    # the operator deletes the store Job when the job ends (a late pod would have found it until then)
     wait_for(
-        lambda: get_pod(cluster, namespace, "shrink-1-rdzv")["status"].get("phase") == "Succeeded",
-        what="the rendezvous store pod to end by itself after the job",
+        lambda: not stores(cluster, namespace, "jobs", "shrink"),
+        what="the rendezvous store's Job deleted once the job ended",
         timeout=60,
     )
 
@@ -141,8 +140,3 @@ def test_an_elastic_job_trains_on_without_a_lost_node_and_grows_back_when_it_ret
 def _log(cluster: Cluster, namespace: str, pod: str) -> str:
     said = cluster.kubectl("logs", "-n", namespace, pod)
     return said.stdout + said.stderr
-
-
-def get_pod(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
-    found: dict[str, Any] = cluster.kubectl_json("get", "pod", name, "-n", namespace)
-    return found

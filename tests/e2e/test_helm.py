@@ -99,7 +99,7 @@ def _representative_run(cluster: Cluster, release: Release, folder: Path) -> tup
         syncCheck={"everySteps": 10},
         checkpoint={"volumeClaimTemplate": {"storageClassName": storage_class, "size": "1Gi"}},
         env=[secret_env],
-        elastic={"minNodes": 1, "maxNodes": 2},  # its rendezvous store: a pod the operator creates
+        elastic={"minNodes": 1, "maxNodes": 2},  # its rendezvous store: a Job created and deleted
     )
     fail_once = (
         "import os, sys; "

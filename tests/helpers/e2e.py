@@ -32,6 +32,7 @@ __all__ = [
     "real_ddpjob",
     "session_operator_paused",
     "settle",
+    "stores",
     "wait_phase",
     "writable_folder",
 ]
@@ -140,9 +141,17 @@ def wait_phase(
 
 
 def children(cluster: Cluster, namespace: str, kind: str, name: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = cluster.kubectl_json(
-        "get", kind, "-n", namespace, "-l", f"ddpjob.io/job-name={name}"
-    )["items"]
+    """The DDPJob's ``kind`` (jobs, pods, services) by its label: its attempts' and their workers, not an
+    elastic job's rendezvous store (:func:`stores`)."""
+    selector = f"ddpjob.io/job-name={name},!ddpjob.io/rendezvous-store"
+    items: list[dict[str, Any]] = cluster.kubectl_json("get", kind, "-n", namespace, "-l", selector)["items"]
+    return items
+
+
+def stores(cluster: Cluster, namespace: str, kind: str, name: str) -> list[dict[str, Any]]:
+    """An elastic DDPJob's rendezvous store Jobs or pods (children/store.py)."""
+    selector = f"ddpjob.io/job-name={name},ddpjob.io/rendezvous-store=true"
+    items: list[dict[str, Any]] = cluster.kubectl_json("get", kind, "-n", namespace, "-l", selector)["items"]
     return items
 
 

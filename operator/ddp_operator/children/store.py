@@ -1,14 +1,16 @@
-"""An elastic job's rendezvous store: a pod of its own, so that no worker is a point of failure.
+"""An elastic job's rendezvous store: a Job of its own, so that no worker is a point of failure.
 
 torchrun's ``c10d`` rendezvous keeps its state in a TCPStore one process hosts. On node rank 0 (a rigid
 job's, and PyTorchJob's elastic mode's), losing that pod loses the rendezvous, and every node restarts.
-An elastic DDPJob's attempt gets one pod more, ``<name>-<attempt>-rdzv``, that runs
+An elastic DDPJob's attempt gets one Job more, ``<name>-<attempt>-rdzv``, whose one pod runs
 ``python -m ddp_trainer.launch.store PORT`` and nothing else: every worker's agent connects to it
 (:func:`ddp_operator.children.render.rendezvous_endpoint`), so any worker may leave, node 0 included.
 
-Its life is the attempt's: it is owned by the attempt's Job (not as its controller: the Job controller
-neither counts nor adopts it), so a gang restart's deletion of the Job and the DDPJob's deletion take it
-with them; and it exits by itself once the attempt's agents have closed the rendezvous (the job ended).
+Its life is the attempt's: the operator creates it just before the attempt's Job and deletes it with that
+Job (a gang restart) and when the DDPJob finishes; it is owned by the DDPJob, so the DDPJob's deletion takes
+it too. It serves until then, so that a pod that starts late, after the others ended the job, still finds
+the rendezvous, closed, and ends at once (exit 0) instead of waiting for a store that is gone. The
+operator's indexes leave it out (:data:`ddp_operator.api.names.STORE_LABEL`): it is not a worker.
 
 Where it runs: it takes nothing of ``spec.podTemplate``'s placement (the node selector, tolerations and
 affinity that put the workers on GPU nodes), asks for a tenth of a CPU, and prefers a node without a worker
@@ -21,10 +23,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddp_operator.api.names import ATTEMPT_LABEL, JOB_NAME_LABEL, STORE_LABEL
+from ddp_operator.api.names import ATTEMPT_LABEL, JOB_NAME_LABEL, STORE_LABEL, STORE_SUFFIX
 from ddp_operator.api.spec import Spec
 from ddp_operator.children import render
-from ddp_trainer import contract
 
 Obj = dict[str, Any]
 
@@ -33,10 +34,15 @@ STORE_REQUESTS = {"cpu": "100m", "memory": "256Mi"}
 STORE_COMMAND = ("python", "-m", "ddp_trainer.launch.store")
 
 
+STORE_BACKOFF_LIMIT = 3
+"""A store pod that fails (its node lost) is replaced this many times; its rendezvous state is lost with
+it, so the workers' next rendezvous fails and the gang restarts with a new attempt and a new store."""
+
+
 def render_store(spec: Spec, attempt: int) -> Obj:
-    """The store pod of one attempt of an elastic job, without its owner (the Job, once the API server has
-    given it a uid: :func:`owned_by`). ``hostname`` and ``subdomain`` give it the DNS name the workers'
-    ``PET_RDZV_ENDPOINT`` names, through the job's headless Service (it carries the job's label)."""
+    """The store Job of one attempt of an elastic job. Its pod's ``hostname`` and ``subdomain`` give it
+    the DNS name the workers' ``PET_RDZV_ENDPOINT`` names, through the job's headless Service (it carries
+    the job's label)."""
     template = spec.pod_template
     name = render.store_name(spec, attempt)
     worker = {"matchLabels": {JOB_NAME_LABEL: spec.name, ATTEMPT_LABEL: str(attempt)}}
@@ -50,10 +56,7 @@ def render_store(spec: Spec, attempt: int) -> Obj:
         "image": spec.image,
         "imagePullPolicy": "IfNotPresent",
         "command": [*STORE_COMMAND, str(spec.master_port)],
-        "env": [
-            {"name": contract.PET_RDZV_ID, "value": render.rendezvous_id(spec, attempt)},
-            {"name": "PYTHONUNBUFFERED", "value": "1"},
-        ],
+        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
         "ports": [{"name": "rendezvous", "containerPort": spec.master_port, "protocol": "TCP"}],
         "resources": {"requests": dict(STORE_REQUESTS)},
         "securityContext": {**render.secure_container(), **template.container_security_context},
@@ -91,12 +94,21 @@ def render_store(spec: Spec, attempt: int) -> Obj:
         "schedulerName": template.scheduler_name,
     }
     pod.update({key: value for key, value in optional.items() if value is not None})
-    metadata = {"name": name, "namespace": spec.namespace, "labels": labels}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod}
+    metadata = {
+        "name": name,
+        "namespace": spec.namespace,
+        "labels": labels,
+        "ownerReferences": [render.owner_reference(spec)],
+    }
+    job_spec = {
+        "completions": 1,
+        "parallelism": 1,
+        "backoffLimit": STORE_BACKOFF_LIMIT,
+        "template": {"metadata": {"labels": labels}, "spec": pod},
+    }
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": job_spec}
 
 
-def owned_by(store: Obj, job: Obj) -> Obj:
-    """``store`` owned by the attempt's Job as the API server returned it (its uid): deleted with it."""
-    meta = job["metadata"]
-    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": meta["uid"]}
-    return {**store, "metadata": {**store["metadata"], "ownerReferences": [owner]}}
+def store_of(job_name: str) -> str:
+    """The store Job of the attempt whose Job is ``job_name``."""
+    return f"{job_name}{STORE_SUFFIX}"

@@ -26,10 +26,10 @@ from typing import Any
 from ddp_operator.api import names, reasons
 from ddp_operator.api.spec import Spec, SpecError, known_total_steps, parse
 from ddp_operator.children import render
-from ddp_operator.children.store import render_store
+from ddp_operator.children.store import render_store, store_of
 from ddp_operator.decide import resize, restarts, stall, status
 from ddp_operator.decide.plan import Event, Plan, Scrape
-from ddp_operator.decide.status import StatusBuilder, parse_time, stamp
+from ddp_operator.decide.status import StatusBuilder, finished, parse_time, stamp
 from ddp_operator.observe import claims, kueue, live, nodehealth, podsecurity, references, startup
 from ddp_operator.observe import facts as observe_module
 from ddp_operator.observe.facts import Facts, JobFacts, observe
@@ -129,6 +129,24 @@ def refused(previous: Mapping[str, Any], generation: int, now: dt.datetime, mess
 
 
 def decide(inputs: Inputs) -> Plan:
+    """The status to write and the next step (:func:`_decide`), with an elastic job's rendezvous stores."""
+    return _with_stores(inputs, _decide(inputs))
+
+
+def _with_stores(inputs: Inputs, plan: Plan) -> Plan:
+    """An elastic job's rendezvous store Job (children/store.py) goes with its attempt's Job, and when the
+    DDPJob finishes (a pod that starts late finds it until then: the rendezvous closed, it ends at once)."""
+    if not render.external_store(inputs.spec):
+        return plan
+    ending = [*plan.delete_jobs, *plan.abandon_jobs]
+    finishing = finished(plan.status) and not finished(inputs.previous) and inputs.facts.job is not None
+    if finishing and inputs.facts.job is not None:
+        ending.append(inputs.facts.job.name)
+    stores = tuple(dict.fromkeys(store_of(name) for name in ending))
+    return dataclasses.replace(plan, delete_jobs=(*plan.delete_jobs, *stores)) if stores else plan
+
+
+def _decide(inputs: Inputs) -> Plan:
     """The status to write and the next step: exactly one branch applies, checked in this order."""
     facts, job = inputs.facts, inputs.facts.job
     out = status.begin(

@@ -35,7 +35,7 @@ class Plan:
     create_claim: Obj | None = None  # the checkpoint PersistentVolumeClaim, before the pods that mount it
     create_service: Obj | None = None  # created (or found already there) before create_job
     create_job: Obj | None = None
-    create_store: Obj | None = None  # an elastic job's rendezvous store pod, owned by the Job created with it
+    create_store: Obj | None = None  # an elastic job's rendezvous store Job, created just before create_job
     delete_jobs: tuple[str, ...] = ()
     abandon_jobs: tuple[str, ...] = ()  # deleted without waiting for pods whose node does not answer
     suspend_job: tuple[str, bool] | None = None

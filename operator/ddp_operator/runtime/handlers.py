@@ -27,10 +27,9 @@ from ddp_operator.runtime.recent import Recent
 from ddp_operator.runtime.scraper import Scraper
 from ddp_operator.runtime.ticker import PeeringPause, Ticker
 
-LABELS = {names.MANAGED_BY_LABEL: names.MANAGED_BY}
-WORKERS: dict[str, Any] = {names.MANAGED_BY_LABEL: names.MANAGED_BY, names.STORE_LABEL: kopf.ABSENT}
-"""The pods the operator follows: its workers, not an elastic job's rendezvous store (children/store.py),
-which lives and ends with its Job and whose state the status does not depend on."""
+ATTEMPTS: dict[str, Any] = {names.MANAGED_BY_LABEL: names.MANAGED_BY, names.STORE_LABEL: kopf.ABSENT}
+"""The Jobs and pods the operator follows: the attempts' and their workers, not an elastic job's rendezvous
+store (children/store.py), which it creates and deletes with them and whose state no decision reads."""
 Key = tuple[str, str]
 # One reconcile at a time per DDPJob: child events, the timer and the DDPJob's own events run in threads.
 _LOCKS: collections.defaultdict[Key, threading.Lock] = collections.defaultdict(threading.Lock)
@@ -150,14 +149,14 @@ def slim_pod(body: kopf.Body | dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@kopf.index("batch", "v1", "jobs", labels=LABELS)
+@kopf.index("batch", "v1", "jobs", labels=ATTEMPTS)
 def ddpjob_jobs(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[Key, dict[str, Any]]:
     return {_owner(namespace, labels): slim_job(body)}
 
 
-@kopf.index("v1", "pods", labels=WORKERS)
+@kopf.index("v1", "pods", labels=ATTEMPTS)
 def ddpjob_pods(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[Key, dict[str, Any]]:
@@ -205,12 +204,12 @@ def on_ddpjob(namespace: str | None, name: str, type: str, **kwargs: Any) -> Non
         _LAST.pop((namespace or "", name), None)
 
 
-@kopf.on.event("batch", "v1", "jobs", labels=LABELS)
+@kopf.on.event("batch", "v1", "jobs", labels=ATTEMPTS)
 def on_job(namespace: str | None, labels: kopf.Labels, **kwargs: Any) -> None:
     reconcile(_owner(namespace, labels), **kwargs)
 
 
-@kopf.on.event("v1", "pods", labels=WORKERS)
+@kopf.on.event("v1", "pods", labels=ATTEMPTS)
 def on_pod(namespace: str | None, labels: kopf.Labels, type: str, body: kopf.Body, **kwargs: Any) -> None:
     key = _owner(namespace, labels)
     if type == "DELETED":  # the index has dropped it: its last state may be rank 0's only report
@@ -260,15 +259,15 @@ def enable_node_health(rules: nodehealth.Rules) -> None:
     Registered here, before Kopf starts, so that an operator without it neither lists Nodes nor needs the
     grant."""
 
-    def ddpjob_unhealthy_nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, str] | None:
+    def ddpjob_unhealthy_nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, str]:
         why = nodehealth.why_unhealthy(body, rules)
-        return {name: why} if why else None
+        return {name: why} if why else {}  # {}, not None: Kopf keeps an entry whose update returns None
 
     def on_node(name: str, type: str, body: kopf.Body, **_: Any) -> None:
         if type != "DELETED" and nodehealth.stale_condition(body):
             nodes.clear_condition(name)
 
-    kopf.index("v1", "nodes")(ddpjob_unhealthy_nodes)
-    kopf.on.event("v1", "nodes")(on_node)
+    kopf.index("v1", "nodes", id="ddpjob_unhealthy_nodes")(ddpjob_unhealthy_nodes)
+    kopf.on.event("v1", "nodes", id="on_node_health")(on_node)
     INDEXES.append("ddpjob_unhealthy_nodes")
     reconciler.MARK_FAULTY_NODES = True

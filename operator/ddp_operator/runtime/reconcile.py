@@ -20,7 +20,6 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from ddp_operator.api import crd, reasons
-from ddp_operator.children.store import owned_by
 from ddp_operator.decide.decision import decide_for, refused
 from ddp_operator.decide.plan import Plan
 from ddp_operator.runtime import nodes as node_writes
@@ -137,31 +136,22 @@ def _create_children(namespace: str, plan: Plan, logger: Logger) -> dict[str, An
     service = _create(core.create_namespaced_service, namespace, plan.create_service)  # None: not new
     if plan.create_job is None:
         return None
+    if plan.create_store is not None:  # an elastic job's rendezvous store: before the pods that connect
+        logger.info(f"creating Job {plan.create_store['metadata']['name']} (the rendezvous store)")
+    store = _create(batch.create_namespaced_job, namespace, plan.create_store)  # None: not new, or none
     logger.info(f"creating Job {plan.create_job['metadata']['name']}")
     try:
         job: dict[str, Any] | None = _create(batch.create_namespaced_job, namespace, plan.create_job)
+        return job
     except Refused:
+        if store is not None:
+            name = store["metadata"]["name"]
+            logger.info(f"deleting Job {name}: the API server refuses the Job that follows it")
+            ignore((404,), batch.delete_namespaced_job, name, namespace, propagation_policy="Background")
         if service is not None:
             name = service["metadata"]["name"]
             logger.info(f"deleting Service {name}: the API server refuses the Job that follows it")
             ignore((404,), core.delete_namespaced_service, name, namespace)
-        raise
-    if job is not None and plan.create_store is not None:
-        _create_store(core, batch, namespace, owned_by(plan.create_store, job), logger)
-    return job
-
-
-def _create_store(core: Any, batch: Any, namespace: str, pod: dict[str, Any], logger: Logger) -> None:
-    """An elastic job's rendezvous store pod, owned by the Job just created. Refused or not created, the
-    Job is deleted again (its agents would wait for a store that never comes) and the error raised: the
-    next reconcile creates both afresh."""
-    name, job_name = pod["metadata"]["name"], pod["metadata"]["ownerReferences"][0]["name"]
-    logger.info(f"creating the rendezvous store pod {name}")
-    try:
-        _create(core.create_namespaced_pod, namespace, pod)
-    except Exception:
-        logger.info(f"deleting Job {job_name}: its rendezvous store pod {name} was not created")
-        ignore((404,), batch.delete_namespaced_job, job_name, namespace, propagation_policy="Background")
         raise
 
 

@@ -1,31 +1,35 @@
 """The rendezvous store of an elastic job (issue 42, item 3): a process of its own that torch's own ``c10d``
-rendezvous uses, that an agent waits for (saying so) and that ends by itself once the agents close the
-rendezvous, so the pod that runs it in a cluster does not outlive its job."""
+rendezvous uses and that an agent waits for, saying so; once the job's agents have closed the rendezvous,
+a node that comes late (its pod waited for capacity) ends at once, successfully, through the real
+launcher, instead of failing a job it never took part in."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from ddp_trainer import contract
+from ddp_trainer.launch import agent as launcher
 from ddp_trainer.launch import store
 from helpers.operator_process import free_port
 
 
-def _serve(port: int, run_id: str) -> subprocess.Popen[str]:
-    code = f"from ddp_trainer.launch import store; store.serve({port}, '127.0.0.1', {run_id!r}, linger=0.5)"
+def _serve(port: int) -> subprocess.Popen[str]:
+    code = f"from ddp_trainer.launch import store; store.serve({port}, '127.0.0.1')"
     return subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
 
 
-def test_the_store_serves_torchs_rendezvous_and_ends_once_the_agents_close_it() -> None:
+def test_a_node_that_comes_after_the_job_ended_ends_at_once_and_successfully(tmp_path: Path) -> None:
     from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
     port = free_port()
-    server = _serve(port, "attempt-1")
+    server = _serve(port)
     try:
         assert store.wait_for("127.0.0.1", port, timeout=60), "the store never answered"
         params = RendezvousParameters(
@@ -33,21 +37,39 @@ def test_the_store_serves_torchs_rendezvous_and_ends_once_the_agents_close_it() 
             endpoint=f"127.0.0.1:{port}",
             run_id="attempt-1",
             min_nodes=1,
-            max_nodes=1,
+            max_nodes=2,
             is_host=False,
             last_call_timeout=1,
         )
         handler = get_rendezvous_handler(params)
-        info = handler.next_rendezvous()
-        assert info.world_size == 1
-        time.sleep(3 * store.POLL_SECONDS)
-        assert server.poll() is None, "the store ended while its rendezvous was open"
-        assert handler.shutdown()  # what torchrun does when its workers have ended
-        out, _ = server.communicate(timeout=10 * store.POLL_SECONDS)
+        assert handler.next_rendezvous().world_size == 1  # the job trained at a world of one
+        assert handler.shutdown()  # and ended: torchrun closes the rendezvous
+        script = tmp_path / "train.py"
+        script.write_text("print('the late node trained')\n")
+        env = {
+            **os.environ,
+            contract.RDZV_STORE_ENV: contract.RDZV_STORE_EXTERNAL,
+            contract.PET_RDZV_ENDPOINT: f"127.0.0.1:{port}",
+            contract.PET_RDZV_BACKEND: contract.RDZV_BACKEND,
+            contract.PET_RDZV_ID: "attempt-1",
+            "PET_NNODES": "1:2",
+            "PET_NPROC_PER_NODE": "1",
+            contract.PET_NODE_RANK: "1",
+            contract.PET_LOCAL_ADDR: "127.0.0.2",
+        }
+        late = subprocess.run(
+            [sys.executable, "-m", "ddp_trainer.launch", str(script)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
     finally:
         server.kill()
-    assert server.returncode == 0, out
-    assert "rendezvous attempt-1 is closed" in out, out
+    said = late.stdout + late.stderr
+    assert late.returncode == 0, said[-3000:]
+    assert launcher.LATE_JOINER in said and "the late node trained" not in said, said[-3000:]
 
 
 def test_an_agent_waits_for_a_store_saying_so_and_gives_up_at_its_bound() -> None:

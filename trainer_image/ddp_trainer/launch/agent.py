@@ -77,6 +77,14 @@ def rendezvous_host(env: Mapping[str, str]) -> dict[str, str]:
     return {"PET_RDZV_CONF": f"is_host={1 if int(node) == 0 else 0}{timing}"}
 
 
+LATE_JOINER = (
+    "ddpjob: this attempt's rendezvous is closed: the elastic job ended (at a smaller world) before this "
+    "node joined; nothing is left for it to do (exit 0)"
+)
+"""An elastic job's pod that starts after the others ended the job (it waited for capacity, say): the
+Indexed Job completes only when every index has, so it ends at once, successfully, instead of failing the
+job it never took part in."""
+
 BUILTIN_MODULE = "ddp_trainer"
 PRELOAD = ("torch",)
 """What the fork server imports once, before it forks any worker of the built-in trainer: torch, nearly all
@@ -244,12 +252,19 @@ def main(argv: Sequence[str]) -> int:
     args = torchrun.parse_args(list(argv))  # type: ignore[no-untyped-call]
     if runs_builtin(args):
         torchrun.config_from_args = _warm(torchrun.config_from_args)
+    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
+
     try:
         torchrun.run(args)  # type: ignore[no-untyped-call]
     except ChildFailedError as err:
         code = exit_code_of({rank: failure.exitcode for rank, failure in err.failures.items()})
         print(err.format_msg(), file=sys.stderr, flush=True)  # type: ignore[no-untyped-call]
         return code
+    except RendezvousClosedError:
+        if store.endpoint(os.environ) is None:  # a rigid job's closed rendezvous: a failure as before
+            raise
+        print(LATE_JOINER, file=sys.stderr, flush=True)
+        return 0
     return 0
 
 

@@ -12,8 +12,6 @@ few keys; the workers' own store is made afresh by the agent of each round's ran
 from __future__ import annotations
 
 import logging
-import os
-import pickle
 import signal
 import socket
 import sys
@@ -26,54 +24,27 @@ from ddp_trainer import contract
 
 log = logging.getLogger("ddp_trainer.launch.store")
 
-POLL_SECONDS = 2.0
-"""How often the store reads whether its rendezvous is closed."""
-LINGER_SECONDS = 10.0
-"""How long it serves on after that: the last agents' own shutdown writes still find it."""
 WAIT_SECONDS = 600.0
 """How long an agent waits for the store to answer before it gives up (the store pod's image may be pulled
 on a node that has never run the job)."""
 WAIT_SAY_EVERY = 10.0
 
 
-def closed(store: object, run_id: str) -> bool:
-    """Whether rendezvous ``run_id`` in ``store`` is closed: every agent of the attempt has shut it down
-    (torchrun does, when its workers have ended). torch's own backend reads the state."""
-    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
-
-    found = C10dRendezvousBackend(store, run_id).get_state()  # type: ignore[arg-type]
-    return found is not None and bool(getattr(pickle.loads(found[0]), "closed", False))
-
-
-def serve(
-    port: int, host: str = "0.0.0.0", run_id: str | None = None, linger: float = LINGER_SECONDS
-) -> None:
-    """Host the store on ``host:port`` until SIGTERM or SIGINT, or, given the attempt's ``run_id``, until
-    ``linger`` seconds after that rendezvous is closed."""
+def serve(port: int, host: str = "0.0.0.0") -> None:
+    """Host the store on ``host:port`` until SIGTERM or SIGINT. In a cluster that is when the operator
+    deletes its Job: with the attempt's Job, or when the DDPJob finished. Until then a pod that starts late
+    finds the rendezvous closed and ends at once (the launcher's exit 0)."""
     from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     store = TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
-    ends = f"; it ends {linger:.0f} s after rendezvous {run_id} closes" if run_id else ""
     print(
-        f"ddpjob rendezvous store: serving on {host}:{port}; every node connects here, none hosts it{ends}",
+        f"ddpjob rendezvous store: serving on {host}:{port}; every node connects here, none hosts it",
         flush=True,
     )
-    while not stop.wait(POLL_SECONDS if run_id else None):
-        try:
-            done = run_id is not None and closed(store, run_id)
-        except Exception as exc:  # an unreadable state: keep serving, say it once
-            print(f"ddpjob rendezvous store: cannot read rendezvous {run_id}'s state ({exc})", flush=True)
-            run_id = None
-            continue
-        if done:
-            print(
-                f"ddpjob rendezvous store: rendezvous {run_id} is closed (the job's agents ended)", flush=True
-            )
-            stop.wait(linger)
-            break
+    stop.wait()
     del store
 
 
@@ -123,7 +94,7 @@ def main(argv: Sequence[str]) -> int:
     if len(argv) != 1 or not argv[0].isdigit():
         print("usage: python -m ddp_trainer.launch.store PORT", file=sys.stderr)
         return 2
-    serve(int(argv[0]), run_id=os.environ.get(contract.PET_RDZV_ID) or None)
+    serve(int(argv[0]))
     return 0
 
 

@@ -1,6 +1,6 @@
-"""An elastic job's rendezvous store is a pod of its own (issue 42, item 3): the workers' agents connect to
-it by its DNS name, it runs the store and nothing else, keeps off the workers' GPU placement, passes the
-``restricted`` Pod Security level, is owned by the attempt's Job, and is created with every new attempt."""
+"""An elastic job's rendezvous store is a Job of its own (issue 42, item 3): the workers' agents connect to
+its pod by DNS name, it runs the store and nothing else, keeps off the workers' GPU placement, passes the
+``restricted`` Pod Security level, is created with every new attempt and deleted with it and at the end."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ddp_operator.api import names, podsecurity
 from ddp_operator.children import render, store
 from ddp_operator.decide import decision
 from ddp_trainer import contract
-from helpers.reconciling import NOW, ddpjob_body, spec_of
+from helpers.reconciling import NOW, ddpjob_body, job_object, pod_object, spec_of
 
 ELASTIC = {"elastic": {"minNodes": 1, "maxNodes": 3}}
 GPU_PLACEMENT = {
@@ -24,26 +24,31 @@ GPU_PLACEMENT = {
 }
 
 
-def _env(obj: dict[str, Any]) -> dict[str, str]:
-    pod = obj["spec"]["template"]["spec"] if obj["kind"] == "Job" else obj["spec"]
-    (container,) = pod["containers"]
+def _env(job: dict[str, Any]) -> dict[str, str]:
+    (container,) = job["spec"]["template"]["spec"]["containers"]
     return {e["name"]: e.get("value", "") for e in container["env"]}
+
+
+def _pod(job: dict[str, Any]) -> dict[str, Any]:
+    pod: dict[str, Any] = job["spec"]["template"]["spec"]
+    return pod
 
 
 def test_the_workers_of_an_elastic_job_connect_to_the_store_pod_by_its_dns_name() -> None:
     spec = spec_of(**ELASTIC)
-    job, pod = render.render_job(spec, 2), store.render_store(spec, 2)
-    env = _env(job)
-    host = f"{pod['spec']['hostname']}.{pod['spec']['subdomain']}"
+    job, rdzv = render.render_job(spec, 2), store.render_store(spec, 2)
+    env, pod = _env(job), _pod(rdzv)
+    host = f"{pod['hostname']}.{pod['subdomain']}"
     assert env[contract.PET_RDZV_ENDPOINT] == f"{host}:{spec.master_port}" == "job-2-r.job:29500"
     assert env[contract.RDZV_STORE_ENV] == contract.RDZV_STORE_EXTERNAL  # the launcher says is_host=0
-    assert env[contract.PET_RDZV_ID] == _env(pod)[contract.PET_RDZV_ID]  # the store ends with this one
-    # the headless Service selects it (its DNS name), the operator's pod index does not (not a worker)
+    # the headless Service selects its pod (its DNS name); the operator's indexes leave it out
     service = render.render_service(spec)
-    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
-    assert pod["metadata"]["labels"][names.STORE_LABEL] == "true"
-    assert pod["metadata"]["name"] == "job-2-rdzv"
-    assert pod["spec"]["containers"][0]["command"] == ["python", "-m", "ddp_trainer.launch.store", "29500"]
+    assert service["spec"]["selector"].items() <= rdzv["spec"]["template"]["metadata"]["labels"].items()
+    assert rdzv["metadata"]["labels"][names.STORE_LABEL] == "true"
+    assert rdzv["spec"]["template"]["metadata"]["labels"][names.STORE_LABEL] == "true"
+    assert rdzv["metadata"]["name"] == store.store_of(job["metadata"]["name"]) == "job-2-rdzv"
+    assert rdzv["metadata"]["ownerReferences"] == job["metadata"]["ownerReferences"]  # the DDPJob's
+    assert pod["containers"][0]["command"] == ["python", "-m", "ddp_trainer.launch.store", "29500"]
 
 
 def test_a_rigid_job_keeps_its_store_on_node_rank_0() -> None:
@@ -57,7 +62,7 @@ def test_a_rigid_job_keeps_its_store_on_node_rank_0() -> None:
 
 def test_the_store_keeps_off_the_workers_placement_but_not_their_security() -> None:
     spec = spec_of(**ELASTIC, podTemplate=GPU_PLACEMENT)
-    pod = store.render_store(spec, 1)["spec"]
+    pod = _pod(store.render_store(spec, 1))
     assert "nodeSelector" not in pod and "tolerations" not in pod  # the GPU nodes' taint keeps it off them
     anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert anti[0]["podAffinityTerm"]["labelSelector"]["matchLabels"] == {
@@ -72,23 +77,12 @@ def test_the_store_keeps_off_the_workers_placement_but_not_their_security() -> N
 def test_a_store_pod_that_breaks_restricted_is_caught_as_the_workers_are() -> None:
     """The check above can fail: a template that opens the containers up opens the store's too."""
     spec = spec_of(**ELASTIC, podTemplate={"containerSecurityContext": {"allowPrivilegeEscalation": True}})
-    assert podsecurity.violations(store.render_store(spec, 1)["spec"], "restricted")
+    assert podsecurity.violations(_pod(store.render_store(spec, 1)), "restricted")
 
 
 @pytest.mark.parametrize("release", ["1.31.0", "1.37.0"])
-def test_the_store_pod_passes_the_official_schema_strictly(release: str) -> None:
-    job = render.render_job(spec_of(**ELASTIC), 1)
-    job["metadata"]["uid"] = "6f1c2a9e-0000-4000-8000-000000000001"
-    kubernetes_validate.validate(
-        store.owned_by(store.render_store(spec_of(**ELASTIC), 1), job), release, strict=True
-    )
-
-
-def test_the_store_is_owned_by_its_job_but_not_controlled_by_it() -> None:
-    job = {"metadata": {"name": "job-1", "uid": "u-1"}}
-    pod = store.owned_by(store.render_store(spec_of(**ELASTIC), 1), job)
-    (owner,) = pod["metadata"]["ownerReferences"]
-    assert owner == {"apiVersion": "batch/v1", "kind": "Job", "name": "job-1", "uid": "u-1"}  # no controller
+def test_the_store_job_passes_the_official_schema_strictly(release: str) -> None:
+    kubernetes_validate.validate(store.render_store(spec_of(**ELASTIC), 1), release, strict=True)
 
 
 def test_its_hostname_fits_wherever_the_workers_do() -> None:
@@ -101,3 +95,26 @@ def test_every_new_attempt_of_an_elastic_job_creates_its_store_with_its_job() ->
     assert plan.create_job is not None and plan.create_store is not None
     assert plan.create_store["metadata"]["name"] == f"{plan.create_job['metadata']['name']}-rdzv"
     assert decision.decide_for(ddpjob_body(), [], [], NOW).create_store is None
+
+
+def test_the_store_goes_with_its_attempt_and_when_the_job_finishes_never_before() -> None:
+    running = {"phase": "Running", "attempt": 1}
+    pods = [pod_object(1, 0), pod_object(1, 1)]
+    plan = decision.decide_for(ddpjob_body(running, **ELASTIC), [job_object(1)], pods, NOW)
+    assert plan.delete_jobs == ()  # training: the store serves
+    failed = [pod_object(1, 0, exit_code=1), pod_object(1, 1, exit_code=1)]
+    restart = decision.decide_for(
+        ddpjob_body(running, **ELASTIC), [job_object(1, condition="Failed")], failed, NOW
+    )
+    assert restart.status["attempt"] == 2 and restart.delete_jobs == ("job-1", "job-1-rdzv")
+    done = [pod_object(1, 0, exit_code=0), pod_object(1, 1, exit_code=0)]
+    finish = decision.decide_for(
+        ddpjob_body(running, **ELASTIC), [job_object(1, condition="Complete")], done, NOW
+    )
+    assert finish.status["phase"] == "Succeeded" and finish.delete_jobs == ("job-1-rdzv",)
+    after = decision.decide_for(
+        ddpjob_body(finish.status, **ELASTIC), [job_object(1, condition="Complete")], done, NOW
+    )
+    assert after.delete_jobs == ()  # said once, at the end
+    rigid = decision.decide_for(ddpjob_body(running), [job_object(1, condition="Complete")], done, NOW)
+    assert rigid.status["phase"] == "Succeeded" and rigid.delete_jobs == ()

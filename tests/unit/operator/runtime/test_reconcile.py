@@ -644,7 +644,7 @@ def test_an_elastic_job_below_its_minimum_waits_saying_how_short_then_fails_nami
         "only 1 of minNodes 2 nodes for 601 s, past spec.elastic.belowMinTimeoutSeconds (600 s): "
         "short by 1 node" in failed["message"]
     ), failed
-    assert later.delete_jobs == ("job-1",) and later.create_job is None
+    assert later.delete_jobs == ("job-1", "job-1-rdzv") and later.create_job is None  # and its store
     back = decision.decide_for({**body, "status": plan.status}, [job_object(1)], _running_pods(), NOW)
     assert back.status["phase"] == "Running" and "belowMinSince" not in back.status["elastic"]
     fresh = decision.decide_for(
