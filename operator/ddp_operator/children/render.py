@@ -468,6 +468,19 @@ def _container(spec: Spec, attempt: int, mounts: list[Obj], budget: int | None) 
     }
 
 
+def secure_pod(spec: Spec) -> Obj:
+    """The pod's securityContext (non-root, seccomp RuntimeDefault), ``podTemplate.securityContext`` over
+    it: every pod the operator renders, the workers and an elastic job's rendezvous store."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_USER,
+        "fsGroup": RUN_AS_USER,
+        "seccompProfile": {"type": "RuntimeDefault"},
+        **spec.pod_template.security_context,
+    }
+
+
 def _pod_spec(spec: Spec, attempt: int, budget: int | None, avoid_nodes: Sequence[str] = ()) -> Obj:
     template = spec.pod_template
     volumes, mounts = _volumes(spec)
@@ -481,14 +494,7 @@ def _pod_spec(spec: Spec, attempt: int, budget: int | None, avoid_nodes: Sequenc
         # would ignore SIGTERM (no handler: the kernel drops it for an init) and every stop of the pod —
         # a gang restart, a suspension, a deletion — would wait out the grace period
         "shareProcessNamespace": True,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS_USER,
-            "runAsGroup": RUN_AS_USER,
-            "fsGroup": RUN_AS_USER,
-            "seccompProfile": {"type": "RuntimeDefault"},
-            **template.security_context,
-        },
+        "securityContext": secure_pod(spec),
         "containers": [_container(spec, attempt, mounts, budget)],
         "volumes": volumes,
     }

@@ -68,13 +68,7 @@ def render_store(spec: Spec, attempt: int) -> Obj:
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": 5,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": render.RUN_AS_USER,
-            "runAsGroup": render.RUN_AS_USER,
-            "seccompProfile": {"type": "RuntimeDefault"},
-            **template.security_context,
-        },
+        "securityContext": render.secure_pod(spec),
         "affinity": {
             "podAntiAffinity": {
                 "preferredDuringSchedulingIgnoredDuringExecution": [

@@ -139,9 +139,9 @@ def _with_stores(inputs: Inputs, plan: Plan) -> Plan:
     if not render.external_store(inputs.spec):
         return plan
     ending = [*plan.delete_jobs, *plan.abandon_jobs]
-    finishing = finished(plan.status) and not finished(inputs.previous) and inputs.facts.job is not None
-    if finishing and inputs.facts.job is not None:
-        ending.append(inputs.facts.job.name)
+    job = inputs.facts.job
+    if job is not None and finished(plan.status) and not finished(inputs.previous):  # finishing now
+        ending.append(job.name)
     stores = tuple(dict.fromkeys(store_of(name) for name in ending))
     return dataclasses.replace(plan, delete_jobs=(*plan.delete_jobs, *stores)) if stores else plan
 

@@ -84,26 +84,6 @@ def why_unhealthy(node: Mapping[str, Any], rules: Rules) -> str | None:
     return None
 
 
-def unhealthy(nodes: Iterable[Mapping[str, Any]], rules: Rules) -> dict[str, str]:
-    """The names of ``nodes`` whose GPUs are marked unhealthy, with why."""
-    found = {}
-    for node in nodes:
-        name = (node.get("metadata") or {}).get("name")
-        if name and (why := why_unhealthy(node, rules)):
-            found[name] = why
-    return found
-
-
-def slim_node(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A Node as the operator's index keeps it: its name, taints and the conditions' type and status."""
-    conditions = (body.get("status") or {}).get("conditions") or []
-    return {
-        "metadata": {"name": (body.get("metadata") or {}).get("name")},
-        "spec": {"taints": list((body.get("spec") or {}).get("taints") or [])},
-        "status": {"conditions": [{"type": c.get("type"), "status": c.get("status")} for c in conditions]},
-    }
-
-
 def taint_value(device: str) -> str:
     """``device`` as a taint's value (a label value: at most 63 of ``[A-Za-z0-9._-]``, alphanumeric at both
     ends): ``GPU-8f3c…`` as it is, ``cuda:3`` as ``cuda-3``."""

@@ -69,8 +69,9 @@ def _taint(core: Any, node: str, device: str) -> bool:
     replaces it whole); False when it was there already."""
     for _ in range(CONFLICT_RETRIES):
         body = core.read_node(node)
-        taints = [t.to_dict() for t in body.spec.taints or []]
-        taints = [{k: v for k, v in t.items() if v is not None} for t in taints]
+        # the API's field names (timeAdded, which a NoExecute taint's eviction counts from), not the
+        # client model's (to_dict: time_added, which the server would drop)
+        taints = core.api_client.sanitize_for_serialization(body.spec.taints or [])
         added = nodehealth.with_faulty_taint(taints, device)
         if added is None:
             return False

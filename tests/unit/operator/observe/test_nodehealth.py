@@ -16,6 +16,12 @@ from helpers.reconciling import NOW, ddpjob_body, job_object, pod_object, reconc
 RULES = nodehealth.Rules()
 
 
+def _unhealthy(nodes: list[dict[str, Any]], rules: nodehealth.Rules) -> dict[str, str]:
+    """What the operator's node index holds: each node ``why_unhealthy`` names, with why."""
+    found = {n["metadata"]["name"]: nodehealth.why_unhealthy(n, rules) for n in nodes}
+    return {name: why for name, why in found.items() if why}
+
+
 def _node(name: str, taints: list[dict[str, str]] | None = None, **conditions: str) -> dict[str, Any]:
     return {
         "metadata": {"name": name},
@@ -34,7 +40,7 @@ def test_taints_and_conditions_that_mark_gpus_unhealthy_are_found_and_others_are
         _node("ours", [nodehealth.faulty_taint("GPU-1234")]),
         _node("not-ready", Ready="False"),  # a node problem, not a GPU's: the Job and scheduler see it
     ]
-    found = nodehealth.unhealthy(nodes, RULES)
+    found = _unhealthy(nodes, RULES)
     assert found == {
         "nvsentinel": "taint nvidia.com/gpu-error=fatal:NoSchedule",
         "eks": "condition AcceleratedHardwareReady=False",
@@ -42,7 +48,7 @@ def test_taints_and_conditions_that_mark_gpus_unhealthy_are_found_and_others_are
     }
     # the lists are the operator's to choose: none of the defaults, one condition of its own
     rules = nodehealth.parse_rules("", "GPUProblem=True")
-    assert nodehealth.unhealthy([*nodes, _node("npd", GPUProblem="True")], rules) == {
+    assert _unhealthy([*nodes, _node("npd", GPUProblem="True")], rules) == {
         "npd": "condition GPUProblem=True"
     }
 
@@ -62,17 +68,6 @@ def test_the_taint_names_the_device_as_a_label_value_and_is_added_once() -> None
     added = nodehealth.with_faulty_taint(existing, "cpu")
     assert added == [*existing, {"key": "ddpjob.io/faulty-gpu", "value": "cpu", "effect": "NoSchedule"}]
     assert nodehealth.with_faulty_taint(added, "GPU-2") is None  # one taint per key and effect
-
-
-def test_a_node_index_keeps_only_what_the_rules_read() -> None:
-    node = _node("n", [{"key": "a", "effect": "NoSchedule"}], Ready="True")
-    node["status"]["conditions"][0]["message"] = "kubelet is posting ready status" * 10
-    node["status"]["images"] = [{"names": ["x"] * 50}]
-    assert nodehealth.slim_node(node) == {
-        "metadata": {"name": "n"},
-        "spec": {"taints": [{"key": "a", "effect": "NoSchedule"}]},
-        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
-    }
 
 
 FAULTY = {

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -369,21 +370,27 @@ TRITON_SCRIPT = textwrap.dedent(
 )
 
 
-def test_triton_kernel_matches_under_the_interpreter(tmp_path: Path) -> None:
+def _interpreted(script: str) -> dict[str, Any]:
+    """``script``'s JSON result, run under Triton's interpreter (``TRITON_INTERPRET=1``: the kernels on CPU
+    tensors) in a fresh process; skipped, saying why, where Triton does not import."""
     try:
         import triton  # noqa: F401
     except ImportError as error:
         pytest.skip(f"triton is not importable: {error}")
-    env = dict(os.environ, TRITON_INTERPRET="1")
     done = subprocess.run(
-        [sys.executable, "-c", TRITON_SCRIPT, str(Path(__file__).parent)],
-        env=env,
+        [sys.executable, "-c", script, str(Path(__file__).parent)],
+        env=dict(os.environ, TRITON_INTERPRET="1"),
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return found
+
+
+def test_triton_kernel_matches_under_the_interpreter(tmp_path: Path) -> None:
+    result = _interpreted(TRITON_SCRIPT)
     assert result["n"] == len(ALL) * 3 + 7
     assert result["kernel"] == result["torch"] == result["numpy"] == result["reference"]
 
@@ -416,20 +423,7 @@ READ_FLOOR_SCRIPT = textwrap.dedent(
 def test_the_read_floor_reads_exactly_the_fingerprints_blocks_under_the_interpreter() -> None:
     """The bench's fair floor (issue 43, item 3) reads the same block table, every byte once: its block sums
     equal numpy's over the same bytes, misaligned views and partial lanes included."""
-    try:
-        import triton  # noqa: F401
-    except ImportError as error:
-        pytest.skip(f"triton is not importable: {error}")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run(
-        [sys.executable, "-c", READ_FLOOR_SCRIPT, str(Path(__file__).parent)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = _interpreted(READ_FLOOR_SCRIPT)
     assert result["kernel"] == result["numpy"] and len(result["kernel"]) > 5, result
 
 
