@@ -139,7 +139,7 @@ def _operator(args: argparse.Namespace) -> int:
         os.execve(sys.executable, sys.orig_argv, {**os.environ, **missing})
     import kopf
 
-    from ddp_operator.runtime import handlers, opmetrics
+    from ddp_operator.runtime import handlers, opmetrics, peering
 
     log_format = kopf.LogFormat.JSON if args.json_logs else kopf.LogFormat.FULL
     kopf.configure(verbose=args.verbose, log_format=log_format)
@@ -167,11 +167,16 @@ def _operator(args: argparse.Namespace) -> int:
     namespaces = args.namespace or []
     standalone = args.standalone or _no_peering(namespaces)
     handlers.PEERING_LIFETIME_SECONDS = args.peering_lifetime
+    own = peering.identity()
+    priority = 0 if args.priority is None else args.priority
     if not standalone:
+        if args.priority is None:  # auto: the first replica to announce itself acts
+            priority = _claim(namespaces, own, args.peering_lifetime)
         logging.getLogger("ddpjob.operator").info(
-            "peering priority %d, record lifetime %d s: the replica of highest priority acts, the others "
-            "stand by and take over within %d s of its loss",
-            args.priority,
+            "peering as %s, priority %d, record lifetime %d s: the replica of highest priority acts, the "
+            "others stand by and take over within %d s of its loss",
+            own,
+            priority,
             args.peering_lifetime,
             args.peering_lifetime,
         )
@@ -181,19 +186,40 @@ def _operator(args: argparse.Namespace) -> int:
         namespaces=namespaces,
         liveness_endpoint=f"http://{args.liveness}/healthz",
         standalone=standalone,
-        peering_name=None if standalone else "ddpjob-operator",  # peering.NAME
-        priority=args.priority,
+        peering_name=None if standalone else peering.NAME,
+        priority=priority,
+        identity=own,  # type: ignore[arg-type]  # Kopf's Identity is a NewType of str
     )
     del handlers  # imported for its registrations
     return 0
 
 
-def _priority(text: str) -> int:
-    """``--priority``: a number, or ``auto``: :func:`ddp_operator.runtime.peering.by_start_time` now."""
+def _claim(namespaces: list[str], own: str, lifetime: int) -> int:
+    """:func:`ddp_operator.runtime.peering.claim`, or, where the API server does not let it, the priority
+    by start time (the oldest replica acts), after saying so."""
+    import kubernetes
+
     from ddp_operator.runtime import peering
 
+    try:
+        return peering.claim(namespaces, own, lifetime)
+    except (kubernetes.client.exceptions.ApiException, OSError, RuntimeError) as exc:
+        priority = peering.by_start_time()
+        logging.getLogger("ddpjob.operator").warning(
+            "could not claim a peering priority in %s (%s): priority %d by start time instead; two replicas "
+            "started together may then both act until they see each other",
+            peering.NAME,
+            str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+            priority,
+        )
+        return priority
+
+
+def _priority(text: str) -> int | None:
+    """``--priority``: a number, or ``auto`` (``None``): claimed at start, :func:`ddp_operator.runtime.
+    peering.claim`."""
     if text == "auto":
-        return peering.by_start_time()
+        return None
     try:
         return int(text)
     except ValueError:
@@ -307,8 +333,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--priority",
         type=_priority,
         default=0,
-        help="peering priority among replicas: the highest acts, the others stand by; 'auto': by start "
-        "time, the oldest replica first (a newer one, or one restarted, stands by) (default %(default)s)",
+        help="peering priority among replicas: the highest acts, the others stand by; 'auto': claimed at "
+        "start, the first replica to announce itself acts and each later one (a newer one, or one "
+        "restarted) stands by behind those alive (default %(default)s)",
     )
     operate.add_argument(
         "--peering-lifetime",

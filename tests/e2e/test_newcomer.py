@@ -9,6 +9,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +78,45 @@ def test_the_operator_without_its_peering_object_runs_standalone_and_says_so(
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def test_replicas_claiming_at_once_take_one_priority_each_in_the_order_they_announced(
+    cluster: Cluster, operator: Operator, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Six replicas claim a peering priority at the same moment, against the real API server: each write is
+    made under the resourceVersion it read, so a replica that read before another wrote is refused (409)
+    and reads again. The first write ranks by start time and each later one just below those before it:
+    six distinct, consecutive priorities, one on top (without the precondition they would all see an
+    empty object and rank by start time, or see the same replicas and tie). Each record is in the object."""
+    from ddp_operator.runtime import peering
+
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+    _apply(
+        cluster,
+        namespace,
+        {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "ddpjob-operator"}},
+    )
+    names = [f"replica-{i}" for i in range(6)]
+    together = threading.Barrier(len(names))
+    claimed: dict[str, int] = {}
+
+    def claim(name: str) -> None:
+        together.wait()
+        claimed[name] = peering.claim([namespace], name, 15)
+
+    threads = [threading.Thread(target=claim, args=(name,)) for name in names]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    ranked = sorted(claimed.values(), reverse=True)
+    assert ranked == [ranked[0] - i for i in range(len(names))], claimed
+    assert ranked[0] > peering.by_start_time(time.time() + 60, 999), "the first ranks by start time"
+    body = cluster.kubectl_json("get", "kopfpeering", "ddpjob-operator", "-n", namespace)
+    assert {name: body["status"][name]["priority"] for name in names} == claimed
+    assert {body["status"][name]["lifetime"] for name in names} == {15 + peering.STARTUP_GRACE_SECONDS}
+    late = peering.claim([namespace], "replica-late", 15)
+    assert late == ranked[-1] - 1, "a replica started later stands by behind every live one"
 
 
 @pytest.mark.parametrize(

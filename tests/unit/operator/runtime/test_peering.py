@@ -1,9 +1,11 @@
-"""Replicas of the operator: one acts, the others stand by (Kopf peering). Their priorities fall with the
-start time, so the oldest acts and a newer replica never takes over a live one."""
+"""Replicas of the operator: one acts, the others stand by (Kopf peering). A starting replica claims a
+priority below every live one, so the first to announce itself acts and a newer replica never takes over a
+live one; without another replica alive it ranks by start time."""
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 
 import pytest
 
@@ -21,6 +23,45 @@ def test_an_older_replica_outranks_a_newer_one_and_same_millisecond_starts_still
 
 def test_priority_is_a_number_or_auto() -> None:
     assert cli._priority("7") == 7
-    assert cli._priority("auto") > peering.by_start_time(3_999_999_999.0, 999)
+    assert cli._priority("auto") is None, "auto: claimed at start (peering.claim)"
     with pytest.raises(argparse.ArgumentTypeError, match="'high': expected a whole number or 'auto'"):
         cli._priority("high")
+
+
+NOW = dt.datetime(2026, 11, 28, 12, 0, 0, tzinfo=dt.UTC)
+
+
+def _record(priority: int, seen_ago: float, lifetime: int = 15) -> dict[str, object]:
+    return {
+        "priority": priority,
+        "lifetime": lifetime,
+        "lastseen": (NOW - dt.timedelta(seconds=seen_ago)).isoformat(),
+    }
+
+
+def test_only_other_replicas_whose_records_have_not_expired_are_alive() -> None:
+    records = {
+        "me": _record(900, 1),
+        "live": _record(500, 14),
+        "expired": _record(800, 16),
+        "long-lived": _record(300, 70, lifetime=75),
+        "naive-time": {"priority": 200, "lifetime": 15, "lastseen": "2026-11-28T11:59:59"},
+        "unreadable": {"priority": 100, "lastseen": "yesterday"},
+        "not-a-record": None,
+    }
+    assert sorted(peering.live_priorities(records, "me", NOW)) == [200, 300, 500]  # type: ignore[arg-type]
+
+
+def test_a_replica_claims_below_every_live_one_and_alone_by_start_time() -> None:
+    assert peering.claimed_priority([500, 300, 700], 1_790_000_000.0) == 299
+    alone = peering.claimed_priority([], 1_790_000_000.0)
+    assert peering.by_start_time(1_790_000_000.0, 0) <= alone <= peering.by_start_time(1_790_000_000.0, 999)
+
+
+def test_the_identity_is_kopfs_form_and_differs_between_two_starts_in_the_same_second() -> None:
+    one, two = peering.identity(1_790_000_000.0), peering.identity(1_790_000_000.0)
+    host, started, letters = one.split("/")
+    assert started == "20260921141320" and len(letters) == 3 and host
+    assert len({peering.identity(1_790_000_000.0) for _ in range(50)}) > 1 and one.count("/") == two.count(
+        "/"
+    )
