@@ -39,8 +39,9 @@ METRICS_PORT = 18444
 METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
 GROUP = "kueue.x-k8s.io"
 # Webhooks of the kinds this cluster's Kueue manages; the release registers others (pods, Deployments,
-# JobSets, ...) whose integrations are off here: their paths would answer 404 and, failing closed, refuse
-# every pod.
+# JobSets, ...) whose integrations are off here: Kueue answers them with no-op webhooks, but the pod
+# webhook has no selector and fails closed, so while Kueue restarts it would refuse every pod in the
+# cluster. An elastic Job's pods are gated by the Job webhook (its pod template), not the pod webhook.
 MANAGED_GROUPS = frozenset({"batch", GROUP})
 CONVERTED_CRDS = frozenset({"localqueues", "clusterqueues", "cohorts", "workloads", "multikueueclusters"})
 WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
@@ -201,7 +202,9 @@ def start(layout: Layout, *, pods_ready_timeout: float | None = None) -> None:
             str(home / "bin" / "kueue"),
             f"--config={config_file}",
             f"--kubeconfig={layout.kubeconfig}",
-            "--feature-gates=VisibilityOnDemand=false",
+            # ElasticJobsViaWorkloadSlices (alpha in v0.17): an elastic DDPJob's scale-up is a new Workload
+            # slice, its new pods gated by the Job webhook until the slice is admitted
+            "--feature-gates=VisibilityOnDemand=false,ElasticJobsViaWorkloadSlices=true",
             "--zap-log-level=2",
         ],
         pid_file=layout.pid(NAME),

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from ddp_operator.observe import kueue as kueue_slices
 from helpers.e2e import Operator, children, ddpjob, events, get, real_ddpjob, wait_phase
 from helpers.e2e_pods import durable_job, pod_at, rank_process
 from testcluster import kueue
@@ -340,3 +341,110 @@ def test_wait_for_pods_ready_requeues_a_gang_that_cannot_all_start(
         cluster.kubectl("delete", "ddpjob", "wide", "-n", namespace, "--wait=true", "--timeout=60s")
     finally:
         kueue.start(cluster.layout)  # the module's Kueue again, without waitForPodsReady
+
+
+SLICE_GATE = "kueue.x-k8s.io/elastic-job"
+
+
+def _world_of(cluster: Cluster, namespace: str, name: str, nodes: int) -> dict[str, Any] | None:
+    """The DDPJob's status once it says ``nodes`` train (``status.elastic.nodes``)."""
+    status: dict[str, Any] = get(cluster, namespace, name).get("status", {})
+    return status if (status.get("elastic") or {}).get("nodes") == nodes else None
+
+
+def _cpu_reserved(cluster: Cluster, queue: str) -> str:
+    """The CPU the ClusterQueue ``queue`` has reserved now (its ``status.flavorsReservation``)."""
+    status = cluster.kubectl_json("get", "clusterqueue", queue).get("status", {})
+    for flavor in status.get("flavorsReservation") or []:
+        for resource in flavor.get("resources") or []:
+            if resource["name"] == "cpu":
+                return str(resource.get("total", "0"))
+    return "0"
+
+
+def test_an_elastic_scale_up_waits_for_its_slice_while_the_world_trains_on_and_a_scale_down_frees_quota(
+    cluster: Cluster, operator: Operator, kueue_running: None, namespace: str
+) -> None:
+    """Kueue's ElasticJobsViaWorkloadSlices with an elastic DDPJob (issue 42, item 10): quota for 2 pods.
+    `kubectl scale --replicas=3` makes a new Workload slice that waits for quota; the third pod waits behind
+    Kueue's scheduling gate and the DDPJob says why in Kueue's words while the 2 pods train on. Quota raised:
+    the slice is admitted, the gate lifts, the world grows to 3. `--replicas=1`: the Workload shrinks in
+    place and the ClusterQueue frees the quota at once. One Job, one attempt, no restart; Succeeded,
+    verified. The pods run on the node agents (a slow model, so that it trains through all of it)."""
+    queue = _queues(cluster, namespace)  # 1 CPU: 2 pods x 500m
+    slow = {"name": "PYTHONPATH", "value": str(Path(__file__).parents[1] / "helpers")}  # slow_factories
+    doc = ddpjob(
+        "elastic",
+        nodes=2,
+        queueName=queue,
+        elastic={"minNodes": 1, "maxNodes": 3},
+        env=[slow],
+        trainer={"steps": 2500, "batchSize": 16, "checkpointEvery": 20, "model": "slow_factories:slow_mlp"},
+        syncCheck={"everySteps": 50},
+    )
+    _apply(cluster, namespace, doc)
+    wait_for(
+        lambda: _world_of(cluster, namespace, "elastic", 2),
+        what="the elastic job admitted and training at 2 nodes",
+        timeout=180,
+    )
+    (job,) = children(cluster, namespace, "jobs", "elastic")
+    assert job["metadata"]["annotations"][SLICE_GATE] == "true"
+
+    cluster.kubectl("scale", "ddpjob", "elastic", "-n", namespace, "--replicas=3")
+    ready = _reason_is(cluster, namespace, "elastic", "BelowDesired", says="insufficient unused quota")
+    message = ready["message"]
+    assert message.startswith("2/3 pods ready; the new pods wait behind Kueue's scheduling gate"), message
+    assert f"LocalQueue {queue}" in message and "cpu in flavor default-flavor" in message, message
+    (pending,) = [
+        p
+        for p in children(cluster, namespace, "pods", "elastic")
+        if p["metadata"]["labels"].get("batch.kubernetes.io/job-completion-index") == "2"
+    ]
+    assert {g["name"] for g in pending["spec"].get("schedulingGates") or []} == {SLICE_GATE}, pending["spec"]
+    status = get(cluster, namespace, "elastic")["status"]
+    assert status["phase"] == "Running" and status["elastic"]["nodes"] == 2, status
+    slices = [w for w in cluster.kubectl_json("get", "workloads", "-n", namespace)["items"]]
+    waiting = [w for w in slices if (w["metadata"].get("annotations") or {}).get(kueue_slices.SLICE_REPLACES)]
+    assert len(slices) == 2 and len(waiting) == 1, [w["metadata"] for w in slices]
+    assert status["kueue"]["workload"] == waiting[0]["metadata"]["name"] and not status["kueue"]["admitted"]
+    print(message)
+
+    _queues(cluster, namespace, cpu="1500m")  # capacity returns
+    grown = wait_for(
+        lambda: _world_of(cluster, namespace, "elastic", 3),
+        what="the slice admitted and the world grown to 3",
+        timeout=180,
+    )
+    assert grown["attempt"] == 1 and grown["restarts"] == 0, grown
+    assert not [
+        p for p in children(cluster, namespace, "pods", "elastic") if p["spec"].get("schedulingGates")
+    ]
+    replaced = _condition(
+        next(
+            w
+            for w in cluster.kubectl_json("get", "workloads", "-n", namespace)["items"]
+            if w["metadata"]["name"] != waiting[0]["metadata"]["name"]
+        ),
+        "Finished",
+    )
+    assert replaced.get("reason") == "WorkloadSliceReplaced", replaced
+    assert _cpu_reserved(cluster, namespace) == "1500m"
+
+    scaled = time.monotonic()
+    cluster.kubectl("scale", "ddpjob", "elastic", "-n", namespace, "--replicas=1")
+    wait_for(
+        lambda: _cpu_reserved(cluster, namespace) == "500m",
+        what="the quota freed by the scale-down",
+        timeout=60,
+        every=0.5,
+    )
+    print(
+        f"scale-down to 1: the ClusterQueue reserves 500m {time.monotonic() - scaled:.1f} s after the scale"
+    )
+    done = wait_phase(cluster, namespace, "elastic", "Succeeded", "Failed", timeout=400)["status"]
+    assert done["phase"] == "Succeeded" and done["attempt"] == 1 and done["restarts"] == 0, done
+    assert done["sync"]["verified"] is True and done["elastic"]["resizes"] >= 2, done
+    assert [j["metadata"]["uid"] for j in children(cluster, namespace, "jobs", "elastic")] == [
+        job["metadata"]["uid"]
+    ]

@@ -91,11 +91,13 @@ RDZV_STORE_ENV: Final = "DDPJOB_RDZV_STORE"
 """``external``: no pod hosts the ``c10d`` rendezvous store, a process of its own does
 (``python -m ddp_trainer.launch.store``), so any node of an elastic job, node 0 included, may leave."""
 RDZV_STORE_EXTERNAL: Final = "external"
-ELASTIC_RDZV_CONF: Final = "last_call_timeout=3,keep_alive_interval=1,keep_alive_max_attempt=5"
-"""An elastic job's rendezvous timing (torch's defaults: 30 s, 5 s, 3): a round closes 3 s after its
-last joiner, and a node whose agent stopped answering is dropped after about 5 s. Tighter (1 s, 2 s)
-shrank faster in bench/elastic_bench.py (3.3 s against 9.4 s) but split the first round on a loaded
-2-core machine (pods that start a second apart) and spent restarts: bench/RESULTS.md."""
+ELASTIC_RDZV_CONF: Final = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=2"
+"""An elastic job's rendezvous timing (torch's defaults: 30 s, 5 s, 3): a round closes 2 s after the
+minimum joined, and a node whose agent stopped answering is dropped 2 s after its last keep-alive. Safe
+because the nodes gather at the store before the first round (``launch.store.gather``): without that, pods
+that start a second apart split the first round on a loaded 2-core machine and spent restarts. Later rounds
+start together (their agents poll the state every second). A live node dropped for a missed keep-alive
+trains on: it is only not waited for at the next round, which it joins as any node does."""
 
 
 def log_stamp(at: float) -> str:

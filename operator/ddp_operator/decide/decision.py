@@ -339,13 +339,14 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
         )
         out.condition(reasons.READY, True, reasons.ALL_NODES_READY, f"{ready}/{spec.nodes} pods ready")
     elif spec.elastic is not None and ready >= spec.elastic.min_nodes:
+        gated = kueue.slice_waiting(spec.queue_name or "", inputs.workload)
         out.phase(
             reasons.RUNNING,
             reasons.BELOW_DESIRED,
             f"training at {ready} of {spec.nodes} desired nodes (elastic: "
-            f"{spec.elastic.min_nodes}-{spec.elastic.max_nodes}); the others join at a step boundary",
+            f"{spec.elastic.min_nodes}-{spec.elastic.max_nodes}); the others join at a step boundary{gated}",
         )
-        out.condition(reasons.READY, True, reasons.BELOW_DESIRED, f"{ready}/{spec.nodes} pods ready")
+        out.condition(reasons.READY, True, reasons.BELOW_DESIRED, f"{ready}/{spec.nodes} pods ready{gated}")
     elif (short := resize.below_min(spec, inputs.previous, ready, inputs.now)) is not None:
         message = short.message(spec, facts.unschedulable)
         if short.over:

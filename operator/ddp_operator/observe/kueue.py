@@ -12,6 +12,12 @@ from the latest checkpoint.
 The Workload's conditions carry Kueue's own words (``QuotaReserved`` False with "insufficient unused quota
 for cpu ..."; ``Evicted`` with "Preempted to accommodate a workload ..."); :func:`waiting` turns them into
 the DDPJob's phase reason and message, naming Kueue, the LocalQueue and that message.
+
+An elastic DDPJob's Job carries ``kueue.x-k8s.io/elastic-job: "true"``: with Kueue's
+``ElasticJobsViaWorkloadSlices`` a scale-up of the running Job is a new Workload *slice* (annotated
+``kueue.x-k8s.io/workload-slice-replacement-for`` the one it replaces) whose new pods wait behind Kueue's
+scheduling gate until the slice is admitted, while the running pods train on; the replaced slice finishes
+then. :func:`current` picks the slice that matters, and :func:`slice_waiting` says why the new pods wait.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from ddp_operator.api import reasons
 
 GROUP: Final = "kueue.x-k8s.io"
 WORKLOADS: Final = "workloads"
+SLICE_REPLACES: Final = "kueue.x-k8s.io/workload-slice-replacement-for"
+"""The annotation of a Workload slice made by a scale-up: the slice it replaces once admitted."""
 # The DDPJob's phase reasons while its Job is suspended for Kueue (its Ready condition's too).
 PENDING: Final = reasons.KUEUE_PENDING
 INADMISSIBLE: Final = reasons.KUEUE_INADMISSIBLE
@@ -77,7 +85,34 @@ def slim(body: Mapping[str, Any]) -> dict[str, Any]:
     if cluster_queue := (status.get("admission") or {}).get("clusterQueue"):
         kept["admission"] = {"clusterQueue": cluster_queue}
     meta = body.get("metadata", {})
-    return {"metadata": {k: meta[k] for k in ("name", "ownerReferences") if k in meta}, "status": kept}
+    slim_meta: dict[str, Any] = {k: meta[k] for k in ("name", "ownerReferences") if k in meta}
+    if replaces := (meta.get("annotations") or {}).get(SLICE_REPLACES):
+        slim_meta["annotations"] = {SLICE_REPLACES: replaces}
+    return {"metadata": slim_meta, "status": kept}
+
+
+def current(bodies: list[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """Of the Workloads one Job owns (one, or an elastic Job's slices), the one the DDPJob speaks of: a
+    slice that replaces another and is not finished (a scale-up waiting for, or just given, quota), else
+    one not finished, else the first."""
+    unfinished = [b for b in bodies if _conditions(b).get("Finished", {}).get("status") != "True"]
+    for body in unfinished:
+        if (body.get("metadata", {}).get("annotations") or {}).get(SLICE_REPLACES):
+            return body
+    found = unfinished or bodies
+    return found[0] if found else None
+
+
+def slice_waiting(queue: str, workload: Workload | None) -> str:
+    """Why a running elastic job's new pods wait, in Kueue's words, when its current slice has no quota
+    reserved yet; '' otherwise."""
+    if workload is None or workload.admitted or workload.cluster_queue:
+        return ""
+    why = f": {workload.pending}" if workload.pending else ": no quota reserved yet"
+    return (
+        f"; the new pods wait behind Kueue's scheduling gate for Workload slice {workload.name} to be "
+        f"admitted from LocalQueue {queue}{why}"
+    )
 
 
 def read(body: Mapping[str, Any]) -> Workload:

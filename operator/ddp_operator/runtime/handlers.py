@@ -242,7 +242,7 @@ def reconcile(
             workloads = {}
             for job in jobs:
                 name = job.get("metadata", {}).get("name", "")
-                for workload in list(ddpjob_workloads.get((key[0], name), []))[:1]:
+                if (workload := kueue.current(list(ddpjob_workloads.get((key[0], name), [])))) is not None:
                     workloads[name] = workload
             unhealthy = _unhealthy_nodes(kwargs.get("ddpjob_unhealthy_nodes"))
             reconciler.reconcile(body, jobs, pods, logger, SCRAPER, RECENT, workloads, unhealthy)

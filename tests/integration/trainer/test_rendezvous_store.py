@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -88,3 +89,36 @@ def test_only_an_elastic_pod_waits_for_an_external_store() -> None:
     }
     assert store.endpoint(env) == ("job-1-r.job", 29500)
     assert store.endpoint({contract.PET_RDZV_ENDPOINT: "job-1-0.job:29500"}) is None
+
+
+def test_nodes_gather_at_the_store_before_the_first_round_and_a_late_one_goes_on_at_once() -> None:
+    """Three nodes of a job of 3: the first two wait at the store until the third comes, then all go
+    together (the first round's joins land within its short last call). A node that comes after (a
+    replacement) goes on at once; a job of 4 whose fourth never comes goes on after the bound, saying so."""
+    port = free_port()
+    server = _serve(port)
+    try:
+        assert store.wait_for("127.0.0.1", port, timeout=60), "the store never answered"
+        went: dict[int, float] = {}
+        said: list[str] = []
+
+        def node(index: int) -> None:
+            store.gather("127.0.0.1", port, nodes=3, say=said.append)
+            went[index] = time.monotonic()
+
+        first = [threading.Thread(target=node, args=(i,)) for i in range(2)]
+        for thread in first:
+            thread.start()
+        time.sleep(1.5)
+        assert not went, "the first two wait for the third"
+        came = time.monotonic()
+        node(2)
+        for thread in first:
+            thread.join(10)
+        assert sorted(went) == [0, 1, 2] and all(when - came < 1.0 for when in went.values()), went
+        late = time.monotonic()
+        assert store.gather("127.0.0.1", port, nodes=3) == 4 and time.monotonic() - late < 1.0
+        assert store.gather("127.0.0.1", port, nodes=6, timeout=0.5, say=said.append) == 5
+        assert said[-1].startswith("ddpjob: 5 of 6 nodes came to the rendezvous store in 0 s"), said
+    finally:
+        server.kill()

@@ -243,8 +243,10 @@ def main(argv: Sequence[str]) -> int:
     # restarted gang read its dead peers' addresses from it (gloo: connectFullMesh refused).
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     os.environ.update(rendezvous_host(os.environ))
-    if (found := store.endpoint(os.environ)) and not store.wait_for(*found):
-        return contract.FAILURE_EXIT_CODE  # a crash: the next attempt gets a new store pod
+    if found := store.endpoint(os.environ):
+        if not store.wait_for(*found):
+            return contract.FAILURE_EXIT_CODE  # a crash: the next attempt gets a new store pod
+        store.gather(*found, nodes=int(os.environ.get(contract.NNODES) or 1))
     _install(Book(Path(state), elastic=":" in os.environ.get("PET_NNODES", "")))
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

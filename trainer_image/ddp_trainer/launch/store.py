@@ -90,6 +90,51 @@ def wait_for(
             time.sleep(0.5)
 
 
+GATHER_SECONDS = 60.0
+"""How long a node waits at the store for the job's other nodes before the first rendezvous; then the
+agents meet with those there (at least ``minNodes``, else torch's rendezvous waits on)."""
+ARRIVED_KEY = "ddpjob/arrived"
+
+
+def gather(
+    host: str,
+    port: int,
+    nodes: int,
+    timeout: float = GATHER_SECONDS,
+    say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+) -> int:
+    """Count this node in at the store and wait until ``nodes`` have come (or ``timeout``), saying what
+    it waits for every :data:`WAIT_SAY_EVERY` seconds; returns how many came.
+
+    The rendezvous closes a round ``last_call_timeout`` after the minimum joined: pods that start a few
+    seconds apart (image pulls, a loaded node) would split the first round into a small world and a grow
+    at once. Gathered here first, every agent starts its first round within a moment of the others, so the
+    last call can be short, and a lost node is let go in seconds. A node that comes later (a replacement, a
+    scale-up) finds the count reached and goes on at once."""
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    client = TCPStore(host, port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=30))
+    came = int(client.add(ARRIVED_KEY, 1))
+    started = said = time.monotonic()
+    while came < nodes:
+        waited = time.monotonic() - started
+        if waited >= timeout:
+            say(
+                f"ddpjob: {came} of {nodes} nodes came to the rendezvous store in {timeout:.0f} s; the first "
+                "rendezvous starts with them and the others join when they come"
+            )
+            break
+        if time.monotonic() - said >= WAIT_SAY_EVERY:
+            said = time.monotonic()
+            say(
+                f"ddpjob: waiting for {nodes - came} more of {nodes} nodes before the first rendezvous: "
+                f"{waited:.0f} s of {timeout:.0f} s"
+            )
+        time.sleep(0.1)
+        came = int(client.add(ARRIVED_KEY, 0))
+    return came
+
+
 def main(argv: Sequence[str]) -> int:
     if len(argv) != 1 or not argv[0].isdigit():
         print("usage: python -m ddp_trainer.launch.store PORT", file=sys.stderr)
