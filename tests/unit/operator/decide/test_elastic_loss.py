@@ -86,7 +86,10 @@ def _slice(name: str, replaces: str = "", **conditions: tuple[str, str, str]) ->
 def test_a_scale_up_waiting_for_kueue_trains_on_and_says_why_in_kueues_words() -> None:
     """Kueue's ElasticJobsViaWorkloadSlices: the scale-up is a new slice without quota; the old slice stays
     admitted until it is replaced. The DDPJob speaks of the new slice, and stays Running, BelowDesired."""
-    quota = "couldn't assign flavors to pod set main: insufficient unused quota for cpu in flavor f, 500m more needed"
+    quota = (
+        "couldn't assign flavors to pod set main: "
+        "insufficient unused quota for cpu in flavor f, 500m more needed"
+    )
     old = _slice(
         "job-ddpjob-1-a", Admitted=("True", "Admitted", ""), QuotaReserved=("True", "QuotaReserved", "")
     )
