@@ -91,13 +91,19 @@ RDZV_STORE_ENV: Final = "DDPJOB_RDZV_STORE"
 """``external``: no pod hosts the ``c10d`` rendezvous store, a process of its own does
 (``python -m ddp_trainer.launch.store``), so any node of an elastic job, node 0 included, may leave."""
 RDZV_STORE_EXTERNAL: Final = "external"
-ELASTIC_RDZV_CONF: Final = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=2"
+ELASTIC_RDZV_CONF: Final = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=5"
 """An elastic job's rendezvous timing (torch's defaults: 30 s, 5 s, 3): a round closes 2 s after the
-minimum joined, and a node whose agent stopped answering is dropped 2 s after its last keep-alive. Safe
-because the nodes gather at the store before the first round (``launch.store.gather``): without that, pods
-that start a second apart split the first round on a loaded 2-core machine and spent restarts. Later rounds
-start together (their agents poll the state every second). A live node dropped for a missed keep-alive
-trains on: it is only not waited for at the next round, which it joins as any node does."""
+minimum joined, and a node whose agent stopped answering is dropped 5 s after its last keep-alive.
+
+The short last call is safe because the nodes gather at the store before the first round
+(``launch.store.gather``); without that, pods that start a second apart split the first round on a loaded
+2-core machine. Later rounds start together (their agents poll the state every second).
+
+The keep-alive bound is not shortened: an agent writes its keep-alive only when the last one is a full
+interval old, so on a timer of 1 s the gap between two reaches 2 s. With a 2 s bound (tried, 2026-11-28)
+the live survivors of a shrink were dropped as dead, the round emptied, and the lost node's replacement
+formed a world of its own beside theirs: two worlds training at once, both saving checkpoints
+(bench/RESULTS.md). 5 s leaves 3 s for a stalled agent."""
 
 
 def log_stamp(at: float) -> str:

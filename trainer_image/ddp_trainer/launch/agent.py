@@ -85,6 +85,14 @@ LATE_JOINER = (
 Indexed Job completes only when every index has, so it ends at once, successfully, instead of failing the
 job it never took part in."""
 
+CLOSED_UNDER = (
+    "ddpjob: another node's agent gave up and closed this elastic job's rendezvous while this node was in "
+    "it: the attempt failed (exit 1), not finished"
+)
+"""A node that trained and then finds the rendezvous closed: the job did not end, another node failed it
+(torchrun's agent closes the rendezvous when it gives up). Only a node that never joined a round is a late
+joiner (:data:`LATE_JOINER`)."""
+
 BUILTIN_MODULE = "ddp_trainer"
 PRELOAD = ("torch",)
 """What the fork server imports once, before it forks any worker of the built-in trainer: torch, nearly all
@@ -196,6 +204,18 @@ def _ended(agent: Any, group: Any) -> dict[int, tuple[int, str]]:
     return found
 
 
+def _growing(agent: Any) -> bool:
+    """A node waits to join this elastic job's running world: its workers stopped with the interrupted code
+    (143) because the agent of another node stopped its own for the grow at a step boundary, and the
+    trainer's per-step stop flag stopped every rank there, before this agent saw the waiting node. That is
+    the grow, not a stop from outside: the agent re-rendezvous with the others instead of ending its pod
+    (which would close the rendezvous on the whole job)."""
+    try:
+        return int(agent._rdzv_handler.num_nodes_waiting()) > 0
+    except Exception:  # the rendezvous unreachable: not a grow that can be told
+        return False
+
+
 def _install(book: Book) -> None:
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent, WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
@@ -210,6 +230,8 @@ def _install(book: Book) -> None:
             failures = {**_ended(self, group), **failures}
             book.failed(failures)
             code = not_retried([code for code, _ in failures.values()])
+            if code == contract.INTERRUPTED_EXIT_CODE and book.elastic and _growing(self):
+                code = None  # another node's agent stopped its workers for a grow first (see _growing)
             if code is not None and self._remaining_restarts > 0:
                 print(
                     f"[launcher] a worker exited {code}, which no restart can fix",
@@ -247,7 +269,8 @@ def main(argv: Sequence[str]) -> int:
         if not store.wait_for(*found):
             return contract.FAILURE_EXIT_CODE  # a crash: the next attempt gets a new store pod
         store.gather(*found, nodes=int(os.environ.get(contract.NNODES) or 1))
-    _install(Book(Path(state), elastic=":" in os.environ.get("PET_NNODES", "")))
+    book = Book(Path(state), elastic=":" in os.environ.get("PET_NNODES", ""))
+    _install(book)
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
@@ -265,6 +288,9 @@ def main(argv: Sequence[str]) -> int:
     except RendezvousClosedError:
         if store.endpoint(os.environ) is None:  # a rigid job's closed rendezvous: a failure as before
             raise
+        if book.nodes:  # this node trained: another node's agent gave up and closed the rendezvous
+            print(CLOSED_UNDER, file=sys.stderr, flush=True)
+            return contract.FAILURE_EXIT_CODE
         print(LATE_JOINER, file=sys.stderr, flush=True)
         return 0
     return 0

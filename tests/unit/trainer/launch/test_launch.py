@@ -61,3 +61,26 @@ def test_node_rank_0_hosts_the_rendezvous_unless_the_user_says_otherwise() -> No
     assert launcher.rendezvous_host({contract.PET_NODE_RANK: "0"}) == {}
     elastic = {**c10d, contract.PET_NODE_RANK: "1", "PET_NNODES": "1:2"}
     assert launcher.rendezvous_host(elastic) == {"PET_RDZV_CONF": f"is_host=0,{contract.ELASTIC_RDZV_CONF}"}
+
+
+def test_a_workers_interrupted_exit_is_a_grow_only_while_a_node_waits_to_join() -> None:
+    """The trainer's stop flag stops every rank at the step boundary where one node's agent stopped its
+    workers for a grow; another node's agent sees its workers exit 143 before it sees the waiting node.
+    While one waits that is the grow (re-rendezvous), else a stop from outside (no restart)."""
+
+    class Handler:
+        def __init__(self, waiting: int | None) -> None:
+            self.waiting = waiting
+
+        def num_nodes_waiting(self) -> int:
+            if self.waiting is None:
+                raise RuntimeError("the store is gone")
+            return self.waiting
+
+    class Agent:
+        def __init__(self, waiting: int | None) -> None:
+            self._rdzv_handler = Handler(waiting)
+
+    assert launcher._growing(Agent(1)) is True
+    assert launcher._growing(Agent(0)) is False
+    assert launcher._growing(Agent(None)) is False, "unreachable: not a grow that can be told"
