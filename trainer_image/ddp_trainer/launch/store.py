@@ -56,6 +56,20 @@ def endpoint(env: Mapping[str, str]) -> tuple[str, int] | None:
     return (host, int(port)) if host and port.isdigit() else None
 
 
+class _Every:
+    """True at most once every :data:`WAIT_SAY_EVERY` seconds: when a wait says again what it waits for
+    (not a line a poll)."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+
+    def due(self) -> bool:
+        if time.monotonic() - self.last < WAIT_SAY_EVERY:
+            return False
+        self.last = time.monotonic()
+        return True
+
+
 def wait_for(
     host: str,
     port: int,
@@ -65,8 +79,7 @@ def wait_for(
     """Wait until the store at ``host:port`` accepts a connection (its pod may be scheduled, pulled and
     started after this one), saying what it waits for every :data:`WAIT_SAY_EVERY` seconds; False if it
     never did within ``timeout``."""
-    started = time.monotonic()
-    said = started
+    started, every = time.monotonic(), _Every()
     while True:
         try:
             with socket.create_connection((host, port), timeout=2):
@@ -81,11 +94,10 @@ def wait_for(
                     f"({exc}); its pod is <job>-<attempt>-rdzv: kubectl describe pod says why it does not run"
                 )
                 return False
-            if time.monotonic() - said >= WAIT_SAY_EVERY:
-                said = time.monotonic()
+            if every.due():
                 say(
-                    f"ddpjob: waiting for the rendezvous store at {host}:{port} ({exc}): {waited:.0f} s of "
-                    f"{timeout:.0f} s"
+                    f"ddpjob: waiting for the rendezvous store at {host}:{port} ({exc}): {waited:.0f} s "
+                    f"of {timeout:.0f} s"
                 )
             time.sleep(0.5)
 
@@ -115,7 +127,7 @@ def gather(
 
     client = TCPStore(host, port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=30))
     came = int(client.add(ARRIVED_KEY, 1))
-    started = said = time.monotonic()
+    started, every = time.monotonic(), _Every()
     while came < nodes:
         waited = time.monotonic() - started
         if waited >= timeout:
@@ -124,8 +136,7 @@ def gather(
                 "rendezvous starts with them and the others join when they come"
             )
             break
-        if time.monotonic() - said >= WAIT_SAY_EVERY:
-            said = time.monotonic()
+        if every.due():
             say(
                 f"ddpjob: waiting for {nodes - came} more of {nodes} nodes before the first rendezvous: "
                 f"{waited:.0f} s of {timeout:.0f} s"
