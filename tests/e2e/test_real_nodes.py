@@ -150,6 +150,10 @@ def acting_writes(cluster: Cluster, release: Release) -> list[tuple[float, str, 
     return sorted(out)
 
 
+def _with_a_write_by(writes: list[tuple[float, str, str]], pod: str) -> list[tuple[float, str, str]] | None:
+    return writes if any(by == pod for _, by, _ in writes) else None
+
+
 def test_a_standby_operator_takes_over_within_the_peering_lifetime_and_never_two_act(
     cluster: Cluster, real_nodes: list[RealNode]
 ) -> None:
@@ -187,7 +191,13 @@ def test_a_standby_operator_takes_over_within_the_peering_lifetime_and_never_two
             what="the standby to create the second DDPJob's Job",
             timeout=PEERING_LIFETIME + 60,
         )
-        writes = acting_writes(cluster, release)
+        # the API server logs a write's audit event after it committed it: the Job can be read a moment
+        # before the standby's create is in the log
+        writes = wait_for(
+            lambda: _with_a_write_by(acting_writes(cluster, release), standby["metadata"]["name"]),
+            what="the standby's first write in the audit log",
+            timeout=30,
+        )
         taken = next(when for when, pod, what in writes if pod == standby["metadata"]["name"])
         print(f"standby took over {taken - killed:.1f} s after the acting replica was killed")
         assert taken - killed <= PEERING_LIFETIME + 5, writes
