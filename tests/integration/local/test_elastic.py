@@ -16,7 +16,7 @@ import yaml
 
 from ddp_operator.api.spec import Spec, parse
 from ddp_operator.local import elastic
-from helpers.local_jobs import UNDER_LOAD, job, unique_name
+from helpers.local_jobs import UNDER_LOAD, job, run_local, unique_name
 
 ELASTIC = {"minNodes": 1, "maxNodes": 3}
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -141,3 +141,26 @@ def test_losing_node_0_shrinks_the_world_and_its_replacement_grows_it_back(tmp_p
     assert sizes[0] == "3" and "2" in sizes and sizes[-1] == "3", summary
     assert "replicas verified bit-identical" in out
     assert not _pids_of(name, 0) and not _pids_of(name, 1)
+
+
+@pytest.mark.slow
+def test_an_elastic_job_whose_command_runs_torchrun_itself_keeps_its_store_on_node_0_and_trains(
+    tmp_path: Path,
+) -> None:
+    """`command: [torchrun]` with a plain DDP script as published (examples/plain_ddp.py): torchrun's own
+    rendezvous, hosted by node 0 as in a cluster (render.external_store), so `ddpjob local` starts no store
+    of its own on that port (it did, and node 0 failed every attempt with EADDRINUSE)."""
+    name = unique_name()
+    doc = job(
+        name,
+        procsPerNode=1,
+        elastic={"minNodes": 1, "maxNodes": 2},
+        command=["torchrun"],
+        args=[str(EXAMPLES / "plain_ddp.py")],
+        env=[{"name": "STEPS", "value": "30"}],
+        syncCheck={"everySteps": 10},
+    )
+    doc["spec"].pop("trainer")
+    code, out = run_local(tmp_path, [doc])
+    assert code == 0 and f"ddpjob local: {name}: Succeeded" in out and "after 1 attempt(s)" in out, out
+    assert "in a process of its own" not in out and "EADDRINUSE" not in out, out
