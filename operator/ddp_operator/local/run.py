@@ -189,7 +189,7 @@ def _attempt(
     )
     members = gang.Gang(marker)
     store = None
-    if render.external_store(spec):  # as in a cluster: not when the command runs torchrun (node 0 hosts it)
+    if spec.elastic is not None and render.external_store(spec):  # not when the command runs torchrun itself
         store_log = pods[0].log_path.parent / "rendezvous-store.log"
         store = elastic.start_store(master_port, {**os.environ, gang.MARKER: marker}, store_log)
         console.say(
