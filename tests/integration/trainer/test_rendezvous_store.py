@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import UTC
 from pathlib import Path
 
 from ddp_trainer import contract
@@ -122,3 +123,159 @@ def test_nodes_gather_at_the_store_before_the_first_round_and_a_late_one_goes_on
         assert said[-1].startswith("ddpjob: 5 of 6 nodes came to the rendezvous store in 0 s"), said
     finally:
         server.kill()
+
+
+_AGENT = """
+import sys, time
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+from ddp_trainer.launch import store
+port, announced = int(sys.argv[1]), sys.argv[2] == "announce"
+store.gather("127.0.0.1", port, nodes=2)
+if announced:
+    assert store.announce("127.0.0.1", port, "attempt-1", "127.0.0.2")
+handler = get_rendezvous_handler(RendezvousParameters(**{PARAMS}, local_addr="127.0.0.2"))
+print("world", handler.next_rendezvous().world_size, flush=True)
+time.sleep(600)
+"""
+
+
+def _params(port: int) -> dict[str, object]:
+    """A 60 s keep-alive bound and an 8 s join timeout: a lost agent that only the bound lets go makes the
+    survivor's next round time out."""
+    return {
+        "backend": "c10d",
+        "endpoint": f"127.0.0.1:{port}",
+        "run_id": "attempt-1",
+        "min_nodes": 1,
+        "max_nodes": 2,
+        "is_host": False,
+        "last_call_timeout": 2,
+        "keep_alive_interval": 1,
+        "keep_alive_max_attempt": 60,
+        "join_timeout": 8,
+    }
+
+
+def _shrink_after_a_kill(port: int, announced: bool) -> tuple[int | str, str]:
+    """A survivor (this process) and a peer agent (a subprocess) meet at world 2; the peer is SIGKILLed;
+    the survivor's next round: its world size, or the error that ended it; and the peer's output."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    params = _params(port)
+    code = _AGENT.replace("{PARAMS}", repr(params))
+    peer = subprocess.Popen(
+        [sys.executable, "-c", code, str(port), "announce" if announced else "silent"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        store.gather("127.0.0.1", port, nodes=2)
+        handler = get_rendezvous_handler(RendezvousParameters(**params, local_addr="127.0.0.1"))  # type: ignore[arg-type]
+        assert handler.next_rendezvous().world_size == 2
+        assert peer.stdout is not None and peer.stdout.readline().strip() == "world 2"
+        peer.kill()
+        peer.wait(10)
+        try:
+            return handler.next_rendezvous().world_size, peer.stdout.read()
+        except Exception as exc:  # RendezvousTimeoutError: the lost peer held the round
+            return type(exc).__name__, peer.stdout.read()
+    finally:
+        peer.kill()
+
+
+def test_an_agent_whose_process_ends_is_dropped_from_the_rendezvous_at_once() -> None:
+    """A peer agent announced to the store's process watch is SIGKILLed: the store drops it, and the
+    survivor's next round forms at world 1 well inside the 60 s keep-alive bound. The negative control,
+    the same peer unannounced, holds the survivor's round until its join timeout (8 s)."""
+    port = free_port()
+    server = _serve(port)
+    try:
+        assert store.wait_for("127.0.0.1", port, timeout=60), "the store never answered"
+        world, said = _shrink_after_a_kill(port, announced=True)
+        assert world == 1, said
+    finally:
+        server.kill()
+        served = server.communicate(timeout=10)[0]
+    assert "agents' processes watched on :" in served, served
+    assert "the agent 127.0.0.2 (pid" in served and "dropped 127.0.0.2_" in served, served
+
+    port = free_port()
+    server = _serve(port)
+    try:
+        assert store.wait_for("127.0.0.1", port, timeout=60), "the store never answered"
+        world, said = _shrink_after_a_kill(port, announced=False)
+        assert world == "RendezvousTimeoutError", (world, said)
+    finally:
+        server.kill()
+
+
+def test_the_end_of_a_replaced_agents_connection_drops_nothing() -> None:
+    """A pod's replacement has the same address and pid as the agent it replaces (an Indexed Job's pod
+    name, pid 1): once it announced itself, the old connection's late end leaves it in the rendezvous; its
+    own end drops it. A closed rendezvous (the job ended) is left as it is."""
+    import json
+    import pickle
+    import socket
+    from datetime import datetime, timedelta
+
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
+
+    port = free_port()
+    server = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    said: list[str] = []
+    watched = store.watch_presence(server, "127.0.0.1", say=said.append)
+    backend = C10dRendezvousBackend(server, "attempt-1")
+    node, other = _NodeDesc("job-1-1.job", 1, 0), _NodeDesc("job-1-0.job", 1, 0)
+    state = _RendezvousState()
+    state.participants = {node: 0, other: 1}
+    state.complete = True
+    state.last_heartbeats = {node: datetime.now(UTC), other: datetime.now(UTC)}
+    assert backend.set_state(pickle.dumps(state)) is not None
+
+    def announce() -> socket.socket:
+        conn = socket.create_connection(("127.0.0.1", watched))
+        conn.sendall(json.dumps({"run_id": "attempt-1", "addr": "job-1-1.job", "pid": 1}).encode() + b"\n")
+        return conn
+
+    def heartbeats() -> dict[str, datetime]:
+        got = backend.get_state()
+        assert got is not None
+        return {repr(n): beat for n, beat in pickle.loads(got[0]).last_heartbeats.items()}
+
+    def settled(check: object, seconds: float = 5.0) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if check():  # type: ignore[operator]
+                return True
+            time.sleep(0.05)
+        return False
+
+    old = announce()
+    time.sleep(0.3)
+    new = announce()
+    time.sleep(0.3)
+    old.close()
+    time.sleep(1.0)
+    recent = datetime.now(UTC) - timedelta(minutes=1)
+    assert heartbeats()["job-1-1.job_1_0"] > recent and not said, said
+    new.close()
+    assert settled(lambda: heartbeats()["job-1-1.job_1_0"] == store.LONG_AGO), heartbeats()
+    assert heartbeats()["job-1-0.job_1_0"] > recent  # the other node is left alone
+    assert said == [
+        "ddpjob rendezvous store: the agent job-1-1.job (pid 1) ended; dropped job-1-1.job_1_0 from "
+        "rendezvous attempt-1 now, not after the keep-alive bound"
+    ], said
+
+    got = backend.get_state()
+    assert got is not None
+    closed = pickle.loads(got[0])
+    closed.closed, closed.last_heartbeats[node] = True, datetime.now(UTC)
+    assert backend.set_state(pickle.dumps(closed), got[1]) is not None
+    announce().close()
+    time.sleep(1.0)
+    assert heartbeats()["job-1-1.job_1_0"] > recent and len(said) == 1, said

@@ -42,6 +42,7 @@ import contextlib
 import importlib
 import logging
 import os
+import socket
 import sys
 import tempfile
 import threading
@@ -275,6 +276,8 @@ def main(argv: Sequence[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     args = torchrun.parse_args(list(argv))  # type: ignore[no-untyped-call]
+    if found:  # torch names this agent in the rendezvous by its address (or FQDN) and pid
+        store.announce(*found, str(args.rdzv_id), args.local_addr or socket.getfqdn())
     if runs_builtin(args):
         torchrun.config_from_args = _warm(torchrun.config_from_args)
     from torch.distributed.elastic.rendezvous.api import RendezvousClosedError

@@ -7,18 +7,29 @@ of PyTorchJob's elastic mode, whose store lived on worker 0). Here no worker hos
 and every agent connects to it (``DDPJOB_RDZV_STORE=external`` makes the launcher say ``is_host=0``), so
 any node may leave, node 0 included, and the others re-rendezvous at once. It holds only the rendezvous'
 few keys; the workers' own store is made afresh by the agent of each round's rank 0.
+
+It also watches each agent's process (:func:`announce`, :func:`watch_presence`): every launcher holds a
+connection to it for its life, and when that connection closes (the process ended: a crash, SIGKILL, an
+OOM kill, its container killed) the store marks that agent's rendezvous heartbeat as expired at once, so
+the survivors re-form the world in about a second instead of after the keep-alive bound
+(:data:`contract.ELASTIC_RDZV_CONF`). A node that vanishes without closing its connection (power lost, the
+network cut) is still let go by the keep-alive bound, as torch does it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import pickle
 import signal
 import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from ddp_trainer import contract
 
@@ -40,12 +51,131 @@ def serve(port: int, host: str = "0.0.0.0") -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     store = TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    watched = watch_presence(store, host)
     print(
-        f"ddpjob rendezvous store: serving on {host}:{port}; every node connects here, none hosts it",
+        f"ddpjob rendezvous store: serving on {host}:{port}; every node connects here, none hosts it; "
+        f"agents' processes watched on :{watched}",
         flush=True,
     )
     stop.wait()
     del store
+
+
+PRESENCE_KEY = "ddpjob/presence-port"
+"""The store key that holds the port on which the store process watches the agents' processes."""
+LONG_AGO = datetime(1970, 1, 1, tzinfo=UTC)
+_held: list[socket.socket] = []  # this process's announcement, open until the process ends
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def watch_presence(store: Any, host: str = "0.0.0.0", say: Callable[[str], None] = _say) -> int:
+    """Listen for the agents' announcements (:func:`announce`) on a free port, publish it under
+    :data:`PRESENCE_KEY`, and, when an announced connection closes, drop that agent from the rendezvous
+    (:func:`drop`). Returns the port."""
+    listener = socket.create_server((host, 0))
+    port = int(listener.getsockname()[1])
+    lock = threading.Lock()  # one TCPStore client, shared by the watchers
+    latest: dict[tuple[str, str, int], socket.socket] = {}
+
+    def watch(conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.settimeout(10)
+                hello = json.loads(conn.makefile("rb").readline(4096))
+                agent = (str(hello["run_id"]), str(hello["addr"]), int(hello["pid"]))
+                with lock:
+                    latest[agent] = conn
+                conn.settimeout(None)
+                while conn.recv(64):
+                    pass
+            except (OSError, ValueError, KeyError, TypeError):
+                return  # not an announcement (a port probe, say): nothing to drop
+            with lock:
+                # A pod's replacement has the same address and often the same pid (1): once it announced
+                # itself, the end of the old connection (late, when a lost node's network came back) is not
+                # its end.
+                if latest.get(agent) is not conn:
+                    return
+                del latest[agent]
+                dropped = drop(store, *agent)
+        if dropped:
+            say(
+                f"ddpjob rendezvous store: the agent {agent[1]} (pid {agent[2]}) ended; dropped "
+                f"{', '.join(dropped)} from rendezvous {agent[0]} now, not after the keep-alive bound"
+            )
+
+    def accept() -> None:
+        while True:
+            conn, _ = listener.accept()
+            threading.Thread(target=watch, args=(conn,), name="ddpjob-presence", daemon=True).start()
+
+    threading.Thread(target=accept, name="ddpjob-presence-accept", daemon=True).start()
+    store.set(PRESENCE_KEY, str(port))
+    return port
+
+
+def drop(store: Any, run_id: str, addr: str, pid: int, attempts: int = 50) -> list[str]:
+    """Mark the rendezvous heartbeats of the agent ``addr``/``pid`` as expired in torch's ``c10d``
+    rendezvous state of ``run_id``, under the state's compare-and-set token; the names of the nodes marked.
+
+    Only the heartbeat changes: each agent's next read of the state removes the node with torch's own
+    sanitizer (participants, wait list, the round's end), exactly as when the keep-alive bound passes.
+    The state is torch's ``_RendezvousState`` (``torch.distributed.elastic.rendezvous.dynamic_rendezvous``,
+    its fields the same since torch 1.10); a state this cannot read leaves the keep-alive bound to act."""
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    backend = C10dRendezvousBackend(store, run_id)
+    for _ in range(attempts):
+        got = backend.get_state()
+        if got is None:
+            return []
+        try:
+            state = pickle.loads(got[0])
+            gone = [node for node in state.last_heartbeats if node.addr == addr and node.pid == pid]
+        except (pickle.PickleError, AttributeError, TypeError) as exc:
+            log.warning(
+                "the rendezvous state of %s could not be read (%s); the keep-alive bound acts", run_id, exc
+            )
+            return []
+        if not gone or state.closed:  # gone already, or the job's rendezvous ended (the agents' last exit)
+            return []
+        for node in gone:
+            state.last_heartbeats[node] = LONG_AGO
+        written = backend.set_state(pickle.dumps(state), got[1])
+        if written is None or written[2]:
+            return [repr(node) for node in gone]
+    return []
+
+
+def announce(
+    host: str,
+    port: int,
+    run_id: str,
+    addr: str,
+    say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+) -> bool:
+    """Tell the store's process watch that this agent (``addr``, this pid: torch's node descriptor) lives,
+    and hold the connection open until this process ends. False, said, if the watch cannot be reached (a
+    NetworkPolicy that allows only the store's port, say): a lost node is then let go by the keep-alive
+    bound."""
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    try:
+        client = TCPStore(host, port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=10))
+        watch_port = int(client.get(PRESENCE_KEY))
+        conn = socket.create_connection((host, watch_port), timeout=5)
+        conn.sendall(json.dumps({"run_id": run_id, "addr": addr, "pid": os.getpid()}).encode() + b"\n")
+    except (OSError, RuntimeError, ValueError) as exc:
+        say(
+            f"ddpjob: the rendezvous store's process watch at {host} cannot be reached ({exc}); a lost node "
+            "is let go after the keep-alive bound instead"
+        )
+        return False
+    _held.append(conn)
+    return True
 
 
 def endpoint(env: Mapping[str, str]) -> tuple[str, int] | None:
