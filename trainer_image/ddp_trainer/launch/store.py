@@ -88,6 +88,7 @@ def watch_presence(store: Any, host: str = "0.0.0.0", say: Callable[[str], None]
                 agent = (str(hello["run_id"]), str(hello["addr"]), int(hello["pid"]))
                 with lock:
                     latest[agent] = conn
+                conn.sendall(b"watched\n")
                 conn.settimeout(None)
                 while conn.recv(64):
                     pass
@@ -168,6 +169,9 @@ def announce(
         watch_port = int(client.get(PRESENCE_KEY))
         conn = socket.create_connection((host, watch_port), timeout=5)
         conn.sendall(json.dumps({"run_id": run_id, "addr": addr, "pid": os.getpid()}).encode() + b"\n")
+        if conn.recv(16) != b"watched\n":
+            raise ValueError("the watch did not acknowledge")
+        conn.settimeout(None)
     except (OSError, RuntimeError, ValueError) as exc:
         say(
             f"ddpjob: the rendezvous store's process watch at {host} cannot be reached ({exc}); a lost node "
