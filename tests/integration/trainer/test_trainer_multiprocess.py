@@ -95,10 +95,11 @@ def test_metrics_show_every_local_rank_with_live_values(clean: CleanRun) -> None
         }
         info = scrapes[-1]["ddp_info"]
         assert {lab["world_size"] for lab, _ in info} == {"4"} and all(v == 1.0 for _, v in info)
+        # a scrape reads each metric's file at its own moment while a rank is mid-step: one step apart at most
         samples = by_rank(scrapes[-1], "ddp_samples_total")
-        assert all(samples[r] == last[r] * 2 * 16 for r in expected_ranks)  # 2 micro-batches of 16
+        assert all(abs(samples[r] - last[r] * 2 * 16) <= 2 * 16 for r in expected_ranks)  # 2 × 16 a step
         durations = by_rank(scrapes[-1], "ddp_step_duration_seconds_count")
-        assert all(durations[r] == last[r] for r in expected_ranks)
+        assert all(abs(durations[r] - last[r]) <= 1 for r in expected_ranks), (durations, last)
         assert all(math.isfinite(v) and v > 0 for v in by_rank(scrapes[-1], "ddp_loss").values())
         checks = scrapes[-1]["ddp_sync_checks_total"]
         initial = [v for lab, v in checks if lab["kind"] == "initial" and lab["result"] == "ok"]

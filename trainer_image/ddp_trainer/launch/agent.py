@@ -13,16 +13,15 @@ resumes from the last checkpoint. This launcher adds:
 2. **Bookkeeping the operator reads.** Each gang restart this pod's agent does is counted, with its cause
    (the failing rank, its exit code and its first error, as torch's error file or the signal says; "a rank
    on another node failed" on the other pods), in the JSON file :data:`contract.LAUNCH_STATE_ENV` names.
-   The restarted workers read it (:func:`ddp_trainer.core.inplace.read_state`) into
-   ``ddp_restarts_in_place``,
+   The restarted workers read it (:func:`ddp_trainer.core.inplace.read_state`) into ``ddp_restarts_in_place``,
    ``ddp_last_restart_info`` and their report, so the operator learns of every restart from the pods.
 
 3. **Warm restarts for the built-in trainer.** ``--module ddp_trainer`` (the image's default) runs as a
-   function entrypoint under the ``forkserver`` start method, with torch pre-imported in the
-   fork server (:data:`PRELOAD`): each worker, the first ones and those of every restart in place, is a
-   fork of a process that has already paid Python's and torch's start (about 1.5 s per worker on two busy
-   cores, most of what a restart in place costs). A user's script or module keeps torchrun's own way: a
-   new interpreter per worker, in which the no-code hook's exit handlers run.
+   function entrypoint under the ``forkserver`` start method, with torch pre-imported in the fork server
+   (:data:`PRELOAD`): each worker, the first ones and those of every restart in place, is a fork of a
+   process that has already paid Python's and torch's start (about 1.5 s per worker on two busy cores,
+   most of what a restart in place costs). A user's script or module keeps torchrun's own way: a new
+   interpreter per worker, in which the no-code hook's exit handlers run.
 
 4. **A resize is not a restart.** After an elastic job's rendezvous has fewer nodes than the last one (a
    peer was lost: the survivors' workers failed in a collective with it) or more (one joined), the
@@ -30,10 +29,10 @@ resumes from the last checkpoint. This launcher adds:
    elastic job's agent is lent one to find out at the rendezvous, and gives up if the world did not change.
 
 The agent's methods are wrapped, not replaced (``_monitor_workers`` of ``LocalElasticAgent`` and
-``_rendezvous`` of ``SimpleElasticAgent``, the same since torch 1.9);
-``tests/integration/local/test_run.py`` runs the real thing.
-The pure parts (the state, causes and exit codes) are :mod:`ddp_trainer.core.inplace`, which the trainer's
-modules import; this module imports the trainer (its workers run it), never the other way round.
+``_rendezvous`` of ``SimpleElasticAgent``, the same since torch 1.9); ``tests/integration/local/test_run.py``
+runs the real thing. The pure parts (the state, causes and exit codes) are :mod:`ddp_trainer.core.inplace`,
+which the trainer's modules import; this module imports the trainer (its workers run it), never the other
+way round.
 """
 
 from __future__ import annotations
@@ -258,9 +257,7 @@ def _install(book: Book) -> None:
 
 def main(argv: Sequence[str]) -> int:
     """Run torchrun with ``argv``; its exit code (a not-retried worker code passes through)."""
-    state = os.environ.get(contract.LAUNCH_STATE_ENV) or os.path.join(
-        tempfile.mkdtemp(prefix="ddpjob-launch-"), "state.json"
-    )
+    state = os.environ.get(contract.LAUNCH_STATE_ENV) or f"{tempfile.mkdtemp(prefix='ddp-')}/launch.json"
     os.environ[contract.LAUNCH_STATE_ENV] = state  # the workers inherit it
     # A fresh store for the workers of every round: the shared one keeps the last round's keys, and a
     # restarted gang read its dead peers' addresses from it (gloo: connectFullMesh refused).
@@ -274,14 +271,13 @@ def main(argv: Sequence[str]) -> int:
     _install(book)
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 
     args = torchrun.parse_args(list(argv))  # type: ignore[no-untyped-call]
     if found:  # torch names this agent in the rendezvous by its address (or FQDN) and pid
         store.announce(*found, str(args.rdzv_id), args.local_addr or socket.getfqdn())
     if runs_builtin(args):
         torchrun.config_from_args = _warm(torchrun.config_from_args)
-    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
-
     try:
         torchrun.run(args)  # type: ignore[no-untyped-call]
     except ChildFailedError as err:
