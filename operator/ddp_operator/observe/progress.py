@@ -314,4 +314,12 @@ def _replica_sentence(report: Mapping[str, Any] | None) -> str:
             f"repair(s) re-broadcast rank 0's model, and the {last} found every rank bit-identical{so_far}"
         )
     layout = f"; {report['sharding']}" if report.get("sharding") else ""
-    return f"replicas verified bit-identical {checks} times across {ranks} ranks{so_far} ({last}{layout})"
+    # a restart or a resize starts a new world whose tally starts at its restore: say which span it covers
+    since = (
+        f" since this world resumed at step {report['resumedFromStep']}"
+        if report.get("resumedFromStep")
+        else ""
+    )
+    return (
+        f"replicas verified bit-identical {checks} times across {ranks} ranks{since}{so_far} ({last}{layout})"
+    )

@@ -71,6 +71,10 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
+def _say_on_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def watch_presence(store: Any, host: str = "0.0.0.0", say: Callable[[str], None] = _say) -> int:
     """Listen for the agents' announcements (:func:`announce`) on a free port, publish it under
     :data:`PRESENCE_KEY`, and, when an announced connection closes, drop that agent from the rendezvous
@@ -156,7 +160,7 @@ def announce(
     port: int,
     run_id: str,
     addr: str,
-    say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+    say: Callable[[str], None] = _say_on_stderr,
 ) -> bool:
     """Tell the store's process watch that this agent (``addr``, this pid: torch's node descriptor) lives,
     and hold the connection open until this process ends. False, said, if the watch cannot be reached (a
@@ -169,7 +173,9 @@ def announce(
         watch_port = int(client.get(PRESENCE_KEY))
         conn = socket.create_connection((host, watch_port), timeout=5)
         conn.sendall(json.dumps({"run_id": run_id, "addr": addr, "pid": os.getpid()}).encode() + b"\n")
-        if conn.recv(16) != b"watched\n":
+        with conn.makefile("rb") as reply:  # the acknowledgement, however the bytes arrive
+            acknowledged = reply.readline(16) == b"watched\n"
+        if not acknowledged:
             raise ValueError("the watch did not acknowledge")
         conn.settimeout(None)
     except (OSError, RuntimeError, ValueError) as exc:
@@ -208,7 +214,7 @@ def wait_for(
     host: str,
     port: int,
     timeout: float = WAIT_SECONDS,
-    say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+    say: Callable[[str], None] = _say_on_stderr,
 ) -> bool:
     """Wait until the store at ``host:port`` accepts a connection (its pod may be scheduled, pulled and
     started after this one), saying what it waits for every :data:`WAIT_SAY_EVERY` seconds; False if it
@@ -247,7 +253,7 @@ def gather(
     port: int,
     nodes: int,
     timeout: float = GATHER_SECONDS,
-    say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+    say: Callable[[str], None] = _say_on_stderr,
 ) -> int:
     """Count this node in at the store and wait until ``nodes`` have come (or ``timeout``), saying what
     it waits for every :data:`WAIT_SAY_EVERY` seconds; returns how many came.

@@ -42,6 +42,13 @@ def test_sync_sentence() -> None:
     assert progress.sync_sentence(
         {"verified": True, "checks": 7, "worldSize": 4, "lastCheckStep": 300, "repairs": 0}
     ) == ("replicas verified bit-identical 7 times across 4 ranks (last check at step 300)")
+    # a restarted or resized world counts its checks from its restore, and says so
+    assert progress.sync_sentence(
+        {"verified": True, "checks": 4, "worldSize": 3, "lastCheckStep": 300, "resumedFromStep": 250}
+    ) == (
+        "replicas verified bit-identical 4 times across 3 ranks since this world resumed at step 250 "
+        "(last check at step 300)"
+    )
     diverged = progress.sync_sentence(
         {
             "result": "Diverged",
