@@ -5,11 +5,13 @@ run on the node agents (processes of this checkout's environment)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from helpers.e2e import Operator, children, ddpjob, get, wait_phase
+from ddp_operator.local import elastic
+from helpers.e2e import SCRIPTS, Operator, children, ddpjob, get, wait_phase
 from testcluster.fixtures import Cluster, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -27,35 +29,84 @@ def _scaled_to(cluster: Cluster, namespace: str, name: str, nodes: int) -> dict[
     return wait_for(there, what=f"{name} at {nodes} node(s)", timeout=240, every=0.5)
 
 
-def test_kubectl_scale_resizes_the_same_job_and_the_job_succeeds(
-    cluster: Cluster, operator: Operator, namespace: str
+def _pod_uids(cluster: Cluster, namespace: str, index: str) -> list[str]:
+    """The uids of the elastic job's pods at completion ``index`` (a replaced pod adds one)."""
+    pods = children(cluster, namespace, "pods", "elastic")
+    key = "batch.kubernetes.io/job-completion-index"
+    return sorted(p["metadata"]["uid"] for p in pods if p["metadata"]["labels"].get(key) == index)
+
+
+def _pod_uids(cluster: Cluster, namespace: str, index: str) -> list[str]:
+    """The uids of the elastic job's pods at completion ``index`` (a replaced pod adds one)."""
+    pods = children(cluster, namespace, "pods", "elastic")
+    key = "batch.kubernetes.io/job-completion-index"
+    return sorted(p["metadata"]["uid"] for p in pods if p["metadata"]["labels"].get(key) == index)
+
+
+def _worlds(cluster: Cluster, namespace: str, tmp_path: Path) -> list[tuple[int, int]]:
+    """``(world size, step)`` of every world the trainer verified so far, from the pods' logs (rank 0 of
+    each world says it), in time order: what `ddpjob local` lists."""
+    for pod in children(cluster, namespace, "pods", "elastic"):
+        log = cluster.kubectl("logs", "-n", namespace, pod["metadata"]["name"], check=False).stdout
+        (tmp_path / f"{pod['metadata']['name']}.log").write_text(log)
+    return elastic.worlds(sorted(tmp_path.glob("*.log")))
+
+
+def _verified_at(cluster: Cluster, namespace: str, tmp_path: Path, size: int, after: int) -> int:
+    """Wait for a world of ``size`` verified after the first ``after`` worlds; its step."""
+
+    def there() -> tuple[int, int] | None:
+        return next((w for w in _worlds(cluster, namespace, tmp_path)[after:] if w[0] == size), None)
+
+    return wait_for(there, what=f"a world of {size} verified", timeout=240, every=1)[1]
+
+
+def test_kubectl_scale_resizes_the_same_job_and_the_trainer_follows_without_a_restart(
+    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
 ) -> None:
-    # the node agents mount no hostPath: each pod checkpoints to its own emptyDir, and a new world whose rank
-    # 0 is a new pod starts from step 0 (the real-node test of a lost node resumes from a shared volume)
+    """2 → 3 → 1 by `kubectl scale`: the same Job (uid), one attempt, no restart; the trainer verifies a
+    world of each size in turn, and pod 0 is never replaced: the pods scaled away leave at a step
+    boundary (their SIGTERM) and the survivor re-rendezvous alone in the same pod. A slow model (30 ms a
+    forward), so that it trains through all of it."""
+    # the node agents mount no hostPath: each pod checkpoints to its own emptyDir (the local test of a pod
+    # taken away, and the real-node test of a lost node, resume from a shared volume)
+    slow = {"name": "PYTHONPATH", "value": str(SCRIPTS)}  # slow_factories
     doc = ddpjob(
         "elastic",
         nodes=2,
         elastic={"minNodes": 1, "maxNodes": 3},
-        trainer={"steps": 500, "batchSize": 16, "checkpointEvery": 10},
-        syncCheck={"everySteps": 20},
+        env=[slow],
+        trainer={"steps": 800, "batchSize": 16, "checkpointEvery": 50, "model": "slow_factories:slow_mlp"},
+        syncCheck={"everySteps": 100},
     )
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
     wait_phase(cluster, namespace, "elastic", "Running", timeout=180)
     (first,) = children(cluster, namespace, "jobs", "elastic")
+    _verified_at(cluster, namespace, tmp_path, 2, after=0)
+    seen = len(_worlds(cluster, namespace, tmp_path))
     # a rigid job refuses it; this one takes it: spec.nodes through the /scale subresource
     cluster.kubectl("scale", "ddpjob", "elastic", "-n", namespace, "--replicas=3")
     grown = _scaled_to(cluster, namespace, "elastic", 3)
     assert grown["metadata"]["uid"] == first["metadata"]["uid"]
+    _verified_at(cluster, namespace, tmp_path, 3, after=seen)
+    kept = _pod_uids(cluster, namespace, index="0")
+    seen = len(_worlds(cluster, namespace, tmp_path))
     cluster.kubectl("scale", "ddpjob", "elastic", "-n", namespace, "--replicas=1")
     shrunk = _scaled_to(cluster, namespace, "elastic", 1)
     assert shrunk["metadata"]["uid"] == first["metadata"]["uid"]
+    left_at = _verified_at(cluster, namespace, tmp_path, 1, after=seen)
+    worlds = _worlds(cluster, namespace, tmp_path)  # before the job ends (and its pods may go)
+    print(f"worlds (size, step): {worlds}")
     done = wait_phase(cluster, namespace, "elastic", "Succeeded", "Failed", timeout=400)
     status = done["status"]
     assert status["phase"] == "Succeeded", status
-    assert status["attempt"] == 1 and status["sync"]["verified"] is True, status
+    assert status["attempt"] == 1 and status["restarts"] == 0 and status["sync"]["verified"] is True, status
     assert status["elastic"]["resizes"] == 2 and status["elastic"]["lastResize"]["to"] == 1, status
     assert [job["metadata"]["uid"] for job in children(cluster, namespace, "jobs", "elastic")] == [
         first["metadata"]["uid"]
     ]
+    # the survivor was never replaced: it trained on rather than stopping with the pods scaled away
+    assert _pod_uids(cluster, namespace, index="0") == kept, ("pod 0 was replaced", worlds)
+    assert worlds[-1][0] == 1 and left_at > 0, worlds  # the survivor went on from a step, not from 0
     wide = cluster.kubectl("get", "ddpj", "elastic", "-n", namespace, "-o", "wide").stdout
     assert "ELASTIC" in wide.splitlines()[0]

@@ -144,6 +144,62 @@ def test_losing_node_0_shrinks_the_world_and_its_replacement_grows_it_back(tmp_p
     assert not _pids_of(name, 0) and not _pids_of(name, 1)
 
 
+def _launcher_of(job: str, node_rank: int) -> int:
+    """The PID of pod ``node_rank``'s launcher (the container's PID 1 in a cluster: what the kubelet
+    signals when the pod is deleted, evicted, preempted or scaled away)."""
+    (pid,) = [
+        pid
+        for pid in _pids_of(job, node_rank)
+        if b"ddp_trainer.launch" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+    return pid
+
+
+@pytest.mark.slow
+@UNDER_LOAD
+def test_a_pod_taken_away_leaves_at_a_step_boundary_and_the_others_train_on_without_losing_a_step(
+    tmp_path: Path,
+) -> None:
+    """Three pods; once 20 steps are verified, pod 1's launcher gets SIGTERM alone, as the kubelet sends
+    a pod that is deleted, evicted, preempted or scaled away. Its rank asks the others to stop at the next
+    step boundary, rank 0 saves there, pod 1 exits 143 and the other two, not signalled, re-rendezvous at
+    world size 2 and resume from that very step: one attempt, no restart spent, no step lost (the only
+    checkpoint is the one the leave wrote: checkpointEvery is past the end)."""
+    name = unique_name()
+    doc = job(
+        name,
+        nodes=3,
+        procsPerNode=1,
+        elastic=ELASTIC,
+        trainer={"steps": 200, "batchSize": 16, "checkpointEvery": 1000},
+        syncCheck={"everySteps": 20},
+    )
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    argv = [sys.executable, "-m", "ddp_operator", "local", "job.yaml", "--workdir", "runs"]
+    process = subprocess.Popen(
+        argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    rank_0 = tmp_path / "runs" / name / "attempt-1" / f"{name}-1-0.log"
+    deadline = time.monotonic() + 120
+    while "step 20: periodic check passed" not in (rank_0.read_text() if rank_0.exists() else ""):
+        assert process.poll() is None and time.monotonic() < deadline, "20 steps never verified"
+        time.sleep(0.1)
+    os.kill(_launcher_of(name, 1), signal.SIGTERM)
+    out, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, out
+    assert f"ddpjob local: {name}: Succeeded" in out and "after 1 attempt(s)" in out, out
+    assert f"{name}-1-1 exited 143: the other 2 pod(s) go on at a smaller world (elastic)" in out, out
+    worlds = elastic.worlds(sorted((tmp_path / "runs" / name).glob("attempt-*/*.log")))
+    assert [size for size, _ in worlds[:2]] == [3, 2], (worlds, out)
+    left_at = worlds[1][1]
+    assert left_at >= 20, worlds  # resumed from the leave's own save, not from step 0
+    logs = {path.name: path.read_text() for path in rank_0.parent.glob("*.log")}
+    said = "\n".join(logs.values())
+    assert f"restored step-{left_at:08d}.{name}.pt (step {left_at};" in said, said
+    assert "the world changed from 3 to 2 node(s) (elastic): no restart spent" in logs[rank_0.name], said
+    assert "[launcher] stopped by SIGTERM" in logs[f"{name}-1-1.log"], said
+
+
 @pytest.mark.slow
 def test_an_elastic_job_whose_command_runs_torchrun_itself_keeps_its_store_on_node_0_and_trains(
     tmp_path: Path,

@@ -24,7 +24,7 @@ resumes from the last checkpoint. This launcher adds:
    interpreter per worker, in which the no-code hook's exit handlers run.
 
 4. **A resize is not a restart.** After an elastic job's rendezvous has fewer nodes than the last one (a
-   peer was lost: the survivors' workers failed in a collective with it) or more (one joined), the
+   peer was lost, or its pod left at a step boundary) or more (one joined), the
    restart is a resize: it is not counted, and torch's restart it spent is given back; with none left, an
    elastic job's agent is lent one to find out at the rendezvous, and gives up if the world did not change.
 
@@ -204,16 +204,13 @@ def _ended(agent: Any, group: Any) -> dict[int, tuple[int, str]]:
     return found
 
 
-def _growing(agent: Any) -> bool:
-    """A node waits to join this elastic job's running world: its workers stopped with the interrupted code
-    (143) because the agent of another node stopped its own for the grow at a step boundary, and the
-    trainer's per-step stop flag stopped every rank there, before this agent saw the waiting node. That is
-    the grow, not a stop from outside: the agent re-rendezvous with the others instead of ending its pod
-    (which would close the rendezvous on the whole job)."""
-    try:
-        return int(agent._rdzv_handler.num_nodes_waiting()) > 0
-    except Exception:  # the rendezvous unreachable: not a grow that can be told
-        return False
+def _peer_stopped(code: int | None, book: Book) -> bool:
+    """An elastic job's workers stopped at a step boundary with the interrupted code (143) and this agent
+    was not signalled (that raises torch's ``SignalException`` first): another node asked. Its pod leaves
+    (deleted, evicted, preempted, scaled down: the kubelet's SIGTERM) or its agent stopped the world for a
+    grow, and the trainer's per-step stop flag stopped every rank there, after its checkpoint. The agent
+    re-rendezvous at the world that is left instead of ending its pod (which would close the rendezvous)."""
+    return code == contract.INTERRUPTED_EXIT_CODE and book.elastic
 
 
 def _install(book: Book) -> None:
@@ -230,8 +227,8 @@ def _install(book: Book) -> None:
             failures = {**_ended(self, group), **failures}
             book.failed(failures)
             code = not_retried([code for code, _ in failures.values()])
-            if code == contract.INTERRUPTED_EXIT_CODE and book.elastic and _growing(self):
-                code = None  # another node's agent stopped its workers for a grow first (see _growing)
+            if _peer_stopped(code, book):
+                code = None  # a node leaves at the step boundary, or one joins (see _peer_stopped)
             if code is not None and self._remaining_restarts > 0:
                 print(
                     f"[launcher] a worker exited {code}, which no restart can fix",
@@ -270,6 +267,7 @@ def main(argv: Sequence[str]) -> int:
     book = Book(Path(state), elastic=":" in os.environ.get("PET_NNODES", ""))
     _install(book)
     from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 
@@ -284,6 +282,9 @@ def main(argv: Sequence[str]) -> int:
         code = exit_code_of({rank: failure.exitcode for rank, failure in err.failures.items()})
         print(err.format_msg(), file=sys.stderr, flush=True)  # type: ignore[no-untyped-call]
         return code
+    except SignalException as err:  # this pod is stopped (the kubelet's SIGTERM); its workers stopped first
+        print(f"[launcher] stopped by {err.sigval.name}", file=sys.stderr, flush=True)
+        return 128 + int(err.sigval)  # 143 for SIGTERM: the Job's podFailurePolicy reads it as taken away
     except RendezvousClosedError:
         if store.endpoint(os.environ) is None:  # a rigid job's closed rendezvous: a failure as before
             raise

@@ -10,6 +10,7 @@ import pytest
 from ddp_trainer import contract
 from ddp_trainer.core import inplace
 from ddp_trainer.launch import agent as launcher
+from ddp_trainer.launch.book import Book
 
 GLOO_RESET = "RuntimeError: [pair.cc:545] Read error [127.0.0.1]:3479: Connection reset by peer."
 
@@ -63,24 +64,15 @@ def test_node_rank_0_hosts_the_rendezvous_unless_the_user_says_otherwise() -> No
     assert launcher.rendezvous_host(elastic) == {"PET_RDZV_CONF": f"is_host=0,{contract.ELASTIC_RDZV_CONF}"}
 
 
-def test_a_workers_interrupted_exit_is_a_grow_only_while_a_node_waits_to_join() -> None:
-    """The trainer's stop flag stops every rank at the step boundary where one node's agent stopped its
-    workers for a grow; another node's agent sees its workers exit 143 before it sees the waiting node.
-    While one waits that is the grow (re-rendezvous), else a stop from outside (no restart)."""
-
-    class Handler:
-        def __init__(self, waiting: int | None) -> None:
-            self.waiting = waiting
-
-        def num_nodes_waiting(self) -> int:
-            if self.waiting is None:
-                raise RuntimeError("the store is gone")
-            return self.waiting
-
-    class Agent:
-        def __init__(self, waiting: int | None) -> None:
-            self._rdzv_handler = Handler(waiting)
-
-    assert launcher._growing(Agent(1)) is True
-    assert launcher._growing(Agent(0)) is False
-    assert launcher._growing(Agent(None)) is False, "unreachable: not a grow that can be told"
+def test_a_workers_interrupted_exit_unsignalled_is_another_nodes_stop_only_in_an_elastic_job(
+    tmp_path: Path,
+) -> None:
+    """The trainer's stop flag stops every rank at the step boundary where one node's pod left (its
+    kubelet's SIGTERM) or its agent stopped for a grow; the other agents, not signalled themselves, see
+    their workers exit 143. Elastic: that is a resize (re-rendezvous); rigid: a stop, no restart."""
+    elastic = Book(tmp_path / "e.json", elastic=True)
+    rigid = Book(tmp_path / "r.json", elastic=False)
+    assert launcher._peer_stopped(contract.INTERRUPTED_EXIT_CODE, elastic) is True
+    assert launcher._peer_stopped(contract.INTERRUPTED_EXIT_CODE, rigid) is False
+    assert launcher._peer_stopped(1, elastic) is False, "a crash is a failure, restarted as one"
+    assert launcher._peer_stopped(None, elastic) is False
