@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -71,25 +72,44 @@ def _pids_of(job: str, node_rank: int) -> list[int]:
     return found
 
 
-def _lose_pod(tmp_path: Path, name: str, file: str, node: int, saved: str) -> str:
-    """`ddpjob local FILE` in ``tmp_path``; once a checkpoint matching ``saved`` exists, every process of
-    pod ``node`` is SIGKILLed, as a lost node; everything it printed, after it ended with exit 0."""
+def _run_and(tmp_path: Path, file: str, ready: Callable[[], bool], act: Callable[[], None]) -> str:
+    """`ddpjob local FILE` in ``tmp_path``; once ``ready()``, ``act()``; everything it printed, after it
+    ended with exit 0."""
     argv = [sys.executable, "-m", "ddp_operator", "local", file, "--workdir", "runs"]
     process = subprocess.Popen(
         argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    checkpoints = tmp_path / "runs" / name / "volumes" / "checkpoint"
     deadline = time.monotonic() + 120
-    while not list(checkpoints.glob(saved)):
-        assert process.poll() is None and time.monotonic() < deadline, "no checkpoint before the loss"
+    while not ready():
+        assert process.poll() is None and time.monotonic() < deadline, "never ready to act"
         time.sleep(0.1)
-    victims = _pids_of(name, node)
-    assert victims, f"no process of pod {node}"
-    for pid in victims:
-        os.kill(pid, signal.SIGKILL)
+    act()
     out, _ = process.communicate(timeout=300)
     assert process.returncode == 0, out
     return out
+
+
+def _lose_pod(tmp_path: Path, name: str, file: str, node: int, saved: str) -> str:
+    """:func:`_run_and`: once a checkpoint matching ``saved`` exists, every process of pod ``node`` is
+    SIGKILLed, as a lost node."""
+    checkpoints = tmp_path / "runs" / name / "volumes" / "checkpoint"
+
+    def kill() -> None:
+        victims = _pids_of(name, node)
+        assert victims, f"no process of pod {node}"
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+
+    return _run_and(tmp_path, file, lambda: bool(list(checkpoints.glob(saved))), kill)
+
+
+def _three_pods(tmp_path: Path, steps: int, checkpoint_every: int) -> str:
+    """An elastic job (1-3 nodes) of three one-process pods in ``tmp_path``/job.yaml; its name."""
+    name = unique_name()
+    trainer = {"steps": steps, "batchSize": 16, "checkpointEvery": checkpoint_every}
+    doc = job(name, nodes=3, procsPerNode=1, elastic=ELASTIC, trainer=trainer, syncCheck={"everySteps": 20})
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    return name
 
 
 @pytest.mark.slow
@@ -124,16 +144,7 @@ def test_losing_node_0_shrinks_the_world_and_its_replacement_grows_it_back(tmp_p
     the store no pod hosts and train on at world size 2; the replacement pod joins ten seconds later at a
     step boundary and the world is 3 again; every world is verified before its first step; one attempt,
     the job Succeeds."""
-    name = unique_name()
-    doc = job(
-        name,
-        nodes=3,
-        procsPerNode=1,
-        elastic=ELASTIC,
-        trainer={"steps": 240, "batchSize": 16, "checkpointEvery": 5},
-        syncCheck={"everySteps": 20},
-    )
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    name = _three_pods(tmp_path, steps=240, checkpoint_every=5)
     out = _lose_pod(tmp_path, name, "job.yaml", 0, "step-*.pt")
     assert f"ddpjob local: {name}: Succeeded" in out and "after 1 attempt(s)" in out, out
     assert f"{name}-1-0 exited -9: the other 2 pod(s) go on at a smaller world (elastic)" in out, out
@@ -165,28 +176,13 @@ def test_a_pod_taken_away_leaves_at_a_step_boundary_and_the_others_train_on_with
     step boundary, rank 0 saves there, pod 1 exits 143 and the other two, not signalled, re-rendezvous at
     world size 2 and resume from that very step: one attempt, no restart spent, no step lost (the only
     checkpoint is the one the leave wrote: checkpointEvery is past the end)."""
-    name = unique_name()
-    doc = job(
-        name,
-        nodes=3,
-        procsPerNode=1,
-        elastic=ELASTIC,
-        trainer={"steps": 200, "batchSize": 16, "checkpointEvery": 1000},
-        syncCheck={"everySteps": 20},
-    )
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
-    argv = [sys.executable, "-m", "ddp_operator", "local", "job.yaml", "--workdir", "runs"]
-    process = subprocess.Popen(
-        argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    name = _three_pods(tmp_path, steps=200, checkpoint_every=1000)
     rank_0 = tmp_path / "runs" / name / "attempt-1" / f"{name}-1-0.log"
-    deadline = time.monotonic() + 120
-    while "step 20: periodic check passed" not in (rank_0.read_text() if rank_0.exists() else ""):
-        assert process.poll() is None and time.monotonic() < deadline, "20 steps never verified"
-        time.sleep(0.1)
-    os.kill(_launcher_of(name, 1), signal.SIGTERM)
-    out, _ = process.communicate(timeout=300)
-    assert process.returncode == 0, out
+
+    def verified_20() -> bool:
+        return "step 20: periodic check passed" in (rank_0.read_text() if rank_0.exists() else "")
+
+    out = _run_and(tmp_path, "job.yaml", verified_20, lambda: os.kill(_launcher_of(name, 1), signal.SIGTERM))
     assert f"ddpjob local: {name}: Succeeded" in out and "after 1 attempt(s)" in out, out
     assert f"{name}-1-1 exited 143: the other 2 pod(s) go on at a smaller world (elastic)" in out, out
     worlds = elastic.worlds(sorted((tmp_path / "runs" / name).glob("attempt-*/*.log")))
