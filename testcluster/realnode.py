@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -98,6 +99,7 @@ def start(node: RealNode, bin_dir: Path) -> None:
         timeout=60,
         log=node.layout.log(f"containerd-{node.name}"),
     )
+    spawned = time.time()
     processes.spawn(
         f"kubelet-{node.name}",
         [
@@ -113,6 +115,29 @@ def start(node: RealNode, bin_dir: Path) -> None:
         pid_file=node.kubelet_pid,
         log_file=node.layout.log(f"kubelet-{node.name}"),
     )
+    try:  # before the next node's kubelet starts: see DEVICE_PLUGINS_SOCKET
+        controlplane.wait_until(
+            f"the kubelet of {node.name} binding {DEVICE_PLUGINS_SOCKET}",
+            lambda: _bound_since(spawned),
+            timeout=30,
+            log=node.layout.log(f"kubelet-{node.name}"),
+        )
+    except TimeoutError as err:
+        print(f"real node {node.name}: {err}; going on", file=sys.stderr, flush=True)
+
+
+DEVICE_PLUGINS_SOCKET = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
+"""The kubelet's device-plugin registry socket: one host path for every kubelet, whatever its
+``--root-dir``. Each kubelet removes what it finds in that folder and then binds; two starting together
+can interleave so that the second's bind fails (``address already in use``) and it exits before its Node
+registers. So a node's kubelet is started only once the one before it has bound."""
+
+
+def _bound_since(when: float) -> bool:
+    try:
+        return DEVICE_PLUGINS_SOCKET.stat().st_mtime >= when - 1
+    except OSError:
+        return False
 
 
 def stop(node: RealNode) -> None:
