@@ -150,7 +150,8 @@ def test_losing_node_0_shrinks_the_world_and_its_replacement_grows_it_back(tmp_p
     assert f"{name}-1-0 exited -9: the other 2 pod(s) go on at a smaller world (elastic)" in out, out
     summary = next(line for line in out.splitlines() if "elastic: ran at world sizes" in line)
     sizes = summary.split("world sizes ", 1)[1].split(" (ranks)")[0].split(" → ")
-    assert sizes[0] == "3" and "2" in sizes and sizes[-1] == "3", summary
+    # under load the first world may be 2 (a pod past the rendezvous' last call, which grows it to 3)
+    assert "2" in sizes and sizes[-1] == "3", summary
     assert "replicas verified bit-identical" in out
     assert not _pids_of(name, 0) and not _pids_of(name, 1)
 
@@ -171,28 +172,37 @@ def _launcher_of(job: str, node_rank: int) -> int:
 def test_a_pod_taken_away_leaves_at_a_step_boundary_and_the_others_train_on_without_losing_a_step(
     tmp_path: Path,
 ) -> None:
-    """Three pods; once 20 steps are verified, pod 1's launcher gets SIGTERM alone, as the kubelet sends
+    """Three pods; once a world of 3 is verified, pod 1's launcher gets SIGTERM alone, as the kubelet sends
     a pod that is deleted, evicted, preempted or scaled away. Its rank asks the others to stop at the next
     step boundary, rank 0 saves there, pod 1 exits 143 and the other two, not signalled, re-rendezvous at
     world size 2 and resume from that very step: one attempt, no restart spent, no step lost (the only
     checkpoint is the one the leave wrote: checkpointEvery is past the end)."""
     name = _three_pods(tmp_path, steps=200, checkpoint_every=1000)
-    rank_0 = tmp_path / "runs" / name / "attempt-1" / f"{name}-1-0.log"
+    attempt = tmp_path / "runs" / name / "attempt-1"
+    seen: list[tuple[int, int]] = []
 
-    def verified_20() -> bool:
-        return "step 20: periodic check passed" in (rank_0.read_text() if rank_0.exists() else "")
+    def worlds() -> list[tuple[int, int]]:
+        return elastic.worlds(sorted(attempt.glob("*.log")))
 
-    out = _run_and(tmp_path, "job.yaml", verified_20, lambda: os.kill(_launcher_of(name, 1), signal.SIGTERM))
+    def at_three() -> bool:  # under load the first world may be 2, grown to 3 when the late pod joins
+        return bool(now := worlds()) and now[-1][0] == 3
+
+    def take_pod_1_away() -> None:
+        seen.extend(worlds())
+        os.kill(_launcher_of(name, 1), signal.SIGTERM)
+
+    out = _run_and(tmp_path, "job.yaml", at_three, take_pod_1_away)
     assert f"ddpjob local: {name}: Succeeded" in out and "after 1 attempt(s)" in out, out
     assert f"{name}-1-1 exited 143: the other 2 pod(s) go on at a smaller world (elastic)" in out, out
-    worlds = elastic.worlds(sorted((tmp_path / "runs" / name).glob("attempt-*/*.log")))
-    assert [size for size, _ in worlds[:2]] == [3, 2], (worlds, out)
-    left_at = worlds[1][1]
-    assert left_at >= 20, worlds  # resumed from the leave's own save, not from step 0
-    logs = {path.name: path.read_text() for path in rank_0.parent.glob("*.log")}
+    after = worlds()
+    assert after[: len(seen)] == seen and after[len(seen)][0] == 2, (seen, after, out)
+    left_at = after[len(seen)][1]
+    # resumed from the leave's own save, not from before the world of 3 began
+    assert left_at >= seen[-1][1], (seen, after)
+    logs = {path.name: path.read_text() for path in attempt.glob("*.log")}
     said = "\n".join(logs.values())
     assert f"restored step-{left_at:08d}.{name}.pt (step {left_at};" in said, said
-    assert "the world changed from 3 to 2 node(s) (elastic): no restart spent" in logs[rank_0.name], said
+    assert "the world changed from 3 to 2 node(s) (elastic): no restart spent" in said, said
     assert "[launcher] stopped by SIGTERM" in logs[f"{name}-1-1.log"], said
 
 
