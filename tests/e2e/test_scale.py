@@ -36,13 +36,6 @@ def _pod_uids(cluster: Cluster, namespace: str, index: str) -> list[str]:
     return sorted(p["metadata"]["uid"] for p in pods if p["metadata"]["labels"].get(key) == index)
 
 
-def _pod_uids(cluster: Cluster, namespace: str, index: str) -> list[str]:
-    """The uids of the elastic job's pods at completion ``index`` (a replaced pod adds one)."""
-    pods = children(cluster, namespace, "pods", "elastic")
-    key = "batch.kubernetes.io/job-completion-index"
-    return sorted(p["metadata"]["uid"] for p in pods if p["metadata"]["labels"].get(key) == index)
-
-
 def _worlds(cluster: Cluster, namespace: str, tmp_path: Path) -> list[tuple[int, int]]:
     """``(world size, step)`` of every world the trainer verified so far, from the pods' logs (rank 0 of
     each world says it), in time order: what `ddpjob local` lists."""
