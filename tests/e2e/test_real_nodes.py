@@ -150,10 +150,6 @@ def acting_writes(cluster: Cluster, release: Release) -> list[tuple[float, str, 
     return sorted(out)
 
 
-IN_FLIGHT_SECONDS = 1.0
-"""How long after the SIGKILL a write the killed leader sent before it may still be received."""
-
-
 def _with_a_write_by(writes: list[tuple[float, str, str]], pod: str) -> list[tuple[float, str, str]] | None:
     return writes if any(by == pod for _, by, _ in writes) else None
 
@@ -163,8 +159,8 @@ def test_a_standby_operator_takes_over_within_the_peering_lifetime_and_never_two
 ) -> None:
     """replicaCount 2: both operator pods run, one acts. Its process is SIGKILLed on its node (a death
     without a word: its peering record stays until it expires); a DDPJob applied at that moment is taken up
-    by the standby within the peering lifetime and Succeeds. The audit log shows one pod's writes before
-    the kill and only the other's after: never two acting."""
+    by the standby within the peering lifetime and Succeeds. The audit log shows only the leader's writes
+    before the kill, and all of its pod's writes before the standby's first: never two acting."""
     with installed(cluster, "standby", pod_security="restricted", replicaCount=2, **ON_REAL_NODES) as release:
 
         def two_running() -> list[dict[str, Any]] | None:
@@ -203,19 +199,26 @@ def test_a_standby_operator_takes_over_within_the_peering_lifetime_and_never_two
             what="the standby's first write in the audit log",
             timeout=30,
         )
-        taken = next(when for when, pod, what in writes if pod == standby["metadata"]["name"])
+        leader_name, standby_name = leader["metadata"]["name"], standby["metadata"]["name"]
+        taken = next(when for when, pod, what in writes if pod == standby_name)
         print(f"standby took over {taken - killed:.1f} s after the acting replica was killed")
         assert taken - killed <= PEERING_LIFETIME + 5, writes
-        # a write the killed process sent just before its SIGKILL reaches the API server a moment later
-        # (received after ``killed``): that one is still the old leader's, anything later is not
-        before = {pod for when, pod, _ in writes if when < killed + IN_FLIGHT_SECONDS}
-        after = {pod for when, pod, _ in writes if when > killed + IN_FLIGHT_SECONDS}
-        near = [(round(when - killed, 3), pod, what) for when, pod, what in writes if abs(when - killed) < 30]
-        assert before == {leader["metadata"]["name"]}, near
-        assert after == {standby["metadata"]["name"]}, near
         for name in ("first", "second"):
             final = wait_phase(cluster, release.jobs, name, "Succeeded", "Failed", timeout=300)
             assert final["status"]["phase"] == "Succeeded", final["status"]
+        # Never two acting: the leader alone wrote before the kill, and every write of the leader's pod
+        # came before the standby's first. A write the killed process sent just before its SIGKILL can be
+        # received seconds later on a loaded API server (audit times are when it was received), so the
+        # kill's own moment is not the line; the standby's first write is. Read again now that both jobs
+        # are done: a restarted leader container that acted after the handover would show here.
+        writes = acting_writes(cluster, release)
+        near = [(round(when - killed, 3), pod, what) for when, pod, what in writes if abs(when - killed) < 30]
+        print("writes near the kill (s after it, operator pod, what):", *near, sep="\n  ")
+        assert {pod for when, pod, _ in writes if when < killed} == {leader_name}, near
+        last_by_leader = max(when for when, pod, _ in writes if pod == leader_name)
+        late = last_by_leader - taken
+        assert late < 0, f"the leader's pod wrote {late:.3f} s after the takeover"
+        assert {pod for when, pod, _ in writes if when >= taken} == {standby_name}, near
 
 
 def host_volume(name: str, namespace: str, claim: str, folder: Path, mode: str) -> dict[str, Any]:
