@@ -260,10 +260,8 @@ def main(argv: Sequence[str]) -> int:
     # restarted gang read its dead peers' addresses from it (gloo: connectFullMesh refused).
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     os.environ.update(rendezvous_host(os.environ))
-    if found := store.endpoint(os.environ):
-        if not store.wait_for(*found):
-            return contract.FAILURE_EXIT_CODE  # a crash: the next attempt gets a new store pod
-        store.gather(*found, nodes=int(os.environ.get(contract.NNODES) or 1))
+    if (found := store.endpoint(os.environ)) and not store.wait_for(*found):
+        return contract.FAILURE_EXIT_CODE  # a crash: the next attempt gets a new store pod
     book = Book(Path(state), elastic=":" in os.environ.get("PET_NNODES", ""))
     _install(book)
     from torch.distributed import run as torchrun
@@ -272,10 +270,11 @@ def main(argv: Sequence[str]) -> int:
     from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 
     args = torchrun.parse_args(list(argv))  # type: ignore[no-untyped-call]
-    if found:  # torch names this agent in the rendezvous by its address (or FQDN) and pid
-        store.announce(*found, str(args.rdzv_id), args.local_addr or socket.getfqdn())
     if runs_builtin(args):
         torchrun.config_from_args = _warm(torchrun.config_from_args)
+    if found:  # gathered last, with nothing slow left before torch's rendezvous (a late pod misses none)
+        store.announce(*found, str(args.rdzv_id), args.local_addr or socket.getfqdn())  # torch's name for it
+        store.gather(*found, nodes=int(os.environ.get(contract.NNODES) or 1))
     try:
         torchrun.run(args)  # type: ignore[no-untyped-call]
     except ChildFailedError as err:
