@@ -145,6 +145,18 @@ def test_a_hand_written_loop_gets_checks_and_a_report(single_rank: Path) -> None
         3,
         6,
     )
+    assert report["resumedFromStep"] == 0
+
+
+def test_a_resumed_loop_reports_the_step_it_resumed_from(single_rank: Path) -> None:
+    """The operator's sync line says "since this world resumed at step N" from it (an elastic world)."""
+    net = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    with SyncHealth(net, optimizer, total_steps=12, every=4, start_step=8) as sh:
+        for _ in range(4):
+            sh.step()
+    report: dict[str, Any] = json.loads(single_rank.read_text())
+    assert (report["resumedFromStep"], report["step"], report["checks"]) == (8, 12, 2)
 
 
 def test_one_config_or_keywords_give_the_same_run(single_rank: Path, monkeypatch: pytest.MonkeyPatch) -> None:

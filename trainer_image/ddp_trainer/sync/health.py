@@ -247,6 +247,8 @@ class SyncHealth:
             state if state is not None else Tracked(model, optimizer, scaler, config.start_step)
         )
         self._owns_steps = state is None
+        self.resumed_from = self.current_step
+        """The step this run (this world, in an elastic job) started from: 0, or the resumed state's."""
         self.write_report = config.write_report
         self.metrics = metrics if metrics is not None else self._metrics(environ, model)
         self.metrics.sync_every.set(self.every)
@@ -583,7 +585,7 @@ class SyncHealth:
             self._publish(*self.failed(error))
 
     def facts(self) -> report.RunFacts:
-        return report.RunFacts(self.current_step, self.world_size, 0, self.pod.attempt)
+        return report.RunFacts(self.current_step, self.world_size, self.resumed_from, self.pod.attempt)
 
     def finished(self) -> tuple[int, contract.Report]:
         total = self.total_steps if self.total_steps is not None else self.current_step
