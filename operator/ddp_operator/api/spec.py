@@ -23,6 +23,7 @@ import yaml
 
 from ddp_operator.api import crd, podcheck, schema
 from ddp_operator.api.schema import Problem
+from ddp_trainer import contract
 
 OBJECT_STORAGE = "spec.checkpoint.s3 (object storage)"
 """The way around a cluster's volumes, offered by every fix that needs another kind of storage."""
@@ -463,6 +464,27 @@ def sync_hook(spec: Spec) -> bool:
     return user is None or "valueFrom" not in user
 
 
+def runs_launcher(spec: Spec) -> bool:
+    """Whether the container runs ``ddp_trainer.launch`` (the image's ENTRYPOINT: no ``command``, or that
+    command itself), the only way restarts in place keep their rules (never on exit 2, 78, 86, 87 or 143)
+    and their bookkeeping. A ``command`` of the user's (``torchrun`` directly) keeps torchrun's defaults:
+    a static rendezvous and no restart in place, so a failed process ends the attempt (the Job is
+    recreated) and a divergence or a faulty rank is never retried on the same pods."""
+    return spec.command is None or tuple(spec.command) == contract.IMAGE_ENTRYPOINT
+
+
+def not_elastic(spec: Spec) -> str | None:
+    """Why a job with ``spec.elastic`` will not resize (a ``command`` of the user's runs torchrun's own
+    static rendezvous, not the launcher's elastic one), naming the field and the fix; None when it will."""
+    if spec.elastic is None or runs_launcher(spec):
+        return None
+    return (
+        f"spec.elastic: spec.command {list(spec.command or [])} runs torchrun's static rendezvous, not "
+        "ddpjob's launcher, so this job does not resize: a lost or taken-away node fails the attempt and "
+        "the whole gang restarts; leave spec.command out and put your script first in spec.args"
+    )
+
+
 def warnings(spec: Spec) -> list[str]:
     """What is valid but probably not what the author wants, each naming the field and the fix."""
     out = []
@@ -487,6 +509,8 @@ def warnings(spec: Spec) -> list[str]:
             "built-in trainer, which alone reads it; remove it, or pass your program its settings in "
             "spec.args"
         )
+    if reason := not_elastic(spec):
+        out.append(reason)
     out.extend(storage_warnings(spec))
     return out
 

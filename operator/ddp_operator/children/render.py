@@ -32,7 +32,7 @@ from ddp_operator.api.names import (
     SYNC_HOOK_INIT_CONTAINER,
     SYNC_HOOK_VOLUME,
 )
-from ddp_operator.api.spec import Spec, sync_hook
+from ddp_operator.api.spec import Spec, runs_launcher, sync_hook
 from ddp_trainer import contract
 
 DEFAULT_CHECKPOINT_DIR = "/checkpoints"
@@ -226,15 +226,6 @@ def _value(name: str, value: str | int) -> Obj:
 
 def _field(name: str, path: str) -> Obj:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
-
-
-def runs_launcher(spec: Spec) -> bool:
-    """Whether the container runs ``ddp_trainer.launch`` (the image's ENTRYPOINT: no ``command``, or that
-    command itself), the only way restarts in place keep their rules (never on exit 2, 78, 86, 87 or 143)
-    and their bookkeeping. A ``command`` of the user's (``torchrun`` directly) keeps torchrun's defaults:
-    a static rendezvous and no restart in place, so a failed process ends the attempt (the Job is
-    recreated) and a divergence or a faulty rank is never retried on the same pods."""
-    return spec.command is None or tuple(spec.command) == contract.IMAGE_ENTRYPOINT
 
 
 def rendezvous_id(spec: Spec, attempt: int) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from ddp_operator.api.spec import Spec, known_total_steps, sync_hook
+from ddp_operator.api.spec import Spec, known_total_steps, not_elastic, sync_hook
 from ddp_operator.children import render
 from ddp_operator.decide import restarts
 from ddp_operator.local import elastic, gang, host, processes
@@ -329,6 +329,8 @@ def _local_notes(spec: Spec, first_attempt: int, run_dir: Path) -> list[str]:
             "no spec.command: the args run after the trainer image's entrypoint "
             "(torchrun, under the launcher), " + " ".join(contract.IMAGE_ENTRYPOINT)
         )
+    if reason := not_elastic(spec):
+        notes.append(reason)
     # named as the operator names them when they are missing (observe.references): kind, name, field
     named = references.references(spec)
     if env_from := [str(ref) for ref in named if ref.field.startswith("spec.envFrom")]:

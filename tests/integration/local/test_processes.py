@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ddp_operator.api.spec import parse
+from ddp_operator.api.spec import not_elastic, parse
 from ddp_operator.children import render
 from ddp_operator.local import processes as local
 from ddp_operator.local import run
@@ -209,3 +209,12 @@ def test_working_dir_is_the_trainer_containers() -> None:
     assert job["spec"]["template"]["spec"]["containers"][0]["workingDir"] == "/workspace/nanoGPT"
     _, without = render.render(parse(DOC))
     assert "workingDir" not in without["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_an_elastic_job_run_by_torchrun_itself_says_at_the_start_that_it_will_not_resize() -> None:
+    spec = {"nodes": 3, "device": "cpu", "elastic": {"minNodes": 1, "maxNodes": 3}, "args": ["train.py"]}
+    by_torchrun = parse({**DOC, "spec": {**spec, "command": ["torchrun"]}})
+    notes = run._local_notes(by_torchrun, contract.FIRST_ATTEMPT, Path("/r"))
+    assert [n for n in notes if n.startswith("spec.elastic:")] == [not_elastic(by_torchrun)], notes
+    launched = run._local_notes(parse({**DOC, "spec": spec}), contract.FIRST_ATTEMPT, Path("/r"))
+    assert not [n for n in launched if n.startswith("spec.elastic:")], launched

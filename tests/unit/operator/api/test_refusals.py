@@ -109,3 +109,18 @@ def test_a_custom_command_with_trainer_settings_warns() -> None:
     alone = spec.parse(doc_with(command=["python", "train.py"], syncCheck={"everySteps": 5}))
     assert not [w for w in spec.warnings(alone) if "ignored" in w]
     assert not [w for w in spec.warnings(spec.parse(doc_with(trainer={"steps": 10}))) if "ignored" in w]
+
+
+def test_an_elastic_job_whose_command_is_torchrun_warns_that_it_will_not_resize() -> None:
+    """A command of [torchrun] (as public scripts are run) keeps torchrun's static rendezvous: said at
+    validate and at `ddpjob local`'s start, naming the field and the fix."""
+    elastic = {"minNodes": 1, "maxNodes": 3}
+    script = {"args": ["train.py", "10"]}
+    parsed = spec.parse(doc_with(nodes=3, elastic=elastic, command=["torchrun"], **script))
+    (warning,) = [w for w in spec.warnings(parsed) if w.startswith("spec.elastic")]
+    assert warning == spec.not_elastic(parsed)
+    assert "spec.command ['torchrun']" in warning and "leave spec.command out" in warning, warning
+    launched = doc_with(nodes=3, elastic=elastic, **script)
+    rigid = doc_with(nodes=3, command=["torchrun"], **script)
+    for fine in (launched, rigid):
+        assert spec.not_elastic(spec.parse(fine)) is None
