@@ -212,12 +212,9 @@ def test_a_standby_operator_takes_over_within_the_peering_lifetime_and_never_two
         # kill's own moment is not the line; the standby's first write is. Read again now that both jobs
         # are done: a restarted leader container that acted after the handover would show here.
         writes = acting_writes(cluster, release)
-        near = [(round(when - killed, 3), pod, what) for when, pod, what in writes if abs(when - killed) < 30]
+        near = [(round(when - killed, 3), pod, what) for when, pod, what in writes if when > killed - 5]
         print("writes near the kill (s after it, operator pod, what):", *near, sep="\n  ")
         assert {pod for when, pod, _ in writes if when < killed} == {leader_name}, near
-        last_by_leader = max(when for when, pod, _ in writes if pod == leader_name)
-        late = last_by_leader - taken
-        assert late < 0, f"the leader's pod wrote {late:.3f} s after the takeover"
         assert {pod for when, pod, _ in writes if when >= taken} == {standby_name}, near
 
 
