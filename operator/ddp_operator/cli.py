@@ -180,6 +180,9 @@ def _operator(args: argparse.Namespace) -> int:
             args.peering_lifetime,
             args.peering_lifetime,
         )
+        keeper = peering.Keeper(namespaces, own, priority, args.peering_lifetime, fenced=handlers.FENCED)
+        handlers.STOPPING.append(keeper)
+        keeper.start()
     kopf.run(
         registry=kopf.get_default_registry(),
         clusterwide=not namespaces,

@@ -1,12 +1,18 @@
 """Scripts with no ddpjob code, run by tests/integration/trainer/test_autoinstrument.py under torchrun
 (gloo), with
 and without the no-code-change hook on PYTHONPATH. One scenario per run, named by argv[1]; rank 0 saves
-its final parameters and buffers to argv[2] (``torch.save``)."""
+its final parameters and buffers to argv[2] (``torch.save``).
+
+``SETTLE_AT_EXIT`` (seconds; the run without the hook only): wait that long after
+``destroy_process_group``, as the hook does at exit, so that torch's own gloo abort at exit
+(docs/your-code.md, "A known torch issue at exit") cannot fail the plain-torch side of a comparison.
+The runs with the hook leave it unset: there, the hook's own settling is what is tested."""
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -65,6 +71,7 @@ def main() -> None:
     if dist.get_rank() == 0:
         torch.save({k: v.clone() for k, v in final.state_dict().items()}, out)
     dist.destroy_process_group()
+    time.sleep(float(os.environ.get("SETTLE_AT_EXIT", "0")))
 
 
 if __name__ == "__main__":

@@ -39,6 +39,9 @@ SCRAPER = Scraper()
 RECENT = Recent()
 # Kopf's peering pauses the watches (and with them the indexes): the timer pauses with them.
 PEERING = PeeringPause()
+# Set while this replica could not renew its peering record for most of its lifetime (peering.Keeper,
+# started by the CLI when it peers): no reconcile writes then, for a standby may be about to act.
+FENCED = threading.Event()
 TIMER_INTERVAL_SECONDS = 5.0
 PEERING_LIFETIME_SECONDS = 60
 """Kopf's peering record lifetime (``ddpjob operator --peering-lifetime``; the chart sets 15)."""
@@ -101,9 +104,15 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         kubernetes.config.load_kube_config()
 
 
+STOPPING: list[Any] = []
+"""What else stops with the operator (the CLI's ``peering.Keeper``)."""
+
+
 @kopf.on.cleanup()
 def stop_timer(**_: Any) -> None:
     TIMER.stop()
+    for part in STOPPING:
+        part.stop()
 
 
 # Memory: the indexes keep every DDPJob, Job and pod, so they keep only what reconcile reads: not
@@ -233,7 +242,10 @@ def reconcile(
     by_timer: bool = False,
     **kwargs: Any,
 ) -> None:
-    """One reconcile at a time per DDPJob, from what the indexes hold now."""
+    """One reconcile at a time per DDPJob, from what the indexes hold now; none while :data:`FENCED` (the
+    timer reconciles every DDPJob again once the record is renewed)."""
+    if FENCED.is_set():
+        return
     with _LOCKS[key]:
         if not by_timer:
             _LAST[key] = time.monotonic()

@@ -124,6 +124,9 @@ def exit_now(code: int) -> None:
 
 
 FIRST, SAME, RESIZED = "first", "same", "resized"
+UNCHANGED = "unchanged"
+"""What :class:`~ddp_trainer.launch.book.Book` makes of an elastic job's ``same`` world after a stop this pod
+did not cause: not a restart of its own (see ``Book.rendezvoused``)."""
 
 
 def world_change(before: int, after: int) -> str:

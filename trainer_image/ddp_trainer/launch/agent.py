@@ -225,9 +225,10 @@ def _install(book: Book) -> None:
         if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
             failures = {rank: (f.exitcode, f.message) for rank, f in result.failures.items()}
             failures = {**_ended(self, group), **failures}
-            book.failed(failures)
             code = not_retried([code for code, _ in failures.values()])
-            if _peer_stopped(code, book):
+            stopped = _peer_stopped(code, book)
+            book.failed(failures, stopped)
+            if stopped:
                 code = None  # a node leaves at the step boundary, or one joins (see _peer_stopped)
             if code is not None and self._remaining_restarts > 0:
                 print(

@@ -9,7 +9,16 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ddp_trainer import contract
-from ddp_trainer.core.inplace import OTHER_NODE, RESIZED, SAME, LaunchState, cause, world_change, write_state
+from ddp_trainer.core.inplace import (
+    OTHER_NODE,
+    RESIZED,
+    SAME,
+    UNCHANGED,
+    LaunchState,
+    cause,
+    world_change,
+    write_state,
+)
 
 
 class Book:
@@ -27,10 +36,15 @@ class Book:
         self.borrowed = False
         """An elastic job's failure with no restart left: the agent was lent one, to see at the rendezvous
         whether a peer's loss failed the workers (a shrink, free) or not (then the agent gives up)."""
+        self.stopped = False
+        """The last stop of this pod's workers was asked by another node (see :meth:`failed`)."""
         write_state(path, self.state)
 
-    def failed(self, failures: Mapping[int, tuple[int, str]]) -> None:
+    def failed(self, failures: Mapping[int, tuple[int, str]], stopped: bool = False) -> None:
+        """This pod's workers ended: they failed, or (``stopped``, an elastic job's) they stopped at a step
+        boundary because another node asked (it leaves, or one joins)."""
         self.pending = (cause(failures), time.time())
+        self.stopped = stopped
 
     def rendezvoused(self, nodes: int) -> tuple[str, int]:
         """Records a rendezvous of ``nodes`` nodes: the change (:func:`world_change`) and how many restarts
@@ -41,7 +55,23 @@ class Book:
             self.pending,
             self.borrowed,
         )
-        self.nodes, self.borrowed = nodes, False
+        own = failure is not None and not self.stopped
+        self.nodes, self.borrowed, self.stopped = nodes, False, False
+        if change == SAME and self.elastic and not own:
+            # An elastic job's world met again at the same size, and no worker of this pod failed: its agent
+            # stopped them for a node that waited to join (which then missed this round's 2 s last call
+            # and joins at the next: a grow, late), or a node whose rank failed re-joined (that node's agent
+            # counts the restart, and the operator reads the highest count any pod says). Not this pod's
+            # restart to count; torch's restart it spent, if any, is given back.
+            self.pending = None
+            print(
+                f"{contract.log_stamp(time.time())} [launcher] the world met again at {nodes} node(s) after "
+                "a stop this pod did not cause (a joining node missed the round and joins at the next, or "
+                "another node restarts its failed rank and counts it): not counted here",
+                file=sys.stderr,
+                flush=True,
+            )
+            return UNCHANGED, int(failure is not None and not borrowed)
         if change == RESIZED:
             self.pending = None
             print(

@@ -65,3 +65,32 @@ def test_the_identity_is_kopfs_form_and_differs_between_two_starts_in_the_same_s
     assert len({peering.identity(1_790_000_000.0) for _ in range(50)}) > 1 and one.count("/") == two.count(
         "/"
     )
+
+
+def test_a_renewal_touches_only_this_replicas_record_and_only_while_it_is_there() -> None:
+    """Kopf's identities hold slashes (host/start/letters): escaped in the pointer, so the patch reaches
+    the record; a ``test`` of the priority first, so that a record Kopf removed (at shutdown) or a peer
+    cleaned away is not put back by a late renewal."""
+    own = "op-7c9d/20261128120000/a~b"
+    assert peering.pointer(own) == "/status/op-7c9d~120261128120000~1a~0b"
+    assert peering.renewal(own, 42, NOW) == [
+        {"op": "test", "path": "/status/op-7c9d~120261128120000~1a~0b/priority", "value": 42},
+        {"op": "replace", "path": "/status/op-7c9d~120261128120000~1a~0b/lastseen", "value": NOW.isoformat()},
+    ]
+
+
+def test_a_replica_that_cannot_renew_fences_itself_before_its_record_expires_and_acts_again_after_renewals(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    keeper = peering.Keeper([], "me/1/abc", 1, lifetime=15)
+    start = keeper.renewed
+    keeper.check(start + 9.9)
+    assert not keeper.fenced.is_set()
+    keeper.check(start + 10.1)  # 15 s lifetime less the 5 s margin: a standby may act 4.9 s from now
+    assert keeper.fenced.is_set() and "making no writes until it is renewed" in caplog.text
+    for renewals in range(1, peering.UNFENCE_RENEWALS + 1):
+        keeper.renewals += 1
+        keeper.renewed = start + 10 + renewals
+        keeper.check(keeper.renewed)
+        assert keeper.fenced.is_set() == (renewals < peering.UNFENCE_RENEWALS), renewals
+    assert "renewed again: acting as before" in caplog.text

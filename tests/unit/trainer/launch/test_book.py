@@ -49,3 +49,32 @@ def test_a_lent_restart_is_not_given_back(tmp_path: Path) -> None:
     book.failed({0: (1, "peer gone")})
     book.borrowed = True  # the agent had none left and was lent one: a shrink then costs nothing net
     assert book.rendezvoused(1) == (inplace.RESIZED, 0) and not book.borrowed
+
+
+def test_an_elastic_world_that_meets_again_unchanged_after_a_stop_it_did_not_cause_counts_no_restart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A grow whose joiner missed the round's last call: this pod's agent stopped its workers for the
+    waiting node (torch's own restart for a waiting node: no failure seen, or the workers' stop at the step
+    boundary, 143), and the round met at the same size. No restart here; the next round grows."""
+    book = Book(tmp_path / "state.json", elastic=True)
+    book.rendezvoused(1)
+    assert book.rendezvoused(1) == (inplace.UNCHANGED, 0)  # torch restarted for the waiting node
+    book.failed({0: (contract.INTERRUPTED_EXIT_CODE, "stopped at the step boundary")}, stopped=True)
+    assert book.rendezvoused(1) == (inplace.UNCHANGED, 1)  # torch spent one on the stop: given back
+    assert book.rendezvoused(2) == (inplace.RESIZED, 0)  # the joiner, at the next round
+    assert (
+        book.state.restarts == 0
+        and inplace.read_state({contract.LAUNCH_STATE_ENV: str(tmp_path / "state.json")})
+        == inplace.LaunchState()
+    )
+    assert "the world met again at 1 node(s) after a stop this pod did not cause" in capsys.readouterr().err
+    book.failed({0: (1, "boom")})  # a failure of its own at the same size is still a restart in place
+    assert book.rendezvoused(2) == (inplace.SAME, 0) and book.state.restarts == 1
+
+
+def test_a_rigid_world_that_meets_again_after_another_nodes_failure_counts_it(tmp_path: Path) -> None:
+    book = Book(tmp_path / "state.json")
+    book.rendezvoused(2)
+    assert book.rendezvoused(2) == (inplace.SAME, 0)
+    assert (book.state.restarts, book.state.cause) == (1, inplace.OTHER_NODE)
