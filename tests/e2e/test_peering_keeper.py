@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from ddp_operator.runtime import peering
+from helpers.e2e import Operator
 from testcluster.fixtures import Cluster, wait_for
 
 pytestmark = [pytest.mark.cluster]
@@ -19,13 +20,14 @@ OWN = "op-0/20261129010000/xyz"
 
 
 def _records(cluster: Cluster, namespace: str) -> dict[str, Any]:
-    body = cluster.kubectljson.dumps("get", "kopfpeering", peering.NAME, "-n", namespace)
+    body = cluster.kubectl_json("get", "kopfpeering", peering.NAME, "-n", namespace)
     return dict(body.get("status") or {})
 
 
 def test_the_keeper_renews_its_record_never_restores_a_removed_one_and_fences_when_it_cannot_renew(
-    cluster: Cluster, namespace: str, monkeypatch: pytest.MonkeyPatch
+    cluster: Cluster, operator: Operator, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """(``operator``: the session's, which installed the CRDs, Kopf's peering ones among them.)"""
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
     claimed = (dt.datetime.now(dt.UTC) - dt.timedelta(seconds=3)).isoformat()
     peering_object = {
@@ -36,9 +38,7 @@ def test_the_keeper_renews_its_record_never_restores_a_removed_one_and_fences_wh
     }
     cluster.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(peering_object))
     if not _records(cluster, namespace):  # status is a plain field of Kopf's CRD, but say it if not kept
-        pytest.fail(
-            f"the KopfPeering kept no status: {cluster.kubectljson.dumps('get', 'kopfpeering', '-A')}"
-        )
+        pytest.fail(f"the KopfPeering kept no status: {cluster.kubectl_json('get', 'kopfpeering', '-A')}")
     keeper = peering.Keeper([namespace], OWN, 5, lifetime=6, every=0.2)
     keeper.start()
     try:

@@ -127,7 +127,8 @@ def test_the_quickstart_trains_on_real_nodes_with_its_claim_mounted_by_the_kubel
 
 
 POD_NAME = "authentication.kubernetes.io/pod-name"
-PEERING_LIFETIME = 15  # the chart's peeringLifetimeSeconds
+PEERING_LIFETIME = 12  # the chart's peeringLifetimeSeconds
+TAKEOVER_GOAL = 20  # seconds from the loss to the standby's first write (issue 45's goal)
 
 
 def acting_writes(cluster: Cluster, release: Release) -> list[tuple[float, str, str]]:
@@ -202,7 +203,7 @@ def test_a_standby_operator_takes_over_within_the_peering_lifetime_and_never_two
         leader_name, standby_name = leader["metadata"]["name"], standby["metadata"]["name"]
         taken = next(when for when, pod, what in writes if pod == standby_name)
         print(f"standby took over {taken - killed:.1f} s after the acting replica was killed")
-        assert taken - killed <= PEERING_LIFETIME + 5, writes
+        assert taken - killed <= TAKEOVER_GOAL, writes
         for name in ("first", "second"):
             final = wait_phase(cluster, release.jobs, name, "Succeeded", "Failed", timeout=300)
             assert final["status"]["phase"] == "Succeeded", final["status"]

@@ -238,9 +238,10 @@ def line(progress: Progress, total_steps: int, elapsed: float, first: Progress |
     total_steps = progress.total(total_steps)
     percent = 100.0 * progress.step / total_steps if total_steps else 0.0
     loss = f"{progress.loss:.4f}" if progress.loss is not None else "-"
-    base_samples = first.samples if first else 0.0
-    rate = f"{(progress.samples - base_samples) / elapsed:,.0f}" if elapsed > 0.5 else "-"
+    samples = progress.samples - (first.samples if first else 0.0)
     steps = progress.step - (first.step if first else 0)
+    # steps without samples: the code says no batch size (the no-code hook without samples=), not 0/s
+    rate = f"{samples / elapsed:,.0f}" if elapsed > 0.5 and (samples > 0 or steps <= 0) else "-"
     eta = (
         f"  ETA {duration((total_steps - progress.step) * elapsed / steps)}"
         if steps > 0 and elapsed > 0.5 and total_steps

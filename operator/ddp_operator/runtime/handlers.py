@@ -44,7 +44,7 @@ PEERING = PeeringPause()
 FENCED = threading.Event()
 TIMER_INTERVAL_SECONDS = 5.0
 PEERING_LIFETIME_SECONDS = 60
-"""Kopf's peering record lifetime (``ddpjob operator --peering-lifetime``; the chart sets 15)."""
+"""Kopf's peering record lifetime (``ddpjob operator --peering-lifetime``; the chart sets 12)."""
 HANDLER_THREADS = 16
 # What the timer needs from Kopf, taken from the first DDPJob event: the indexes, settings and context.
 _KOPF: dict[str, Any] = {}

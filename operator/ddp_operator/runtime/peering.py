@@ -190,7 +190,7 @@ def _write(api: Any, namespace: str | None, version: str, own: str, record: dict
 
 RENEW_SECONDS = 2.0
 """How often :class:`Keeper` renews this replica's record (client-go's leader election retries every 2 s)."""
-FENCE_MARGIN_SECONDS = 5.0
+FENCE_MARGIN_SECONDS = 4.0
 """A replica that could not renew its record for ``lifetime`` less this long stops acting: its last writes
 are done before a standby may see the record expire and act."""
 UNFENCE_RENEWALS = 3
@@ -228,7 +228,7 @@ class Keeper:
         fenced: threading.Event | None = None,
     ) -> None:
         self.namespaces, self.identity, self.priority = list(namespaces), identity, priority
-        self.every, self.fence_after = every, max(every, lifetime - FENCE_MARGIN_SECONDS)
+        self.every, self.fence_after = every, max(2 * every, lifetime - FENCE_MARGIN_SECONDS)
         self.fenced, self.stopping = fenced or threading.Event(), threading.Event()
         self.renewed = time.monotonic()
         self.renewals = self.fenced_at = 0

@@ -36,6 +36,9 @@ def test_progress_from_metrics() -> None:
         "step 40/200 (20%)  loss 0.5000  1,500 samples/s  ETA 8s  sync checks: 3 ok"
     )
     assert "1 MISMATCH" in progress.line(progress.parse([METRICS_POD1]), 200, 1.0)
+    # steps but no samples counted (a script under the no-code hook that gives no batch size): a dash
+    stepping = progress.Progress(step=40, samples=0.0)
+    assert "loss -  - samples/s  ETA 8s" in progress.line(stepping, 200, 2.0, progress.Progress())
 
 
 def test_sync_sentence() -> None:

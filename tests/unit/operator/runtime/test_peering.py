@@ -84,9 +84,9 @@ def test_a_replica_that_cannot_renew_fences_itself_before_its_record_expires_and
 ) -> None:
     keeper = peering.Keeper([], "me/1/abc", 1, lifetime=15)
     start = keeper.renewed
-    keeper.check(start + 9.9)
+    keeper.check(start + 10.9)
     assert not keeper.fenced.is_set()
-    keeper.check(start + 10.1)  # 15 s lifetime less the 5 s margin: a standby may act 4.9 s from now
+    keeper.check(start + 11.1)  # 15 s lifetime less the 4 s margin: a standby may act 3.9 s from now
     assert keeper.fenced.is_set() and "making no writes until it is renewed" in caplog.text
     for renewals in range(1, peering.UNFENCE_RENEWALS + 1):
         keeper.renewals += 1
