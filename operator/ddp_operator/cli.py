@@ -139,7 +139,7 @@ def _operator(args: argparse.Namespace) -> int:
         os.execve(sys.executable, sys.orig_argv, {**os.environ, **missing})
     import kopf
 
-    from ddp_operator.runtime import handlers, opmetrics, peering
+    from ddp_operator.runtime import handlers, keeper, opmetrics, peering
 
     log_format = kopf.LogFormat.JSON if args.json_logs else kopf.LogFormat.FULL
     kopf.configure(verbose=args.verbose, log_format=log_format)
@@ -180,9 +180,8 @@ def _operator(args: argparse.Namespace) -> int:
             args.peering_lifetime,
             args.peering_lifetime,
         )
-        keeper = peering.Keeper(namespaces, own, priority, args.peering_lifetime, fenced=handlers.FENCED)
-        handlers.STOPPING.append(keeper)
-        keeper.start()
+        handlers.KEEPER = keeper.Keeper(namespaces, own, priority, args.peering_lifetime)
+        handlers.KEEPER.start()
     kopf.run(
         registry=kopf.get_default_registry(),
         clusterwide=not namespaces,

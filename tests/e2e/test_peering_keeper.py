@@ -1,4 +1,4 @@
-"""The operator's peering keeper (runtime/peering.Keeper) against the real API server: it renews its own
+"""The operator's peering keeper (runtime/keeper.Keeper) against the real API server: it renews its own
 record in a KopfPeering by JSON patch, never puts back a record that was removed (Kopf removes its own at
 shutdown), and fences itself when it cannot renew."""
 
@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from ddp_operator.runtime import keeper as leases
 from ddp_operator.runtime import peering
 from helpers.e2e import Operator
 from testcluster.fixtures import Cluster, wait_for
@@ -39,7 +40,7 @@ def test_the_keeper_renews_its_record_never_restores_a_removed_one_and_fences_wh
     cluster.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(peering_object))
     if not _records(cluster, namespace):  # status is a plain field of Kopf's CRD, but say it if not kept
         pytest.fail(f"the KopfPeering kept no status: {cluster.kubectl_json('get', 'kopfpeering', '-A')}")
-    keeper = peering.Keeper([namespace], OWN, 5, lifetime=6, every=0.2)
+    keeper = leases.Keeper([namespace], OWN, 5, lifetime=6, every=0.2)
     keeper.start()
     try:
         renewed = wait_for(

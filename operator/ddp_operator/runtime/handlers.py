@@ -23,6 +23,7 @@ from ddp_operator.decide.status import finished
 from ddp_operator.observe import kueue, nodehealth
 from ddp_operator.runtime import heap, nodes, opmetrics
 from ddp_operator.runtime import reconcile as reconciler
+from ddp_operator.runtime.keeper import Keeper
 from ddp_operator.runtime.recent import Recent
 from ddp_operator.runtime.scraper import Scraper
 from ddp_operator.runtime.ticker import PeeringPause, Ticker
@@ -39,9 +40,10 @@ SCRAPER = Scraper()
 RECENT = Recent()
 # Kopf's peering pauses the watches (and with them the indexes): the timer pauses with them.
 PEERING = PeeringPause()
-# Set while this replica could not renew its peering record for most of its lifetime (peering.Keeper,
-# started by the CLI when it peers): no reconcile writes then, for a standby may be about to act.
-FENCED = threading.Event()
+# The CLI's peering.Keeper when this replica peers: no reconcile writes while it is fenced (it could not renew
+# its record for most of the lifetime) or outranked (a live replica of higher priority in its last reading of
+# the peering object: a second check beside Kopf's own pause).
+KEEPER: Keeper | None = None
 TIMER_INTERVAL_SECONDS = 5.0
 PEERING_LIFETIME_SECONDS = 60
 """Kopf's peering record lifetime (``ddpjob operator --peering-lifetime``; the chart sets 12)."""
@@ -104,15 +106,11 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         kubernetes.config.load_kube_config()
 
 
-STOPPING: list[Any] = []
-"""What else stops with the operator (the CLI's ``peering.Keeper``)."""
-
-
 @kopf.on.cleanup()
 def stop_timer(**_: Any) -> None:
     TIMER.stop()
-    for part in STOPPING:
-        part.stop()
+    if KEEPER is not None:
+        KEEPER.stop()
 
 
 # Memory: the indexes keep every DDPJob, Job and pod, so they keep only what reconcile reads: not
@@ -242,9 +240,9 @@ def reconcile(
     by_timer: bool = False,
     **kwargs: Any,
 ) -> None:
-    """One reconcile at a time per DDPJob, from what the indexes hold now; none while :data:`FENCED` (the
-    timer reconciles every DDPJob again once the record is renewed)."""
-    if FENCED.is_set():
+    """One reconcile at a time per DDPJob, from what the indexes hold now; none while :data:`KEEPER` says
+    this replica must not act (the timer reconciles every DDPJob again once it may)."""
+    if KEEPER is not None and not KEEPER.may_act():
         return
     with _LOCKS[key]:
         if not by_timer:

@@ -9,29 +9,22 @@ With the object, :func:`claim` announces the replica and picks its priority befo
 replica to announce itself ranks highest, each later one just below those alive (a compare-and-swap on the
 object's resourceVersion), so two replicas started together never both act.
 
-While it runs, :class:`Keeper` renews the replica's record every :data:`RENEW_SECONDS` from a thread of its
-own and fences the replica (it stops acting) when it could not renew for most of the lifetime: Kopf's own
-keep-alive renews only every 5-10 s of a 15 s lifetime, so on a loaded node a late one let a standby see
-the acting replica as dead while it still acted. Kubernetes' own leader election works the same way
-(client-go: renew every 2 s, step down past the renew deadline, others take over past the lease).
+While it runs, :mod:`ddp_operator.runtime.keeper` renews the record every 2 s and fences a replica that
+could not (Kopf's own keep-alive renews only every 5-10 s).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import logging
 import os
 import random
 import socket
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import kubernetes
 from kubernetes.client.exceptions import ApiException
-
-log = logging.getLogger("ddpjob.operator")
 
 NAME = "ddpjob-operator"
 GROUP, VERSION = "kopf.dev", "v1"
@@ -186,109 +179,3 @@ def _write(api: Any, namespace: str | None, version: str, own: str, record: dict
         api.patch_cluster_custom_object(GROUP, VERSION, "clusterkopfpeerings", NAME, patch)
     else:
         api.patch_namespaced_custom_object(GROUP, VERSION, namespace, "kopfpeerings", NAME, patch)
-
-
-RENEW_SECONDS = 2.0
-"""How often :class:`Keeper` renews this replica's record (client-go's leader election retries every 2 s)."""
-FENCE_MARGIN_SECONDS = 4.0
-"""A replica that could not renew its record for ``lifetime`` less this long stops acting: its last writes
-are done before a standby may see the record expire and act."""
-UNFENCE_RENEWALS = 3
-"""Renewals in a row a fenced replica makes before it acts again: a standby that took over meanwhile has
-seen the record come back (Kopf's peering pauses it) by then."""
-
-
-def pointer(identity: str) -> str:
-    """The JSON pointer of ``identity``'s record in a peering object (``/`` and ``~`` escaped, RFC 6901)."""
-    return "/status/" + identity.replace("~", "~0").replace("/", "~1")
-
-
-def renewal(identity: str, priority: int, at: dt.datetime) -> list[dict[str, Any]]:
-    """A JSON patch that sets the record's ``lastseen`` to ``at`` only while the record is this replica's
-    (same priority): one Kopf removed at shutdown, or a peer cleaned away as dead, is not put back."""
-    where = pointer(identity)
-    return [
-        {"op": "test", "path": f"{where}/priority", "value": priority},
-        {"op": "replace", "path": f"{where}/lastseen", "value": at.isoformat()},
-    ]
-
-
-class Keeper:
-    """Renews this replica's peering record every ``every`` seconds in a daemon thread; ``fenced`` is set
-    while the last renewal is more than ``lifetime - FENCE_MARGIN_SECONDS`` old (the operator then makes no
-    write: ``handlers.reconcile``) and cleared after :data:`UNFENCE_RENEWALS` renewals in a row."""
-
-    def __init__(
-        self,
-        namespaces: Sequence[str],
-        identity: str,
-        priority: int,
-        lifetime: int,
-        every: float = RENEW_SECONDS,
-        fenced: threading.Event | None = None,
-    ) -> None:
-        self.namespaces, self.identity, self.priority = list(namespaces), identity, priority
-        self.every, self.fence_after = every, max(2 * every, lifetime - FENCE_MARGIN_SECONDS)
-        self.fenced, self.stopping = fenced or threading.Event(), threading.Event()
-        self.renewed = time.monotonic()
-        self.renewals = self.fenced_at = 0
-        self._thread: threading.Thread | None = None
-        self._api: Any = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="ddpjob-peering-keeper", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self.stopping.set()
-
-    def renew(self) -> None:
-        """One renewal of the record in every peering object; raises what the API server answered."""
-        api = self._api = self._api or _api()  # one client: its connection is kept between renewals
-        patch = renewal(self.identity, self.priority, dt.datetime.now(dt.UTC))
-        for namespace in _places(self.namespaces):
-            if namespace is None:
-                api.patch_cluster_custom_object(
-                    GROUP, VERSION, "clusterkopfpeerings", NAME, patch, _content_type=JSON_PATCH
-                )
-            else:
-                api.patch_namespaced_custom_object(
-                    GROUP, VERSION, namespace, "kopfpeerings", NAME, patch, _content_type=JSON_PATCH
-                )
-
-    def check(self, now: float) -> None:
-        """Fence or unfence by how old the last renewal is at ``now`` (``time.monotonic()``)."""
-        late = now - self.renewed
-        if late > self.fence_after and not self.fenced.is_set():
-            self.fenced.set()
-            self.fenced_at = self.renewals
-            log.warning(
-                "could not renew this replica's peering record for %.0f s (its lifetime less %.0f s): making "
-                "no writes until it is renewed, so that a standby that takes over never acts beside it",
-                late,
-                FENCE_MARGIN_SECONDS,
-            )
-        elif self.fenced.is_set() and self.renewals - self.fenced_at >= UNFENCE_RENEWALS:
-            self.fenced.clear()
-            log.warning("this replica's peering record is renewed again: acting as before")
-
-    def _run(self) -> None:
-        said = ""
-        while not self.stopping.wait(self.every):
-            try:
-                self.renew()
-                self.renewed, self.renewals, said = time.monotonic(), self.renewals + 1, ""
-            except (ApiException, OSError) as exc:
-                self.fenced_at = self.renewals  # renewals in a row, for UNFENCE_RENEWALS
-                why = f"{exc.status} {exc.reason}" if isinstance(exc, ApiException) else str(exc)
-                if why != said:  # each new answer once, not every 2 s
-                    log.info(
-                        "could not renew the peering record of %s (%s); Kopf's keep-alive goes on",
-                        self.identity,
-                        why,
-                    )
-                    said = why
-            self.check(time.monotonic())
-
-
-JSON_PATCH = "application/json-patch+json"

@@ -10,6 +10,7 @@ import datetime as dt
 import pytest
 
 from ddp_operator import cli
+from ddp_operator.runtime import keeper as leases
 from ddp_operator.runtime import peering
 
 
@@ -72,8 +73,8 @@ def test_a_renewal_touches_only_this_replicas_record_and_only_while_it_is_there(
     the record; a ``test`` of the priority first, so that a record Kopf removed (at shutdown) or a peer
     cleaned away is not put back by a late renewal."""
     own = "op-7c9d/20261128120000/a~b"
-    assert peering.pointer(own) == "/status/op-7c9d~120261128120000~1a~0b"
-    assert peering.renewal(own, 42, NOW) == [
+    assert leases.pointer(own) == "/status/op-7c9d~120261128120000~1a~0b"
+    assert leases.renewal(own, 42, NOW) == [
         {"op": "test", "path": "/status/op-7c9d~120261128120000~1a~0b/priority", "value": 42},
         {"op": "replace", "path": "/status/op-7c9d~120261128120000~1a~0b/lastseen", "value": NOW.isoformat()},
     ]
@@ -82,15 +83,54 @@ def test_a_renewal_touches_only_this_replicas_record_and_only_while_it_is_there(
 def test_a_replica_that_cannot_renew_fences_itself_before_its_record_expires_and_acts_again_after_renewals(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    keeper = peering.Keeper([], "me/1/abc", 1, lifetime=15)
+    keeper = leases.Keeper([], "me/1/abc", 1, lifetime=15)
     start = keeper.renewed
     keeper.check(start + 10.9)
     assert not keeper.fenced.is_set()
     keeper.check(start + 11.1)  # 15 s lifetime less the 4 s margin: a standby may act 3.9 s from now
     assert keeper.fenced.is_set() and "making no writes until it is renewed" in caplog.text
-    for renewals in range(1, peering.UNFENCE_RENEWALS + 1):
+    for renewals in range(1, leases.UNFENCE_RENEWALS + 1):
         keeper.renewals += 1
         keeper.renewed = start + 10 + renewals
         keeper.check(keeper.renewed)
-        assert keeper.fenced.is_set() == (renewals < peering.UNFENCE_RENEWALS), renewals
+        assert keeper.fenced.is_set() == (renewals < leases.UNFENCE_RENEWALS), renewals
     assert "renewed again: acting as before" in caplog.text
+
+
+def test_a_replica_acts_only_while_no_record_of_higher_priority_is_alive_at_that_moment(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The keeper's own check beside Kopf's pause: the records its last renewal read, their expiry computed
+    at each call, so a lost leader's record stops outranking the standby the moment it expires."""
+    keeper = leases.Keeper(["jobs"], "standby/1/abc", 5, lifetime=12)
+    keeper.records = {
+        "jobs/leader/0/xyz": _record(9, seen_ago=0, lifetime=12),
+        "jobs/standby/1/abc": _record(5, seen_ago=0, lifetime=12),
+        "jobs/newer/2/def": _record(4, seen_ago=0, lifetime=12),
+    }
+    assert keeper.outranked(NOW) == (9,)
+    assert keeper.outranked(NOW + dt.timedelta(seconds=11.9)) == (9,)
+    assert keeper.outranked(NOW + dt.timedelta(seconds=12.1)) == ()  # the leader's record expired
+    keeper.records["jobs/leader/0/xyz"] = {  # renewed just now (may_act reads the clock)
+        "priority": 9,
+        "lifetime": 12,
+        "lastseen": dt.datetime.now(dt.UTC).isoformat(),
+    }
+    assert not keeper.may_act() and "a replica of higher priority (9) is alive" in caplog.text
+    del keeper.records["jobs/leader/0/xyz"]
+    assert keeper.may_act()
+    keeper.fenced.set()
+    assert not keeper.may_act()
+
+
+def test_a_record_removed_from_the_object_is_remembered_until_it_expires() -> None:
+    """Kopf's autoclean removes a record it judged dead, and a replica whose watch lagged judged a live one
+    dead: the keeper keeps what it read until the record's own expiry, and only a later lastseen replaces it."""
+    leader = _record(9, seen_ago=5, lifetime=12)
+    known = leases.remembered({}, {"jobs/leader": leader}, NOW)
+    assert leases.remembered(known, {}, NOW) == {"jobs/leader": leader}  # removed, 7 s still to live
+    assert leases.remembered(known, {}, NOW + dt.timedelta(seconds=7.1)) == {}  # expired
+    older = _record(9, seen_ago=8, lifetime=12)
+    assert leases.remembered(known, {"jobs/leader": older}, NOW) == {"jobs/leader": leader}
+    newer = _record(9, seen_ago=1, lifetime=12)
+    assert leases.remembered(known, {"jobs/leader": newer}, NOW) == {"jobs/leader": newer}
