@@ -154,34 +154,29 @@ def acting_writes(cluster: Cluster, release: Release, peering: bool = False) -> 
     return sorted(out)
 
 
-def silent_for(renewals: list[tuple[float, str, str]], pod: str, at: float) -> float:
-    """How long ``pod`` had written nothing to the peering object at ``at``: a replica that could not run
-    (starved of CPU, or killed) renews nothing."""
-    seen = [when for when, by, _ in renewals if by == pod and when <= at]
-    return at - max(seen) if seen else float("inf")
-
-
 def overlaps(
     writes: list[tuple[float, str, str]], renewals: list[tuple[float, str, str]], lifetime: float
 ) -> list[str]:
     """Each moment the writing replica changed that the peering does not explain: a change from A to B is
-    explained when A had been silent for most of its lifetime (dead to its peers: B took over), or B had
-    been (a stalled replica waking: what it had in flight lands, then it fences itself), or A wrote nothing
-    more 3 s after it (a replica of lower priority that yielded)."""
+    explained when A had been silent for most of its lifetime in the lifetime before (dead to its peers: B
+    took over), or B had been (a stalled replica waking: what it had in flight lands, then it fences
+    itself), or A wrote nothing more 3 s after it (a replica of lower priority that yielded)."""
     unexplained = []
     for (t_a, a, _), (t_b, b, what) in itertools.pairwise(writes):
         if a == b:
             continue
         later = [when for when, by, _ in writes if by == a and t_b + 3 < when]
+        since = t_b - lifetime - 5  # a silence that ended just before (a replica waking renews first)
         explained = (
-            silent_for(renewals, a, t_b) >= lifetime - 4
-            or silent_for(renewals, b, t_b) >= lifetime - 4
+            longest_silence(renewals, a, since, t_b) >= lifetime - 4
+            or longest_silence(renewals, b, since, t_b) >= lifetime - 4
             or not later
         )
         if not explained:
             unexplained.append(
-                f"{b} wrote ({what}) at {t_b:.3f} after {a} at {t_a:.3f}, both renewing "
-                f"(silent {silent_for(renewals, a, t_b):.1f} s and {silent_for(renewals, b, t_b):.1f} s), "
+                f"{b} wrote ({what}) at {t_b:.3f} after {a} at {t_a:.3f}, both renewing (longest silences "
+                f"{longest_silence(renewals, a, since, t_b):.1f} s and "
+                f"{longest_silence(renewals, b, since, t_b):.1f} s), "
                 f"and {a} wrote again {later[0] - t_b:.1f} s later"
             )
     return unexplained

@@ -118,7 +118,10 @@ class Keeper:
         return tuple(sorted(p for p in alive if p > self.priority))
 
     def may_act(self) -> bool:
-        """Not fenced, and no live replica of higher priority in the last reading; says each change once."""
+        """Not fenced, and no live replica of higher priority in the last reading; says each change once.
+        The fence is checked here too, not only by the renewing thread: a replica that wakes from a stall
+        has reconciles ready to write before that thread has run again."""
+        self.check(time.monotonic())
         above = () if self.fenced.is_set() else self.outranked(dt.datetime.now(dt.UTC))
         if above != self._outranked_by:
             self._outranked_by = above

@@ -125,7 +125,7 @@ def test_a_replica_acts_only_while_no_record_of_higher_priority_is_alive_at_that
 
 def test_a_record_removed_from_the_object_is_remembered_until_it_expires() -> None:
     """Kopf's autoclean removes a record it judged dead, and a replica whose watch lagged judged a live one
-    dead: the keeper keeps what it read until the record's own expiry, and only a later lastseen replaces it."""
+    dead: the keeper keeps what it read until the record's own expiry; only a later lastseen replaces it."""
     leader = _record(9, seen_ago=5, lifetime=12)
     known = leases.remembered({}, {"jobs/leader": leader}, NOW)
     assert leases.remembered(known, {}, NOW) == {"jobs/leader": leader}  # removed, 7 s still to live
