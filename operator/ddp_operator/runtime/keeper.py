@@ -100,11 +100,11 @@ class Keeper:
         for namespace in _places(self.namespaces):
             if namespace is None:
                 body = api.patch_cluster_custom_object(
-                    GROUP, VERSION, "clusterkopfpeerings", NAME, patch, _content_type=JSON_PATCH
+                    GROUP, VERSION, "clusterkopfpeerings", NAME, patch, **REQUEST
                 )
             else:
                 body = api.patch_namespaced_custom_object(
-                    GROUP, VERSION, namespace, "kopfpeerings", NAME, patch, _content_type=JSON_PATCH
+                    GROUP, VERSION, namespace, "kopfpeerings", NAME, patch, **REQUEST
                 )
             for who, record in ((body or {}).get("status") or {}).items():
                 records[f"{namespace}/{who}"] = record  # a replica's records in each namespace
@@ -156,9 +156,9 @@ class Keeper:
             try:
                 self.renew()
                 self.renewed, self.renewals, said = time.monotonic(), self.renewals + 1, ""
-            except (ApiException, OSError) as exc:
+            except Exception as exc:  # an answer, a refused or timed-out connection (urllib3's own errors)
                 self.fenced_at = self.renewals  # renewals in a row, for UNFENCE_RENEWALS
-                why = f"{exc.status} {exc.reason}" if isinstance(exc, ApiException) else str(exc)
+                why = f"{exc.status} {exc.reason}" if isinstance(exc, ApiException) else type(exc).__name__
                 if why != said:  # each new answer once, not every 2 s
                     log.info(
                         "could not renew the peering record of %s (%s); Kopf's keep-alive goes on",
@@ -170,3 +170,7 @@ class Keeper:
 
 
 JSON_PATCH = "application/json-patch+json"
+REQUEST: dict[str, Any] = {"_content_type": JSON_PATCH, "_request_timeout": (3, 5)}
+"""Each renewal gives up after 3 s to connect and 5 s to answer: without a timeout, a connection to an API
+server that restarted hung the renewing thread for a minute (measured), and the fence then stopped a
+healthy operator."""
