@@ -95,7 +95,9 @@ def test_local_runs_a_bash_c_command_as_written_to_succeeded_verified(tmp_path: 
         "for _ in range(20):\n"
         "    opt.zero_grad(); model(torch.randn(8, 4)).sum().backward(); opt.step()\n"
         "dist.destroy_process_group()\n"
-        "print('trained in', __import__('os').getcwd())\n"
+        "import os\n"
+        "if os.environ['RANK'] == '0':  # two ranks printing to one stream interleave, as under torchrun\n"
+        "    print(f'trained in {os.getcwd()}')\n"
     )
     command = {"command": ["bash", "-c"], "args": [f"cd {src} && exec torchrun train.py"]}
     doc = job(name, nodes=1, procsPerNode=2, syncCheck={"everySteps": 5}, **command)
