@@ -135,8 +135,9 @@ TAKEOVER_GOAL = 20  # seconds from the loss to the standby's first write (issue 
 
 def acting_writes(cluster: Cluster, release: Release, peering: bool = False) -> list[tuple[float, str, str]]:
     """(time, operator pod, what) of every write the release's operator made but to its peering object
-    (``peering``: only those, its keep-alives and renewals), from the API server's audit log: each by the
-    pod whose bound token made it."""
+    (``peering``: only those, its keep-alives and renewals, and only those the API server accepted: a
+    refused renewal keeps no record alive), from the API server's audit log: each by the pod whose bound
+    token made it."""
     user = f"system:serviceaccount:{release.namespace}:{release.service_account}"
     out = []
     for event in audit_events(cluster, user):
@@ -144,6 +145,8 @@ def acting_writes(cluster: Cluster, release: Release, peering: bool = False) -> 
         if event["verb"] not in ("create", "update", "patch", "delete") or peering != (
             "kopfpeering" in ref.get("resource", "")
         ):
+            continue
+        if peering and (event.get("responseStatus") or {}).get("code", 200) >= 400:
             continue
         # when the API server received it: a write the killed process sent just before its SIGKILL may
         # complete just after it, and is still that process's
@@ -273,7 +276,16 @@ def test_a_standby_operator_takes_over_within_the_peering_lifetime_and_never_two
         # after the handover would show here): every change of the writing replica is a takeover from one
         # its peers saw dead, a stalled one waking, or one that yielded. Audit times are when the API server
         # received a write: one sent just before the SIGKILL can be received seconds later.
-        writes, renewals = acting_writes(cluster, release), acting_writes(cluster, release, peering=True)
+        # the killed container's restart is a replica of its own (a new peering identity, a new priority),
+        # in the same pod: what its process wrote is told apart from what the killed one wrote
+        restart = restarted_at(cluster, release.namespace, leader_name)
+        writes, renewals = (
+            [
+                (when, f"{by} (restarted)" if by == leader_name and when >= restart else by, what)
+                for when, by, what in got
+            ]
+            for got in (acting_writes(cluster, release), acting_writes(cluster, release, peering=True))
+        )
         near = [(round(when - killed, 3), pod, what) for when, pod, what in writes if when > killed - 5]
         print("writes near the kill (s after it, operator pod, what):", *near, sep="\n  ")
         if unexplained := overlaps(writes, renewals, PEERING_LIFETIME):
@@ -281,9 +293,27 @@ def test_a_standby_operator_takes_over_within_the_peering_lifetime_and_never_two
 
 
 def longest_silence(renewals: list[tuple[float, str, str]], pod: str, start: float, end: float) -> float:
-    """The longest time between ``start`` and ``end`` in which ``pod`` wrote nothing to the peering object."""
-    times = sorted([start, end, *(when for when, by, _ in renewals if by == pod and start < when < end)])
+    """The longest time between ``start`` and ``end`` in which ``pod`` wrote nothing to the peering object,
+    counted from its first peering write (before that it was not yet a replica, not a silent one); 0 for a
+    pod that had not written to it by ``end``."""
+    own = sorted(when for when, by, _ in renewals if by == pod)
+    if not own or own[0] >= end:
+        return 0.0
+    start = max(start, own[0])
+    times = sorted([start, end, *(when for when in own if start < when < end)])
     return max(b - a for a, b in itertools.pairwise(times))
+
+
+def restarted_at(cluster: Cluster, namespace: str, pod: str) -> float:
+    """When the operator container of ``pod`` running now could first have written: a second after the
+    start its status gives (to the second, rounded down; the operator takes longer than that to start);
+    infinity when the container was never restarted."""
+    got = cluster.kubectl_json("get", "pod", "-n", namespace, pod)
+    (status,) = [c for c in got["status"]["containerStatuses"] if c["name"] == "operator"]
+    started = (status.get("state") or {}).get("running", {}).get("startedAt")
+    if not status.get("restartCount") or not started:
+        return float("inf")
+    return dt.datetime.fromisoformat(started.replace("Z", "+00:00")).timestamp() + 1
 
 
 def _operator_logs(cluster: Cluster, namespace: str, pod: str) -> str:
