@@ -99,31 +99,50 @@ def start(node: RealNode, bin_dir: Path) -> None:
         timeout=60,
         log=node.layout.log(f"containerd-{node.name}"),
     )
-    spawned = time.time()
-    processes.spawn(
-        f"kubelet-{node.name}",
-        [
-            str(bin_dir / "kubelet"),
-            f"--config={config / 'kubelet.json'}",
-            f"--kubeconfig={config / 'kubeconfig'}",
-            f"--root-dir={node.dir / 'kubelet'}",
-            f"--hostname-override={node.name}",
-            f"--node-ip={node.ip}",
-            f"--node-labels={LABEL}=true",
-            "--v=1",
-        ],
-        pid_file=node.kubelet_pid,
-        log_file=node.layout.log(f"kubelet-{node.name}"),
-    )
-    try:  # before the next node's kubelet starts: see DEVICE_PLUGINS_SOCKET
-        controlplane.wait_until(
-            f"the kubelet of {node.name} binding {DEVICE_PLUGINS_SOCKET}",
-            lambda: _bound_since(spawned),
-            timeout=30,
-            log=node.layout.log(f"kubelet-{node.name}"),
+    log = node.layout.log(f"kubelet-{node.name}")
+    for attempt in range(1, KUBELET_STARTS + 1):
+        spawned = time.time()
+        kubelet = processes.spawn(
+            f"kubelet-{node.name}",
+            [
+                str(bin_dir / "kubelet"),
+                f"--config={config / 'kubelet.json'}",
+                f"--kubeconfig={config / 'kubeconfig'}",
+                f"--root-dir={node.dir / 'kubelet'}",
+                f"--hostname-override={node.name}",
+                f"--node-ip={node.ip}",
+                f"--node-labels={LABEL}=true",
+                "--v=1",
+            ],
+            pid_file=node.kubelet_pid,
+            log_file=log,
         )
-    except TimeoutError as err:
-        print(f"real node {node.name}: {err}; going on", file=sys.stderr, flush=True)
+        try:  # before the next node's kubelet starts: see DEVICE_PLUGINS_SOCKET
+            controlplane.wait_until(
+                f"the kubelet of {node.name} binding {DEVICE_PLUGINS_SOCKET}",
+                lambda at=spawned, proc=kubelet: _bound_since(at) or proc.poll() is not None,
+                timeout=30,
+                log=log,
+            )
+        except TimeoutError as err:
+            print(f"real node {node.name}: {err}; going on", file=sys.stderr, flush=True)
+        if kubelet.poll() is None:
+            return
+        print(
+            f"real node {node.name}: its kubelet exited {kubelet.returncode} as it started (attempt {attempt}"
+            f" of {KUBELET_STARTS}; see {log}): starting it again in 1 s, as systemd's Restart= would",
+            file=sys.stderr,
+            flush=True,
+        )
+        time.sleep(1)
+    raise RuntimeError(f"the kubelet of {node.name} exited as it started {KUBELET_STARTS} times; see {log}")
+
+
+KUBELET_STARTS = 5
+"""How often a node's kubelet is started when it exits at once: containerd answers ``ctr version`` before
+its CRI plugin has recovered its state (``server is not initialized yet``: a node whose containerd root
+holds earlier runs' sandboxes took 0.1 s), and a kubelet that finds the CRI not ready exits, as it does
+under systemd, which starts it again."""
 
 
 DEVICE_PLUGINS_SOCKET = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
