@@ -1,9 +1,8 @@
-"""The test cluster's pod network keeps the gateway where pods last found it.
-
-Not a ddpjob feature: a property of the cluster the e2e tier runs on, which every pod's connection to the
-API server and to CoreDNS depends on. A Linux bridge whose address was never set takes the lowest MAC of
-its ports, so each pod that came or went could move it; pods then sent to the old MAC for 15-18 s (their
-ARP entry for the gateway) and an operator replica's requests timed out while its peer's went through.
+"""The test cluster's pod bridge keeps the gateway where pods last found it (:data:`netns.BRIDGE_MAC`):
+every pod's connection to the API server and to CoreDNS depends on it. A Linux bridge whose address was
+never set takes the lowest MAC of its ports, so each pod that came or went could move it; pods then sent
+to the old MAC for 15-18 s (their ARP entry for the gateway) and an operator replica's requests timed out
+while its peer's went through.
 """
 
 from __future__ import annotations
