@@ -91,7 +91,7 @@ RDZV_STORE_ENV: Final = "DDPJOB_RDZV_STORE"
 """``external``: no pod hosts the ``c10d`` rendezvous store, a process of its own does
 (``python -m ddp_trainer.launch.store``), so any node of an elastic job, node 0 included, may leave."""
 RDZV_STORE_EXTERNAL: Final = "external"
-ELASTIC_RDZV_CONF: Final = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=5"
+ELASTIC_RDZV_CONF: Final = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=5,read_timeout=15"
 """An elastic job's rendezvous timing (torch's defaults: 30 s, 5 s, 3): a round closes 2 s after the
 minimum joined, and a node whose agent stopped answering is dropped 5 s after its last keep-alive.
 
@@ -103,7 +103,13 @@ The keep-alive bound is not shortened: an agent writes its keep-alive only when 
 interval old, so on a timer of 1 s the gap between two reaches 2 s. With a 2 s bound (tried, 2026-11-28)
 the live survivors of a shrink were dropped as dead, the round emptied, and the lost node's replacement
 formed a world of its own beside theirs: two worlds training at once, both saving checkpoints
-(bench/RESULTS.md). 5 s leaves 3 s for a stalled agent."""
+(bench/RESULTS.md). 5 s leaves 3 s for a stalled agent. The same bound is what a survivor's agent reads to
+find a member of its round that went silent (frozen, powered off, cut off) while the workers train:
+:mod:`ddp_trainer.launch.silence`.
+
+``read_timeout=15`` (torch's default: 60 s) bounds the one blocking wait of a round: the agents' exchange of
+rank assignments right after it formed. A member that goes silent just as the round forms never writes its
+part, and the others' wait ends after 15 s, not 60; the launcher then meets the next round without it."""
 
 
 def log_stamp(at: float) -> str:

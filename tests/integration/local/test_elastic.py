@@ -4,6 +4,7 @@ verified; and the pure parts of local/elastic.py."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -228,3 +229,71 @@ def test_an_elastic_job_whose_command_runs_torchrun_itself_keeps_its_store_on_no
     code, out = run_local(tmp_path, [doc])
     assert code == 0 and f"ddpjob local: {name}: Succeeded" in out and "after 1 attempt(s)" in out, out
     assert "in a process of its own" not in out and "EADDRINUSE" not in out, out
+
+
+def _signal_pod(job: str, node_rank: int, sig: signal.Signals) -> list[int]:
+    victims = _pids_of(job, node_rank)
+    assert victims, f"no process of pod {node_rank}"
+    for pid in victims:
+        os.kill(pid, sig)
+    return victims
+
+
+SILENT_BOUND_SECONDS = 30.0
+"""Issue 54's bound: from the freeze to the first step of the smaller world."""
+
+
+@pytest.mark.slow
+def test_a_frozen_node_0_is_dropped_within_the_bound_and_rejoins_when_it_wakes(tmp_path: Path) -> None:
+    """Three pods of one process; once a world of 3 trains, every process of pod 0 (rank 0, the round's
+    host of the workers' store) is frozen with SIGSTOP: its sockets stay open, as with a node whose power or
+    network is gone, so no collective of the others fails. Their agents see its keep-alive stop, stop their
+    own workers and train on at world size 2 within the bound, with spec.nccl.timeoutSeconds at its default
+    (30 min). Then pod 0 wakes (SIGCONT): its agent finds itself dropped, stops its stale workers before they
+    train beside the new world, and joins at a step boundary like any new node. One attempt, no restart
+    counted, Succeeded, every world verified."""
+    name = _three_pods(tmp_path, steps=400, checkpoint_every=10)
+    attempt = tmp_path / "runs" / name / "attempt-1"
+    argv = [sys.executable, "-m", "ddp_operator", "local", "job.yaml", "--workdir", "runs"]
+    process = subprocess.Popen(
+        argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+    def worlds() -> list[tuple[int, int]]:
+        return elastic.worlds(sorted(attempt.glob("*.log")))
+
+    def wait_for(what: Callable[[], bool], seconds: float, said: str) -> float:
+        deadline = time.monotonic() + seconds
+        while not what():
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                out, _ = process.communicate()
+                raise AssertionError(f"{said} within {seconds:.0f} s; worlds {worlds()}\n{out}")
+            time.sleep(0.1)
+        return time.monotonic()
+
+    try:
+        wait_for(lambda: bool(now := worlds()) and now[-1][0] == 3, 120, "no world of 3")
+        seen = worlds()
+        frozen_at = time.monotonic()
+        _signal_pod(name, 0, signal.SIGSTOP)
+        shrunk_at = wait_for(lambda: len(worlds()) > len(seen), SILENT_BOUND_SECONDS, "no smaller world")
+        _signal_pod(name, 0, signal.SIGCONT)
+        out, _ = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            with contextlib.suppress(AssertionError):
+                _signal_pod(name, 0, signal.SIGCONT)
+            process.kill()
+    after = worlds()
+    assert after[len(seen)][0] == 2, (seen, after, out)
+    print(f"frozen → world of 2 verified: {shrunk_at - frozen_at:.1f} s (bound {SILENT_BOUND_SECONDS:.0f} s)")
+    assert process.returncode == 0, out
+    assert f"ddpjob local: {name}: Succeeded" in out and "after 1 attempt(s)" in out, out
+    assert after[-1][0] == 3, (after, out)  # the woken node joined again
+    logs = {path.name: path.read_text() for path in attempt.glob("*.log")}
+    said = "\n".join(logs.values())
+    assert "went silent: no keep-alive for" in said, said
+    assert "this node was dropped from its round as silent" in logs[f"{name}-1-0.log"], said
+    assert "gang restart in place" not in said, said  # a silent peer is a resize, never a restart
+    assert "replicas verified bit-identical" in out, out

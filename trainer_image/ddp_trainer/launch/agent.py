@@ -41,17 +41,20 @@ import contextlib
 import importlib
 import logging
 import os
+import pickle
+import signal
 import socket
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ddp_trainer import contract
 from ddp_trainer.core.inplace import SAME, exit_code_of, not_retried
-from ddp_trainer.launch import store
+from ddp_trainer.launch import silence, store
 from ddp_trainer.launch.book import Book
 
 log = logging.getLogger("ddp_trainer.launch")
@@ -213,15 +216,126 @@ def _peer_stopped(code: int | None, book: Book) -> bool:
     return code == contract.INTERRUPTED_EXIT_CODE and book.elastic
 
 
+class _Silence:
+    """The torch side of :class:`silence.Watch` for one elastic agent: it reads torch's ``c10d`` rendezvous
+    state as stored (``_RendezvousState``: ``round``, ``participants``, ``last_heartbeats``, ``closed``)
+    through the handler's private ``_store``, ``_settings`` and ``_this_node``, and sets and reads the mark
+    that makes every agent of the round follow the first that judged."""
+
+    def __init__(self, handler: Any) -> None:
+        from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+        settings = handler._settings
+        self.handler, self.run_id, self.store = handler, str(settings.run_id), handler._store
+        bound = settings.keep_alive_interval * settings.keep_alive_max_attempt
+        self.watch = silence.Watch(bound=bound.total_seconds())
+        self.backend = C10dRendezvousBackend(self.store, self.run_id)
+        self.failed_reads = 0
+
+    def begin(self) -> None:
+        """The agent's rendezvous returned: the round it joined, as the handler saw it."""
+        state = self.handler._state_holder.state
+        self.watch.begin(
+            state.round, self.handler._this_node, state.participants, state.last_heartbeats, time.monotonic()
+        )
+
+    def poll(self, force: bool = False) -> silence.Verdict | None:
+        """What the stored state says now, every :data:`silence.POLL_SECONDS` (``force``: now); None when the
+        store cannot be read (the keep-alive thread and the next rendezvous say that store's trouble)."""
+        if not force and not self.watch.due(time.monotonic()):
+            return None
+        try:
+            got = self.backend.get_state()
+            state = pickle.loads(got[0]) if got else None
+            if state is None or state.closed:
+                return None
+            key = silence.mark_key(self.run_id, self.watch.round_number)
+            mark = self.store.get(key).decode() if self.store.check([key]) else None
+            verdict = self.watch.observe(
+                state.round, state.participants, state.last_heartbeats, mark, time.monotonic(), _node_name
+            )
+            if verdict is not None and verdict.kind == silence.SILENT and verdict.judged_here:
+                self.store.set(key, verdict.names())
+        except Exception as exc:  # a store that cannot be read must not end a healthy agent
+            self.failed_reads += 1
+            if self.failed_reads in (1, 10, 100):
+                print(
+                    f"[launcher] the rendezvous state could not be read ({exc}); "
+                    f"{self.failed_reads} failed read(s) in a row",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return None
+        self.failed_reads = 0
+        return verdict
+
+
+def _node_name(node: Any) -> str:
+    """A rendezvous node as people read it: its address and its agent's pid."""
+    return f"{getattr(node, 'addr', node)} (pid {getattr(node, 'pid', '?')})"
+
+
+STOP_WAIT_SECONDS = 10.0
+
+
+def _stop_now(agent: Any, group: Any, monitor: Any) -> Any:
+    """SIGKILL every worker of ``group`` (they wait in a collective that cannot end, or are stale) and
+    return the agent's first view of them ended."""
+    from torch.distributed.elastic.agent.server.api import WorkerState
+
+    for worker in group.workers:
+        with contextlib.suppress(ProcessLookupError, TypeError, ValueError):
+            os.kill(int(worker.id), signal.SIGKILL)
+    deadline = time.monotonic() + STOP_WAIT_SECONDS
+    while True:
+        result = monitor(agent, group)
+        if result.state != WorkerState.HEALTHY or time.monotonic() > deadline:
+            return result
+        time.sleep(0.05)
+
+
+ROUND_TRIES = 5
+"""How many rounds an elastic agent tries when a round's rank assignment times out (a member went silent
+while the round formed) before it gives up."""
+
+
 def _install(book: Book) -> None:
+    from torch.distributed import DistStoreError
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent, WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
     monitor = LocalElasticAgent._monitor_workers
     rendezvous = SimpleElasticAgent._rendezvous
 
+    def lend(self: Any) -> None:
+        if book.elastic and self._remaining_restarts == 0:
+            self._remaining_restarts, book.borrowed = 1, True  # see Book.borrowed
+
     def monitor_workers(self: Any, group: Any) -> Any:
         result = monitor(self, group)
+        quiet: _Silence | None = getattr(self, "_ddpjob_silence", None)
+        verdict = None
+        if quiet is not None and result.state in (
+            WorkerState.HEALTHY,
+            WorkerState.FAILED,
+            WorkerState.UNHEALTHY,
+        ):
+            verdict = quiet.poll(force=result.state != WorkerState.HEALTHY)
+        if verdict is not None:
+            if result.state == WorkerState.HEALTHY:
+                print(
+                    f"{contract.log_stamp(time.time())} [launcher] {verdict.cause()}; stopping this pod's "
+                    "workers now (a collective with a silent peer cannot end) and meeting the others at the "
+                    "next round",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                result = _stop_now(self, group, monitor)
+            failures = {rank: (f.exitcode, f.message) for rank, f in result.failures.items()}
+            book.failed(failures, stopped=True, why=verdict.cause())
+            lend(self)
+            return result
         if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
             failures = {rank: (f.exitcode, f.message) for rank, f in result.failures.items()}
             failures = {**_ended(self, group), **failures}
@@ -237,17 +351,41 @@ def _install(book: Book) -> None:
                     flush=True,
                 )
                 self._remaining_restarts = 0
-            elif code is None and book.elastic and self._remaining_restarts == 0:
-                self._remaining_restarts, book.borrowed = 1, True  # see Book.borrowed
+            elif code is None:
+                lend(self)
         return result
+
+    def meet(self: Any, group: Any) -> None:
+        """torch's rendezvous; an elastic agent whose round's rank assignment timed out (a member went
+        silent while the round formed: torch's ``DistStoreError`` on ``role_info``) meets the next round,
+        without it, up to :data:`ROUND_TRIES` times."""
+        for tried in range(1, ROUND_TRIES + 1):
+            try:
+                rendezvous(self, group)
+                return
+            except DistStoreError as exc:
+                if not book.elastic or tried == ROUND_TRIES:
+                    raise
+                print(
+                    f"{contract.log_stamp(time.time())} [launcher] the round formed but its rank assignment "
+                    f"timed out ({str(exc).splitlines()[0][:200]}): a member went silent as it formed; "
+                    f"meeting the next round without it (try {tried + 1} of {ROUND_TRIES})",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def rendezvous_(self: Any, group: Any) -> None:
         borrowed = book.borrowed
-        rendezvous(self, group)
+        meet(self, group)
         change, refund = book.rendezvoused(int(group.group_world_size))
         self._remaining_restarts += refund
         if change == SAME and borrowed:  # a failure of this gang's own, and no restart was left
             raise RuntimeError("a worker failed and no gang restart in place is left (spec.maxRestarts)")
+        handler = group.spec.rdzv_handler
+        if book.elastic and isinstance(handler, DynamicRendezvousHandler):
+            if getattr(self, "_ddpjob_silence", None) is None:
+                self._ddpjob_silence = _Silence(handler)
+            self._ddpjob_silence.begin()
 
     LocalElasticAgent._monitor_workers = monitor_workers  # type: ignore[method-assign]
     SimpleElasticAgent._rendezvous = rendezvous_  # type: ignore[method-assign]

@@ -40,10 +40,11 @@ class Book:
         """The last stop of this pod's workers was asked by another node (see :meth:`failed`)."""
         write_state(path, self.state)
 
-    def failed(self, failures: Mapping[int, tuple[int, str]], stopped: bool = False) -> None:
-        """This pod's workers ended: they failed, or (``stopped``, an elastic job's) they stopped at a step
-        boundary because another node asked (it leaves, or one joins)."""
-        self.pending = (cause(failures), time.time())
+    def failed(self, failures: Mapping[int, tuple[int, str]], stopped: bool = False, why: str = "") -> None:
+        """This pod's workers ended: they failed, or (``stopped``, an elastic job's) they were stopped for
+        another node: at a step boundary because it asked (it leaves, or one joins), or at once because it
+        went silent (``why`` says so: :mod:`ddp_trainer.launch.silence`)."""
+        self.pending = (why or cause(failures), time.time())
         self.stopped = stopped
 
     def rendezvoused(self, nodes: int) -> tuple[str, int]:

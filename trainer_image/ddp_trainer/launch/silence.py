@@ -1,0 +1,157 @@
+"""A peer that goes silent: what an elastic job's agent makes of the rendezvous' keep-alives while its
+workers train (pure; :mod:`ddp_trainer.launch.agent` feeds it torch's rendezvous state).
+
+A node whose processes die closes its sockets, and the survivors' collectives fail at once. A node that
+loses its power, its kernel or its network closes nothing: its processes are frozen or cut off, and every
+survivor waits in a collective with it until the collective's timeout (``spec.nccl.timeoutSeconds``, 30
+minutes by default). Its agent stops renewing its rendezvous keep-alive too, and that is what this module
+watches: each survivor's agent reads the rendezvous state (every :data:`POLL_SECONDS`) and notes, on its own
+clock, when each member of its round last renewed. A member that has not renewed for the keep-alive bound
+(``keep_alive_interval × keep_alive_max_attempt``: 5 s for an elastic DDPJob) is silent: the agent stops its
+own workers (they wait in a collective that cannot end) and meets the others at the next round, without it.
+The first agent to judge leaves a mark in the store (:func:`mark_key`) so that the others follow at their
+next poll, whatever they saw themselves.
+
+Only the agent's keep-alive counts, never the workers' progress: a rank ten times slower than the others, or
+rank 0 writing a checkpoint for a minute, is not silent, because its agent renews as usual.
+
+A member that left the state with a fresh keep-alive left on purpose (its agent stops its workers for a grow
+or a leave, and then meets the next round): not silent, and its stop reaches this node's workers through the
+job's own step-boundary agreement. One whose keep-alive had stopped before it left was removed by another
+agent's reading of the state (torch's sanitizer drops a node past the bound): silent.
+
+A node that was dropped and wakes (its network restored, its processes resumed) finds itself no longer a
+member of its round: its workers are stale, the world went on without them, so its agent stops them at once
+(no checkpoint of theirs is written after that) and joins the next round like any new node.
+
+An agent that itself could not run for a while (a stall of its own) judges nobody from that gap: it cannot
+tell whether the others were silent or it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+POLL_SECONDS = 0.5
+"""How often an agent whose workers are healthy reads the rendezvous state (one store read)."""
+STALLED_AFTER = 4 * POLL_SECONDS
+"""A gap between two of this agent's own polls longer than this is a stall of its own: it judges nobody
+from it."""
+LEFT_FRESH_SECONDS = 3.0
+"""A member that vanished from the state having renewed within this is taken to have left on purpose
+(renewals come every 1-2 s; the bound is 5 s)."""
+MARK_PREFIX = "ddpjob/silent"
+
+SILENT, DROPPED = "silent", "dropped"
+
+
+def mark_key(run_id: str, round_number: int) -> str:
+    """The store key an agent sets when it judged a member of round ``round_number`` silent."""
+    return f"{MARK_PREFIX}/{run_id}/{round_number}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``silent``: members of this agent's round stopped answering (``nodes``, their names); ``dropped``:
+    this agent itself was dropped from its round (it was silent, and woke)."""
+
+    kind: str
+    nodes: tuple[str, ...]
+    seconds: float
+    """How long the silent member had not renewed (by this agent's clock; 0 when another agent judged)."""
+    judged_here: bool = True
+
+    def names(self) -> str:
+        return ", ".join(self.nodes)
+
+    def cause(self) -> str:
+        """One sentence for the launcher's log and its book."""
+        names = self.names()
+        if self.kind == DROPPED:
+            return (
+                "this node was dropped from its round as silent (it stopped renewing its keep-alive: "
+                "frozen or cut off); its workers are stale and stop now, and the node joins the next round"
+            )
+        if not self.judged_here:
+            return f"node(s) {names} went silent (another node's agent saw it first)"
+        return (
+            f"node(s) {names} went silent: no keep-alive for {self.seconds:.1f} s "
+            "(frozen, powered off or cut off)"
+        )
+
+
+@dataclass
+class Watch:
+    """One agent's view of its round's members (``name(node)`` names a member for people)."""
+
+    bound: float
+    """The keep-alive bound, in seconds."""
+    round_number: int = -1
+    me: Hashable | None = None
+    members: frozenset[Hashable] = frozenset()
+    seen: dict[Hashable, tuple[object, float]] = field(default_factory=dict)
+    """Each member's last keep-alive value, and when (this agent's monotonic clock) it last changed."""
+    last_poll: float = 0.0
+
+    def begin(
+        self,
+        round_number: int,
+        me: Hashable,
+        members: Iterable[Hashable],
+        beats: Mapping[Hashable, object],
+        now: float,
+    ) -> None:
+        """A round began with ``members`` (this agent's rendezvous returned)."""
+        self.round_number, self.me, self.members = round_number, me, frozenset(members)
+        self.seen = {node: (beats.get(node), now) for node in self.members}
+        self.last_poll = now
+
+    def due(self, now: float) -> bool:
+        return self.me is not None and now - self.last_poll >= POLL_SECONDS
+
+    def observe(
+        self,
+        round_number: int,
+        participants: Iterable[Hashable],
+        beats: Mapping[Hashable, object],
+        mark: str | None,
+        now: float,
+        name: object = str,
+    ) -> Verdict | None:
+        """What the state read at ``now`` says: nothing, a silent member, or this agent dropped.
+        ``mark``: what another agent's mark for this round says (the silent nodes' names), if it left one."""
+        if self.me is None:
+            return None
+        stalled, self.last_poll = now - self.last_poll > STALLED_AFTER, now
+        present = set(participants)
+        if round_number != self.round_number or self.me not in present:
+            # The round moved on, or this node is no member of it, while its workers still ran: another agent
+            # removed it (its own leave would have stopped its workers first).
+            return Verdict(DROPPED, (_name(name, self.me),), 0.0)
+        silent: list[tuple[Hashable, float]] = []
+        for node in sorted(self.members - {self.me}, key=repr):
+            value, since = self.seen.get(node, (None, now))
+            if node in beats and beats[node] != value:
+                self.seen[node] = (beats[node], now)
+                continue
+            if stalled:  # this agent could not look: the gap is its own, not the member's
+                self.seen[node] = (value, now)
+                continue
+            quiet = now - since
+            if node in present and node in beats:
+                if quiet >= self.bound:
+                    silent.append((node, quiet))
+            elif quiet >= LEFT_FRESH_SECONDS:  # gone from the state, and silent before it went
+                silent.append((node, quiet))
+            else:  # gone with a fresh keep-alive: it left on purpose, and its stop reaches the workers
+                self.members -= {node}
+        if silent:
+            return Verdict(SILENT, tuple(_name(name, node) for node, _ in silent), max(q for _, q in silent))
+        if mark is not None:
+            return Verdict(SILENT, (mark,), 0.0, judged_here=False)
+        return None
+
+
+def _name(name: object, node: Hashable) -> str:
+    return str(name(node)) if callable(name) else str(node)
