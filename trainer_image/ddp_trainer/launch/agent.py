@@ -28,11 +28,20 @@ resumes from the last checkpoint. This launcher adds:
    restart is a resize: it is not counted, and torch's restart it spent is given back; with none left, an
    elastic job's agent is lent one to find out at the rendezvous, and gives up if the world did not change.
 
+5. **A silent peer is a lost peer.** An elastic agent watches its round's rendezvous keep-alives
+   (:mod:`ddp_trainer.launch.silence`, read by :mod:`ddp_trainer.launch.rounds`): a member frozen or cut off
+   (its sockets open, so no collective fails) is judged silent after the keep-alive bound, and the agent
+   stops its own workers, stuck in a collective with it, and meets the next round without it; a member
+   dropped that wakes stops its stale workers and joins like a new node. A round whose rank assignment
+   times out (a member went silent as it formed) is met again.
+
 The agent's methods are wrapped, not replaced (``_monitor_workers`` of ``LocalElasticAgent`` and
-``_rendezvous`` of ``SimpleElasticAgent``, the same since torch 1.9); ``tests/integration/local/test_run.py``
+``_rendezvous`` of ``SimpleElasticAgent``, the same since torch 1.9; ``tests/contract/test_torch_private.py``
+checks what is read of them); ``tests/integration/local/test_run.py``
 runs the real thing. The pure parts (the state, causes and exit codes) are :mod:`ddp_trainer.core.inplace`,
 which the trainer's modules import; this module imports the trainer (its workers run it), never the other
-way round.
+way round. Long because it wraps torch's agent in one place: each addition sits beside the others it
+meets in the same two wrapped methods.
 """
 
 from __future__ import annotations
@@ -41,8 +50,6 @@ import contextlib
 import importlib
 import logging
 import os
-import pickle
-import signal
 import socket
 import sys
 import tempfile
@@ -54,8 +61,9 @@ from typing import Any
 
 from ddp_trainer import contract
 from ddp_trainer.core.inplace import SAME, exit_code_of, not_retried
-from ddp_trainer.launch import silence, store
+from ddp_trainer.launch import store
 from ddp_trainer.launch.book import Book
+from ddp_trainer.launch.rounds import RoundWatch, stop_now
 
 log = logging.getLogger("ddp_trainer.launch")
 
@@ -216,84 +224,6 @@ def _peer_stopped(code: int | None, book: Book) -> bool:
     return code == contract.INTERRUPTED_EXIT_CODE and book.elastic
 
 
-class _Silence:
-    """The torch side of :class:`silence.Watch` for one elastic agent: it reads torch's ``c10d`` rendezvous
-    state as stored (``_RendezvousState``: ``round``, ``participants``, ``last_heartbeats``, ``closed``)
-    through the handler's private ``_store``, ``_settings`` and ``_this_node``, and sets and reads the mark
-    that makes every agent of the round follow the first that judged."""
-
-    def __init__(self, handler: Any) -> None:
-        from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
-
-        settings = handler._settings
-        self.handler, self.run_id, self.store = handler, str(settings.run_id), handler._store
-        bound = settings.keep_alive_interval * settings.keep_alive_max_attempt
-        self.watch = silence.Watch(bound=bound.total_seconds())
-        self.backend = C10dRendezvousBackend(self.store, self.run_id)
-        self.failed_reads = 0
-
-    def begin(self) -> None:
-        """The agent's rendezvous returned: the round it joined, as the handler saw it."""
-        state = self.handler._state_holder.state
-        self.watch.begin(
-            state.round, self.handler._this_node, state.participants, state.last_heartbeats, time.monotonic()
-        )
-
-    def poll(self, force: bool = False) -> silence.Verdict | None:
-        """What the stored state says now, every :data:`silence.POLL_SECONDS` (``force``: now); None when the
-        store cannot be read (the keep-alive thread and the next rendezvous say that store's trouble)."""
-        if not force and not self.watch.due(time.monotonic()):
-            return None
-        try:
-            got = self.backend.get_state()
-            state = pickle.loads(got[0]) if got else None
-            if state is None or state.closed:
-                return None
-            key = silence.mark_key(self.run_id, self.watch.round_number)
-            mark = self.store.get(key).decode() if self.store.check([key]) else None
-            verdict = self.watch.observe(
-                state.round, state.participants, state.last_heartbeats, mark, time.monotonic(), _node_name
-            )
-            if verdict is not None and verdict.kind == silence.SILENT and verdict.judged_here:
-                self.store.set(key, verdict.names())
-        except Exception as exc:  # a store that cannot be read must not end a healthy agent
-            self.failed_reads += 1
-            if self.failed_reads in (1, 10, 100):
-                print(
-                    f"[launcher] the rendezvous state could not be read ({exc}); "
-                    f"{self.failed_reads} failed read(s) in a row",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            return None
-        self.failed_reads = 0
-        return verdict
-
-
-def _node_name(node: Any) -> str:
-    """A rendezvous node as people read it: its address and its agent's pid."""
-    return f"{getattr(node, 'addr', node)} (pid {getattr(node, 'pid', '?')})"
-
-
-STOP_WAIT_SECONDS = 10.0
-
-
-def _stop_now(agent: Any, group: Any, monitor: Any) -> Any:
-    """SIGKILL every worker of ``group`` (they wait in a collective that cannot end, or are stale) and
-    return the agent's first view of them ended."""
-    from torch.distributed.elastic.agent.server.api import WorkerState
-
-    for worker in group.workers:
-        with contextlib.suppress(ProcessLookupError, TypeError, ValueError):
-            os.kill(int(worker.id), signal.SIGKILL)
-    deadline = time.monotonic() + STOP_WAIT_SECONDS
-    while True:
-        result = monitor(agent, group)
-        if result.state != WorkerState.HEALTHY or time.monotonic() > deadline:
-            return result
-        time.sleep(0.05)
-
-
 ROUND_TRIES = 5
 """How many rounds an elastic agent tries when a round's rank assignment times out (a member went silent
 while the round formed) before it gives up."""
@@ -314,7 +244,7 @@ def _install(book: Book) -> None:
 
     def monitor_workers(self: Any, group: Any) -> Any:
         result = monitor(self, group)
-        quiet: _Silence | None = getattr(self, "_ddpjob_silence", None)
+        quiet: RoundWatch | None = getattr(self, "_ddpjob_silence", None)
         verdict = None
         if quiet is not None and result.state in (
             WorkerState.HEALTHY,
@@ -331,7 +261,7 @@ def _install(book: Book) -> None:
                     file=sys.stderr,
                     flush=True,
                 )
-                result = _stop_now(self, group, monitor)
+                result = stop_now(self, group, monitor)
             failures = {rank: (f.exitcode, f.message) for rank, f in result.failures.items()}
             book.failed(failures, stopped=True, why=verdict.cause())
             lend(self)
@@ -384,7 +314,7 @@ def _install(book: Book) -> None:
         handler = group.spec.rdzv_handler
         if book.elastic and isinstance(handler, DynamicRendezvousHandler):
             if getattr(self, "_ddpjob_silence", None) is None:
-                self._ddpjob_silence = _Silence(handler)
+                self._ddpjob_silence = RoundWatch(handler)
             self._ddpjob_silence.begin()
 
     LocalElasticAgent._monitor_workers = monitor_workers  # type: ignore[method-assign]

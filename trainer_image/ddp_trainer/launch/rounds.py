@@ -1,0 +1,95 @@
+"""An elastic agent's view of its rendezvous round, the torch side of :mod:`ddp_trainer.launch.silence`:
+torch's ``c10d`` rendezvous state read as stored, the mark every agent of a round follows, and the stop of
+workers that wait in a collective with a silent peer (or are stale). The launcher (:mod:`.agent`) calls it
+from its wrapped ``_monitor_workers`` and ``_rendezvous``; ``tests/contract/test_torch_private.py`` checks
+each private part of torch read here."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+import sys
+import time
+from typing import Any
+
+from ddp_trainer.launch import silence
+
+
+class RoundWatch:
+    """The torch side of :class:`silence.Watch` for one elastic agent: it reads torch's ``c10d`` rendezvous
+    state as stored (``_RendezvousState``: ``round``, ``participants``, ``last_heartbeats``, ``closed``)
+    through the handler's private ``_store``, ``_settings`` and ``_this_node``, and sets and reads the mark
+    that makes every agent of the round follow the first that judged."""
+
+    def __init__(self, handler: Any) -> None:
+        from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+        settings = handler._settings
+        self.handler, self.run_id, self.store = handler, str(settings.run_id), handler._store
+        bound = settings.keep_alive_interval * settings.keep_alive_max_attempt
+        self.watch = silence.Watch(bound=bound.total_seconds())
+        self.backend = C10dRendezvousBackend(self.store, self.run_id)
+        self.failed_reads = 0
+
+    def begin(self) -> None:
+        """The agent's rendezvous returned: the round it joined, as the handler saw it."""
+        state = self.handler._state_holder.state
+        self.watch.begin(
+            state.round, self.handler._this_node, state.participants, state.last_heartbeats, time.monotonic()
+        )
+
+    def poll(self, force: bool = False) -> silence.Verdict | None:
+        """What the stored state says now, every :data:`silence.POLL_SECONDS` (``force``: now); None when the
+        store cannot be read (the keep-alive thread and the next rendezvous say that store's trouble)."""
+        if not force and not self.watch.due(time.monotonic()):
+            return None
+        try:
+            got = self.backend.get_state()
+            state = pickle.loads(got[0]) if got else None
+            if state is None or state.closed:
+                return None
+            key = silence.mark_key(self.run_id, self.watch.round_number)
+            mark = self.store.get(key).decode() if self.store.check([key]) else None
+            verdict = self.watch.observe(
+                state.round, state.participants, state.last_heartbeats, mark, time.monotonic(), _node_name
+            )
+            if verdict is not None and verdict.kind == silence.SILENT and verdict.judged_here:
+                self.store.set(key, verdict.names())
+        except Exception as exc:  # a store that cannot be read must not end a healthy agent
+            self.failed_reads += 1
+            if self.failed_reads in (1, 10, 100):
+                print(
+                    f"[launcher] the rendezvous state could not be read ({exc}); "
+                    f"{self.failed_reads} failed read(s) in a row",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return None
+        self.failed_reads = 0
+        return verdict
+
+
+def _node_name(node: Any) -> str:
+    """A rendezvous node as people read it: its address and its agent's pid."""
+    return f"{getattr(node, 'addr', node)} (pid {getattr(node, 'pid', '?')})"
+
+
+STOP_WAIT_SECONDS = 10.0
+
+
+def stop_now(agent: Any, group: Any, monitor: Any) -> Any:
+    """SIGKILL every worker of ``group`` (they wait in a collective that cannot end, or are stale) and
+    return the agent's first view of them ended."""
+    from torch.distributed.elastic.agent.server.api import WorkerState
+
+    for worker in group.workers:
+        with contextlib.suppress(ProcessLookupError, TypeError, ValueError):
+            os.kill(int(worker.id), signal.SIGKILL)
+    deadline = time.monotonic() + STOP_WAIT_SECONDS
+    while True:
+        result = monitor(agent, group)
+        if result.state != WorkerState.HEALTHY or time.monotonic() > deadline:
+            return result
+        time.sleep(0.05)
