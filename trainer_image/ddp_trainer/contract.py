@@ -91,7 +91,16 @@ RDZV_STORE_ENV: Final = "DDPJOB_RDZV_STORE"
 """``external``: no pod hosts the ``c10d`` rendezvous store, a process of its own does
 (``python -m ddp_trainer.launch.store``), so any node of an elastic job, node 0 included, may leave."""
 RDZV_STORE_EXTERNAL: Final = "external"
-ELASTIC_RDZV_CONF: Final = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=5,read_timeout=15"
+RIGID_RDZV_CONF: Final = "read_timeout=15"
+"""A rigid job's rendezvous (torch's keep-alive, 5 s × 3): store reads time out after 15 s, not torch's 60,
+so that an agent whose store host (node 0) went silent knows it within the 60 s a silent peer may cost a
+rigid gang before it restarts (:mod:`ddp_trainer.launch.silence`)."""
+SILENT_PEER: Final = "a peer went silent"
+"""How a pod's report begins the failure of a rank stopped because a peer went silent (frozen, powered off,
+cut off), so the operator and ``ddpjob local`` name it as that, not as an error of the user's command."""
+ELASTIC_RDZV_CONF: Final = (
+    "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=5,read_timeout=15"
+)
 """An elastic job's rendezvous timing (torch's defaults: 30 s, 5 s, 3): a round closes 2 s after the
 minimum joined, and a node whose agent stopped answering is dropped 5 s after its last keep-alive.
 

@@ -64,7 +64,9 @@ def describe(failures: Sequence[Mapping[str, Any]]) -> str:
     same = [e for e in rest if str(e.get("error", "")) == error and not is_consequence(error)]
     others = [e for e in rest if e not in same and not is_consequence(str(e.get("error", "")))]
     consequences = [e for e in rest if e not in same and e not in others]
-    if same:  # every one of them raised it on its own: none failed because of another
+    if error.startswith(contract.SILENT_PEER):  # the launcher stopped it: nothing of the user's failed
+        text = f"rank {first['rank']} was stopped because {error}"
+    elif same:  # every one of them raised it on its own: none failed because of another
         text = f"ranks {ranks([first, *same])} all failed, each in your command: {error}"
     else:
         text = f"rank {first['rank']} failed first, in your command: {error}"

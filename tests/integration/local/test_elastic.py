@@ -18,6 +18,7 @@ import yaml
 
 from ddp_operator.api.spec import Spec, parse
 from ddp_operator.local import elastic
+from ddp_trainer import contract
 from helpers.local_jobs import UNDER_LOAD, job, run_local, unique_name
 
 ELASTIC = {"minNodes": 1, "maxNodes": 3}
@@ -297,3 +298,50 @@ def test_a_frozen_node_0_is_dropped_within_the_bound_and_rejoins_when_it_wakes(t
     assert "this node was dropped from its round as silent" in logs[f"{name}-1-0.log"], said
     assert "gang restart in place" not in said, said  # a silent peer is a resize, never a restart
     assert "replicas verified bit-identical" in out, out
+
+
+RIGID_BOUND_SECONDS = 60.0
+"""Issue 54's bound for a rigid job: from the freeze to the start of the gang restart."""
+
+
+@pytest.mark.slow
+def test_a_frozen_pod_of_a_rigid_job_restarts_the_gang_within_the_bound_naming_it(tmp_path: Path) -> None:
+    """A rigid job of two one-process pods; once it has saved a checkpoint, every process of pod 1 is frozen
+    (SIGSTOP), its node still up. With spec.stallTimeoutSeconds (600 s) and the NCCL timeout (30 min) at
+    their defaults, pod 0's agent sees pod 1's keep-alive stop, its pod fails naming the silent peer, and
+    the gang restarts as attempt 2 within the bound; attempt 2 resumes from the checkpoint and Succeeds."""
+    name = unique_name()
+    trainer = {"steps": 300, "batchSize": 16, "checkpointEvery": 10}
+    doc = job(name, nodes=2, procsPerNode=1, trainer=trainer, syncCheck={"everySteps": 20})
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    run = tmp_path / "runs" / name
+    argv = [sys.executable, "-m", "ddp_operator", "local", "job.yaml", "--workdir", "runs"]
+    process = subprocess.Popen(
+        argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    frozen: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not list((run / "volumes" / "checkpoint").glob("step-*.pt")):
+            assert process.poll() is None and time.monotonic() < deadline, "no checkpoint"
+            time.sleep(0.1)
+        frozen_at = time.monotonic()
+        frozen = _signal_pod(name, 1, signal.SIGSTOP)
+        while not (run / "attempt-2").exists():
+            assert process.poll() is None, "the run ended before a second attempt"
+            assert time.monotonic() - frozen_at < RIGID_BOUND_SECONDS, "no gang restart within the bound"
+            time.sleep(0.1)
+        restarted_in = time.monotonic() - frozen_at
+        out, _ = process.communicate(timeout=300)
+    finally:
+        for pid in frozen:  # whatever the run left of them
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if process.poll() is None:
+            process.kill()
+    print(f"frozen → gang restart (attempt 2): {restarted_in:.1f} s (bound {RIGID_BOUND_SECONDS:.0f} s)")
+    assert process.returncode == 0 and f"ddpjob local: {name}: Succeeded" in out, out
+    said = (run / "attempt-1" / f"{name}-1-0.log").read_text()
+    assert "127.0.0.2 (pid" in said and "went silent" in said, said  # pod 1's agent, by its address
+    assert "a rigid job cannot train without it" in said, said
+    assert contract.SILENT_PEER in out, out  # the attempt's cause, as the summary says it

@@ -64,6 +64,7 @@ from ddp_trainer.core.inplace import SAME, exit_code_of, not_retried
 from ddp_trainer.launch import store
 from ddp_trainer.launch.book import Book
 from ddp_trainer.launch.rounds import RoundWatch, stop_now
+from ddp_trainer.reporting.report import record_failure
 
 log = logging.getLogger("ddp_trainer.launch")
 
@@ -84,7 +85,8 @@ def rendezvous_host(env: Mapping[str, str]) -> dict[str, str]:
         or not node.isdigit()
     ):
         return {}
-    timing = f",{contract.ELASTIC_RDZV_CONF}" if ":" in env.get("PET_NNODES", "") else ""  # elastic: min:max
+    elastic = ":" in env.get("PET_NNODES", "")  # min:max
+    timing = f",{contract.ELASTIC_RDZV_CONF}" if elastic else f",{contract.RIGID_RDZV_CONF}"
     return {"PET_RDZV_CONF": f"is_host={1 if int(node) == 0 else 0}{timing}"}
 
 
@@ -224,6 +226,24 @@ def _peer_stopped(code: int | None, book: Book) -> bool:
     return code == contract.INTERRUPTED_EXIT_CODE and book.elastic
 
 
+def _fail_rigid(agent: Any, group: Any, why: str) -> None:
+    """A rigid job's pod whose peer went silent: no restart in place (the round would wait for the silent
+    node), so the agent gives up, the pod fails and the operator restarts the gang as a new attempt. The
+    cause goes in the pod's report, so the status names the silent pod."""
+    print(
+        f"{contract.log_stamp(time.time())} [launcher] a rigid job cannot train without it: this pod fails "
+        "now, and the gang restarts from the last checkpoint as a new attempt (spec.maxRestarts)",
+        file=sys.stderr,
+        flush=True,
+    )
+    agent._remaining_restarts = 0
+    ranks = sorted(int(worker.global_rank) for worker in group.workers) or [0]
+    path = os.environ.get(contract.TERMINATION_LOG_ENV) or (
+        contract.TERMINATION_LOG_PATH if os.access(contract.TERMINATION_LOG_PATH, os.W_OK) else None
+    )
+    record_failure(path, ranks[0], f"{contract.SILENT_PEER}: {why}")
+
+
 ROUND_TRIES = 5
 """How many rounds an elastic agent tries when a round's rank assignment times out (a member went silent
 while the round formed) before it gives up."""
@@ -256,13 +276,17 @@ def _install(book: Book) -> None:
             if result.state == WorkerState.HEALTHY:
                 print(
                     f"{contract.log_stamp(time.time())} [launcher] {verdict.cause()}; stopping this pod's "
-                    "workers now (a collective with a silent peer cannot end) and meeting the others at the "
-                    "next round",
+                    "workers now (a collective with a silent peer cannot end)"
+                    + (", and meeting the others at the next round" if book.elastic else ""),
                     file=sys.stderr,
                     flush=True,
                 )
                 result = stop_now(self, group, monitor)
             failures = {rank: (f.exitcode, f.message) for rank, f in result.failures.items()}
+            if not book.elastic:  # a rigid gang cannot train without it: the pod fails, the gang restarts
+                _fail_rigid(self, group, verdict.cause())
+                book.failed(failures, why=verdict.cause())
+                return result
             book.failed(failures, stopped=True, why=verdict.cause())
             lend(self)
             return result
@@ -312,9 +336,11 @@ def _install(book: Book) -> None:
         if change == SAME and borrowed:  # a failure of this gang's own, and no restart was left
             raise RuntimeError("a worker failed and no gang restart in place is left (spec.maxRestarts)")
         handler = group.spec.rdzv_handler
-        if book.elastic and isinstance(handler, DynamicRendezvousHandler):
+        if isinstance(handler, DynamicRendezvousHandler):
             if getattr(self, "_ddpjob_silence", None) is None:
-                self._ddpjob_silence = RoundWatch(handler)
+                host = os.environ.get(contract.PET_NODE_RANK, "").strip() == "0"
+                hosted_by_a_node = store.endpoint(os.environ) is None and not host
+                self._ddpjob_silence = RoundWatch(handler, hosted_by_a_node)
             self._ddpjob_silence.begin()
 
     LocalElasticAgent._monitor_workers = monitor_workers  # type: ignore[method-assign]

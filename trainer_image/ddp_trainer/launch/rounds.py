@@ -23,7 +23,7 @@ class RoundWatch:
     through the handler's private ``_store``, ``_settings`` and ``_this_node``, and sets and reads the mark
     that makes every agent of the round follow the first that judged."""
 
-    def __init__(self, handler: Any) -> None:
+    def __init__(self, handler: Any, hosted_by_a_node: bool = False) -> None:
         from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
         settings = handler._settings
@@ -32,6 +32,9 @@ class RoundWatch:
         self.watch = silence.Watch(bound=bound.total_seconds())
         self.backend = C10dRendezvousBackend(self.store, self.run_id)
         self.failed_reads = 0
+        self.hosted_by_a_node = hosted_by_a_node
+        """The store lives in node 0's agent (a rigid job's, seen from another node): a store that does not
+        answer is node 0 gone silent."""
 
     def begin(self) -> None:
         """The agent's rendezvous returned: the round it joined, as the handler saw it."""
@@ -58,6 +61,9 @@ class RoundWatch:
             if verdict is not None and verdict.kind == silence.SILENT and verdict.judged_here:
                 self.store.set(key, verdict.names())
         except Exception as exc:  # a store that cannot be read must not end a healthy agent
+            if self.hosted_by_a_node and _timed_out(exc):
+                host = getattr(self.store, "host", "node 0")
+                return silence.Verdict(silence.SILENT, (f"{host} (node 0, which hosts the rendezvous)",), 0.0)
             self.failed_reads += 1
             if self.failed_reads in (1, 10, 100):
                 print(
@@ -69,6 +75,12 @@ class RoundWatch:
             return None
         self.failed_reads = 0
         return verdict
+
+
+def _timed_out(exc: Exception) -> bool:
+    """A store read that timed out (torch's ``DistStoreError``, or the rendezvous backend's wrapper of it)."""
+    text = f"{type(exc).__name__}: {exc} {exc.__cause__ or ''}".lower()
+    return "timeout" in text or "timed out" in text
 
 
 def _node_name(node: Any) -> str:

@@ -10,6 +10,7 @@ import pytest
 
 from ddp_operator.decide import restarts
 from ddp_operator.observe import failures, progress
+from ddp_trainer import contract
 
 GLOO = (
     "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed "
@@ -107,3 +108,10 @@ def test_ranks_that_each_raised_the_same_error_all_failed_on_their_own() -> None
     assert "; then rank 3 failed on their own (KeyError: 'lr')" in said, said
     assert "; then rank 2 failed as a consequence (RuntimeError: Connection closed by peer" in said, said
     assert failures.ranks([{"rank": r} for r in (0, 1, 2, 3, 6, 8, 9)]) == "0–3, 6, 8, 9"
+
+
+def test_a_rank_stopped_for_a_silent_peer_is_not_blamed_on_the_users_command() -> None:
+    error = f"{contract.SILENT_PEER}: node(s) job-1-1.job (pid 1) went silent: no keep-alive for 15.5 s"
+    text = failures.describe([{"rank": 0, "at": 1.0, "error": error}])
+    assert text == f"rank 0 was stopped because {error}", text
+    assert "your command" not in text

@@ -56,8 +56,12 @@ def test_the_state_round_trips_and_a_missing_or_broken_one_is_a_fresh_start(tmp_
 
 def test_node_rank_0_hosts_the_rendezvous_unless_the_user_says_otherwise() -> None:
     c10d = {contract.PET_RDZV_BACKEND: "c10d"}
-    assert launcher.rendezvous_host({**c10d, contract.PET_NODE_RANK: "0"}) == {"PET_RDZV_CONF": "is_host=1"}
-    assert launcher.rendezvous_host({**c10d, contract.PET_NODE_RANK: "3"}) == {"PET_RDZV_CONF": "is_host=0"}
+    assert launcher.rendezvous_host({**c10d, contract.PET_NODE_RANK: "0"}) == {
+        "PET_RDZV_CONF": f"is_host=1,{contract.RIGID_RDZV_CONF}"
+    }
+    assert launcher.rendezvous_host({**c10d, contract.PET_NODE_RANK: "3"}) == {
+        "PET_RDZV_CONF": f"is_host=0,{contract.RIGID_RDZV_CONF}"
+    }
     assert launcher.rendezvous_host({**c10d, contract.PET_NODE_RANK: "0", "PET_RDZV_CONF": "x=1"}) == {}
     assert launcher.rendezvous_host({contract.PET_NODE_RANK: "0"}) == {}
     elastic = {**c10d, contract.PET_NODE_RANK: "1", "PET_NNODES": "1:2"}
