@@ -245,6 +245,13 @@ SILENT_BOUND_SECONDS = 30.0
 
 
 @pytest.mark.slow
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+
+
 def test_a_frozen_node_0_is_dropped_within_the_bound_and_rejoins_when_it_wakes(tmp_path: Path) -> None:
     """Three pods of one process; once a world of 3 trains, every process of pod 0 (rank 0, the round's
     host of the workers' store) is frozen with SIGSTOP: its sockets stay open, as with a node whose power or
@@ -252,8 +259,9 @@ def test_a_frozen_node_0_is_dropped_within_the_bound_and_rejoins_when_it_wakes(t
     own workers and train on at world size 2 within the bound, with spec.nccl.timeoutSeconds at its default
     (30 min). Then pod 0 wakes (SIGCONT): its agent finds itself dropped, stops its stale workers before they
     train beside the new world, and joins at a step boundary like any new node. One attempt, no restart
-    counted, Succeeded, every world verified."""
-    name = _three_pods(tmp_path, steps=400, checkpoint_every=10)
+    counted. Last, the rendezvous store's process is killed: the world of 3 trains on without it and the job
+    Succeeds, every world verified, in one attempt."""
+    name = _three_pods(tmp_path, steps=500, checkpoint_every=10)
     attempt = tmp_path / "runs" / name / "attempt-1"
     argv = [sys.executable, "-m", "ddp_operator", "local", "job.yaml", "--workdir", "runs"]
     process = subprocess.Popen(
@@ -280,6 +288,16 @@ def test_a_frozen_node_0_is_dropped_within_the_bound_and_rejoins_when_it_wakes(t
         _signal_pod(name, 0, signal.SIGSTOP)
         shrunk_at = wait_for(lambda: len(worlds()) > len(seen), SILENT_BOUND_SECONDS, "no smaller world")
         _signal_pod(name, 0, signal.SIGCONT)
+        wait_for(lambda: len(now := worlds()) > len(seen) + 1 and now[-1][0] == 3, 120, "no world of 3 again")
+        # then the rendezvous store's process is lost: the world of 3 trains on to the end without it
+        (store,) = [
+            int(entry.name)
+            for entry in Path("/proc").iterdir()
+            if entry.name.isdigit()
+            and b"ddp_trainer.launch.store" in _read(entry / "cmdline")
+            and _read(entry / "stat").rsplit(b")", 1)[-1].split()[1:2] == [str(process.pid).encode()]
+        ]
+        os.kill(store, signal.SIGKILL)
         out, _ = process.communicate(timeout=300)
     finally:
         if process.poll() is None:
@@ -297,6 +315,7 @@ def test_a_frozen_node_0_is_dropped_within_the_bound_and_rejoins_when_it_wakes(t
     assert "went silent: no keep-alive for" in said, said
     assert "this node was dropped from its round as silent" in logs[f"{name}-1-0.log"], said
     assert "gang restart in place" not in said, said  # a silent peer is a resize, never a restart
+    assert "the rendezvous store does not answer" in said, said  # the store lost, said, and trained on
     assert "replicas verified bit-identical" in out, out
 
 

@@ -63,7 +63,7 @@ from ddp_trainer import contract
 from ddp_trainer.core.inplace import SAME, exit_code_of, not_retried
 from ddp_trainer.launch import store
 from ddp_trainer.launch.book import Book
-from ddp_trainer.launch.rounds import RoundWatch, stop_now
+from ddp_trainer.launch.rounds import RoundWatch, patient, stop_now
 from ddp_trainer.reporting.report import record_failure
 
 log = logging.getLogger("ddp_trainer.launch")
@@ -345,6 +345,9 @@ def _install(book: Book) -> None:
 
     LocalElasticAgent._monitor_workers = monitor_workers  # type: ignore[method-assign]
     SimpleElasticAgent._rendezvous = rendezvous_  # type: ignore[method-assign]
+    if book.elastic:
+        waiting = DynamicRendezvousHandler.num_nodes_waiting
+        DynamicRendezvousHandler.num_nodes_waiting = patient(waiting)  # type: ignore[method-assign]
 
 
 def main(argv: Sequence[str]) -> int:

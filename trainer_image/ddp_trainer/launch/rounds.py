@@ -105,3 +105,35 @@ def stop_now(agent: Any, group: Any, monitor: Any) -> Any:
         if result.state != WorkerState.HEALTHY or time.monotonic() > deadline:
             return result
         time.sleep(0.05)
+
+
+def patient(num_nodes_waiting: Any) -> Any:
+    """torch's ``num_nodes_waiting``, which the agent asks after each look at healthy workers, for an elastic
+    agent whose rendezvous store cannot be read for a while (its own network cut, the store's pod lost):
+    none waiting, said once, so the workers train on instead of the agent ending with the store's error.
+    The world cannot change until the store answers again, which is said too."""
+    since: list[float] = []
+
+    def wrapped(self: Any) -> int:
+        try:
+            waiting = int(num_nodes_waiting(self))
+        except Exception as exc:  # the store's errors: a connection refused, a read timed out
+            if not since:
+                since.append(time.monotonic())
+                first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                print(
+                    f"[launcher] the rendezvous store does not answer ({first}; {exc.__cause__ or ''}): this "
+                    "node's workers train on, and the world cannot change until it answers again",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return 0
+        if since:
+            print(
+                f"[launcher] the rendezvous store answers again after {time.monotonic() - since.pop():.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+        return waiting
+
+    return wrapped
