@@ -72,6 +72,9 @@ def test_the_c10d_handler_exposes_its_store_settings_node_and_state() -> None:
     )
     assert handler._store is client, "DynamicRendezvousHandler._store is the rendezvous store"
     assert hasattr(handler._this_node, "addr") and hasattr(handler._this_node, "pid"), "_this_node"
+    assert handler._state_holder._backend is backend, "_state_holder._backend (the launcher reconnects it)"
+    assert (client.host, client.port) == ("127.0.0.1", port) and client.timeout == timedelta(seconds=10)
+    assert DynamicRendezvousHandler.num_nodes_waiting.__code__.co_argcount == 1, "num_nodes_waiting(self)"
     state = handler._state_holder.state
     assert {"round", "participants", "last_heartbeats"} <= set(vars(state)), "_state_holder.state"
     # the launcher's own read of the stored state, and its compare-and-set write (launch/store.drop)

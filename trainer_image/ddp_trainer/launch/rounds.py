@@ -43,12 +43,31 @@ class RoundWatch:
             state.round, self.handler._this_node, state.participants, state.last_heartbeats, time.monotonic()
         )
 
+    def reconnect(self) -> None:
+        """A new client of the same store, for this watch and for torch's handler alike: a client whose
+        request timed out on a network that went away (this pod's network cut, the store's pod lost) may
+        never answer right again, and the agent's next rendezvous goes through the handler's client."""
+        from torch.distributed import TCPStore  # type: ignore[attr-defined]
+        from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+        old = self.store
+        fresh = TCPStore(old.host, old.port, is_master=False, wait_for_workers=False, timeout=old.timeout)
+        self.store, self.backend = fresh, C10dRendezvousBackend(fresh, self.run_id)
+        self.handler._store, self.handler._state_holder._backend = fresh, self.backend
+        print(
+            f"[launcher] reconnected to the rendezvous store at {old.host}:{old.port}",
+            file=sys.stderr,
+            flush=True,
+        )
+
     def poll(self, force: bool = False) -> silence.Verdict | None:
         """What the stored state says now, every :data:`silence.POLL_SECONDS` (``force``: now); None when the
         store cannot be read (the keep-alive thread and the next rendezvous say that store's trouble)."""
         if not force and not self.watch.due(time.monotonic()):
             return None
         try:
+            if self.failed_reads:
+                self.reconnect()
             got = self.backend.get_state()
             state = pickle.loads(got[0]) if got else None
             if state is None or state.closed:
