@@ -1,6 +1,8 @@
 """An elastic DDPJob loses the real node that runs rank 0 and trains on, then grows back when the node
 returns (issue 42, items 3-5, in a cluster): the same Job and attempt, no restart spent, every world
-verified.
+verified. Before that, in the same run, rank 0's pod is cut off from the network while it runs (issue 54:
+a silent peer, its sockets open) and comes back: the survivor trains on at one node within 30 s, and the
+cut pod rejoins at a step boundary.
 
 Two pods of one rank on ``real-1`` and ``real-2`` (a required spread). The rendezvous store is a Job of
 its own (``<job>-1-rdzv``, with no placement of the workers': it runs on one of the process-tier nodes), so
@@ -15,13 +17,14 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from helpers.e2e import SCRIPTS, Operator, children, get, real_ddpjob, stores, wait_phase
-from helpers.e2e_pods import durable_job, pod_at
+from helpers.e2e_pods import cut_network, durable_job, pod_at
 from testcluster import realfixture
 from testcluster.fixtures import Cluster, wait_for
 from testcluster.nodeconfig import RealNode
@@ -77,6 +80,7 @@ def test_an_elastic_job_trains_on_without_a_lost_node_and_grows_back_when_it_ret
     assert store["spec"]["nodeName"] not in (lost.name, kept.name), store["spec"]  # no worker's node
 
     job_uid = children(cluster, namespace, "jobs", "shrink")[0]["metadata"]["uid"]
+    _cut_off_and_back(cluster, namespace, real_nodes)
     try:
         realfixture.lose_node(lost)
 
@@ -135,6 +139,49 @@ def test_an_elastic_job_trains_on_without_a_lost_node_and_grows_back_when_it_ret
         what="the rendezvous store's Job deleted once the job ended",
         timeout=60,
     )
+
+
+SILENT_BOUND_SECONDS = 30.0
+"""Issue 54's bound: from a node going silent to the survivors' first step at the smaller world."""
+
+
+def _cut_off_and_back(cluster: Cluster, namespace: str, real_nodes: list[RealNode]) -> None:
+    """Rank 0's pod cut off from the network (every packet of its network namespace dropped), its processes
+    running, its sockets open and its node Ready: no collective of the survivor fails, but its agent sees
+    the cut pod's rendezvous keep-alive stop and the survivor trains on at one node within the bound. The
+    network back, the cut pod's agent finds itself dropped, stops its stale workers and joins at a step
+    boundary like any new node: two nodes again, in the same attempt."""
+    cut = pod_at(cluster, namespace, "shrink", 0)
+    survivor = pod_at(cluster, namespace, "shrink", 1)["metadata"]["name"]
+    grown_before = _log(cluster, namespace, survivor).count("elastic: world size 2 verified")
+    cut_at = time.monotonic()
+    with cut_network(real_nodes, cut):
+        wait_for(
+            lambda: "elastic: world size 1 verified" in _log(cluster, namespace, survivor),
+            what=f"the survivor training at one node within {SILENT_BOUND_SECONDS:.0f} s of the cut",
+            timeout=SILENT_BOUND_SECONDS,
+            every=0.5,
+        )
+        shrunk_in = time.monotonic() - cut_at
+    print(f"network cut → world of 1 verified: {shrunk_in:.1f} s (bound {SILENT_BOUND_SECONDS:.0f} s)")
+    said = _log(cluster, namespace, survivor)
+    assert "went silent: no keep-alive for" in said, said[-3000:]
+    wait_for(
+        lambda: (
+            "this node was dropped from its round as silent"
+            in _log(cluster, namespace, cut["metadata"]["name"])
+        ),
+        what="the cut pod, its network back, knowing it was dropped",
+        timeout=120,
+        every=1,
+    )
+    wait_for(
+        lambda: _log(cluster, namespace, survivor).count("elastic: world size 2 verified") > grown_before,
+        what="a world of 2 again once the cut pod rejoined",
+        timeout=180,
+        every=1,
+    )
+    assert pod_at(cluster, namespace, "shrink", 0)["metadata"]["uid"] == cut["metadata"]["uid"]  # same pod
 
 
 def _log(cluster: Cluster, namespace: str, pod: str) -> str:

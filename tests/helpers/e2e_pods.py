@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +61,31 @@ def rank_process(nodes: list[RealNode], pod: dict[str, Any]) -> int:
     leaves = [pid for pid in tree if processes.name(pid).startswith(agent.WORKER_NAME_PREFIX)]
     assert len(leaves) == 1, (tree, leaves)
     return leaves[0]
+
+
+CUT_TABLE = "ddpjob_test_cut"
+"""The nftables table a network cut adds inside one pod's network namespace (and removes to restore)."""
+
+
+@contextlib.contextmanager
+def cut_network(nodes: list[RealNode], pod: dict[str, Any]) -> Iterator[None]:
+    """Every packet into or out of ``pod`` (a real node's) dropped while the block runs: an nftables table
+    of two drop chains inside the pod's own network namespace (the test's own; nothing outside it is
+    touched), so its processes run on and its sockets stay open, its node stays Ready, and nobody hears
+    from it: a node whose network is gone. Removed again at the end."""
+    pid = container_pid(nodes, pod)
+    rules = (
+        f"table inet {CUT_TABLE} {{\n"
+        "  chain in { type filter hook input priority -300; policy drop; }\n"
+        "  chain out { type filter hook output priority -300; policy drop; }\n"
+        "}\n"
+    )
+    enter = ["nsenter", "-t", str(pid), "-n", "nft"]
+    subprocess.run([*enter, "-f", "-"], input=rules, text=True, check=True, capture_output=True)
+    try:
+        yield
+    finally:
+        subprocess.run([*enter, "delete", "table", "inet", CUT_TABLE], check=False, capture_output=True)
 
 
 def apply_doc(cluster: Cluster, namespace: str, doc: dict[str, Any]) -> None:
