@@ -58,6 +58,13 @@ BELOW_MIN_NODES: Final = "BelowMinNodes"
 ``belowMinTimeoutSeconds`` fails with this reason, naming the shortfall."""
 RESIZED: Final = "Resized"
 """An Event: an elastic job's Job resized in place (``decide.resize``)."""
+ENDED_EARLY: Final = "EndedEarly"
+"""An elastic job's attempt whose Job completed (its pods exited 0) while rank 0's report does not say the
+training reached its last step: a gang restart from the checkpoint, counted against ``maxRestarts``
+(``decide.ending``)."""
+NOT_VERIFIED: Final = "NotVerified"
+"""An elastic job whose rank 0 trained to the last step without its replicas verified (``onDivergence:
+Warn`` found a divergence): the job fails, as it succeeds only verified (``decide.ending``)."""
 SCALED: Final = "Scaled"
 """``status.elastic.lastResize.reason`` when ``spec.nodes`` changed (kubectl scale, an HPA, an edit)."""
 

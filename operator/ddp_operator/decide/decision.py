@@ -27,7 +27,7 @@ from ddp_operator.api import names, reasons
 from ddp_operator.api.spec import Spec, SpecError, known_total_steps, parse
 from ddp_operator.children import render
 from ddp_operator.children.store import render_store, store_of
-from ddp_operator.decide import resize, restarts, stall, status
+from ddp_operator.decide import ending, resize, restarts, stall, status
 from ddp_operator.decide.plan import Event, Plan, Scrape
 from ddp_operator.decide.status import StatusBuilder, finished, parse_time, stamp
 from ddp_operator.observe import claims, kueue, live, nodehealth, podsecurity, references, startup
@@ -162,16 +162,46 @@ def _decide(inputs: Inputs) -> Plan:
         return _stopping_old_attempts(inputs, out)
     if job is None:
         return _create(inputs, out)
-    if job.complete:
-        status.checkpoint_events(out, facts.report)
-        steps = facts.report.get("step") if facts.report else None
-        if progress := status.final_progress(inputs.previous, steps, known_total_steps(inputs.spec), out.now):
-            out.values["progress"] = progress
-        message = status.completed_message(inputs.previous, facts.attempt, inputs.now, steps)
-        return _finish(out, True, "Completed", message)
+    if (end := _elastic_end(inputs)) is not None:
+        return _elastic_ended(inputs, out, job, end)
+    if job.complete:  # a rigid job's Job: every pod succeeded
+        return _completed(inputs, out)
     if job.failed:
         return _after_failure(inputs, out, job)
     return _running(inputs, out, job)
+
+
+def _completed(inputs: Inputs, out: StatusBuilder, said: str = "") -> Plan:
+    """The attempt completed: Succeeded, with the report's step as the final progress."""
+    facts = inputs.facts
+    status.checkpoint_events(out, facts.report)
+    steps = facts.report.get("step") if facts.report else None
+    if progress := status.final_progress(inputs.previous, steps, known_total_steps(inputs.spec), out.now):
+        out.values["progress"] = progress
+    message = status.completed_message(inputs.previous, facts.attempt, inputs.now, steps)
+    return _finish(out, True, reasons.COMPLETED, message + said)
+
+
+def _elastic_end(inputs: Inputs) -> ending.End | None:
+    """An elastic attempt's end (:mod:`ending`): its Job complete, or rank 0 finished verified while pods
+    that never started keep the Job from completing."""
+    spec, job = inputs.spec, inputs.facts.job
+    if spec.elastic is None or job is None:
+        return None
+    expected = ending.writes_report(spec)
+    return ending.elastic_end(job, inputs.facts.report, known_total_steps(spec), expected)
+
+
+def _elastic_ended(inputs: Inputs, out: StatusBuilder, job: JobFacts, end: ending.End) -> Plan:
+    """Succeeded when rank 0's report says the training finished, verified, whatever pods never started
+    (the Job is shrunk to index 0, which ends them); else the policy decides, as after a failure: exit
+    codes alone never make an elastic job Succeeded."""
+    if end.verdict.done:
+        plan = _completed(inputs, out, ending.ended_message(end))
+        return dataclasses.replace(plan, resize_job=end.shrink) if end.shrink else plan
+    why = f"Job {job.name} ended, but {end.verdict.message}"
+    outcome = restarts.Outcome(False, report=inputs.facts.report, reason=end.verdict.reason, message=why)
+    return _end_attempt(inputs, out, job.name, outcome)
 
 
 def _in_place(inputs: Inputs) -> tuple[int, str]:
@@ -197,7 +227,11 @@ def _finished(inputs: Inputs, out: StatusBuilder) -> Plan:
     finished = parse_time(inputs.previous.get("completionTime"))
     ttl = inputs.spec.ttl_seconds_after_finished
     expired = ttl is not None and finished is not None and (inputs.now - finished).total_seconds() >= ttl
-    return Plan(out.plan().status, delete_jobs=inputs.facts.stale_jobs, delete_self=expired)
+    # an elastic Job shrunk to index 0 as the DDPJob succeeded: again, should that patch not have landed
+    end = _elastic_end(inputs) if inputs.previous.get("phase") == reasons.SUCCEEDED else None
+    shrink = end.shrink if end is not None and end.verdict.done else None
+    stale = inputs.facts.stale_jobs
+    return Plan(out.plan().status, delete_jobs=stale, delete_self=expired, resize_job=shrink)
 
 
 def _deadline_passed(inputs: Inputs) -> str | None:

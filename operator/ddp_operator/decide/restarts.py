@@ -14,6 +14,9 @@ An attempt is one Indexed Job: all pods start together and one failed pod fails 
   (:func:`faulty_nodes`, ``status.probe.faultyNodes``, ``render.avoiding``);
 - a preemption (a pod deleted gracefully or evicted: the trainer checkpointed at SIGTERM) restarts the
   gang without using up ``maxRestarts``;
+- an elastic attempt whose Job ended while rank 0's report does not say its training did
+  (``decide.ending``: ``EndedEarly``) is a failure like any other below; one that trained to the end with
+  its replicas not verified (``NotVerified``) fails the DDPJob: a new gang would train nothing more;
 - any other failure starts attempt + 1 (resuming from the last good checkpoint) while restarts are left;
   the restarts done in place inside the attempts' pods (torchrun's agents, ``ddp_trainer.launch``) count
   against the same ``maxRestarts`` (:func:`restarts_used`), and the next Job's agents get what is left.
@@ -94,7 +97,7 @@ def preempted(outcome: Outcome) -> bool:
     """The attempt was stopped from outside (a pod deleted gracefully, evicted, preempted): rank 0 saved a
     checkpoint at SIGTERM and reported ``Interrupted``, or Kubernetes marked a pod ``DisruptionTarget``; and
     no pod failed on its own (a crash stops the others with SIGTERM too: that is no preemption)."""
-    if outcome.crashed:
+    if outcome.crashed or outcome.reason == reasons.ENDED_EARLY:  # its pods ended, none was stopped
         return False
     if outcome.reason == PREEMPTED:
         return True
@@ -143,6 +146,9 @@ def decide(
         return Decision(
             Action.FAIL, reasons.INVALID_SPEC, outcome.message or "the spec is invalid; not restarting"
         )
+    if outcome.reason == reasons.NOT_VERIFIED:  # trained to the end: a new gang would train nothing more
+        message = f"attempt {attempt}: {outcome.message}; not restarting"
+        return Decision(Action.FAIL, reasons.NOT_VERIFIED, message)
     if outcome.reason == reasons.BELOW_MIN_NODES:  # a new gang would wait for the same missing nodes
         return Decision(Action.FAIL, reasons.BELOW_MIN_NODES, f"attempt {attempt}: {outcome.message}")
     if outcome.reason == reasons.DEADLINE_EXCEEDED:

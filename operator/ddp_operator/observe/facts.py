@@ -43,6 +43,11 @@ class JobFacts:
     """Pods of the attempt that have not terminated yet (the Job controller stops them after a failure;
     rank 0 writes its report, and its SIGTERM checkpoint, on the way out), except pods evicted from a
     node that does not answer: the decision does not wait for them."""
+    rank0_succeeded: bool = False
+    """The pod at completion index 0 (node rank 0, whose report is the job's) has succeeded."""
+    never_started: int = 0
+    """Pods of the attempt still Pending: never scheduled (no capacity), gated (Kueue), or not started yet.
+    They count among :attr:`stopping_pods` too."""
 
 
 @dataclass(frozen=True)
@@ -305,9 +310,9 @@ def observe(
             outcome=outcome(job, mine, report, failed) if failed else None,
             failed_at=_time(failed.get("lastTransitionTime")) if failed else None,
             # after a lost node nothing stops the other pods but the Job's deletion: do not wait for them
-            stopping_pods=0
-            if lost
-            else sum(1 for pod in mine if not stopped(pod) and not evicted_from_lost_node(pod)),
+            stopping_pods=0 if lost else sum(1 for pod in mine if _stopping(pod)),
+            rank0_succeeded=any(completion_index(pod) == 0 and _phase(pod) == "Succeeded" for pod in mine),
+            never_started=sum(1 for pod in mine if _phase(pod) in ("Pending", "") and _stopping(pod)),
         )
     return Facts(
         attempt=attempt,
@@ -355,6 +360,14 @@ def stale_deadlines(
         if left and all(deadlines):
             found.append((job["metadata"]["name"], max(d for d in deadlines if d)))
     return tuple(found)
+
+
+def _stopping(pod: Mapping[str, Any]) -> bool:
+    return not stopped(pod) and not evicted_from_lost_node(pod)
+
+
+def _phase(pod: Mapping[str, Any]) -> str:
+    return str(pod.get("status", {}).get("phase") or "")
 
 
 def _gone(pod: Mapping[str, Any]) -> bool:

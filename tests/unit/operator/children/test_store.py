@@ -4,6 +4,7 @@ its pod by DNS name, it runs the store and nothing else, keeps off the workers' 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import kubernetes_validate
@@ -107,7 +108,8 @@ def test_the_store_goes_with_its_attempt_and_when_the_job_finishes_never_before(
         ddpjob_body(running, **ELASTIC), [job_object(1, condition="Failed")], failed, NOW
     )
     assert restart.status["attempt"] == 2 and restart.delete_jobs == ("job-1", "job-1-rdzv")
-    done = [pod_object(1, 0, exit_code=0), pod_object(1, 1, exit_code=0)]
+    report = json.dumps({"result": "Succeeded", "reason": "AllChecksPassed", "step": 1000, "verified": True})
+    done = [pod_object(1, 0, exit_code=0, message=report), pod_object(1, 1, exit_code=0)]
     finish = decision.decide_for(
         ddpjob_body(running, **ELASTIC), [job_object(1, condition="Complete")], done, NOW
     )

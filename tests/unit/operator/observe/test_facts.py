@@ -164,3 +164,14 @@ def test_a_pod_evicted_from_a_lost_node_fails_the_attempt_at_once_as_a_preemptio
     assert running is not None and not running.failed
     done = observed.observe({"attempt": 1}, [_job(1, "Complete")], [healthy, evicted]).job
     assert done is not None and done.complete and not done.failed
+
+
+def test_rank_0s_success_and_the_pods_that_never_started_are_read_for_an_elastic_end() -> None:
+    """decide.ending: the pod at index 0 succeeded; a Pending pod never started (and is not stopped)."""
+    rank0, running = _pod(1, 0, code=0), _pod(1, 1, ready=True)
+    rank0["status"]["phase"] = "Succeeded"
+    found = observed.observe({"attempt": 1}, [_job(1)], [rank0, running, _pod(1, 2)]).job
+    assert found is not None and found.rank0_succeeded and not found.complete
+    assert (found.never_started, found.stopping_pods) == (1, 2)  # the Pending pod, and the running one
+    plain = observed.observe({"attempt": 1}, [_job(1)], [_pod(1, 0, ready=True), _pod(1, 1, code=0)]).job
+    assert plain is not None and not plain.rank0_succeeded and plain.never_started == 0

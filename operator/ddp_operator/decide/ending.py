@@ -1,0 +1,120 @@
+"""When an elastic attempt has finished training: rank 0's report says so, never the pods' exit codes. Pure.
+
+An elastic DDPJob trains at any size from ``minNodes`` up, so a pod of its Indexed Job may never run: a
+scale-up pod Pending for want of capacity, or gated by Kueue until a Workload slice that is never admitted.
+The Job is Complete only when every index has succeeded, so such a pod would hold back a job whose training
+finished (and, its world gone below ``minNodes``, fail it after ``belowMinTimeoutSeconds``). So the attempt
+has ended, Succeeded, once the pod at index 0 (node rank 0) has succeeded, its report says the training
+reached its last step with the replicas verified, and every other pod of the attempt has either stopped or
+never started (still Pending). The operator then shrinks the Job to index 0 (an Indexed Job's scale-down,
+as ``kubectl scale`` does: the Pending pods are deleted, and the Job completes on its index 0), so no pod is
+left behind; the pods that ran keep their logs.
+
+Not the Job's ``successPolicy`` (``succeededIndexes: "0"``, GA in Kubernetes 1.33), which would do the same
+in the Job controller: it deletes every pod it still counts active once index 0 succeeds, and a peer that
+finished in the same second, whose kubelet had not said so yet, is one of them: its log goes with it.
+
+The end is decided by rank 0's report (:func:`verdict`), not by exit codes: a Job complete while
+the report does not say the last step was reached (``bench/RESULTS.md`` records a "late joiner" that exited
+0 and made a job Succeeded at step 70 of 400) ends the attempt, and the policy restarts it from its checkpoint
+(reason :data:`ENDED_EARLY`), or fails the job when it trained to the end with its replicas not verified
+(:data:`NOT_VERIFIED`). A rigid job is not decided here: its Job completes when every pod has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ddp_operator.api import reasons
+from ddp_operator.api.spec import Spec, sync_hook
+from ddp_operator.observe.facts import JobFacts
+from ddp_trainer import contract
+
+ENDED_EARLY = reasons.ENDED_EARLY
+NOT_VERIFIED = reasons.NOT_VERIFIED
+NOTHING_TO_VERIFY = (*contract.NOTHING_TO_COMPARE, contract.SYNC_HOOK_OFF)
+"""Report reasons that say there was nothing the sync check could compare (``SyncVerified`` Unknown): the
+report's own verdict, not a divergence."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What rank 0's report says of the attempt's training: finished (``done``), or why not."""
+
+    done: bool
+    reason: str = ""
+    """:data:`ENDED_EARLY` or :data:`NOT_VERIFIED` when not done."""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class End:
+    """An elastic attempt that has ended: the report's :class:`Verdict`, and the Job to shrink to its index 0
+    (``(name, 1)``) to end the pods that never started (``left`` of them)."""
+
+    verdict: Verdict
+    shrink: tuple[str, int] | None = None
+    left: int = 0
+
+
+def writes_report(spec: Spec) -> bool:
+    """Whether rank 0 writes a report: the built-in trainer does, and so does the sync hook for a command of
+    the user's (``spec.syncCheck.autoInstrument``). A command of the user's without the hook writes none."""
+    return (spec.command is None and spec.args is None) or sync_hook(spec)
+
+
+def verdict(report: Mapping[str, Any] | None, total_steps: int, expected: bool = True) -> Verdict:
+    """Whether rank 0's ``report`` says the training finished: result ``Succeeded`` (the trainer says
+    ``Interrupted`` for a run stopped short of its steps), at its last step (``total_steps``, where the spec
+    knows it: the built-in trainer's ``trainer.steps``), and the replicas verified (or nothing to compare,
+    which the report says by its reason). ``expected``: whether a report is to be had at all
+    (:func:`writes_report`); without one, and none expected, the Job's completion is all there is."""
+    if report is None:
+        if not expected:
+            return Verdict(True)
+        return Verdict(False, ENDED_EARLY, "rank 0 wrote no report: nothing says the training finished")
+    result, step, said = report.get("result"), report.get("step"), report.get("message")
+    detail = f" ({report.get('reason')}: {said})" if said else ""
+    of = f" of {total_steps}" if total_steps else ""
+    if result != contract.SUCCEEDED:
+        return Verdict(False, ENDED_EARLY, f"rank 0's report says {result} at step {step}{of}{detail}")
+    if total_steps and not (isinstance(step, int) and step >= total_steps):
+        return Verdict(False, ENDED_EARLY, f"rank 0's report says step {step}{of}{detail}")
+    if report.get("verified") is True or report.get("reason") in NOTHING_TO_VERIFY:
+        return Verdict(True)
+    return Verdict(
+        False,
+        NOT_VERIFIED,
+        f"rank 0's report says the training reached step {step}{of} with its replicas not verified{detail}",
+    )
+
+
+def elastic_end(
+    job: JobFacts, report: Mapping[str, Any] | None, total_steps: int, expected: bool
+) -> End | None:
+    """An elastic attempt's end, or None while it has not ended (or it failed: the policy decides that).
+
+    The Job complete: the report decides (:func:`verdict`). Before that, the pod at index 0 succeeded, its
+    report says the training finished, verified, and the only pods of the attempt not stopped never
+    started: ended, and the Job is shrunk to index 0. Pods still running (finishing, or a late joiner about
+    to find the rendezvous closed) are waited for: they end by themselves within seconds."""
+    if job.failed:
+        return None
+    if job.complete:
+        return End(verdict(report, total_steps, expected))
+    if not (job.rank0_succeeded and job.never_started and job.stopping_pods == job.never_started):
+        return None
+    found = verdict(report, total_steps)  # ahead of the Job: only on rank 0's own word
+    return End(found, (job.name, 1), job.never_started) if found.done else None
+
+
+def ended_message(end: End) -> str:
+    """What the Succeeded message adds when pods of the attempt never started."""
+    if not end.left:
+        return ""
+    return (
+        f"; {end.left} pod(s) never started (no capacity, or gated by Kueue): ended by shrinking the Job to "
+        "index 0"
+    )

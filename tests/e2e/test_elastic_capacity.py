@@ -1,0 +1,102 @@
+"""Capacity that never comes does not hold an elastic DDPJob back (issue 54, item 4), on the real control
+plane: a running job scaled up while no node can take a pod (every node cordoned) trains on at the size it
+has, Succeeds verified once rank 0's report says its last step was reached, and no pod of it is left (the
+operator shrinks the Job to index 0, which deletes the Pending pod and completes the Job). The pods run on
+the node agents, as in test_scale.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddp_operator.local import elastic
+from helpers.e2e import SCRIPTS, Operator, children, ddpjob, get, stores, wait_phase
+from testcluster.fixtures import Cluster, wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+NAME = "capacity"
+INDEX = "batch.kubernetes.io/job-completion-index"
+
+
+def _world_of(cluster: Cluster, namespace: str, tmp_path: Path, size: int) -> int:
+    """Wait until rank 0 says a world of ``size`` was verified (its log line); its step."""
+
+    def there() -> tuple[int, int] | None:
+        for pod in children(cluster, namespace, "pods", NAME):
+            log = cluster.kubectl("logs", "-n", namespace, pod["metadata"]["name"], check=False).stdout
+            (tmp_path / f"{pod['metadata']['name']}.log").write_text(log)
+        return next((w for w in elastic.worlds(sorted(tmp_path.glob("*.log"))) if w[0] == size), None)
+
+    return wait_for(there, what=f"a world of {size} verified", timeout=240, every=1)[1]
+
+
+def _pending_at(cluster: Cluster, namespace: str, index: str) -> dict[str, Any]:
+    """Wait until the pod at ``index`` exists and the scheduler says it cannot place it."""
+
+    def there() -> dict[str, Any] | None:
+        for pod in children(cluster, namespace, "pods", NAME):
+            said = {c["type"]: c for c in pod.get("status", {}).get("conditions", [])}
+            scheduled = said.get("PodScheduled", {})
+            if pod["metadata"]["labels"].get(INDEX) == index and scheduled.get("reason") == "Unschedulable":
+                return pod
+        return None
+
+    return wait_for(there, what=f"pod {index} Pending, unschedulable", timeout=120, every=0.5)
+
+
+def test_a_scale_up_that_never_gets_a_node_does_not_hold_back_a_finished_job(
+    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
+) -> None:
+    """2 nodes train; every node is cordoned and the job scaled to 3: the third pod stays Pending (no
+    capacity). The two train to the last step; rank 0's report says so, verified: the DDPJob Succeeds in
+    attempt 1 with no restart, the Job (the same one) is shrunk to index 0 and Complete, the Pending pod is
+    gone and so is the rendezvous store, and the two pods that trained keep their logs. A slow model (30 ms
+    a forward), so that it trains through the scale-up."""
+    slow = {"name": "PYTHONPATH", "value": str(SCRIPTS)}  # slow_factories
+    doc = ddpjob(
+        NAME,
+        nodes=2,
+        elastic={"minNodes": 1, "maxNodes": 3},
+        env=[slow],
+        trainer={"steps": 800, "batchSize": 16, "checkpointEvery": 50, "model": "slow_factories:slow_mlp"},
+        syncCheck={"everySteps": 100},
+    )
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
+    wait_phase(cluster, namespace, NAME, "Running", timeout=180)
+    _world_of(cluster, namespace, tmp_path, 2)
+    nodes = cluster.kubectl_json("get", "nodes")["items"]
+    cordoned = [n["metadata"]["name"] for n in nodes if not n.get("spec", {}).get("unschedulable")]
+    try:
+        for node in cordoned:  # no capacity anywhere: the scale-up pod never runs
+            cluster.kubectl("cordon", node)
+        cluster.kubectl("scale", "ddpjob", NAME, "-n", namespace, "--replicas=3")
+        pending = _pending_at(cluster, namespace, index="2")
+        running = get(cluster, namespace, NAME)["status"]
+        assert running["phase"] == "Running", running  # BelowDesired: 2 of 3 train on
+        done = wait_phase(cluster, namespace, NAME, "Succeeded", "Failed", timeout=400)
+    finally:
+        for node in cordoned:
+            cluster.kubectl("uncordon", node, check=False)
+    status = done["status"]
+    assert status["phase"] == "Succeeded", status
+    assert status["attempt"] == 1 and status["restarts"] == 0 and status["sync"]["verified"] is True, status
+    assert status["progress"]["step"] == 800, status
+    complete = {c["type"]: c for c in status["conditions"]}["Complete"]
+    assert "1 pod(s) never started" in complete["message"], complete
+
+    def nothing_left() -> dict[str, Any] | None:
+        (job,) = children(cluster, namespace, "jobs", NAME)
+        said = {c["type"] for c in job.get("status", {}).get("conditions", []) if c.get("status") == "True"}
+        pods = children(cluster, namespace, "pods", NAME)
+        alive = [p for p in pods if p.get("status", {}).get("phase") not in ("Succeeded", "Failed")]
+        gone = all(p["metadata"]["uid"] != pending["metadata"]["uid"] for p in pods)
+        ended = "Complete" in said and not alive and gone and not stores(cluster, namespace, "jobs", NAME)
+        return job if ended else None
+
+    job = wait_for(nothing_left, what="the Job complete, no pod of it left, no store", timeout=60, every=0.5)
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 1, job["spec"]
+    ran = {p["metadata"]["labels"].get(INDEX) for p in children(cluster, namespace, "pods", NAME)}
+    assert ran == {"0", "1"}, ran  # the two that trained stay, with their logs
