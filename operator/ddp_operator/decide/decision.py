@@ -189,7 +189,8 @@ def _elastic_end(inputs: Inputs) -> ending.End | None:
     if spec.elastic is None or job is None:
         return None
     expected = ending.writes_report(spec)
-    return ending.elastic_end(job, inputs.facts.report, known_total_steps(spec), expected)
+    warn = spec.sync_check.on_divergence == "Warn"
+    return ending.elastic_end(job, inputs.facts.report, known_total_steps(spec), expected, warn)
 
 
 def _elastic_ended(inputs: Inputs, out: StatusBuilder, job: JobFacts, end: ending.End) -> Plan:

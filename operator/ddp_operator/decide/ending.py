@@ -65,7 +65,9 @@ def writes_report(spec: Spec) -> bool:
     return (spec.command is None and spec.args is None) or sync_hook(spec)
 
 
-def verdict(report: Mapping[str, Any] | None, total_steps: int, expected: bool = True) -> Verdict:
+def verdict(
+    report: Mapping[str, Any] | None, total_steps: int, expected: bool = True, warn: bool = False
+) -> Verdict:
     """Whether rank 0's ``report`` says the training finished: result ``Succeeded`` (the trainer says
     ``Interrupted`` for a run stopped short of its steps), at its last step (``total_steps``, where the spec
     knows it: the built-in trainer's ``trainer.steps``), and the replicas verified (or nothing to compare,
@@ -82,8 +84,8 @@ def verdict(report: Mapping[str, Any] | None, total_steps: int, expected: bool =
         return Verdict(False, ENDED_EARLY, f"rank 0's report says {result} at step {step}{of}{detail}")
     if total_steps and not (isinstance(step, int) and step >= total_steps):
         return Verdict(False, ENDED_EARLY, f"rank 0's report says step {step}{of}{detail}")
-    if report.get("verified") is True or report.get("reason") in NOTHING_TO_VERIFY:
-        return Verdict(True)
+    if report.get("verified") is True or report.get("reason") in NOTHING_TO_VERIFY or warn:
+        return Verdict(True)  # warn: spec.syncCheck.onDivergence Warn asked to train on, as a rigid job does
     return Verdict(
         False,
         NOT_VERIFIED,
@@ -92,7 +94,7 @@ def verdict(report: Mapping[str, Any] | None, total_steps: int, expected: bool =
 
 
 def elastic_end(
-    job: JobFacts, report: Mapping[str, Any] | None, total_steps: int, expected: bool
+    job: JobFacts, report: Mapping[str, Any] | None, total_steps: int, expected: bool, warn: bool = False
 ) -> End | None:
     """An elastic attempt's end, or None while it has not ended (or it failed: the policy decides that).
 
@@ -103,10 +105,10 @@ def elastic_end(
     if job.failed:
         return None
     if job.complete:
-        return End(verdict(report, total_steps, expected))
+        return End(verdict(report, total_steps, expected, warn))
     if not (job.rank0_succeeded and job.never_started and job.stopping_pods == job.never_started):
         return None
-    found = verdict(report, total_steps)  # ahead of the Job: only on rank 0's own word
+    found = verdict(report, total_steps, warn=warn)  # ahead of the Job: only on rank 0's own word
     return End(found, (job.name, 1), job.never_started) if found.done else None
 
 

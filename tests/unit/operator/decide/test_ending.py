@@ -88,7 +88,7 @@ def _condition(plan: Plan, kind: str) -> dict[str, Any]:
         (_report(step=70), 400, False, ending.ENDED_EARLY),  # said Succeeded, short of the steps
         ({"result": "Succeeded", "verified": True}, 400, False, ending.ENDED_EARLY),  # no step to go by
         (None, STEPS, False, ending.ENDED_EARLY),  # exit codes alone: nothing says it finished
-        (_report(verified=False), STEPS, False, ending.NOT_VERIFIED),  # onDivergence Warn found a divergence
+        (_report(verified=False), STEPS, False, ending.NOT_VERIFIED),  # diverged, and it was not Warn
         (_report(step=12), 0, True, ""),  # a command of the user's: its own report says it finished
         ({"result": "Succeeded", "reason": "NoDDPModel", "message": "nothing to verify"}, 0, True, ""),
         ({"result": "Succeeded", "reason": "SyncHookOff", "message": "could not switch on"}, 0, True, ""),
@@ -247,3 +247,8 @@ def test_the_policy_restarts_an_attempt_that_ended_early_and_fails_an_unverified
         False, report=_report(verified=False), reason=ending.NOT_VERIFIED, message="x"
     )
     assert restarts.decide(unverified, 1, 2).action is restarts.Action.FAIL
+
+
+def test_under_warn_a_divergence_at_the_end_does_not_fail_an_elastic_job_nor_a_rigid_one() -> None:
+    found = ending.verdict(_report(verified=False), STEPS, warn=True)
+    assert found.done, found
