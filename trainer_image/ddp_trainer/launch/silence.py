@@ -41,6 +41,10 @@ from it."""
 LEFT_FRESH_SECONDS = 3.0
 """A member that vanished from the state having renewed within this is taken to have left on purpose
 (renewals come every 1-2 s; the bound is 5 s)."""
+MARGIN_SECONDS = 1.0
+"""Added to the keep-alive bound before a member still in the state is judged: torch's own sanitizer drops a
+member at the bound, but only at a rendezvous; here a judgement stops the workers of a world that trains, so
+an agent of the round whose keep-alive thread ran a second late on a loaded machine is given that second."""
 MARK_PREFIX = "ddpjob/silent"
 
 SILENT, DROPPED = "silent", "dropped"
@@ -140,7 +144,7 @@ class Watch:
                 continue
             quiet = now - since
             if node in present and node in beats:
-                if quiet >= self.bound:
+                if quiet >= self.bound + MARGIN_SECONDS:
                     silent.append((node, quiet))
             elif quiet >= LEFT_FRESH_SECONDS:  # gone from the state, and silent before it went
                 silent.append((node, quiet))
