@@ -1,49 +1,80 @@
-"""A lost node, elastic against rigid, side by side in one run on the same job (``ddpjob local``).
+"""A lost node on an elastic job, side by side in one run on the same job (``ddpjob local``): against a rigid
+job (``--mode rigid``, the default), or a silent loss against a process death (``--mode silent``).
 
     python bench/elastic_bench.py [--nodes 3] [--steps 400] [--kill-after-step 40]
+    python bench/elastic_bench.py --mode silent [--rounds 5] [--release-after 30] [--steps 400] ...
 
 The same DDPJob (``--nodes`` pods × 1 process on the CPU, the built-in trainer, a checkpoint every 5
-steps) runs twice, elastic (``spec.elastic: {minNodes: 1, maxNodes: nodes}``) then rigid; in each, once rank
-0 has passed ``--kill-after-step``, every process of pod 1 is SIGKILLed, as a lost node.
+steps) runs several times; in each, once rank 0 has passed ``--kill-after-step``, pod 1 is lost:
 
-* elastic: the others re-rendezvous at the smaller world through the store no pod hosts; ten seconds later
-  the replacement pod joins and the world grows back;
-* rigid: the attempt fails and the gang restarts as attempt 2 (new pods), as today.
+* ``--mode rigid``, one run of each, elastic (``spec.elastic: {minNodes: 1, maxNodes: nodes}``) then rigid,
+  every process of pod 1 SIGKILLed, as a lost node:
+
+  * elastic: the others re-rendezvous at the smaller world through the store no pod hosts; ten seconds
+    later the replacement pod joins and the world grows back;
+  * rigid: the attempt fails and the gang restarts as attempt 2 (new pods), as today.
+
+* ``--mode silent``, elastic both times, in ``--rounds`` paired rounds (``bench/paired.py``: ABBA order,
+  death = A, silent = B, no warm-up run):
+
+  * death: every process of pod 1 SIGKILLed, as above: its sockets close, the survivors' collectives fail
+    at once and the store drops its agent;
+  * silent: every process of pod 1 frozen with SIGSTOP, as a node whose power, kernel or network is gone:
+    its sockets stay open, so no collective fails, and the survivors' agents must see its rendezvous
+    keep-alive stop (``ddp_trainer.launch.silence``: the bound is 5 s) before they re-form without it.
+    Once the smaller world's first step is in rank 0's log (or ``--release-after`` seconds after the
+    freeze, whichever comes first), the frozen processes are SIGKILLed: ``ddpjob local`` then replaces
+    the pod as after a death, the world grows back, and the run ends as the death's does. (SIGCONT would
+    do as well, a woken pod rejoins by itself, but a kill makes both sides end by the same path.)
 
 Measured from the trainer's own log timestamps (rank 0's "first optimizer step of this run" lines, which
-each new world writes) and the kill's own clock:
+each new world writes) and the loss's own clock (the kill's, or the freeze's):
 
-* shrink (elastic) and recovery (rigid): seconds from the kill to the first step after it; steps lost: the
-  step rank 0 had reached at the kill (its ``ddp_step`` metric) less the step it resumed from;
+* shrink (elastic) and recovery (rigid): seconds from the loss to the first step after it; steps lost: the
+  step rank 0 had reached at the loss (its ``ddp_step`` metric) less the step it resumed from;
 * grow (elastic): seconds of training lost to the replacement joining: from the running world's stop
-  (its SIGTERM line) to the grown world's first step; steps lost the same way.
+  (its first SIGTERM line, any rank's) to the grown world's first step; steps lost the same way.
 
-Goals on the 2-core machine (issue 42): shrink <= 0.5 of the rigid recovery; a grow loses <= 15 s. Prints
-figures and ratios, never asserts.
+Goals on the 2-core machine: (issue 42) shrink <= 0.5 of the rigid recovery, a grow loses <= 15 s;
+(issue 54) a silent loss <= 15 s from the freeze to the first step at the smaller world (a death's shrink,
+4.5 s, plus the keep-alive bound). ``--mode silent`` prints each side's shrink and steps lost with their
+spread (median [min-max] over the rounds), the silent/death ratio of each round with its spread
+(``paired.judge``, no goal), and the 15 s goal's verdict over every round's silent shrink (``paired.verdict``:
+met only if every round clears it). Fewer than ``paired.MIN_ROUNDS`` rounds are allowed (each sample is a
+whole job, minutes on 2 cores) and said so beside the figures. Prints figures, never asserts.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import paired
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 FIRST_STEP = re.compile(
     r"^(\S+ \S+) \[rank 0\] INFO first optimizer step of this run: step (\d+)(?: \(resumed from (\d+)\))?"
 )
-SIGTERM = re.compile(r"^(\S+ \S+) \[rank 0\] WARNING received SIGTERM")
+SIGTERM = re.compile(r"^(\S+ \S+) \[rank \d+\] WARNING received SIGTERM")
+"""Any rank's: a world's stop for a grow reaches rank 0 through the step-boundary agreement, which it does not
+always log as a signal of its own."""
+STEP = re.compile(r"^(\S+ \S+) \[rank 0\] INFO step (\d+):")
 METRICS = re.compile(r"metrics (\S+) :(\d+)")
+SILENT_GOAL_S = 15.0
+"""Issue 54: from the freeze to the first step at the smaller world."""
 
 
 def _when(stamp: str) -> float:
@@ -87,71 +118,162 @@ def _pod_pids(job: str, node_rank: int) -> list[int]:
     return found
 
 
-def run(folder: Path, name: str, nodes: int, steps: int, kill_after: int, elastic: bool) -> dict[str, Any]:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "job.yaml").write_text(yaml.safe_dump(_doc(name, nodes, steps, elastic)))
-    argv = [sys.executable, "-m", "ddp_operator", "local", "job.yaml", "--workdir", "runs"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "operator"), str(REPO / "trainer_image")])}
-    out_path = folder / "out.log"
-    with open(out_path, "w") as out:
-        process = subprocess.Popen(argv, cwd=folder, stdout=out, stderr=subprocess.STDOUT, env=env)
-        port = None
-        reached = -1
-        while reached < kill_after:
-            assert process.poll() is None, out_path.read_text()
-            if port is None and (m := METRICS.search(out_path.read_text())):
-                port = int(m.group(2))
-            reached = _rank0_step(port) if port else -1
-            time.sleep(0.2)
-        killed_at = time.time()
-        for pid in _pod_pids(name, 1):
-            os.kill(pid, signal.SIGKILL)
-        process.wait(timeout=900)
-    lines = [
+def _signal_pod(job: str, node_rank: int, sig: signal.Signals) -> list[int]:
+    """``sig`` to every process of pod ``node_rank``, scanning again until no new one shows (a worker its
+    launcher started meanwhile); the PIDs signalled."""
+    done: list[int] = []
+    while new := [pid for pid in _pod_pids(job, node_rank) if pid not in done]:
+        for pid in new:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        done += new
+    return done
+
+
+def _log_lines(folder: Path, name: str) -> list[str]:
+    return [
         line
         for log in sorted((folder / "runs" / name).glob("attempt-*/*.log"))
         for line in log.read_text(errors="replace").splitlines()
     ]
+
+
+def figures_from(lines: Sequence[str], lost_at: float, reached: int, elastic: bool) -> dict[str, Any]:
+    """The figures of one run from its log lines (every pod's, every attempt's), the loss's clock
+    (``time.time()``) and the step rank 0 had reached at the loss: ``recover_s``/``recover_steps`` (the
+    loss to the first step after it) and, elastic, ``grow_s``/``grow_steps`` (the running world's first
+    SIGTERM, any rank's, to the next world's first step); a figure the logs do not hold is absent."""
     firsts = sorted(
         (_when(m[1]), int(m[2]), int(m[3] or 0)) for line in lines if (m := FIRST_STEP.match(line))
     )
     terms = sorted(_when(m[1]) for line in lines if (m := SIGTERM.match(line)))
-    after = [f for f in firsts if f[0] > killed_at]
-    figures: dict[str, Any] = {"code": process.returncode, "reached": reached}
+    after = [f for f in firsts if f[0] > lost_at]
+    figures: dict[str, Any] = {"reached": reached}
     if after:
         at, _, resumed = after[0]
-        figures.update(recover_s=at - killed_at, recover_steps=reached - resumed)
+        figures.update(recover_s=at - lost_at, recover_steps=reached - resumed)
     if elastic and len(after) > 1:
         at, _, resumed = after[1]
-        stop = max((t for t in terms if after[0][0] < t < at), default=None)
+        stop = min((t for t in terms if after[0][0] < t < at), default=None)
         if stop is not None:
             figures.update(grow_s=at - stop, grow_steps=max(0, _step_before(lines, stop) - resumed))
     return figures
 
 
-def _step_before(lines: list[str], when: float) -> int:
+def _step_before(lines: Sequence[str], when: float) -> int:
     """The last step rank 0 logged (a check or a checkpoint) before ``when``."""
     best = 0
     for line in lines:
-        m = re.match(r"^(\S+ \S+) \[rank 0\] INFO step (\d+):", line)
+        m = STEP.match(line)
         if m and _when(m[1]) <= when:
             best = max(best, int(m[2]))
     return best
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
-    parser.add_argument("--nodes", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--kill-after-step", type=int, default=40)
-    parser.add_argument(
-        "--keep", type=Path, help="run in this folder and keep its logs (default: a temp one)"
+def run(
+    folder: Path,
+    name: str,
+    nodes: int,
+    steps: int,
+    kill_after: int,
+    elastic: bool,
+    *,
+    silent: bool = False,
+    release_after: float = 30.0,
+) -> dict[str, Any]:
+    """One job; pod 1 lost once rank 0 passed ``kill_after``: SIGKILLed, or (``silent``) frozen, then
+    SIGKILLed at the smaller world's first step or ``release_after`` seconds after the freeze."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "job.yaml").write_text(yaml.safe_dump(_doc(name, nodes, steps, elastic)))
+    argv = [sys.executable, "-m", "ddp_operator", "local", "job.yaml", "--workdir", "runs"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "operator"), str(REPO / "trainer_image")])}
+    out_path = folder / "out.log"
+    frozen: list[int] = []
+    extra: dict[str, Any] = {}
+    with open(out_path, "w") as out:
+        process = subprocess.Popen(argv, cwd=folder, stdout=out, stderr=subprocess.STDOUT, env=env)
+        try:
+            port = None
+            reached = -1
+            while reached < kill_after:
+                assert process.poll() is None, out_path.read_text()
+                if port is None and (m := METRICS.search(out_path.read_text())):
+                    port = int(m.group(2))
+                reached = _rank0_step(port) if port else -1
+                time.sleep(0.2)
+            lost_at = time.time()
+            if not silent:
+                _signal_pod(name, 1, signal.SIGKILL)
+            else:
+                frozen = _signal_pod(name, 1, signal.SIGSTOP)
+                while time.time() - lost_at < release_after and process.poll() is None:
+                    if "recover_s" in figures_from(_log_lines(folder, name), lost_at, reached, elastic):
+                        break
+                    time.sleep(0.5)
+                extra["released_s"] = time.time() - lost_at
+                for pid in frozen:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            process.wait(timeout=900)
+        finally:
+            for pid in frozen:  # whatever a failed run left of them
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    figures = figures_from(_log_lines(folder, name), lost_at, reached, elastic)
+    return {"code": process.returncode, **figures, **extra}
+
+
+def spread_said(values: Sequence[float], unit: str = "s", digits: int = 1) -> str:
+    """``4.5 s [4.3-4.9]``: the median and the min-max of ``values``."""
+    if not values:
+        return "—"
+    f = f"{{:.{digits}f}}"
+    low, high = min(values), max(values)
+    return f"{f.format(statistics.median(values))} {unit} [{f.format(low)}-{f.format(high)}]"
+
+
+def silent_report(death: Sequence[dict[str, Any]], silent: Sequence[dict[str, Any]]) -> list[str]:
+    """The lines ``--mode silent`` prints after its rounds, from each round's figures (death = A, silent = B,
+    round by round): per round, then each side's spread, the ratio silent/death and the 15 s goal. Rounds
+    where either side has no shrink figure are shown and left out of the spreads."""
+    lines = []
+    for number, (order, a, b) in enumerate(zip(paired.abba(len(death)), death, silent, strict=True), 1):
+        lines.append(f"  round {number} ({' '.join('death' if s == 'A' else 'silent' for s in order)}):")
+        for side, got in (("death", a), ("silent", b)):
+            lines.append(f"    {side:6}: {got}")
+    whole = [(a, b) for a, b in zip(death, silent, strict=True) if "recover_s" in a and "recover_s" in b]
+    if len(whole) < len(death):
+        lines.append(f"  {len(death) - len(whole)} round(s) without a shrink figure on a side: left out")
+    if not whole:
+        lines.append("no complete round: no figure")
+        return lines
+    for side, index in (("death", 0), ("silent", 1)):
+        got = [pair[index] for pair in whole]
+        grows = [g["grow_s"] for g in got if "grow_s" in g]
+        lines.append(
+            f"{side:6} loss → first step at the smaller world: {spread_said([g['recover_s'] for g in got])}, "
+            f"steps lost {spread_said([g['recover_steps'] for g in got], 'steps', 0)}; "
+            f"grow {spread_said(grows)} ({len(grows)} of {len(got)})"
+        )
+    a, b = [p[0]["recover_s"] for p in whole], [p[1]["recover_s"] for p in whole]
+    ratio = paired.judge(a, b, over="b/a", goal=None, direction="at most")
+    goal = paired.verdict(min(b), max(b), SILENT_GOAL_S, "at most")
+    few = (
+        f" (fewer than {paired.MIN_ROUNDS} rounds: a rough spread)"
+        if ratio.rounds < paired.MIN_ROUNDS
+        else ""
     )
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="elastic-bench-") as tmp:
-        where = args.keep or Path(tmp)
-        elastic = run(where / "e", "bench-e", args.nodes, args.steps, args.kill_after_step, True)
-        rigid = run(where / "r", "bench-r", args.nodes, args.steps, args.kill_after_step, False)
+    lines.append(f"ratio silent/death: {ratio.said(2)}{few}")
+    lines.append(f"silent <= {SILENT_GOAL_S:.0f} s in every round: {goal} (max {max(b):.1f} s)")
+    return lines
+
+
+def rigid_mode(args: argparse.Namespace, where: Path) -> None:
+    elastic = run(where / "e", "bench-e", args.nodes, args.steps, args.kill_after_step, True)
+    rigid = run(where / "r", "bench-r", args.nodes, args.steps, args.kill_after_step, False)
     print(f"{args.nodes} pods x 1 process (cpu/gloo), pod 1 SIGKILLed after step {args.kill_after_step}")
     print(f"  elastic: exit {elastic['code']}, {elastic}")
     print(f"  rigid:   exit {rigid['code']}, {rigid}")
@@ -166,6 +288,57 @@ def main() -> None:
         print(
             f"grow: {elastic['grow_s']:.1f} s of training lost, {elastic['grow_steps']} steps (goal <= 15 s)"
         )
+
+
+def silent_mode(args: argparse.Namespace, where: Path) -> None:
+    got: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
+    for number, order in enumerate(paired.abba(args.rounds), 1):
+        for side in order:
+            kind = "d" if side == "A" else "s"
+            got[side].append(
+                run(
+                    where / f"{kind}{number}",
+                    f"bench-{kind}{number}",
+                    args.nodes,
+                    args.steps,
+                    args.kill_after_step,
+                    True,
+                    silent=side == "B",
+                    release_after=args.release_after,
+                )
+            )
+    print(
+        f"{args.nodes} pods x 1 process (cpu/gloo), elastic (minNodes 1), pod 1 lost after step "
+        f"{args.kill_after_step}: SIGKILL (death) vs SIGSTOP (silent; SIGKILLed at the smaller world's first "
+        f"step or {args.release_after:.0f} s); {args.rounds} paired rounds (ABBA, death = A)"
+    )
+    print("\n".join(silent_report(got["A"], got["B"])))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument(
+        "--mode", choices=("rigid", "silent"), default="rigid", help="elastic vs rigid, or silent vs death"
+    )
+    parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--kill-after-step", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=paired.MIN_ROUNDS, help="--mode silent: paired rounds")
+    parser.add_argument(
+        "--release-after",
+        type=float,
+        default=30.0,
+        help="--mode silent: SIGKILL the frozen pod this long after the freeze at the latest (s)",
+    )
+    parser.add_argument(
+        "--keep", type=Path, help="run in this folder and keep its logs (default: a temp one)"
+    )
+    args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds: at least 1")
+    with tempfile.TemporaryDirectory(prefix="elastic-bench-") as tmp:
+        where = args.keep or Path(tmp)
+        (rigid_mode if args.mode == "rigid" else silent_mode)(args, where)
 
 
 if __name__ == "__main__":
