@@ -42,12 +42,18 @@ CLUSTER_KINDS = ("clusterroles", "clusterrolebindings", "clusterkopfpeerings.kop
 
 @contextlib.contextmanager
 def installed(
-    cluster: Cluster, prefix: str, *, pod_security: str | None = None, chart: Path = CHART, **values: Any
+    cluster: Cluster,
+    prefix: str,
+    *,
+    pod_security: str | None = None,
+    chart: Path = CHART,
+    skip_crds: bool = False,
+    **values: Any,
 ) -> Iterator[Release]:
     """The chart installed with ``values`` (dotted keys), watching a namespace of its own
     (``<prefix>-jobs-*``, the operator in ``<prefix>-op-*``); uninstalled and both namespaces deleted after.
     ``pod_security``: both namespaces enforce that Pod Security level (their ``enforce`` label); ``chart``:
-    another version's chart folder (an upgrade's starting point).
+    another version's chart folder (an upgrade's starting point); ``skip_crds``: ``helm install --skip-crds``.
     The session's cluster-wide operator is paused meanwhile (two must not reconcile the same DDPJobs)."""
     labels = {"pod-security.kubernetes.io/enforce": pod_security} if pod_security else None
     with session_operator_paused():
@@ -58,7 +64,7 @@ def installed(
             jobs=cluster.create_namespace(f"{prefix}-jobs", labels),
         )
         try:
-            release.install(chart, **values)
+            release.install(chart, skip_crds=skip_crds, **values)
             yield release
         finally:
             release.helm("uninstall", release.name, "--wait", "--timeout=120s", check=False)
@@ -107,8 +113,11 @@ class Release:
             arg for key, value in settings.items() for arg in ("--set-json", f"{key}={json.dumps(value)}")
         ]
 
-    def install(self, chart: Path = CHART, **more: Any) -> None:
-        self.helm("install", self.name, str(chart), *self.values(**more), "--wait", "--timeout=240s")
+    def install(self, chart: Path = CHART, *, skip_crds: bool = False, **more: Any) -> None:
+        """``helm install``; ``skip_crds``: leave the cluster's CRDs as they are (``--skip-crds``), as a
+        cluster whose CRDs ``kubectl apply --server-side`` manages has them."""
+        skip = ["--skip-crds"] if skip_crds else []
+        self.helm("install", self.name, str(chart), *skip, *self.values(**more), "--wait", "--timeout=240s")
 
     def upgrade(self, *, reuse: str = "--reuse-values", **more: Any) -> None:
         """``helm upgrade --reuse-values`` to this checkout's chart with ``more``: what the install set
