@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from ddp_operator.local import elastic
-from helpers.e2e import SCRIPTS, Operator, children, ddpjob, get, stores, wait_phase
+from helpers.e2e import Operator, children, get, slow_elastic_job, stores, wait_phase
 from testcluster.fixtures import Cluster, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -55,15 +55,7 @@ def test_a_scale_up_that_never_gets_a_node_does_not_hold_back_a_finished_job(
     attempt 1 with no restart, the Job (the same one) is shrunk to index 0 and Complete, the Pending pod is
     gone and so is the rendezvous store, and the two pods that trained keep their logs. A slow model (30 ms
     a forward), so that it trains through the scale-up."""
-    slow = {"name": "PYTHONPATH", "value": str(SCRIPTS)}  # slow_factories
-    doc = ddpjob(
-        NAME,
-        nodes=2,
-        elastic={"minNodes": 1, "maxNodes": 3},
-        env=[slow],
-        trainer={"steps": 800, "batchSize": 16, "checkpointEvery": 50, "model": "slow_factories:slow_mlp"},
-        syncCheck={"everySteps": 100},
-    )
+    doc = slow_elastic_job(NAME)
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
     wait_phase(cluster, namespace, NAME, "Running", timeout=180)
     _world_of(cluster, namespace, tmp_path, 2)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from ddp_operator.local import elastic
-from helpers.e2e import SCRIPTS, Operator, children, ddpjob, get, wait_phase
+from helpers.e2e import Operator, children, get, slow_elastic_job, wait_phase
 from testcluster.fixtures import Cluster, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -63,15 +63,7 @@ def test_kubectl_scale_resizes_the_same_job_and_the_trainer_follows_without_a_re
     forward), so that it trains through all of it."""
     # the node agents mount no hostPath: each pod checkpoints to its own emptyDir (the local test of a pod
     # taken away, and the real-node test of a lost node, resume from a shared volume)
-    slow = {"name": "PYTHONPATH", "value": str(SCRIPTS)}  # slow_factories
-    doc = ddpjob(
-        "elastic",
-        nodes=2,
-        elastic={"minNodes": 1, "maxNodes": 3},
-        env=[slow],
-        trainer={"steps": 800, "batchSize": 16, "checkpointEvery": 50, "model": "slow_factories:slow_mlp"},
-        syncCheck={"everySteps": 100},
-    )
+    doc = slow_elastic_job("elastic")
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
     wait_phase(cluster, namespace, "elastic", "Running", timeout=180)
     (first,) = children(cluster, namespace, "jobs", "elastic")

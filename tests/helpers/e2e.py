@@ -32,6 +32,7 @@ __all__ = [
     "real_ddpjob",
     "session_operator_paused",
     "settle",
+    "slow_elastic_job",
     "stores",
     "wait_phase",
     "writable_folder",
@@ -76,6 +77,20 @@ def session_operator_paused() -> Iterator[None]:
 # as processes of the node agents say why in their module.
 ON_REAL_NODES: dict[str, Any] = {"nodeSelector": {LABEL: "true"}, "tolerations": [realfixture.TOLERATION]}
 SCRIPTS = Path(__file__).parent
+
+
+def slow_elastic_job(name: str) -> dict[str, Any]:
+    """An elastic DDPJob of 2 nodes (1-3) with the tests' slow model (30 ms a forward, its module in the
+    scripts folder), 800 steps: long enough to train through a resize on the node agents."""
+    slow = {"name": "PYTHONPATH", "value": str(SCRIPTS)}  # slow_factories
+    return ddpjob(
+        name,
+        nodes=2,
+        elastic={"minNodes": 1, "maxNodes": 3},
+        env=[slow],
+        trainer={"steps": 800, "batchSize": 16, "checkpointEvery": 50, "model": "slow_factories:slow_mlp"},
+        syncCheck={"everySteps": 100},
+    )
 
 
 def on_real_nodes(*, scripts: bool = False, **template: Any) -> dict[str, Any]:
