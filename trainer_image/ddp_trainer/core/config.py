@@ -258,12 +258,19 @@ def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
         raise ValueError(f"{name}={raw!r}: expected an integer") from None
 
 
-def read_pod_env(env: Mapping[str, str]) -> PodEnv:
-    """Read the ``DDPJOB_*`` variables from ``env`` (pass ``os.environ``); the filesystem is consulted only
-    to see whether ``/dev/termination-log`` is writable when ``DDPJOB_TERMINATION_LOG`` is unset."""
+def termination_log(env: Mapping[str, str]) -> str | None:
+    """Where this pod's report goes: ``DDPJOB_TERMINATION_LOG``, else the container's
+    ``/dev/termination-log`` when it is writable, else nowhere."""
     termination = env.get(contract.TERMINATION_LOG_ENV) or None
     if termination is None and os.access(contract.TERMINATION_LOG_PATH, os.W_OK):
         termination = contract.TERMINATION_LOG_PATH
+    return termination
+
+
+def read_pod_env(env: Mapping[str, str]) -> PodEnv:
+    """Read the ``DDPJOB_*`` variables from ``env`` (pass ``os.environ``); the filesystem is consulted only
+    to see whether ``/dev/termination-log`` is writable when ``DDPJOB_TERMINATION_LOG`` is unset."""
+    termination = termination_log(env)
     attempt = _int_env(env, contract.ATTEMPT_ENV, contract.FIRST_ATTEMPT)
     if attempt < contract.FIRST_ATTEMPT:
         raise ValueError(

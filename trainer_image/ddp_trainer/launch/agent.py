@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from ddp_trainer import contract
+from ddp_trainer.core.config import termination_log
 from ddp_trainer.core.inplace import SAME, exit_code_of, not_retried
 from ddp_trainer.launch import store
 from ddp_trainer.launch.book import Book
@@ -237,11 +238,8 @@ def _fail_rigid(agent: Any, group: Any, why: str) -> None:
         flush=True,
     )
     agent._remaining_restarts = 0
-    ranks = sorted(int(worker.global_rank) for worker in group.workers) or [0]
-    path = os.environ.get(contract.TERMINATION_LOG_ENV) or (
-        contract.TERMINATION_LOG_PATH if os.access(contract.TERMINATION_LOG_PATH, os.W_OK) else None
-    )
-    record_failure(path, ranks[0], f"{contract.SILENT_PEER}: {why}")
+    first = min((int(worker.global_rank) for worker in group.workers), default=0)
+    record_failure(termination_log(os.environ), first, f"{contract.SILENT_PEER}: {why}")
 
 
 ROUND_TRIES = 5

@@ -1,4 +1,4 @@
-"""An elastic agent's view of its rendezvous round, the torch side of :mod:`ddp_trainer.launch.silence`:
+"""An agent's view of its rendezvous round, the torch side of :mod:`ddp_trainer.launch.silence`:
 torch's ``c10d`` rendezvous state read as stored, the mark every agent of a round follows, and the stop of
 workers that wait in a collective with a silent peer (or are stale). The launcher (:mod:`.agent`) calls it
 from its wrapped ``_monitor_workers`` and ``_rendezvous``; ``tests/contract/test_torch_private.py`` checks
@@ -18,19 +18,18 @@ from ddp_trainer.launch import silence
 
 
 class RoundWatch:
-    """The torch side of :class:`silence.Watch` for one elastic agent: it reads torch's ``c10d`` rendezvous
+    """The torch side of :class:`silence.Watch` for one agent (an elastic job's, or a rigid job's under
+    the launcher): it reads torch's ``c10d`` rendezvous
     state as stored (``_RendezvousState``: ``round``, ``participants``, ``last_heartbeats``, ``closed``)
     through the handler's private ``_store``, ``_settings`` and ``_this_node``, and sets and reads the mark
     that makes every agent of the round follow the first that judged."""
 
     def __init__(self, handler: Any, hosted_by_a_node: bool = False) -> None:
-        from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
-
         settings = handler._settings
         self.handler, self.run_id, self.store = handler, str(settings.run_id), handler._store
         bound = settings.keep_alive_interval * settings.keep_alive_max_attempt
         self.watch = silence.Watch(bound=bound.total_seconds())
-        self.backend = C10dRendezvousBackend(self.store, self.run_id)
+        self.backend = handler._state_holder._backend  # torch's own reader of the stored state
         self.failed_reads = 0
         self.hosted_by_a_node = hosted_by_a_node
         """The store lives in node 0's agent (a rigid job's, seen from another node): a store that does not
