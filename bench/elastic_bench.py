@@ -52,7 +52,6 @@ import datetime as dt
 import os
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -231,8 +230,8 @@ def spread_said(values: Sequence[float], unit: str = "s", digits: int = 1) -> st
     if not values:
         return "—"
     f = f"{{:.{digits}f}}"
-    low, high = min(values), max(values)
-    return f"{f.format(statistics.median(values))} {unit} [{f.format(low)}-{f.format(high)}]"
+    middle, low, high = paired.spread(values)
+    return f"{f.format(middle)} {unit} [{f.format(low)}-{f.format(high)}]"
 
 
 def silent_report(death: Sequence[dict[str, Any]], silent: Sequence[dict[str, Any]]) -> list[str]:
