@@ -25,11 +25,13 @@ class RoundWatch:
     that makes every agent of the round follow the first that judged."""
 
     def __init__(self, handler: Any, hosted_by_a_node: bool = False) -> None:
+        from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
         settings = handler._settings
         self.handler, self.run_id, self.store = handler, str(settings.run_id), handler._store
         bound = settings.keep_alive_interval * settings.keep_alive_max_attempt
         self.watch = silence.Watch(bound=bound.total_seconds())
-        self.backend = handler._state_holder._backend  # torch's own reader of the stored state
+        self.backend = C10dRendezvousBackend(self.store, self.run_id)
         self.failed_reads = 0
         self.hosted_by_a_node = hosted_by_a_node
         """The store lives in node 0's agent (a rigid job's, seen from another node): a store that does not
