@@ -2,7 +2,8 @@
 
 - ``cluster`` (session): reuses a cluster that ``make cluster-up`` started, else starts one and stops it
   at the end of the session (``DDPJOB_KEEP_CLUSTER=1`` keeps it up). Skips, saying why, where this
-  machine cannot run it (not root, no ``ip``, no Go and no cached binaries).
+  machine cannot run it (not root, no ``ip``, no Go and no cached binaries); fails instead in CI
+  (``CI=true``: :func:`ci.skip_or_fail`).
 - ``namespace`` (function): a fresh namespace whose ``default`` ServiceAccount exists; deleted afterwards.
 - ``pytest_collection_finish`` builds the binaries before the first test when a cluster test was
   collected, so the first build (tens of minutes) does not count against a test's timeout.
@@ -30,6 +31,7 @@ import pytest
 
 from . import lifecycle, serviceaccounts
 from .audit import AuditLog
+from .ci import skip_or_fail
 from .kubeapi import Kube
 from .layout import BUILD_SCRIPT, Layout
 
@@ -165,7 +167,7 @@ def running_cluster(layout: Layout | None = None) -> Iterator[Cluster]:
 def cluster() -> Iterator[Cluster]:
     reason = unavailable_reason()
     if reason:
-        pytest.skip(reason)
+        skip_or_fail(reason)
     with running_cluster() as running:
         yield running
 

@@ -3,7 +3,8 @@ running test cluster, with ``make images``' operator and trainer images and the 
 takes them out again: pods on them deleted (the kubelet stops their containers and releases their
 addresses), Node objects deleted, kubelet and containerd stopped. Tests take them through the session
 fixture :func:`real_nodes` (one start per session, whichever tier asks first: two starts would fight over
-the nodes' containerd), which skips, saying why, where they cannot run.
+the nodes' containerd), which skips, saying why, where they cannot run (fails instead in CI: ``CI=true``,
+:func:`ci.skip_or_fail`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from . import nodeimages, realnode
+from .ci import skip_or_fail
 from .fixtures import Cluster, wait_for
 from .layout import BUILD_SCRIPT
 from .nodeconfig import LABEL, RealNode
@@ -178,10 +180,10 @@ class Unavailable(Exception):
 
 @pytest.fixture(scope="session")
 def real_nodes(cluster: Cluster) -> Iterator[list[RealNode]]:
-    """The real nodes, for the session; or a skip that says why not."""
+    """The real nodes, for the session; or a skip that says why not (a failure in CI)."""
     built = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=True)
     try:
         with running_real_nodes(cluster, Path(built.stdout.strip())) as nodes:
             yield nodes
     except Unavailable as exc:
-        pytest.skip(f"no real nodes: {exc}")
+        skip_or_fail(f"no real nodes: {exc}")

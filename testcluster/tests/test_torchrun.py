@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from testcluster.ci import skip_or_fail
 from testcluster.fixtures import Cluster, python_pod, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -40,7 +41,7 @@ def _pods_have_torch(cluster: Cluster, namespace: str) -> bool:
 
 def test_torchrun_rendezvous_by_pod_dns_name(cluster: Cluster, namespace: str) -> None:
     if not _pods_have_torch(cluster, namespace):
-        pytest.skip(
+        skip_or_fail(
             "torch is not installed in the pods' Python environment (set DDPJOB_POD_BIN or CLUSTER_PY)"
         )
     service = {

@@ -10,9 +10,12 @@ import pickle
 import socket
 from datetime import UTC, datetime, timedelta
 
-import pytest
+from testcluster.ci import skip_or_fail
 
-torch = pytest.importorskip("torch", reason="the trainer's half needs torch (the venv has it)")
+try:
+    import torch
+except ImportError as error:
+    skip_or_fail(f"the trainer's half needs torch (the venv has it): {error}")
 
 
 def _free_port() -> int:

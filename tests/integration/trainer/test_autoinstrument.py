@@ -19,6 +19,7 @@ import torch
 
 from ddp_trainer import contract, inject
 from helpers import REPO
+from testcluster.ci import skip_or_fail
 
 HERE = REPO / "tests" / "helpers"  # the scenarios, and the modules they import, on the ranks' PYTHONPATH
 SCENARIOS = HERE / "autoinstrument_scenarios.py"
@@ -146,7 +147,7 @@ def test_the_hook_switches_on_however_torch_arrives(tmp_path: Path, hook_dir: Pa
     ``importlib.import_module``, the script run as a module (``torchrun -m``), torch loaded before the
     hook's ``sitecustomize`` ran. Each ends checked and verified."""
     if head == "datasets" and importlib.util.find_spec("datasets") is None:
-        pytest.skip("datasets is not installed (pip install -e '.[dev]' installs it)")
+        skip_or_fail("datasets is not installed (pip install -e '.[dev]' installs it)")
     path, env = [hook_dir, HERE], {"HEAD": head, "STEPS": "10"}
     if head == "preloaded":
         (tmp_path / "image").mkdir()

@@ -32,6 +32,7 @@ import ddp_trainer
 from ddp_trainer import contract
 from ddp_trainer.sync import probe
 from ddp_trainer.sync.health import SyncHealth
+from testcluster.ci import skip_or_fail
 
 OURS = str(Path(ddp_trainer.__file__).parent)
 COLLECTIVES = (
@@ -147,7 +148,10 @@ def hf_run(
     """A GPT-2 trained by a ``transformers.Trainer`` for STEPS steps on the CPU, every torch call counted;
     with ``callback()`` in its callbacks when given. Returns the counts, the model, and the global state
     before and after."""
-    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    try:
+        import transformers
+    except ImportError as error:
+        skip_or_fail(f"transformers is not installed (pip install -e '.[dev]' installs it): {error}")
     counting = Counting()
 
     class Marker(transformers.TrainerCallback):  # type: ignore[misc,name-defined]

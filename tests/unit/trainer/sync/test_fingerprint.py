@@ -24,6 +24,7 @@ from ddp_trainer import sync
 from ddp_trainer.sync import fingerprints as fpmod
 from ddp_trainer.sync.fingerprints import dispatch, numba_kernel, numpy_kernel
 from ddp_trainer.train.model import MLP
+from testcluster.ci import skip_or_fail
 
 # --- the reference: the formula of fingerprint/definition.py's docstring, written again in NumPy ----
 U64 = np.uint64
@@ -376,7 +377,7 @@ def _interpreted(script: str) -> dict[str, Any]:
     try:
         import triton  # noqa: F401
     except ImportError as error:
-        pytest.skip(f"triton is not importable: {error}")
+        skip_or_fail(f"triton is not importable (torch's CUDA wheels bring it): {error}")
     done = subprocess.run(
         [sys.executable, "-c", script, str(Path(__file__).parent)],
         env=dict(os.environ, TRITON_INTERPRET="1"),
