@@ -163,6 +163,11 @@ def _operator(args: argparse.Namespace) -> int:
             ", ".join(rules.taints) or "(none)",
             conditions or "(none)",
         )
+    from ddp_operator.observe import references
+    from ddp_operator.runtime import reads
+
+    reads.LOOK_UP_NAMESPACES = frozenset(args.check_references or ())
+    logging.getLogger("ddpjob.operator").info(references.looked_up(args.check_references or ()))
     opmetrics.serve(args.metrics_port)
     namespaces = args.namespace or []
     standalone = args.standalone or _no_peering(namespaces)
@@ -345,6 +350,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=60,
         help="seconds a replica's peering record lives without a keep-alive: a standby takes over this long "
         "after the acting replica died without a word (default %(default)s)",
+    )
+    operate.add_argument(
+        "--check-references",
+        action="append",
+        metavar="NAMESPACE",
+        help="look up (their metadata only) the Secrets and ConfigMaps a DDPJob in this namespace names, "
+        "before its pods start, so that a missing one is named before any pod reaches a node (repeatable; "
+        "needs get on Secrets and ConfigMaps there: the chart's checkReferences.namespaces). Default: none "
+        "looked up, a missing one is named from the kubelet's reason",
     )
     operate.add_argument(
         "--node-health",

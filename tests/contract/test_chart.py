@@ -65,7 +65,9 @@ def test_manifests_are_generated_from_the_chart() -> None:
 
 
 @pytest.mark.parametrize(
-    "values", [[], ["--set", "watchNamespaces={team-a,team-b}"]], ids=["cluster", "namespaced"]
+    "values",
+    [[], ["--set", "watchNamespaces={team-a,team-b}"], ["--set", "checkReferences.namespaces={team-a}"]],
+    ids=["cluster", "namespaced", "references"],
 )
 def test_objects_pass_the_official_schemas(values: list[str]) -> None:
     objects = _template(*values)
@@ -104,16 +106,63 @@ def _granted(*args: str) -> set[tuple[str, str, str]]:
     }
 
 
-def test_secrets_are_only_got_and_not_at_all_without_check_references() -> None:
-    """checkReferences (on by default): get on Secrets and ConfigMaps, for the metadata-only look-up of those
-    a spec names; never list or watch (no way to read them all). Off: no access to Secrets at all."""
-    on, off = _granted(), _granted("--set", "checkReferences=false")
-    assert {(r, v) for g, r, v in on if r in ("secrets", "configmaps")} == {
-        ("secrets", "get"),
-        ("configmaps", "get"),
+def _roles(objects: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """Every Role's rules, by (namespace, name)."""
+    return {
+        (o["metadata"]["namespace"], o["metadata"]["name"]): o["rules"]
+        for o in objects
+        if o["kind"] == "Role"
     }
-    assert not {r for g, r, v in off if r in ("secrets", "configmaps")}
-    assert on - off == {("", "secrets", "get"), ("", "configmaps", "get")}
+
+
+def _args(objects: list[dict[str, Any]]) -> list[str]:
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    return list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def test_no_secret_or_configmap_is_readable_by_default() -> None:
+    """The default grants nothing on Secrets or ConfigMaps, in no ClusterRole and no Role, and the operator
+    is told to look none up (the kubelet's reason names a missing one); an older chart's
+    `checkReferences: false` is the same, and its `true` (get on every Secret) is refused, saying why."""
+    for values in ([], ["--set", "checkReferences=false"]):
+        objects = _template(*values)
+        rules = [rule for o in objects if o["kind"] in ("ClusterRole", "Role") for rule in o["rules"]]
+        assert not [rule for rule in rules if {"secrets", "configmaps"} & set(rule["resources"])], values
+        assert not [a for a in _args(objects) if a.startswith("--check-references")], values
+    refused = subprocess.run(
+        [_helm(), "template", "x", str(CHART), "--set", "checkReferences=true"],
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode != 0 and "checkReferences.namespaces" in refused.stderr, refused.stderr
+
+
+def test_check_references_grants_get_in_the_namespaces_listed_only() -> None:
+    """checkReferences.namespaces: a Role and RoleBinding in each, get on single Secrets and ConfigMaps (never
+    list or watch: no way to read them all), for the metadata-only look-up of those a spec names; nothing
+    cluster-wide, and the operator told the same namespaces."""
+    objects = _template("--set", "checkReferences.namespaces={team-a,team-b}")
+    assert (
+        _granted("--set", "checkReferences.namespaces={team-a,team-b}") == _granted()
+    )  # no ClusterRole rule
+    rule = {"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["get"]}
+    references = {key: rules for key, rules in _roles(objects).items() if key[1].endswith("-references")}
+    assert references == {
+        ("team-a", "ddpjob-operator-references"): [rule],
+        ("team-b", "ddpjob-operator-references"): [rule],
+    }
+    bindings = {
+        (o["metadata"]["namespace"], o["roleRef"]["kind"], o["roleRef"]["name"], o["subjects"][0]["name"])
+        for o in objects
+        if o["kind"] == "RoleBinding" and o["metadata"]["name"].endswith("-references")
+    }
+    assert bindings == {
+        (ns, "Role", "ddpjob-operator-references", "ddpjob-operator") for ns in ("team-a", "team-b")
+    }
+    assert [a for a in _args(objects) if a.startswith("--check-references")] == [
+        "--check-references=team-a",
+        "--check-references=team-b",
+    ]
 
 
 def test_node_health_grants_nodes_only_when_on_and_passes_its_lists() -> None:
@@ -145,12 +194,8 @@ def test_node_health_grants_nodes_only_when_on_and_passes_its_lists() -> None:
         o for o in off_objects if o["kind"] == "Role" and o["metadata"]["name"].endswith("node-events")
     ]
 
-    def args(objects: list[dict[str, Any]]) -> list[str]:
-        (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
-        return list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
-
-    assert "--node-health" not in args(off_objects)
-    on_args = args(on_objects)
+    assert "--node-health" not in _args(off_objects)
+    on_args = _args(on_objects)
     assert "--node-health" in on_args
     assert "--unhealthy-conditions=AcceleratedHardwareReady=False,GPUProblem=True" in on_args
     assert not [a for a in on_args if a.startswith("--unhealthy-taints")]  # empty: the operator's defaults
@@ -158,7 +203,7 @@ def test_node_health_grants_nodes_only_when_on_and_passes_its_lists() -> None:
 
 def test_rbac_is_least_privilege() -> None:
     granted = _granted()
-    assert ("", "secrets", "list") not in granted and ("", "secrets", "watch") not in granted
+    assert not {resource for group, resource, verb in granted if resource in ("secrets", "configmaps")}
     assert ("", "pods", "delete") not in granted and ("", "pods", "create") not in granted
     assert ("batch", "jobs", "create") in granted and ("ddpjob.io", "ddpjobs/status", "patch") in granted
     # why a checkpoint claim keeps the pods waiting: the claim itself and the events about it, read only

@@ -6,7 +6,10 @@ are absent from its namespace. Pure.
 Job's pods may wait for quota or nodes), the operator looks the non-optional ones up
 (:func:`to_look_up`: their metadata only, never their data) and :func:`~.observe.startup.absent` says which
 are missing: Pending, ``ConfigError``, the fields and the fix. The pods are still created: the objects may
-come later, and the kubelet then starts them.
+come later, and the kubelet then starts them. It looks up only in the namespaces it is told to
+(``--check-references``: the chart's ``checkReferences.namespaces``, which grants the ``get`` there, and only
+there); everywhere else, and by default, the kubelet's reason names a missing one (:mod:`.startup`) and the
+operator reads no Secret or ConfigMap.
 """
 
 from __future__ import annotations
@@ -94,6 +97,31 @@ def named(kind: str, name: str, refs: Sequence[Reference]) -> str:
     it (as :class:`Reference` says one), or the object alone when the spec does not name it."""
     fields = [ref.field for ref in refs if (ref.kind, ref.name) == (kind, name)]
     return f"{kind} {name}" + (f" ({', '.join(fields)})" if fields else "")
+
+
+def looked_up(namespaces: Sequence[str]) -> str:
+    """What the operator's log says at start of its look-up, for ``--check-references`` (``namespaces``)."""
+    if not namespaces:
+        return (
+            "Secret and ConfigMap references are checked from the kubelet's reasons only: the operator reads "
+            "no Secret or ConfigMap, and names a missing one once a pod's kubelet says it (the chart's "
+            "checkReferences.namespaces: named before any pod reaches a node, in those namespaces)"
+        )
+    return (
+        f"Secret and ConfigMap references are looked up (their metadata only) in namespaces "
+        f"{', '.join(sorted(set(namespaces)))} before the pods start; elsewhere they are checked from the "
+        "kubelet's reasons only"
+    )
+
+
+def refused(kind: str, namespace: str, why: str) -> str:
+    """What the operator's log says, once, when the API server refuses it a look-up it was told to make."""
+    plural = "secrets" if kind == "Secret" else "configmaps"
+    return (
+        f"cannot look up {plural} in namespace {namespace} ({why}): a missing one there is named only once a "
+        f"pod's kubelet says it (the chart's checkReferences.namespaces grants the get; --check-references "
+        "alone does not)"
+    )
 
 
 def to_look_up(spec: Spec, phase: str) -> tuple[tuple[str, str], ...]:

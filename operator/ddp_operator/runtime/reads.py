@@ -75,16 +75,27 @@ def read_events(
 
 METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 """The API server answers a GET with the object's metadata alone: the operator never receives a Secret's
-data (the chart's ``checkReferences`` grants ``get`` on Secrets and ConfigMaps for this, nothing more)."""
-_FORBIDDEN: set[str] = set()  # the kinds this operator may not get (checkReferences: false): asked once
+data (the chart's ``checkReferences.namespaces`` grants ``get`` on Secrets and ConfigMaps there for this,
+nothing more)."""
+LOOK_UP_NAMESPACES: frozenset[str] = frozenset()
+"""Where the operator looks up the Secrets and ConfigMaps a spec names (``--check-references``, which the
+chart passes for each of ``checkReferences.namespaces``, where it grants the ``get``). Elsewhere, and
+everywhere by default, it never asks: a missing one is named from the pod's kubelet."""
+_FORBIDDEN: set[tuple[str, str]] = (
+    set()
+)  # (namespace, kind) refused all the same: said once, never asked again
 
 
 def read_missing(body: Mapping[str, Any]) -> frozenset[tuple[str, str]]:
     """The Secrets and ConfigMaps the spec needs that are not in its namespace, while its pods have not all
-    started (:func:`references.to_look_up`): one metadata-only GET each, none once the pods run. A kind the
-    operator may not read is said once in its log and left to the kubelet to report."""
+    started (:func:`references.to_look_up`), in the namespaces of :data:`LOOK_UP_NAMESPACES` only: one
+    metadata-only GET each, none once the pods run. A kind the operator may not read there all the same (a
+    Role missing) is said once in its log and left to the kubelet to report."""
+    namespace = str(body["metadata"].get("namespace") or "")
+    if namespace not in LOOK_UP_NAMESPACES:  # no access asked for: not even a parse
+        return frozenset()
     phase = str((body.get("status") or {}).get("phase") or "")
-    if phase not in references.LOOK_UP_PHASES:  # the pods run (or ran): not even a parse
+    if phase not in references.LOOK_UP_PHASES:  # the pods run (or ran)
         return frozenset()
     try:
         spec = parse(body, admitted=True)
@@ -93,22 +104,19 @@ def read_missing(body: Mapping[str, Any]) -> frozenset[tuple[str, str]]:
     wanted = references.to_look_up(spec, phase)
     core, found = kubernetes.client.CoreV1Api(api_client()), set()
     for kind, name in wanted:
-        if kind in _FORBIDDEN:
+        if (namespace, kind) in _FORBIDDEN:
             continue
         read = core.read_namespaced_secret if kind == "Secret" else core.read_namespaced_config_map
-        plural = "secrets" if kind == "Secret" else "configmaps"
         try:
-            if ignore((404,), read, name, spec.namespace, _headers={"Accept": METADATA_ONLY}) is None:
+            if ignore((404,), read, name, namespace, _headers={"Accept": METADATA_ONLY}) is None:
                 found.add((kind, name))
         except ApiException as exc:
-            if exc.status == 403:
-                _FORBIDDEN.add(kind)
-                logging.getLogger(__name__).warning(
-                    f"cannot look up {plural} ({exc.status} {exc.reason}): a missing one is said only once a "
-                    "pod's kubelet says it (the chart's checkReferences grants the get)"
-                )
-            else:
+            if exc.status != 403:
                 raise
+            _FORBIDDEN.add((namespace, kind))
+            logging.getLogger(__name__).warning(
+                references.refused(kind, namespace, f"{exc.status} {exc.reason}")
+            )
     return frozenset(found)
 
 

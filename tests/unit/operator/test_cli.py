@@ -38,3 +38,12 @@ def test_every_command_has_a_description() -> None:
     for name, sub in commands.choices.items():
         assert sub.description, f"`ddpjob {name} --help` has no description"
     assert "kubectl explain" in commands.choices["crd"].format_help()
+
+
+def test_check_references_names_namespaces_and_defaults_to_none() -> None:
+    """The operator looks Secrets and ConfigMaps up only where --check-references says (the chart passes one
+    for each of checkReferences.namespaces, where it grants the get): none by default."""
+    parser = cli.build_parser()
+    assert parser.parse_args(["operator"]).check_references is None
+    args = parser.parse_args(["operator", "--check-references=team-a", "--check-references", "team-b"])
+    assert args.check_references == ["team-a", "team-b"]

@@ -91,3 +91,19 @@ def test_the_kubelets_own_words_come_first() -> None:
     body = ddpjob_body({"phase": "Pending", "attempt": 1}, **NEEDS)
     plan = decision.decide_for(body, [job_object(1)], pods, NOW, missing={("Secret", "s3-creds")})
     assert "CreateContainerConfigError" in _ready(plan)["message"]
+
+
+def test_the_start_up_line_says_where_references_are_looked_up_and_where_the_kubelet_says_them() -> None:
+    """One info line at start: by default (no --check-references) the kubelet's reasons only; else the
+    namespaces looked up, each once, sorted."""
+    default = references.looked_up(())
+    assert "kubelet's reasons only" in default and "reads no Secret or ConfigMap" in default
+    assert "checkReferences.namespaces" in default  # what the opt-in would give
+    opted = references.looked_up(["team-b", "team-a", "team-b"])
+    assert "namespaces team-a, team-b before the pods start" in opted and "kubelet's reasons" in opted
+
+
+def test_a_refused_look_up_names_the_kind_the_namespace_and_the_grant() -> None:
+    said = references.refused("ConfigMap", "team-a", "403 Forbidden")
+    assert said.startswith("cannot look up configmaps in namespace team-a (403 Forbidden)")
+    assert "checkReferences.namespaces" in said

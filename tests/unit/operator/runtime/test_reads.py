@@ -1,6 +1,7 @@
 """The runtime's look-up of the Secrets and ConfigMaps a spec needs (runtime/reads.read_missing), against
-CoreV1Api as the kubernetes client calls it: metadata only, each once, not once the pods run, and a
-refusal (the chart's checkReferences off) said once and never asked again."""
+CoreV1Api as the kubernetes client calls it: never outside the namespaces it was told (--check-references,
+the chart's checkReferences.namespaces; none by default), there metadata only, each once, not once the pods
+run, and a refusal said once and never asked again."""
 
 from __future__ import annotations
 
@@ -48,7 +49,26 @@ def api(monkeypatch: pytest.MonkeyPatch) -> _Objects:
     monkeypatch.setattr(reads, "api_client", lambda: None)
     monkeypatch.setattr(reads.kubernetes.client, "CoreV1Api", objects)
     monkeypatch.setattr(reads, "_FORBIDDEN", set())
+    monkeypatch.setattr(reads, "LOOK_UP_NAMESPACES", frozenset({"ns"}))
     return objects
+
+
+def test_by_default_nothing_is_asked_of_the_api_server(
+    api: _Objects, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No --check-references (the chart's default): no Secret or ConfigMap is ever asked for, so no 403
+    either, and nothing is logged per reconcile; the kubelet's reason names a missing one."""
+    monkeypatch.setattr(reads, "LOOK_UP_NAMESPACES", frozenset())
+    with caplog.at_level(logging.DEBUG):
+        for _ in range(3):
+            assert reads.read_missing(ddpjob_body({"phase": "Pending"}, **NEEDS)) == frozenset()
+    assert api.calls == [] and not caplog.records
+
+
+def test_only_the_namespaces_named_are_looked_up(api: _Objects, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reads, "LOOK_UP_NAMESPACES", frozenset({"team-a"}))
+    assert reads.read_missing(ddpjob_body({"phase": "Pending"}, **NEEDS)) == frozenset()  # in "ns"
+    assert api.calls == []
 
 
 def test_the_missing_ones_are_found_by_their_metadata_alone(api: _Objects) -> None:
@@ -64,9 +84,12 @@ def test_nothing_is_read_once_the_pods_run_or_for_a_spec_that_names_none(api: _O
     assert api.calls == []
 
 
-def test_a_refusal_is_said_once_and_that_kind_never_asked_again(
-    api: _Objects, caplog: pytest.LogCaptureFixture
+def test_a_refusal_is_said_once_and_that_kind_never_asked_again_there(
+    api: _Objects, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """--check-references names a namespace where the chart grants nothing (a Role missing): one warning
+    per kind and namespace, then no more asking there; another namespace is still asked."""
+    monkeypatch.setattr(reads, "LOOK_UP_NAMESPACES", frozenset({"ns", "team-b"}))
     api.status = 403
     body = ddpjob_body({"phase": "Pending"}, **NEEDS)
     with caplog.at_level(logging.WARNING):
@@ -74,4 +97,8 @@ def test_a_refusal_is_said_once_and_that_kind_never_asked_again(
         assert reads.read_missing(body) == frozenset()
     assert len(api.calls) == 2  # each kind once, in the first reconcile
     said = [r.getMessage() for r in caplog.records if "cannot look up" in r.getMessage()]
-    assert len(said) == 2 and "checkReferences" in said[0]
+    assert len(said) == 2 and "namespace ns" in said[0] and "checkReferences.namespaces" in said[0]
+    other = ddpjob_body({"phase": "Pending"}, **NEEDS)
+    other["metadata"]["namespace"] = "team-b"
+    reads.read_missing(other)
+    assert [call[2] for call in api.calls] == ["ns", "ns", "team-b", "team-b"]
