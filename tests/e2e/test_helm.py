@@ -74,9 +74,9 @@ def _apply(cluster: Cluster, namespace: str, doc: dict[str, Any]) -> None:
 
 def _representative_run(cluster: Cluster, release: Release, folder: Path) -> tuple[str, list[dict[str, Any]]]:
     """The operator's paths: a trained job with a checkpoint claim and a secret env var, a job with a
-    ConfigMap's variables (both looked up, by their metadata, before their pods start), a gang restart
-    then a TTL deletion, a suspension, a Job the API server refuses; returns the secret's value and the
-    trained job's pods."""
+    ConfigMap's variables (neither read by the operator: the chart's default grants no access to Secrets or
+    ConfigMaps, and only their pods' kubelet reads them), a gang restart then a TTL deletion, a suspension,
+    a Job the API server refuses; returns the secret's value and the trained job's pods."""
     ns = release.jobs
     secret_value = secrets.token_hex(16)
     cluster.kubectl(
@@ -107,7 +107,7 @@ def _representative_run(cluster: Cluster, release: Release, folder: Path) -> tup
     )
     flaky = real_ddpjob("flaky", ttlSecondsAfterFinished=1, command=["python", "-c", fail_once])
     cluster.kubectl("create", "configmap", "trainer-settings", "-n", ns, "--from-literal=LOG_LEVEL=info")
-    settings = [{"configMapRef": {"name": "trainer-settings"}}]  # looked up (get) while the pods start
+    settings = [{"configMapRef": {"name": "trainer-settings"}}]  # read by the kubelet, never the operator
     paused = real_ddpjob("paused", command=["python", "-c", "import time; time.sleep(600)"], envFrom=settings)
     # a label value Kubernetes refuses on the Job: the operator deletes the Service it created before it
     refused = real_ddpjob("refused", podTemplate={"labels": {"team": "a b"}})
@@ -193,6 +193,35 @@ def test_the_chart_grants_only_what_the_operator_uses(cluster: Cluster, run: Run
     )
     assert not used - granted, sorted(used - granted)
     assert not set(NOT_EXERCISED) & used, "NOT_EXERCISED names a permission the run did use"
+
+
+def test_the_operator_reads_no_secret_or_configmap_by_default(cluster: Cluster, run: Run) -> None:
+    """The chart's default (checkReferences.namespaces empty): no Role or ClusterRole of the release names
+    Secrets or ConfigMaps, and the audit log holds not one request of the operator's for either (none read,
+    none refused), though the run's DDPJobs name a Secret and a ConfigMap; its log says at start that
+    references are checked from the kubelet's reasons only."""
+    user = f"system:serviceaccount:{run.release.namespace}:{run.release.service_account}"
+    events = audit_events(cluster, user)
+    assert events, f"no request by {user} in the audit log"
+    touched = [
+        (e["verb"], e.get("objectRef"), e["responseStatus"]["code"])
+        for e in events
+        if (e.get("objectRef") or {}).get("resource") in ("secrets", "configmaps")
+    ]
+    assert not touched, f"the operator asked for Secrets or ConfigMaps: {touched}"
+    roles = [
+        *cluster.kubectl_json("get", "clusterroles", "-l", run.release.selector)["items"],
+        *cluster.kubectl_json("get", "roles", "-A", "-l", run.release.selector)["items"],
+    ]
+    named = [
+        r["metadata"]["name"]
+        for r in roles
+        for rule in r.get("rules") or []
+        if {"secrets", "configmaps"} & set(rule["resources"])
+    ]
+    assert not named, f"roles of the release that grant Secrets or ConfigMaps: {named}"
+    log = cluster.logs(run.release.namespace, run.operator_pod["metadata"]["name"])
+    assert "checked from the kubelet's reasons only" in log, log[-3000:]
 
 
 def test_no_token_or_secret_in_logs_events_or_status(cluster: Cluster, run: Run) -> None:

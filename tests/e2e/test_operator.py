@@ -19,10 +19,13 @@ from helpers.e2e import (
     ddpjob,
     get,
     real_ddpjob,
+    session_operator_paused,
     settle,
     wait_phase,
     writable_folder,
 )
+from helpers.operator_process import OPERATOR_USER, chart_rbac, install
+from testcluster.audit import Request
 from testcluster.fixtures import Cluster, wait_for
 from testcluster.nodeconfig import RealNode
 
@@ -188,33 +191,134 @@ def test_unschedulable_job_says_why(
     assert get(cluster, namespace, "greedy")["status"]["phase"] == "Pending"
 
 
-def test_a_missing_secret_is_said_before_any_pod_starts_and_its_creation_lets_the_job_go_on(
+NOWHERE = {"nodeSelector": {"ddpjob.io/test-no-such-node": "true"}}
+"""A pod template no node takes: its pods stay unscheduled, so no kubelet ever says anything of them."""
+NEEDS = {"envFrom": [{"secretRef": {"name": "s3-creds"}}, {"configMapRef": {"name": "settings"}}]}
+
+
+def _ready(cluster: Cluster, namespace: str, name: str, reason: str) -> dict[str, object] | None:
+    """The DDPJob's Ready condition once its reason is ``reason``."""
+    status = get(cluster, namespace, name).get("status", {})
+    ready = {c["type"]: c for c in status.get("conditions", [])}.get("Ready", {})
+    return ready if ready.get("reason") == reason else None
+
+
+def _secret_requests(requests: list[Request]) -> list[Request]:
+    return [r for r in requests if r.resource in ("secrets", "configmaps")]
+
+
+def test_by_default_the_operator_reads_no_secret_and_a_pods_waiting_reason_names_a_missing_one(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    """The chart's default (no Secret or ConfigMap RBAC, no --check-references): a DDPJob naming a missing
+    Secret whose pods no node takes waits Unschedulable (nothing names the Secret before a pod reaches a
+    node: what checkReferences.namespaces would add); one whose pods reach the node agents is Pending with
+    ConfigError naming it, from its pods' waiting reason (the node agent's words; the real kubelet's:
+    test_without_secret_rbac_the_kubelet_names_a_missing_secret_within_30_s). The API server's audit log
+    holds not one request of the operator's for a Secret or a ConfigMap: none read, none refused."""
+    assert "checked from the kubelet's reasons only" in operator.log.read_text()  # said once, at start
+    mark = cluster.audit.mark()
+    _apply(cluster, namespace, ddpjob("queued", podTemplate=NOWHERE, **NEEDS))
+    _apply(cluster, namespace, ddpjob("placed", **NEEDS))
+    ready = wait_for(
+        lambda: _ready(cluster, namespace, "placed", "ConfigError"), what="Ready: ConfigError", timeout=30
+    )
+    assert "s3-creds" in str(ready["message"]), ready
+    wait_for(
+        lambda: _ready(cluster, namespace, "queued", "Unschedulable"), what="Ready: Unschedulable", timeout=30
+    )
+    status = get(cluster, namespace, "placed")["status"]
+    assert (status["phase"], status["attempt"], status.get("restarts", 0)) == ("Pending", 1, 0), status
+    requests = cluster.audit.requests(since=mark, user=OPERATOR_USER)
+    assert [r for r in requests if r.kind == "ddpjobs/status" and r.namespace == namespace], (
+        "no status write of the operator's in the audit log: the wrong log, or the wrong user"
+    )
+    assert not _secret_requests(requests), _secret_requests(requests)
+
+
+def test_with_check_references_a_missing_secret_is_said_before_any_pod_reaches_a_node(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """The opt-in (the chart's checkReferences.namespaces: a Role in this namespace, --check-references):
+    pods that no node takes, so no kubelet ever says anything, and an envFrom Secret and ConfigMap that do
+    not exist. The status names them and their fields within 30 s, the Job is created all the same, no
+    restart is spent; once they exist, the remaining cause (Unschedulable) is said instead. The operator
+    only got single Secrets and ConfigMaps, in this namespace only."""
+    grant = [
+        o
+        for o in chart_rbac("--set", f"checkReferences.namespaces={{{namespace}}}")
+        if o["kind"] in ("Role", "RoleBinding") and o["metadata"]["name"].endswith("-references")
+    ]
+    assert {(o["kind"], o["metadata"]["namespace"]) for o in grant} == {
+        ("Role", namespace),
+        ("RoleBinding", namespace),
+    }
+    with session_operator_paused():
+        kubeconfig = install(cluster)
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(grant))
+        running = Operator(kubeconfig, tmp_path / "operator.log", args=(f"--check-references={namespace}",))
+        mark = cluster.audit.mark()
+        running.start()
+        try:
+            assert f"looked up (their metadata only) in namespaces {namespace}" in running.log.read_text()
+            _apply(cluster, namespace, ddpjob("unsaid", podTemplate=NOWHERE, **NEEDS))
+            ready = wait_for(
+                lambda: _ready(cluster, namespace, "unsaid", "ConfigError"),
+                what="Ready: ConfigError",
+                timeout=30,
+            )
+            said = (
+                "Secret s3-creds (spec.envFrom[0].secretRef), "
+                "ConfigMap settings (spec.envFrom[1].configMapRef)"
+            )
+            assert f"{said} do not exist in namespace {namespace}" in str(ready["message"]), ready
+            assert children(cluster, namespace, "jobs", "unsaid"), (
+                "the Job was not created while the Secret is missing"
+            )
+            assert all(not p["spec"].get("nodeName") for p in children(cluster, namespace, "pods", "unsaid"))
+            cluster.kubectl("create", "secret", "generic", "s3-creds", "-n", namespace, "--from-literal=k=v")
+            cluster.kubectl("create", "configmap", "settings", "-n", namespace, "--from-literal=k=v")
+            wait_for(
+                lambda: _ready(cluster, namespace, "unsaid", "Unschedulable"),
+                what="Ready: Unschedulable",
+                timeout=30,
+            )
+            status = get(cluster, namespace, "unsaid")["status"]
+            assert (status["phase"], status["attempt"], status.get("restarts", 0)) == ("Pending", 1, 0), (
+                status
+            )
+        finally:
+            running.stop()
+    read = _secret_requests(cluster.audit.requests(since=mark, user=OPERATOR_USER))
+    assert {(r.resource, r.verb, r.namespace, r.name) for r in read} == {
+        ("secrets", "get", namespace, "s3-creds"),
+        ("configmaps", "get", namespace, "settings"),
+    }, read
+    assert {r.code for r in read} <= {200, 404} and 404 in {r.code for r in read}, read
+
+
+def test_without_secret_rbac_the_kubelet_names_a_missing_secret_within_30_s(
     cluster: Cluster, operator: Operator, namespace: str, real_nodes: list[RealNode]
 ) -> None:
-    """The operator's own look-up (the chart's checkReferences): pods that no node can take (a GPU each, so
-    no kubelet ever says anything) and an envFrom Secret that does not exist. The status names the Secret
-    and its field within 30 s, the Job is created all the same, no restart is spent; once the Secret
-    exists, the remaining cause (Unschedulable) is said instead."""
-    doc = real_ddpjob(
-        "unsaid", device="cuda", envFrom=[{"secretRef": {"name": "s3-creds"}}], **_python("pass")
-    )
+    """On the real nodes, with the chart's default (no Secret RBAC, no look-up): a DDPJob whose envFrom
+    names a missing Secret says so in its status within 30 s, from the kubelet's waiting reason
+    (CreateContainerConfigError: secret "s3-creds" not found), with the field that names it; no restart is
+    spent, and once the Secret exists the pods start and the job succeeds. The operator asked for no
+    Secret."""
+    mark = cluster.audit.mark()
+    doc = real_ddpjob("unsaid", envFrom=[{"secretRef": {"name": "s3-creds"}}], **_python("pass"))
     _apply(cluster, namespace, doc)
-
-    def ready_reason(reason: str) -> dict[str, object] | None:
-        status = get(cluster, namespace, "unsaid").get("status", {})
-        ready = {c["type"]: c for c in status.get("conditions", [])}.get("Ready", {})
-        return ready if ready.get("reason") == reason else None
-
-    ready = wait_for(lambda: ready_reason("ConfigError"), what="Ready: ConfigError", timeout=30, every=0.5)
-    assert "Secret s3-creds (spec.envFrom[0].secretRef) does not exist" in str(ready["message"]), ready
-    assert children(cluster, namespace, "jobs", "unsaid"), (
-        "the Job was not created while the Secret is missing"
+    ready = wait_for(
+        lambda: _ready(cluster, namespace, "unsaid", "ConfigError"), what="Ready: ConfigError", timeout=30
     )
-    assert all(not p["spec"].get("nodeName") for p in children(cluster, namespace, "pods", "unsaid"))
+    message = str(ready["message"])
+    assert 'CreateContainerConfigError: secret "s3-creds" not found' in message, ready
+    assert "it will not fix itself: create Secret s3-creds (spec.envFrom[0].secretRef)" in message, ready
     cluster.kubectl("create", "secret", "generic", "s3-creds", "-n", namespace, "--from-literal=k=v")
-    wait_for(lambda: ready_reason("Unschedulable"), what="Ready: Unschedulable", timeout=30, every=0.5)
-    status = get(cluster, namespace, "unsaid")["status"]
-    assert (status["phase"], status["attempt"], status.get("restarts", 0)) == ("Pending", 1, 0), status
+    status = wait_phase(cluster, namespace, "unsaid", "Succeeded", "Failed", timeout=120)["status"]
+    assert (status["phase"], status["attempt"], status.get("restarts", 0)) == ("Succeeded", 1, 0), status
+    read = _secret_requests(cluster.audit.requests(since=mark, user=OPERATOR_USER))
+    assert not read, read
 
 
 def test_operator_metrics(cluster: Cluster, operator: Operator) -> None:

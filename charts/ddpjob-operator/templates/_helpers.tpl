@@ -26,13 +26,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- else -}}{{ default "default" .Values.serviceAccount.name }}{{- end -}}
 {{- end -}}
 
-{{- /* checkReferences.namespaces as a JSON list; an older chart's boolean: false is none, true is refused */ -}}
+{{- /* checkReferences.namespaces as a JSON list; an older chart's boolean (plain --reuse-values keeps its
+default, true) grants nothing: NOTES.txt says so */ -}}
 {{- define "ddpjob.referenceNamespaces" -}}
 {{- $check := .Values.checkReferences -}}
 {{- if kindIs "map" $check -}}
 {{- toJson ($check.namespaces | default list) -}}
-{{- else if $check -}}
-{{- fail "checkReferences: true (get on every Secret, cluster-wide) is gone: list the namespaces where the operator may look Secrets up in checkReferences.namespaces, or leave it empty (the kubelet then names a missing one)" -}}
 {{- else -}}
 []
 {{- end -}}
