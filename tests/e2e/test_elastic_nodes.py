@@ -99,8 +99,8 @@ def test_an_elastic_job_trains_on_without_a_lost_node_and_grows_back_when_it_ret
             )
         except AssertionError as exc:
             survivor = pod_at(cluster, namespace, "shrink", 1)["metadata"]["name"]
-            log = cluster.kubectl("logs", "-n", namespace, survivor, check=False)
-            raise AssertionError(f"{exc}\n{survivor}'s log:\n{(log.stdout + log.stderr)[-4000:]}") from None
+            said = _told(_log(cluster, namespace, survivor))
+            raise AssertionError(f"{exc}\n{survivor}'s log:\n{said}") from None
         # back only once its pod was evicted (DisruptionTarget, past nodeLostTolerationSeconds): the Job then
         # replaces it; a node back sooner finds its containers killed (137), a crash like any other
         wait_for(
@@ -121,7 +121,7 @@ def test_an_elastic_job_trains_on_without_a_lost_node_and_grows_back_when_it_ret
             cluster.kubectl("logs", "-n", namespace, p["metadata"]["name"], check=False)
             for p in children(cluster, namespace, "pods", "shrink")
         ]
-        tails = "\n---\n".join((r.stdout + r.stderr)[-2500:] for r in logs)
+        tails = "\n---\n".join(_told(r.stdout + r.stderr, 4000) for r in logs)
         raise AssertionError(f"{final.get('conditions')}\n{final.get('lastReport')}\n{tails}")
     assert final["sync"]["verified"] is True, final
     assert (final["attempt"], final.get("restarts", 0)) == (1, 0), final
@@ -184,9 +184,15 @@ def _cut_off_and_back(cluster: Cluster, namespace: str, real_nodes: list[RealNod
             every=1,
         )
     except AssertionError as exc:
-        tails = {name: _log(cluster, namespace, name)[-6000:] for name in (cut_name, survivor)}
+        tails = {name: _told(_log(cluster, namespace, name)) for name in (cut_name, survivor)}
         raise AssertionError(f"{exc}\n" + "\n".join(f"--- {k}:\n{v}" for k, v in tails.items())) from None
     assert pod_at(cluster, namespace, "shrink", 0)["metadata"]["uid"] == cut["metadata"]["uid"]  # same pod
+
+
+def _told(log: str, keep: int = 8000) -> str:
+    """A log as a failure message shows it: C++ stack frames (``frame #N: …``, dozens of lines a torch
+    error) left out, so the lines around them fit, then its last ``keep`` characters."""
+    return "\n".join(line for line in log.splitlines() if not line.lstrip().startswith("frame #"))[-keep:]
 
 
 def _log(cluster: Cluster, namespace: str, pod: str) -> str:
