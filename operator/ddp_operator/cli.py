@@ -139,7 +139,7 @@ def _operator(args: argparse.Namespace) -> int:
         os.execve(sys.executable, sys.orig_argv, {**os.environ, **missing})
     import kopf
 
-    from ddp_operator.runtime import handlers, keeper, opmetrics, peering
+    from ddp_operator.runtime import handlers, opmetrics
 
     log_format = kopf.LogFormat.JSON if args.json_logs else kopf.LogFormat.FULL
     kopf.configure(verbose=args.verbose, log_format=log_format)
@@ -170,88 +170,93 @@ def _operator(args: argparse.Namespace) -> int:
     logging.getLogger("ddpjob.operator").info(references.looked_up(args.check_references or ()))
     opmetrics.serve(args.metrics_port)
     namespaces = args.namespace or []
-    standalone = args.standalone or _no_peering(namespaces)
-    handlers.PEERING_LIFETIME_SECONDS = args.peering_lifetime
-    own = peering.identity()
-    priority = 0 if args.priority is None else args.priority
-    if not standalone:
-        if args.priority is None:  # auto: the first replica to announce itself acts
-            priority = _claim(namespaces, own, args.peering_lifetime)
-        logging.getLogger("ddpjob.operator").info(
-            "peering as %s, priority %d, record lifetime %d s: the replica of highest priority acts, the "
-            "others stand by and take over within %d s of its loss",
-            own,
-            priority,
-            args.peering_lifetime,
-            args.peering_lifetime,
+    for flag in ("priority", "peering_lifetime"):
+        if getattr(args, flag) is not None:
+            logging.getLogger("ddpjob.operator").warning(
+                "--%s is ignored: Kopf's peering is gone; one replica acts while it holds --lease",
+                flag.replace("_", "-"),
+            )
+    elector = None if args.standalone else _elector(args)
+    if elector is False:
+        return 2
+    if elector is not None:
+        if not _stand_by(elector, args.liveness):
+            return 0  # stopped while standing by
+        handlers.LEASE = elector
+        elector.start()
+    else:
+        logging.getLogger("ddpjob.operator").warning(
+            "no --lease: acting at once, without a Lease, so nothing stops a second operator on the same "
+            "DDPJobs from acting beside this one (the chart passes --lease; by hand, pass the chart's, "
+            "--lease=NAMESPACE/RELEASE-ddpjob-operator, to stand by behind it)"
         )
-        handlers.KEEPER = keeper.Keeper(namespaces, own, priority, args.peering_lifetime)
-        handlers.KEEPER.start()
-    kopf.run(
-        registry=kopf.get_default_registry(),
-        clusterwide=not namespaces,
-        namespaces=namespaces,
-        liveness_endpoint=f"http://{args.liveness}/healthz",
-        standalone=standalone,
-        peering_name=None if standalone else peering.NAME,
-        priority=priority,
-        identity=own,  # type: ignore[arg-type]  # Kopf's Identity is a NewType of str
-    )
+    try:
+        kopf.run(
+            registry=kopf.get_default_registry(),
+            clusterwide=not namespaces,
+            namespaces=namespaces,
+            liveness_endpoint=f"http://{args.liveness}/healthz",
+            standalone=True,  # one acting replica: the Lease's matter (runtime/lease.py), not Kopf's
+        )
+    finally:
+        if elector is not None and handlers.settle():  # no reconcile writes any more, and none in flight
+            elector.release()
+        elif elector is not None:
+            logging.getLogger("ddpjob.operator").warning(
+                "a reconcile still ran 10 s after Kopf stopped: the Lease is not released, it expires"
+            )
     del handlers  # imported for its registrations
     return 0
 
 
-def _claim(namespaces: list[str], own: str, lifetime: int) -> int:
-    """:func:`ddp_operator.runtime.peering.claim`, or, where the API server does not let it, the priority
-    by start time (the oldest replica acts), after saying so."""
-    import kubernetes
+def _elector(args: argparse.Namespace) -> Any:
+    """The :class:`~ddp_operator.runtime.lease.Elector` of ``--lease`` (None without it), or False after
+    saying why its timing is refused."""
+    from ddp_operator.runtime import lease
 
-    from ddp_operator.runtime import peering
-
-    try:
-        return peering.claim(namespaces, own, lifetime)
-    except (kubernetes.client.exceptions.ApiException, OSError, RuntimeError) as exc:
-        priority = peering.by_start_time()
-        logging.getLogger("ddpjob.operator").warning(
-            "could not claim a peering priority in %s (%s): priority %d by start time instead; two replicas "
-            "started together may then both act until they see each other",
-            peering.NAME,
-            str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
-            priority,
-        )
-        return priority
-
-
-def _priority(text: str) -> int | None:
-    """``--priority``: a number, or ``auto`` (``None``): claimed at start, :func:`ddp_operator.runtime.
-    peering.claim`."""
-    if text == "auto":
+    if not args.lease:
         return None
+    namespace, name = args.lease
     try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number or 'auto'") from None
-
-
-def _no_peering(namespaces: list[str]) -> bool:
-    """True (after a warning) when the peering object is absent: Kopf would wait for it in silence."""
-    import kubernetes
-
-    from ddp_operator.runtime import peering
-
-    log = logging.getLogger("ddpjob.operator")
-    try:
-        absent = peering.missing(namespaces)
-    except (OSError, kubernetes.config.ConfigException, kubernetes.client.exceptions.ApiException) as exc:
-        log.warning(
-            "cannot check for the peering object %s (%s); Kopf waits until it can read it and peer",
-            peering.NAME,
-            getattr(exc, "reason", None) or exc,
+        return lease.Elector(
+            namespace,
+            name,
+            lease.identity(),
+            duration=args.lease_duration,
+            deadline=args.renew_deadline,
+            retry=args.retry_period,
         )
+    except ValueError as exc:
+        print(f"ddpjob operator: {exc}", file=sys.stderr)
         return False
-    if absent:
-        log.warning(peering.standalone_warning(absent))
-    return bool(absent)
+
+
+def _stand_by(elector: Any, liveness: str) -> bool:
+    """Wait, serving ``/healthz`` meanwhile, until this process holds the Lease (True) or SIGTERM or
+    SIGINT came first (False)."""
+    import signal
+    import threading
+
+    from ddp_operator.runtime import lease
+
+    stop = threading.Event()
+    before = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    server = lease.serve_healthz(liveness)
+    try:
+        return bool(elector.acquire(stop))
+    finally:
+        server.shutdown()
+        server.server_close()
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def _lease(text: str) -> tuple[str, str]:
+    """``--lease``: ``NAMESPACE/NAME``."""
+    namespace, _, name = text.partition("/")
+    if not namespace or not name or "/" in name:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAMESPACE/NAME")
+    return namespace, name
 
 
 def _quiet_successes(record: logging.LogRecord) -> bool:
@@ -331,26 +336,48 @@ def build_parser() -> argparse.ArgumentParser:
     operate.add_argument(
         "--metrics-port", type=int, default=9090, help="port of /metrics (default %(default)s)"
     )
+    lease_defaults = (
+        10,
+        7.0,
+        1.0,
+    )  # runtime/lease.py's, not imported here (it imports the kubernetes client)
     operate.add_argument(
-        "--standalone",
-        action="store_true",
-        help="skip peering (only for a single replica without the KopfPeering CRDs)",
+        "--lease",
+        type=_lease,
+        metavar="NAMESPACE/NAME",
+        help="act only while holding this coordination.k8s.io Lease (created if absent; needs get, "
+        "create and update on leases there): replicas with the same lease stand by until its holder is "
+        "gone. The chart passes its own, RELEASE_NAMESPACE/RELEASE-ddpjob-operator. Without it: act at once",
     )
     operate.add_argument(
-        "--priority",
-        type=_priority,
-        default=0,
-        help="peering priority among replicas: the highest acts, the others stand by; 'auto': claimed at "
-        "start, the first replica to announce itself acts and each later one (a newer one, or one "
-        "restarted) stands by behind those alive (default %(default)s)",
-    )
-    operate.add_argument(
-        "--peering-lifetime",
+        "--lease-duration",
         type=int,
-        default=60,
-        help="seconds a replica's peering record lives without a keep-alive: a standby takes over this long "
-        "after the acting replica died without a word (default %(default)s)",
+        default=lease_defaults[0],
+        metavar="SECONDS",
+        help="with --lease: a standby takes over once the lease went unrenewed this long on its own clock "
+        "(default %(default)s)",
     )
+    operate.add_argument(
+        "--renew-deadline",
+        type=float,
+        default=lease_defaults[1],
+        metavar="SECONDS",
+        help="with --lease: the holder ends its process (exit 3) when it could not renew for this long, "
+        "shorter than the lease duration (default %(default)s)",
+    )
+    operate.add_argument(
+        "--retry-period",
+        type=float,
+        default=lease_defaults[2],
+        metavar="SECONDS",
+        help="with --lease: how often the holder renews and a standby reads the lease (default %(default)s)",
+    )
+    operate.add_argument(
+        "--standalone", action="store_true", help="act at once, without a lease, even with --lease"
+    )
+    # Kopf's peering is gone (docs/operator.md): the flags of the releases that used it are still accepted
+    operate.add_argument("--priority", help=argparse.SUPPRESS)
+    operate.add_argument("--peering-lifetime", help=argparse.SUPPRESS)
     operate.add_argument(
         "--check-references",
         action="append",

@@ -41,7 +41,7 @@ def _template(*args: str) -> list[dict[str, Any]]:
 def test_lint_passes_and_values_are_checked() -> None:
     ok = subprocess.run([_helm(), "lint", str(CHART)], capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    for value in ("replicaCount=6", "peeringLifetimeSeconds=1"):
+    for value in ("replicaCount=6", "leaseDurationSeconds=1", "renewDeadlineSeconds=0"):
         bad = subprocess.run(
             [_helm(), "lint", str(CHART), "--set", value], capture_output=True, text=True, timeout=60
         )
@@ -50,7 +50,58 @@ def test_lint_passes_and_values_are_checked() -> None:
         [_helm(), "template", "x", str(CHART), "--set", "replicaCount=2"], capture_output=True, text=True
     )
     assert standby.returncode == 0 and "kind: PodDisruptionBudget" in standby.stdout, standby.stderr
-    assert "podAntiAffinity" in standby.stdout and "--priority=auto" in standby.stdout
+    assert "podAntiAffinity" in standby.stdout and "--lease=default/x-ddpjob-operator" in standby.stdout
+    older = subprocess.run(  # an older chart's value, kept by --reuse-values: accepted and ignored
+        [_helm(), "template", "x", str(CHART), "--set", "peeringLifetimeSeconds=12"],
+        capture_output=True,
+        text=True,
+    )
+    assert older.returncode == 0 and "peering" not in older.stdout.lower(), older.stderr
+
+
+def test_one_replica_acts_on_the_releases_lease_with_client_gos_timing() -> None:
+    """Every replica, one or more, runs under the release's Lease in its own namespace (the operator's
+    defaults, which keep client-go's rules); the chart grants get, create and update on leases there only,
+    and nothing of Kopf's peering (gone: docs/operator.md)."""
+    from ddp_operator.runtime import lease
+
+    for values in ([], ["--set", "replicaCount=2"], ["--set", "watchNamespaces={team-a}"]):
+        objects = _template(*values)
+        args = _args(objects)
+        assert "--lease=ddpjob-system/ddpjob-operator" in args, args
+        timing = {a.split("=")[0]: float(a.split("=")[1]) for a in args if a.startswith(("--lease-", "--re"))}
+        assert timing == {
+            "--lease-duration": lease.LEASE_DURATION_SECONDS,
+            "--renew-deadline": lease.RENEW_DEADLINE_SECONDS,
+            "--retry-period": lease.RETRY_PERIOD_SECONDS,
+        }
+        lease.check_timing(*timing.values())
+        assert _roles(objects)[("ddpjob-system", "ddpjob-operator-lease")] == [
+            {
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "verbs": ["get", "create", "update"],
+            }
+        ]
+        (binding,) = [
+            o for o in objects if o["kind"] == "RoleBinding" and o["metadata"]["name"].endswith("-lease")
+        ]
+        assert binding["metadata"]["namespace"] == "ddpjob-system" and binding["roleRef"]["kind"] == "Role"
+        assert binding["subjects"][0]["name"] == "ddpjob-operator"
+        rules = [rule for o in objects if o["kind"] in ("ClusterRole", "Role") for rule in o["rules"]]
+        assert not [r for r in rules if "kopf.dev" in r["apiGroups"]], values
+        assert not [
+            r
+            for r in rules
+            if "leases" in r["resources"]
+            and r not in _roles(objects)[("ddpjob-system", "ddpjob-operator-lease")]
+        ], "leases nowhere else"
+        assert not [o for o in objects if o["apiVersion"].startswith("kopf.dev")], values
+        (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in container[
+            "env"
+        ]
 
 
 def test_manifests_are_generated_from_the_chart() -> None:
@@ -72,11 +123,7 @@ def test_manifests_are_generated_from_the_chart() -> None:
 def test_objects_pass_the_official_schemas(values: list[str]) -> None:
     objects = _template(*values)
     for obj in objects:
-        if obj["apiVersion"] == "kopf.dev/v1":  # Kopf's peering kinds: not in the official schemas
-            assert obj["metadata"]["name"] == "ddpjob-operator"  # the name the handlers peer under
-            continue
         kubernetes_validate.validate(obj, "1.34.0", strict=True)
-    assert any(obj["apiVersion"] == "kopf.dev/v1" for obj in objects)
 
 
 def test_operator_runs_locked_down() -> None:
@@ -253,7 +300,7 @@ def test_monitoring_lints_strictly_and_passes_the_official_schemas() -> None:
     objects = _template(*MONITORING)
     assert MONITORING_KINDS | {"Service", "ConfigMap"} <= {o["kind"] for o in objects}
     for obj in objects:
-        if obj["apiVersion"] in ("kopf.dev/v1", "monitoring.coreos.com/v1"):
+        if obj["apiVersion"] == "monitoring.coreos.com/v1":
             continue  # not in the official schemas
         kubernetes_validate.validate(obj, "1.34.0", strict=True)
 

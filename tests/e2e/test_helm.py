@@ -7,8 +7,8 @@ a token), and finally `helm upgrade` with every monitoring value on (the Prometh
 schema-check the objects) and
 `helm uninstall`, after which nothing of the release is left but the CRDs.
 
-The release watches one namespace (``watchNamespaces``): the session's cluster-wide operator of the other
-e2e tests owns the ClusterKopfPeering a cluster-wide release would create, and is paused meanwhile."""
+The release watches one namespace (``watchNamespaces``); the session's cluster-wide operator of the other
+e2e tests is paused meanwhile (two must not reconcile the same DDPJobs)."""
 
 from __future__ import annotations
 
@@ -181,11 +181,13 @@ def test_the_chart_grants_only_what_the_operator_uses(cluster: Cluster, run: Run
         (e["verb"], e.get("objectRef"), e["requestURI"]) for e in events if e["responseStatus"]["code"] == 403
     ]
     assert not refused, f"the operator was refused: {refused}"
-    rules = [
-        rule
-        for role in cluster.kubectl_json("get", "clusterroles", "-l", run.release.selector)["items"]
-        for rule in role.get("rules") or []
+    roles = [  # the ClusterRoles, and the Role of its Lease in its own namespace
+        *cluster.kubectl_json("get", "clusterroles", "-l", run.release.selector)["items"],
+        *cluster.kubectl_json("get", "roles", "-n", run.release.namespace, "-l", run.release.selector)[
+            "items"
+        ],
     ]
+    rules = [rule for role in roles for rule in role.get("rules") or []]
     granted, used = granted_permissions(rules), used_permissions(events)
     unused = granted - used - set(NOT_EXERCISED)
     assert not unused, (

@@ -1,5 +1,5 @@
-"""The newcomer's path on the real control plane: configuration errors fail at once, the operator without
-its peering object says so, and what the CRD cannot refuse the API server's verdict proves."""
+"""The newcomer's path on the real control plane: configuration errors fail at once, the operator run by
+hand without a Lease says so, and what the CRD cannot refuse the API server's verdict proves."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +52,11 @@ def test_a_usage_error_fails_at_once_without_restarts(
     assert reasons == ["PodFailurePolicy"], reasons
 
 
-def test_the_operator_without_its_peering_object_runs_standalone_and_says_so(
+def test_the_operator_by_hand_without_a_lease_acts_at_once_and_says_so(
     cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
 ) -> None:
-    """By hand, next to manifests/crd.yaml only: no KopfPeering in the namespace, so no silent wait."""
+    """By hand, next to manifests/crd.yaml only, without --lease: it acts, and says nothing stops a second
+    operator from acting beside it (the chart passes --lease)."""
     log = tmp_path / "operator.log"
     command = [sys.executable, "-m", "ddp_operator", "operator", f"--namespace={namespace}"]
     with log.open("wb") as out:
@@ -69,54 +68,14 @@ def test_the_operator_without_its_peering_object_runs_standalone_and_says_so(
         )
     try:
         wait_for(
-            lambda: "running standalone" in log.read_text(),
-            what="the operator to say it runs standalone without its KopfPeering",
+            lambda: "no --lease: acting at once" in log.read_text(),
+            what="the operator to say it acts without a Lease",
             timeout=60,
         )
         assert process.poll() is None, log.read_text()
-        assert f"no KopfPeering {namespace}/ddpjob-operator in the cluster" in log.read_text()
     finally:
         process.terminate()
         process.wait(timeout=30)
-
-
-def test_replicas_claiming_at_once_take_one_priority_each_in_the_order_they_announced(
-    cluster: Cluster, operator: Operator, namespace: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Six replicas claim a peering priority at the same moment, against the real API server: each write is
-    made under the resourceVersion it read, so a replica that read before another wrote is refused (409)
-    and reads again. The first write ranks by start time and each later one just below those before it:
-    six distinct, consecutive priorities, one on top (without the precondition they would all see an
-    empty object and rank by start time, or see the same replicas and tie). Each record is in the object."""
-    from ddp_operator.runtime import peering
-
-    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
-    _apply(
-        cluster,
-        namespace,
-        {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "ddpjob-operator"}},
-    )
-    names = [f"replica-{i}" for i in range(6)]
-    together = threading.Barrier(len(names))
-    claimed: dict[str, int] = {}
-
-    def claim(name: str) -> None:
-        together.wait()
-        claimed[name] = peering.claim([namespace], name, 15)
-
-    threads = [threading.Thread(target=claim, args=(name,)) for name in names]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    ranked = sorted(claimed.values(), reverse=True)
-    assert ranked == [ranked[0] - i for i in range(len(names))], claimed
-    assert ranked[0] > peering.by_start_time(time.time() + 60, 999), "the first ranks by start time"
-    body = cluster.kubectl_json("get", "kopfpeering", "ddpjob-operator", "-n", namespace)
-    assert {name: body["status"][name]["priority"] for name in names} == claimed
-    assert {body["status"][name]["lifetime"] for name in names} == {15 + peering.STARTUP_GRACE_SECONDS}
-    late = peering.claim([namespace], "replica-late", 15)
-    assert late == ranked[-1] - 1, "a replica started later stands by behind every live one"
 
 
 @pytest.mark.parametrize(

@@ -23,10 +23,10 @@ from ddp_operator.decide.status import finished
 from ddp_operator.observe import kueue, nodehealth
 from ddp_operator.runtime import heap, nodes, opmetrics
 from ddp_operator.runtime import reconcile as reconciler
-from ddp_operator.runtime.keeper import Keeper
+from ddp_operator.runtime.lease import Elector
 from ddp_operator.runtime.recent import Recent
 from ddp_operator.runtime.scraper import Scraper
-from ddp_operator.runtime.ticker import PeeringPause, Ticker
+from ddp_operator.runtime.ticker import Ticker
 
 ATTEMPTS: dict[str, Any] = {names.MANAGED_BY_LABEL: names.MANAGED_BY, names.STORE_LABEL: kopf.ABSENT}
 """The Jobs and pods the operator follows: the attempts' and their workers, not an elastic job's rendezvous
@@ -38,15 +38,13 @@ _LOCKS: collections.defaultdict[Key, threading.Lock] = collections.defaultdict(t
 SCRAPER = Scraper()
 # What this operator wrote that the indexes above do not show yet (read your own writes).
 RECENT = Recent()
-# Kopf's peering pauses the watches (and with them the indexes): the timer pauses with them.
-PEERING = PeeringPause()
-# The CLI's peering.Keeper when this replica peers: no reconcile writes while it is fenced (it could not renew
-# its record for most of the lifetime) or outranked (a live replica of higher priority in its last reading of
-# the peering object: a second check beside Kopf's own pause).
-KEEPER: Keeper | None = None
+# The CLI's Lease holder (``ddpjob operator --lease``): no reconcile writes unless it may act (past its renew
+# deadline the process ends, checked here too: a reconcile that wakes from a stall may run before the
+# watchdog thread), nor once it releases the Lease (:func:`settle`).
+LEASE: Elector | None = None
+SETTLED = threading.Event()
+"""Set by :func:`settle`: Kopf has stopped, no reconcile writes any more."""
 TIMER_INTERVAL_SECONDS = 5.0
-PEERING_LIFETIME_SECONDS = 60
-"""Kopf's peering record lifetime (``ddpjob operator --peering-lifetime``; the chart sets 12)."""
 HANDLER_THREADS = 16
 # What the timer needs from Kopf, taken from the first DDPJob event: the indexes, settings and context.
 _KOPF: dict[str, Any] = {}
@@ -70,7 +68,7 @@ def _tick(key: Key) -> None:
 
 
 TIMER = Ticker(
-    TIMER_INTERVAL_SECONDS, lambda: _KOPF["ddpjob_bodies"].keys(), _tick, PEERING.paused, heap.Trimmer()
+    TIMER_INTERVAL_SECONDS, lambda: _KOPF["ddpjob_bodies"].keys(), _tick, after_round=heap.Trimmer()
 )
 INDEXES = ["ddpjob_bodies", "ddpjob_jobs", "ddpjob_pods", "ddpjob_workloads"]  # + enable_node_health's
 
@@ -83,10 +81,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         prefix=crd.GROUP, key="last-handled-configuration"
     )
     settings.persistence.finalizer = f"{crd.GROUP}/kopf-finalizer"
-    # One active operator: replicas peer through KopfPeering under this name; the highest priority acts.
-    settings.peering.name = "ddpjob-operator"
-    # A replica that dies without a word (its node lost) holds its record this long: a standby's bound.
-    settings.peering.lifetime = PEERING_LIFETIME_SECONDS
+    # One acting replica is the Lease's matter (runtime/lease.py): Kopf never peers.
+    settings.peering.standalone = True
     # Watches end server-side after 5 minutes, so a silently dropped connection is noticed within that time.
     settings.watching.server_timeout = 300
     # The client gives the server a little longer than its own timeout before it calls the stream dead.
@@ -99,7 +95,6 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # cpu + 4 threads keeps a burst of creations (a thousand DDPJobs applied at once) moving.
     settings.execution.max_workers = HANDLER_THREADS
     _KOPF["settings"] = settings
-    PEERING.install()
     try:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
@@ -109,8 +104,21 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 @kopf.on.cleanup()
 def stop_timer(**_: Any) -> None:
     TIMER.stop()
-    if KEEPER is not None:
-        KEEPER.stop()
+
+
+def settle(timeout: float = 10.0) -> bool:
+    """After Kopf stopped and before the Lease is released: no reconcile starts writing any more
+    (:data:`SETTLED`) and each one running has ended (its DDPJob's lock taken once), so that a
+    standby that takes over never acts beside this process's last writes. False when one still ran after
+    ``timeout`` (the Lease is then left to expire, not released)."""
+    TIMER.stop()
+    SETTLED.set()
+    until = time.monotonic() + timeout
+    for lock in list(_LOCKS.values()):
+        if not lock.acquire(timeout=max(0.0, until - time.monotonic())):
+            return False
+        lock.release()
+    return True
 
 
 # Memory: the indexes keep every DDPJob, Job and pod, so they keep only what reconcile reads: not
@@ -240,11 +248,11 @@ def reconcile(
     by_timer: bool = False,
     **kwargs: Any,
 ) -> None:
-    """One reconcile at a time per DDPJob, from what the indexes hold now; none while :data:`KEEPER` says
-    this replica must not act (the timer reconciles every DDPJob again once it may)."""
-    if KEEPER is not None and not KEEPER.may_act():
-        return
+    """One reconcile at a time per DDPJob, from what the indexes hold now; none unless :data:`LEASE` (when
+    there is one) says this process may act, asked under the DDPJob's lock (:func:`settle`)."""
     with _LOCKS[key]:
+        if SETTLED.is_set() or (LEASE is not None and not LEASE.may_act()):
+            return
         if not by_timer:
             _LAST[key] = time.monotonic()
         for body in list(ddpjob_bodies.get(key, []))[:1]:

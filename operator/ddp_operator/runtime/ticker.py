@@ -5,10 +5,6 @@ timer (to stop the timer at deletion): one more write per DDPJob to add it and o
 optimistic patch lost the race against the operator's own status patch twice per DDPJob (422s, retried).
 It also keeps an asyncio task per DDPJob. This thread needs neither: a deleted DDPJob leaves the index and
 is no longer ticked.
-
-Kopf pauses its watches while a peer of higher priority runs (peering); the indexes then stop moving, so
-this timer must pause too. Kopf offers no hook for that state, so :class:`PeeringPause` reads it from
-Kopf's own peering log messages ("Pausing operations ...", "Resuming operations ...").
 """
 
 from __future__ import annotations
@@ -21,32 +17,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 log = logging.getLogger(__name__)
-PEERING_LOGGER = "kopf._core.engines.peering"
-
-
-class PeeringPause(logging.Filter):
-    """A logging filter on Kopf's peering logger that lets every record through and remembers whether
-    Kopf last said it paused (``paused``) or resumed."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.paused = threading.Event()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        if message.startswith("Pausing operations") or message.startswith("Pausing all operators"):
-            self.paused.set()
-        elif message.startswith("Resuming operations"):
-            self.paused.clear()
-        return True
-
-    def install(self) -> None:
-        """Filter Kopf's peering logger; it says pauses and resumes at INFO, so it logs at INFO at least
-        (a logger's filters see only the records its level lets through)."""
-        peering = logging.getLogger(PEERING_LOGGER)
-        if peering.getEffectiveLevel() > logging.INFO:
-            peering.setLevel(logging.INFO)
-        peering.addFilter(self)
 
 
 class Ticker:
