@@ -175,7 +175,8 @@ def test_a_standby_operator_takes_over_within_the_lease_and_never_two_act(
     its node (a death without a word: the Lease stays until the standby has seen it unrenewed for its
     duration); a DDPJob applied at that moment is taken up by the standby and Succeeds. The audit log shows
     one writer before the kill, and every write of the killed process received before the standby's first,
-    with no grace window: never two acting."""
+    with no grace window: never two acting. Then `helm upgrade` with both replicas (a new pod template):
+    a clean handover, the running job's pods kept, still never two acting."""
     # The operator pods request half a CPU, as much as a trainer process here, so that the trainers that
     # saturate this machine's 2 cores do not starve them (a stalled holder is what no lease can fence:
     # docs/operator.md, "A stalled replica").
@@ -272,6 +273,42 @@ def test_a_standby_operator_takes_over_within_the_lease_and_never_two_act(
             assert first_lease[0] - last_renewal >= LEASE_DURATION_SECONDS - RETRY_PERIOD_SECONDS / 10, near
         if two := interleaved(writes):
             raise said(f"two acting: {two}", writes, killed)
+
+        # helm upgrade with 2 replicas, a new pod template: Recreate stops both pods (the holder releases the
+        # Lease), the new ones start and one takes it at once; the running job keeps its pods, no restart
+        third = ddpjob("third", trainer={"steps": 1500, "batchSize": 16}, podTemplate=ON_REAL_NODES)
+        cluster.kubectl("apply", "-n", release.jobs, "-f", "-", input=manifests(third))
+        wait_phase(cluster, release.jobs, "third", "Running", timeout=180)
+        kept = {p["metadata"]["uid"] for p in children(cluster, release.jobs, "pods", "third")}
+        old_pods = {
+            p["metadata"]["name"]
+            for p in cluster.kubectl_json("get", "pods", "-n", release.namespace, "-l", release.selector)[
+                "items"
+            ]
+        }
+        upgraded = time.time()
+        release.upgrade(**{"resources.requests.cpu": "450m"})
+        handed = wait_for(
+            lambda: next(
+                (w for w, by, _ in acting_writes(cluster, release) if w > upgraded and by not in old_pods),
+                None,
+            ),
+            what="a new operator pod's first write after the upgrade",
+            timeout=120,
+        )
+        final = wait_phase(cluster, release.jobs, "third", "Succeeded", "Failed", timeout=480)["status"]
+        assert final["phase"] == "Succeeded" and (final["attempt"], final.get("restarts", 0)) == (1, 0), final
+        assert kept <= {p["metadata"]["uid"] for p in children(cluster, release.jobs, "pods", "third")}, (
+            "the upgrade replaced the running job's pods"
+        )
+        writes = [
+            (when, f"{by} (restarted)" if by == leader_name and when >= restart else by, what)
+            for when, by, what in acting_writes(cluster, release)
+        ]
+        old_last = max(w for w, by, _ in writes if by.split(" ")[0] in old_pods)
+        print(f"helm upgrade: the new pods' first write {handed - old_last:.1f} s after the old ones' last")
+        if two := interleaved(writes):
+            raise said(f"two acting across the upgrade: {two}", writes, upgraded)
 
 
 def restarted_at(cluster: Cluster, namespace: str, pod: str) -> float:
