@@ -19,6 +19,11 @@ Each private name, who reads it, and what is checked of it:
   ``read_timeout`` of the launcher's conf, which ``c10d_rendezvous_backend._create_tcp_store`` reads),
   replaced on reconnect.
 - ``DynamicRendezvousHandler._this_node`` (rounds.py): a ``_NodeDesc``.
+- ``C10dRendezvousBackend`` (rounds.py ``RoundWatch.restore``, store.py): made on a new, empty store it
+  marks the state empty (``get_state`` None), and ``set_state(state)`` with no token is a compare-and-set
+  against that mark: the first node's restore is written, a second finds it (``has_set`` False); torch's
+  state holder then reads the restored round, and its sanitizer keeps the nodes whose keep-alives were
+  refreshed.
 - ``DynamicRendezvousHandler._state_holder`` and its ``.state`` and ``._backend`` (rounds.py): the state
   read at a round's start; the backend replaced on reconnect, and torch's holder writes through the new one.
 - ``DynamicRendezvousHandler.num_nodes_waiting`` (public, wrapped by ``rounds.patient``): ``(self)``, an
@@ -267,6 +272,48 @@ def test_the_round_watch_reads_and_reconnects_through_torchs_handler(
     holder.sync()
     assert wrote, "torch's state holder no longer writes through _state_holder._backend (set after creation)"
     assert watch.poll(force=True) is None and watch.failed_reads == 0, "RoundWatch after reconnect"
+
+
+def test_a_store_that_comes_back_empty_gets_the_round_back_through_torchs_backend_and_holder(
+    rendezvous: Any,
+) -> None:
+    """RoundWatch.restore on the real handler: the store emptied (as a new store process is), the watch
+    reconnects (its new C10dRendezvousBackend marks the empty state), writes its view back under torch's
+    compare-and-set against the empty mark, and torch's own state holder takes the round from there."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc
+
+    from ddp_trainer.launch.rounds import RoundWatch
+
+    other = _NodeDesc("host-b", 9, 0)
+    _enter(rendezvous, other)
+    holder = rendezvous._state_holder
+    holder.state.round, holder.state.complete = 3, True
+    holder.mark_dirty()
+    holder.sync()
+    watch = RoundWatch(rendezvous)
+    watch.begin()
+    assert watch.view is not None, "RoundWatch.begin kept no view of a round this node is in"
+    rendezvous._store.delete_key("torch.rendezvous." + RUN_ID)  # what a new store process holds: nothing
+    watch.failed_reads = 1  # the old store was lost: the next poll reconnects
+    old = rendezvous._store
+    assert watch.poll(force=True) is None and watch.failed_reads == 0
+    assert rendezvous._store is not old, "RoundWatch did not reconnect"
+    got = watch.backend.get_state()
+    assert got is not None, (
+        "RoundWatch.restore wrote nothing: C10dRendezvousBackend made on an empty store no longer marks it "
+        "empty, or set_state(state) with no token is no longer a compare-and-set against that mark"
+    )
+    again = watch.backend.set_state(pickle.dumps(holder.state))  # a second node's restore, a moment late
+    assert again is not None and again[2] is False and again[1] == got[1], (
+        "C10dRendezvousBackend.set_state(state) with no token overwrote a restored state"
+    )
+    holder.sync()
+    state = holder.state
+    assert (state.round, state.complete) == (3, True), "torch's state holder did not read the restored round"
+    assert set(state.participants) == {rendezvous._this_node, other}, (
+        "torch's sanitizer dropped a node of the restored round: its refreshed keep-alive (a UTC datetime "
+        "of now) is no longer what _sanitize compares"
+    )
 
 
 def test_num_nodes_waiting_keeps_the_shape_the_launcher_wraps(rendezvous: Any) -> None:

@@ -3,7 +3,9 @@ a lost pod replaced while the others go on, and the world sizes the job ran at, 
 
 The store (``python -m ddp_trainer.launch.store``) is what a worker pod would otherwise host: with it
 outside, any pod may die, pod 0 included, and the others re-rendezvous at the smaller world; the pod that
-replaces it joins at the next step boundary and the world grows back."""
+replaces it joins at the next step boundary and the world grows back. A store whose process dies is started
+again on the same port (:class:`KeptStore`), as the store's Job replaces a lost pod in a cluster; the pods'
+launchers give it back their round (``ddp_trainer.launch.rounds.RoundWatch.restore``)."""
 
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from ddp_operator.api.spec import Spec
@@ -28,11 +31,11 @@ _WORLD = re.compile(
 
 
 def start_store(
-    port: int, env: Mapping[str, str], log_path: Path, say: object = print
+    port: int, env: Mapping[str, str], log_path: Path, say: object = print, append: bool = False
 ) -> subprocess.Popen[bytes]:
     """Start the rendezvous store on 127.0.0.1:``port`` and wait until it answers (saying so)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "wb") as log:
+    with open(log_path, "ab" if append else "wb") as log:
         store = subprocess.Popen(
             [sys.executable, "-m", "ddp_trainer.launch.store", str(port)],
             env=dict(env),
@@ -52,6 +55,74 @@ def start_store(
             time.sleep(0.2)
     store.kill()
     raise RuntimeError(f"the rendezvous store did not answer on :{port} in {STORE_WAIT_SECONDS:.0f} s")
+
+
+KEEP_POLL_SECONDS = 0.2
+KEEP_AT_MOST = 5
+"""How many times a lost store is started again in one attempt (one that dies each time ends it: the
+launchers then wait for it, and fail, as the workers would with a store Job out of back-off)."""
+
+
+class KeptStore:
+    """The rendezvous store's process (:func:`start_store`), started again on the same port when it dies,
+    saying so once each time: what the store's Job does in a cluster when its pod is lost (its
+    ``backoffLimit``). The new store starts empty; the pods' launchers reconnect and give it back their
+    round, so the world that trains on re-forms with it at the next resize."""
+
+    def __init__(
+        self,
+        port: int,
+        env: Mapping[str, str],
+        log_path: Path,
+        say: Callable[[str], None],
+        start: Callable[..., subprocess.Popen[bytes]] = start_store,
+        watch: bool = True,
+    ) -> None:
+        """``watch``: check every :data:`KEEP_POLL_SECONDS` in a thread of its own (else the caller
+        calls :meth:`check`)."""
+        self.port, self.env, self.log_path, self.say, self._start = port, env, log_path, say, start
+        self.process = start(port, env, log_path)
+        self.restarts = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._keep, name="ddpjob-store-keeper", daemon=True)
+        if watch:
+            self._thread.start()
+
+    def check(self) -> bool:
+        """Start the store again if its process ended; False once it cannot be (or may not be again)."""
+        code = self.process.poll()
+        if code is None or self._stop.is_set():
+            return True
+        if self.restarts >= KEEP_AT_MOST:
+            self.say(
+                f"the rendezvous store's process exited {code}, the {self.restarts + 1}th time: not started "
+                f"again (its output is in {self.log_path})"
+            )
+            return False
+        self.restarts += 1
+        try:
+            self.process = self._start(self.port, self.env, self.log_path, append=True)
+        except RuntimeError as exc:
+            self.say(f"the rendezvous store's process exited {code} and could not be started again: {exc}")
+            return False
+        self.say(
+            f"the rendezvous store's process exited {code}: a new one serves :{self.port}, as the store's "
+            "Job replaces a lost pod; it starts empty, and the pods' launchers give it back their round"
+        )
+        return True
+
+    def _keep(self) -> None:
+        while not self._stop.wait(KEEP_POLL_SECONDS):
+            if not self.check():
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=STORE_WAIT_SECONDS + 5)
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(10)
 
 
 def replaceable(spec: Spec, codes: list[int | None], index: int, replaced: int) -> bool:

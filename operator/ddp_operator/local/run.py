@@ -191,7 +191,7 @@ def _attempt(
     store = None
     if spec.elastic is not None and render.external_store(spec):  # not when the command runs torchrun itself
         store_log = pods[0].log_path.parent / "rendezvous-store.log"
-        store = elastic.start_store(master_port, {**os.environ, gang.MARKER: marker}, store_log)
+        store = elastic.KeptStore(master_port, {**os.environ, gang.MARKER: marker}, store_log, console.say)
         console.say(
             f"attempt {attempt}: elastic ({spec.elastic.min_nodes}-{spec.elastic.max_nodes} nodes): the "
             f"rendezvous store serves :{master_port} in a process of its own, so any pod may leave"
@@ -227,8 +227,7 @@ def _attempt(
         first, codes = _watch(spec, pods, members, console, interrupt, respawn)
     finally:
         if store is not None:
-            store.terminate()
-            store.wait(10)
+            store.stop()
     reports = [contract.parse_report(_read(pod.termination_path)) for pod in pods]
     report = failures.with_failures(reports[0], reports)  # every pod's failed ranks: who failed first
     failed = [(pod, code) for pod, code in zip(pods, first, strict=True) if code]

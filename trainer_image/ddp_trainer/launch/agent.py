@@ -337,8 +337,8 @@ def _install(book: Book) -> None:
         if isinstance(handler, DynamicRendezvousHandler):
             if getattr(self, "_ddpjob_silence", None) is None:
                 host = os.environ.get(contract.PET_NODE_RANK, "").strip() == "0"
-                hosted_by_a_node = store.endpoint(os.environ) is None and not host
-                self._ddpjob_silence = RoundWatch(handler, hosted_by_a_node)
+                external = store.endpoint(os.environ) is not None
+                self._ddpjob_silence = RoundWatch(handler, not external and not host, presence=external)
             self._ddpjob_silence.begin()
 
     LocalElasticAgent._monitor_workers = monitor_workers  # type: ignore[method-assign]

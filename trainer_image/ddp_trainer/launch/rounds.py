@@ -12,6 +12,7 @@ import pickle
 import signal
 import sys
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from ddp_trainer.launch import silence
@@ -22,9 +23,14 @@ class RoundWatch:
     the launcher): it reads torch's ``c10d`` rendezvous
     state as stored (``_RendezvousState``: ``round``, ``participants``, ``last_heartbeats``, ``closed``)
     through the handler's private ``_store``, ``_settings`` and ``_this_node``, and sets and reads the mark
-    that makes every agent of the round follow the first that judged."""
+    that makes every agent of the round follow the first that judged.
 
-    def __init__(self, handler: Any, hosted_by_a_node: bool = False) -> None:
+    It also keeps the last state it read of its round (:attr:`view`): a store that comes back empty (its
+    process or pod lost and a new one started) is given that round back (:meth:`restore`), so that the
+    nodes that train on re-form with the new store at the next resize instead of meeting in a round 0 that
+    knows none of them."""
+
+    def __init__(self, handler: Any, hosted_by_a_node: bool = False, presence: bool = False) -> None:
         from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
         settings = handler._settings
@@ -36,12 +42,42 @@ class RoundWatch:
         self.hosted_by_a_node = hosted_by_a_node
         """The store lives in node 0's agent (a rigid job's, seen from another node): a store that does not
         answer is node 0 gone silent."""
+        self.presence = presence
+        """The store is an elastic job's own process, which watches every agent's process
+        (:func:`store.announce`): after a reconnect this agent announces itself again, to a new store's
+        watch."""
+        self.view: bytes | None = None
+        """The last ``_RendezvousState`` of this agent's round it read (pickled as stored), for
+        :meth:`restore`."""
 
     def begin(self) -> None:
         """The agent's rendezvous returned: the round it joined, as the handler saw it."""
         state = self.handler._state_holder.state
         self.watch.begin(
             state.round, self.handler._this_node, state.participants, state.last_heartbeats, time.monotonic()
+        )
+        self.view = pickle.dumps(state) if self.handler._this_node in state.participants else None
+
+    def restore(self) -> None:
+        """The store answers but holds no rendezvous state: a new store, the old one lost with its process
+        or pod. Write this node's last view of its round back (:func:`refreshed`), under torch's
+        compare-and-set against the empty value, so the first node to find it empty restores it and the
+        others find it there; with it, the gather count a node that comes later waits for
+        (:data:`store.ARRIVED_KEY`)."""
+        from ddp_trainer.launch.store import ARRIVED_KEY
+
+        if self.view is None:
+            return
+        state = refreshed(pickle.loads(self.view), datetime.now(UTC))
+        written = self.backend.set_state(pickle.dumps(state))  # no token: compare-and-set against empty
+        if written is None or not written[2]:
+            return  # another node restored it first (or wrote a round since): read at the next poll
+        self.store.add(ARRIVED_KEY, len(state.participants))
+        print(
+            f"[launcher] the rendezvous store came back empty: restored round {state.round} with "
+            f"{len(state.participants)} node(s) from this node's last view",
+            file=sys.stderr,
+            flush=True,
         )
 
     def reconnect(self) -> None:
@@ -61,18 +97,33 @@ class RoundWatch:
             flush=True,
         )
 
+    def announce(self) -> None:
+        """Announce this agent to the store's process watch again (a new store's watch knows none of the
+        agents that announced themselves to the old one); said by :func:`store.announce` if it cannot."""
+        from ddp_trainer.launch import store
+
+        store.announce(self.store.host, self.store.port, self.run_id, self.handler._this_node.addr)
+
     def poll(self, force: bool = False) -> silence.Verdict | None:
         """What the stored state says now, every :data:`silence.POLL_SECONDS` (``force``: now); None when the
         store cannot be read (the keep-alive thread and the next rendezvous say that store's trouble)."""
         if not force and not self.watch.due(time.monotonic()):
             return None
         try:
-            if self.failed_reads:
+            if reconnected := bool(self.failed_reads):
                 self.reconnect()
             got = self.backend.get_state()
+            if got is None:  # answers, and holds no state: a new store
+                self.restore()
+                got = self.backend.get_state()
+            if reconnected and self.presence:
+                self.announce()
             state = pickle.loads(got[0]) if got else None
-            if state is None or state.closed:
+            if got is None or state is None or state.closed:
+                self.failed_reads = 0
                 return None
+            if state.round == self.watch.round_number and self.handler._this_node in state.participants:
+                self.view = got[0]
             key = silence.mark_key(self.run_id, self.watch.round_number)
             mark = self.store.get(key).decode() if self.store.check([key]) else None
             verdict = self.watch.observe(
@@ -95,6 +146,16 @@ class RoundWatch:
             return None
         self.failed_reads = 0
         return verdict
+
+
+def refreshed(state: Any, now: datetime) -> Any:
+    """``state`` (a ``_RendezvousState``) with every keep-alive in it set to ``now``: the store's outage is
+    nobody's silence, so each node of the restored round is given a whole keep-alive bound to renew through
+    the new store (a live one does within a second of reconnecting; one lost meanwhile is dropped by
+    torch's sanitizer after the bound, as any silent node)."""
+    for node in list(state.last_heartbeats):
+        state.last_heartbeats[node] = now
+    return state
 
 
 def _timed_out(exc: Exception) -> bool:

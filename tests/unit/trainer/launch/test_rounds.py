@@ -1,0 +1,121 @@
+"""A rendezvous store that comes back empty (launch/rounds.RoundWatch.restore): the first node to find it
+empty writes its last view of its round back, every keep-alive fresh, with the gather count a later node
+waits for; the others find it there and write nothing; a node with no view of a round writes nothing.
+Each watch reads through a real TCPStore on 127.0.0.1 (torch's own c10d backend), the handler a stand-in
+with the fields torch's has (tests/contract/test_torch_private.py checks torch's)."""
+
+from __future__ import annotations
+
+import pickle
+import socket
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from ddp_trainer.launch import rounds
+from ddp_trainer.launch.store import ARRIVED_KEY
+
+RUN_ID = "restore"
+LONG_AGO = datetime(2020, 1, 1, tzinfo=UTC)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def host() -> Any:
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    return TCPStore(
+        "127.0.0.1", _free_port(), is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5)
+    )
+
+
+def _node(addr: str) -> Any:
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc
+
+    return _NodeDesc(addr, 1, 0)
+
+
+def _handler(host: Any, me: Any, members: list[Any], round_number: int = 4) -> Any:
+    """A handler whose last round (``round_number``) had ``members``, heartbeats long ago."""
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
+
+    state = _RendezvousState()
+    state.round, state.complete = round_number, True
+    for rank, node in enumerate(members):
+        state.participants[node], state.last_heartbeats[node] = rank, LONG_AGO
+    client = TCPStore(host.host, host.port, is_master=False, wait_for_workers=False, timeout=host.timeout)
+    settings = SimpleNamespace(
+        run_id=RUN_ID, keep_alive_interval=timedelta(seconds=1), keep_alive_max_attempt=5
+    )
+    return SimpleNamespace(
+        _settings=settings,
+        _store=client,
+        _this_node=me,
+        _state_holder=SimpleNamespace(state=state, _backend=None),
+    )
+
+
+def _stored(watch: rounds.RoundWatch) -> Any:
+    got = watch.backend.get_state()
+    return pickle.loads(got[0]) if got else None
+
+
+def test_refreshed_sets_every_keep_alive_to_now_and_keeps_the_round() -> None:
+    state = SimpleNamespace(round=3, participants={"a": 0, "b": 1}, last_heartbeats={"a": LONG_AGO, "b": 1})
+    now = datetime.now(UTC)
+    assert rounds.refreshed(state, now) is state
+    assert state.last_heartbeats == {"a": now, "b": now} and state.participants == {"a": 0, "b": 1}
+
+
+def test_the_first_node_to_find_the_store_empty_restores_its_round_and_the_others_find_it(
+    host: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b, c = _node("a"), _node("b"), _node("c")
+    first, second = (rounds.RoundWatch(_handler(host, me, [a, b, c])) for me in (a, b))
+    for watch in (first, second):
+        watch.begin()
+    assert _stored(first) is None  # the store holds nothing: a new store
+    before = datetime.now(UTC)
+    assert first.poll(force=True) is None and first.failed_reads == 0
+    restored = _stored(first)
+    assert restored.round == 4 and restored.complete and set(restored.participants) == {a, b, c}
+    assert all(beat >= before for beat in restored.last_heartbeats.values()), restored.last_heartbeats
+    assert int(host.add(ARRIVED_KEY, 0)) == 3  # a later node's gather finds the job's nodes came
+    said = capsys.readouterr().err
+    assert (
+        "[launcher] the rendezvous store came back empty: restored round 4 with 3 node(s) from this node's "
+        "last view"
+    ) in said, said
+
+    token = first.backend.get_state()
+    assert second.poll(force=True) is None and second.failed_reads == 0
+    assert first.backend.get_state() == token, "the second node wrote over the restored state"
+    assert int(host.add(ARRIVED_KEY, 0)) == 3 and "restored" not in capsys.readouterr().err
+
+
+def test_a_node_that_keeps_reading_its_round_restores_the_latest_view(host: Any) -> None:
+    a, b = _node("a"), _node("b")
+    watch = rounds.RoundWatch(_handler(host, a, [a, b]))
+    watch.begin()
+    watch.poll(force=True)  # restores round 4 into the empty store
+    later = _stored(watch)
+    later.wait_list.add(_node("c"))  # a node came meanwhile, and waits for the next round
+    watch.backend.set_state(pickle.dumps(later), watch.backend.get_state()[1])
+    watch.poll(force=True)
+    assert _node("c") in pickle.loads(watch.view).wait_list  # type: ignore[arg-type]
+
+
+def test_a_node_with_no_view_of_a_round_writes_nothing(host: Any) -> None:
+    a, b = _node("a"), _node("b")
+    watch = rounds.RoundWatch(_handler(host, a, [b]))  # its rendezvous returned without it
+    watch.begin()
+    assert watch.view is None
+    assert watch.poll(force=True) is None and _stored(watch) is None
