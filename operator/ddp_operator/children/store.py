@@ -35,8 +35,11 @@ STORE_COMMAND = ("python", "-m", "ddp_trainer.launch.store")
 
 
 STORE_BACKOFF_LIMIT = 3
-"""A store pod that fails (its node lost) is replaced this many times; its rendezvous state is lost with
-it, so the workers' next rendezvous fails and the gang restarts with a new attempt and a new store."""
+"""A store pod that fails (its node lost) is replaced this many times, in the same attempt. The new pod's
+store starts empty; the running pods' launchers reconnect to it and the first writes its last view of the
+round back (``ddp_trainer.launch.rounds.RoundWatch.restore``), so the world re-forms with the new store at
+its next resize: no pod restarts, no gang restart (docs/operator.md, "The rendezvous store lost"). Until the
+new pod answers the world cannot change."""
 
 
 def render_store(spec: Spec, attempt: int) -> Obj:
