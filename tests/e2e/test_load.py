@@ -179,7 +179,7 @@ def test_a_soak_of_short_jobs_under_random_pod_kills_ends_with_every_job_final_a
     kills: list[str] = []
     deadline = time.monotonic() + 180
     while len(kills) < kills_wanted and time.monotonic() < deadline:
-        time.sleep(rng.uniform(0.3, 1.5))
+        time.sleep(rng.uniform(0.3, 1.5))  # the kills' pace, drawn from the seed: no wait for anything
         if all((j.get("status") or {}).get("phase") in FINAL for j in _ddpjobs(cluster, namespace)):
             break
         if done := _kill_a_pod(cluster, namespace, rng):

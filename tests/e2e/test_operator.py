@@ -169,7 +169,11 @@ def test_operator_restart_creates_no_duplicates(
     operator.process.send_signal(signal.SIGKILL)
     operator.process.wait()
     operator.start()
-    settle(8)  # a few reconciles: resume, timers, child events
+    # a window in which nothing may be created: the restarted operator (live: its /healthz answered) runs
+    # its resume handler at once and its timer every 5 s (TIMER_INTERVAL_SECONDS); 8 s holds the resume,
+    # the child events it watches again and at least one timer round, each of which would have made a
+    # duplicate Job or Service if it did not find the running ones
+    settle(8)
     jobs = children(cluster, namespace, "jobs", "steady")
     assert [job["metadata"]["name"] for job in jobs] == ["steady-1"]
     assert len(children(cluster, namespace, "services", "steady")) == 1
@@ -374,9 +378,20 @@ def test_structured_logs(cluster: Cluster, operator: Operator, tmp_path: Path) -
     import os
     import subprocess
     import sys
-    import time
 
     log = tmp_path / "json.log"
+
+    def configured() -> bool:
+        """Whether a complete line of the log is the startup activity's (Kopf's "Activity 'configure'
+        succeeded"), the last record the assertions below read, or the operator has exited."""
+        for line in log.read_text().splitlines():
+            try:
+                if "configure" in json.loads(line).get("message", ""):
+                    return True
+            except ValueError:  # a line being written
+                continue
+        return process.poll() is not None
+
     with log.open("wb") as out:
         process = subprocess.Popen(
             [
@@ -393,7 +408,7 @@ def test_structured_logs(cluster: Cluster, operator: Operator, tmp_path: Path) -
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-        time.sleep(6)
+        wait_for(configured, what=f"the operator's startup activity (configure) in {log}", timeout=120)
         process.terminate()
         process.wait(timeout=30)
     lines = [line for line in log.read_text().splitlines() if line.strip()]

@@ -180,4 +180,6 @@ def events(cluster: Cluster, namespace: str, name: str, reason: str) -> list[dic
 
 
 def settle(seconds: float) -> None:
+    """A window in which something must NOT happen (the caller says why this long); never a wait for
+    something to happen (that is :func:`testcluster.fixtures.wait_for`, with a deadline)."""
     time.sleep(seconds)

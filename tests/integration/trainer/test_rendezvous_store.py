@@ -110,6 +110,8 @@ def test_nodes_gather_at_the_store_before_the_first_round_and_a_late_one_goes_on
         first = [threading.Thread(target=node, args=(i,)) for i in range(2)]
         for thread in first:
             thread.start()
+        # a window in which the first two must NOT go on alone: they read the count every 0.1 s, so 1.5 s
+        # is 15 of their reads
         time.sleep(1.5)
         assert not went, "the first two wait for the third"
         came = time.monotonic()
@@ -259,6 +261,8 @@ def test_the_end_of_a_replaced_agents_connection_drops_nothing() -> None:
     old = announce()
     new = announce()
     old.close()
+    # a window in which the old connection's end must drop nothing: the watch acts on an end at once (the
+    # new one's below is dropped within a moment), so a wrong drop would show within 1 s
     time.sleep(1.0)
     recent = datetime.now(UTC) - timedelta(minutes=1)
     assert heartbeats()["job-1-1.job_1_0"] > recent and not said, said
@@ -276,5 +280,5 @@ def test_the_end_of_a_replaced_agents_connection_drops_nothing() -> None:
     closed.closed, closed.last_heartbeats[node] = True, datetime.now(UTC)
     assert backend.set_state(pickle.dumps(closed), got[1]) is not None
     announce().close()
-    time.sleep(1.0)
+    time.sleep(1.0)  # a window in which that end must drop nothing: the watch acts at once (above)
     assert heartbeats()["job-1-1.job_1_0"] > recent and len(said) == 1, said
