@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,10 +20,12 @@ import yaml
 from ddp_operator.api.spec import Spec, parse
 from ddp_operator.local import elastic
 from ddp_trainer import contract
-from helpers.local_jobs import UNDER_LOAD, job, run_local, unique_name
+from helpers import REPO
+from helpers.local_jobs import RUN_SECONDS, job, run_local, stop_job, unique_name
 
 ELASTIC = {"minNodes": 1, "maxNodes": 3}
-EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+EXAMPLES = REPO / "examples"
+HELPERS = REPO / "tests" / "helpers"
 
 
 def _spec(**overrides: object) -> Spec:
@@ -74,19 +77,29 @@ def _pids_of(job: str, node_rank: int) -> list[int]:
     return found
 
 
-def _run_and(tmp_path: Path, file: str, ready: Callable[[], bool], act: Callable[[], None]) -> str:
-    """`ddpjob local FILE` in ``tmp_path``; once ``ready()``, ``act()``; everything it printed, after it
-    ended with exit 0."""
+def _run_and(tmp_path: Path, name: str, file: str, ready: Callable[[], bool], act: Callable[[], None]) -> str:
+    """`ddpjob local FILE` (DDPJob ``name``) in ``tmp_path``; once ``ready()``, ``act()``; everything it
+    printed, after it ended with exit 0. Both within :data:`helpers.local_jobs.RUN_SECONDS` of the start;
+    a run that misses it is stopped and fails saying what it printed."""
     argv = [sys.executable, "-m", "ddp_operator", "local", file, "--workdir", "runs"]
     process = subprocess.Popen(
         argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    deadline = time.monotonic() + 120
+    started = time.monotonic()
+
+    def fail(said: str) -> AssertionError:
+        took = time.monotonic() - started
+        return AssertionError(f"{said} ({took:.0f} s); `ddpjob local` printed:\n{stop_job(process, name)}")
+
     while not ready():
-        assert process.poll() is None and time.monotonic() < deadline, "never ready to act"
+        if process.poll() is not None or time.monotonic() - started > RUN_SECONDS:
+            raise fail("never ready to act: the run ended or ran out of time")
         time.sleep(0.1)
     act()
-    out, _ = process.communicate(timeout=300)
+    try:
+        out, _ = process.communicate(timeout=max(1.0, started + RUN_SECONDS - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        raise fail("the run did not end in time") from None
     assert process.returncode == 0, out
     return out
 
@@ -102,52 +115,58 @@ def _lose_pod(tmp_path: Path, name: str, file: str, node: int, saved: str) -> st
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
 
-    return _run_and(tmp_path, file, lambda: bool(list(checkpoints.glob(saved))), kill)
+    return _run_and(tmp_path, name, file, lambda: bool(list(checkpoints.glob(saved))), kill)
 
 
-def _three_pods(tmp_path: Path, steps: int, checkpoint_every: int) -> str:
-    """An elastic job (1-3 nodes) of three one-process pods in ``tmp_path``/job.yaml; its name."""
+def _three_pods(tmp_path: Path, steps: int, checkpoint_every: int, **trainer: str) -> str:
+    """An elastic job (1-3 nodes) of three one-process pods in ``tmp_path``/job.yaml; its name. ``trainer``:
+    more of spec.trainer (a ``model`` of tests/helpers, on the pods' PYTHONPATH)."""
     name = unique_name()
-    trainer = {"steps": steps, "batchSize": 16, "checkpointEvery": checkpoint_every}
+    trainer = {"steps": steps, "batchSize": 16, "checkpointEvery": checkpoint_every, **trainer}
     doc = job(name, nodes=3, procsPerNode=1, elastic=ELASTIC, trainer=trainer, syncCheck={"everySteps": 20})
+    if "model" in trainer:
+        doc["spec"]["env"] = [{"name": "PYTHONPATH", "value": str(HELPERS)}]
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
     return name
 
 
 @pytest.mark.slow
-@UNDER_LOAD
 def test_a_users_elastic_script_resumes_in_each_world_and_each_world_is_verified(tmp_path: Path) -> None:
-    """examples/elastic-loop.yaml as shipped but for its name and length: a script of the user's
+    """examples/elastic-loop.yaml as shipped but for its name and its end: a script of the user's
     (examples/elastic_loop.py: SyncHealth, its own checkpoint, its share of a fixed global batch). Pod 1
     is lost after the first save; the others resume at world size 2 from it, the replacement grows the
     world back, and each world is verified before its first step (SyncHealth says so for ddpjob local).
-    The survivors re-form in seconds (the store drops the lost agent at once), so the run is long enough
-    (500 steps, about 25 s at world 2) for the replacement, 10 s behind (the Job controller's back-off), to
-    grow the world back before the end."""
+    The script runs under tests/helpers/elastic_loop_until_regrown.py, which ends it only in the world of
+    3 that the replacement grew (100 steps after it resumed): the test waits for that event (within
+    local_jobs.RUN_SECONDS) instead of racing the replacement, 10 s behind (the Job controller's
+    back-off) plus its start, against a fixed length of training."""
     doc = yaml.safe_load((EXAMPLES / "elastic-loop.yaml").read_text())
     name = doc["metadata"]["name"] = unique_name()
-    doc["spec"]["env"] = [{"name": "STEPS", "value": "500"}]
-    doc["spec"]["args"][0] = str(EXAMPLES / "elastic_loop.py")
+    example, *arguments = doc["spec"]["args"]
+    assert example == "examples/elastic_loop.py", doc["spec"]["args"]
+    doc["spec"]["args"] = [str(HELPERS / "elastic_loop_until_regrown.py"), str(REPO / example), *arguments]
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
     out = _lose_pod(tmp_path, name, "job.yaml", 1, "elastic-loop.pt")
     assert f"ddpjob local: {name}: Succeeded" in out and "after 1 attempt(s)" in out, out
     summary = next(line for line in out.splitlines() if "elastic: ran at world sizes" in line)
     sizes = summary.split("world sizes ", 1)[1].split(" (ranks)")[0].split(" → ")
     assert sizes[0] == "3" and len(sizes) >= 2 and sizes[-1] == "3", (summary, out)
-    assert ": resumed from step " in out and "trained to step 500 at world size 3" in out, out
+    resumed = [int(found) for found in re.findall(r"world size 3: resumed from step (\d+)", out)]
+    assert resumed and f"trained to step {resumed[-1] + 100} at world size 3" in out, out
     # the last world's tally covers it alone: the sync line says from which step (SyncHealth's report)
     assert "replicas verified bit-identical" in out and "since this world resumed at step " in out, out
 
 
 @pytest.mark.slow
-@UNDER_LOAD
 def test_losing_node_0_shrinks_the_world_and_its_replacement_grows_it_back(tmp_path: Path) -> None:
     """Three pods of one process; once the first checkpoint is written, every process of pod 0 (node 0,
     rank 0 of the first world) is SIGKILLed, as a lost node. The other two re-rendezvous at once through
     the store no pod hosts and train on at world size 2; the replacement pod joins ten seconds later at a
     step boundary and the world is 3 again; every world is verified before its first step; one attempt,
-    the job Succeeds."""
-    name = _three_pods(tmp_path, steps=240, checkpoint_every=5)
+    the job Succeeds. The model (slow_factories.slow_until_full) is slow in a world smaller than 3 (0.5 s
+    a step): the replacement has 100 s or more to grow the world back, where it needs ~10 s plus its
+    start, instead of racing the end of a fast world of 2."""
+    name = _three_pods(tmp_path, steps=240, checkpoint_every=5, model="slow_factories:slow_until_full")
     out = _lose_pod(tmp_path, name, "job.yaml", 0, "step-*.pt")
     assert f"ddpjob local: {name}: Succeeded" in out and "after 1 attempt(s)" in out, out
     assert f"{name}-1-0 exited -9: the other 2 pod(s) go on at a smaller world (elastic)" in out, out
@@ -171,7 +190,6 @@ def _launcher_of(job: str, node_rank: int) -> int:
 
 
 @pytest.mark.slow
-@UNDER_LOAD
 def test_a_pod_taken_away_leaves_at_a_step_boundary_and_the_others_train_on_without_losing_a_step(
     tmp_path: Path,
 ) -> None:
@@ -194,7 +212,7 @@ def test_a_pod_taken_away_leaves_at_a_step_boundary_and_the_others_train_on_with
         seen.extend(worlds())
         os.kill(_launcher_of(name, 1), signal.SIGTERM)
 
-    out = _run_and(tmp_path, "job.yaml", at_three, take_pod_1_away)
+    out = _run_and(tmp_path, name, "job.yaml", at_three, take_pod_1_away)
     assert f"ddpjob local: {name}: Succeeded" in out and "after 1 attempt(s)" in out, out
     assert f"{name}-1-1 exited 143: the other 2 pod(s) go on at a smaller world (elastic)" in out, out
     after = worlds()
@@ -244,7 +262,6 @@ SILENT_BOUND_SECONDS = 30.0
 """Issue 54's bound: from the freeze to the first step of the smaller world."""
 
 
-@pytest.mark.slow
 def _read(path: Path) -> bytes:
     try:
         return path.read_bytes()
@@ -252,6 +269,7 @@ def _read(path: Path) -> bytes:
         return b""
 
 
+@pytest.mark.slow
 def test_a_frozen_node_0_is_dropped_within_the_bound_and_rejoins_when_it_wakes(tmp_path: Path) -> None:
     """Three pods of one process; once a world of 3 trains, every process of pod 0 (rank 0, the round's
     host of the workers' store) is frozen with SIGSTOP: its sockets stay open, as with a node whose power or
@@ -271,24 +289,34 @@ def test_a_frozen_node_0_is_dropped_within_the_bound_and_rejoins_when_it_wakes(t
     def worlds() -> list[tuple[int, int]]:
         return elastic.worlds(sorted(attempt.glob("*.log")))
 
+    started = time.monotonic()
+
     def wait_for(what: Callable[[], bool], seconds: float, said: str) -> float:
-        deadline = time.monotonic() + seconds
+        """When ``what()`` held, within ``seconds`` (and the run's :data:`RUN_SECONDS`); else the run is
+        stopped and the test fails saying what it saw."""
+        deadline = min(time.monotonic() + seconds, started + RUN_SECONDS)
         while not what():
             if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                out, _ = process.communicate()
-                raise AssertionError(f"{said} within {seconds:.0f} s; worlds {worlds()}\n{out}")
+                found, took = worlds(), time.monotonic() - started
+                out = stop_job(process, name)
+                raise AssertionError(
+                    f"{said} within {seconds:.0f} s ({took:.0f} s in); worlds {found}\n{out}"
+                )
             time.sleep(0.1)
         return time.monotonic()
 
     try:
-        wait_for(lambda: bool(now := worlds()) and now[-1][0] == 3, 120, "no world of 3")
+        wait_for(lambda: bool(now := worlds()) and now[-1][0] == 3, RUN_SECONDS, "no world of 3")
         seen = worlds()
         frozen_at = time.monotonic()
         _signal_pod(name, 0, signal.SIGSTOP)
         shrunk_at = wait_for(lambda: len(worlds()) > len(seen), SILENT_BOUND_SECONDS, "no smaller world")
         _signal_pod(name, 0, signal.SIGCONT)
-        wait_for(lambda: len(now := worlds()) > len(seen) + 1 and now[-1][0] == 3, 120, "no world of 3 again")
+        wait_for(
+            lambda: len(now := worlds()) > len(seen) + 1 and now[-1][0] == 3,
+            RUN_SECONDS,
+            "no world of 3 again",
+        )
         # then the rendezvous store's process is lost: the world of 3 trains on to the end without it
         (store,) = [
             int(entry.name)
@@ -298,12 +326,14 @@ def test_a_frozen_node_0_is_dropped_within_the_bound_and_rejoins_when_it_wakes(t
             and _read(entry / "stat").rsplit(b")", 1)[-1].split()[1:2] == [str(process.pid).encode()]
         ]
         os.kill(store, signal.SIGKILL)
-        out, _ = process.communicate(timeout=300)
+        out, _ = process.communicate(timeout=max(1.0, started + RUN_SECONDS - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the run did not end in time; it printed:\n{stop_job(process, name)}") from None
     finally:
         if process.poll() is None:
             with contextlib.suppress(AssertionError):
                 _signal_pod(name, 0, signal.SIGCONT)
-            process.kill()
+            stop_job(process, name)
     after = worlds()
     assert after[len(seen)][0] == 2, (seen, after, out)
     print(f"frozen → world of 2 verified: {shrunk_at - frozen_at:.1f} s (bound {SILENT_BOUND_SECONDS:.0f} s)")
@@ -339,25 +369,39 @@ def test_a_frozen_pod_of_a_rigid_job_restarts_the_gang_within_the_bound_naming_i
         argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     frozen: list[int] = []
+    started = time.monotonic()
+
+    def seen() -> str:
+        """The first attempt's pod logs, the last lines of each: what a missed deadline saw."""
+        return "\n".join(
+            f"--- {log.name}:\n" + "\n".join(log.read_text().splitlines()[-15:])
+            for log in sorted((run / "attempt-1").glob("*.log"))
+        )
+
     try:
-        deadline = time.monotonic() + 120
         while not list((run / "volumes" / "checkpoint").glob("step-*.pt")):
-            assert process.poll() is None and time.monotonic() < deadline, "no checkpoint"
+            assert process.poll() is None and time.monotonic() - started < RUN_SECONDS, (
+                f"no checkpoint in {time.monotonic() - started:.0f} s\n{seen()}"
+            )
             time.sleep(0.1)
         frozen_at = time.monotonic()
         frozen = _signal_pod(name, 1, signal.SIGSTOP)
         while not (run / "attempt-2").exists():
-            assert process.poll() is None, "the run ended before a second attempt"
-            assert time.monotonic() - frozen_at < RIGID_BOUND_SECONDS, "no gang restart within the bound"
+            assert process.poll() is None, f"the run ended before a second attempt\n{seen()}"
+            assert time.monotonic() - frozen_at < RIGID_BOUND_SECONDS, (
+                f"no gang restart within {RIGID_BOUND_SECONDS:.0f} s of the freeze\n{seen()}"
+            )
             time.sleep(0.1)
         restarted_in = time.monotonic() - frozen_at
-        out, _ = process.communicate(timeout=300)
+        out, _ = process.communicate(timeout=max(1.0, started + RUN_SECONDS - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the run did not end in time; it printed:\n{stop_job(process, name)}") from None
     finally:
         for pid in frozen:  # whatever the run left of them
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         if process.poll() is None:
-            process.kill()
+            stop_job(process, name)
     print(f"frozen → gang restart (attempt 2): {restarted_in:.1f} s (bound {RIGID_BOUND_SECONDS:.0f} s)")
     assert process.returncode == 0 and f"ddpjob local: {name}: Succeeded" in out, out
     said = (run / "attempt-1" / f"{name}-1-0.log").read_text()

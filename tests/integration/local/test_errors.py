@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.local_jobs import UNDER_LOAD, job, run_local, unique_name
+from helpers.local_jobs import job, run_local, unique_name
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +56,6 @@ def test_a_single_rank_says_its_check_proves_nothing(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("rank", [1, 2])
-@UNDER_LOAD
 def test_a_crash_in_a_users_script_is_blamed_on_the_rank_that_crashed(tmp_path: Path, rank: int) -> None:
     """2 × 2 ranks of a script with no ddpjob code; one rank raises at step 5 (rank 1: local rank 1 of node
     0, whose rank 0 writes the pod's report; rank 2: node 1's own rank 0). Its peers fail a moment later in
