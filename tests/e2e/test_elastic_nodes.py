@@ -144,6 +144,8 @@ def test_an_elastic_job_trains_on_without_a_lost_node_and_grows_back_when_it_ret
 GROWN = "the world changed from 1 to 2 node(s) (elastic): no restart spent"
 """The survivor's launcher, as the cut pod joins again (rank 0 of the world of 2 is the cut pod's: it
 orders first, and only rank 0 logs the world's size)."""
+VERIFIED_AT_2 = "elastic: world size 2 verified at step"
+"""Rank 0's line once a world of 2 holds its state and passed its check (only rank 0 logs it)."""
 SILENT_BOUND_SECONDS = 30.0
 """Issue 54's bound: from a node going silent to the survivors' first step at the smaller world."""
 
@@ -157,6 +159,12 @@ def _cut_off_and_back(cluster: Cluster, namespace: str, real_nodes: list[RealNod
     cut = pod_at(cluster, namespace, "shrink", 0)
     survivor = pod_at(cluster, namespace, "shrink", 1)["metadata"]["name"]
     grown_before = _log(cluster, namespace, survivor).count(GROWN)
+    pods = (cut["metadata"]["name"], survivor)
+
+    def verified_at_2() -> int:  # rank 0 says it: the cut pod's, as it orders first (either, to be sure)
+        return sum(_log(cluster, namespace, pod).count(VERIFIED_AT_2) for pod in pods)
+
+    verified_before = verified_at_2()
     cut_at = time.monotonic()
     with cut_network(real_nodes, cut):
         wait_for(
@@ -181,6 +189,15 @@ def _cut_off_and_back(cluster: Cluster, namespace: str, real_nodes: list[RealNod
             lambda: _log(cluster, namespace, survivor).count(GROWN) > grown_before,
             what="a world of 2 again once the cut pod rejoined",
             timeout=180,
+            every=1,
+        )
+        # the next drill loses this world's rank 0 once the world trains, not while its workers start: a node
+        # lost in that window has left the survivor's worker waiting to connect to the dead rank 0's store
+        # (twice in 7 runs, CI included; issue 54's notes), a case of its own that this drill does not prove
+        wait_for(
+            lambda: verified_at_2() > verified_before,
+            what="the world of 2 verified by its rank 0",
+            timeout=120,
             every=1,
         )
     except AssertionError as exc:
