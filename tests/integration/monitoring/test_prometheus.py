@@ -129,7 +129,7 @@ def test_dashboard_has_data_and_a_healthy_run_raises_no_alert(prometheus: Promet
     run = launch(tmp_path, [*RUN, "--steps=600"], nnodes=2, nproc=1, env={"DDPJOB_NAME": "healthy"})
     try:
         prometheus.scrape(run)
-        # both pods scraped, and long enough for rate() and the sync-check histogram
+        # both pods scraped
         prometheus.wait(
             lambda: (
                 len(prometheus.query(f'ddp_steps_total{{ddpjob="healthy",job="{TRAINER_JOB}"}} > 40')) == 2
@@ -137,18 +137,29 @@ def test_dashboard_has_data_and_a_healthy_run_raises_no_alert(prometheus: Promet
             90,
             "scraping both ranks",
         )
-        time.sleep(6)
+
+        def gaps() -> tuple[list[tuple[str, str]], list[tuple[str, str]], list[str]]:
+            """The panels with no data and those with only NaN, and a line per panel (its series)."""
+            empty, nan, said = [], [], []
+            for title, expr in panel_queries():
+                result = prometheus.query(expr)
+                said.append(f"{len(result):3d} series: {title}")
+                if not result:
+                    empty.append((title, expr))
+                elif all(math.isnan(float(r["value"][1])) for r in result):
+                    nan.append((title, expr))
+            return empty, nan, said
+
+        # a panel fills in once rate() has samples that differ inside its window and the sync-check
+        # histogram a check (a scrape a second): wait for every one, not a fixed time
+        deadline = time.monotonic() + 60
+        while ((found := gaps())[0] or found[1]) and run.running() and time.monotonic() < deadline:
+            time.sleep(1)
+        empty, nan, said = found
+        print("\n".join(said))
         assert run.running(), run.logs()
-        empty, nan = [], []
-        for title, expr in panel_queries():
-            result = prometheus.query(expr)
-            print(f"{len(result):3d} series: {title}")
-            if not result:
-                empty.append((title, expr))
-            elif all(math.isnan(float(r["value"][1])) for r in result):
-                nan.append((title, expr))
-        assert not empty, f"panels with no data: {empty}"
-        assert not nan, f"panels with only NaN: {nan}"
+        assert not empty, f"panels with no data after 60 s: {empty}"
+        assert not nan, f"panels with only NaN after 60 s: {nan}"
         # the trainer's labels survived the default scrape settings; Prometheus's own are there too
         steps = prometheus.query('ddp_steps_total{ddpjob="healthy"}')
         assert {(s["metric"]["ddpjob_namespace"], s["metric"]["job"]) for s in steps} == {
