@@ -20,8 +20,10 @@ import yaml
 from ddp_operator.api.spec import Spec, parse
 from ddp_operator.local import elastic
 from ddp_trainer import contract
+from ddp_trainer.launch import agent
 from helpers import REPO
 from helpers.local_jobs import RUN_SECONDS, job, run_local, stop_job, unique_name
+from testcluster import processes
 
 ELASTIC = {"minNodes": 1, "maxNodes": 3}
 EXAMPLES = REPO / "examples"
@@ -258,6 +260,9 @@ def _signal_pod(job: str, node_rank: int, sig: signal.Signals) -> list[int]:
     return victims
 
 
+SLOW_RANK_SECONDS = 12.0
+"""How long a rank is stopped while its agent renews: twice the 6 s after which a member that stopped renewing
+is judged silent (``silence.MARGIN_SECONDS`` past the 5 s keep-alive bound)."""
 SILENT_BOUND_SECONDS = 30.0
 """Issue 54's bound: from the freeze to the first step of the smaller world."""
 
@@ -271,7 +276,8 @@ def _read(path: Path) -> bytes:
 
 @pytest.mark.slow
 def test_a_frozen_node_0_is_dropped_within_the_bound_and_rejoins_when_it_wakes(tmp_path: Path) -> None:
-    """Three pods of one process; once a world of 3 trains, every process of pod 0 (rank 0, the round's
+    """Three pods of one process; once a world of 3 trains, pod 2's worker alone is stopped for 12 s while
+    its agent renews as usual: a slow rank, never dropped. Then every process of pod 0 (rank 0, the round's
     host of the workers' store) is frozen with SIGSTOP: its sockets stay open, as with a node whose power or
     network is gone, so no collective of the others fails. Their agents see its keep-alive stop, stop their
     own workers and train on at world size 2 within the bound, with spec.nccl.timeoutSeconds at its default
@@ -308,6 +314,18 @@ def test_a_frozen_node_0_is_dropped_within_the_bound_and_rejoins_when_it_wakes(t
     try:
         wait_for(lambda: bool(now := worlds()) and now[-1][0] == 3, RUN_SECONDS, "no world of 3")
         seen = worlds()
+        # A slow rank is not a silent one: pod 2's worker alone is stopped (a rank far behind the others, or
+        # rank 0 writing a long checkpoint) while its agent renews as usual. The others wait for it in their
+        # collective; nobody is dropped. The sleep shows that nothing happens: twice the time after which a
+        # member whose agent stopped renewing is judged silent (bound + margin, 6 s).
+        slow = [pid for pid in _pids_of(name, 2) if processes.name(pid).startswith(agent.WORKER_NAME_PREFIX)]
+        assert slow, f"no worker of pod 2 among {_pids_of(name, 2)}"
+        for pid in slow:
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(SLOW_RANK_SECONDS)
+        for pid in slow:
+            os.kill(pid, signal.SIGCONT)
+        assert worlds() == seen, (seen, worlds())  # no smaller world for a slow rank
         frozen_at = time.monotonic()
         _signal_pod(name, 0, signal.SIGSTOP)
         shrunk_at = wait_for(lambda: len(worlds()) > len(seen), SILENT_BOUND_SECONDS, "no smaller world")
