@@ -81,7 +81,10 @@ def container_status(run: ContainerRun, *, init: bool = False) -> dict[str, Any]
     elif run.state == "terminated":
         state = {"terminated": _terminated(run)}
     else:
-        state = {"waiting": {"reason": run.reason}}
+        waiting = {"reason": run.reason}
+        if run.message:  # the kubelet's words too: `secret "x" not found` for a CreateContainerConfigError
+            waiting["message"] = run.message
+        state = {"waiting": waiting}
     succeeded = run.state == "terminated" and run.exit_code == 0
     status: dict[str, Any] = {
         "name": run.name,
