@@ -147,6 +147,11 @@ def processes_of(job: str) -> Iterator[tuple[int, dict[str, str], list[str]]]:
             yield int(entry.name), env, argv
 
 
+def pod_pids(job: str, node_rank: int) -> list[int]:
+    """Every live process of pod ``node_rank`` of ``job``: its launcher, its fork server and its workers."""
+    return [pid for pid, env, _ in processes_of(job) if env.get("NODE_RANK") == str(node_rank)]
+
+
 def launcher_pid(job: str, node_rank: int) -> int:
     """The launcher (torchrun's agent under ``ddp_trainer.launch``) of pod ``node_rank`` of ``job``."""
     launchers = [

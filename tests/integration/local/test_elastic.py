@@ -22,7 +22,7 @@ from ddp_operator.local import elastic
 from ddp_trainer import contract
 from ddp_trainer.launch import agent
 from helpers import REPO
-from helpers.local_jobs import RUN_SECONDS, job, run_local, stop_job, unique_name
+from helpers.local_jobs import RUN_SECONDS, job, pod_pids, run_local, stop_job, unique_name
 from testcluster import processes
 
 ELASTIC = {"minNodes": 1, "maxNodes": 3}
@@ -63,22 +63,6 @@ def test_the_worlds_come_from_rank_0s_lines_in_time_order(tmp_path: Path) -> Non
     assert "no world reported its size" in elastic.summary([])
 
 
-def _pids_of(job: str, node_rank: int) -> list[int]:
-    """Every process of pod ``node_rank`` of ``job``: its launcher and the workers it started."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            raw = (entry / "environ").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        env = dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
-        if env.get("DDPJOB_NAME") == job and env.get("NODE_RANK") == str(node_rank):
-            found.append(int(entry.name))
-    return found
-
-
 def _run_and(tmp_path: Path, name: str, file: str, ready: Callable[[], bool], act: Callable[[], None]) -> str:
     """`ddpjob local FILE` (DDPJob ``name``) in ``tmp_path``; once ``ready()``, ``act()``; everything it
     printed, after it ended with exit 0. Both within :data:`helpers.local_jobs.RUN_SECONDS` of the start;
@@ -112,7 +96,7 @@ def _lose_pod(tmp_path: Path, name: str, file: str, node: int, saved: str) -> st
     checkpoints = tmp_path / "runs" / name / "volumes" / "checkpoint"
 
     def kill() -> None:
-        victims = _pids_of(name, node)
+        victims = pod_pids(name, node)
         assert victims, f"no process of pod {node}"
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
@@ -177,7 +161,7 @@ def test_losing_node_0_shrinks_the_world_and_its_replacement_grows_it_back(tmp_p
     # under load the first world may be 2 (a pod past the rendezvous' last call, which grows it to 3)
     assert "2" in sizes and sizes[-1] == "3", summary
     assert "replicas verified bit-identical" in out
-    assert not _pids_of(name, 0) and not _pids_of(name, 1)
+    assert not pod_pids(name, 0) and not pod_pids(name, 1)
 
 
 def _launcher_of(job: str, node_rank: int) -> int:
@@ -185,7 +169,7 @@ def _launcher_of(job: str, node_rank: int) -> int:
     signals when the pod is deleted, evicted, preempted or scaled away)."""
     (pid,) = [
         pid
-        for pid in _pids_of(job, node_rank)
+        for pid in pod_pids(job, node_rank)
         if b"ddp_trainer.launch" in Path(f"/proc/{pid}/cmdline").read_bytes()
     ]
     return pid
@@ -253,7 +237,7 @@ def test_an_elastic_job_whose_command_runs_torchrun_itself_keeps_its_store_on_no
 
 
 def _signal_pod(job: str, node_rank: int, sig: signal.Signals) -> list[int]:
-    victims = _pids_of(job, node_rank)
+    victims = pod_pids(job, node_rank)
     assert victims, f"no process of pod {node_rank}"
     for pid in victims:
         os.kill(pid, sig)
@@ -318,8 +302,8 @@ def test_a_frozen_node_0_is_dropped_within_the_bound_and_rejoins_when_it_wakes(t
         # rank 0 writing a long checkpoint) while its agent renews as usual. The others wait for it in their
         # collective; nobody is dropped. The sleep shows that nothing happens: twice the time after which a
         # member whose agent stopped renewing is judged silent (bound + margin, 6 s).
-        slow = [pid for pid in _pids_of(name, 2) if processes.name(pid).startswith(agent.WORKER_NAME_PREFIX)]
-        assert slow, f"no worker of pod 2 among {_pids_of(name, 2)}"
+        slow = [pid for pid in pod_pids(name, 2) if processes.name(pid).startswith(agent.WORKER_NAME_PREFIX)]
+        assert slow, f"no worker of pod 2 among {pod_pids(name, 2)}"
         for pid in slow:
             os.kill(pid, signal.SIGSTOP)
         time.sleep(SLOW_RANK_SECONDS)

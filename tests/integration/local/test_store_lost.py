@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from ddp_operator.local import elastic
-from helpers.local_jobs import job, unique_name
+from helpers.local_jobs import job, pod_pids, unique_name
 
 RESTORED = "[launcher] the rendezvous store came back empty: restored round "
 SHRUNK = "the world changed from 3 to 2 node(s)"
@@ -82,22 +82,6 @@ def test_a_stopped_keeper_does_not_start_the_store_again(tmp_path: Path) -> None
     assert started[0].code == -15 and kept.check() and len(started) == 1
 
 
-def _pids_of(job: str, node_rank: int) -> list[int]:
-    """Every process of pod ``node_rank`` of ``job``: its launcher and the workers it started."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            raw = (entry / "environ").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        env = dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
-        if env.get("DDPJOB_NAME") == job and env.get("NODE_RANK") == str(node_rank):
-            found.append(int(entry.name))
-    return found
-
-
 def _read(path: Path) -> bytes:
     try:
         return path.read_bytes()
@@ -124,7 +108,7 @@ def _end(name: str, process: subprocess.Popen[str]) -> None:
         os.kill(_store_of(process.pid), signal.SIGKILL)
     process.kill()
     for node in range(3):
-        for pid in _pids_of(name, node):
+        for pid in pod_pids(name, node):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
 
@@ -174,7 +158,7 @@ def test_a_lost_store_is_replaced_and_the_world_re_forms_with_it_in_the_same_att
     try:
         wait_for(lambda: bool(now := worlds()) and now[-1][0] == 3, 150, "no world of 3")
         seen, shrunk = len(worlds()), said().count(SHRUNK)
-        for pid in _pids_of(name, 1):
+        for pid in pod_pids(name, 1):
             os.kill(pid, signal.SIGKILL)
         # both survivors met at 2 (their workers start): the replacement comes 10 s after the kill
         wait_for(lambda: said().count(SHRUNK) >= shrunk + 2, 60, "the survivors did not meet at 2")
