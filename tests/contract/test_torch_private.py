@@ -32,6 +32,8 @@ Each private name, who reads it, and what is checked of it:
   ``(self, worker_group)``, called by torch positionally, defined where the launcher patches them; what
   ``_rendezvous`` sets on the worker group (``group_world_size``) and reads of it (``spec.rdzv_handler``).
 - ``SimpleElasticAgent._remaining_restarts`` (agent.py): an int on a real agent, spent by ``_invoke_run``.
+- ``DynamicRendezvousHandler._get_store()`` and ``SimpleElasticAgent._store`` (agent.py): after a
+  reconnect, the agent's store (its exit barrier's) is the handler's renewed client, wrapped again.
 - ``SimpleElasticAgent._assign_worker_ranks`` (agent.py): its wait times out with ``DistStoreError``.
 - ``LocalElasticAgent._pcontext``, ``MultiprocessContext._pc`` (its ``.processes``) and ``error_files``
   (agent.py ``_ended``, read through getattr with defaults, so a rename is silent but here).
@@ -258,6 +260,11 @@ def test_the_round_watch_reads_and_reconnects_through_torchs_handler(
     watch.reconnect()
     assert rendezvous._store is watch.store and watch.store is not old, "DynamicRendezvousHandler._store"
     assert (watch.store.host, watch.store.port, watch.store.timeout) == (old.host, old.port, old.timeout)
+    assert watch.reconnects == 1, "RoundWatch.reconnects (the agent renews its own store by it)"
+    wrapped = rendezvous._get_store()  # what agent._install gives the agent after a reconnect
+    wrapped.set("exit-barrier-probe", b"1")
+    key = f"torch.rendezvous.{RUN_ID}.{rendezvous._state_holder.state.round}/exit-barrier-probe"
+    assert watch.store.check([key]), "DynamicRendezvousHandler._get_store() no longer wraps _store"
     holder = rendezvous._state_holder
     assert holder._backend is watch.backend, "DynamicRendezvousHandler._state_holder._backend"
     wrote: list[object] = []
@@ -391,6 +398,10 @@ def test_a_real_agent_has_the_restarts_and_process_context_the_launcher_reads(
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    assert "store=self._store" in inspect.getsource(SimpleElasticAgent._exit_barrier), (
+        "SimpleElasticAgent._exit_barrier no longer waits on self._store (agent.py renews it after a reconnect)"
+    )
     from torch.multiprocessing.spawn import ProcessContext
 
     spec = WorkerSpec(

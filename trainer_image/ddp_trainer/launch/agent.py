@@ -270,6 +270,11 @@ def _install(book: Book) -> None:
             WorkerState.UNHEALTHY,
         ):
             verdict = quiet.poll(force=result.state != WorkerState.HEALTHY)
+            if quiet.reconnects != getattr(self, "_ddpjob_reconnects", 0):
+                # the handler's client was renewed: the agent's own store (its exit barrier's) wraps it too,
+                # else a run that outlived its store ends in torch's "Error waiting on exit barrier"
+                self._ddpjob_reconnects = quiet.reconnects
+                self._store = group.spec.rdzv_handler._get_store()
         if verdict is not None:
             if result.state == WorkerState.HEALTHY:
                 print(

@@ -46,6 +46,9 @@ class RoundWatch:
         """The store is an elastic job's own process, which watches every agent's process
         (:func:`store.announce`): after a reconnect this agent announces itself again, to a new store's
         watch."""
+        self.reconnects = 0
+        """How many times :meth:`reconnect` renewed the client: the agent then takes the handler's store
+        again (:func:`agent._install`), for its exit barrier at the end."""
         self.view: bytes | None = None
         """The last ``_RendezvousState`` of this agent's round it read (pickled as stored), for
         :meth:`restore`."""
@@ -91,6 +94,7 @@ class RoundWatch:
         fresh = TCPStore(old.host, old.port, is_master=False, wait_for_workers=False, timeout=old.timeout)
         self.store, self.backend = fresh, C10dRendezvousBackend(fresh, self.run_id)
         self.handler._store, self.handler._state_holder._backend = fresh, self.backend
+        self.reconnects += 1
         print(
             f"[launcher] reconnected to the rendezvous store at {old.host}:{old.port}",
             file=sys.stderr,
@@ -138,7 +142,7 @@ class RoundWatch:
             self.failed_reads += 1
             if self.failed_reads in (1, 10, 100):
                 print(
-                    f"[launcher] the rendezvous state could not be read ({exc}); "
+                    f"[launcher] the rendezvous store does not answer: its state could not be read ({exc}); "
                     f"{self.failed_reads} failed read(s) in a row",
                     file=sys.stderr,
                     flush=True,
