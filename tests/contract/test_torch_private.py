@@ -398,11 +398,11 @@ def test_a_real_agent_has_the_restarts_and_process_context_the_launcher_reads(
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+    from torch.multiprocessing.spawn import ProcessContext
 
     assert "store=self._store" in inspect.getsource(SimpleElasticAgent._exit_barrier), (
-        "SimpleElasticAgent._exit_barrier no longer waits on self._store (agent.py renews it after a reconnect)"
+        "SimpleElasticAgent._exit_barrier no longer waits on self._store (agent.py renews it on a reconnect)"
     )
-    from torch.multiprocessing.spawn import ProcessContext
 
     spec = WorkerSpec(
         role="trainer", local_world_size=1, rdzv_handler=rendezvous, entrypoint=_noop, max_restarts=3
