@@ -15,6 +15,7 @@ from ddp_trainer.contract import Report
 from ddp_trainer.core.config import UsageExit, parse_args, read_pod_env
 from ddp_trainer.core.distributed import apply_env_defaults, metrics_dir, read_launch_env
 from ddp_trainer.core.inplace import exit_now, write_error_file
+from ddp_trainer.reporting import logs
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -28,11 +29,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             write_termination_message(read_pod_env(os.environ).termination_log, usage(exc.message)[1])
         raise
     launch = read_launch_env(os.environ)
-    logging.basicConfig(
-        level=logging.INFO if launch.rank == 0 else logging.WARNING,
-        format=f"%(asctime)s [rank {launch.rank}] %(levelname)s %(message)s",
+    logging.basicConfig(  # torch's own lines, and those of anything else in this process
+        level=logging.INFO if launch.rank == 0 else logging.WARNING, format=logs.line_format(launch.rank)
     )
-    log = logging.getLogger("ddp_trainer")
+    log = logs.configure(launch.rank)
     directory = metrics_dir(os.environ, launch)  # before prometheus_client is imported
     # Imported here: torch and prometheus_client must see the environment prepared above.
     import torch

@@ -175,6 +175,24 @@ def test_a_script_without_ddp_runs_untouched_and_says_so_once(tmp_path: Path, ho
     assert "checks" not in rep and "verified" not in rep, rep
 
 
+def test_the_hooks_lines_stay_out_of_the_scripts_own_log_file_and_come_once_from_rank_0(
+    tmp_path: Path, hook_dir: Path
+) -> None:
+    """A script that configures its own logging first (``logging.basicConfig(filename=...)``, INFO, every
+    rank into one file: tests/helpers/own_logging.py): none of the hook's lines in that file; each check
+    once on stderr, from rank 0 (issue 58, item 1)."""
+    own = tmp_path / "main.log"
+    code, out, _ = torchrun(tmp_path, HERE / "own_logging.py", "--log-file", str(own), path=[hook_dir])
+    assert code == 0, out
+    mine = own.read_text()
+    assert "rank 0 step 10 loss" in mine and "rank 1 step 10 loss" in mine, mine
+    assert "ddp_trainer" not in mine and "check passed" not in mine, mine
+    for kind in ("step 0: initial", "step 5: periodic", "step 10: periodic"):
+        assert out.count(f"{kind} check passed (") == 1, out
+        assert f"[rank 0] INFO {kind} check passed (" in out, out
+    assert "[rank 1]" not in out, out
+
+
 def test_ranks_that_take_different_numbers_of_steps_fail_in_seconds_naming_the_cause(
     tmp_path: Path, hook_dir: Path
 ) -> None:

@@ -344,11 +344,16 @@ def _chain_excepthook() -> None:
 
 def install() -> None:
     """Wrap DDP's constructor and ``destroy_process_group``, register the optimizer step hooks and the
-    exit handler. Once per process; a torch without global step hooks leaves everything as it was."""
+    exit handler, and give the ``ddp_trainer`` logger its own stderr handler (never the script's root
+    logger: :mod:`ddp_trainer.reporting.logs`). Once per process; a torch without global step hooks
+    leaves everything as it was."""
     if getattr(DistributedDataParallel.__init__, "__ddpjob_hook__", False):
         return
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+    from ddp_trainer.reporting import logs
+
+    logs.configure(os.environ.get("RANK", "0"))  # the checks' lines on stderr, not in the script's own logs
     DistributedDataParallel.__init__ = _after_init(DistributedDataParallel.__init__)  # type: ignore[method-assign]
     DistributedDataParallel.__init__.__ddpjob_hook__ = True  # type: ignore[attr-defined]
     destroy = _before_destroy(dist.destroy_process_group)
