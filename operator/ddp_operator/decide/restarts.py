@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from ddp_operator.api import reasons
+from ddp_operator.api import exits, reasons
 from ddp_operator.observe import failures
 from ddp_operator.observe.outcome import Outcome as Outcome
 from ddp_trainer import contract
@@ -208,4 +208,4 @@ def _failed_pods(outcome: Outcome) -> str:
     failed = {index: code for index, code in sorted(outcome.exit_codes.items()) if code != 0}
     if not failed:
         return "no pod reported an exit code"
-    return ", ".join(f"node {index} exited {code}" for index, code in failed.items())
+    return ", ".join(f"node {index} {exits.exited(code)}" for index, code in failed.items())

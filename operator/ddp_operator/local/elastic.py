@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
+from ddp_operator.api import exits
 from ddp_operator.api.spec import Spec
 from ddp_trainer import contract
 
@@ -47,7 +48,9 @@ def start_store(
     deadline = time.monotonic() + STORE_WAIT_SECONDS
     while time.monotonic() < deadline:
         if store.poll() is not None:
-            raise RuntimeError(f"the rendezvous store exited {store.returncode}; its output is in {log_path}")
+            raise RuntimeError(
+                f"the rendezvous store {exits.exited(store.returncode)}; its output is in {log_path}"
+            )
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                 return store
@@ -93,21 +96,22 @@ class KeptStore:
         code = self.process.poll()
         if code is None or self._stop.is_set():
             return True
+        ended = f"the rendezvous store's process {exits.exited(code)}"
         if self.restarts >= KEEP_AT_MOST:
             self.say(
-                f"the rendezvous store's process exited {code}, the {self.restarts + 1}th time: not started "
-                f"again (its output is in {self.log_path})"
+                f"{ended}, the {self.restarts + 1}th time: not started again (its output is in "
+                f"{self.log_path})"
             )
             return False
         self.restarts += 1
         try:
             self.process = self._start(self.port, self.env, self.log_path, append=True)
         except RuntimeError as exc:
-            self.say(f"the rendezvous store's process exited {code} and could not be started again: {exc}")
+            self.say(f"{ended} and could not be started again: {exc}")
             return False
         self.say(
-            f"the rendezvous store's process exited {code}: a new one serves :{self.port}, as the store's "
-            "Job replaces a lost pod; it starts empty, and the pods' launchers give it back their round"
+            f"{ended}: a new one serves :{self.port}, as the store's Job replaces a lost pod; it starts "
+            "empty, and the pods' launchers give it back their round"
         )
         return True
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
+from ddp_operator.api import exits
 from ddp_operator.api.spec import Spec, known_total_steps, not_elastic, sync_hook
 from ddp_operator.children import render
 from ddp_operator.decide import restarts
@@ -41,6 +42,8 @@ class Console:
     verbose: bool
     shown: frozenset[str] = frozenset()
     """Pods whose output is shown without --verbose (rank 0 of a custom command, as `kubectl logs`)."""
+    stopping: bool = False
+    """ddpjob is stopping the pods (SIGTERM): what they print now is labelled as that stop's doing."""
     _last_plain: float | None = None
     _live: bool = False
 
@@ -52,7 +55,7 @@ class Console:
 
     def pod_line(self, pod: str, text: str) -> None:
         if self.verbose or pod in self.shown:
-            self.say(f"[{pod}] {text}")
+            self.say(f"[{pod}, after ddpjob's SIGTERM] {text}" if self.stopping else f"[{pod}] {text}")
 
     def progress(self, text: str) -> None:
         if self.stream.isatty():
@@ -234,10 +237,10 @@ def _attempt(
     for pod, code in failed[:2]:
         error = podlogs.first_error((_read(pod.log_path) or "").splitlines())
         which = "its first error" if error else "its last lines"
-        console.say(f"{pod.name} exited {code}; {which} (all its output is in {pod.log_path}):")
+        console.say(f"{pod.name} {exits.exited(code)}; {which} (all its output is in {pod.log_path}):")
         for text in error or members.last_lines(pod.index, 12):
             console.say(f"  [{pod.name}] {text}")
-    culprits = [f"node {pod.index} exited {code}" for pod, code in zip(pods, first, strict=True) if code]
+    culprits = [f"node {p.index} {exits.exited(code)}" for p, code in zip(pods, first, strict=True) if code]
     return restarts.Outcome(
         succeeded=not interrupt.count and all(code == 0 for code in codes),
         exit_codes={pod.index: code for pod, code in zip(pods, codes, strict=True) if code is not None},
@@ -287,10 +290,11 @@ def _watch(
             if elastic.replaceable(spec, codes, index, replaced + len(pending)):
                 running = sum(c is None for c in codes)
                 pending[index] = time.monotonic() + elastic.REPLACE_AFTER_SECONDS
+                name, wait = pods[index].name, elastic.REPLACE_AFTER_SECONDS
                 console.say(
-                    f"{pods[index].name} exited {code}: the other {running} pod(s) go on at a smaller world "
-                    f"(elastic); a new {pods[index].name} starts in {elastic.REPLACE_AFTER_SECONDS:.0f} s, "
-                    "as the Job controller replaces a failed pod, and rejoins at a step boundary"
+                    f"{name} {exits.exited(code or 0)}: the other {running} pod(s) go on at a smaller world "
+                    f"(elastic); a new {name} starts in {wait:.0f} s, as the Job controller replaces a "
+                    "failed pod, and rejoins at a step boundary"
                 )
         for index, due in list(pending.items()):
             if respawn is not None and time.monotonic() >= due and not interrupt.count:
@@ -311,9 +315,20 @@ def _watch(
                 console.progress(
                     progress.line(now, known_total_steps(spec), time.monotonic() - first_at, first)
                 )
+    ended = [(pod, code) for pod, code in zip(pods, codes, strict=True) if code not in (None, 0)]
     if interrupt.count:
         console.say("interrupted: stopping every pod (SIGTERM; the trainer checkpoints at its next step)")
-    members.stop(0.0 if interrupt.count > 1 else GRACE_SECONDS)
+    elif ended and None in codes:  # the others are stopped, as the Job controller does
+        console.say(
+            ", ".join(f"{pod.name} {exits.exited(code or 0)}" for pod, code in ended)
+            + ": stopping the other pods (SIGTERM); a traceback they print now is that stop's, not a "
+            "failure of their own"
+        )
+    console.stopping = True
+    try:
+        members.stop(0.0 if interrupt.count > 1 else GRACE_SECONDS)
+    finally:
+        console.stopping = False
     return codes, members.codes()
 
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from ddp_operator.api import names, reasons
+from ddp_operator.api import exits, names, reasons
 from ddp_operator.observe import failures, mounts, podlogs
 from ddp_operator.observe.live import Target
 from ddp_operator.observe.outcome import Outcome
@@ -217,7 +217,7 @@ def outcome(
     reason = str(failed.get("reason", "")) if failed else ""
     errors = {completion_index(pod): error for pod in pods if (error := _first_error(pod))}
     culprits = [
-        f"node {i} exited {code}" + (f": {errors[i]}" if i in errors else "")
+        f"node {i} {exits.exited(code)}" + (f": {errors[i]}" if i in errors else "")
         for i, code in sorted(codes.items())
         if code
     ]

@@ -155,7 +155,10 @@ def test_losing_node_0_shrinks_the_world_and_its_replacement_grows_it_back(tmp_p
     name = _three_pods(tmp_path, steps=240, checkpoint_every=5, model="slow_factories:slow_until_full")
     out = _lose_pod(tmp_path, name, "job.yaml", 0, "step-*.pt")
     assert f"ddpjob local: {name}: Succeeded" in out and "after 1 attempt(s)" in out, out
-    assert f"{name}-1-0 exited -9: the other 2 pod(s) go on at a smaller world (elastic)" in out, out
+    assert (
+        f"{name}-1-0 was killed by SIGKILL (exit -9): the other 2 pod(s) go on at a smaller world (elastic)"
+        in out
+    ), out
     summary = next(line for line in out.splitlines() if "elastic: ran at world sizes" in line)
     sizes = summary.split("world sizes ", 1)[1].split(" (ranks)")[0].split(" → ")
     # under load the first world may be 2 (a pod past the rendezvous' last call, which grows it to 3)
@@ -200,7 +203,10 @@ def test_a_pod_taken_away_leaves_at_a_step_boundary_and_the_others_train_on_with
 
     out = _run_and(tmp_path, name, "job.yaml", at_three, take_pod_1_away)
     assert f"ddpjob local: {name}: Succeeded" in out and "after 1 attempt(s)" in out, out
-    assert f"{name}-1-1 exited 143: the other 2 pod(s) go on at a smaller world (elastic)" in out, out
+    assert (
+        f"{name}-1-1 was stopped by SIGTERM (exit 143): the other 2 pod(s) go on at a smaller world (elastic)"
+        in out
+    ), out
     after = worlds()
     assert after[: len(seen)] == seen and after[len(seen)][0] == 2, (seen, after, out)
     left_at = after[len(seen)][1]

@@ -54,7 +54,7 @@ def test_a_killed_pod_resumes_from_the_bucket_and_another_job_there_is_refused(
     os.kill(launcher_pid(name, 1), signal.SIGKILL)
     code, out = finish_run(process)
     assert code == 0, out
-    assert "attempt 1 failed (node 1 exited -9); gang restart 1 of 3" in out, out
+    assert "attempt 1 failed (node 1 was killed by SIGKILL (exit -9)); gang restart 1 of 3" in out, out
     assert f"ddpjob local: {name}: Succeeded" in out and "after 2 attempt(s)" in out, out
     assert _report(tmp_path, name, 2)["resumedFromStep"] > 0
     client: Any = s3_server.client()

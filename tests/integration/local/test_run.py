@@ -41,7 +41,7 @@ def test_killed_pod_restarts_the_gang_which_resumes(tmp_path: Path, name: str) -
     os.kill(launcher_pid(name, 1), signal.SIGKILL)
     code, out = finish_run(process)
     assert code == 0, out
-    assert "attempt 1 failed (node 1 exited -9); gang restart 1 of 3" in out
+    assert "attempt 1 failed (node 1 was killed by SIGKILL (exit -9)); gang restart 1 of 3" in out
     assert "attempt 2: rendezvous" in out
     assert f"ddpjob local: {name}: Succeeded" in out and "after 2 attempt(s)" in out, out
     assert "replicas verified bit-identical" in out

@@ -58,8 +58,8 @@ def test_a_store_whose_process_ends_is_started_again_saying_so_each_time_up_to_a
     started[-1].code = -9
     assert kept.check() and len(started) == 2 and kept.process is started[-1]
     assert said == [
-        "the rendezvous store's process exited -9: a new one serves :4321, as the store's Job replaces a "
-        "lost pod; it starts empty, and the pods' launchers give it back their round"
+        "the rendezvous store's process was killed by SIGKILL (exit -9): a new one serves :4321, as the "
+        "store's Job replaces a lost pod; it starts empty, and the pods' launchers give it back their round"
     ]
     for _ in range(elastic.KEEP_AT_MOST - 1):
         started[-1].code = 1
@@ -172,7 +172,7 @@ def test_a_lost_store_is_replaced_and_the_world_re_forms_with_it_in_the_same_att
     after = [world for world, _ in worlds()[seen:]]
     assert process.returncode == 0, out
     assert f"ddpjob local: {name}: Succeeded" in out and "after 1 attempt(s)" in out, out
-    assert "the rendezvous store's process exited -9: a new one serves" in out, out
+    assert "the rendezvous store's process was killed by SIGKILL (exit -9): a new one serves" in out, out
     # the world of 2 may be stopped for the grow before it verified a step under load; never a world of 1
     assert after in ([2, 3], [3]), (worlds(), out)
     logs = {path.name: path.read_text() for path in attempt.glob("*.log")}

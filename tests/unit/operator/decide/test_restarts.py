@@ -125,7 +125,9 @@ def test_policy(
 
 def test_restart_message_counts_restarts() -> None:
     decision = restarts.decide(restarts.Outcome(False, {0: 0, 1: 137}), 2, 3)
-    assert decision.message == "attempt 2 failed (node 1 exited 137); gang restart 2 of 3"
+    assert (
+        decision.message == "attempt 2 failed (node 1 was killed by SIGKILL (exit 137)); gang restart 2 of 3"
+    )
 
 
 def test_a_refused_checkpoint_says_why_and_does_not_restart() -> None:

@@ -142,7 +142,10 @@ def test_a_crash_log_names_the_failing_ranks_first_error() -> None:
         {}, [_job(1, "Failed")], [_pod(1, 0, code=143), _pod(1, 1, code=1, message=tail)]
     )
     assert facts.job is not None and facts.job.outcome is not None
-    assert facts.job.outcome.message == "node 0 exited 143, node 1 exited 1: KeyError: 'LABELS'"
+    assert (
+        facts.job.outcome.message
+        == "node 0 was stopped by SIGTERM (exit 143), node 1 exited 1: KeyError: 'LABELS'"
+    )
 
 
 def test_a_pod_evicted_from_a_lost_node_fails_the_attempt_at_once_as_a_preemption() -> None:

@@ -183,7 +183,7 @@ def test_failure_restarts_the_gang() -> None:
     assert plan.status["phase"] == "Restarting"
     assert (plan.status["attempt"], plan.status["restarts"]) == (2, 1)
     assert plan.delete_jobs == ("job-1",) and plan.create_job is None
-    assert "node 0 exited 1, node 1 exited 137" in plan.events[0].message
+    assert "node 0 exited 1, node 1 was killed by SIGKILL (exit 137)" in plan.events[0].message
 
 
 def test_next_attempt_waits_for_the_old_job_to_go() -> None:

@@ -1,0 +1,60 @@
+"""What ``ddpjob local`` says while it stops a gang (:mod:`ddp_operator.local.run`), with no process
+started: a stand-in gang whose pod 0 prints torchrun's traceback of the SIGTERM that ddpjob sent it."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddp_operator.api.spec import parse
+from ddp_operator.local import run
+
+DOC = {
+    "apiVersion": "ddpjob.io/v1alpha1",
+    "kind": "DDPJob",
+    "metadata": {"name": "mingpt"},
+    "spec": {"nodes": 2, "device": "cpu", "command": ["torchrun"], "args": ["main.py"]},
+}
+TRACEBACK = [
+    "Traceback (most recent call last):",
+    "torch.distributed.elastic.multiprocessing.api.SignalException: Process 4242 got signal: 15",
+]
+
+
+@dataclass
+class Pod:
+    name: str
+    metrics_port: int = 0
+    log_path: Path = Path("/nonexistent")
+
+
+class Gang:
+    """Node 1 killed by SIGKILL; node 0 prints the traceback of ddpjob's SIGTERM while it is stopped."""
+
+    def __init__(self, console: run.Console) -> None:
+        self.console, self.stopped = console, False
+
+    def codes(self) -> list[int | None]:
+        return [1, -9] if self.stopped else [None, -9]
+
+    def stop(self, grace_seconds: float) -> None:
+        for line in TRACEBACK:
+            self.console.pod_line("mingpt-1-0", line)
+        self.stopped = True
+
+
+def test_a_traceback_caused_by_ddpjobs_own_stop_is_labelled_so_after_the_line_that_blames_node_1() -> None:
+    out = io.StringIO()
+    console = run.Console(out, verbose=False, shown=frozenset(["mingpt-1-0"]))
+    pods = [Pod("mingpt-1-0"), Pod("mingpt-1-1")]
+    first, last = run._watch(parse(DOC), pods, Gang(console), console, run.Interrupt())  # type: ignore[arg-type]
+    assert (first, last) == ([None, -9], [1, -9])
+    lines = out.getvalue().splitlines()
+    assert lines == [
+        "mingpt-1-1 was killed by SIGKILL (exit -9): stopping the other pods (SIGTERM); a traceback they "
+        "print now is that stop's, not a failure of their own",
+        *(f"[mingpt-1-0, after ddpjob's SIGTERM] {line}" for line in TRACEBACK),
+    ]
+    console.pod_line("mingpt-1-0", "a line of the next attempt")
+    assert out.getvalue().splitlines()[-1] == "[mingpt-1-0] a line of the next attempt"
