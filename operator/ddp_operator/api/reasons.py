@@ -21,6 +21,8 @@ READY: Final = "Ready"
 SYNC_VERIFIED: Final = "SyncVerified"
 CHECKPOINTS_DURABLE: Final = "CheckpointsDurable"
 METRICS_SCRAPED: Final = "MetricsScraped"
+RENDEZVOUS_STORE_READY: Final = "RendezvousStoreReady"
+"""An elastic job's rendezvous store serves (its reasons: ``observe.store_health.REASONS``)."""
 
 # -- how an attempt ends, and what follows (``decide.restarts``) ------------------------------------------
 COMPLETED: Final = "Completed"

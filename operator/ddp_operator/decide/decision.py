@@ -30,7 +30,16 @@ from ddp_operator.children.store import render_store, store_of
 from ddp_operator.decide import ending, resize, restarts, stall, status
 from ddp_operator.decide.plan import Event, Plan, Scrape
 from ddp_operator.decide.status import StatusBuilder, finished, parse_time, stamp
-from ddp_operator.observe import claims, kueue, live, nodehealth, podsecurity, references, startup
+from ddp_operator.observe import (
+    claims,
+    kueue,
+    live,
+    nodehealth,
+    podsecurity,
+    references,
+    startup,
+    store_health,
+)
 from ddp_operator.observe import facts as observe_module
 from ddp_operator.observe.facts import Facts, JobFacts, observe
 from ddp_trainer import contract
@@ -61,6 +70,8 @@ class Inputs:
     """Why the checkpoint claim keeps the pods from starting, when the claim was read and something does."""
     workload: kueue.Workload | None = None
     """Kueue's Workload of the attempt's Job (``spec.queueName``), once Kueue made one."""
+    store: store_health.StoreReading | None = None
+    """An elastic job's rendezvous store, as its pods say (None: the job has none, or no attempt yet)."""
 
 
 def decide_for(
@@ -74,6 +85,7 @@ def decide_for(
     mount_events: Sequence[Mapping[str, Any]] = (),
     missing: Collection[tuple[str, str]] = (),
     unhealthy: Mapping[str, str] | None = None,
+    store_pods: Sequence[Mapping[str, Any]] = (),
 ) -> Plan:
     """The plan for one DDPJob from its body and the children that carry its label, what the cluster
     says about its checkpoint claim when :func:`claims.claim_to_read` asked for it, Kueue's
@@ -82,7 +94,8 @@ def decide_for(
     Job without pods (:func:`podsecurity.jobs_to_read`); ``missing``: the (kind, name) of the Secrets and
     ConfigMaps it names that the operator looked up and found absent (:func:`references.to_look_up`);
     ``unhealthy``: the nodes whose GPUs are marked unhealthy (:mod:`nodehealth`), which a new attempt's pods
-    avoid along with the job's own ``status.probe.faultyNodes``."""
+    avoid along with the job's own ``status.probe.faultyNodes``; ``store_pods``: the pods of an elastic job's
+    rendezvous store Jobs (:mod:`~.observe.store_health`)."""
     previous = dict(body.get("status") or {})
     generation = int(body.get("metadata", {}).get("generation") or 0)
     try:
@@ -110,8 +123,11 @@ def decide_for(
     why = claims.diagnose(claim, owned=rendered is not None, nodes=spec.nodes)
     found = (workloads or {}).get(facts.job.name) if facts.job and spec.queue_name else None
     workload = kueue.read(found) if found is not None else None
+    store = None
+    if render.external_store(spec) and facts.job is not None:
+        store = store_health.read(store_pods, facts.attempt, store_of(facts.job.name))
     return decide(
-        Inputs(spec, generation, previous, facts, now, service, rendered, job, snapshot, why, workload)
+        Inputs(spec, generation, previous, facts, now, service, rendered, job, snapshot, why, workload, store)
     )
 
 
@@ -135,15 +151,44 @@ def decide(inputs: Inputs) -> Plan:
 
 def _with_stores(inputs: Inputs, plan: Plan) -> Plan:
     """An elastic job's rendezvous store Job (children/store.py) goes with its attempt's Job, and when the
-    DDPJob finishes (a pod that starts late finds it until then: the rendezvous closed, it ends at once)."""
+    DDPJob finishes (a pod that starts late finds it until then: the rendezvous closed, it ends at once);
+    while the job runs, ``RendezvousStoreReady`` says whether it serves (:func:`_store_said`)."""
     if not render.external_store(inputs.spec):
         return plan
+    plan = _store_said(inputs, plan)
     ending = [*plan.delete_jobs, *plan.abandon_jobs]
     job = inputs.facts.job
     if job is not None and finished(plan.status) and not finished(inputs.previous):  # finishing now
         ending.append(job.name)
     stores = tuple(dict.fromkeys(store_of(name) for name in ending))
     return dataclasses.replace(plan, delete_jobs=(*plan.delete_jobs, *stores)) if stores else plan
+
+
+def _store_said(inputs: Inputs, plan: Plan) -> Plan:
+    """The store's condition on a job that has not finished, a Warning event when it stops serving for a
+    fault of its pod (lost, unschedulable, a container that cannot start; once per cause), and a Normal one
+    when it serves again after one."""
+    if (reading := inputs.store) is None or finished(plan.status):
+        return plan
+    kind = reasons.RENDEZVOUS_STORE_READY
+    old = {c.get("type"): c for c in inputs.previous.get("conditions", []) or []}.get(kind) or {}
+    out = StatusBuilder(inputs.previous, stamp(inputs.now))
+    out.condition(kind, reading.serving, reading.reason, reading.message)
+    if reading.fault and old.get("reason") != reading.reason:
+        out.events.append(Event("Warning", reading.reason, reading.message))
+    elif reading.serving and old.get("reason") in (
+        store_health.LOST,
+        store_health.UNSCHEDULABLE,
+        store_health.CANNOT_START,
+    ):
+        out.events.append(
+            Event("Normal", reading.reason, f"the rendezvous store serves again: {reading.message}")
+        )
+    kept = [c for c in plan.status.get("conditions", []) if c.get("type") != kind]
+    conditions = sorted([*kept, out.conditions[kind]], key=lambda c: str(c.get("type")))
+    return dataclasses.replace(
+        plan, status={**plan.status, "conditions": conditions}, events=(*plan.events, *out.events)
+    )
 
 
 def _decide(inputs: Inputs) -> Plan:

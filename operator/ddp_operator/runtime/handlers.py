@@ -26,9 +26,12 @@ from ddp_operator.runtime import reconcile as reconciler
 from ddp_operator.runtime.lease import Elector
 from ddp_operator.runtime.recent import Recent
 from ddp_operator.runtime.scraper import Scraper
+from ddp_operator.runtime.slim import slim, slim_job, slim_pod
 from ddp_operator.runtime.ticker import Ticker
 
 ATTEMPTS: dict[str, Any] = {names.MANAGED_BY_LABEL: names.MANAGED_BY, names.STORE_LABEL: kopf.ABSENT}
+STORES: dict[str, Any] = {names.MANAGED_BY_LABEL: names.MANAGED_BY, names.STORE_LABEL: "true"}
+"""An elastic job's rendezvous store pods: an index of their own, not the workers'."""
 """The Jobs and pods the operator follows: the attempts' and their workers, not an elastic job's rendezvous
 store (children/store.py), which it creates and deletes with them and whose state no decision reads."""
 Key = tuple[str, str]
@@ -70,7 +73,13 @@ def _tick(key: Key) -> None:
 TIMER = Ticker(
     TIMER_INTERVAL_SECONDS, lambda: _KOPF["ddpjob_bodies"].keys(), _tick, after_round=heap.Trimmer()
 )
-INDEXES = ["ddpjob_bodies", "ddpjob_jobs", "ddpjob_pods", "ddpjob_workloads"]  # + enable_node_health's
+INDEXES = [
+    "ddpjob_bodies",
+    "ddpjob_jobs",
+    "ddpjob_pods",
+    "ddpjob_store_pods",
+    "ddpjob_workloads",
+]  # + enable_node_health's
 
 
 @kopf.on.startup()
@@ -121,47 +130,9 @@ def settle(timeout: float = 10.0) -> bool:
     return True
 
 
-# Memory: the indexes keep every DDPJob, Job and pod, so they keep only what reconcile reads: not
-# metadata.managedFields nor kubectl's last-applied-configuration annotation (a second copy of the spec).
-DROPPED_METADATA = frozenset({"managedFields"})
-DROPPED_ANNOTATIONS = frozenset({"kubectl.kubernetes.io/last-applied-configuration"})
-
-
-def slim(body: kopf.Body | dict[str, Any]) -> dict[str, Any]:
-    """The object as the indexes keep it: without the metadata nobody reads."""
-    out = dict(body)
-    metadata = {k: v for k, v in (out.get("metadata") or {}).items() if k not in DROPPED_METADATA}
-    annotations = metadata.get("annotations")
-    if annotations and DROPPED_ANNOTATIONS.intersection(annotations):
-        metadata["annotations"] = {k: v for k, v in annotations.items() if k not in DROPPED_ANNOTATIONS}
-    out["metadata"] = metadata
-    return out
-
-
 @kopf.index(crd.GROUP, crd.VERSION, crd.PLURAL)
 def ddpjob_bodies(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Key, dict[str, Any]]:
     return {(namespace or "", name): slim(body)}
-
-
-def slim_job(body: kopf.Body | dict[str, Any]) -> dict[str, Any]:
-    """A Job as its index keeps it: :func:`slim`, and without ``spec.template`` (the pod template, most of
-    a Job's bytes): observe reads a Job's metadata, ``spec.suspend`` and ``status`` only."""
-    out = slim(body)
-    if isinstance(out.get("spec"), dict) and "template" in out["spec"]:
-        out["spec"] = {k: v for k, v in out["spec"].items() if k != "template"}
-    return out
-
-
-POD_SPEC_KEPT = ("nodeName",)
-
-
-def slim_pod(body: kopf.Body | dict[str, Any]) -> dict[str, Any]:
-    """A pod as its index keeps it: :func:`slim`, and of its spec only what observe reads (``nodeName``):
-    the spec (the injected environment, volumes, probes) is most of a pod's bytes."""
-    out = slim(body)
-    if isinstance(out.get("spec"), dict):
-        out["spec"] = {k: v for k, v in out["spec"].items() if k in POD_SPEC_KEPT}
-    return out
 
 
 @kopf.index("batch", "v1", "jobs", labels=ATTEMPTS)
@@ -176,6 +147,19 @@ def ddpjob_pods(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[Key, dict[str, Any]]:
     return {_owner(namespace, labels): slim_pod(body)}
+
+
+@kopf.index("v1", "pods", labels=STORES)
+def ddpjob_store_pods(
+    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> dict[Key, dict[str, Any]]:
+    return {_owner(namespace, labels): slim_pod(body)}
+
+
+@kopf.on.event("v1", "pods", labels=STORES)
+def on_store_pod(namespace: str | None, labels: kopf.Labels, **kwargs: Any) -> None:
+    """A store pod changed (scheduled, serving, lost): the DDPJob's ``RendezvousStoreReady`` says so."""
+    reconcile(_owner(namespace, labels), **kwargs)
 
 
 def _owned_by_job(body: kopf.Body, **_: Any) -> bool:
@@ -245,6 +229,7 @@ def reconcile(
     ddpjob_pods: kopf.Index[Key, dict[str, Any]],
     ddpjob_workloads: kopf.Index[Key, dict[str, Any]],
     logger: reconciler.Logger,
+    ddpjob_store_pods: kopf.Index[Key, dict[str, Any]] | None = None,
     by_timer: bool = False,
     **kwargs: Any,
 ) -> None:
@@ -263,7 +248,8 @@ def reconcile(
                 if (workload := kueue.current(list(ddpjob_workloads.get((key[0], name), [])))) is not None:
                     workloads[name] = workload
             unhealthy = _unhealthy_nodes(kwargs.get("ddpjob_unhealthy_nodes"))
-            reconciler.reconcile(body, jobs, pods, logger, SCRAPER, RECENT, workloads, unhealthy)
+            stores = list(ddpjob_store_pods.get(key, [])) if ddpjob_store_pods is not None else []
+            reconciler.reconcile(body, jobs, pods, logger, SCRAPER, RECENT, workloads, unhealthy, stores)
 
 
 def _unhealthy_nodes(index: kopf.Index[str, str] | None) -> dict[str, str]:

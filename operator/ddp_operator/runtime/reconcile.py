@@ -12,7 +12,7 @@ import datetime as dt
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import kopf
@@ -42,12 +42,14 @@ def reconcile(
     recent: Recent | None = None,
     workloads: Mapping[str, Mapping[str, Any]] | None = None,
     unhealthy: Mapping[str, str] | None = None,
+    store_pods: Sequence[Mapping[str, Any]] = (),
 ) -> None:
     """Decide (pure) and carry out the plan for one DDPJob; record the reconcile's metrics. ``workloads``:
     Kueue's Workloads of its Jobs, by Job name. ``scraper``
     holds the latest reading of the pods' metrics and takes the plan's next read (in the background);
     ``recent`` holds what earlier reconciles wrote that ``body`` and ``jobs`` (the indexes) lack;
-    ``unhealthy``: the nodes whose GPUs are marked unhealthy (``--node-health``), which new attempts avoid."""
+    ``unhealthy``: the nodes whose GPUs are marked unhealthy (``--node-health``), which new attempts avoid;
+    ``store_pods``: an elastic job's rendezvous store pods."""
     started = time.monotonic()
     result = "error"
     key = (body["metadata"].get("namespace") or "", body["metadata"]["name"])
@@ -60,7 +62,9 @@ def reconcile(
         claim = read_claim(body, pods)
         events = read_events(body, jobs, pods, now)
         missing = read_missing(body)
-        plan = decide_for(body, jobs, pods, now, snapshot, claim, workloads, events, missing, unhealthy or {})
+        plan = decide_for(
+            body, jobs, pods, now, snapshot, claim, workloads, events, missing, unhealthy or {}, store_pods
+        )
         _scrape(scraper, key, plan)
         try:
             try:
