@@ -39,11 +39,15 @@ def visible_gpus() -> int:
 
 
 def prepare_run_dir(run_dir: Path, *, fresh: bool) -> str | None:
-    """Start clean after a finished run (or with --fresh); otherwise keep the volumes so that an interrupted
-    or failed run resumes from its checkpoint. Returns a note for the user, if any."""
+    """Start clean after a run that succeeded, keeping that run's folder (its logs and checkpoints) beside,
+    as ``<name>.earlier-N``; with --fresh, discard an earlier unfinished run's; otherwise keep the volumes
+    so that an interrupted or failed run resumes from its checkpoint. Returns a note for the user, if any."""
     state = run_dir / "state"
     previous = state.read_text().strip() if state.is_file() else None
-    if fresh or previous == "Succeeded":
+    if previous == "Succeeded" and not fresh:
+        kept = set_aside(run_dir)
+        return f"the earlier run Succeeded: its logs and checkpoints are kept in {kept}; this run starts anew"
+    if fresh:
         shutil.rmtree(run_dir, ignore_errors=True)
         return None
     checkpoint = run_dir / "volumes" / names.CHECKPOINT_VOLUME
@@ -53,6 +57,23 @@ def prepare_run_dir(run_dir: Path, *, fresh: bool) -> str | None:
             "(--fresh starts over)"
         )
     return None
+
+
+EARLIER = ".earlier-"
+"""A finished run's folder, set aside by the next run: ``<name>.earlier-1``, ``-2``, ... (a DDPJob's name
+may hold dots, so the number counts on, never into another job's folder)."""
+
+
+def set_aside(run_dir: Path) -> Path:
+    """Move ``run_dir`` to the first free ``<name>.earlier-N`` beside it; returns where it went."""
+    taken = [
+        int(number)
+        for entry in run_dir.parent.glob(run_dir.name + EARLIER + "*")
+        if (number := entry.name.removeprefix(run_dir.name + EARLIER)).isdigit()
+    ]
+    kept = run_dir.with_name(f"{run_dir.name}{EARLIER}{max(taken, default=0) + 1}")
+    run_dir.rename(kept)
+    return kept
 
 
 def write_state(run_dir: Path, result: str) -> None:
