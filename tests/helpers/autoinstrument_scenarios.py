@@ -56,6 +56,13 @@ def main() -> None:
         torch.manual_seed(1 + dist.get_rank())
         train([first, second], optimizers)
         final = second
+    elif scenario == "resumed-at-the-end":  # its own snapshot says every epoch is done: no step is taken
+        model = DistributedDataParallel(net())
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        epochs_run = STEPS  # as minGPT-ddp's Trainer reads it back from its snapshot
+        for _ in range(epochs_run, STEPS):
+            train([model], [optimizer])
+        final = model
     elif scenario == "compiled":  # nanoGPT's order: compiled, then wrapped (dynamo traces; eager kernels)
         model = DistributedDataParallel(torch.compile(net(), backend="eager"))
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

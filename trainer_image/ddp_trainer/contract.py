@@ -329,7 +329,12 @@ FULLY_SHARDED: Final = "FullyShardedNoReplicas"
 """Report reason (result ``Succeeded``, no checks): the no-code hook found an FSDP model sharded over a 1-D
 mesh (``fully_shard``): every rank holds its own shard, so no two ranks hold the same parameters and there
 is nothing to compare (the message says so and names FSDP; HSDP, a 2-D mesh, is checked)."""
-NOTHING_TO_COMPARE: Final = (NO_DDP_MODEL, FULLY_SHARDED)
+NOT_STEPPED: Final = "NoOptimizerStep"
+"""Report reason (result ``Succeeded``, no checks): the no-code hook saw a DDP model built in the pod's
+local rank 0, but no optimizer stepped it (a run that resumed at its last epoch, an evaluation): nothing
+was checked, and that is the reason the job gives, not a guess at why no report came."""
+NOT_STEPPED_MESSAGE: Final = "a DDP model was built but no optimizer stepped it: nothing was checked"
+NOTHING_TO_COMPARE: Final = (NO_DDP_MODEL, FULLY_SHARDED, NOT_STEPPED)
 """Report reasons of a run whose sync check had nothing to compare (the job's SyncVerified is Unknown)."""
 SYNC_HOOK_OFF: Final = "SyncHookOff"
 """Report reason (result ``Succeeded``, no checks): the no-code hook could not switch on in the pod's

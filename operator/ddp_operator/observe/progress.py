@@ -276,7 +276,7 @@ def _replica_sentence(report: Mapping[str, Any] | None) -> str:
         return f"not checked: {report.get('message', '')}"
     if report.get("reason") == contract.NO_DDP_MODEL:
         return contract.NO_DDP_MODEL_MESSAGE + " (the sync hook saw no DistributedDataParallel model built)"
-    if report.get("reason") == contract.FULLY_SHARDED:
+    if report.get("reason") in (contract.FULLY_SHARDED, contract.NOT_STEPPED):
         return str(report.get("message", ""))
     checks, ranks = report.get("checks", 0), report.get("worldSize", "?")
     mismatches, repairs = report.get("mismatches", 0), report.get("repairs", 0)

@@ -193,6 +193,25 @@ def test_the_hooks_lines_stay_out_of_the_scripts_own_log_file_and_come_once_from
     assert "[rank 1]" not in out, out
 
 
+def test_a_ddp_model_no_optimizer_stepped_is_the_reason_in_the_report_and_the_summary(
+    tmp_path: Path, hook_dir: Path
+) -> None:
+    """A script that resumed at its last epoch builds its DDP model and takes no step (issue 58, item 2):
+    the hook says so, and that is the report's reason and the summary's sentence, not "not reported"."""
+    from ddp_operator.observe import progress
+
+    code, out, _ = torchrun(tmp_path, SCENARIOS, "resumed-at-the-end", "final.pt", path=[hook_dir])
+    assert code == 0, out
+    assert out.count(f"ddpjob sync health: {contract.NOT_STEPPED_MESSAGE}") == 1, out
+    rep = report(tmp_path)
+    assert (rep["result"], rep["reason"], rep["message"]) == (
+        contract.SUCCEEDED,
+        contract.NOT_STEPPED,
+        contract.NOT_STEPPED_MESSAGE,
+    ), rep
+    assert progress.sync_sentence(rep) == contract.NOT_STEPPED_MESSAGE
+
+
 def test_ranks_that_take_different_numbers_of_steps_fail_in_seconds_naming_the_cause(
     tmp_path: Path, hook_dir: Path
 ) -> None:

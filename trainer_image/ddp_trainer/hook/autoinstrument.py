@@ -201,7 +201,10 @@ class AutoSync:
             nothing_replicated_report()
         elif self.state == "waiting" and (self.distributed or "TORCHELASTIC_RUN_ID" in os.environ):
             if self.models:
-                say("a DDP model was built but no optimizer stepped it: nothing was checked")
+                from ddp_trainer import contract
+
+                say(contract.NOT_STEPPED_MESSAGE)
+                _nothing_report(contract.NOT_STEPPED, contract.NOT_STEPPED_MESSAGE)
             else:
                 say("no DDP model was seen in this process: nothing was checked")
                 no_ddp_report()

@@ -116,6 +116,11 @@ def test_a_job_that_built_no_ddp_model_says_so_not_that_nothing_reported() -> No
     for reason, message, said in (
         (contract.NO_DDP_MODEL, contract.NO_DDP_MODEL_MESSAGE, "no DDP model was built in any rank: nothing"),
         (contract.FULLY_SHARDED, sharded.FSDP_ONLY, "FSDP shards every parameter across all ranks"),
+        (
+            contract.NOT_STEPPED,
+            contract.NOT_STEPPED_MESSAGE,
+            "a DDP model was built but no optimizer stepped",
+        ),
     ):
         report = {"result": "Succeeded", "reason": reason, "message": message}
         out = StatusBuilder({}, "2026-01-01T00:00:00Z")
