@@ -21,7 +21,7 @@ import yaml
 from ddp_operator import __version__
 from ddp_operator.api import crd
 from ddp_operator.api.spec import Spec, SpecError, load_documents, other_kinds, parse_file, warnings
-from ddp_operator.children import render
+from ddp_operator.children import objects, render
 
 
 def _load(path: str, docs: list[Any] | None = None) -> list[Spec] | None:
@@ -81,7 +81,7 @@ def _render(args: argparse.Namespace) -> int:
     for spec in specs:
         if args.namespace:
             spec = replace(spec, namespace=args.namespace)
-        documents += render.render(spec, attempt=args.attempt)
+        documents += objects.render(spec, attempt=args.attempt)
     print(
         f"# What the operator creates for attempt {args.attempt}; ownerReferences[].uid is the DDPJob's "
         "own uid once it exists."

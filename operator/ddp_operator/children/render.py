@@ -625,14 +625,3 @@ def render_job(spec: Spec, attempt: int, budget: int | None = None, avoid_nodes:
     if spec.active_deadline_seconds is not None:
         job_spec["activeDeadlineSeconds"] = spec.active_deadline_seconds
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": job_spec}
-
-
-def render(spec: Spec, attempt: int = contract.FIRST_ATTEMPT) -> list[Obj]:
-    """Everything the operator creates for one attempt, in creation order (an elastic job's rendezvous
-    store Job just before the attempt's)."""
-    from ddp_operator.children.store import render_store  # it renders with this module's parts
-
-    contract.restarts_before(attempt)  # attempts are numbered from contract.FIRST_ATTEMPT
-    claim = render_checkpoint_claim(spec)
-    store = [render_store(spec, attempt)] if external_store(spec) else []
-    return [*([claim] if claim else []), render_service(spec), *store, render_job(spec, attempt)]

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ddp_operator.api.spec import not_elastic, parse
-from ddp_operator.children import render
+from ddp_operator.children import objects
 from ddp_operator.local import processes as local
 from ddp_operator.local import run
 from ddp_operator.observe import references
@@ -156,7 +156,7 @@ def test_host_path_volumes_are_themselves() -> None:
             },
         },
     }
-    _, job = render.render(parse(doc))
+    _, job = objects.render(parse(doc))
     assert local.volume_dirs(job, Path("/r")) == {
         "/checkpoints": Path("/r/volumes/checkpoint"),
         "/data": Path("/srv/data"),
@@ -205,9 +205,9 @@ def test_the_commands_run_where_ddpjob_local_started_or_in_a_working_dir_this_ma
 
 def test_working_dir_is_the_trainer_containers() -> None:
     spec = parse({**DOC, "spec": {**DOC["spec"], "workingDir": "/workspace/nanoGPT"}})
-    _, job = render.render(spec)
+    _, job = objects.render(spec)
     assert job["spec"]["template"]["spec"]["containers"][0]["workingDir"] == "/workspace/nanoGPT"
-    _, without = render.render(parse(DOC))
+    _, without = objects.render(parse(DOC))
     assert "workingDir" not in without["spec"]["template"]["spec"]["containers"][0]
 
 

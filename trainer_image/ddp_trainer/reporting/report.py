@@ -16,14 +16,11 @@ import math
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ddp_trainer import contract
 from ddp_trainer.contract import REPORT_LIMIT as LIMIT
-
-if TYPE_CHECKING:  # no runtime import: this module stays torch-free
-    from ddp_trainer.sync.probe import ProbeResult
-    from ddp_trainer.sync.verify import Tally
+from ddp_trainer.reporting.inputs import ProbeFinding, SyncTally
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +52,7 @@ class RunFacts:
 
 
 def build(
-    result: contract.Result, reason: str, message: str, tally: Tally, facts: RunFacts
+    result: contract.Result, reason: str, message: str, tally: SyncTally, facts: RunFacts
 ) -> contract.Report:
     """The report of a run that got as far as counting checks."""
     report: contract.Report = {
@@ -85,7 +82,7 @@ def build(
     return report
 
 
-def finished(tally: Tally, facts: RunFacts, steps: int, model_digest: str) -> tuple[int, contract.Report]:
+def finished(tally: SyncTally, facts: RunFacts, steps: int, model_digest: str) -> tuple[int, contract.Report]:
     """The loop returned: trained to ``steps`` (succeeded, verified or not) or stopped by a signal."""
     if facts.step < steps:
         message = f"stopped by a signal at step {facts.step} of {steps}"
@@ -106,25 +103,25 @@ def finished(tally: Tally, facts: RunFacts, steps: int, model_digest: str) -> tu
     return code, report
 
 
-def diverged(tally: Tally, facts: RunFacts, reason: str, message: str) -> tuple[int, contract.Report]:
+def diverged(tally: SyncTally, facts: RunFacts, reason: str, message: str) -> tuple[int, contract.Report]:
     """A divergence under ``Fail``, or a ``Repair`` that did not take."""
     return contract.DIVERGENCE_EXIT_CODE, build(contract.DIVERGED, reason, message, tally, facts)
 
 
-def refused(reason: str, message: str, tally: Tally, facts: RunFacts) -> tuple[int, contract.Report]:
+def refused(reason: str, message: str, tally: SyncTally, facts: RunFacts) -> tuple[int, contract.Report]:
     """The checkpoint volume holds another job's checkpoint, or this job's with other settings (``reason``
     :data:`contract.FOREIGN_CHECKPOINT` or :data:`contract.SETTINGS_CHANGED`): failed before step 1, with
     the exit code that tells the operator not to restart."""
     return contract.CHECKPOINT_REFUSED_EXIT_CODE, build(contract.FAILED, reason, message, tally, facts)
 
 
-def faulty(found: ProbeResult, tally: Tally, facts: RunFacts) -> tuple[int, contract.Report]:
+def faulty(found: ProbeFinding, tally: SyncTally, facts: RunFacts) -> tuple[int, contract.Report]:
     """The compute probe named faulty ranks under ``onFaultyRank: Fail``."""
     report = build(contract.FAILED, contract.FAULTY_RANK, found.message, tally, facts)
     return contract.FAULTY_RANK_EXIT_CODE, with_faulty(report, found)
 
 
-def with_faulty(report: contract.Report, found: ProbeResult) -> contract.Report:
+def with_faulty(report: contract.Report, found: ProbeFinding) -> contract.Report:
     """``report`` naming the faulty ranks, their nodes, pods and devices (also a finished run's, under
     ``Warn``)."""
     report["faultyRanks"], report["faultyNodes"] = list(found.verdict.ranks)[:16], list(found.nodes)[:16]
@@ -143,7 +140,7 @@ def usage(message: str) -> tuple[int, contract.Report]:
 
 def failed(
     message: str,
-    tally: Tally | None = None,
+    tally: SyncTally | None = None,
     facts: RunFacts | None = None,
     reason: str = "TrainerError",
 ) -> tuple[int, contract.Report]:

@@ -13,7 +13,7 @@ import pytest
 
 from ddp_operator import cli
 from ddp_operator.api import spec
-from ddp_operator.children import render
+from ddp_operator.children import objects
 from helpers.spec_docs import VOLUME, doc_with
 
 # (what is wrong, spec fields, the field path named, words that must appear: the key and the value)
@@ -98,7 +98,7 @@ def test_the_good_twins_are_accepted() -> None:
         env=[{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
     )
     parsed = spec.parse(good)
-    assert parsed.namespace == "team-a" and render.render(parsed)
+    assert parsed.namespace == "team-a" and objects.render(parsed)
 
 
 def test_a_custom_command_with_trainer_settings_warns() -> None:

@@ -15,7 +15,7 @@ import yaml
 from ddp_operator import cli
 from ddp_operator.api import names
 from ddp_operator.api.spec import Spec, parse, parse_file
-from ddp_operator.children import render
+from ddp_operator.children import objects, render
 from ddp_trainer import contract
 from helpers import REPO
 
@@ -42,7 +42,7 @@ def _container(job: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("source", INPUTS, ids=lambda p: p.stem)
 def test_golden(source: Path) -> None:
-    rendered = yaml.safe_dump_all(render.render(_spec(source)), sort_keys=False)
+    rendered = yaml.safe_dump_all(objects.render(_spec(source)), sort_keys=False)
     golden = source.with_suffix(".rendered.yaml")
     if os.environ.get("UPDATE_GOLDEN") == "1":
         golden.write_text(rendered)
@@ -54,7 +54,7 @@ def test_golden(source: Path) -> None:
 @pytest.mark.parametrize("source", INPUTS + sorted((REPO / "examples").glob("*.yaml")), ids=lambda p: p.stem)
 def test_objects_pass_the_official_schemas_strictly(source: Path, release: str) -> None:
     for attempt in (1, 3):
-        for obj in render.render(_spec(source), attempt=attempt):
+        for obj in objects.render(_spec(source), attempt=attempt):
             kubernetes_validate.validate(obj, release, strict=True)
 
 
@@ -123,7 +123,7 @@ def test_gpu_limit_defaults_to_procs_per_node() -> None:
 
 def test_pods_find_each_other_through_the_headless_service() -> None:
     spec = _spec(GOLDEN / "cpu.yaml")
-    service, job = render.render(spec)
+    service, job = objects.render(spec)
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["publishNotReadyAddresses"] is True
     pod = job["spec"]["template"]
@@ -136,7 +136,7 @@ def test_pods_find_each_other_through_the_headless_service() -> None:
 
 def test_every_child_is_labelled_and_owned() -> None:
     spec = replace(_spec(GOLDEN / "cpu.yaml"), uid="1234")
-    for obj in render.render(spec, attempt=4):
+    for obj in objects.render(spec, attempt=4):
         labels = obj["metadata"]["labels"]
         assert labels["app.kubernetes.io/managed-by"] == "ddpjob-operator"
         assert labels["ddpjob.io/job-name"] == "cpu-job"
@@ -184,15 +184,15 @@ def test_longest_hostname_fits_a_dns_label() -> None:
 
 def test_render_is_pure() -> None:
     spec = _spec(GOLDEN / "pod-template.yaml")
-    first = render.render(spec)
+    first = objects.render(spec)
     first[1]["spec"]["template"]["spec"]["volumes"].append({"name": "mutated"})
-    assert render.render(spec) != first
-    assert render.render(spec) == render.render(spec)
+    assert objects.render(spec) != first
+    assert objects.render(spec) == objects.render(spec)
 
 
 def test_attempt_must_be_positive() -> None:
     with pytest.raises(ValueError, match="attempt 0: attempts are numbered from 1"):
-        render.render(_spec(GOLDEN / "cpu.yaml"), attempt=0)
+        objects.render(_spec(GOLDEN / "cpu.yaml"), attempt=0)
 
 
 def test_cli_render(capsys: pytest.CaptureFixture[str], write_yaml: Callable[..., Path]) -> None:
@@ -222,7 +222,7 @@ def _with_checkpoint(**checkpoint: Any) -> Spec:
 
 def test_a_claim_template_becomes_an_owned_claim_mounted_by_every_pod() -> None:
     spec = _with_checkpoint(volumeClaimTemplate={"size": "5Gi", "storageClassName": "nfs"})
-    claim, _service, job = render.render(spec)
+    claim, _service, job = objects.render(spec)
     assert (
         claim["kind"] == "PersistentVolumeClaim" and claim["metadata"]["name"] == f"{spec.name}-checkpoints"
     )
@@ -249,7 +249,7 @@ def test_object_storage_is_a_url_flag_an_endpoint_and_the_secret_mounted_not_in_
         "region": "eu-1",
     }
     spec = _with_checkpoint(s3={**bucket, "credentialsSecret": secret})
-    assert [o["kind"] for o in render.render(spec)] == ["Service", "Job"]  # no claim
+    assert [o["kind"] for o in objects.render(spec)] == ["Service", "Job"]  # no claim
     job = render.render_job(spec, 1)
     container = _container(job)
     assert "--checkpoint-dir=s3://ckpt/team-a" in container["args"], container["args"]
@@ -291,7 +291,7 @@ def test_a_retained_claim_has_no_owner_and_a_volume_needs_no_claim() -> None:
         render.render_checkpoint_claim(_with_checkpoint(volume={"nfs": {"server": "s", "path": "/p"}}))
         is None
     )
-    assert len(render.render(_with_checkpoint(volume={"nfs": {"server": "s", "path": "/p"}}))) == 2
+    assert len(objects.render(_with_checkpoint(volume={"nfs": {"server": "s", "path": "/p"}}))) == 2
 
 
 def test_configuration_exit_codes_fail_the_job_at_once() -> None:
