@@ -36,7 +36,8 @@ EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 @dataclass
 class Console:
-    """Where a person watches: a live progress line on a terminal, a line every 10 s in a log."""
+    """Where a person watches: a live progress line on a terminal, a line every 10 s in a log; either only
+    when the step changed (a script that validates, or waits, for a while says its step once)."""
 
     stream: TextIO
     verbose: bool
@@ -46,6 +47,7 @@ class Console:
     """ddpjob is stopping the pods (SIGTERM): what they print now is labelled as that stop's doing."""
     _last_plain: float | None = None
     _live: bool = False
+    _last_step: int | None = None
 
     def say(self, text: str) -> None:
         if self._live:
@@ -57,14 +59,16 @@ class Console:
         if self.verbose or pod in self.shown:
             self.say(f"[{pod}, after ddpjob's SIGTERM] {text}" if self.stopping else f"[{pod}] {text}")
 
-    def progress(self, text: str) -> None:
+    def progress(self, text: str, step: int) -> None:
+        if step == self._last_step:
+            return
         if self.stream.isatty():
             print(f"\r\x1b[2K{text}", end="", file=self.stream, flush=True)
-            self._live = True
+            self._live, self._last_step = True, step
         elif self._last_plain is None:
             self._last_plain = time.monotonic()  # the first line after 10 s of training, then every 10 s
         elif time.monotonic() - self._last_plain >= 10.0:
-            self._last_plain = time.monotonic()
+            self._last_plain, self._last_step = time.monotonic(), step
             self.say(text)
 
 
@@ -313,7 +317,7 @@ def _watch(
                 if first is None:
                     first, first_at = now, time.monotonic()
                 console.progress(
-                    progress.line(now, known_total_steps(spec), time.monotonic() - first_at, first)
+                    progress.line(now, known_total_steps(spec), time.monotonic() - first_at, first), now.step
                 )
     ended = [(pod, code) for pod, code in zip(pods, codes, strict=True) if code not in (None, 0)]
     if interrupt.count:

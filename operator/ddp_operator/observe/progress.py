@@ -234,24 +234,26 @@ def duration(seconds: float) -> str:
 
 def line(progress: Progress, total_steps: int, elapsed: float, first: Progress | None = None) -> str:
     """One line: step/total, loss, samples/s since the first reading, ETA at the step rate since then,
-    and the sync checks so far. ``total_steps`` is the spec's: the code's own total wins where it says."""
+    and the sync checks so far. ``total_steps`` is the spec's: the code's own total wins where it says.
+    What is not known is left out, never shown as a placeholder: the loss of code that does not say it,
+    the rate of code that counts no samples (the no-code hook), the rate and ETA before a second reading."""
     total_steps = progress.total(total_steps)
     percent = 100.0 * progress.step / total_steps if total_steps else 0.0
-    loss = f"{progress.loss:.4f}" if progress.loss is not None else "-"
     samples = progress.samples - (first.samples if first else 0.0)
     steps = progress.step - (first.step if first else 0)
-    # steps without samples: the code says no batch size (the no-code hook without samples=), not 0/s
-    rate = f"{samples / elapsed:,.0f}" if elapsed > 0.5 and (samples > 0 or steps <= 0) else "-"
-    eta = (
-        f"  ETA {duration((total_steps - progress.step) * elapsed / steps)}"
-        if steps > 0 and elapsed > 0.5 and total_steps
-        else ""
-    )
+    parts = [
+        f"step {progress.step}/{total_steps} ({percent:.0f}%)" if total_steps else f"step {progress.step}"
+    ]
+    if progress.loss is not None:
+        parts.append(f"loss {progress.loss:.4f}")
+    if elapsed > 0.5 and samples > 0:
+        parts.append(f"{samples / elapsed:,.0f} samples/s")
+    if steps > 0 and elapsed > 0.5 and total_steps:
+        parts.append(f"ETA {duration((total_steps - progress.step) * elapsed / steps)}")
     checks = f"{progress.checks_ok} ok"
     if progress.checks_mismatch:
         checks += f", {progress.checks_mismatch} MISMATCH"
-    where = f"step {progress.step}/{total_steps} ({percent:.0f}%)" if total_steps else f"step {progress.step}"
-    return f"{where}  loss {loss}  {rate} samples/s{eta}  sync checks: {checks}"
+    return "  ".join([*parts, f"sync checks: {checks}"])
 
 
 def sync_sentence(report: Mapping[str, Any] | None) -> str:

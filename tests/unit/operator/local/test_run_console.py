@@ -7,6 +7,8 @@ import io
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from ddp_operator.api.spec import parse
 from ddp_operator.local import run
 
@@ -58,3 +60,27 @@ def test_a_traceback_caused_by_ddpjobs_own_stop_is_labelled_so_after_the_line_th
     ]
     console.pod_line("mingpt-1-0", "a line of the next attempt")
     assert out.getvalue().splitlines()[-1] == "[mingpt-1-0] a line of the next attempt"
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_progress_line_only_when_the_step_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A script that validates for a while stays at one step: its line is said once, in a log (a line at
+    most every 10 s) as on a terminal (the live line)."""
+    clock = [0.0]
+    monkeypatch.setattr(run.time, "monotonic", lambda: clock[0])
+    log = io.StringIO()
+    console = run.Console(log, verbose=False)
+    for second, step in [(0, 3), (12, 4), (24, 4), (36, 4), (48, 4), (50, 5), (55, 6), (66, 6), (70, 7)]:
+        clock[0] = float(second)
+        console.progress(f"step {step}  sync checks: 2 ok", step)
+    assert log.getvalue().splitlines() == [f"step {step}  sync checks: 2 ok" for step in (4, 5, 6)]
+
+    terminal = Terminal()
+    live = run.Console(terminal, verbose=False)
+    for step in [4, 4, 4, 5, 5]:
+        live.progress(f"step {step}", step)
+    assert terminal.getvalue() == "\r\x1b[2Kstep 4\r\x1b[2Kstep 5"

@@ -36,9 +36,12 @@ def test_progress_from_metrics() -> None:
         "step 40/200 (20%)  loss 0.5000  1,500 samples/s  ETA 8s  sync checks: 3 ok"
     )
     assert "1 MISMATCH" in progress.line(progress.parse([METRICS_POD1]), 200, 1.0)
-    # steps but no samples counted (a script under the no-code hook that gives no batch size): a dash
+    # steps but no samples counted, no loss (a script under the no-code hook): left out, no placeholder
     stepping = progress.Progress(step=40, samples=0.0)
-    assert "loss -  - samples/s  ETA 8s" in progress.line(stepping, 200, 2.0, progress.Progress())
+    assert progress.line(stepping, 200, 2.0, progress.Progress()) == (
+        "step 40/200 (20%)  ETA 8s  sync checks: 0 ok"
+    )
+    assert progress.line(stepping, 0, 0.0) == "step 40  sync checks: 0 ok"  # no total, no second reading
 
 
 def test_sync_sentence() -> None:
