@@ -4,7 +4,8 @@
 # as the non-root user 1000 that the rendered pods demand (runAsNonRoot).
 
 FROM python:3.11-slim AS build
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# pip runs as root in these build steps, on purpose (the image is the environment): no warning about it
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 WORKDIR /src
 COPY pyproject.toml README.md MANIFEST.in ./
 # the in-tree build backend (pyproject.toml: backend-path); without it no wheel builds
@@ -17,7 +18,8 @@ FROM python:3.11-slim AS runtime
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore
 RUN useradd --uid 1000 --user-group --create-home --shell /usr/sbin/nologin ddpjob
 COPY --from=build /wheels /wheels
 

@@ -43,6 +43,22 @@ def test_both_targets_run_as_user_1000() -> None:
         assert re.search(r"^USER 1000:1000$", targets[target], flags=re.M), f"{target} must not run as root"
 
 
+def test_pip_as_root_in_the_build_says_no_warning_a_newcomer_cannot_act_on() -> None:
+    """Every stage that runs pip (as root, on purpose: the image is the environment) sets
+    PIP_ROOT_USER_ACTION=ignore, itself or through the stage it starts from (issue 58, item 8)."""
+    text = (REPO / "Dockerfile").read_text()
+    stages = re.split(r"^FROM ", text, flags=re.M)[1:]
+    quiet: set[str] = set()
+    for stage in stages:
+        head = stage.split("\n")[0].split()
+        base, name = head[0], head[2] if len(head) > 2 else head[0]
+        if base in quiet or re.search(r"^ENV [^\n]*(?:\\\n[^\n]*)*PIP_ROOT_USER_ACTION=ignore", stage, re.M):
+            quiet.add(name)
+        if re.search(r"^RUN .*\bpip\b", stage, flags=re.M):
+            assert name in quiet, f"stage {name} runs pip as root without PIP_ROOT_USER_ACTION=ignore"
+    assert {"build", "operator", "trainer"} <= quiet, quiet
+
+
 def test_images_install_the_wheel_of_this_version() -> None:
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     installs = re.findall(
