@@ -495,12 +495,8 @@ def warnings(spec: Spec) -> list[str]:
             "cannot be put in front of it and is off; give PYTHONPATH a value, or set autoInstrument: false "
             "to say so"
         )
-    if spec.max_restarts > 0 and not checkpoints_durable(spec):
-        out.append(
-            f"spec.checkpoint: checkpoints go to a pod-local emptyDir, so the {spec.max_restarts} gang "
-            "restart(s) of spec.maxRestarts will start from step 0; give spec.checkpoint.volumeClaimTemplate "
-            "(the operator creates a PersistentVolumeClaim), spec.checkpoint.volume or spec.checkpoint.s3"
-        )
+    if lost := lost_checkpoints(spec):
+        out.append(lost)
     if "trainer" in spec.given and (spec.command is not None or spec.args is not None):
         # spec.syncCheck is not ignored: it reaches any program as DDPJOB_SYNC_EVERY/DDPJOB_ON_DIVERGENCE,
         # which SyncHealth and its callbacks read (docs/your-code.md)
@@ -513,6 +509,18 @@ def warnings(spec: Spec) -> list[str]:
         out.append(reason)
     out.extend(storage_warnings(spec))
     return out
+
+
+def lost_checkpoints(spec: Spec) -> str | None:
+    """The warning for checkpoints that a gang restart would not find in a cluster (a pod-local emptyDir),
+    or None. ``ddpjob local`` repeats it, saying why a restart there resumes all the same."""
+    if spec.max_restarts == 0 or checkpoints_durable(spec):
+        return None
+    return (
+        f"spec.checkpoint: checkpoints go to a pod-local emptyDir, so the {spec.max_restarts} gang "
+        "restart(s) of spec.maxRestarts will start from step 0; give spec.checkpoint.volumeClaimTemplate "
+        "(the operator creates a PersistentVolumeClaim), spec.checkpoint.volume or spec.checkpoint.s3"
+    )
 
 
 def storage_warnings(spec: Spec) -> list[str]:

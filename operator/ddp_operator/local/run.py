@@ -20,7 +20,8 @@ from types import FrameType
 from typing import Any, TextIO
 
 from ddp_operator.api import exits
-from ddp_operator.api.spec import Spec, known_total_steps, not_elastic, sync_hook
+from ddp_operator.api.spec import Spec, known_total_steps, lost_checkpoints, not_elastic, sync_hook
+from ddp_operator.api.spec import warnings as validate_warnings
 from ddp_operator.children import render
 from ddp_operator.decide import restarts
 from ddp_operator.local import elastic, gang, host, processes
@@ -349,6 +350,16 @@ def _local_notes(spec: Spec, first_attempt: int, run_dir: Path) -> list[str]:
         )
     if reason := not_elastic(spec):
         notes.append(reason)
+    # what `ddpjob validate` warns of, for a cluster: here some of it differs (the pods share one folder)
+    for warning in validate_warnings(spec):
+        if warning == reason:
+            continue
+        here = (
+            " (here the pods share one folder, so a restart resumes all the same: a cluster would not)"
+            if warning == lost_checkpoints(spec)
+            else ""
+        )
+        notes.append(f"in a cluster (`ddpjob validate` warns): {warning}{here}")
     # named as the operator names them when they are missing (observe.references): kind, name, field
     named = references.references(spec)
     if env_from := [str(ref) for ref in named if ref.field.startswith("spec.envFrom")]:

@@ -1,0 +1,54 @@
+"""What ``ddpjob local`` says at its start (:func:`ddp_operator.local.run._local_notes`): what `ddpjob
+validate` warns of for a cluster, repeated, and where this machine behaves otherwise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ddp_operator.api.spec import parse, warnings
+from ddp_operator.local import run
+from ddp_trainer import contract
+
+DOC: dict[str, Any] = {
+    "apiVersion": "ddpjob.io/v1alpha1",
+    "kind": "DDPJob",
+    "metadata": {"name": "mingpt"},
+    "spec": {"nodes": 2, "device": "cpu", "command": ["torchrun"], "args": ["main.py"]},
+}
+
+
+def test_checkpoints_on_a_pod_local_emptydir_are_said_as_validate_says_them_and_why_here_differs() -> None:
+    spec = parse(DOC)  # maxRestarts 3 by default, no spec.checkpoint
+    notes = run._local_notes(spec, contract.FIRST_ATTEMPT, Path("/r"))
+    said = [note for note in notes if note.startswith("in a cluster (`ddpjob validate` warns): ")]
+    assert said == [
+        "in a cluster (`ddpjob validate` warns): spec.checkpoint: checkpoints go to a pod-local emptyDir, so "
+        "the 3 gang restart(s) of spec.maxRestarts will start from step 0; give "
+        "spec.checkpoint.volumeClaimTemplate (the operator creates a PersistentVolumeClaim), "
+        "spec.checkpoint.volume or spec.checkpoint.s3 (here the pods share one folder, so a restart resumes "
+        "all the same: a cluster would not)"
+    ]
+
+
+def test_every_warning_of_validate_is_repeated_once() -> None:
+    """A spec with two of them: spec.trainer beside a command, and a claim a default cluster cannot give
+    (ReadWriteMany from the default class); a claim outlives pods, so no emptyDir warning. A job with no
+    restarts loses nothing on an emptyDir: nothing said."""
+    doc = {
+        **DOC,
+        "spec": {
+            **DOC["spec"],
+            "trainer": {"steps": 10},
+            "checkpoint": {"volumeClaimTemplate": {"size": "1Gi", "accessModes": ["ReadWriteMany"]}},
+        },
+    }
+    spec = parse(doc)
+    expected = warnings(spec)
+    assert len(expected) == 2, expected
+    notes = run._local_notes(spec, contract.FIRST_ATTEMPT, Path("/r"))
+    assert [n for n in notes if n.startswith("in a cluster")] == [
+        f"in a cluster (`ddpjob validate` warns): {w}" for w in expected
+    ]
+    no_restarts = parse({**DOC, "spec": {**DOC["spec"], "maxRestarts": 0}})
+    assert not [n for n in run._local_notes(no_restarts, 1, Path("/r")) if n.startswith("in a cluster")]
