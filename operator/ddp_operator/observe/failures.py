@@ -55,19 +55,19 @@ def first_failure(
 def describe(failures: Sequence[Mapping[str, Any]]) -> str:
     """``rank 1 failed first, in your command: RuntimeError: ...; then ranks 0, 2, 3 failed as a
     consequence (RuntimeError: Connection closed by peer ...)``, or, when several ranks raised the same
-    error on their own, ``ranks 0–3 all failed, each in your command: FileNotFoundError: ...``; ``""``
-    without failures."""
+    error on their own, ``ranks 0–3 all failed in your command, rank 3 first: FileNotFoundError: ...``
+    (the first by the time each recorded); ``""`` without failures."""
     first, rest = first_failure(failures)
     if first is None:
         return ""
     error = str(first.get("error", ""))
-    same = [e for e in rest if str(e.get("error", "")) == error and not is_consequence(error)]
+    same = same_error(first, rest)
     others = [e for e in rest if e not in same and not is_consequence(str(e.get("error", "")))]
     consequences = [e for e in rest if e not in same and e not in others]
     if error.startswith(contract.SILENT_PEER):  # the launcher stopped it: nothing of the user's failed
         text = f"rank {first['rank']} was stopped because {error}"
     elif same:  # every one of them raised it on its own: none failed because of another
-        text = f"ranks {ranks([first, *same])} all failed, each in your command: {error}"
+        text = f"ranks {ranks([first, *same])} all failed in your command, {who_first(first, same)}: {error}"
     else:
         text = f"rank {first['rank']} failed first, in your command: {error}"
     for group, how in ((others, "on their own"), (consequences, "as a consequence")):
@@ -76,6 +76,26 @@ def describe(failures: Sequence[Mapping[str, Any]]) -> str:
             said = short(str(group[0].get("error", "")))
             text += f"; then {word} {ranks(group)} failed {how} ({said})"
     return text
+
+
+def culprit(first: Mapping[str, Any], same: Sequence[Mapping[str, Any]]) -> str:
+    """Who failed: ``rank 1``, or, with ``same`` (other ranks that raised the same error on their own),
+    ``ranks 0–3, rank 3 first`` (:func:`who_first`)."""
+    return f"ranks {ranks([first, *same])}, {who_first(first, same)}" if same else f"rank {first['rank']}"
+
+
+def who_first(first: Mapping[str, Any], same: Sequence[Mapping[str, Any]]) -> str:
+    """``rank 3 first`` when ``first`` recorded its failure before every one of ``same``, by the time each
+    recorded; ``at the same moment`` when none was first (equal or unknown times)."""
+    if same and _at(first) < min(_at(e) for e in same):
+        return f"rank {first['rank']} first"
+    return "at the same moment"
+
+
+def same_error(first: Mapping[str, Any], rest: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The ranks of ``rest`` that raised ``first``'s own error on their own (not a peer's consequence)."""
+    error = str(first.get("error", ""))
+    return [e for e in rest if str(e.get("error", "")) == error and not is_consequence(error)]
 
 
 def ranks(failures: Sequence[Mapping[str, Any]]) -> str:

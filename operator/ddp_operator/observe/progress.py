@@ -285,16 +285,16 @@ def _replica_sentence(report: Mapping[str, Any] | None) -> str:
     result, reason = report.get("result"), report.get("reason", "")
     last = f"last check at step {report.get('lastCheckStep')}"
     if result == contract.FAILED:
-        seen = (
-            f"{mismatches} of {checks} sync checks found ranks differing"
-            if mismatches
-            else f"none of its {checks} sync checks found ranks differing"
-        )
-        first, _ = failures.first_failure(report.get("failures") or [])
+        if mismatches:
+            seen = f"{mismatches} of {checks} sync checks found ranks differing"
+        elif checks:
+            seen = f"none of its {checks} sync check{'s' if checks > 1 else ''} found ranks differing"
+        else:
+            seen = "no sync check had run"
+        first, rest = failures.first_failure(report.get("failures") or [])
         if first is not None:
-            return (
-                f"no verdict: your command failed on rank {first['rank']} ({first.get('error', '')}); {seen}"
-            )
+            who = failures.culprit(first, failures.same_error(first, rest))
+            return f"no verdict: your command failed on {who} ({first.get('error', '')}); {seen}"
         if reason == contract.COMMAND_ERROR:
             return f"no verdict: your command failed ({report.get('message', '')}); {seen}"
         return f"no verdict: the trainer failed ({reason}: {report.get('message', '')}); {seen}"

@@ -97,17 +97,39 @@ def test_ranks_that_each_raised_the_same_error_all_failed_on_their_own() -> None
     'as a consequence'; a collective error after it still is one, and another own error is said apart."""
     missing = "FileNotFoundError: [Errno 2] No such file or directory: 'configurator.py'"
     same = [{"rank": r, "error": missing, "at": 10.0 + r} for r in range(4)]
-    assert failures.describe(same) == f"ranks 0–3 all failed, each in your command: {missing}"
+    assert failures.describe(same) == f"ranks 0–3 all failed in your command, rank 0 first: {missing}"
     mixed = [
         *same[:2],
         {"rank": 2, "error": "RuntimeError: Connection closed by peer [10.0.0.2]:1234", "at": 12.0},
         {"rank": 3, "error": "KeyError: 'lr'", "at": 13.0},
     ]
     said = failures.describe(mixed)
-    assert said.startswith(f"ranks 0, 1 all failed, each in your command: {missing}"), said
+    assert said.startswith(f"ranks 0, 1 all failed in your command, rank 0 first: {missing}"), said
     assert "; then rank 3 failed on their own (KeyError: 'lr')" in said, said
     assert "; then rank 2 failed as a consequence (RuntimeError: Connection closed by peer" in said, said
     assert failures.ranks([{"rank": r} for r in (0, 1, 2, 3, 6, 8, 9)]) == "0–3, 6, 8, 9"
+
+
+def test_a_crash_on_every_rank_names_the_rank_that_failed_first_by_time() -> None:
+    """Issue 58, item 4: four ranks raise the same error, rank 3 a moment before the others; the summary
+    and the sync sentence name rank 3 as the first, and count no "none of its 0 sync checks"."""
+    missing = "FileNotFoundError: [Errno 2] No such file or directory: 'snapshot.pt'"
+    times = {0: 10.4, 1: 10.2, 2: 10.3, 3: 10.1}
+    crashed = [{"rank": r, "error": missing, "at": at} for r, at in times.items()]
+    assert failures.describe(crashed) == f"ranks 0–3 all failed in your command, rank 3 first: {missing}"
+    report = {"result": "Failed", "reason": "CommandError", "message": missing, "failures": crashed}
+    assert progress.sync_sentence({**report, "checks": 0}) == (
+        f"no verdict: your command failed on ranks 0–3, rank 3 first ({missing}); no sync check had run"
+    )
+    assert progress.sync_sentence({**report, "checks": 2}).endswith(
+        "; none of its 2 sync checks found ranks differing"
+    )
+    together = [{"rank": r, "error": missing, "at": 10.0} for r in range(4)]  # no one first: not invented
+    assert (
+        failures.describe(together) == f"ranks 0–3 all failed in your command, at the same moment: {missing}"
+    )
+    untimed = [{"rank": r, "error": missing} for r in range(2)]
+    assert failures.describe(untimed).startswith("ranks 0, 1 all failed in your command, at the same moment")
 
 
 def test_a_rank_stopped_for_a_silent_peer_is_not_blamed_on_the_users_command() -> None:

@@ -77,7 +77,10 @@ def test_sync_sentence_says_what_happened_not_diverged() -> None:
     assert "DIVERGED" not in failed
     assert failed == (
         "no verdict: the trainer failed (TrainerError: ValueError: no module nosuchpkg); "
-        "none of its 0 sync checks found ranks differing"
+        "no sync check had run"
+    )
+    assert progress.sync_sentence({"result": "Failed", "reason": "TrainerError", "checks": 1}).endswith(
+        "; none of its 1 sync check found ranks differing"
     )
 
 
