@@ -144,6 +144,35 @@ def test_round_trip_render_run_the_trainer_read_the_status(tmp_path: Path, attem
     assert written["sync"]["checks"] == report["checks"] >= 3  # initial, steps 2 and 4
 
 
+def test_restarts_in_place_round_trip_from_the_trainers_report_to_the_status() -> None:
+    """The restarts in place and the cause that the trainer's report states (written by reporting.report,
+    through the termination message) are what the operator's status counts: one key on both sides,
+    contract.REPORT_RESTARTS_IN_PLACE (the metric, contract.RESTARTS_IN_PLACE, is another name)."""
+    from ddp_trainer.reporting import report as trainer_report
+    from ddp_trainer.sync.verify import Tally
+
+    cause = "rank 1 exited 1: RuntimeError: boom"
+    facts = trainer_report.RunFacts(4, 2, 2, contract.FIRST_ATTEMPT, restarts_in_place=2, last_restart=cause)
+    tally = Tally(checks=3, last_check_step=4, last_check_ok=True)
+    _, written_report = trainer_report.finished(tally, facts, 4, "digest")
+    message = trainer_report.termination_message(written_report)
+    report = contract.parse_report(message)
+    assert report is not None
+    assert (report[contract.REPORT_RESTARTS_IN_PLACE], report[contract.REPORT_LAST_RESTART]) == (2, cause)
+
+    spec = parse(_job("inplace"))
+    job = render.render_job(spec, contract.FIRST_ATTEMPT)
+    job["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+    previous = {"attempt": contract.FIRST_ATTEMPT, "phase": "Running", "startTime": "2026-01-01T00:00:00Z"}
+    body = {**_job("inplace"), "status": previous}
+    now = dt.datetime(2026, 1, 1, 0, 1, tzinfo=dt.UTC)
+    written = decision.decide_for(body, [job], [_pod_with_report(job, message, 0)], now).status
+    assert written["phase"] == "Succeeded"
+    assert (written["restarts"], written[status.RESTARTS_IN_PLACE_FIELD]) == (2, 2)
+    last = written[status.LAST_RESTART_FIELD]
+    assert (last["kind"], last["inAttempt"]) == (status.IN_PLACE, 2) and cause in last["message"]
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [

@@ -433,6 +433,11 @@ class Failure(TypedDict, total=False):
 
 SYNC_STATUS_KEYS: Final = ("verified", "checks", "mismatches", "repairs", "lastCheckStep")
 """The report's keys that the operator copies into ``status.sync``."""
+REPORT_RESTARTS_IN_PLACE: Final = "restartsInPlace"
+"""The report's key of :attr:`Report.restartsInPlace`, which the operator and local mode read back (the
+metric is :data:`RESTARTS_IN_PLACE`)."""
+REPORT_LAST_RESTART: Final = "lastRestart"
+"""The report's key of :attr:`Report.lastRestart`."""
 
 
 def parse_report(text: str | None) -> Report | None:

@@ -107,7 +107,7 @@ def decide_for(
     used = restarts.restarts_used(
         facts.attempt,
         status.count(previous.get("preemptions")),
-        status.count(previous.get(status.RESTARTS_IN_PLACE)),
+        status.count(previous.get(status.RESTARTS_IN_PLACE_FIELD)),
     )
     # where the compute probe found a faulty rank, and where GPUs are marked unhealthy (--node-health)
     avoid = list(dict.fromkeys([*status.avoided_nodes(previous), *sorted(unhealthy or {})]))
@@ -257,9 +257,9 @@ def _in_place(inputs: Inputs) -> tuple[int, str]:
     seen, cause = 0, ""
     if snapshot is not None and snapshot.attempt == attempt and snapshot.latest is not None:
         seen, cause = snapshot.latest.restarts_in_place, snapshot.latest.restart_cause
-    said = report.get("restartsInPlace")
+    said = report.get(contract.REPORT_RESTARTS_IN_PLACE)
     if report.get("attempt") == attempt and isinstance(said, int) and said > seen:
-        seen, cause = said, str(report.get("lastRestart") or cause)
+        seen, cause = said, str(report.get(contract.REPORT_LAST_RESTART) or cause)
     return seen, cause
 
 
@@ -365,7 +365,7 @@ def _end_attempt(
     DDPJob fails (deleting ``job`` too when its pods still run: ``stop``)."""
     attempt = inputs.facts.attempt
     preemptions = status.count(inputs.previous.get("preemptions"))
-    in_place = status.count(out.values.get(status.RESTARTS_IN_PLACE))
+    in_place = status.count(out.values.get(status.RESTARTS_IN_PLACE_FIELD))
     decision = restarts.decide(outcome, attempt, inputs.spec.max_restarts, preemptions, in_place)
     status.checkpoint_events(out, inputs.facts.report)
     faulty: tuple[tuple[str, str, str], ...] = ()

@@ -122,7 +122,7 @@ def begin(
     out.values.update(
         attempt=attempt,
         # derived from the attempt and the restarts in place the pods reported, never counted apart
-        restarts=restarts.shown(attempt, count(previous.get(RESTARTS_IN_PLACE))),
+        restarts=restarts.shown(attempt, count(previous.get(RESTARTS_IN_PLACE_FIELD))),
         observedGeneration=generation,
         startTime=previous.get("startTime") or out.now,
         readyNodes=0,
@@ -136,8 +136,8 @@ def begin(
         "kueue",
         "elastic",  # an elastic job's size and resizes (decide.resize), kept once the Job has finished
         "selector",
-        RESTARTS_IN_PLACE,
-        LAST_RESTART,
+        RESTARTS_IN_PLACE_FIELD,
+        LAST_RESTART_FIELD,
     ):
         if previous.get(kept):
             out.values[kept] = previous[kept]
@@ -159,8 +159,12 @@ def begin(
 
 # -- gang restarts ------------------------------------------------------------------------------------
 
-RESTARTS_IN_PLACE = "restartsInPlace"
-LAST_RESTART = "lastRestart"
+RESTARTS_IN_PLACE_FIELD = "restartsInPlace"
+"""``status.restartsInPlace``: the job's gang restarts done in place, over all its attempts (each attempt's
+count is its pods' report, :data:`ddp_trainer.contract.REPORT_RESTARTS_IN_PLACE`, or their metric)."""
+LAST_RESTART_FIELD = "lastRestart"
+"""``status.lastRestart``: the last gang restart, in place or by a new Job (its kind, attempt, reason and
+message)."""
 IN_PLACE, RECREATE = "InPlace", "Recreate"
 RESTARTED_IN_PLACE = reasons.RESTARTED_IN_PLACE
 """The reason (and the event's) of a gang restart done in place."""
@@ -168,7 +172,7 @@ RESTARTED_IN_PLACE = reasons.RESTARTED_IN_PLACE
 
 def in_place_so_far(previous: Mapping[str, Any], attempt: int) -> int:
     """The restarts in place of ``attempt`` the status already counts."""
-    last = previous.get(LAST_RESTART)
+    last = previous.get(LAST_RESTART_FIELD)
     if isinstance(last, Mapping) and last.get("kind") == IN_PLACE and last.get("attempt") == attempt:
         return count(last.get("inAttempt"))
     return 0
@@ -181,15 +185,15 @@ def restarted_in_place(out: StatusBuilder, attempt: int, seen: int, cause: str, 
     known = in_place_so_far(out.previous, attempt)
     if seen <= known:
         return
-    total = count(out.values.get(RESTARTS_IN_PLACE)) + seen - known
-    out.values[RESTARTS_IN_PLACE] = total
+    total = count(out.values.get(RESTARTS_IN_PLACE_FIELD)) + seen - known
+    out.values[RESTARTS_IN_PLACE_FIELD] = total
     out.values["restarts"] = count(out.values.get("restarts")) + seen - known
     why = cause or "a process failed"
     message = (
         f"attempt {attempt}: gang restarted in place ({seen} in this attempt, {out.values['restarts']} of "
         f"maxRestarts {max_restarts} used): {why}; same pods, resuming from the last checkpoint"
     )
-    out.values[LAST_RESTART] = {
+    out.values[LAST_RESTART_FIELD] = {
         "kind": IN_PLACE,
         "attempt": attempt,
         "inAttempt": seen,
@@ -202,7 +206,7 @@ def restarted_in_place(out: StatusBuilder, attempt: int, seen: int, cause: str, 
 
 def recreated(out: StatusBuilder, attempt: int, reason: str, message: str) -> None:
     """The gang restarts as ``attempt`` (a new Job and new pods)."""
-    out.values[LAST_RESTART] = {
+    out.values[LAST_RESTART_FIELD] = {
         "kind": RECREATE,
         "attempt": attempt,
         "reason": reason,

@@ -16,7 +16,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ddp_operator.decide.plan import Plan
-from ddp_operator.decide.status import PHASES, TERMINAL
+from ddp_operator.decide.status import PHASES, RESTARTS_IN_PLACE_FIELD, TERMINAL
 from ddp_trainer import contract
 
 JOBS_HELP = "DDPJobs this operator watches, by phase."
@@ -187,8 +187,8 @@ def observe_plan(body: Mapping[str, Any], plan: Plan) -> None:
     after = int(plan.status.get("restarts") or 0)
     if after > before:
         GANG_RESTARTS.labels(body["metadata"]["namespace"]).inc(after - before)
-    before = int((body.get("status") or {}).get("restartsInPlace") or 0)
-    after = int(plan.status.get("restartsInPlace") or 0)
+    before = int((body.get("status") or {}).get(RESTARTS_IN_PLACE_FIELD) or 0)
+    after = int(plan.status.get(RESTARTS_IN_PLACE_FIELD) or 0)
     if after > before:
         GANG_RESTARTS_IN_PLACE.labels(body["metadata"]["namespace"]).inc(after - before)
     old = (body.get("status") or {}).get("elastic") or {}

@@ -77,8 +77,8 @@ def build(
     if facts.skipped_checkpoints:
         report["skippedCheckpoints"] = list(facts.skipped_checkpoints)
     if facts.restarts_in_place:
-        report["restartsInPlace"] = facts.restarts_in_place
-        report["lastRestart"] = facts.last_restart[:512]
+        report[contract.REPORT_RESTARTS_IN_PLACE] = facts.restarts_in_place
+        report[contract.REPORT_LAST_RESTART] = facts.last_restart[:512]
     return report
 
 
