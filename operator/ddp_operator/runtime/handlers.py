@@ -21,8 +21,7 @@ import kubernetes
 from ddp_operator.api import crd, names
 from ddp_operator.decide.status import finished
 from ddp_operator.observe import kueue, nodehealth
-from ddp_operator.runtime import heap, nodes, opmetrics
-from ddp_operator.runtime import reconcile as reconciler
+from ddp_operator.runtime import heap, nodes, opmetrics, reconcile
 from ddp_operator.runtime.lease import Elector
 from ddp_operator.runtime.recent import Recent
 from ddp_operator.runtime.scraper import Scraper
@@ -67,7 +66,9 @@ def _tick(key: Key) -> None:
     for body in list(_KOPF["ddpjob_bodies"].get(key, []))[:1]:
         if _watched(body.get("spec") or {}, body.get("status") or {}):
             logger = kopf.ObjectLogger(body=kopf.Body(body), settings=_KOPF["settings"])
-            reconcile(key, logger=logger, by_timer=True, **{name: _KOPF[name] for name in INDEXES})
+            reconcile_from_indexes(
+                key, logger=logger, by_timer=True, **{name: _KOPF[name] for name in INDEXES}
+            )
 
 
 TIMER = Ticker(
@@ -159,7 +160,7 @@ def ddpjob_store_pods(
 @kopf.on.event("v1", "pods", labels=STORES)
 def on_store_pod(namespace: str | None, labels: kopf.Labels, **kwargs: Any) -> None:
     """A store pod changed (scheduled, serving, lost): the DDPJob's ``RendezvousStoreReady`` says so."""
-    reconcile(_owner(namespace, labels), **kwargs)
+    reconcile_from_indexes(_owner(namespace, labels), **kwargs)
 
 
 def _owned_by_job(body: kopf.Body, **_: Any) -> bool:
@@ -181,7 +182,7 @@ def on_workload(namespace: str | None, body: kopf.Body, **kwargs: Any) -> None:
     a DDPJob of that name whose Jobs are not the owner finds no Workload of its own and decides as before)."""
     owner = ((namespace or ""), (kueue.owner_job(body) or "").rpartition("-")[0])
     if owner[1] and owner in kwargs["ddpjob_bodies"]:
-        reconcile(owner, **kwargs)
+        reconcile_from_indexes(owner, **kwargs)
 
 
 def _owner(namespace: str | None, labels: kopf.Labels) -> Key:
@@ -196,7 +197,7 @@ def on_ddpjob(namespace: str | None, name: str, type: str, **kwargs: Any) -> Non
         opmetrics.WATCHED.watch(kwargs["ddpjob_bodies"])  # ddpjob_jobs and ddpjob_job_info, read at a scrape
         TIMER.start(contextvars.copy_context())  # Kopf's context: kopf.event works from the timer's thread
     if type != "DELETED":
-        reconcile((namespace or "", name), **kwargs)
+        reconcile_from_indexes((namespace or "", name), **kwargs)
     else:
         SCRAPER.forget((namespace or "", name))
         RECENT.forget((namespace or "", name))
@@ -205,7 +206,7 @@ def on_ddpjob(namespace: str | None, name: str, type: str, **kwargs: Any) -> Non
 
 @kopf.on.event("batch", "v1", "jobs", labels=ATTEMPTS)
 def on_job(namespace: str | None, labels: kopf.Labels, **kwargs: Any) -> None:
-    reconcile(_owner(namespace, labels), **kwargs)
+    reconcile_from_indexes(_owner(namespace, labels), **kwargs)
 
 
 @kopf.on.event("v1", "pods", labels=ATTEMPTS)
@@ -213,7 +214,7 @@ def on_pod(namespace: str | None, labels: kopf.Labels, type: str, body: kopf.Bod
     key = _owner(namespace, labels)
     if type == "DELETED":  # the index has dropped it: its last state may be rank 0's only report
         RECENT.pod_deleted(key, slim_pod(body), time.monotonic())
-    reconcile(key, **kwargs)
+    reconcile_from_indexes(key, **kwargs)
 
 
 def _watched(spec: Any, status: Any) -> bool:
@@ -221,14 +222,14 @@ def _watched(spec: Any, status: Any) -> bool:
     return not finished(status) or spec.get("ttlSecondsAfterFinished") is not None
 
 
-def reconcile(
+def reconcile_from_indexes(
     key: Key,
     *,
     ddpjob_bodies: kopf.Index[Key, dict[str, Any]],
     ddpjob_jobs: kopf.Index[Key, dict[str, Any]],
     ddpjob_pods: kopf.Index[Key, dict[str, Any]],
     ddpjob_workloads: kopf.Index[Key, dict[str, Any]],
-    logger: reconciler.Logger,
+    logger: reconcile.Logger,
     ddpjob_store_pods: kopf.Index[Key, dict[str, Any]] | None = None,
     by_timer: bool = False,
     **kwargs: Any,
@@ -249,7 +250,7 @@ def reconcile(
                     workloads[name] = workload
             unhealthy = _unhealthy_nodes(kwargs.get("ddpjob_unhealthy_nodes"))
             stores = list(ddpjob_store_pods.get(key, [])) if ddpjob_store_pods is not None else []
-            reconciler.reconcile(body, jobs, pods, logger, SCRAPER, RECENT, workloads, unhealthy, stores)
+            reconcile.reconcile(body, jobs, pods, logger, SCRAPER, RECENT, workloads, unhealthy, stores)
 
 
 def _unhealthy_nodes(index: kopf.Index[str, str] | None) -> dict[str, str]:
@@ -274,4 +275,4 @@ def enable_node_health(rules: nodehealth.Rules) -> None:
     kopf.index("v1", "nodes", id="ddpjob_unhealthy_nodes")(ddpjob_unhealthy_nodes)
     kopf.on.event("v1", "nodes", id="on_node_health")(on_node)
     INDEXES.append("ddpjob_unhealthy_nodes")
-    reconciler.MARK_FAULTY_NODES = True
+    reconcile.MARK_FAULTY_NODES = True

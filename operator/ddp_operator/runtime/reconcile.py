@@ -22,8 +22,7 @@ from kubernetes.client.exceptions import ApiException
 from ddp_operator.api import crd, reasons
 from ddp_operator.decide.decision import decide_for, refused
 from ddp_operator.decide.plan import Plan
-from ddp_operator.runtime import nodes as node_writes
-from ddp_operator.runtime import opmetrics
+from ddp_operator.runtime import nodes, opmetrics
 from ddp_operator.runtime.reads import api_client, ignore, read_claim, read_events, read_missing
 from ddp_operator.runtime.recent import Recent
 from ddp_operator.runtime.scraper import Scraper
@@ -197,14 +196,14 @@ def carry_out(body: Mapping[str, Any], plan: Plan, logger: Logger, recent: Recen
     if created := _create_children(namespace, plan, logger):
         recent.created(key, created, time.monotonic())
     if plan.resize_job is not None:  # an elastic job: the same Indexed Job, another size
-        job_name, nodes = plan.resize_job
-        size = {"spec": {"completions": nodes, "parallelism": nodes}}
+        job_name, node_count = plan.resize_job
+        size = {"spec": {"completions": node_count, "parallelism": node_count}}
         ignore((404,), batch.patch_namespaced_job, job_name, namespace, size)
     if plan.suspend_job is not None:
         job_name, suspend = plan.suspend_job
         ignore((404,), batch.patch_namespaced_job, job_name, namespace, {"spec": {"suspend": suspend}})
     for node, device, message in plan.mark_faulty if MARK_FAULTY_NODES else ():
-        if failed := node_writes.mark_faulty(node, device, message, f"DDPJob {namespace}/{name}"):
+        if failed := nodes.mark_faulty(node, device, message, f"DDPJob {namespace}/{name}"):
             _event(body, "Warning", reasons.NODE_NOT_MARKED, failed)
     if plan.status != body.get("status"):
         patch = {"status": merge_patch(body.get("status") or {}, plan.status)}

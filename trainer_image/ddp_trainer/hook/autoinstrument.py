@@ -187,16 +187,16 @@ class AutoSync:
         code, which an exit handler cannot otherwise change), or the one line for a process that trained
         no DDP model."""
         if self.state == "checking":
-            from ddp_trainer.core import inplace as launcher
+            from ddp_trainer.core import inplace
 
             self.state = "done"
             try:
                 self.health.close(collective=dist.is_available() and dist.is_initialized())
             except SystemExit as stop:  # a divergence under Fail: the report is written
-                launcher.exit_now(stop.code if isinstance(stop.code, int) else 1)
+                inplace.exit_now(stop.code if isinstance(stop.code, int) else 1)
             except Exception as error:  # ranks that do not end together: the report says so
                 print(f"{PREFIX}: {type(error).__name__}: {error}", file=sys.stderr)
-                launcher.exit_now(1)
+                inplace.exit_now(1)
         elif self.state == "sharded":
             nothing_replicated_report()
         elif self.state == "waiting" and (self.distributed or "TORCHELASTIC_RUN_ID" in os.environ):

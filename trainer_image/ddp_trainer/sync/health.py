@@ -49,8 +49,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_trainer import contract
-from ddp_trainer.core import inplace as launcher
-from ddp_trainer.core import wrappers
+from ddp_trainer.core import inplace, wrappers
 from ddp_trainer.core.config import PodEnv, read_pod_env
 from ddp_trainer.core.distributed import LaunchEnv, metrics_dir, read_launch_env, settle_gloo_at_exit
 from ddp_trainer.core.lossread import LossReader
@@ -82,7 +81,7 @@ def _verdict_exit(code: int) -> SystemExit:
     gloo: "terminate called without an active exception", SIGABRT), and the launcher would then report
     the abort instead of the verdict."""
     if "TORCHELASTIC_RUN_ID" in os.environ:
-        atexit.register(launcher.exit_now, code)
+        atexit.register(inplace.exit_now, code)
     return SystemExit(code)
 
 
@@ -411,14 +410,14 @@ class SyncHealth:
             logging.shutdown()
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def _restarts(self, environ: Mapping[str, str]) -> launcher.LaunchState:
+    def _restarts(self, environ: Mapping[str, str]) -> inplace.LaunchState:
         """This attempt's restarts in place as the whole gang knows them: each pod's launcher saw only its
         own side (the failing rank's cause on its pod, "another node" elsewhere), so under a launcher the
         ranks share theirs (one small all-gather at start) and keep the cause that names a rank best."""
-        own = launcher.read_state(environ)
+        own = inplace.read_state(environ)
         if contract.LAUNCH_STATE_ENV not in environ or self.peers is None:
             return own
-        states: list[launcher.LaunchState | None] = [None] * dist.get_world_size(self.peers)
+        states: list[inplace.LaunchState | None] = [None] * dist.get_world_size(self.peers)
         dist.all_gather_object(states, own, group=self.peers)
         known = [state for state in states if state is not None]
         count = max(state.restarts for state in known)
@@ -426,11 +425,11 @@ class SyncHealth:
         best = min(latest, key=lambda state: contract.blame(state.cause))
         if count and self.rank == 0:
             log.warning("gang restart in place %d of this attempt: %s", count, best.cause)
-        return launcher.LaunchState(count, best.cause, min(state.at for state in latest))
+        return inplace.LaunchState(count, best.cause, min(state.at for state in latest))
 
     def _first_run(self) -> bool:
         """The first run of attempt 1 (no gang restart of either kind yet): when the recovery drill fires."""
-        restarts = launcher.read_state(os.environ).restarts
+        restarts = inplace.read_state(os.environ).restarts
         return self.pod.attempt == contract.FIRST_ATTEMPT and not restarts
 
     def _checked(self, kind: CheckKind) -> None:

@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddp_trainer import contract
 from ddp_trainer.checkpoint import checkpoints, provenance
-from ddp_trainer.core import inplace as launcher
+from ddp_trainer.core import inplace
 from ddp_trainer.core.config import PodEnv, TrainerConfig
 from ddp_trainer.core.distributed import LaunchEnv
 from ddp_trainer.core.state import TrainState
@@ -251,7 +251,7 @@ class Session:
     def facts(self) -> report.RunFacts:
         """What the report states beside the tally."""
         step = self.state.step if self.state is not None else 0
-        restarted = self.health.restart if self.health is not None else launcher.read_state(os.environ)
+        restarted = self.health.restart if self.health is not None else inplace.read_state(os.environ)
         return report.RunFacts(
             step,
             self.launch.world_size,

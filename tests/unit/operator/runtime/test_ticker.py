@@ -162,7 +162,7 @@ def test_the_timer_leaves_alone_a_ddpjob_an_event_just_reconciled_and_not_one_it
     for name in handlers.INDEXES:
         monkeypatch.setitem(handlers._KOPF, name, {key: [running]} if name == "ddpjob_bodies" else {})
     calls: list[bool] = []
-    monkeypatch.setattr(handlers.reconciler, "reconcile", lambda *_: calls.append(True))
+    monkeypatch.setattr(handlers.reconcile, "reconcile", lambda *_: calls.append(True))
     monkeypatch.setitem(handlers._LAST, key, time.monotonic())  # an event's reconcile, just now
     handlers._tick(key)
     assert calls == []
