@@ -133,7 +133,7 @@ def run(
                 console.say(
                     f"ddpjob local: {spec.name}: attempt {attempt} restarted its gang in place "
                     f"{now_in_place} time(s) in the same pods (last: "
-                    f"{(outcome.report or {}).get('lastRestart', 'a process failed')})"
+                    f"{(outcome.report or {}).get(contract.REPORT_LAST_RESTART, 'a process failed')})"
                 )
             if interrupt.count:
                 host.write_state(run_dir, "Interrupted")
@@ -159,7 +159,7 @@ def run(
 
 def _in_place(report: Mapping[str, Any] | None, attempt: int) -> int:
     """The gang restarts done in place during ``attempt``, as rank 0's report says."""
-    said = (report or {}).get("restartsInPlace")
+    said = (report or {}).get(contract.REPORT_RESTARTS_IN_PLACE)
     return said if (report or {}).get("attempt") == attempt and isinstance(said, int) and said > 0 else 0
 
 
