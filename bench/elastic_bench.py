@@ -64,6 +64,11 @@ import paired
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+# the packages from this checkout, and tests/helpers: a pod's processes are found as the tests find them
+sys.path[:0] = [str(REPO / "operator"), str(REPO / "trainer_image"), str(REPO / "tests")]
+
+from helpers.local_jobs import pod_pids  # noqa: E402
+
 FIRST_STEP = re.compile(
     r"^(\S+ \S+) \[rank 0\] INFO first optimizer step of this run: step (\d+)(?: \(resumed from (\d+)\))?"
 )
@@ -95,33 +100,17 @@ def _doc(name: str, nodes: int, steps: int, elastic: bool) -> dict[str, Any]:
 
 
 def _rank0_step(port: int) -> int:
-    sys.path[:0] = [str(REPO / "operator"), str(REPO / "trainer_image")]
     from ddp_operator.observe import progress
 
     text = progress.scrape(port)
     return progress.parse([text]).step if text else -1
 
 
-def _pod_pids(job: str, node_rank: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            raw = (entry / "environ").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        env = dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
-        if env.get("DDPJOB_NAME") == job and env.get("NODE_RANK") == str(node_rank):
-            found.append(int(entry.name))
-    return found
-
-
 def _signal_pod(job: str, node_rank: int, sig: signal.Signals) -> list[int]:
     """``sig`` to every process of pod ``node_rank``, scanning again until no new one shows (a worker its
     launcher started meanwhile); the PIDs signalled."""
     done: list[int] = []
-    while new := [pid for pid in _pod_pids(job, node_rank) if pid not in done]:
+    while new := [pid for pid in pod_pids(job, node_rank) if pid not in done]:
         for pid in new:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
