@@ -5,6 +5,7 @@ fail, the contract imports nothing but the standard library, modules stay small 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import textwrap
@@ -103,6 +104,46 @@ def test_lint_imports_fails_on_an_import_against_the_layers(tmp_path: Path) -> N
     run = subprocess.run([str(lint), "--no-cache"], cwd=tmp_path, capture_output=True, text=True)
     assert run.returncode == 1, run.stdout + run.stderr
     assert "house.lower is not allowed to import house.upper" in run.stdout
+
+
+def _documented_modules(text: str) -> dict[str, set[str]]:
+    """The modules docs/architecture.md's tables name, by the folder whose heading they sit under (a
+    heading's first backticked name: `ddp_operator/api/`, `ddp_operator.local`, `ddp_trainer/`). A row's
+    first cell names modules (`model`, `data`, `bootstrap/sitecustomize.py`); a row whose first cell is a
+    folder (`fingerprints/`) names that folder's modules anywhere in the row."""
+    sections: dict[str, set[str]] = {}
+    folder = None
+    for line in text.splitlines():
+        if line.startswith("#"):
+            tokens = re.findall(r"`([^`]+)`", line)
+            first = tokens[0].replace(".", "/").rstrip("/") if tokens else ""
+            folder = first if first.split("/")[0] in ROOTS else None
+            continue
+        if folder is None or not line.startswith("|"):
+            continue
+        names = sections.setdefault(folder, set())
+        for head in re.findall(r"`([^`]+)`", line.strip("|").split("|")[0]):
+            if head.endswith("/"):
+                names |= {head + token for token in re.findall(r"`([^`]+)`", line) if token != head}
+            names.add(head.removesuffix(".py").rstrip("/"))
+    return sections
+
+
+def test_the_architecture_tables_name_every_module() -> None:
+    """Each module has a row in docs/architecture.md, in the table of its folder (or of the nearest folder
+    above it that has one), so that the tables say where everything lives."""
+    sections = _documented_modules((REPO / "docs" / "architecture.md").read_text())
+    missing = []
+    for package, root in ROOTS.items():
+        for path in sorted(root.rglob("*.py")):
+            if path.name == "__init__.py":
+                continue
+            parts = (package, *path.relative_to(root).with_suffix("").parts)
+            homes = [i for i in range(len(parts) - 1, 0, -1) if "/".join(parts[:i]) in sections]
+            home = homes[0] if homes else 1
+            if "/".join(parts[home:]) not in sections.get("/".join(parts[:home]), set()):
+                missing.append(f"{'/'.join(parts)} (in the table of {'/'.join(parts[:home])}/)")
+    assert not missing, "docs/architecture.md has no row for: " + ", ".join(missing)
 
 
 TEST_ROOTS = (REPO / "tests", REPO / "testcluster" / "tests")

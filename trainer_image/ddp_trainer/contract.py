@@ -281,14 +281,14 @@ Reserved for divergence: nothing else in the trainer exits with 86."""
 CHECKPOINT_REFUSED_EXIT_CODE: Final = 78
 """The checkpoint volume holds another job's checkpoint, or this job's written with other settings, or the
 object store refused the trainer (report reason :data:`FOREIGN_CHECKPOINT`, :data:`SETTINGS_CHANGED` or
-:data:`CHECKPOINT_STORAGE_REFUSED`): a configuration error that no
-restart can fix, so the operator fails the DDPJob at once. 78 is ``EX_CONFIG`` of ``sysexits.h``; not
-argparse's 2, which other tools in a container exit with for their own reasons."""
+:data:`CHECKPOINT_STORAGE_REFUSED`): a configuration error that no restart can fix, so the operator fails the
+DDPJob at once. 78 is ``EX_CONFIG`` of ``sysexits.h``; not argparse's 2, which other tools in a container exit
+with for their own reasons."""
 CONFIGURATION_EXIT_CODES: Final = (USAGE_EXIT_CODE, CHECKPOINT_REFUSED_EXIT_CODE)
 """Exit codes that mean "configuration": the same pod can never succeed, so the DDPJob fails at once without
 using up gang restarts. The Indexed Job's ``podFailurePolicy`` says ``FailJob`` on them; ``ddpjob local``
-follows the same ``policy.decide``. torchrun exits 1 whatever its worker's code, so the trainer also says
-it in its report (:data:`CONFIGURATION_REASONS`)."""
+follows the same rule (``ddp_operator.decide.restarts.decide``). torchrun exits 1 whatever its worker's
+code, so the trainer also says it in its report (:data:`CONFIGURATION_REASONS`)."""
 FAULTY_RANK_EXIT_CODE: Final = 87
 """The compute probe named a rank whose arithmetic differs from its peers' and ``onFaultyRank`` was
 ``Fail`` (report reason :data:`FAULTY_RANK`): the operator restarts the gang away from that rank's node."""

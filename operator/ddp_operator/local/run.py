@@ -1,9 +1,9 @@
 """The I/O edge of ``ddpjob local``: start the pods of each attempt, watch them, report, restart or stop.
 
 Everything it decides comes from pure functions: ``processes.local_pods`` (what runs), ``restarts.decide``
-(what
-happens after an attempt) and ``progress`` (what a person sees). Long because it is local mode's one loop:
-start, watch, report, restart (in place or as a new attempt) or stop, and the sync hook's init container.
+(what happens after an attempt) and ``progress`` (what a person sees). Long because it is local mode's one
+loop: start, watch, report, restart (in place or as a new attempt) or stop, and the sync hook's init
+container.
 """
 
 from __future__ import annotations

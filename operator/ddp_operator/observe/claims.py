@@ -1,15 +1,14 @@
 """Why the checkpoint claim keeps the pods from starting: the claim as the API server has it and the
 events the cluster posted about it → the claim's name, the cause the cluster gives and the fix. Pure.
 
-The API server says little on the claim itself (``status.phase: Pending``, no condition); the causes are
-in what the claim lacks (a StorageClass: the cluster has no default one) and in the events the volume
-controllers post: the PersistentVolume controller's ``FailedBinding`` and ``ProvisioningFailed`` (with
-the provisioner's own message: an access mode its class cannot give, a class that does not exist), and
-the attach/detach controller's ``FailedAttachVolume`` on a pod (``Multi-Attach``: a ReadWriteOnce
-volume already attached to another node). :mod:`ddp_operator.runtime.reconcile` reads the claim and those
-events
-(:func:`claim_to_read` says when: a job whose pods are not all ready yet), :mod:`ddp_operator.decide.decision`
-puts the :class:`Diagnosis` in the ``Ready`` condition, and the phase's event carries it.
+The API server says little on the claim itself (``status.phase: Pending``, no condition); the causes are in
+what the claim lacks (a StorageClass: the cluster has no default one) and in the events the volume controllers
+post: the PersistentVolume controller's ``FailedBinding`` and ``ProvisioningFailed`` (with the provisioner's
+own message: an access mode its class cannot give, a class that does not exist), and the attach/detach
+controller's ``FailedAttachVolume`` on a pod (``Multi-Attach``: a ReadWriteOnce volume already attached to
+another node). :mod:`ddp_operator.runtime.reconcile` reads the claim and those events (:func:`claim_to_read`
+says when: a job whose pods are not all ready yet), :mod:`ddp_operator.decide.decision` puts the
+:class:`Diagnosis` in the ``Ready`` condition, and the phase's event carries it.
 """
 
 from __future__ import annotations

@@ -2,10 +2,9 @@
 
 Every rank of a user's command that ends with an exception records it, with the time, in its pod's report
 (``ddp_trainer.reporting.report.record_failure``, done by the no-code hook). When one rank raises, its peers
-fail a
-moment later in their next collective ("Connection closed by peer", a gloo or NCCL timeout): those are
-consequences. The cause is the earliest failure that is not such a consequence (the earliest of all when
-every one is), across every pod of the attempt.
+fail a moment later in their next collective ("Connection closed by peer", a gloo or NCCL timeout): those are
+consequences. The cause is the earliest failure that is not such a consequence (the earliest of all when every
+one is), across every pod of the attempt.
 """
 
 from __future__ import annotations

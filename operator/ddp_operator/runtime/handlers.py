@@ -2,8 +2,9 @@
 
 Every DDPJob is reconciled from three in-memory indexes (its own body, its batch Jobs, its pods), whenever
 any of them changes and on a timer (:mod:`ticker`, the operator's own: Kopf's timer would put a finalizer on
-every DDPJob), so status always comes from what exists: :mod:`observe` reads the
-children into facts, :mod:`reconcile` decides (pure), :mod:`apply` carries the plan out (idempotent).
+every DDPJob), so status always comes from what exists: :mod:`reconcile` reads what the indexes lack,
+:mod:`ddp_operator.decide.decision` observes the children into facts and decides (pure), and
+:mod:`reconcile` carries the plan out (idempotent).
 """
 
 from __future__ import annotations

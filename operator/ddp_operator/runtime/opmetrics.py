@@ -48,9 +48,8 @@ FAMILIES = (
     "ddpjob_gang_restarts",
     "ddpjob_gang_restarts_in_place",
 )
-"""Every family this module exports (tests/integration/monitoring reads it:
-the dashboard and the alerts query only
-these, and a real Prometheus scraping the operator sees each)."""
+"""Every family this module exports (tests/integration/monitoring reads it: the dashboard and the alerts query
+only these, and a real Prometheus scraping the operator sees each)."""
 Bodies = Mapping[Any, Iterable[Mapping[str, Any]]]
 
 

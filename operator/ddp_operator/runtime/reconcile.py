@@ -44,11 +44,10 @@ def reconcile(
     store_pods: Sequence[Mapping[str, Any]] = (),
 ) -> None:
     """Decide (pure) and carry out the plan for one DDPJob; record the reconcile's metrics. ``workloads``:
-    Kueue's Workloads of its Jobs, by Job name. ``scraper``
-    holds the latest reading of the pods' metrics and takes the plan's next read (in the background);
-    ``recent`` holds what earlier reconciles wrote that ``body`` and ``jobs`` (the indexes) lack;
-    ``unhealthy``: the nodes whose GPUs are marked unhealthy (``--node-health``), which new attempts avoid;
-    ``store_pods``: an elastic job's rendezvous store pods."""
+    Kueue's Workloads of its Jobs, by Job name. ``scraper`` holds the latest reading of the pods' metrics and
+    takes the plan's next read (in the background); ``recent`` holds what earlier reconciles wrote that
+    ``body`` and ``jobs`` (the indexes) lack; ``unhealthy``: the nodes whose GPUs are marked unhealthy
+    (``--node-health``), which new attempts avoid; ``store_pods``: an elastic job's rendezvous store pods."""
     started = time.monotonic()
     result = "error"
     key = (body["metadata"].get("namespace") or "", body["metadata"]["name"])

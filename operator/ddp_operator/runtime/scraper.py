@@ -2,12 +2,12 @@
 :mod:`ddp_operator.observe.live`.
 
 A reconcile's plan names the pods to read (:attr:`~ddp_operator.decide.plan.Plan.scrape`);
-:meth:`Scraper.want`
-queues one read per job when the last is old enough and none is under way, and returns at once; a small
-thread pool does the reads (``http://<podIP>:<metricsPort>/metrics``, no token: the pod network, as a
-cluster's Prometheus reaches them); the next reconcile finds the :class:`~ddp_operator.observe.live.Snapshot`.
-Each read times out after :data:`TIMEOUT_SECONDS` and stops at :data:`progress.SIZE_LIMIT` bytes; a job
-whose pods did not answer in time is read again only after :data:`RETRY_SECONDS`.
+:meth:`Scraper.want` queues one read per job when the last is old enough and none is under way, and returns at
+once; a small thread pool does the reads (``http://<podIP>:<metricsPort>/metrics``, no token: the pod network,
+as a cluster's Prometheus reaches them); the next reconcile finds the
+:class:`~ddp_operator.observe.live.Snapshot`. Each read times out after :data:`TIMEOUT_SECONDS` and stops at
+:data:`progress.SIZE_LIMIT` bytes; a job whose pods did not answer in time is read again only after
+:data:`RETRY_SECONDS`.
 """
 
 from __future__ import annotations

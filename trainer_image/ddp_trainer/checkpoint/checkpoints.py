@@ -1,21 +1,18 @@
 """Checkpoints: atomic files (or objects) that say who wrote them, only of verified states, restored
 identically on every rank. Where they live is a :class:`~ddp_trainer.checkpoint.stores.Store`: a folder on a
-volume
-or a bucket prefix (:mod:`ddp_trainer.checkpoint.objectstore`); every guarantee below holds on both.
+volume or a bucket prefix (:mod:`ddp_trainer.checkpoint.objectstore`); every guarantee below holds on both.
 
 * Only global rank 0 writes, and only right after a sync check passed at that very step, so a
   checkpoint is never a diverged model; a divergence stops all saving until a check passes again.
 * A file is a header line (the writing DDPJob's namespace, name and uid, the settings that shape the
   model and its digest, the step, and a sha256 over all of it) and the torch payload: see
   :mod:`ddp_trainer.checkpoint.provenance`.
-* A save writes ``.step-XXXXXXXX.<job>.pt.tmp-<pid>``, fsyncs it and renames it to
-  ``step-XXXXXXXX.<job>.pt`` (``<job>`` is the DDPJob's name; none outside a DDPJob), atomic on POSIX: a
-  crash mid-save leaves the previous checkpoints untouched (object storage: one PUT, visible only
-  whole). Each step has its own file; a save at a step
-  that already has one of this job's files replaces it in one rename. Then this
-  job's files beyond the newest ``keep`` are removed, and so are this job's files of later steps (an
-  earlier attempt's files that this attempt passed over as corrupt). Another job's files are never
-  overwritten or removed.
+* A save writes ``.step-XXXXXXXX.<job>.pt.tmp-<pid>``, fsyncs it and renames it to ``step-XXXXXXXX.<job>.pt``
+  (``<job>`` is the DDPJob's name; none outside a DDPJob), atomic on POSIX: a crash mid-save leaves the
+  previous checkpoints untouched (object storage: one PUT, visible only whole). Each step has its own file; a
+  save at a step that already has one of this job's files replaces it in one rename. Then this job's files
+  beyond the newest ``keep`` are removed, and so are this job's files of later steps (an earlier attempt's
+  files that this attempt passed over as corrupt). Another job's files are never overwritten or removed.
 * Restore: rank 0 reads the files newest first, verifies each, and :func:`provenance.choose` decides
   (resume, warm start, refuse, or start fresh); the decision and the payload's bytes are broadcast, so
   every rank loads the same bytes. Pods that see a different (or empty) checkpoint volume still end with

@@ -83,11 +83,10 @@ def agree_stop(requested: bool) -> bool:
 
 
 class StopAgreement:
-    """:func:`agree_stop` at every step boundary without making the host wait for the GPU. On CUDA (NCCL)
-    each step's all_reduce is queued behind the step's kernels and its result read a step later
+    """:func:`agree_stop` at every step boundary without making the host wait for the GPU. On CUDA (NCCL) each
+    step's all_reduce is queued behind the step's kernels and its result read a step later
     (:class:`ddp_trainer.core.lossread.LateRead`): the call returns the *previous* step's agreement. Every
-    rank
-    reads the same reduced flag at the same step, so all stop together, one step after the request.
+    rank reads the same reduced flag at the same step, so all stop together, one step after the request.
     Elsewhere it is :func:`agree_stop` itself."""
 
     def __init__(self) -> None:

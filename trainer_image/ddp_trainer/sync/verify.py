@@ -36,8 +36,8 @@ CheckKind = Literal["initial", "periodic", "final", "repair"]
 
 class Subject(Protocol):
     """What a check reads: the model and the control state beside it
-    (:class:`ddp_trainer.core.state.TrainState`
-    is one; :class:`ddp_trainer.sync.health.SyncHealth` keeps one for a loop it does not own)."""
+    (:class:`ddp_trainer.core.state.TrainState` is one; :class:`ddp_trainer.sync.health.SyncHealth` keeps one
+    for a loop it does not own)."""
 
     @property
     def model(self) -> nn.Module: ...

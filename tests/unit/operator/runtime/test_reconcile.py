@@ -1,4 +1,4 @@
-"""reconcile.decide_for: every branch, from fabricated Jobs and pods shaped like the API server's."""
+"""decision.decide_for: every branch, from fabricated Jobs and pods shaped like the API server's."""
 
 from __future__ import annotations
 
