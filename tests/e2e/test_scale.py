@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from ddp_operator.local import elastic
-from helpers.e2e import Operator, children, get, slow_elastic_job, wait_phase
+from helpers.e2e import Operator, children, events, get, slow_elastic_job, stores, wait_phase
 from testcluster.fixtures import Cluster, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -26,7 +26,17 @@ def _scaled_to(cluster: Cluster, namespace: str, name: str, nodes: int) -> dict[
         sized = job["spec"]["parallelism"] == job["spec"]["completions"] == nodes
         return job if sized and status.get("elastic", {}).get("nodes") == nodes else None
 
-    return wait_for(there, what=f"{name} at {nodes} node(s)", timeout=240, every=0.5)
+    try:
+        return wait_for(there, what=f"{name} at {nodes} node(s)", timeout=240, every=0.5)
+    except AssertionError as exc:
+        told = []
+        for pod in children(cluster, namespace, "pods", name) + stores(cluster, namespace, "pods", name):
+            log = cluster.kubectl("logs", "-n", namespace, pod["metadata"]["name"], check=False).stdout
+            said = [line for line in log.splitlines() if "[launcher]" in line or "elastic:" in line]
+            told.append(
+                f"== {pod['metadata']['name']} ({pod['status'].get('phase')}):\n" + "\n".join(said[-12:])
+            )
+        raise AssertionError(f"{exc}\n" + "\n".join(told)) from None
 
 
 def _pod_uids(cluster: Cluster, namespace: str, index: str) -> list[str]:
@@ -60,7 +70,11 @@ def test_kubectl_scale_resizes_the_same_job_and_the_trainer_follows_without_a_re
     """2 → 3 → 1 by `kubectl scale`: the same Job (uid), one attempt, no restart; the trainer verifies a
     world of each size in turn, and pod 0 is never replaced: the pods scaled away leave at a step
     boundary (their SIGTERM) and the survivor re-rendezvous alone in the same pod. A slow model (30 ms a
-    forward), so that it trains through all of it."""
+    forward), so that it trains through all of it. In the world of 1, the rendezvous store's pod is
+    deleted (issue 54): its Job makes another, the DDPJob's ``RendezvousStoreReady`` says so (a Warning
+    ``StoreLost``, then a Normal ``Serving``), and the world trains on to the end, verified, through the new
+    store. (A resize *after* the store's replacement is not proven here: in this cluster it did not follow
+    the scale-down; see docs/operator.md.)"""
     # the node agents mount no hostPath: each pod checkpoints to its own emptyDir (the local test of a pod
     # taken away, and the real-node test of a lost node, resume from a shared volume)
     doc = slow_elastic_job("elastic")
@@ -75,11 +89,56 @@ def test_kubectl_scale_resizes_the_same_job_and_the_trainer_follows_without_a_re
     assert grown["metadata"]["uid"] == first["metadata"]["uid"]
     _verified_at(cluster, namespace, tmp_path, 3, after=seen)
     kept = _pod_uids(cluster, namespace, index="0")
+
     seen = len(_worlds(cluster, namespace, tmp_path))
     cluster.kubectl("scale", "ddpjob", "elastic", "-n", namespace, "--replicas=1")
     shrunk = _scaled_to(cluster, namespace, "elastic", 1)
     assert shrunk["metadata"]["uid"] == first["metadata"]["uid"]
     left_at = _verified_at(cluster, namespace, tmp_path, 1, after=seen)
+
+    # then the rendezvous store's pod is deleted (issue 54): its Job makes another (the store exits 143, a
+    # failed pod), the DDPJob says so, and the world of 1 trains on to the end through the new store
+    def store_condition() -> dict[str, Any]:
+        conditions = get(cluster, namespace, "elastic").get("status", {}).get("conditions", [])
+        found: dict[str, Any] = {c["type"]: c for c in conditions}.get("RendezvousStoreReady", {})
+        return found
+
+    serving = wait_for(
+        lambda: (found := store_condition()).get("status") == "True" and found,
+        what="RendezvousStoreReady True (Serving) in the world of 1",
+        timeout=60,
+        every=0.5,
+    )
+    assert serving["reason"] == "Serving", serving
+    before = len(_worlds(cluster, namespace, tmp_path))
+    (store,) = stores(cluster, namespace, "pods", "elastic")
+    cluster.kubectl("delete", "pod", "-n", namespace, store["metadata"]["name"], "--wait=false")
+
+    history: list[dict[str, Any]] = []  # the condition as it changed, for a failure's message
+
+    def serves_again() -> dict[str, Any] | None:
+        said = store_condition()
+        if not history or history[-1] != said:
+            history.append(said)
+        lost, back = (
+            events(cluster, namespace, "elastic", "StoreLost"),
+            events(cluster, namespace, "elastic", "Serving"),
+        )
+        return said if lost and back and said.get("status") == "True" else None
+
+    try:
+        said = wait_for(serves_again, what="StoreLost, then the store serving again", timeout=120, every=0.5)
+    except AssertionError as exc:
+        status = get(cluster, namespace, "elastic").get("status", {})
+        seen_events = cluster.kubectl("get", "events", "-n", namespace, check=False).stdout
+        pods = cluster.kubectl("get", "pods", "-n", namespace, "--show-labels", check=False).stdout
+        told = operator.log.read_text()[-4000:]
+        said = f"RendezvousStoreReady as it changed: {history}\n{seen_events}\n{pods}\n{told}"
+        raise AssertionError(f"{exc}\n{said}") from None
+    assert store["metadata"]["name"] not in said["message"], said  # the replacement serves
+    # no node was lost with the store: the world of 1 trains on, no smaller one, none lost
+    after_loss = _worlds(cluster, namespace, tmp_path)
+    assert all(size == 1 for size, _ in after_loss[before - 1 :]), (before, after_loss)
     worlds = _worlds(cluster, namespace, tmp_path)  # before the job ends (and its pods may go)
     print(f"worlds (size, step): {worlds}")
     done = wait_phase(cluster, namespace, "elastic", "Succeeded", "Failed", timeout=400)

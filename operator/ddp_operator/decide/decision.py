@@ -171,16 +171,15 @@ def _store_said(inputs: Inputs, plan: Plan) -> Plan:
     if (reading := inputs.store) is None or finished(plan.status):
         return plan
     kind = reasons.RENDEZVOUS_STORE_READY
-    old = {c.get("type"): c for c in inputs.previous.get("conditions", []) or []}.get(kind) or {}
+    before = ({c.get("type"): c for c in inputs.previous.get("conditions", []) or []}.get(kind) or {}).get(
+        "reason"
+    )
+    reading = store_health.since(reading, before)
     out = StatusBuilder(inputs.previous, stamp(inputs.now))
     out.condition(kind, reading.serving, reading.reason, reading.message)
-    if reading.fault and old.get("reason") != reading.reason:
+    if reading.fault and before != reading.reason:
         out.events.append(Event("Warning", reading.reason, reading.message))
-    elif reading.serving and old.get("reason") in (
-        store_health.LOST,
-        store_health.UNSCHEDULABLE,
-        store_health.CANNOT_START,
-    ):
+    elif reading.serving and before in store_health.FAULTS:
         out.events.append(
             Event("Normal", reading.reason, f"the rendezvous store serves again: {reading.message}")
         )

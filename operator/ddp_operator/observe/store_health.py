@@ -39,43 +39,67 @@ class StoreReading:
     @property
     def fault(self) -> bool:
         """Something the user may need to act on (not a store that is merely starting)."""
-        return self.reason in (UNSCHEDULABLE, CANNOT_START, LOST)
+        return self.reason in FAULTS
+
+
+FAULTS = (UNSCHEDULABLE, CANNOT_START, LOST)
+
+
+def since(reading: StoreReading, before: str | None) -> StoreReading:
+    """``reading`` as the condition says it after reason ``before``: a store that is still starting after a
+    fault keeps the fault's reason until it serves (the lost pod is gone from the API by then, and its
+    replacement only starts), so that serving again follows a fault, and is said as such."""
+    if reading.reason == STARTING and before in FAULTS:
+        return StoreReading(False, str(before), reading.message)
+    return reading
 
 
 def read(pods: Sequence[Mapping[str, Any]], attempt: int, job_name: str) -> StoreReading:
     """The store of ``attempt`` (its Job ``job_name``), from its pods as the API server returns them: the
-    newest one that is not being deleted speaks (the Job controller's replacement of a lost one); a store
-    whose every pod is gone or going is lost until the Job controller makes another."""
+    newest one that is not being deleted speaks (the Job controller's replacement of a lost one); while it
+    does not serve yet, an earlier pod of the attempt that failed or is being deleted: a lost store."""
     mine = [pod for pod in pods if attempt_of(pod) == attempt]
-    live = [pod for pod in mine if not (pod.get("metadata") or {}).get("deletionTimestamp")]
-    running = [pod for pod in live if (pod.get("status") or {}).get("phase") not in ("Failed", "Succeeded")]
-    if not running:
-        if not mine:
-            return StoreReading(
-                False, STARTING, f"the rendezvous store's Job {job_name} has no pod yet; {WAITS}"
-            )
-        last = _newest(mine)
-        gone = (last.get("status") or {}).get("phase") in ("Failed", "Succeeded")
-        state = str((last.get("status") or {}).get("phase")).lower() if gone else "being deleted"
-        said = (last.get("status") or {}).get("message") or (last.get("status") or {}).get("reason") or ""
-        why = f" ({said})" if said else ""
+    gone = [pod for pod in mine if _gone(pod)]
+    live = [pod for pod in mine if not _gone(pod)]
+    pod = _newest(live) if live else None
+    if pod is not None and ready(pod):
+        return StoreReading(True, SERVING, f"pod {_name(pod)} serves the rendezvous")
+    if pod is not None and (failed := startup.first_failure([pod])) is not None:
+        return StoreReading(False, CANNOT_START, f"the rendezvous store cannot start: {failed.said}; {WAITS}")
+    if pod is not None and (placed := unschedulable([pod])) is not None:
+        return StoreReading(
+            False,
+            UNSCHEDULABLE,
+            f"the rendezvous store's pod {_name(pod)} cannot be scheduled: {placed}; {WAITS}",
+        )
+    if gone:
+        last = _newest(gone)
+        status = last.get("status") or {}
+        state = str(status.get("phase")).lower() if _finished(last) else "being deleted"
+        said = f" ({why})" if (why := status.get("message") or status.get("reason")) else ""
+        then = (
+            f"its replacement {_name(pod)} is starting"
+            if pod is not None
+            else f"its Job {job_name} starts another"
+        )
         return StoreReading(
             False,
             LOST,
-            f"the rendezvous store's pod {_name(last)} is {state}{why}; its Job {job_name} starts another, "
-            f"which starts empty and is given the round back by the running nodes; {WAITS}",
+            f"the rendezvous store's pod {_name(last)} is {state}{said}; {then}, which "
+            f"starts empty and is given the round back by the running nodes; {WAITS}",
         )
-    pod = _newest(running)
-    name = _name(pod)
-    if ready(pod):
-        return StoreReading(True, SERVING, f"pod {name} serves the rendezvous")
-    if (failed := startup.first_failure([pod])) is not None:
-        return StoreReading(False, CANNOT_START, f"the rendezvous store cannot start: {failed.said}; {WAITS}")
-    if (placed := unschedulable([pod])) is not None:
-        return StoreReading(
-            False, UNSCHEDULABLE, f"the rendezvous store's pod {name} cannot be scheduled: {placed}; {WAITS}"
-        )
-    return StoreReading(False, STARTING, f"the rendezvous store's pod {name} is starting; {WAITS}")
+    if pod is None:
+        return StoreReading(False, STARTING, f"the rendezvous store's Job {job_name} has no pod yet; {WAITS}")
+    return StoreReading(False, STARTING, f"the rendezvous store's pod {_name(pod)} is starting; {WAITS}")
+
+
+def _gone(pod: Mapping[str, Any]) -> bool:
+    """Failed, ended or being deleted: a store pod that serves no more."""
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp")) or _finished(pod)
+
+
+def _finished(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded")
 
 
 def _newest(pods: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:

@@ -6,6 +6,7 @@ launcher, instead of failing a job it never took part in."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -20,9 +21,11 @@ from helpers.operator_process import free_port
 
 
 def _serve(port: int) -> subprocess.Popen[str]:
-    code = f"from ddp_trainer.launch import store; store.serve({port}, '127.0.0.1')"
     return subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [sys.executable, "-m", "ddp_trainer.launch.store", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 
@@ -68,10 +71,17 @@ def test_a_node_that_comes_after_the_job_ended_ends_at_once_and_successfully(tmp
             check=False,
         )
     finally:
-        server.kill()
+        server.terminate()
+        try:
+            stopped = server.wait(timeout=30)
+        finally:
+            server.kill()
     said = late.stdout + late.stderr
     assert late.returncode == 0, said[-3000:]
     assert launcher.LATE_JOINER in said and "the late node trained" not in said, said[-3000:]
+    # stopped by a signal, the store exits 128 + it: a failed pod, which its Job replaces (a store pod
+    # deleted or evicted must not complete its Job: no store would serve the running world again)
+    assert stopped == 128 + signal.SIGTERM, stopped
 
 
 def test_an_agent_waits_for_a_store_saying_so_and_gives_up_at_its_bound() -> None:

@@ -41,15 +41,20 @@ on a node that has never run the job)."""
 WAIT_SAY_EVERY = 10.0
 
 
-def serve(port: int, host: str = "0.0.0.0") -> None:
-    """Host the store on ``host:port`` until SIGTERM or SIGINT. In a cluster that is when the operator
-    deletes its Job: with the attempt's Job, or when the DDPJob finished. Until then a pod that starts late
-    finds the rendezvous closed and ends at once (the launcher's exit 0)."""
+def serve(port: int, host: str = "0.0.0.0") -> int:
+    """Host the store on ``host:port`` until SIGTERM or SIGINT; the signal's number. In a cluster that is
+    when the operator deletes its Job: with the attempt's Job, or when the DDPJob finished. Until then a pod
+    that starts late finds the rendezvous closed and ends at once (the launcher's exit 0)."""
     from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
-    stop = threading.Event()
+    stop, got = threading.Event(), [int(signal.SIGTERM)]
+
+    def stopped(number: int, _: object) -> None:
+        got[0] = number
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, stopped)
     store = TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
     watched = watch_presence(store, host)
     print(
@@ -59,6 +64,7 @@ def serve(port: int, host: str = "0.0.0.0") -> None:
     )
     stop.wait()
     del store
+    return got[0]
 
 
 PRESENCE_KEY = "ddpjob/presence-port"
@@ -290,8 +296,10 @@ def main(argv: Sequence[str]) -> int:
     if len(argv) != 1 or not argv[0].isdigit():
         print("usage: python -m ddp_trainer.launch.store PORT", file=sys.stderr)
         return 2
-    serve(int(argv[0]))
-    return 0
+    # 128 + the signal, as a shell says it: a store pod stopped on its own (deleted, evicted, its node
+    # drained) is a failed pod, which its Job replaces (backoffLimit); an exit 0 would complete the Job,
+    # and no store would serve the running world again. The operator's own stop deletes the Job anyway.
+    return 128 + serve(int(argv[0]))
 
 
 if __name__ == "__main__":

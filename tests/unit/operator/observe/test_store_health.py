@@ -68,7 +68,9 @@ def test_a_store_pod_failed_or_deleted_is_lost_until_the_job_makes_another() -> 
     assert "is being deleted" in read([deleted], 1, STORE_JOB).message
     # the Job controller's replacement speaks once it exists: starting, then serving
     later = _store("job-1-rdzv-fghij", created="2026-11-22T11:59:30Z", phase="Pending", ready=False)
-    assert read([deleted, later], 1, STORE_JOB).reason == store_health.STARTING
+    replaced = read([deleted, later], 1, STORE_JOB)
+    assert (replaced.reason, replaced.fault) == (store_health.LOST, True)
+    assert "its replacement job-1-rdzv-fghij is starting" in replaced.message, replaced.message
     later = _store("job-1-rdzv-fghij", created="2026-11-22T11:59:30Z")
     assert read([failed, later], 1, STORE_JOB).serving
 
@@ -100,8 +102,14 @@ def test_the_decision_writes_the_condition_and_an_event_once_per_cause() -> None
     again = _plan({**RUNNING, "conditions": plan.status["conditions"]}, [lost])
     assert not [e for e in again.events if e.reason == store_health.LOST], again.events
     assert _store_condition(again) == said
+    # the lost pod gone from the API, its replacement starting: still StoreLost (no new Warning), then
     # the replacement serves: True, and a Normal event that says so
-    back = _plan({**RUNNING, "conditions": again.status["conditions"]}, [lost, _store("job-1-rdzv-fghij")])
+    starting = _store("job-1-rdzv-fghij", phase="Pending", ready=False)
+    later = _plan({**RUNNING, "conditions": again.status["conditions"]}, [starting])
+    assert (_store_condition(later) or {}).get("reason") == store_health.LOST, later.status["conditions"]
+    assert "job-1-rdzv-fghij is starting" in (_store_condition(later) or {}).get("message", "")
+    assert not [e for e in later.events if e.reason in store_health.REASONS], later.events
+    back = _plan({**RUNNING, "conditions": later.status["conditions"]}, [_store("job-1-rdzv-fghij")])
     assert (_store_condition(back) or {}).get("status") == "True"
     served = [e for e in back.events if e.reason == store_health.SERVING]
     assert len(served) == 1 and served[0].type == "Normal" and "serves again" in served[0].message
