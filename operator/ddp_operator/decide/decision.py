@@ -40,11 +40,9 @@ from ddp_operator.observe import (
     startup,
     store_health,
 )
-from ddp_operator.observe import facts as observe_module
-from ddp_operator.observe.facts import Facts, JobFacts, observe
+from ddp_operator.observe.facts import STOP_MARGIN_SECONDS, Facts, JobFacts, observe
 from ddp_trainer import contract
 
-STOP_MARGIN_SECONDS = observe_module.STOP_MARGIN_SECONDS
 STALLED = reasons.STALLED
 
 

@@ -15,7 +15,7 @@ from ddp_operator.children import render
 from ddp_operator.decide import decision, stall
 from ddp_operator.decide.status import finished
 from ddp_operator.observe import live
-from ddp_operator.observe.facts import current_attempt
+from ddp_operator.observe.facts import STOP_MARGIN_SECONDS, current_attempt
 from ddp_operator.observe.progress import Progress
 from helpers.reconciling import NOW, ddpjob_body, job_object, pod_object, reconcile_once, spec_of
 
@@ -85,7 +85,7 @@ def test_a_refused_job_fails_the_ddpjob_and_creates_nothing() -> None:
 
 
 def test_a_stale_job_kept_only_by_pods_past_their_deadline_is_let_go() -> None:
-    deadline = NOW - dt.timedelta(seconds=decision.STOP_MARGIN_SECONDS + 1)
+    deadline = NOW - dt.timedelta(seconds=STOP_MARGIN_SECONDS + 1)
     stale = _deleting(job_object(1, condition="Failed"), NOW - dt.timedelta(seconds=200))
     stuck = _deleting(pod_object(1, 1), deadline)
     plan = reconcile_once({"attempt": 2, "phase": "Restarting"}, [stale], [stuck])
@@ -258,7 +258,7 @@ def test_a_job_the_controller_marked_failure_target_has_failed() -> None:
     crashed = pod_object(1, 0, phase="Failed", exit_code=1)
     plan = reconcile_once({"phase": "Running", "attempt": 1}, [target], [crashed, pod_object(1, 1)], NOW)
     assert plan.status["phase"] == "Restarting" and plan.status["attempt"] == 1  # waits for pod 1 first
-    later = NOW + dt.timedelta(seconds=render.TERMINATION_GRACE_SECONDS + decision.STOP_MARGIN_SECONDS + 1)
+    later = NOW + dt.timedelta(seconds=render.TERMINATION_GRACE_SECONDS + STOP_MARGIN_SECONDS + 1)
     target["status"]["conditions"][0]["lastTransitionTime"] = NOW.strftime("%Y-%m-%dT%H:%M:%SZ")
     plan = reconcile_once({"phase": "Running", "attempt": 1}, [target], [crashed, pod_object(1, 1)], later)
     assert plan.status["attempt"] == 2 and plan.delete_jobs == ("job-1",)
