@@ -318,7 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
     run_local.add_argument(
         "--fresh",
         action="store_true",
-        help="discard the checkpoint of an earlier unfinished run instead of resuming",
+        help="discard the checkpoint and logs of an earlier unfinished (Failed or Interrupted) run instead "
+        "of resuming; an earlier run that Succeeded is never discarded: with or without --fresh it is set "
+        "aside as <workdir>/<name>.earlier-N and this run starts anew",
     )
     run_local.set_defaults(run=_local)
 

@@ -40,11 +40,12 @@ def visible_gpus() -> int:
 
 def prepare_run_dir(run_dir: Path, *, fresh: bool) -> str | None:
     """Start clean after a run that succeeded, keeping that run's folder (its logs and checkpoints) beside,
-    as ``<name>.earlier-N``; with --fresh, discard an earlier unfinished run's; otherwise keep the volumes
-    so that an interrupted or failed run resumes from its checkpoint. Returns a note for the user, if any."""
+    as ``<name>.earlier-N``, with or without --fresh (a finished run is never discarded); with --fresh,
+    discard an earlier unfinished run's; otherwise keep the volumes so that an interrupted or failed run
+    resumes from its checkpoint. Returns a note for the user, if any."""
     state = run_dir / "state"
     previous = state.read_text().strip() if state.is_file() else None
-    if previous == "Succeeded" and not fresh:
+    if previous == "Succeeded":
         kept = set_aside(run_dir)
         return f"the earlier run Succeeded: its logs and checkpoints are kept in {kept}; this run starts anew"
     if fresh:

@@ -42,3 +42,16 @@ def test_fresh_discards_an_earlier_unfinished_run(tmp_path: Path) -> None:
     host.write_state(tmp_path, "Failed")
     assert host.prepare_run_dir(tmp_path, fresh=True) is None
     assert not tmp_path.exists()
+
+
+def test_fresh_sets_an_earlier_run_that_succeeded_aside_too(tmp_path: Path) -> None:
+    """--fresh discards an unfinished run's checkpoint, never a finished run: that is kept beside."""
+    run_dir = tmp_path / "quickstart"
+    (run_dir / "volumes" / "checkpoint").mkdir(parents=True)
+    (run_dir / "volumes" / "checkpoint" / "step-00000020.pt").write_bytes(b"x")
+    host.write_state(run_dir, "Succeeded")
+    note = host.prepare_run_dir(run_dir, fresh=True)
+    kept = tmp_path / "quickstart.earlier-1"
+    assert note is not None and str(kept) in note
+    assert (kept / "volumes" / "checkpoint" / "step-00000020.pt").read_bytes() == b"x"
+    assert not run_dir.exists()

@@ -47,3 +47,18 @@ def test_check_references_names_namespaces_and_defaults_to_none() -> None:
     assert parser.parse_args(["operator"]).check_references is None
     args = parser.parse_args(["operator", "--check-references=team-a", "--check-references", "team-b"])
     assert args.check_references == ["team-a", "team-b"]
+
+
+def test_local_fresh_help_says_a_succeeded_run_is_set_aside_not_discarded() -> None:
+    """Issue 58: --fresh discards an unfinished run's folder; a Succeeded one goes to <name>.earlier-N."""
+    parser = cli.build_parser()
+    local = next(
+        action.choices["local"]
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction)
+    )
+    fresh = next(a for a in local._actions if "--fresh" in a.option_strings)
+    assert fresh.help is not None
+    words = " ".join(fresh.help.split())
+    assert "unfinished" in words and "Succeeded" in words and "<name>.earlier-N" in words
+    assert "never discarded" in words
