@@ -21,7 +21,8 @@ import yaml
 from ddp_operator import __version__
 from ddp_operator.api import crd
 from ddp_operator.api.spec import Spec, SpecError, load_documents, other_kinds, parse_file, warnings
-from ddp_operator.children import objects, render
+from ddp_operator.children import objects
+from ddp_operator.local.validation import POD_SECURITY_HELP
 
 
 def _load(path: str, docs: list[Any] | None = None) -> list[Spec] | None:
@@ -36,6 +37,8 @@ def _load(path: str, docs: list[Any] | None = None) -> list[Spec] | None:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from ddp_operator.local import validation
+
     failed = False
     for path in args.files:
         specs = _load(path)
@@ -45,32 +48,14 @@ def _validate(args: argparse.Namespace) -> int:
                 f"{path}: {crd.KIND}/{spec.name}: valid ({spec.nodes} nodes × {spec.procs_per_node} "
                 f"procs = {spec.world_size} ranks, {spec.device}/{spec.backend})"
             )
-            found = (
-                warnings(spec) + _script_warnings(spec, Path(path)) + _pod_security(spec, args.pod_security)
-            )
+            found = [
+                *warnings(spec),
+                *validation.script_warnings(spec, [Path.cwd(), Path(path).resolve().parent]),
+                *validation.pod_security(spec, args.pod_security),
+            ]
             for warning in found:
                 print(f"{path}: {crd.KIND}/{spec.name}: warning: {warning}", file=sys.stderr)
     return 1 if failed else 0
-
-
-def _pod_security(spec: Spec, level: str | None) -> list[str]:
-    """What Pod Security admission at ``level`` would refuse in the pods (none when no level is asked)."""
-    from ddp_operator.api import podsecurity
-
-    if level is None:
-        return []
-    pod = render.render_job(spec, 1)["spec"]["template"]["spec"]
-    return podsecurity.violations(pod, level)
-
-
-def _script_warnings(spec: Spec, path: Path) -> list[str]:
-    """Scripts ``ddpjob local`` would not find (a warning: in a cluster the script is in the image)."""
-    from ddp_operator.local import scripts
-
-    return [
-        f"{line}: `ddpjob local` would not find it (in a cluster it must be in the image)"
-        for line in scripts.missing(spec, [Path.cwd(), path.resolve().parent])
-    ]
 
 
 def _render(args: argparse.Namespace) -> int:
@@ -116,7 +101,12 @@ def _local(args: argparse.Namespace) -> int:
         return run.EXIT_INVALID
     try:
         return run.run(
-            specs[0], workdir=Path(args.workdir), verbose=args.verbose, fresh=args.fresh, job_dir=job_dir
+            specs[0],
+            workdir=Path(args.workdir),
+            verbose=args.verbose,
+            fresh=args.fresh,
+            job_dir=job_dir,
+            pod_security=args.pod_security,
         )
     except processes.LocalError as exc:
         print(f"{args.file}: {crd.KIND}/{specs[0].name}: {exc}", file=sys.stderr)
@@ -287,8 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument(
         "--pod-security",
         choices=["baseline", "restricted"],
-        help="also warn about what a namespace enforcing this Pod Security level would refuse in the pods "
-        "(pod-security.kubernetes.io/enforce), naming each field",
+        help=POD_SECURITY_HELP,
     )
     validate.set_defaults(run=_validate)
 
@@ -321,6 +310,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="discard the checkpoint and logs of an earlier unfinished (Failed or Interrupted) run instead "
         "of resuming; an earlier run that Succeeded is never discarded: with or without --fresh it is set "
         "aside as <workdir>/<name>.earlier-N and this run starts anew",
+    )
+    run_local.add_argument(
+        "--pod-security",
+        choices=["baseline", "restricted"],
+        help=POD_SECURITY_HELP
+        + ", at the start, as `ddpjob validate --pod-security` does (here nothing refuses them)",
     )
     run_local.set_defaults(run=_local)
 

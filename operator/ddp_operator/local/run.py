@@ -24,7 +24,7 @@ from ddp_operator.api.spec import Spec, known_total_steps, lost_checkpoints, not
 from ddp_operator.api.spec import warnings as validate_warnings
 from ddp_operator.children import render
 from ddp_operator.decide import restarts
-from ddp_operator.local import elastic, gang, host, processes
+from ddp_operator.local import elastic, gang, host, processes, validation
 from ddp_operator.observe import failures, podlogs, progress, references
 from ddp_trainer import contract
 
@@ -99,13 +99,15 @@ def run(
     workdir: Path,
     verbose: bool = False,
     fresh: bool = False,
-    stream: TextIO = sys.stdout,
+    stream: TextIO | None = None,
     job_dir: Path | None = None,
+    pod_security: str | None = None,
 ) -> int:
     """Run the DDPJob here until it succeeds, fails for good, or is interrupted; returns the exit code.
     ``job_dir``: the DDPJob file's directory, where a script the command names is looked for after the
-    current directory (:mod:`ddp_operator.local.scripts`)."""
-    console = Console(stream, verbose)
+    current directory (:mod:`ddp_operator.local.scripts`). ``pod_security``: the Pod Security level whose
+    refusals in a cluster are said at the start, as ``ddpjob validate --pod-security`` says them."""
+    console = Console(stream or sys.stdout, verbose)  # sys.stdout as it is now (a test may have replaced it)
     processes.check_devices(spec, host.visible_gpus() if spec.device == "cuda" else 0)
     # absolute: each pod runs in a folder of its own, so every path handed to it must be
     run_dir = workdir.absolute() / spec.name
@@ -116,7 +118,7 @@ def run(
         f"{spec.world_size} ranks ({spec.device}/{spec.backend}) in {run_dir}"
     )
     console.say(f"  the image {spec.image} is not pulled: pods run in this Python environment ({sys.prefix})")
-    for line in [note, *_local_notes(spec, first_attempt, run_dir)]:
+    for line in [note, *_local_notes(spec, first_attempt, run_dir, pod_security)]:
         if line:
             console.say(f"  {line}")
     started = time.monotonic()
@@ -337,8 +339,9 @@ def _watch(
     return codes, members.codes()
 
 
-def _local_notes(spec: Spec, first_attempt: int, run_dir: Path) -> list[str]:
-    """What runs differently here than in a cluster, said once at the start."""
+def _local_notes(spec: Spec, first_attempt: int, run_dir: Path, pod_security: str | None = None) -> list[str]:
+    """What runs differently here than in a cluster, said once at the start; with what ``ddpjob validate``
+    warns of for a cluster (``pod_security``: for that Pod Security level too)."""
     notes = []
     dirs = processes.volume_dirs(render.render_job(spec, first_attempt), run_dir)
     if moved := processes.command_dir(spec.working_dir, dirs, Path.cwd())[1]:
@@ -360,6 +363,11 @@ def _local_notes(spec: Spec, first_attempt: int, run_dir: Path) -> list[str]:
             else ""
         )
         notes.append(f"in a cluster (`ddpjob validate` warns): {warning}{here}")
+    for refused in validation.pod_security(spec, pod_security):
+        notes.append(
+            f"in a cluster (`ddpjob validate --pod-security {pod_security}` warns): {refused} (a namespace "
+            f"enforcing {pod_security} would refuse the pods; here nothing does)"
+        )
     # named as the operator names them when they are missing (observe.references): kind, name, field
     named = references.references(spec)
     if env_from := [str(ref) for ref in named if ref.field.startswith("spec.envFrom")]:

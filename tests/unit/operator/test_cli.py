@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from ddp_operator import cli
 
@@ -62,3 +65,39 @@ def test_local_fresh_help_says_a_succeeded_run_is_set_aside_not_discarded() -> N
     words = " ".join(fresh.help.split())
     assert "unfinished" in words and "Succeeded" in words and "<name>.earlier-N" in words
     assert "never discarded" in words
+
+
+class _Stopped(Exception):
+    """The test's stop, at the first attempt: what `ddpjob local` said before it is what is checked."""
+
+
+def test_local_starts_by_repeating_validates_pod_security_warnings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 58 item 9's rest: `ddpjob local --pod-security restricted` says, at its start, what `ddpjob
+    validate --pod-security restricted` warns of, in the same words (stopped before any pod starts)."""
+    from ddp_operator.local import run as local_run
+
+    job = tmp_path / "job.yaml"
+    spec = {"nodes": 2, "device": "cpu", "command": ["torchrun"], "args": ["main.py"]}
+    doc = {"apiVersion": "ddpjob.io/v1alpha1", "kind": "DDPJob", "metadata": {"name": "mingpt"}}
+    job.write_text(yaml.safe_dump({**doc, "spec": {**spec, "podTemplate": {"hostNetwork": True}}}))
+    (tmp_path / "main.py").write_text("print('train')\n")
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["validate", "--pod-security", "restricted", str(job)]) == 0
+    err = capsys.readouterr().err
+    warned = [line.split("warning: ", 1)[1] for line in err.splitlines() if "Pod Security" in line]
+    assert warned, err
+
+    def stop(*args: Any, **kwargs: Any) -> None:
+        raise _Stopped
+
+    monkeypatch.setattr(local_run, "_attempt", stop)
+    with pytest.raises(_Stopped):
+        cli.main(["local", "--workdir", str(tmp_path / "w"), "--pod-security", "restricted", str(job)])
+    out = capsys.readouterr().out
+    prefix = "  in a cluster (`ddpjob validate --pod-security restricted` warns): "
+    said = [line.removeprefix(prefix) for line in out.splitlines() if line.startswith(prefix)]
+    assert said == [
+        f"{w} (a namespace enforcing restricted would refuse the pods; here nothing does)" for w in warned
+    ]

@@ -52,3 +52,25 @@ def test_every_warning_of_validate_is_repeated_once() -> None:
     ]
     no_restarts = parse({**DOC, "spec": {**DOC["spec"], "maxRestarts": 0}})
     assert not [n for n in run._local_notes(no_restarts, 1, Path("/r")) if n.startswith("in a cluster")]
+
+
+def test_what_validate_warns_of_for_a_pod_security_level_is_repeated_at_the_start_in_its_words() -> None:
+    """Issue 58 item 9's rest: `ddpjob local --pod-security LEVEL` says what `ddpjob validate --pod-security
+    LEVEL` warns of (one definition, local.validation), each once; without a level, nothing of it (as
+    validate); a job that breaks nothing says nothing."""
+    from ddp_operator.local import validation
+
+    doc = {**DOC, "spec": {**DOC["spec"], "podTemplate": {"hostNetwork": True}}}
+    spec = parse(doc)
+    expected = validation.pod_security(spec, "restricted")
+    assert expected and any("spec.podTemplate.hostNetwork" in w for w in expected), expected
+    notes = run._local_notes(spec, contract.FIRST_ATTEMPT, Path("/r"), "restricted")
+    said = [n for n in notes if n.startswith("in a cluster (`ddpjob validate --pod-security restricted`")]
+    assert said == [
+        f"in a cluster (`ddpjob validate --pod-security restricted` warns): {w} (a namespace enforcing "
+        "restricted would refuse the pods; here nothing does)"
+        for w in expected
+    ]
+    assert not [n for n in run._local_notes(spec, 1, Path("/r")) if "--pod-security" in n]
+    quiet = parse(DOC)
+    assert not [n for n in run._local_notes(quiet, 1, Path("/r"), "restricted") if "--pod-security" in n]
