@@ -524,6 +524,30 @@ def blame(cause: str) -> tuple[int, str]:
     return (2 if any(word in cause for word in COLLATERAL_ERRORS) else 1, cause)
 
 
+RESIZE_SCALED: Final = "Scaled"
+"""Why an elastic job's world changed: ``spec.nodes`` changed (``kubectl scale``, an HPA, an edit). Only the
+operator knows this one: it resized the Job; the launchers see a node leave or join."""
+RESIZE_LOST: Final = "NodeLost"
+"""Why an elastic world shrank: a node's processes ended (its pod deleted, evicted or failed, a crash the
+others saw through a collective), or it left at a step boundary."""
+RESIZE_SILENT: Final = "NodeSilent"
+"""Why an elastic world shrank: a node went silent (frozen, powered off, cut off) and was dropped past the
+keep-alive bound (:mod:`ddp_trainer.launch.silence`)."""
+RESIZE_REJOINED: Final = "NodeRejoined"
+"""Why an elastic world grew without ``spec.nodes`` changing: a replacement pod, or a node dropped as silent
+that woke, joined at a step boundary."""
+RESIZE_REASONS: Final = (RESIZE_SCALED, RESIZE_LOST, RESIZE_SILENT, RESIZE_REJOINED)
+"""Every reason of an elastic resize: ``status.elastic.lastResize.reason``, the ``Resized`` event, the
+operator's ``ddpjob_elastic_resizes_total{reason}`` and the launcher's :data:`LAST_RESIZE_INFO` (which
+never says :data:`RESIZE_SCALED`)."""
+ELASTIC_RESIZES: Final = "ddp_elastic_resizes"
+"""The world changes this pod's launcher saw in this attempt (an elastic job's; every pod of the world
+says its own count, so the highest is the best)."""
+LAST_RESIZE_INFO: Final = "ddp_last_resize_info"
+"""The last world change this pod's launcher saw: labels ``reason`` (:data:`RESIZE_REASONS`), ``from_nodes``
+and ``to_nodes``; value: the Unix time the earlier world stopped (the loss seen, the stop asked)."""
+LAST_RESIZE_SECONDS_LOST: Final = "ddp_last_resize_seconds_lost"
+"""Seconds from the earlier world's stop to the new world verified, before its first step."""
 LAST_RESTART_INFO: Final = "ddp_last_restart_info"
 """Value: the in-place restart it describes; label ``cause``: the failing rank, exit code and first error, as
 the pod whose agent saw it says (other pods say ``a rank on another node failed``)."""

@@ -25,13 +25,23 @@ ERROR_LIMIT = 240
 
 @dataclass(frozen=True)
 class LaunchState:
-    """What the launcher tells its workers: the gang restarts done in place in this pod."""
+    """What the launcher tells its workers: the gang restarts done in place in this pod, and an elastic
+    job's last world change."""
 
     restarts: int = 0
     cause: str = ""
     """Why the last one happened (``""`` before any)."""
     at: float = 0.0
     """Unix time the launcher saw the failure (or the re-opened rendezvous)."""
+    resizes: int = 0
+    """An elastic job's world changes this pod's launcher saw (no restarts: see ``Book.rendezvoused``)."""
+    resize: str = ""
+    """Why the last one happened, one of ``contract.RESIZE_REASONS`` (``""`` before any)."""
+    resize_from: int = 0
+    resize_to: int = 0
+    """The nodes of the world before and after it."""
+    resize_at: float = 0.0
+    """Unix time the earlier world stopped: the failure or the silent peer seen, or the stop asked."""
 
 
 def read_state(env: Mapping[str, str]) -> LaunchState:
@@ -41,7 +51,16 @@ def read_state(env: Mapping[str, str]) -> LaunchState:
         return LaunchState()
     try:
         data = json.loads(Path(path).read_text())
-        return LaunchState(int(data["restarts"]), str(data["cause"]), float(data["at"]))
+        return LaunchState(
+            int(data["restarts"]),
+            str(data["cause"]),
+            float(data["at"]),
+            int(data.get("resizes", 0)),
+            str(data.get("resize", "")),
+            int(data.get("resize_from", 0)),
+            int(data.get("resize_to", 0)),
+            float(data.get("resize_at", 0.0)),
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return LaunchState()
 

@@ -3,6 +3,7 @@ its agent sees, then what the next rendezvous made of it (:class:`Book`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Mapping
@@ -38,6 +39,8 @@ class Book:
         whether a peer's loss failed the workers (a shrink, free) or not (then the agent gives up)."""
         self.stopped = False
         """The last stop of this pod's workers was asked by another node (see :meth:`failed`)."""
+        self.silent = False
+        """The last stop was for a silent peer (or this node was dropped as one)."""
         write_state(path, self.state)
 
     def failed(self, failures: Mapping[int, tuple[int, str]], stopped: bool = False, why: str = "") -> None:
@@ -45,7 +48,7 @@ class Book:
         another node: at a step boundary because it asked (it leaves, or one joins), or at once because it
         went silent (``why`` says so: :mod:`ddp_trainer.launch.silence`)."""
         self.pending = (why or cause(failures), time.time())
-        self.stopped = stopped
+        self.stopped, self.silent = stopped, bool(why)
 
     def rendezvoused(self, nodes: int) -> tuple[str, int]:
         """Records a rendezvous of ``nodes`` nodes: the change (:func:`world_change`) and how many restarts
@@ -57,7 +60,8 @@ class Book:
             self.borrowed,
         )
         own = failure is not None and not self.stopped
-        self.nodes, self.borrowed, self.stopped = nodes, False, False
+        silent = self.silent
+        self.nodes, self.borrowed, self.stopped, self.silent = nodes, False, False, False
         if change == SAME and self.elastic and not own:
             # An elastic job's world met again at the same size, and no worker of this pod failed: its agent
             # stopped them for a node that waited to join (which then missed this round's 2 s last call
@@ -75,9 +79,11 @@ class Book:
             return UNCHANGED, int(failure is not None and not borrowed)
         if change == RESIZED:
             self.pending = None
+            self.resized(before, nodes, failure[1] if failure is not None else time.time(), silent)
             print(
                 f"{contract.log_stamp(time.time())} [launcher] the world changed from {before} to {nodes} "
-                "node(s) (elastic): no restart spent; this pod's workers resume from the last checkpoint",
+                "node(s) (elastic): no restart spent; this pod's workers resume from the last checkpoint "
+                f"(why: {self.state.resize})",
                 file=sys.stderr,
                 flush=True,
             )
@@ -86,10 +92,27 @@ class Book:
             self.restarting()
         return change, 0
 
+    def resized(self, before: int, nodes: int, at: float, silent: bool = False) -> None:
+        """Records a world change for the workers to report: a larger world is a node that (re)joined; a
+        smaller one lost a node that went silent (:mod:`~ddp_trainer.launch.silence` said so) or ended.
+        The operator names a change it made by ``spec.nodes`` itself (``contract.RESIZE_SCALED``)."""
+        reason = contract.RESIZE_REJOINED
+        if nodes < before:
+            reason = contract.RESIZE_SILENT if silent else contract.RESIZE_LOST
+        self.state = dataclasses.replace(
+            self.state,
+            resizes=self.state.resizes + 1,
+            resize=reason,
+            resize_from=before,
+            resize_to=nodes,
+            resize_at=at,
+        )
+        write_state(self.path, self.state)
+
     def restarting(self) -> None:
         why, at = self.pending or (OTHER_NODE, time.time())
         self.pending = None
-        self.state = LaunchState(self.state.restarts + 1, why, at)
+        self.state = dataclasses.replace(self.state, restarts=self.state.restarts + 1, cause=why, at=at)
         write_state(self.path, self.state)
         print(
             f"{contract.log_stamp(at)} [launcher] gang restart in place {self.state.restarts}: {why}; "

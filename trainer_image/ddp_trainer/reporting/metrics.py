@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from ddp_trainer import contract
+from ddp_trainer.core.inplace import LaunchState
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,19 @@ class TrainerMetrics:
         self._last_restart = gauge(
             contract.LAST_RESTART_INFO, "The last in-place gang restart (value) and its cause.", ("cause",)
         )
+        self.resizes = gauge(
+            contract.ELASTIC_RESIZES,
+            "An elastic job's world changes this pod's launcher saw in this attempt.",
+        ).labels(**labels)
+        self._last_resize = gauge(
+            contract.LAST_RESIZE_INFO,
+            "The last world change (why, nodes before and after); value: when the world before stopped.",
+            ("reason", "from_nodes", "to_nodes"),
+        )
+        self.resize_lost = gauge(
+            contract.LAST_RESIZE_SECONDS_LOST,
+            "Seconds from the earlier world's stop to this world verified, before its first step.",
+        ).labels(**labels)
         self._registry = registry
         self.probe: ProbeSeries | None = None
 
@@ -130,6 +144,21 @@ class TrainerMetrics:
         self.restarts_in_place.set(count)
         if count:
             self._last_restart.labels(**self.labels, cause=cause).set(count)
+
+    def resized(self, state: LaunchState, now: float) -> None:
+        """An elastic job's world changes in this attempt, as this pod's launcher saw them, and the last
+        one: why, the nodes before and after, when the earlier world stopped, and the seconds from then to
+        ``now`` (this world verified, before its first step). Nothing before the first change."""
+        if not state.resizes:
+            return
+        self.resizes.set(state.resizes)
+        labels = {
+            "reason": state.resize,
+            "from_nodes": str(state.resize_from),
+            "to_nodes": str(state.resize_to),
+        }
+        self._last_resize.labels(**self.labels, **labels).set(state.resize_at)
+        self.resize_lost.set(max(0.0, now - state.resize_at))
 
     def start_probe(self, every: int, node: str, pod: str) -> ProbeSeries:
         """The ``ddp_probe_*`` series of this rank, at 0 (only when the compute probe is on)."""

@@ -273,6 +273,8 @@ class SyncHealth:
             self.check("initial")
             if self._owns_steps and ":" in environ.get(contract.PET_NNODES, "") and self.rank == 0:
                 say_world(self.world_size, self.current_step)
+        # an elastic world that changed: why, and what it cost (the launcher's record)
+        self.metrics.resized(inplace.read_state(environ), time.time())
 
     # -- setup ----------------------------------------------------------------------------------------
 

@@ -40,7 +40,7 @@ def test_a_lost_peer_shrinks_the_world_at_no_cost_and_a_joiner_grows_it(
     assert book.state.restarts == 0 and book.pending is None
     said = capsys.readouterr().err
     assert "the world changed from 3 to 2 node(s) (elastic): no restart spent" in said
-    assert "from 2 to 3 node(s)" in said
+    assert "from 2 to 3 node(s)" in said and "(why: NodeLost)" in said and "(why: NodeRejoined)" in said
 
 
 def test_a_lent_restart_is_not_given_back(tmp_path: Path) -> None:
@@ -63,10 +63,13 @@ def test_an_elastic_world_that_meets_again_unchanged_after_a_stop_it_did_not_cau
     book.failed({0: (contract.INTERRUPTED_EXIT_CODE, "stopped at the step boundary")}, stopped=True)
     assert book.rendezvoused(1) == (inplace.UNCHANGED, 1)  # torch spent one on the stop: given back
     assert book.rendezvoused(2) == (inplace.RESIZED, 0)  # the joiner, at the next round
-    assert (
-        book.state.restarts == 0
-        and inplace.read_state({contract.LAUNCH_STATE_ENV: str(tmp_path / "state.json")})
-        == inplace.LaunchState()
+    state = inplace.read_state({contract.LAUNCH_STATE_ENV: str(tmp_path / "state.json")})
+    assert book.state.restarts == 0 and (state.restarts, state.cause, state.at) == (0, "", 0.0)
+    assert (state.resizes, state.resize, state.resize_from, state.resize_to) == (
+        1,
+        contract.RESIZE_REJOINED,
+        1,
+        2,
     )
     assert "the world met again at 1 node(s) after a stop this pod did not cause" in capsys.readouterr().err
     book.failed({0: (1, "boom")})  # a failure of its own at the same size is still a restart in place
@@ -78,3 +81,40 @@ def test_a_rigid_world_that_meets_again_after_another_nodes_failure_counts_it(tm
     book.rendezvoused(2)
     assert book.rendezvoused(2) == (inplace.SAME, 0)
     assert (book.state.restarts, book.state.cause) == (1, inplace.OTHER_NODE)
+
+
+def test_each_world_change_is_recorded_with_its_reason_for_the_workers(tmp_path: Path) -> None:
+    """A peer's death, a silent peer and a joiner each leave their reason, the nodes before and after, and
+    when the earlier world stopped, in the state the workers read (and report); restarts in place keep
+    their own count beside them."""
+    path = tmp_path / "state.json"
+    book = Book(path, elastic=True)
+    book.rendezvoused(3)
+    book.failed({2: (1, "connection reset by peer")})
+    stopped_at = book.pending[1] if book.pending else 0.0
+    book.rendezvoused(2)
+    state = inplace.read_state({contract.LAUNCH_STATE_ENV: str(path)})
+    assert (state.resizes, state.resize, state.resize_from, state.resize_to) == (
+        1,
+        contract.RESIZE_LOST,
+        3,
+        2,
+    )
+    assert state.resize_at == stopped_at
+    book.rendezvoused(3)  # a replacement joined
+    book.failed({}, stopped=True, why="node(s) pod-2 went silent: no keep-alive for 5.2 s")
+    book.rendezvoused(2)
+    state = inplace.read_state({contract.LAUNCH_STATE_ENV: str(path)})
+    assert (state.resizes, state.resize, state.resize_from, state.resize_to) == (
+        3,
+        contract.RESIZE_SILENT,
+        3,
+        2,
+    )
+    book.failed({0: (1, "boom")})
+    book.rendezvoused(2)  # a restart in place keeps the record of the last resize
+    state = inplace.read_state({contract.LAUNCH_STATE_ENV: str(path)})
+    assert (state.restarts, state.resizes, state.resize) == (1, 3, contract.RESIZE_SILENT)
+    book.failed({}, stopped=True)  # a stop at the step boundary, then a smaller world: a node left
+    book.rendezvoused(1)
+    assert (book.state.resizes, book.state.resize) == (4, contract.RESIZE_LOST)
