@@ -6,7 +6,7 @@ Kubernetes' label-key grammar is a poor fit for it; so ``ddpjob validate`` check
 defaulted document, with the API server's words. On a cluster the operator goes further: whatever else
 the server refuses when the rendered objects are created is reported on the DDPJob at once, and what was
 created of the attempt before the refused object is deleted again, so nothing is left half-way
-(``apply``). Pure.
+(``runtime/reconcile.carry_out``). Pure.
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def decide_for(
 ) -> Plan:
     """The plan for one DDPJob from its body and the children that carry its label, what the cluster
     says about its checkpoint claim when :func:`claims.claim_to_read` asked for it, Kueue's
-    Workloads of its Jobs (by Job name; :mod:`queueing`), and the events read for it: the kubelet's
+    Workloads of its Jobs (by Job name; :mod:`~.observe.kueue`), and the events read for it: the kubelet's
     ``FailedMount`` on its pods (:func:`mounts.pods_to_read`), the Job controller's ``FailedCreate`` on a
     Job without pods (:func:`podsecurity.jobs_to_read`); ``missing``: the (kind, name) of the Secrets and
     ConfigMaps it names that the operator looked up and found absent (:func:`references.to_look_up`);
@@ -136,7 +136,8 @@ def invalid_spec(error: SpecError, previous: Mapping[str, Any], generation: int,
 
 def refused(previous: Mapping[str, Any], generation: int, now: dt.datetime, message: str) -> Plan:
     """Fail with reason ``InvalidSpec`` and ``message``, creating nothing: a spec this operator cannot read,
-    or one whose children the API server refused (``apply``, which undid what it had created)."""
+    or one whose children the API server refused (``reconcile.carry_out``, which undid what it had
+    created)."""
     out = StatusBuilder(previous, stamp(now))
     out.values.update({k: v for k, v in previous.items() if k != "conditions"}, observedGeneration=generation)
     return _finish(out, False, reasons.INVALID_SPEC, message[:1024])
@@ -289,7 +290,7 @@ def _stopping_old_attempts(inputs: Inputs, out: StatusBuilder) -> Plan:
     """Old Jobs go (foreground: the next gang starts once their pods are gone), except that a Job whose
     pods were evicted from a lost node, or are past their deletion deadline by ``STOP_MARGIN_SECONDS``, is
     deleted without waiting for them: their node does not answer, and the API server would keep them
-    Terminating until it does (``observe.give_up_at``)."""
+    Terminating until it does (``facts.give_up_at``)."""
     attempt = inputs.facts.attempt
     lost = tuple(name for name, give_up in inputs.facts.stale_deadlines if inputs.now >= give_up)
     said = {c.get("type"): c for c in inputs.previous.get("conditions", []) or []}.get(reasons.READY) or {}

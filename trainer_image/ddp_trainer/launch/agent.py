@@ -1,5 +1,5 @@
 """``python -m ddp_trainer.launch [torchrun args]``: torchrun, running its own elastic agent, with
-four additions.
+five additions.
 
 torchrun's agent (``--max-restarts``, which the operator sets as ``PET_MAX_RESTARTS``) restarts every local
 worker when one fails, and with the ``c10d`` rendezvous (``PET_RDZV_BACKEND``) every other node's agent
@@ -24,9 +24,9 @@ resumes from the last checkpoint. This launcher adds:
    interpreter per worker, in which the no-code hook's exit handlers run.
 
 4. **A resize is not a restart.** After an elastic job's rendezvous has fewer nodes than the last one (a
-   peer was lost, or its pod left at a step boundary) or more (one joined), the
-   restart is a resize: it is not counted, and torch's restart it spent is given back; with none left, an
-   elastic job's agent is lent one to find out at the rendezvous, and gives up if the world did not change.
+   peer was lost, or its pod left at a step boundary) or more (one joined), the restart is a resize: it is
+   not counted, and torch's restart it spent is given back; with none left, an elastic job's agent is lent
+   one to find out at the rendezvous, and gives up if the world did not change.
 
 5. **A silent peer is a lost peer.** An elastic agent watches its round's rendezvous keep-alives
    (:mod:`ddp_trainer.launch.silence`, read by :mod:`ddp_trainer.launch.rounds`): a member frozen or cut off
@@ -37,11 +37,10 @@ resumes from the last checkpoint. This launcher adds:
 
 The agent's methods are wrapped, not replaced (``_monitor_workers`` of ``LocalElasticAgent`` and
 ``_rendezvous`` of ``SimpleElasticAgent``, the same since torch 1.9; ``tests/contract/test_torch_private.py``
-checks what is read of them); ``tests/integration/local/test_run.py``
-runs the real thing. The pure parts (the state, causes and exit codes) are :mod:`ddp_trainer.core.inplace`,
-which the trainer's modules import; this module imports the trainer (its workers run it), never the other
-way round. Long because it wraps torch's agent in one place: each addition sits beside the others it
-meets in the same two wrapped methods.
+checks what is read of them); ``tests/integration/local/test_run.py`` runs the real thing. The pure parts
+(the state, causes and exit codes) are :mod:`ddp_trainer.core.inplace`, which the trainer's modules import;
+this module imports the trainer (its workers run it), never the other way round. Long because it wraps
+torch's agent in one place: each addition sits beside the others it meets in the same two wrapped methods.
 """
 
 from __future__ import annotations

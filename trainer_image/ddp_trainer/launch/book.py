@@ -23,10 +23,10 @@ from ddp_trainer.core.inplace import (
 
 
 class Book:
-    """The launcher's side of the bookkeeping: the failure seen, then what the next rendezvous made of it:
-    a restart in place (the same number of nodes), or a resize of an elastic job (fewer nodes: a peer was
-    lost; more: one joined), which is no restart and spends none
-    (:func:`~ddp_trainer.core.inplace.world_change`)."""
+    """The launcher's side of the bookkeeping: the failure seen, then what the next rendezvous made of it
+    (:func:`~ddp_trainer.core.inplace.world_change`): a restart in place (the same number of nodes), or a
+    resize of an elastic job (fewer nodes: a peer was lost; more: one joined), which is no restart and spends
+    none."""
 
     def __init__(self, path: Path, elastic: bool = False) -> None:
         self.path, self.elastic = path, elastic

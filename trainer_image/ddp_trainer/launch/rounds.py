@@ -19,11 +19,11 @@ from ddp_trainer.launch import silence
 
 
 class RoundWatch:
-    """The torch side of :class:`silence.Watch` for one agent (an elastic job's, or a rigid job's under
-    the launcher): it reads torch's ``c10d`` rendezvous
-    state as stored (``_RendezvousState``: ``round``, ``participants``, ``last_heartbeats``, ``closed``)
-    through the handler's private ``_store``, ``_settings`` and ``_this_node``, and sets and reads the mark
-    that makes every agent of the round follow the first that judged.
+    """The torch side of :class:`silence.Watch` for one agent (an elastic job's, or a rigid job's under the
+    launcher): it reads torch's ``c10d`` rendezvous state as stored (``_RendezvousState``: ``round``,
+    ``participants``, ``last_heartbeats``, ``closed``) through the handler's private ``_store``, ``_settings``
+    and ``_this_node``, and sets and reads the mark that makes every agent of the round follow the first that
+    judged.
 
     It also keeps the last state it read of its round (:attr:`view`): a store that comes back empty (its
     process or pod lost and a new one started) is given that round back (:meth:`restore`), so that the

@@ -114,7 +114,7 @@ def server_fields(refusal: Any) -> frozenset[str]:
 @pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
 def test_the_api_server_names_the_same_fields(path: Path, cluster: Any, namespace: str) -> None:
     """The DDPJob is created with ``dryRun``; one the server takes is rendered, and its objects are created
-    with ``dryRun`` in the operator's order (``apply._create_children``) up to the first it refuses."""
+    with ``dryRun`` in the operator's order (``reconcile._create_children``) up to the first it refuses."""
     from testcluster.kubeapi import ApiError
 
     cluster.kubectl("apply", "--server-side", "-f", "-", input=crd.crd_text())

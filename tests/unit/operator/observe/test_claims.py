@@ -1,5 +1,6 @@
 """The checkpoint claim's diagnosis: each cause the cluster gives, as the API server and the volume
-controllers word it, becomes the claim's name, the cause and the fix (storage.py); and when it is read."""
+controllers word it, becomes the claim's name, the cause and the fix (observe/claims.py); and when it is
+read."""
 
 from __future__ import annotations
 
