@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from ddp_trainer import contract
+
 # -- phases (``status.phase``; the CRD's enum) ------------------------------------------------------------
 PENDING: Final = "Pending"
 RUNNING: Final = "Running"
@@ -29,7 +31,9 @@ COMPLETED: Final = "Completed"
 GANG_RESTART: Final = "GangRestart"
 PREEMPTED: Final = "Preempted"
 """A pod deleted gracefully or evicted (the trainer checkpointed at SIGTERM): a restart not counted."""
-NODE_LOST: Final = "NodeLost"
+NODE_LOST: Final = contract.RESIZE_LOST
+"""A node lost: an attempt's pod whose node went away, and ``status.elastic.lastResize.reason`` when an
+elastic world shrank because a node's processes ended, or it left."""
 NODE_NOT_MARKED: Final = "NodeNotMarked"
 """Warning: ``--node-health`` could not taint a faulty rank's node (the message says why)."""
 STALLED: Final = "Stalled"
@@ -67,8 +71,14 @@ training reached its last step: a gang restart from the checkpoint, counted agai
 NOT_VERIFIED: Final = "NotVerified"
 """An elastic job whose rank 0 trained to the last step without its replicas verified (``onDivergence:
 Warn`` found a divergence): the job fails, as it succeeds only verified (``decide.ending``)."""
-SCALED: Final = "Scaled"
+SCALED: Final = contract.RESIZE_SCALED
 """``status.elastic.lastResize.reason`` when ``spec.nodes`` changed (kubectl scale, an HPA, an edit)."""
+NODE_SILENT: Final = contract.RESIZE_SILENT
+"""``lastResize.reason`` when the world shrank because a node went silent and was dropped."""
+NODE_REJOINED: Final = contract.RESIZE_REJOINED
+"""``lastResize.reason`` when the world grew without ``spec.nodes`` changing (a replacement, a woken node)."""
+RESIZE_REASONS: Final = contract.RESIZE_REASONS
+"""Every reason of a resize: the status, the ``Resized`` event, ``ddpjob_elastic_resizes_total{reason}``."""
 
 # -- Kueue (``observe.kueue``): the phase's reason while the Job is suspended for Kueue ---------------------
 KUEUE_PENDING: Final = "KueuePending"

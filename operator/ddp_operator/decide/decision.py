@@ -429,7 +429,7 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
         message = short.message(spec, facts.unschedulable)
         if short.over:
             outcome = restarts.Outcome(False, reason=reasons.BELOW_MIN_NODES, message=message)
-            if (sized := resize.decide(spec, job, inputs.previous, ready, inputs.now)) is not None:
+            if (sized := _resize(inputs, job, ready)) is not None:
                 out.values["elastic"] = sized.status
             return _end_attempt(inputs, out, job.name, outcome, True)
         out.phase(reasons.RUNNING, reasons.BELOW_MIN_NODES, message, warning=True)
@@ -457,12 +457,20 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
     scrape = None
     if facts.targets and not spec.suspend and not job.suspended:
         scrape = Scrape(attempt, spec.metrics_port, facts.targets)
-    sized = resize.decide(spec, job, inputs.previous, ready, inputs.now)
+    sized = _resize(inputs, job, ready)
     if sized is not None:
         out.values["elastic"] = sized.status
         out.values["selector"] = f"{names.JOB_NAME_LABEL}={spec.name}"  # the /scale subresource's
-        out.events.extend([sized.event] if sized.event else [])
+        out.events.extend(sized.events)
     return out.plan(suspend_job=toggle, scrape=scrape, resize_job=sized.job if sized else None)
+
+
+def _resize(inputs: Inputs, job: JobFacts, ready: int) -> resize.Resize | None:
+    """:func:`resize.decide` with this attempt's metrics reading: the world the trainer says trains."""
+    snapshot = inputs.snapshot
+    held = snapshot is not None and snapshot.attempt == inputs.facts.attempt
+    reading = snapshot.latest if snapshot is not None and held else None
+    return resize.decide(inputs.spec, job, inputs.previous, ready, inputs.now, reading, held)
 
 
 def _cannot_start(inputs: Inputs, out: StatusBuilder, failed: startup.StartupFailure) -> None:

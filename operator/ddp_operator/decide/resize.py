@@ -6,7 +6,10 @@ The running attempt's Indexed Job keeps its name, its pods and its attempt numbe
 adds pods at the next indexes, whose agents join the rendezvous: the running ranks stop at a step boundary,
 checkpoint, and the bigger world resumes from it, verified. Shrinking removes the highest indexes; the
 others re-rendezvous at the smaller world. No new Job, no new attempt, no restart of the DDPJob spent.
-``status.elastic`` says the world now, the desired size, how many resizes and the last one."""
+``status.elastic`` says the world that trains now (the trainer's word: rank 0's ``ddp_info``, until it says
+it the pods ready), the desired size, how many resizes and the last one: every change of that world counts,
+whatever caused it, with its reason (``contract.RESIZE_REASONS``: a scale the operator made, or the
+launchers' record of a node lost, gone silent or rejoined)."""
 
 from __future__ import annotations
 
@@ -20,27 +23,59 @@ from ddp_operator.api.spec import Spec
 from ddp_operator.decide.plan import Event
 from ddp_operator.decide.status import parse_time, stamp
 from ddp_operator.observe.facts import JobFacts
+from ddp_operator.observe.progress import LastResize, Progress
+
+TRAINER, PODS_READY = "Trainer", "PodsReady"
+"""``status.elastic.nodesFrom``: whose word ``nodes`` is: the trainer's (its world, read from its metrics),
+or, until a rank says it, the pods ready."""
 
 
 @dataclass(frozen=True)
 class Resize:
     """What a reconcile does about an elastic job's size: the Job to resize (or None), the status'
-    ``elastic``, and the event to post (or None)."""
+    ``elastic``, and the events to post."""
 
     job: tuple[str, int] | None
     status: dict[str, Any]
-    event: Event | None
+    events: tuple[Event, ...] = ()
+
+
+def world(spec: Spec, reading: Progress | None) -> int | None:
+    """The nodes of the world that trains now, as the trainer says it (its processes over
+    ``procsPerNode``); None where no rank says it."""
+    if reading is None or not reading.world_size:
+        return None
+    return max(1, reading.world_size // spec.procs_per_node)
 
 
 def decide(
-    spec: Spec, job: JobFacts, previous: Mapping[str, Any], ready: int, now: dt.datetime
+    spec: Spec,
+    job: JobFacts,
+    previous: Mapping[str, Any],
+    ready: int,
+    now: dt.datetime,
+    reading: Progress | None = None,
+    held: bool = False,
 ) -> Resize | None:
-    """For an elastic job whose current Job runs: resize the Job when its size is not ``spec.nodes``."""
+    """For an elastic job whose current Job runs: ``status.elastic`` (the world the trainer says trains
+    now, else the pods ready), every change of that world counted with its reason, and the Job resized
+    when its size is not ``spec.nodes``. ``reading``: this attempt's latest metrics reading; ``held``: a
+    reading of this attempt exists, so a moment without one (the pods' metrics servers restart with a new
+    world) keeps the trainer's last word rather than falling back to the pods."""
     if spec.elastic is None:
         return None
     before = dict(previous.get("elastic") or {})
+    trained = world(spec, reading)
+    was = before.get("nodes") if before.get("nodesFrom") == TRAINER else None
+    if trained is not None:
+        nodes, source = trained, TRAINER
+    elif held and isinstance(was, int):
+        nodes, source = was, TRAINER
+    else:
+        nodes, source = ready, PODS_READY
     status: dict[str, Any] = {
-        "nodes": ready,
+        "nodes": nodes,
+        "nodesFrom": source,
         "desired": spec.nodes,
         "minNodes": spec.elastic.min_nodes,
         "maxNodes": spec.elastic.max_nodes,
@@ -50,10 +85,13 @@ def decide(
         status["lastResize"] = before["lastResize"]
     if (since := below_min_since(spec, previous, ready, now)) is not None:
         status["belowMinSince"] = stamp(since)
-    status["summary"] = f"{ready}/{spec.nodes} ({spec.elastic.min_nodes}-{spec.elastic.max_nodes})"
+    status["summary"] = f"{nodes}/{spec.nodes} ({spec.elastic.min_nodes}-{spec.elastic.max_nodes})"
+    events: list[Event] = []
+    if isinstance(was, int) and trained is not None and trained != was and reading is not None:
+        events.extend(_world_changed(spec, status, was, trained, reading.last_resize))
     size = job.parallelism
     if size is None or size == spec.nodes:
-        return Resize(None, status, None)
+        return Resize(None, status, tuple(events))
     status["resizes"] += 1
     status["lastResize"] = {"from": size, "to": spec.nodes, "reason": reasons.SCALED, "time": stamp(now)}
     message = (
@@ -61,7 +99,64 @@ def decide(
         "scale, or an edit); the running world re-rendezvous at a step boundary, verified before its first "
         "step; no new attempt, no restart spent"
     )
-    return Resize((job.name, spec.nodes), status, Event("Normal", reasons.RESIZED, message))
+    events.append(Event("Normal", reasons.RESIZED, message))
+    return Resize((job.name, spec.nodes), status, tuple(events))
+
+
+def _world_changed(
+    spec: Spec, status: dict[str, Any], was: int, now: int, change: LastResize | None
+) -> list[Event]:
+    """The trainer's world went from ``was`` to ``now`` nodes. A step of a scale the operator made (toward
+    its size) is that scale, counted when the Job was resized: its cost is written when the world reaches
+    it. Any other change is a resize of its own, with the launcher's reason: counted, said."""
+    last = status.get("lastResize") or {}
+    if last.get("reason") == reasons.SCALED and "secondsLost" not in last and _toward(last, was, now):
+        if now == last.get("to") and change is not None and change.seconds_lost is not None:
+            status["lastResize"] = {**last, "secondsLost": round(change.seconds_lost, 1)}
+        return []
+    if change is None or change.after != now or change.reason not in reasons.RESIZE_REASONS:
+        return []  # no launcher's record of this change (a world without ddpjob's launcher): not guessed
+    status["resizes"] += 1
+    record: dict[str, Any] = {
+        "from": change.before,
+        "to": change.after,
+        "reason": change.reason,
+        "time": stamp(dt.datetime.fromtimestamp(change.at, dt.UTC)),
+    }
+    if change.seconds_lost is not None:
+        record["secondsLost"] = round(change.seconds_lost, 1)
+    status["lastResize"] = record
+    lost = (
+        f", {change.seconds_lost:.1f} s from the stop to the new world verified"
+        if change.seconds_lost
+        else ""
+    )
+    message = (
+        f"the world that trains went from {change.before} to {change.after} nodes ({change.reason}: "
+        f"{WHY[change.reason]}){lost}; no new attempt, no restart spent"
+    )
+    kind = "Normal" if change.reason == reasons.NODE_REJOINED else "Warning"
+    return [Event(kind, reasons.RESIZED, message)]
+
+
+WHY = {
+    reasons.NODE_LOST: "a node's processes ended, or it left",
+    reasons.NODE_SILENT: "a node went silent and was dropped past the keep-alive bound",
+    reasons.NODE_REJOINED: "a node joined at a step boundary",
+    reasons.SCALED: "spec.nodes changed",
+}
+"""Each reason of ``contract.RESIZE_REASONS`` in words, for the ``Resized`` event."""
+
+
+def _toward(scale: Mapping[str, Any], was: int, now: int) -> bool:
+    """Whether a world change from ``was`` to ``now`` is a step of the scale from ``scale['from']`` to
+    ``scale['to']``: in its direction, and not past its size."""
+    start, end = scale.get("from"), scale.get("to")
+    if not isinstance(start, int) or not isinstance(end, int) or start == end:
+        return False
+    if end > start:
+        return was < now <= end
+    return end <= now < was
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ Long because the sync sentence covers every way a run can end, and reads best ne
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import urllib.request
 from collections.abc import Iterable, Mapping
@@ -20,6 +21,21 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ddp_operator.observe import failures
 from ddp_trainer import contract
+
+
+@dataclass(frozen=True)
+class LastResize:
+    """An elastic world's last change as its launcher recorded it (``ddp_last_resize_info``)."""
+
+    reason: str
+    """One of ``contract.RESIZE_REASONS`` (the launcher never says ``Scaled``)."""
+    before: int
+    after: int
+    """The nodes of the world before and after."""
+    at: float
+    """Unix time the world before stopped."""
+    seconds_lost: float | None
+    """From then to the new world verified (``ddp_last_resize_seconds_lost``)."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +71,14 @@ class Progress:
     restart_cause: str = ""
     """Why the last of them happened: of the pods' ``ddp_last_restart_info`` causes for it, the one that
     names the failing rank best (``contract.blame``)."""
+
+    world_size: int | None = None
+    """The processes of the world that trains now, as rank 0 says it (``ddp_info``'s ``world_size``; the
+    lowest rank's when rank 0's pod did not answer); None where no rank says it."""
+    resizes: int = 0
+    """``ddp_elastic_resizes``: an elastic job's world changes in this attempt (the highest any pod says)."""
+    last_resize: LastResize | None = None
+    """The last of them, as the pod with the highest count says it."""
 
     def total(self, spec_steps: int) -> int:
         """The total to show: what the code said, else the spec's (``spec.trainer.steps``)."""
@@ -122,6 +146,8 @@ def parse(texts: Iterable[str]) -> Progress:
     gauges: dict[str, dict[str, float]] = {name: {} for name in _GAUGES}
     durations: dict[str, list[float]] = {}
     causes: dict[str, float] = {}
+    worlds: dict[str, int] = {}
+    resizes: dict[str, LastResize] = {}
     for text in texts:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
@@ -137,11 +163,25 @@ def parse(texts: Iterable[str]) -> Progress:
                 elif sample.name == contract.LAST_RESTART_INFO:
                     cause = sample.labels.get("cause", "")
                     causes[cause] = max(causes.get(cause, 0.0), sample.value)
+                elif sample.name == contract.INFO and sample.value == 1:
+                    if (world := _count(sample.labels.get("world_size"))) is not None:
+                        worlds[rank] = world
+                elif sample.name == contract.LAST_RESIZE_INFO:
+                    labels = sample.labels
+                    before, after = _count(labels.get("from_nodes")), _count(labels.get("to_nodes"))
+                    if before is not None and after is not None:
+                        change = LastResize(labels.get("reason", ""), before, after, sample.value, None)
+                        if rank not in resizes or change.at > resizes[rank].at:
+                            resizes[rank] = change
                 elif sample.name == contract.LOSS:
                     losses[rank] = sample.value
                 elif sample.name == contract.counter_sample(contract.SYNC_CHECKS):
                     key = (rank, sample.labels.get("kind", ""), sample.labels.get("result", ""))
                     checks[key] = sample.value
+    last_resize = _last_resize(
+        resizes, gauges[contract.ELASTIC_RESIZES], gauges[contract.LAST_RESIZE_SECONDS_LOST]
+    )
+    world_size = _rank0({rank: float(size) for rank, size in worlds.items()})
     by_result = _sum_by_result(checks)
     step = _rank0(gauges[contract.STEP])  # the optimizer step, resumed ones included
     loss = losses.get("0", next(iter(losses.values()), None))
@@ -167,6 +207,9 @@ def parse(texts: Iterable[str]) -> Progress:
         nonfinite_steps=int(_rank0(gauges[contract.counter_sample(contract.NONFINITE_LOSS_STEPS)]) or 0),
         total_steps=int(_finite(_rank0(gauges[contract.TOTAL_STEPS])) or 0) or None,
         restarts_in_place=(restarts := int(max(gauges[contract.RESTARTS_IN_PLACE].values(), default=0))),
+        world_size=int(world_size) if world_size is not None else None,
+        resizes=int(max(gauges[contract.ELASTIC_RESIZES].values(), default=0)),
+        last_resize=last_resize,
         restart_cause=min(
             (cause for cause, value in causes.items() if restarts and int(value) == restarts),
             key=contract.blame,
@@ -188,6 +231,8 @@ _GAUGES = (
     contract.counter_sample(contract.NONFINITE_LOSS_STEPS),
     contract.TOTAL_STEPS,
     contract.RESTARTS_IN_PLACE,
+    contract.ELASTIC_RESIZES,
+    contract.LAST_RESIZE_SECONDS_LOST,
 )
 _DURATION_SUM = contract.STEP_DURATION + "_sum"
 _DURATION_COUNT = contract.STEP_DURATION + "_count"
@@ -198,6 +243,28 @@ def _rank0(values: Mapping[str, float]) -> float | None:
     if not values:
         return None
     return values.get("0", values[min(values, key=lambda r: (_rank_number(r) < 0, _rank_number(r)))])
+
+
+def _count(text: str | None) -> int | None:
+    """A label's whole number (``"3"``), or None."""
+    try:
+        return int(text or "")
+    except ValueError:
+        return None
+
+
+def _last_resize(
+    changes: Mapping[str, LastResize],
+    counts: Mapping[str, float],
+    lost: Mapping[str, float],
+) -> LastResize | None:
+    """The last world change as the rank whose launcher counted the most says it (rank 0 among equals):
+    a pod that joined late saw fewer."""
+    if not changes:
+        return None
+    rank = max(changes, key=lambda r: (counts.get(r, 0.0), r == "0", -_rank_number(r)))
+    seconds = _finite(lost.get(rank))
+    return dataclasses.replace(changes[rank], seconds_lost=seconds)
 
 
 def _finite(value: float | None) -> float | None:
@@ -256,13 +323,101 @@ def line(progress: Progress, total_steps: int, elapsed: float, first: Progress |
     return "  ".join([*parts, f"sync checks: {checks}"])
 
 
-def sync_sentence(report: Mapping[str, Any] | None) -> str:
+# -- the checks of the whole job: every attempt, every world -------------------------------------------
+
+MAX_ATTEMPTS = 16
+"""Attempts whose checks are kept one by one (``status.sync.attempts``); older ones are added up into the
+oldest kept."""
+
+
+def attempt_checks(report: Mapping[str, Any] | None, attempt: int) -> dict[str, int] | None:
+    """The sync checks of ``attempt`` that its report tells: its last world's (``checks``) and its earlier
+    worlds' (:data:`contract.REPORT_EARLIER_WORLDS`: gang restarts in place, elastic resizes); with the
+    step the attempt resumed at. None without a report of that attempt that counts checks."""
+    if not report or "checks" not in report or report.get("attempt", attempt) != attempt:
+        return None
+    said = report.get(contract.REPORT_EARLIER_WORLDS)
+    earlier: Mapping[str, Any] = said if isinstance(said, Mapping) else {}
+    worlds = _number(earlier.get("worlds"))
+    return {
+        "attempt": attempt,
+        "checks": _number(report.get("checks")) + _number(earlier.get("checks")),
+        "mismatches": _number(report.get("mismatches")) + _number(earlier.get("mismatches")),
+        "repairs": _number(report.get("repairs")) + _number(earlier.get("repairs")),
+        "worlds": worlds + 1,
+        "resumedFromStep": _number((earlier if worlds else report).get("resumedFromStep")),
+    }
+
+
+def with_attempt(attempts: Any, entry: Mapping[str, int] | None) -> list[dict[str, int]]:
+    """``attempts`` (as :func:`attempt_checks` gives them, oldest first) with ``entry`` in place of what
+    they held of its attempt (a later report of an attempt tells more, never less); at most
+    :data:`MAX_ATTEMPTS`, the oldest added up into one."""
+    kept = [dict(a) for a in (attempts if isinstance(attempts, list) else []) if isinstance(a, Mapping)]
+    if entry is not None:
+        kept = [a for a in kept if a.get("attempt") != entry["attempt"]] + [dict(entry)]
+    kept.sort(key=lambda a: _number(a.get("attempt")))
+    while len(kept) > MAX_ATTEMPTS:
+        first, second = kept[0], kept[1]
+        kept[1] = {
+            **second,
+            **{
+                k: _number(first.get(k)) + _number(second.get(k)) for k in ("checks", "mismatches", "repairs")
+            },
+            "worlds": _number(first.get("worlds")) + _number(second.get("worlds")),
+            "resumedFromStep": _number(first.get("resumedFromStep")),
+            "attempt": _number(first.get("attempt")),
+        }
+        del kept[0]
+    return kept
+
+
+def job_checks(attempts: Any) -> dict[str, int]:
+    """Checks, mismatches and repairs over every attempt of ``attempts``."""
+    kept = [a for a in (attempts if isinstance(attempts, list) else []) if isinstance(a, Mapping)]
+    return {key: sum(_number(a.get(key)) for a in kept) for key in ("checks", "mismatches", "repairs")}
+
+
+def _number(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _over_the_job(attempts: list[dict[str, int]]) -> tuple[str, str]:
+    """What the job's count spans, where it spans more than one world (`` in 2 attempts``, `` in 3 worlds
+    of one attempt ...``), and where each attempt resumed (``attempt 2 resumed at step 24``)."""
+    worlds = sum(max(1, _number(a.get("worlds"))) for a in attempts)
+    if len(attempts) > 1:
+        span = f" in {len(attempts)} attempts"
+        if worlds > len(attempts):
+            span += f", {worlds} worlds"
+    elif worlds > 1:
+        span = f" in {worlds} worlds of one attempt (gang restarts in place or resizes)"
+    else:
+        return "", ""
+    resumed = [
+        f"attempt {a['attempt']} resumed at step {a['resumedFromStep']}"
+        for a in attempts
+        if _number(a.get("resumedFromStep"))
+    ]
+    return span, "; ".join(resumed)
+
+
+def sync_sentence(report: Mapping[str, Any] | None, attempts: Any = None) -> str:
     """The sync report in one sentence a person reads at a glance, then what the compute probe concluded
-    last and why, where it ran."""
+    last and why, where it ran. ``attempts`` (:func:`with_attempt`): the checks of every attempt so far;
+    the counts are then the whole job's, every attempt and world, where it had more than one."""
+    kept = with_attempt(attempts, None)
+    if report and kept and (len(kept) > 1 or _number(kept[0].get("worlds")) > 1):
+        report = {**report, **job_checks(kept), "resumedFromStep": 0, _SPAN: _over_the_job(kept)}
+    elif report:
+        report = {**report, _SPAN: ("", "")}
     sentence = _replica_sentence(report)
     if report and report.get("probeVerdict"):
         sentence += f"; {report.get('probeWhy') or report['probeVerdict']}"
     return sentence
+
+
+_SPAN = "_span"  # sync_sentence's own key: what the job's counts span, where attempts resumed (no report's)
 
 
 def _replica_sentence(report: Mapping[str, Any] | None) -> str:
@@ -311,9 +466,10 @@ def _replica_sentence(report: Mapping[str, Any] | None) -> str:
             f"({tensors}); {report.get('message', '')}"
         )
     so_far = " so far (interrupted)" if result == contract.INTERRUPTED else ""
+    span, resumed = report.get(_SPAN) or ("", "")
     if repairs:
         return (
-            f"{mismatches} of {checks} checks found ranks differing across {ranks} ranks; {repairs} "
+            f"{mismatches} of {checks} checks found ranks differing across {ranks} ranks{span}; {repairs} "
             f"repair(s) re-broadcast rank 0's model, and the {last} found every rank bit-identical{so_far}"
         )
     layout = f"; {report['sharding']}" if report.get("sharding") else ""
@@ -324,5 +480,6 @@ def _replica_sentence(report: Mapping[str, Any] | None) -> str:
         else ""
     )
     return (
-        f"replicas verified bit-identical {checks} times across {ranks} ranks{since}{so_far} ({last}{layout})"
+        f"replicas verified bit-identical {checks} times across {ranks} ranks{span}{since}{so_far} "
+        f"({resumed + '; ' if resumed else ''}{last}{layout})"
     )

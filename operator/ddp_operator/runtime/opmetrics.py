@@ -15,6 +15,7 @@ from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ddp_operator.api import reasons
 from ddp_operator.decide.plan import Plan
 from ddp_operator.decide.status import PHASES, RESTARTS_IN_PLACE_FIELD, TERMINAL
 from ddp_trainer import contract
@@ -169,7 +170,9 @@ GANG_RESTARTS_IN_PLACE = Counter(
 )
 ELASTIC_RESIZES = Counter(
     "ddpjob_elastic_resizes",
-    "Elastic DDPJobs' Jobs resized in place, by namespace and why (Scaled: spec.nodes changed).",
+    "Elastic DDPJobs' worlds resized, by namespace and why: "
+    + ", ".join(reasons.RESIZE_REASONS)
+    + " (status.elastic.lastResize.reason).",
     ["ddpjob_namespace", "reason"],
 )
 RECONCILE_RESULTS = ("ok", "error")
@@ -194,7 +197,7 @@ def observe_plan(body: Mapping[str, Any], plan: Plan) -> None:
     new = plan.status.get("elastic") or {}
     grown = int(new.get("resizes") or 0) - int(old.get("resizes") or 0)
     if grown > 0:
-        reason = str((new.get("lastResize") or {}).get("reason") or "Scaled")
+        reason = str((new.get("lastResize") or {}).get("reason") or reasons.SCALED)
         ELASTIC_RESIZES.labels(body["metadata"]["namespace"], reason).inc(grown)
 
 

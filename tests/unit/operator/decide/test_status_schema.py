@@ -22,7 +22,7 @@ import pytest
 from ddp_operator.api import crd, schema
 from ddp_operator.decide import decision
 from ddp_operator.observe import kueue, live
-from ddp_operator.observe.progress import Progress
+from ddp_operator.observe.progress import LastResize, Progress
 from ddp_trainer import contract
 from helpers.reconciling import NOW, ddpjob_body, job_object, pod_object, reconcile_once
 
@@ -127,6 +127,25 @@ def _elastic_resizing_below_its_minimum() -> Status:
     return plan.status
 
 
+def _elastic_world_shrunk_by_a_silent_peer() -> Status:
+    """Three pods ready, the trainer's world at 2 (a node went silent): ``nodes`` and ``nodesFrom`` from
+    its metrics, the resize counted with its reason and the seconds it cost."""
+    previous = {
+        "phase": "Running",
+        "attempt": 1,
+        "elastic": {"nodes": 3, "nodesFrom": "Trainer", "resizes": 0},
+    }
+    body = ddpjob_body(previous, nodes=3, elastic={"minNodes": 2, "maxNodes": 4})
+    job = job_object(1)
+    job["spec"]["completions"] = job["spec"]["parallelism"] = 3
+    change = LastResize(contract.RESIZE_SILENT, 3, 2, NOW.timestamp() - 9.0, 7.5)
+    latest = Progress(step=40, world_size=4, resizes=1, last_resize=change)
+    snapshot = live.record(None, 1, 9400, [], NOW.timestamp(), latest)
+    plan = decision.decide_for(body, [job], _pods_running(nodes=3), NOW, snapshot)
+    assert plan.status["elastic"]["lastResize"]["secondsLost"] == 7.5, plan.status
+    return plan.status
+
+
 def _queued_with_kueue() -> Status:
     workload = {
         "metadata": {
@@ -210,6 +229,7 @@ STATUSES = {
     "created": _created,
     "running, read, restarted in place": _running_read_and_restarted_in_place,
     "elastic, resizing, below its minimum": _elastic_resizing_below_its_minimum,
+    "elastic, its world shrunk by a silent peer": _elastic_world_shrunk_by_a_silent_peer,
     "queued with Kueue": _queued_with_kueue,
     "succeeded, rank 0 reporting": _succeeded_with_rank0s_report,
     "a faulty rank restarts the gang": _faulty_rank_restarts_the_gang,

@@ -8,8 +8,12 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
+from ddp_operator.decide import decision
 from ddp_operator.decide.plan import Plan
+from ddp_operator.observe import live
+from ddp_operator.observe.progress import LastResize, Progress
 from ddp_operator.runtime import handlers, opmetrics, reads
+from helpers.reconciling import NOW, ddpjob_body, job_object, pod_object
 
 
 def _job(name: str, phase: str | None) -> dict[str, Any]:
@@ -138,3 +142,23 @@ def test_the_families_list_is_what_the_operator_exports() -> None:
     query nothing."""
     exported = {metric.name for metric in REGISTRY.collect()}
     assert set(opmetrics.FAMILIES) <= exported, set(opmetrics.FAMILIES) - exported
+
+
+def test_a_world_shrunk_by_a_silent_peer_is_counted_under_its_own_reason() -> None:
+    """Not only spec.nodes changes: the reconcile that reads the trainer's smaller world counts it in
+    ddpjob_elastic_resizes_total{reason="NodeSilent"}, once."""
+    previous = {
+        "phase": "Running",
+        "attempt": 1,
+        "elastic": {"nodes": 2, "nodesFrom": "Trainer", "resizes": 0},
+    }
+    body = ddpjob_body(previous, nodes=2, elastic={"minNodes": 1, "maxNodes": 2})
+    change = LastResize("NodeSilent", 2, 1, NOW.timestamp() - 8.0, 6.0)
+    latest = Progress(step=9, world_size=2, resizes=1, last_resize=change)  # 1 node x procsPerNode 2
+    snapshot = live.record(None, 1, 9400, [], NOW.timestamp(), latest)
+    plan = decision.decide_for(body, [job_object(1)], [pod_object(1, 0), pod_object(1, 1)], NOW, snapshot)
+    counted = {"ddpjob_namespace": body["metadata"]["namespace"], "reason": "NodeSilent"}
+    before = REGISTRY.get_sample_value("ddpjob_elastic_resizes_total", counted) or 0.0
+    opmetrics.observe_plan(body, plan)
+    opmetrics.observe_plan({**body, "status": plan.status}, plan)
+    assert REGISTRY.get_sample_value("ddpjob_elastic_resizes_total", counted) == before + 1

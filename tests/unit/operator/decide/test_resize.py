@@ -1,0 +1,117 @@
+"""Every resize of an elastic job is seen, whatever caused it (issue 54 item 6; decide/resize.py):
+``status.elastic.nodes`` is the world the trainer says trains, and each change of it counts once, with its
+reason: a scale the operator made, or the launchers' record of a node lost, gone silent or rejoined."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from ddp_operator.api import reasons
+from ddp_operator.decide import decision
+from ddp_operator.decide.plan import Plan
+from ddp_operator.observe import live
+from ddp_operator.observe.progress import LastResize, Progress
+from helpers.reconciling import NOW, ddpjob_body, job_object, pod_object
+
+ELASTIC = {"minNodes": 1, "maxNodes": 4}
+PROCS = 2  # the helper's procsPerNode: the trainer's world size is nodes x 2
+
+
+def _job(size: int) -> dict[str, Any]:
+    job = job_object(1)
+    job["spec"]["completions"] = job["spec"]["parallelism"] = size
+    return job
+
+
+def _reading(nodes: int | None, change: LastResize | None = None, count: int = 0) -> live.Snapshot:
+    latest = Progress(step=50, world_size=nodes * PROCS if nodes else None, resizes=count, last_resize=change)
+    return live.record(None, 1, 9400, [], NOW.timestamp(), latest)
+
+
+def _reconcile(
+    status: dict[str, Any], nodes: int, size: int, pods: int, snapshot: live.Snapshot | None
+) -> Plan:
+    body = ddpjob_body(status, nodes=nodes, elastic=ELASTIC)
+    running = [pod_object(1, i) for i in range(pods)]
+    return decision.decide_for(body, [_job(size)], running, NOW, snapshot)
+
+
+def test_a_silent_peer_then_its_rejoin_are_each_counted_with_their_reason() -> None:
+    """3 pods stay ready while the trainer's world goes to 2 (a node went silent): nodes is 2, the resize
+    counted as NodeSilent with the seconds it cost, a Warning; the same reading again counts nothing;
+    the world back at 3 is NodeRejoined, a Normal event."""
+    previous = {
+        "phase": "Running",
+        "attempt": 1,
+        "elastic": {"nodes": 3, "nodesFrom": "Trainer", "resizes": 0},
+    }
+    stopped = NOW.timestamp() - 12.0
+    silent = LastResize(reasons.NODE_SILENT, 3, 2, stopped, 9.46)
+    plan = _reconcile(previous, 3, 3, 3, _reading(2, silent, 1))
+    elastic = plan.status["elastic"]
+    assert (elastic["nodes"], elastic["nodesFrom"], elastic["resizes"]) == (2, "Trainer", 1), elastic
+    assert elastic["lastResize"] == {
+        "from": 3,
+        "to": 2,
+        "reason": "NodeSilent",
+        "time": (NOW - dt.timedelta(seconds=12)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "secondsLost": 9.5,
+    }
+    assert elastic["summary"] == "2/3 (1-4)"
+    resized = [e for e in plan.events if e.reason == reasons.RESIZED]
+    assert [e.type for e in resized] == ["Warning"], plan.events
+    assert "from 3 to 2 nodes (NodeSilent: a node went silent" in resized[0].message
+    assert plan.resize_job is None  # the Job keeps spec.nodes: the dropped pod's place is kept
+    again = _reconcile({**previous, **plan.status}, 3, 3, 3, _reading(2, silent, 1))
+    assert again.status["elastic"]["resizes"] == 1
+    assert not [e for e in again.events if e.reason == reasons.RESIZED]
+    back = LastResize(reasons.NODE_REJOINED, 2, 3, NOW.timestamp() - 3.0, 2.0)
+    grown = _reconcile({**previous, **plan.status}, 3, 3, 3, _reading(3, back, 2))
+    elastic = grown.status["elastic"]
+    assert (elastic["nodes"], elastic["resizes"], elastic["lastResize"]["reason"]) == (3, 2, "NodeRejoined")
+    assert [e.type for e in grown.events if e.reason == reasons.RESIZED] == ["Normal"]
+
+
+def test_a_lost_node_is_counted_as_node_lost() -> None:
+    previous = {
+        "phase": "Running",
+        "attempt": 1,
+        "elastic": {"nodes": 2, "nodesFrom": "Trainer", "resizes": 4},
+    }
+    lost = LastResize(reasons.NODE_LOST, 2, 1, NOW.timestamp() - 5.0, 4.5)
+    plan = _reconcile(previous, 2, 2, 1, _reading(1, lost, 1))
+    elastic = plan.status["elastic"]
+    assert (elastic["nodes"], elastic["resizes"], elastic["lastResize"]["reason"]) == (1, 5, "NodeLost")
+
+
+def test_a_scale_counts_once_and_gets_its_cost_when_the_world_reaches_it() -> None:
+    """spec.nodes 2 -> 3: counted Scaled when the Job is resized; the world's steps toward 3 (which the
+    launchers record as a node joining) are that scale, not more resizes; reaching 3 writes its cost."""
+    previous = {
+        "phase": "Running",
+        "attempt": 1,
+        "elastic": {"nodes": 2, "nodesFrom": "Trainer", "resizes": 0},
+    }
+    plan = _reconcile(previous, 3, 2, 2, _reading(2))
+    assert plan.resize_job == ("job-1", 3) and plan.status["elastic"]["resizes"] == 1
+    assert plan.status["elastic"]["lastResize"]["reason"] == "Scaled"
+    joined = LastResize(reasons.NODE_REJOINED, 2, 3, NOW.timestamp() - 4.0, 3.25)
+    after = _reconcile({**previous, **plan.status}, 3, 3, 3, _reading(3, joined, 1))
+    elastic = after.status["elastic"]
+    assert (elastic["nodes"], elastic["resizes"]) == (3, 1), elastic
+    assert elastic["lastResize"] == {**plan.status["elastic"]["lastResize"], "secondsLost": 3.2}
+    assert not [e for e in after.events if e.reason == reasons.RESIZED]
+
+
+def test_until_the_trainer_says_its_world_nodes_are_the_pods_ready_and_its_first_word_is_no_resize() -> None:
+    previous = {"phase": "Running", "attempt": 1}
+    plan = _reconcile(previous, 3, 3, 3, None)
+    elastic = plan.status["elastic"]
+    assert (elastic["nodes"], elastic["nodesFrom"], elastic["resizes"]) == (3, "PodsReady", 0)
+    first = _reconcile({**previous, **plan.status}, 3, 3, 3, _reading(2))  # 2 of 3 formed the first world
+    elastic = first.status["elastic"]
+    assert (elastic["nodes"], elastic["nodesFrom"], elastic["resizes"]) == (2, "Trainer", 0)
+    # a moment with no answer (the metrics servers restart with a new world): the trainer's word is kept
+    quiet = _reconcile({**previous, **first.status}, 3, 3, 3, _reading(None))
+    assert (quiet.status["elastic"]["nodes"], quiet.status["elastic"]["nodesFrom"]) == (2, "Trainer")
