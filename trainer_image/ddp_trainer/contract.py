@@ -417,6 +417,22 @@ class Report(TypedDict, total=False):
     """Their pods (``HOSTNAME``), in the same order."""
     failures: list[Failure]
     """The ranks of this pod that ended with an exception, the earliest first (present only then)."""
+    earlierWorlds: EarlierWorlds
+    """The sync checks of this attempt's earlier worlds in this pod (gang restarts in place, elastic
+    resizes), which ``checks`` (this world's) leaves out (present only after such a world reported)."""
+    writerPid: int
+    """The process that wrote the report: another one's report in the file is an earlier world's."""
+
+
+class EarlierWorlds(TypedDict, total=False):
+    """What the earlier worlds of an attempt reported (:data:`REPORT_EARLIER_WORLDS`), added up."""
+
+    worlds: int
+    checks: int
+    mismatches: int
+    repairs: int
+    resumedFromStep: int
+    """The first of them's: where the attempt resumed."""
 
 
 class Failure(TypedDict, total=False):
@@ -438,6 +454,11 @@ REPORT_RESTARTS_IN_PLACE: Final = "restartsInPlace"
 metric is :data:`RESTARTS_IN_PLACE`)."""
 REPORT_LAST_RESTART: Final = "lastRestart"
 """The report's key of :attr:`Report.lastRestart`."""
+REPORT_EARLIER_WORLDS: Final = "earlierWorlds"
+"""The report's key of :attr:`Report.earlierWorlds`: the trainer carries an attempt's checks over its
+worlds in it, the operator and local mode add them to the report's own (``checks`` is one world's)."""
+REPORT_WRITER: Final = "writerPid"
+"""The report's key of :attr:`Report.writerPid`."""
 
 
 def parse_report(text: str | None) -> Report | None:

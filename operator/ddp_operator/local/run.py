@@ -125,10 +125,15 @@ def run(
     attempt = first_attempt
     earlier = first_attempt - contract.FIRST_ATTEMPT
     in_place = 0  # gang restarts done in place (same pods), as the pods' reports say
+    # the sync checks of every attempt (an earlier, unfinished run's too: its reports stay in its folders)
+    checked = progress.with_attempt([], None)
+    for earlier_attempt in range(contract.FIRST_ATTEMPT, first_attempt):
+        checked = progress.with_attempt(checked, _checks_of(run_dir, earlier_attempt))
     with Interrupt() as interrupt:
         while True:
             used = restarts.restarts_used(attempt, earlier, in_place)
             outcome = _attempt(spec, attempt, run_dir, console, interrupt, used, job_dir)
+            checked = progress.with_attempt(checked, _checks_of(run_dir, attempt))
             now_in_place = _in_place(outcome.report, attempt)
             if now_in_place:
                 in_place += now_in_place
@@ -153,10 +158,20 @@ def run(
             succeeded = decision.action is restarts.Action.SUCCEED
             host.write_state(run_dir, "Succeeded" if succeeded else "Failed")
             attempts = attempt - first_attempt + 1
-            _summary(console, spec, run_dir, attempts, decision, outcome, time.monotonic() - started)
+            _summary(console, spec, run_dir, attempts, decision, outcome, time.monotonic() - started, checked)
             if spec.elastic is not None:
                 console.say("  " + elastic.summary(elastic.worlds(sorted(run_dir.glob("attempt-*/*.log")))))
             return EXIT_OK if succeeded else EXIT_FAILED
+
+
+def _checks_of(run_dir: Path, attempt: int) -> dict[str, int] | None:
+    """The sync checks of ``attempt``, every world of it, as its pods' reports tell (the one that tells the
+    most: a pod killed before it reported, or one that joined late, tells less)."""
+    found = [
+        progress.attempt_checks(contract.parse_report(_read(path)), attempt)
+        for path in sorted((run_dir / f"attempt-{attempt}").glob("*.termination-log"))
+    ]
+    return max((f for f in found if f), key=lambda f: (f["checks"], f["worlds"]), default=None)
 
 
 def _in_place(report: Mapping[str, Any] | None, attempt: int) -> int:
@@ -413,11 +428,12 @@ def _summary(
     decision: restarts.Decision,
     outcome: restarts.Outcome,
     seconds: float,
+    checked: list[dict[str, int]] | None = None,
 ) -> None:
     result = "Succeeded" if decision.action is restarts.Action.SUCCEED else "Failed"
     console.say(
         f"ddpjob local: {spec.name}: {result} in {seconds:.1f}s after {attempts} attempt(s)"
         + ("" if result == "Succeeded" else f" — {decision.reason}: {decision.message}")
     )
-    console.say(f"  sync: {progress.sync_sentence(outcome.report)}")
+    console.say(f"  sync: {progress.sync_sentence(outcome.report, checked)}")
     console.say(f"  checkpoints and logs: {run_dir}")

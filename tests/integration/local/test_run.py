@@ -47,6 +47,21 @@ def test_killed_pod_restarts_the_gang_which_resumes(tmp_path: Path, name: str) -
     assert "replicas verified bit-identical" in out
     report = (tmp_path / "runs" / name / "attempt-2" / f"{name}-2-0.termination-log").read_text()
     assert '"resumedFromStep":0' not in report and '"resumedFromStep":' in report
+    # issue 58 item 3: the summary counts attempt 1's checks too (pod 0's report: SIGTERM, it reported)
+    counted = [
+        yaml.safe_load(
+            (tmp_path / "runs" / name / f"attempt-{n}" / f"{name}-{n}-0.termination-log").read_text()
+        )
+        for n in (1, 2)
+    ]
+    worlds = [report.get(contract.REPORT_EARLIER_WORLDS) or {} for report in counted]
+    total = sum(
+        report["checks"] + world.get("checks", 0) for report, world in zip(counted, worlds, strict=True)
+    )
+    resumed = worlds[1].get("resumedFromStep", counted[1]["resumedFromStep"])  # where attempt 2 began
+    assert counted[0]["checks"] > 0, counted
+    assert f"replicas verified bit-identical {total} times across 4 ranks in 2 attempts" in out, out
+    assert f"(attempt 2 resumed at step {resumed}; last check at step 400)" in out, out
     assert not list(processes_of(name))
 
 
@@ -82,6 +97,14 @@ def test_killed_rank_restarts_the_gang_in_place(tmp_path: Path, name: str) -> No
     report = yaml.safe_load((run_dir / "attempt-1" / f"{name}-1-0.termination-log").read_text())
     assert report["restartsInPlace"] == 1 and report["resumedFromStep"] > 0, report
     assert report["verified"] is True and report["step"] == 400
+    # issue 58 item 3: the world before the restart in place reported its checks; the pod's report keeps them
+    earlier = report[contract.REPORT_EARLIER_WORLDS]
+    assert earlier["worlds"] == 1 and earlier["checks"] > 0, report
+    total = report["checks"] + earlier["checks"]
+    assert (
+        f"replicas verified bit-identical {total} times across 4 ranks in 2 worlds of one attempt (gang "
+        "restarts in place or resizes) (last check at step 400)"
+    ) in out, out
     for pod in (0, 1):  # both pods' agents restarted their workers: the whole gang, not one node
         assert (
             "[launcher] gang restart in place 1:"

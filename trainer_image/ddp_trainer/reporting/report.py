@@ -13,6 +13,7 @@ import fcntl
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from typing import Any
 
 from ddp_trainer import contract
 from ddp_trainer.contract import REPORT_LIMIT as LIMIT
+from ddp_trainer.reporting import worlds
 from ddp_trainer.reporting.inputs import ProbeFinding, SyncTally
 
 log = logging.getLogger(__name__)
@@ -178,13 +180,15 @@ def termination_message(report: Mapping[str, Any], limit: int = LIMIT) -> str:
 
 def write_termination_message(path: str | None, report: Mapping[str, Any]) -> None:
     """Write the report where Kubernetes looks (``path``), keeping the ``failures`` other ranks of the pod
-    recorded there (:func:`record_failure`); a failure to write is logged, not raised."""
+    recorded there (:func:`record_failure`) and the checks of the attempt's earlier worlds reported there
+    (:func:`ddp_trainer.reporting.worlds.carry_worlds`); a failure to write is logged, not raised."""
     if not path:
         return
     try:
         with _locked(path) as file:
-            earlier = _failures_in(file.read())
-            merged = dict(report)
+            text = file.read()
+            earlier = _failures_in(text)
+            merged = worlds.carry_worlds(report, contract.parse_report(text), os.getpid())
             merged["failures"] = _merge(earlier, list(report.get("failures", [])))
             if not merged["failures"]:
                 del merged["failures"]

@@ -201,3 +201,62 @@ def test_the_codes_own_total_wins_over_the_spec() -> None:
     assert progress.line(now, 1000, 0.0).startswith("step 5/40 (12%)")
     unknown = progress.parse([text.replace("40.0", "0.0")])
     assert unknown.total_steps is None and unknown.total(1000) == 1000
+
+
+def _attempt_report(attempt: int, checks: int, resumed: int, earlier: dict[str, int] | None = None) -> Any:
+    out: dict[str, Any] = {
+        "result": "Succeeded" if attempt == 2 else "Interrupted",
+        "verified": True,
+        "checks": checks,
+        "mismatches": 0,
+        "repairs": 0,
+        "lastCheckStep": 48 if attempt == 2 else 16,
+        "worldSize": 4,
+        "resumedFromStep": resumed,
+        "attempt": attempt,
+    }
+    if earlier:
+        out["earlierWorlds"] = earlier
+    return out
+
+
+def test_the_summary_counts_the_checks_of_every_attempt_and_says_where_each_resumed() -> None:
+    """Issue 58 item 3: a gang restart (a new attempt) no longer forgets attempt 1's checks: 3 there, 5 in
+    attempt 2, which resumed at step 24."""
+    first, second = _attempt_report(1, 3, 0), _attempt_report(2, 5, 24)
+    attempts = progress.with_attempt(progress.with_attempt([], progress.attempt_checks(first, 1)), None)
+    attempts = progress.with_attempt(attempts, progress.attempt_checks(second, 2))
+    assert progress.job_checks(attempts) == {"checks": 8, "mismatches": 0, "repairs": 0}
+    assert progress.sync_sentence(second, attempts) == (
+        "replicas verified bit-identical 8 times across 4 ranks in 2 attempts (attempt 2 resumed at step 24; "
+        "last check at step 48)"
+    )
+    assert progress.sync_sentence(second) == (  # without the attempts: the one report's world, as before
+        "replicas verified bit-identical 5 times across 4 ranks since this world resumed at step 24 "
+        "(last check at step 48)"
+    )
+
+
+def test_the_summary_counts_the_worlds_of_one_attempt_that_restarted_in_place() -> None:
+    """One attempt, three worlds (two gang restarts in place): the report's 3 checks and the 5 its earlier
+    worlds reported."""
+    last = _attempt_report(2, 3, 40, {"worlds": 2, "checks": 5, "mismatches": 0, "repairs": 0})
+    attempts = progress.with_attempt([], progress.attempt_checks(last, 2))
+    assert attempts == [
+        {"attempt": 2, "checks": 8, "mismatches": 0, "repairs": 0, "worlds": 3, "resumedFromStep": 0}
+    ]
+    assert progress.sync_sentence(last, attempts) == (
+        "replicas verified bit-identical 8 times across 4 ranks in 3 worlds of one attempt (gang restarts "
+        "in place or resizes) (last check at step 48)"
+    )
+
+
+def test_attempts_beyond_the_kept_ones_are_added_into_the_oldest() -> None:
+    attempts: list[dict[str, int]] = []
+    for attempt in range(1, progress.MAX_ATTEMPTS + 3):
+        attempts = progress.with_attempt(
+            attempts, progress.attempt_checks(_attempt_report(attempt, 2, 0), attempt)
+        )
+    assert len(attempts) == progress.MAX_ATTEMPTS
+    assert attempts[0]["checks"] == 6 and attempts[0]["worlds"] == 3
+    assert progress.job_checks(attempts)["checks"] == 2 * (progress.MAX_ATTEMPTS + 2)

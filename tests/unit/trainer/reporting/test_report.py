@@ -147,3 +147,57 @@ def test_every_failed_rank_of_a_pod_records_itself_in_the_one_report(tmp_path: P
     report.record_failure(path, 3, "ValueError: later run", at=200.0, restart=1)
     later = contract.parse_report(Path(path).read_text())
     assert later is not None and [f["rank"] for f in later["failures"]] == [3], later
+
+
+_WRITE = """
+import json, sys
+from ddp_trainer.reporting import report
+path, written, times = sys.argv[1:]
+for _ in range(int(times)):
+    report.write_termination_message(path, json.loads(written))
+"""
+
+
+def _world(path: str, attempt: int, checks: int, resumed: int, times: int = 1) -> None:
+    """One world's rank 0, a process of its own (as each world's workers are), writing its report."""
+    import subprocess
+    import sys
+
+    tally = Tally(checks=checks, last_check_step=resumed + 8 * checks, last_check_ok=True)
+    facts = report.RunFacts(step=resumed + 8 * checks, world_size=4, resumed_from=resumed, attempt=attempt)
+    written = report.build(contract.INTERRUPTED, "Terminated", "stopped", tally, facts)
+    cmd = [sys.executable, "-c", _WRITE, path, json.dumps(written), str(times)]
+    subprocess.run(cmd, check=True)
+
+
+def test_the_pods_report_carries_the_checks_of_every_world_of_its_attempt(tmp_path: Path) -> None:
+    """Issue 58 item 3: a gang restart in place (or a resize) starts new worker processes whose tally starts
+    at 0; the pod's report keeps what the attempt's earlier worlds reported beside this world's own count.
+    A second write by one process replaces its own; another attempt's report is not carried."""
+    from ddp_operator.observe import progress
+
+    path = str(tmp_path / "termination-log")
+    _world(
+        path, attempt=1, checks=4, resumed=0
+    )  # an earlier attempt's (local mode keeps one file per attempt)
+    _world(path, attempt=2, checks=3, resumed=0)
+    report.record_failure(path, 1, "RuntimeError: injected crash", at=100.0)  # the crash that restarts it
+    _world(path, attempt=2, checks=2, resumed=24, times=2)
+    _world(path, attempt=2, checks=3, resumed=40)
+    final = contract.parse_report(Path(path).read_text())
+    assert final is not None and final["checks"] == 3 and final["resumedFromStep"] == 40
+    assert final[contract.REPORT_EARLIER_WORLDS] == {  # type: ignore[literal-required]
+        "worlds": 2,
+        "checks": 5,
+        "mismatches": 0,
+        "repairs": 0,
+        "resumedFromStep": 0,
+    }
+    assert progress.attempt_checks(final, 2) == {
+        "attempt": 2,
+        "checks": 8,
+        "mismatches": 0,
+        "repairs": 0,
+        "worlds": 3,
+        "resumedFromStep": 0,
+    }
