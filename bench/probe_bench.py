@@ -50,7 +50,8 @@ def rank_main(rank: int, world: int, store: str, steps: int, repeats: int, out: 
         nn.Sequential(nn.Linear(32, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10))
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    health = SyncHealth(model, optimizer, every=10**9, probe_every=DEFAULT_PROBE_EVERY, write_report=False)
+    config = SyncHealth.Config.from_env(every=10**9, probe_every=DEFAULT_PROBE_EVERY, write_report=False)
+    health = SyncHealth(model, optimizer, config)
     torch.manual_seed(rank)
     x, y = torch.randn(256, 32), torch.randint(10, (256,))
 

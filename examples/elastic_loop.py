@@ -70,7 +70,8 @@ def main() -> None:
         print(f"world size {world}: {'resumed from step ' + str(step) if step else 'starting at step 0'}")
     inputs, targets = data()
     # start_step: the check compares the step too, and counts from where this world starts
-    with SyncHealth(model, optimizer, total_steps=steps, start_step=step) as health:
+    config = SyncHealth.Config.from_env(total_steps=steps, start_step=step)
+    with SyncHealth(model, optimizer, config) as health:
         while step < steps:
             mine = my_share(step, rank, world)  # 2. this world's share of the fixed global batch
             loss = nn.functional.mse_loss(model(inputs[mine]), targets[mine], reduction="sum") * world

@@ -23,7 +23,8 @@ def main() -> None:
     model = DistributedDataParallel(nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     torch.manual_seed(1 + dist.get_rank())  # each rank its own data
-    with SyncHealth(model, optimizer, total_steps=steps) as health:  # every/policy from spec.syncCheck
+    config = SyncHealth.Config.from_env(total_steps=steps)  # every/policy from spec.syncCheck
+    with SyncHealth(model, optimizer, config) as health:
         for _ in range(steps):
             inputs = torch.randn(16, 16)
             loss = nn.functional.mse_loss(model(inputs), inputs.sum(dim=1, keepdim=True))

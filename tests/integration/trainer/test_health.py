@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import urllib.request
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_trainer import contract
-from ddp_trainer.sync import SyncConfig, health
+from ddp_trainer.sync import SyncConfig, checking, health
 from ddp_trainer.sync.health import SyncHealth, SyncHealthError
 from helpers.torchrun_helpers import HERE, launch
 
@@ -102,12 +103,12 @@ def test_old_torch_versions_are_refused() -> None:
 
 def test_disagreement_names_the_cause() -> None:
     named = [("w", torch.zeros(3))]
-    same = health.header(5, named).tolist()
-    assert health.disagreement(same, same[::2], 0) is None
+    same = checking.header(5, named).tolist()
+    assert checking.disagreement(same, same[::2], 0) is None
     steps = [12, -10, *same[2:]]  # ranks at steps 10 to 12
-    assert "different steps (from 10 to 12; rank 1 is at 10)" in str(health.disagreement(steps, [10], 1))
+    assert "different steps (from 10 to 12; rank 1 is at 10)" in str(checking.disagreement(steps, [10], 1))
     counts = [*same[:2], 3, -2, *same[4:]]
-    assert "different numbers of tensors (from 2 to 3" in str(health.disagreement(counts, [5, 2], 0))
+    assert "different numbers of tensors (from 2 to 3" in str(checking.disagreement(counts, [5, 2], 0))
 
 
 def test_bad_input_leaves_training_as_it_was(single_rank: Path) -> None:
@@ -160,18 +161,42 @@ def test_a_resumed_loop_reports_the_step_it_resumed_from(single_rank: Path) -> N
 
 
 def test_one_config_or_keywords_give_the_same_run(single_rank: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One config is the spelling (docs/your-code.md's, no warning); the settings as keywords, the spelling
+    before, still give the same run, with a DeprecationWarning that names the config saying the same."""
     monkeypatch.setenv(contract.SYNC_EVERY_ENV, "3")
     net = nn.Linear(2, 1)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
-    by_keywords = SyncHealth(net, optimizer, total_steps=6, write_report=False, probe_every=0)
-    assert by_keywords.config == SyncConfig(every=3, total_steps=6, write_report=False, probe_every=0)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        by_config = SyncHealth(
+            net, optimizer, SyncHealth.Config.from_env(total_steps=6, write_report=False, probe_every=0)
+        )
+    assert not [
+        w for w in said if issubclass(w.category, DeprecationWarning) and "SyncHealth" in str(w.message)
+    ]
+    assert by_config.config == SyncConfig(every=3, total_steps=6, write_report=False, probe_every=0)
+    by_config.close()
+    new = (
+        "SyncHealth(model, optimizer, SyncHealth.Config.from_env(probe_every=..., total_steps=..., "
+        "write_report=...))"
+    )
+    with pytest.warns(DeprecationWarning, match=re.escape(new)) as old:
+        by_keywords = SyncHealth(net, optimizer, total_steps=6, write_report=False, probe_every=0)
+    assert [w.filename for w in old if issubclass(w.category, DeprecationWarning)] == [
+        __file__
+    ]  # the caller's line
+    assert by_keywords.config == by_config.config
     by_keywords.close()
     config = SyncHealth.Config(every=4, total_steps=5, write_report=False, probe_every=0)  # no environment
-    with SyncHealth(net, optimizer, config, total_steps=6) as sh:  # a keyword replaces the config's value
+    with pytest.warns(DeprecationWarning, match=re.escape("config.replace(total_steps=...)")):
+        sh = SyncHealth(net, optimizer, config, total_steps=6)  # a keyword replaces the config's value
+    with sh:
         assert (sh.config, sh.every, sh.total_steps) == (config.replace(total_steps=6), 4, 6)
         for _ in range(6):
             sh.step()
         assert sh.checks == 3  # initial, step 4, step 6 (the last)
+    with SyncHealth(net, optimizer, config.replace(total_steps=6)) as again:  # the new spelling of the same
+        assert (again.config, again.every, again.total_steps) == (sh.config, 4, 6)
 
 
 def test_a_compiled_model_in_ddp_is_named_by_its_own_class(single_rank: Path) -> None:

@@ -20,7 +20,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from ddp_trainer.integrations import distributed, require
-from ddp_trainer.sync.health import SyncHealth
+from ddp_trainer.sync.health import SyncHealth, config_of
 
 MIN_VERSION = (2, 4)
 require("lightning", lightning.__version__, MIN_VERSION, "ddp_trainer.integrations.lightning")
@@ -69,7 +69,8 @@ class SyncHealthCallback(Callback):  # type: ignore[misc]
             **self.options,
         }
         self.seen = trainer.global_step
-        self.health = SyncHealth(pl_module, optimizers[0] if optimizers else None, **options)
+        config, others = config_of(options)
+        self.health = SyncHealth(pl_module, optimizers[0] if optimizers else None, config, **others)
 
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int

@@ -16,7 +16,7 @@ import transformers
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from ddp_trainer.integrations import distributed, require
-from ddp_trainer.sync.health import SyncHealth
+from ddp_trainer.sync.health import SyncHealth, config_of
 
 MIN_VERSION = (4, 57)
 require("transformers", transformers.__version__, MIN_VERSION, "ddp_trainer.integrations.transformers")
@@ -53,7 +53,8 @@ class SyncHealthCallback(TrainerCallback):  # type: ignore[misc]
             "start_step": state.global_step,
             **self.options,
         }
-        self.health = SyncHealth(model, optimizer, **options)
+        config, others = config_of(options)
+        self.health = SyncHealth(model, optimizer, config, **others)
         self.health.close_on_uncaught_exception()
 
     def on_log(

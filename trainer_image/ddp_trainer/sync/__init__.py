@@ -6,7 +6,8 @@ This module is the public library; use it from your own training code.
   model (and optimizer), call ``step()`` after each optimizer step; it checks every ``every`` steps,
   applies the policy (Fail, Repair, Warn), serves the ``ddp_*`` metrics and writes the report the operator
   reads (``docs/your-code.md``). Its settings are one :class:`SyncConfig` (``SyncHealth.Config``), with
-  ``SyncConfig.from_env()``; keywords still work (``SyncHealth(model, optimizer, every=50)``).
+  ``SyncConfig.from_env()``: ``SyncHealth(model, optimizer, SyncConfig.from_env(every=50))``; the settings as
+  keywords of ``SyncHealth`` itself still work, deprecated (a ``DeprecationWarning`` names the config).
 * :func:`fingerprint` — one int64 per tensor, a pure function of the tensor's raw bits;
   :func:`structure_fingerprint` — one int64 for the tensors' names, shapes and dtypes.
 * :func:`check_in_sync` — do all ranks hold the same tensors? Two tiny collectives in the common case.
