@@ -140,7 +140,19 @@ def test_round_trip_render_run_the_trainer_read_the_status(tmp_path: Path, attem
     written = decision.decide_for(body, [job], [_pod_with_report(job, message, 0)], now).status
     assert written["phase"] == "Succeeded"
     assert (written["attempt"], written["restarts"]) == (attempt, contract.restarts_before(attempt))
-    assert written["sync"] == status.report_sync(report)
+    assert written["sync"] == {
+        **status.report_sync(report),
+        "attempts": [  # the job's checks per attempt (issue 58 item 3): this one's, of its one world
+            {
+                "attempt": attempt,
+                "checks": report["checks"],
+                "mismatches": 0,
+                "repairs": 0,
+                "worlds": 1,
+                "resumedFromStep": 0,
+            }
+        ],
+    }
     assert written["sync"]["checks"] == report["checks"] >= 3  # initial, steps 2 and 4
 
 

@@ -30,7 +30,14 @@ from ddp_operator.api.spec import Spec, checkpoints_durable
 from ddp_operator.decide import restarts
 from ddp_operator.decide.plan import Event, Obj, Plan
 from ddp_operator.observe.live import Snapshot, rates
-from ddp_operator.observe.progress import Progress, duration, slowest
+from ddp_operator.observe.progress import (
+    Progress,
+    attempt_checks,
+    duration,
+    job_checks,
+    slowest,
+    with_attempt,
+)
 from ddp_trainer import contract
 
 PHASES = reasons.PHASES
@@ -147,7 +154,7 @@ def begin(
         out.values["sync"] = dict(previous["sync"])
     if report is not None:
         # The report is the last word; what the live readings said beyond it (last check's time) stays.
-        out.values["sync"] = {**out.values.get("sync", {}), **report_sync(report)}
+        out.values["sync"] = job_sync({**out.values.get("sync", {}), **report_sync(report)}, report, attempt)
         out.values["lastReport"] = last_report(report, attempt)
         if checkpoint := report_checkpoint(report):
             out.values["checkpoint"] = checkpoint
@@ -255,6 +262,38 @@ def report_sync(report: Mapping[str, Any]) -> dict[str, Any]:
     return {key: report[key] for key in contract.SYNC_STATUS_KEYS if key in report}
 
 
+SYNC_ATTEMPTS_FIELD = "attempts"
+"""``status.sync.attempts``: each attempt's checks (:func:`ddp_operator.observe.progress.attempt_checks`),
+of which ``status.sync``'s checks, mismatches and repairs are the sum: the whole job, every attempt and
+world."""
+
+
+def job_sync(sync: Mapping[str, Any], report: Mapping[str, Any], attempt: int) -> dict[str, Any]:
+    """``status.sync`` with ``attempt``'s checks as its ``report`` tells them (its earlier worlds' too)
+    in ``attempts``, and the counts over every attempt: a new attempt's report no longer replaces the
+    earlier attempts' checks. Verified: the report's verdict, with every mismatch of the job repaired."""
+    out = dict(sync)
+    attempts = with_attempt(sync.get(SYNC_ATTEMPTS_FIELD), attempt_checks(report, attempt))
+    if not attempts:
+        return out
+    totals = job_checks(attempts)
+    out.update(totals)
+    out[SYNC_ATTEMPTS_FIELD] = attempts
+    if "verified" in out:
+        out["verified"] = bool(out["verified"]) and totals["mismatches"] <= totals["repairs"]
+    return out
+
+
+def _earlier_attempts(sync: Mapping[str, Any], attempt: int) -> dict[str, int]:
+    """The checks, mismatches and repairs of the attempts before ``attempt``."""
+    kept = sync.get(SYNC_ATTEMPTS_FIELD)
+    return job_checks(
+        [a for a in kept if isinstance(a, Mapping) and count(a.get("attempt")) < attempt]
+        if isinstance(kept, list)
+        else []
+    )
+
+
 LAST_FAILURES = 16
 """Failed ranks ``status.lastReport.failures`` keeps (the earliest first)."""
 
@@ -349,6 +388,8 @@ def sync_condition(out: StatusBuilder) -> None:
         message = "no sync check reported yet (read from the pods' metrics, and rank 0's final report)"
         out.condition(reasons.SYNC_VERIFIED, None, "NotYetReported", message)
     elif sync.get("verified"):
+        attempts = sync.get(SYNC_ATTEMPTS_FIELD)
+        over = f" over {len(attempts)} attempts" if isinstance(attempts, list) and len(attempts) > 1 else ""
         out.condition(
             reasons.SYNC_VERIFIED,
             True,
@@ -357,7 +398,7 @@ def sync_condition(out: StatusBuilder) -> None:
             f"{sync['repairs']} repair(s) re-broadcast rank 0's model and the last check found every rank "
             "bit-identical"
             if sync.get("repairs")
-            else f"{sync.get('checks', 0)} checks found every rank bit-identical",
+            else f"{sync.get('checks', 0)} checks{over} found every rank bit-identical",
         )
     else:
         out.condition(
@@ -416,7 +457,7 @@ def write_reading(out: StatusBuilder, snapshot: Snapshot | None, attempt: int, t
     _scraped_condition(out, snapshot)
     if snapshot.latest is not None:
         old_sync = out.values.get("sync") or {}
-        new_sync = live_sync(old_sync, snapshot.latest)
+        new_sync = live_sync(old_sync, snapshot.latest, attempt)
         if new_sync:
             out.values["sync"] = new_sync
         out.events.extend(_sync_events(old_sync, new_sync, snapshot.latest))
@@ -460,16 +501,19 @@ def progress_status(snapshot: Snapshot, total_steps: int) -> dict[str, Any]:
     return out
 
 
-def live_sync(previous: Mapping[str, Any], now: Progress) -> dict[str, Any]:
-    """``status.sync`` while the job runs: the live count of checks, the last one's step, time and verdict."""
+def live_sync(previous: Mapping[str, Any], now: Progress, attempt: int = 0) -> dict[str, Any]:
+    """``status.sync`` while the job runs: the live count of checks (the running world's, after the earlier
+    attempts' of ``status.sync.attempts``), the last one's step, time and verdict."""
     checks = now.checks_ok + now.checks_mismatch
     out = dict(previous)
     if not checks:
         return out
-    out.update(checks=checks, mismatches=now.checks_mismatch, repairs=now.repairs)
+    earlier = _earlier_attempts(previous, attempt)
+    mismatches, repairs = now.checks_mismatch + earlier["mismatches"], now.repairs + earlier["repairs"]
+    out.update(checks=checks + earlier["checks"], mismatches=mismatches, repairs=repairs)
     if now.last_check_ok is not None:
         out["lastCheckResult"] = "BitIdentical" if now.last_check_ok else "Diverged"
-        out["verified"] = now.last_check_ok and now.checks_mismatch <= now.repairs
+        out["verified"] = now.last_check_ok and mismatches <= repairs
     if now.last_check_time is not None:
         out["lastCheckTime"] = stamp(dt.datetime.fromtimestamp(now.last_check_time, dt.UTC))
     if now.last_check_step is not None:

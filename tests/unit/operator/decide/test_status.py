@@ -196,3 +196,51 @@ def test_a_sync_hook_that_could_not_switch_on_says_why_in_sync_verified() -> Non
         "SyncHookOff",
         message,
     )
+
+
+def test_status_sync_counts_every_attempt_and_world_of_the_job() -> None:
+    """Issue 58 item 3: attempt 1 reported 3 checks; attempt 2 (a new Job after a gang restart) checks on
+    live, then reports 3 of its last world and 2 of the world before its restart in place: status.sync
+    counts 8, per attempt in sync.attempts, and a reconcile that reads the same report again counts nothing
+    twice."""
+    from ddp_operator.api.spec import parse
+    from ddp_trainer import contract
+
+    spec = parse(
+        {
+            "apiVersion": "ddpjob.io/v1alpha1",
+            "kind": "DDPJob",
+            "metadata": {"name": "mingpt"},
+            "spec": {"nodes": 2, "device": "cpu", "command": ["torchrun"], "args": ["main.py"]},
+        }
+    )
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+    def report(attempt: int, checks: int, resumed: int, **extra: object) -> dict[str, object]:
+        said = {"result": "Succeeded", "reason": "AllChecksPassed", "message": "", "verified": True}
+        return {**said, "checks": checks, "mismatches": 0, "repairs": 0, "lastCheckStep": 48, **extra} | {
+            "worldSize": 4,
+            "resumedFromStep": resumed,
+            "attempt": attempt,
+        }
+
+    first = status.begin({}, now, 1, 1, report(1, 3, 0, result="Failed"), spec).values
+    assert first["sync"]["checks"] == 3
+    # attempt 2 runs: the live reading of its world adds to attempt 1's
+    live_now = _reading(30, 0.0, checks_ok=1, last_check_ok=True, last_check_step=30)
+    assert status.live_sync(first["sync"], live_now, 2)["checks"] == 4
+    worlds = {"worlds": 1, "checks": 2, "mismatches": 0, "repairs": 0, "resumedFromStep": 24}
+    last = report(2, 3, 40, **{contract.REPORT_EARLIER_WORLDS: worlds})
+    second = status.begin(first, now, 1, 2, last, spec)
+    again = status.begin(second.values, now, 1, 2, last, spec).values
+    for sync in (second.values["sync"], again["sync"]):
+        assert (sync["checks"], sync["mismatches"], sync["repairs"], sync["verified"]) == (8, 0, 0, True)
+        assert sync["attempts"] == [
+            {"attempt": 1, "checks": 3, "mismatches": 0, "repairs": 0, "worlds": 1, "resumedFromStep": 0},
+            {"attempt": 2, "checks": 5, "mismatches": 0, "repairs": 0, "worlds": 2, "resumedFromStep": 24},
+        ]
+    status.finish(second, True, "Completed", "done")
+    assert (
+        second.conditions["SyncVerified"]["message"]
+        == "8 checks over 2 attempts found every rank bit-identical"
+    )

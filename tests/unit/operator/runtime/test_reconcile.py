@@ -168,6 +168,10 @@ def test_success_reads_the_sync_report() -> None:
         "mismatches": 0,
         "repairs": 0,
         "lastCheckStep": 300,
+        # the job's counts per attempt (issue 58 item 3): here one attempt of one world
+        "attempts": [
+            {"attempt": 1, "checks": 7, "mismatches": 0, "repairs": 0, "worlds": 1, "resumedFromStep": 0}
+        ],
     }
     assert _conditions(plan)["Complete"] == ("True", "Completed")
     assert _conditions(plan)["SyncVerified"] == ("True", "BitIdentical")
