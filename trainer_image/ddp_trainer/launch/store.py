@@ -14,6 +14,10 @@ OOM kill, its container killed) the store marks that agent's rendezvous heartbea
 the survivors re-form the world in about a second instead of after the keep-alive bound
 (:data:`contract.ELASTIC_RDZV_CONF`). A node that vanishes without closing its connection (power lost, the
 network cut) is still let go by the keep-alive bound, as torch does it.
+
+Long because both ends of the presence line live here: the store's side (:func:`serve`,
+:func:`watch_presence`, :func:`drop`) and the agents' (:func:`announce`, :func:`wait_for`, :func:`gather`)
+speak one small wire protocol, and a change to one end must be read beside the other.
 """
 
 from __future__ import annotations
