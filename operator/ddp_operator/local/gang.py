@@ -17,7 +17,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import IO
 
@@ -103,6 +103,15 @@ class Gang:
     def __init__(self, marker: str) -> None:
         self.marker = marker
         self.members: list[Member] = []
+        self.spared: Callable[[], Collection[int]] = tuple
+        """The pids of marked processes that are not pods' (the rendezvous store, stopped by its keeper
+        after the pods): :meth:`stop` does not wait for them and :meth:`kill` leaves them. Without this the
+        end of every elastic run waited out the grace period for the store and then killed it under its
+        keeper, which started it again and said so."""
+
+    def _marked(self) -> list[int]:
+        spared = set(self.spared())
+        return [pid for pid in marked(self.marker) if pid not in spared]
 
     def start(self, member: Member) -> None:
         self.members.append(member)
@@ -126,7 +135,7 @@ class Gang:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(member.process.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_seconds
-        while time.monotonic() < deadline and (any(c is None for c in self.codes()) or marked(self.marker)):
+        while time.monotonic() < deadline and (any(c is None for c in self.codes()) or self._marked()):
             time.sleep(0.1)
         self.kill()
 
@@ -136,7 +145,7 @@ class Gang:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(member.process.pid, signal.SIGKILL)
         for _ in range(50):
-            pids = marked(self.marker)
+            pids = self._marked()
             if not pids:
                 break
             for pid in pids:

@@ -217,6 +217,8 @@ def _attempt(
     if spec.elastic is not None and render.external_store(spec):  # not when the command runs torchrun itself
         store_log = pods[0].log_path.parent / "rendezvous-store.log"
         store = elastic.KeptStore(master_port, {**os.environ, gang.MARKER: marker}, store_log, console.say)
+        kept = store
+        members.spared = lambda: (kept.process.pid,)  # stopped after the pods, by store.stop()
         console.say(
             f"attempt {attempt}: elastic ({spec.elastic.min_nodes}-{spec.elastic.max_nodes} nodes): the "
             f"rendezvous store serves :{master_port} in a process of its own, so any pod may leave"
@@ -231,16 +233,19 @@ def _attempt(
                 gang.MARKER: marker,
             }
             if init_failed := _init(pod, {**processes.init_env(os.environ), gang.MARKER: marker}):
-                members.kill()
+                _abandon(members, store)
                 return init_failed
             member = gang.Member(pod.name, pod.argv, env, pod.log_path, console.pod_line, pod.cwd)
             members.start(member)
             started[pod.index] = member
     except FileNotFoundError as exc:
-        members.kill()
+        _abandon(members, store)
         return restarts.Outcome(
             False, reason="InvalidSpec", message=f"the command {exc.filename!r} is not found on this machine"
         )
+    except BaseException:  # an interrupt while the pods start: nothing of the attempt is left running
+        _abandon(members, store)
+        raise
 
     def respawn(index: int, count: int) -> None:
         """The Job controller's replacement of a failed pod (same index, a log of its own)."""
@@ -288,6 +293,13 @@ def _init(pod: processes.LocalPod, env: dict[str, str]) -> restarts.Outcome | No
                 f"{done.returncode}; its output is in {pod.log_path}",
             )
     return None
+
+
+def _abandon(members: gang.Gang, store: elastic.KeptStore | None) -> None:
+    """An attempt that ends before its pods all started: kill what started, then stop the store."""
+    members.kill()
+    if store is not None:
+        store.stop()
 
 
 def _watch(

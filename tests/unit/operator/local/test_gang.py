@@ -1,0 +1,67 @@
+"""The pods of one local attempt (:mod:`ddp_operator.local.gang`), with real processes: a stop waits for the
+pods and whatever carries the run's marker, but not for a spared process (the rendezvous store, which its
+keeper stops after the pods)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from ddp_operator.local import gang
+
+SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+def test_a_stop_neither_waits_for_nor_kills_a_spared_marked_process(tmp_path: Path) -> None:
+    """The end of every elastic `ddpjob local` run waited out the 30 s grace period for the store (it
+    carries the marker, to be found if ddpjob itself dies) and then killed it under its keeper, which
+    started it again and said that it could not (CI's users-elastic-script run: 33 s from the last step
+    to the summary)."""
+    marker = uuid.uuid4().hex
+    env = {**os.environ, gang.MARKER: marker}
+    store = subprocess.Popen(SLEEP, env=env, start_new_session=True)
+    stray = subprocess.Popen(SLEEP, env=env, start_new_session=True)  # a marked process nobody spares
+    try:
+        members = gang.Gang(marker)
+        members.spared = lambda: (store.pid,)
+        members.start(
+            gang.Member("pod-0", [sys.executable, "-c", "pass"], env, tmp_path / "pod-0.log", print)
+        )
+        while members.codes() != [0]:
+            time.sleep(0.05)
+        began = time.monotonic()
+        members.stop(grace_seconds=1.0)
+        took = time.monotonic() - began
+        assert stray.wait(timeout=5) == -9  # a marked process that is not spared is killed at the deadline
+        assert took < 1.0 + 5, took
+        assert store.poll() is None, "the spared store was killed with the pods"
+        assert gang.marked(marker) == [store.pid]
+    finally:
+        for process in (store, stray):
+            process.kill()
+            process.wait()
+
+
+def test_a_stop_with_only_a_spared_process_left_returns_at_once(tmp_path: Path) -> None:
+    marker = uuid.uuid4().hex
+    env = {**os.environ, gang.MARKER: marker}
+    store = subprocess.Popen(SLEEP, env=env, start_new_session=True)
+    try:
+        members = gang.Gang(marker)
+        members.spared = lambda: (store.pid,)
+        members.start(
+            gang.Member("pod-0", [sys.executable, "-c", "pass"], env, tmp_path / "pod-0.log", print)
+        )
+        while members.codes() != [0]:
+            time.sleep(0.05)
+        began = time.monotonic()
+        members.stop(grace_seconds=20.0)
+        assert time.monotonic() - began < 5.0  # not the grace period: nothing but the store was left
+        assert store.poll() is None
+    finally:
+        store.kill()
+        store.wait()
