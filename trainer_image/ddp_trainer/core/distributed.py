@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_trainer import contract
+from ddp_trainer.core import inplace
 
 
 @dataclass(frozen=True)
@@ -85,16 +86,20 @@ def process_start(pid: int) -> str:
 def metrics_dir(env: MutableMapping[str, str], launch: LaunchEnv) -> Path:
     """Prepare ``PROMETHEUS_MULTIPROC_DIR``, shared by the local ranks of one torchrun agent.
 
-    Must run before ``prometheus_client`` is imported. The directory is new for every agent process
-    and worker restart (keyed on the agent's pid, its start time and the restart count), so no rank
-    ever has to clear another's files. The start time matters where ``/tmp`` outlives processes (local
-    mode, a shared host): a pid is reused, and a directory keyed on the pid alone would serve the
-    series a dead process left there as this run's.
+    Must run before ``prometheus_client`` is imported. The directory is new for every agent process,
+    worker restart and elastic world (keyed on the agent's pid, its start time, the restart count and
+    the world changes its launcher counted), so no rank ever has to clear another's files. The start time
+    matters where ``/tmp`` outlives processes (local mode, a shared host): a pid is reused, and a
+    directory keyed on the pid alone would serve the series a dead process left there as this run's. The
+    world matters because a world change starts new workers without a new restart count, and the files
+    keep every series a dead worker wrote: ``ddp_info`` at 1 for the old world's size beside the new one,
+    which a reader could not tell apart (the operator saw a world of 3 after it shrank to 1).
     """
     if "PROMETHEUS_MULTIPROC_DIR" not in env:
         # the worker's parent: torchrun's agent, or the agent's one fork server (the built-in trainer)
         agent = os.getppid() if launch.launched else os.getpid()
-        name = f"ddpjob-metrics-{agent}-{process_start(agent)}-{launch.restart_count}"
+        world = inplace.read_state(env).resizes
+        name = f"ddpjob-metrics-{agent}-{process_start(agent)}-{launch.restart_count}-{world}"
         env["PROMETHEUS_MULTIPROC_DIR"] = str(Path(tempfile.gettempdir()) / name)
     path = Path(env["PROMETHEUS_MULTIPROC_DIR"])
     path.mkdir(parents=True, exist_ok=True)
