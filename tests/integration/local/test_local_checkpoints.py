@@ -53,7 +53,7 @@ def test_another_local_job_in_the_same_folder_is_refused_and_a_warm_start_is_not
 
     code, out = _local(tmp_path, _job(b, folder))
     assert code == 1, out
-    assert f"ddpjob local: {b}: Failed" in out and "after 1 attempt(s)" in out  # no restart
+    assert f"ddpjob local: {b}: Failed" in out and "after 1 attempt(s)" in out, out  # no restart
     assert f"{contract.FOREIGN_CHECKPOINT}: attempt 1: checkpoint step-00000020.{a}.pt" in out
     assert f"was written by DDPJob default/{a} (uid 00000000-0000-0000-0000-000000000000)" in out
     report = yaml.safe_load((tmp_path / "runs" / b / "attempt-1" / f"{b}-1-0.termination-log").read_text())

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from ddp_trainer import contract
 from ddp_trainer.contract import FAILURE_EXIT_CODE
 from helpers.torchrun_helpers import Launch, by_rank, checkpoints, launch, scrape
 
@@ -74,7 +75,10 @@ def test_clean_run_is_verified(clean: CleanRun) -> None:
     # initial + steps 10, 20, 30, 40
     assert (report["checks"], report["mismatches"], report["repairs"]) == (5, 0, 0)
     assert (report["lastCheckStep"], report["step"], report["worldSize"]) == (40, 40, 4)
-    assert clean.reports[1] == report  # node 1's local rank 0 reports the same for its pod
+    mine, theirs = (dict(r) for r in clean.reports)
+    writers = (mine.pop(contract.REPORT_WRITER), theirs.pop(contract.REPORT_WRITER))
+    assert writers[0] != writers[1], writers  # each pod's report says which of its processes wrote it
+    assert theirs == mine  # and node 1's local rank 0 reports the same as node 0's otherwise
     assert checkpoints(clean.checkpoint_dir) == [
         "step-00000030.testjob.pt",
         "step-00000040.testjob.pt",
