@@ -82,6 +82,20 @@ class Cluster:
     def kubectl_json(self, *args: str) -> Any:
         return json.loads(self.kubectl(*args, "-o", "json").stdout)
 
+    def wait_established(self, *crds: str, timeout: float = 60.0) -> None:
+        """Wait until each CRD (``crd/<name>``) says Established. Not ``kubectl wait``: it fails at once
+        ('.status.conditions accessor error') on a CRD read before the API server wrote its conditions."""
+
+        def established(crd: str) -> bool:
+            got = self.kubectl("get", crd, "-o", "json", check=False)
+            if got.returncode != 0:
+                return False
+            conditions = json.loads(got.stdout).get("status", {}).get("conditions") or []
+            return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+
+        for crd in crds:
+            wait_for(lambda crd=crd: established(crd), what=f"{crd} Established", timeout=timeout, every=0.2)
+
     def serviceaccount_kubeconfig(self, namespace: str, name: str) -> Path:
         """A kubeconfig that authenticates as ``system:serviceaccount:<namespace>:<name>``."""
         return serviceaccounts.write_kubeconfig(self.kube, self.layout, namespace, name)

@@ -269,7 +269,7 @@ def test_upgrade_with_monitoring_then_uninstall_leaves_only_the_crds(cluster: Cl
     for path in crd_files:
         cluster.kubectl("apply", "--server-side", "-f", str(path))
     try:
-        cluster.kubectl("wait", "--for=condition=Established", *[f"crd/{n}" for n in names], "--timeout=60s")
+        cluster.wait_established(*[f"crd/{n}" for n in names])
         release.upgrade(
             **{
                 "metrics.serviceMonitor.enabled": True,

@@ -312,7 +312,7 @@ def stack(cluster: Cluster) -> Iterator[Stack]:
     cluster.kubectl("wait", "--for=delete", *[f"crd/{n}" for n in names], "--timeout=120s", check=False)
     for path in files:
         cluster.kubectl("apply", "--server-side", "-f", str(path))
-    cluster.kubectl("wait", "--for=condition=Established", *[f"crd/{n}" for n in names], "--timeout=60s")
+    cluster.wait_established(*[f"crd/{n}" for n in names])
     ns = cluster.create_namespace("mon")
     webhook = Webhook()
     stack = Stack(cluster, ns, webhook)

@@ -130,7 +130,7 @@ def chart_rbac(*values: str) -> list[dict[str, Any]]:
 def install(cluster: Cluster) -> Path:
     """Applies the CRD and the chart's RBAC; returns a kubeconfig of the chart's ServiceAccount."""
     cluster.kubectl("apply", "--server-side", "-f", str(REPO / "manifests" / "crd.yaml"))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/ddpjobs.ddpjob.io", "--timeout=60s")
+    cluster.wait_established("crd/ddpjobs.ddpjob.io")
     if cluster.kube.get_or_none(f"/api/v1/namespaces/{OPERATOR_NAMESPACE}") is None:
         cluster.kubectl("create", "namespace", OPERATOR_NAMESPACE)
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(chart_rbac()))

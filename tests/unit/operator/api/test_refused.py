@@ -118,7 +118,7 @@ def test_the_api_server_names_the_same_fields(path: Path, cluster: Any, namespac
     from testcluster.kubeapi import ApiError
 
     cluster.kubectl("apply", "--server-side", "-f", "-", input=crd.crd_text())
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd.PLURAL}.{crd.GROUP}", "--timeout=60s")
+    cluster.wait_established(f"crd/{crd.PLURAL}.{crd.GROUP}")
     expected = case(path)
     dry_run = {"dryRun": "All", "fieldValidation": "Strict"}
     try:
