@@ -16,6 +16,23 @@ from ddp_operator.local import gang
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 
 
+def _sleeper(env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(SLEEP, env=env, start_new_session=True)
+
+
+def _stopped(tmp_path: Path, marker: str, store: subprocess.Popen[bytes], grace: float) -> float:
+    """A gang of one pod that exited 0, the store spared: the seconds its stop took."""
+    env = {**os.environ, gang.MARKER: marker}
+    members = gang.Gang(marker)
+    members.spared = lambda: (store.pid,)
+    members.start(gang.Member("pod-0", [sys.executable, "-c", "pass"], env, tmp_path / "pod-0.log", print))
+    while members.codes() != [0]:
+        time.sleep(0.05)
+    began = time.monotonic()
+    members.stop(grace_seconds=grace)
+    return time.monotonic() - began
+
+
 def test_a_stop_neither_waits_for_nor_kills_a_spared_marked_process(tmp_path: Path) -> None:
     """The end of every elastic `ddpjob local` run waited out the 30 s grace period for the store (it
     carries the marker, to be found if ddpjob itself dies) and then killed it under its keeper, which
@@ -23,19 +40,9 @@ def test_a_stop_neither_waits_for_nor_kills_a_spared_marked_process(tmp_path: Pa
     to the summary)."""
     marker = uuid.uuid4().hex
     env = {**os.environ, gang.MARKER: marker}
-    store = subprocess.Popen(SLEEP, env=env, start_new_session=True)
-    stray = subprocess.Popen(SLEEP, env=env, start_new_session=True)  # a marked process nobody spares
+    store, stray = _sleeper(env), _sleeper(env)  # the stray: a marked process nobody spares
     try:
-        members = gang.Gang(marker)
-        members.spared = lambda: (store.pid,)
-        members.start(
-            gang.Member("pod-0", [sys.executable, "-c", "pass"], env, tmp_path / "pod-0.log", print)
-        )
-        while members.codes() != [0]:
-            time.sleep(0.05)
-        began = time.monotonic()
-        members.stop(grace_seconds=1.0)
-        took = time.monotonic() - began
+        took = _stopped(tmp_path, marker, store, grace=1.0)
         assert stray.wait(timeout=5) == -9  # a marked process that is not spared is killed at the deadline
         assert took < 1.0 + 5, took
         assert store.poll() is None, "the spared store was killed with the pods"
@@ -48,19 +55,10 @@ def test_a_stop_neither_waits_for_nor_kills_a_spared_marked_process(tmp_path: Pa
 
 def test_a_stop_with_only_a_spared_process_left_returns_at_once(tmp_path: Path) -> None:
     marker = uuid.uuid4().hex
-    env = {**os.environ, gang.MARKER: marker}
-    store = subprocess.Popen(SLEEP, env=env, start_new_session=True)
+    store = _sleeper({**os.environ, gang.MARKER: marker})
     try:
-        members = gang.Gang(marker)
-        members.spared = lambda: (store.pid,)
-        members.start(
-            gang.Member("pod-0", [sys.executable, "-c", "pass"], env, tmp_path / "pod-0.log", print)
-        )
-        while members.codes() != [0]:
-            time.sleep(0.05)
-        began = time.monotonic()
-        members.stop(grace_seconds=20.0)
-        assert time.monotonic() - began < 5.0  # not the grace period: nothing but the store was left
+        # not the grace period: nothing but the store was left
+        assert _stopped(tmp_path, marker, store, grace=20.0) < 5.0
         assert store.poll() is None
     finally:
         store.kill()
