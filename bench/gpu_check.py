@@ -32,7 +32,9 @@ rounds; with them, expect about 8-9 minutes, most of it the Hugging Face part's 
    peak memory of one probe beside one training step's;
 5. the Hugging Face callback's cost: the wall time of ``Trainer.train()`` (``on_train_end`` included)
    with ``SyncHealthCallback`` vs without, GPT-2 6 x 512, bf16, 300 steps, a check every 100, one whole
-   run per sample (``health_bench --gpu``; goal <= 2 %).
+   run per sample (``health_bench --gpu``; goal <= 2 %);
+6. what a lost peer costs an NCCL group (``nccl_bench``): abort and re-form in one process, a worker
+   killed while a kernel spins (to reaped, to its memory free), two ranks on one GPU.
 """
 
 from __future__ import annotations
@@ -324,12 +326,41 @@ def hf_callback() -> None:
         )
 
 
+def nccl() -> None:
+    """What a lost peer costs a worker's group with NCCL (``nccl_bench.py``): abort and re-form, a kill."""
+    cmd = [sys.executable, str(ROOT / "bench" / "nccl_bench.py"), "--rounds", str(ROUNDS)]
+    done = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    print(done.stdout[-3000:], done.stderr[-2500:] if done.returncode else "")
+    if done.returncode:
+        row("nccl_bench", "FAILED")
+        return
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    figures["nccl"] = got
+    ms = "{:.1f} ms".format
+
+    def said(figure: dict[str, Any]) -> str:
+        return f"{ms(1e3 * figure['median'])} [{ms(1e3 * figure['low'])} - {ms(1e3 * figure['high'])}]"
+
+    reform, killed = got["reform"], got["killed_in_kernel"]
+    row("NCCL world 1: cold group to first all-reduce", ms(1e3 * reform["cold_group_s"]))
+    row("NCCL: ProcessGroup.abort() + destroy", said(reform["abort_s"]))
+    row("NCCL: re-form to first all-reduce, after an abort", said(reform["reform_to_first_allreduce_s"]))
+    row("torch.distributed.shrink_group in this torch", str(reform["has_shrink_group"]))
+    row("a new NCCL worker: start to ready (CUDA, group, memory)", said(killed["child_start_to_ready_s"]))
+    row("SIGKILL of a worker spinning in a kernel: to reaped", said(killed["kill_to_reaped_s"]))
+    if "kill_to_memory_free_s" in killed:
+        row(f"  to its {killed['hold_gib']:g} GiB free again", said(killed["kill_to_memory_free_s"]))
+    if "two_ranks_one_gpu" in got:
+        row("NCCL: two ranks on one GPU make a communicator", str(got["two_ranks_one_gpu"]["works"]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", default="gpu-check.json")
     parser.add_argument(
-        "--skip", nargs="*", default=[], choices=["tests", "fingerprint", "loop", "probe", "hf"]
+        "--skip", nargs="*", default=[], choices=["tests", "fingerprint", "loop", "probe", "hf", "nccl"]
     )
+    parser.add_argument("--only", nargs="*", default=None, help="run only these parts, in the usual order")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("gpu-check: torch.cuda.is_available() is False: run it on a GPU machine")
@@ -342,9 +373,10 @@ def main() -> None:
         "loop": trainer_vs_bare,
         "probe": probe_cost,
         "hf": hf_callback,
+        "nccl": nccl,
     }
     for name, part in parts.items():
-        if name in args.skip:
+        if name in args.skip or (args.only is not None and name not in args.only):
             continue
         started = time.perf_counter()
         try:
@@ -353,6 +385,7 @@ def main() -> None:
             row(f"{name}", f"ERROR {type(error).__name__}: {str(error)[:60]}")
         figures.setdefault("seconds", {})[name] = round(time.perf_counter() - started, 1)
         torch.cuda.empty_cache()
+        Path(args.json).write_text(json.dumps(figures, indent=1))  # a run cut short keeps its parts
     table = [("what", "figure", "goal", "verdict"), ("---", "---:", "---", "---"), *rows]
     print("\n" + "\n".join(f"| {w} | {v} | {g} | {d} |" for w, v, g, d in table))
     Path(args.json).write_text(json.dumps(figures, indent=1))
