@@ -290,8 +290,9 @@ class Side:
         (self.folder / f"go-{k}").touch()
         done, deadline = self.folder / f"done-{k}.json", time.monotonic() + TURN_TIMEOUT_S
         while not done.exists():
-            for kind, proc in self.procs.items():
-                if proc.poll() is not None:
+            for kind, proc in self.procs.items():  # the other side may end cleanly after its last window
+                code = proc.poll()
+                if code is not None and (code != 0 or kind == self.kind):
                     raise RuntimeError(
                         f"{kind} ended ({proc.returncode}) before window {k}:\n{tail(self.workdir, kind)}"
                     )
