@@ -559,14 +559,17 @@ RESIZE_REJOINED: Final = "NodeRejoined"
 that woke, joined at a step boundary."""
 RESIZE_REASONS: Final = (RESIZE_SCALED, RESIZE_LOST, RESIZE_SILENT, RESIZE_REJOINED)
 """Every reason of an elastic resize: ``status.elastic.lastResize.reason``, the ``Resized`` event, the
-operator's ``ddpjob_elastic_resizes_total{reason}`` and the launcher's :data:`LAST_RESIZE_INFO` (which
-never says :data:`RESIZE_SCALED`)."""
+operator's ``ddpjob_elastic_resizes_total{reason}`` and the launcher's :data:`RESIZE_INFO` (which never
+says :data:`RESIZE_SCALED`)."""
 ELASTIC_RESIZES: Final = "ddp_elastic_resizes"
 """The world changes this pod's launcher saw in this attempt (an elastic job's; every pod of the world
 says its own count, so the highest is the best)."""
-LAST_RESIZE_INFO: Final = "ddp_last_resize_info"
-"""The last world change this pod's launcher saw: labels ``reason`` (:data:`RESIZE_REASONS`), ``from_nodes``
-and ``to_nodes``; value: the Unix time the earlier world stopped (the loss seen, the stop asked)."""
+RESIZE_INFO: Final = "ddp_resize_info"
+"""One series per world change this pod's launcher saw in this attempt (its last ``inplace.HISTORY``):
+labels ``reason`` (:data:`RESIZE_REASONS`), ``from_nodes``, ``to_nodes`` and ``round`` (the rendezvous round
+the new world formed in, the same on every pod of it; the highest is the last change); value: the Unix time
+the earlier world stopped (the loss seen, the stop asked). The operator counts each round once, so a world
+that lived between two of its readings is counted too."""
 LAST_RESIZE_SECONDS_LOST: Final = "ddp_last_resize_seconds_lost"
 """Seconds from the earlier world's stop to the new world verified, before its first step."""
 LAST_RESTART_INFO: Final = "ddp_last_restart_info"

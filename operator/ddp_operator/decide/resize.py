@@ -13,6 +13,7 @@ launchers' record of a node lost, gone silent or rejoined)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -87,8 +88,11 @@ def decide(
         status["belowMinSince"] = stamp(since)
     status["summary"] = f"{nodes}/{spec.nodes} ({spec.elastic.min_nodes}-{spec.elastic.max_nodes})"
     events: list[Event] = []
-    if isinstance(was, int) and trained is not None and trained != was and reading is not None:
-        events.extend(_world_changed(spec, status, was, trained, reading.last_resize))
+    counted = _counted(before, job.name)
+    if counted is not None:
+        status[COUNTED] = counted
+    if reading is not None and reading.changes:
+        events.extend(_count_changes(status, job.name, reading))
     size = job.parallelism
     if size is None or size == spec.nodes:
         return Resize(None, status, tuple(events))
@@ -103,19 +107,50 @@ def decide(
     return Resize((job.name, spec.nodes), status, tuple(events))
 
 
-def _world_changed(
-    spec: Spec, status: dict[str, Any], was: int, now: int, change: LastResize | None
-) -> list[Event]:
-    """The trainer's world went from ``was`` to ``now`` nodes. A step of a scale the operator made (toward
-    its size) is that scale, counted when the Job was resized: its cost is written when the world reaches
-    it. Any other change is a resize of its own, with the launcher's reason: counted, said."""
+COUNTED = "counted"
+"""``status.elastic.counted``: the Job (attempt) and the highest rendezvous round whose world change is
+counted, so each change counts once, whichever reading first shows it."""
+
+
+def _counted(before: Mapping[str, Any], job: str) -> dict[str, Any] | None:
+    """The watermark kept in the status, for this Job only (a new attempt's rounds start again)."""
+    counted = before.get(COUNTED)
+    if isinstance(counted, Mapping) and counted.get("job") == job and isinstance(counted.get("round"), int):
+        return {"job": job, "round": counted["round"]}
+    return None
+
+
+def _count_changes(status: dict[str, Any], job: str, reading: Progress) -> list[Event]:
+    """Every world change the launchers recorded in a round past the watermark, oldest first: each once,
+    though the operator may have read none of the worlds between (a world that lived between two readings,
+    a reading that failed while a node was lost)."""
+    counted = status.get(COUNTED, {}).get("round", -1)
+    events: list[Event] = []
+    for change in reading.changes:
+        if change.round <= counted:
+            continue
+        last = reading.last_resize
+        cost = last.seconds_lost if last is not None and last.round == change.round else None
+        events.extend(_world_changed(status, dataclasses.replace(change, seconds_lost=cost)))
+        counted = change.round
+    if counted >= 0:
+        status[COUNTED] = {"job": job, "round": counted}
+    return events
+
+
+def _world_changed(status: dict[str, Any], change: LastResize) -> list[Event]:
+    """The trainer's world went from ``change.before`` to ``change.after`` nodes. A step of a scale the
+    operator made (toward its size) is that scale, counted when the Job was resized: its cost is written
+    when the world reaches it. Any other change is a resize of its own, with the launcher's reason:
+    counted, said."""
+    was, now = change.before, change.after
     last = status.get("lastResize") or {}
     if last.get("reason") == reasons.SCALED and "secondsLost" not in last and _toward(last, was, now):
-        if now == last.get("to") and change is not None and change.seconds_lost is not None:
+        if now == last.get("to") and change.seconds_lost is not None:
             status["lastResize"] = {**last, "secondsLost": round(change.seconds_lost, 1)}
         return []
-    if change is None or change.after != now or change.reason not in reasons.RESIZE_REASONS:
-        return []  # no launcher's record of this change (a world without ddpjob's launcher): not guessed
+    if change.reason not in reasons.RESIZE_REASONS:
+        return []  # not a reason of ddpjob's launcher: not guessed
     status["resizes"] += 1
     record: dict[str, Any] = {
         "from": change.before,

@@ -25,7 +25,7 @@ from ddp_trainer import contract
 
 @dataclass(frozen=True)
 class LastResize:
-    """An elastic world's last change as its launcher recorded it (``ddp_last_resize_info``)."""
+    """An elastic world's change as its launchers recorded it (``ddp_resize_info``)."""
 
     reason: str
     """One of ``contract.RESIZE_REASONS`` (the launcher never says ``Scaled``)."""
@@ -35,7 +35,9 @@ class LastResize:
     at: float
     """Unix time the world before stopped."""
     seconds_lost: float | None
-    """From then to the new world verified (``ddp_last_resize_seconds_lost``)."""
+    """From then to the new world verified (``ddp_last_resize_seconds_lost``; the last change's only)."""
+    round: int = -1
+    """The rendezvous round the new world formed in: one change, whichever pods say it (-1: not known)."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,10 @@ class Progress:
     resizes: int = 0
     """``ddp_elastic_resizes``: an elastic job's world changes in this attempt (the highest any pod says)."""
     last_resize: LastResize | None = None
-    """The last of them, as the pod with the highest count says it."""
+    """The last of them (the highest round; among pods that say no round, the one with the highest count)."""
+    changes: tuple[LastResize, ...] = ()
+    """Every world change any pod's launcher says, once per round, by round: what the operator counts,
+    so a world that lived between two readings is counted too."""
 
     def total(self, spec_steps: int) -> int:
         """The total to show: what the code said, else the spec's (``spec.trainer.steps``)."""
@@ -148,6 +153,7 @@ def parse(texts: Iterable[str]) -> Progress:
     causes: dict[str, float] = {}
     worlds: dict[str, int] = {}
     resizes: dict[str, LastResize] = {}
+    rounds: dict[int, LastResize] = {}
     for text in texts:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
@@ -166,13 +172,15 @@ def parse(texts: Iterable[str]) -> Progress:
                 elif sample.name == contract.INFO and sample.value == 1:
                     if (world := _count(sample.labels.get("world_size"))) is not None:
                         worlds[rank] = world
-                elif sample.name == contract.LAST_RESIZE_INFO:
-                    labels = sample.labels
-                    before, after = _count(labels.get("from_nodes")), _count(labels.get("to_nodes"))
-                    if before is not None and after is not None:
-                        change = LastResize(labels.get("reason", ""), before, after, sample.value, None)
-                        if rank not in resizes or change.at > resizes[rank].at:
+                elif sample.name == contract.RESIZE_INFO:
+                    if (change := _change(sample.labels, sample.value)) is not None:
+                        if rank not in resizes or (change.round, change.at) > (
+                            resizes[rank].round,
+                            resizes[rank].at,
+                        ):
                             resizes[rank] = change
+                        if change.round >= 0:
+                            rounds[change.round] = _earliest(rounds.get(change.round), change)
                 elif sample.name == contract.LOSS:
                     losses[rank] = sample.value
                 elif sample.name == contract.counter_sample(contract.SYNC_CHECKS):
@@ -210,6 +218,7 @@ def parse(texts: Iterable[str]) -> Progress:
         world_size=int(world_size) if world_size is not None else None,
         resizes=int(max(gauges[contract.ELASTIC_RESIZES].values(), default=0)),
         last_resize=last_resize,
+        changes=tuple(rounds[number] for number in sorted(rounds)),
         restart_cause=min(
             (cause for cause, value in causes.items() if restarts and int(value) == restarts),
             key=contract.blame,
@@ -253,16 +262,30 @@ def _count(text: str | None) -> int | None:
         return None
 
 
+def _change(labels: Mapping[str, str], at: float) -> LastResize | None:
+    """One ``ddp_resize_info`` series as a change; None where its labels are not whole numbers."""
+    before, after = _count(labels.get("from_nodes")), _count(labels.get("to_nodes"))
+    if before is None or after is None:
+        return None
+    number = _count(labels.get("round"))
+    return LastResize(labels.get("reason", ""), before, after, at, None, -1 if number is None else number)
+
+
+def _earliest(known: LastResize | None, change: LastResize) -> LastResize:
+    """One round as two pods say it: the earlier stop (each pod's launcher saw it at its own moment)."""
+    return change if known is None or change.at < known.at else known
+
+
 def _last_resize(
     changes: Mapping[str, LastResize],
     counts: Mapping[str, float],
     lost: Mapping[str, float],
 ) -> LastResize | None:
-    """The last world change as the rank whose launcher counted the most says it (rank 0 among equals):
-    a pod that joined late saw fewer."""
+    """The last world change: the highest round any rank says, and among equals as the rank whose
+    launcher counted the most says it (rank 0 among equals): a pod that joined late saw fewer."""
     if not changes:
         return None
-    rank = max(changes, key=lambda r: (counts.get(r, 0.0), r == "0", -_rank_number(r)))
+    rank = max(changes, key=lambda r: (changes[r].round, counts.get(r, 0.0), r == "0", -_rank_number(r)))
     seconds = _finite(lost.get(rank))
     return dataclasses.replace(changes[rank], seconds_lost=seconds)
 

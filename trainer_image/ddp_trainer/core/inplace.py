@@ -42,6 +42,27 @@ class LaunchState:
     """The nodes of the world before and after it."""
     resize_at: float = 0.0
     """Unix time the earlier world stopped: the failure or the silent peer seen, or the stop asked."""
+    history: tuple[Change, ...] = ()
+    """Every world change this pod's launcher saw in this attempt (the last :data:`HISTORY` of them), oldest
+    first: what the operator counts, so a world it never read between two of its readings is counted
+    too."""
+
+
+HISTORY = 32
+"""World changes a launcher keeps for its workers to report."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """One world change as a launcher saw it. ``round``: the rendezvous round the new world formed in,
+    the same on every node of that world, so the operator counts it once whichever pods say it (-1: not
+    known, a rendezvous without torch's dynamic handler)."""
+
+    round: int
+    reason: str
+    before: int
+    after: int
+    at: float
 
 
 def read_state(env: Mapping[str, str]) -> LaunchState:
@@ -60,6 +81,10 @@ def read_state(env: Mapping[str, str]) -> LaunchState:
             int(data.get("resize_from", 0)),
             int(data.get("resize_to", 0)),
             float(data.get("resize_at", 0.0)),
+            tuple(
+                Change(int(r), str(why), int(b), int(a), float(t))
+                for r, why, b, a, t in data.get("history", ())
+            ),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return LaunchState()
@@ -67,7 +92,9 @@ def read_state(env: Mapping[str, str]) -> LaunchState:
 
 def write_state(path: Path, state: LaunchState) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(state)))
+    data = asdict(state)
+    data["history"] = [[c.round, c.reason, c.before, c.after, c.at] for c in state.history]
+    tmp.write_text(json.dumps(data))
     tmp.replace(path)
 
 

@@ -333,11 +333,12 @@ def _install(book: Book) -> None:
     def rendezvous_(self: Any, group: Any) -> None:
         borrowed = book.borrowed
         meet(self, group)
-        change, refund = book.rendezvoused(int(group.group_world_size))
+        handler = group.spec.rdzv_handler
+        formed = handler._state_holder.state.round if isinstance(handler, DynamicRendezvousHandler) else -1
+        change, refund = book.rendezvoused(int(group.group_world_size), formed)
         self._remaining_restarts += refund
         if change == SAME and borrowed:  # a failure of this gang's own, and no restart was left
             raise RuntimeError("a worker failed and no gang restart in place is left (spec.maxRestarts)")
-        handler = group.spec.rdzv_handler
         if isinstance(handler, DynamicRendezvousHandler):
             if getattr(self, "_ddpjob_silence", None) is None:
                 host = os.environ.get(contract.PET_NODE_RANK, "").strip() == "0"

@@ -11,10 +11,12 @@ from pathlib import Path
 
 from ddp_trainer import contract
 from ddp_trainer.core.inplace import (
+    HISTORY,
     OTHER_NODE,
     RESIZED,
     SAME,
     UNCHANGED,
+    Change,
     LaunchState,
     cause,
     world_change,
@@ -50,9 +52,10 @@ class Book:
         self.pending = (why or cause(failures), time.time())
         self.stopped, self.silent = stopped, bool(why)
 
-    def rendezvoused(self, nodes: int) -> tuple[str, int]:
-        """Records a rendezvous of ``nodes`` nodes: the change (:func:`world_change`) and how many restarts
-        to give back to the agent (1 when a failure it counted turned out to be a resize)."""
+    def rendezvoused(self, nodes: int, round_number: int = -1) -> tuple[str, int]:
+        """Records a rendezvous of ``nodes`` nodes (in rendezvous round ``round_number``): the change
+        (:func:`world_change`) and how many restarts to give back to the agent (1 when a failure it counted
+        turned out to be a resize)."""
         change, before, failure, borrowed = (
             world_change(self.nodes, nodes),
             self.nodes,
@@ -79,7 +82,8 @@ class Book:
             return UNCHANGED, int(failure is not None and not borrowed)
         if change == RESIZED:
             self.pending = None
-            self.resized(before, nodes, failure[1] if failure is not None else time.time(), silent)
+            at = failure[1] if failure is not None else time.time()
+            self.resized(before, nodes, at, silent, round_number)
             print(
                 f"{contract.log_stamp(time.time())} [launcher] the world changed from {before} to {nodes} "
                 "node(s) (elastic): no restart spent; this pod's workers resume from the last checkpoint "
@@ -92,7 +96,9 @@ class Book:
             self.restarting()
         return change, 0
 
-    def resized(self, before: int, nodes: int, at: float, silent: bool = False) -> None:
+    def resized(
+        self, before: int, nodes: int, at: float, silent: bool = False, round_number: int = -1
+    ) -> None:
         """Records a world change for the workers to report: a larger world is a node that (re)joined; a
         smaller one lost a node that went silent (:mod:`~ddp_trainer.launch.silence` said so) or ended.
         The operator names a change it made by ``spec.nodes`` itself (``contract.RESIZE_SCALED``)."""
@@ -106,6 +112,7 @@ class Book:
             resize_from=before,
             resize_to=nodes,
             resize_at=at,
+            history=(*self.state.history, Change(round_number, reason, before, nodes, at))[-HISTORY:],
         )
         write_state(self.path, self.state)
 

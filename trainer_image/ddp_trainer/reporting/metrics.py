@@ -127,10 +127,11 @@ class TrainerMetrics:
             contract.ELASTIC_RESIZES,
             "An elastic job's world changes this pod's launcher saw in this attempt.",
         ).labels(**labels)
-        self._last_resize = gauge(
-            contract.LAST_RESIZE_INFO,
-            "The last world change (why, nodes before and after); value: when the world before stopped.",
-            ("reason", "from_nodes", "to_nodes"),
+        self._resize = gauge(
+            contract.RESIZE_INFO,
+            "Each world change this pod's launcher saw (why, nodes before and after, the round it formed "
+            "in); value: when the world before stopped.",
+            ("reason", "from_nodes", "to_nodes", "round"),
         )
         self.resize_lost = gauge(
             contract.LAST_RESIZE_SECONDS_LOST,
@@ -146,18 +147,21 @@ class TrainerMetrics:
             self._last_restart.labels(**self.labels, cause=cause).set(count)
 
     def resized(self, state: LaunchState, now: float) -> None:
-        """An elastic job's world changes in this attempt, as this pod's launcher saw them, and the last
-        one: why, the nodes before and after, when the earlier world stopped, and the seconds from then to
-        ``now`` (this world verified, before its first step). Nothing before the first change."""
+        """An elastic job's world changes in this attempt, as this pod's launcher saw them, each: why, the
+        nodes before and after, the round it formed in, when the earlier world stopped; and the seconds from
+        the last one's stop to ``now`` (this world verified, before its first step). Nothing before the
+        first change."""
         if not state.resizes:
             return
         self.resizes.set(state.resizes)
-        labels = {
-            "reason": state.resize,
-            "from_nodes": str(state.resize_from),
-            "to_nodes": str(state.resize_to),
-        }
-        self._last_resize.labels(**self.labels, **labels).set(state.resize_at)
+        for change in state.history:
+            labels = {
+                "reason": change.reason,
+                "from_nodes": str(change.before),
+                "to_nodes": str(change.after),
+                "round": str(change.round),
+            }
+            self._resize.labels(**self.labels, **labels).set(change.at)
         self.resize_lost.set(max(0.0, now - state.resize_at))
 
     def start_probe(self, every: int, node: str, pod: str) -> ProbeSeries:

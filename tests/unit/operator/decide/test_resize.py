@@ -24,8 +24,18 @@ def _job(size: int) -> dict[str, Any]:
     return job
 
 
-def _reading(nodes: int | None, change: LastResize | None = None, count: int = 0) -> live.Snapshot:
-    latest = Progress(step=50, world_size=nodes * PROCS if nodes else None, resizes=count, last_resize=change)
+def _reading(
+    nodes: int | None, change: LastResize | None = None, count: int = 0, earlier: tuple[LastResize, ...] = ()
+) -> live.Snapshot:
+    """A reading whose launchers recorded ``earlier`` changes and then ``change``, the last."""
+    changes = (*earlier, change) if change is not None else earlier
+    latest = Progress(
+        step=50,
+        world_size=nodes * PROCS if nodes else None,
+        resizes=count,
+        last_resize=change,
+        changes=changes,
+    )
     return live.record(None, 1, 9400, [], NOW.timestamp(), latest)
 
 
@@ -47,7 +57,7 @@ def test_a_silent_peer_then_its_rejoin_are_each_counted_with_their_reason() -> N
         "elastic": {"nodes": 3, "nodesFrom": "Trainer", "resizes": 0},
     }
     stopped = NOW.timestamp() - 12.0
-    silent = LastResize(reasons.NODE_SILENT, 3, 2, stopped, 9.46)
+    silent = LastResize(reasons.NODE_SILENT, 3, 2, stopped, 9.46, round=1)
     plan = _reconcile(previous, 3, 3, 3, _reading(2, silent, 1))
     elastic = plan.status["elastic"]
     assert (elastic["nodes"], elastic["nodesFrom"], elastic["resizes"]) == (2, "Trainer", 1), elastic
@@ -66,8 +76,8 @@ def test_a_silent_peer_then_its_rejoin_are_each_counted_with_their_reason() -> N
     again = _reconcile({**previous, **plan.status}, 3, 3, 3, _reading(2, silent, 1))
     assert again.status["elastic"]["resizes"] == 1
     assert not [e for e in again.events if e.reason == reasons.RESIZED]
-    back = LastResize(reasons.NODE_REJOINED, 2, 3, NOW.timestamp() - 3.0, 2.0)
-    grown = _reconcile({**previous, **plan.status}, 3, 3, 3, _reading(3, back, 2))
+    back = LastResize(reasons.NODE_REJOINED, 2, 3, NOW.timestamp() - 3.0, 2.0, round=2)
+    grown = _reconcile({**previous, **plan.status}, 3, 3, 3, _reading(3, back, 2, (silent,)))
     elastic = grown.status["elastic"]
     assert (elastic["nodes"], elastic["resizes"], elastic["lastResize"]["reason"]) == (3, 2, "NodeRejoined")
     assert [e.type for e in grown.events if e.reason == reasons.RESIZED] == ["Normal"]
@@ -79,7 +89,7 @@ def test_a_lost_node_is_counted_as_node_lost() -> None:
         "attempt": 1,
         "elastic": {"nodes": 2, "nodesFrom": "Trainer", "resizes": 4},
     }
-    lost = LastResize(reasons.NODE_LOST, 2, 1, NOW.timestamp() - 5.0, 4.5)
+    lost = LastResize(reasons.NODE_LOST, 2, 1, NOW.timestamp() - 5.0, 4.5, round=3)
     plan = _reconcile(previous, 2, 2, 1, _reading(1, lost, 1))
     elastic = plan.status["elastic"]
     assert (elastic["nodes"], elastic["resizes"], elastic["lastResize"]["reason"]) == (1, 5, "NodeLost")
@@ -96,12 +106,55 @@ def test_a_scale_counts_once_and_gets_its_cost_when_the_world_reaches_it() -> No
     plan = _reconcile(previous, 3, 2, 2, _reading(2))
     assert plan.resize_job == ("job-1", 3) and plan.status["elastic"]["resizes"] == 1
     assert plan.status["elastic"]["lastResize"]["reason"] == "Scaled"
-    joined = LastResize(reasons.NODE_REJOINED, 2, 3, NOW.timestamp() - 4.0, 3.25)
+    joined = LastResize(reasons.NODE_REJOINED, 2, 3, NOW.timestamp() - 4.0, 3.25, round=1)
     after = _reconcile({**previous, **plan.status}, 3, 3, 3, _reading(3, joined, 1))
     elastic = after.status["elastic"]
     assert (elastic["nodes"], elastic["resizes"]) == (3, 1), elastic
     assert elastic["lastResize"] == {**plan.status["elastic"]["lastResize"], "secondsLost": 3.2}
     assert not [e for e in after.events if e.reason == reasons.RESIZED]
+
+
+def test_worlds_no_reading_saw_are_counted_once_each_and_a_new_attempt_counts_afresh() -> None:
+    """A node goes silent, wakes and rejoins, then a node is lost and another joins, all between two
+    readings (the operator read world 2 before and world 2 after): the launchers' records of the four
+    rounds count four resizes, each once; the last is lastResize with its cost. The same records again
+    count nothing. A new attempt's Job (its rounds start again) counts its own."""
+    previous = {
+        "phase": "Running",
+        "attempt": 1,
+        "elastic": {"nodes": 2, "nodesFrom": "Trainer", "resizes": 0},
+    }
+    at = NOW.timestamp()
+    changes = (
+        LastResize(reasons.NODE_SILENT, 2, 1, at - 60, None, round=1),
+        LastResize(reasons.NODE_REJOINED, 1, 2, at - 40, None, round=2),
+        LastResize(reasons.NODE_LOST, 2, 1, at - 30, None, round=3),
+    )
+    last = LastResize(reasons.NODE_REJOINED, 1, 2, at - 10, 6.0, round=4)
+    plan = _reconcile(previous, 2, 2, 2, _reading(2, last, 4, changes))
+    elastic = plan.status["elastic"]
+    assert (elastic["nodes"], elastic["resizes"], elastic["counted"]) == (2, 4, {"job": "job-1", "round": 4})
+    assert elastic["lastResize"]["reason"] == "NodeRejoined" and elastic["lastResize"]["secondsLost"] == 6.0
+    said = [e.type for e in plan.events if e.reason == reasons.RESIZED]
+    assert said == ["Warning", "Normal", "Warning", "Normal"], plan.events
+    again = _reconcile({**previous, **plan.status}, 2, 2, 2, _reading(2, last, 4, changes))
+    assert again.status["elastic"]["resizes"] == 4
+    assert not [e for e in again.events if e.reason == reasons.RESIZED]
+    other = job_object(2)  # attempt 2's Job: its launchers' round 1 is a change of its own
+    other["spec"]["completions"] = other["spec"]["parallelism"] = 2
+    body = ddpjob_body({**previous, **plan.status, "attempt": 2}, nodes=2, elastic=ELASTIC)
+    first = LastResize(reasons.NODE_LOST, 2, 1, at - 2, 1.5, round=1)
+    snapshot = live.record(
+        None,
+        2,
+        9400,
+        [],
+        NOW.timestamp(),
+        Progress(step=5, world_size=PROCS, changes=(first,), last_resize=first),
+    )
+    fresh = decision.decide_for(body, [other], [pod_object(2, 0)], NOW, snapshot)
+    assert fresh.status["elastic"]["resizes"] == 5, fresh.status["elastic"]
+    assert fresh.status["elastic"]["counted"] == {"job": "job-2", "round": 1}
 
 
 def test_until_the_trainer_says_its_world_nodes_are_the_pods_ready_and_its_first_word_is_no_resize() -> None:

@@ -138,8 +138,8 @@ def _elastic_world_shrunk_by_a_silent_peer() -> Status:
     body = ddpjob_body(previous, nodes=3, elastic={"minNodes": 2, "maxNodes": 4})
     job = job_object(1)
     job["spec"]["completions"] = job["spec"]["parallelism"] = 3
-    change = LastResize(contract.RESIZE_SILENT, 3, 2, NOW.timestamp() - 9.0, 7.5)
-    latest = Progress(step=40, world_size=4, resizes=1, last_resize=change)
+    change = LastResize(contract.RESIZE_SILENT, 3, 2, NOW.timestamp() - 9.0, 7.5, round=1)
+    latest = Progress(step=40, world_size=4, resizes=1, last_resize=change, changes=(change,))
     snapshot = live.record(None, 1, 9400, [], NOW.timestamp(), latest)
     plan = decision.decide_for(body, [job], _pods_running(nodes=3), NOW, snapshot)
     assert plan.status["elastic"]["lastResize"]["secondsLost"] == 7.5, plan.status

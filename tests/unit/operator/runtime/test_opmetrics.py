@@ -153,8 +153,10 @@ def test_a_world_shrunk_by_a_silent_peer_is_counted_under_its_own_reason() -> No
         "elastic": {"nodes": 2, "nodesFrom": "Trainer", "resizes": 0},
     }
     body = ddpjob_body(previous, nodes=2, elastic={"minNodes": 1, "maxNodes": 2})
-    change = LastResize("NodeSilent", 2, 1, NOW.timestamp() - 8.0, 6.0)
-    latest = Progress(step=9, world_size=2, resizes=1, last_resize=change)  # 1 node x procsPerNode 2
+    change = LastResize("NodeSilent", 2, 1, NOW.timestamp() - 8.0, 6.0, round=1)
+    latest = Progress(
+        step=9, world_size=2, resizes=1, last_resize=change, changes=(change,)
+    )  # 1 node x procsPerNode 2
     snapshot = live.record(None, 1, 9400, [], NOW.timestamp(), latest)
     plan = decision.decide_for(body, [job_object(1)], [pod_object(1, 0), pod_object(1, 1)], NOW, snapshot)
     counted = {"ddpjob_namespace": body["metadata"]["namespace"], "reason": "NodeSilent"}

@@ -33,11 +33,14 @@ def test_a_lost_peer_shrinks_the_world_at_no_cost_and_a_joiner_grows_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     book = Book(tmp_path / "state.json", elastic=True)
-    book.rendezvoused(3)
+    book.rendezvoused(3, 0)
     book.failed({2: (1, "connection reset by peer")})  # the survivors' workers lost their peer
-    assert book.rendezvoused(2) == (inplace.RESIZED, 1)  # torch's restart given back
-    assert book.rendezvoused(3) == (inplace.RESIZED, 0)  # a joiner: torch spent nothing
+    assert book.rendezvoused(2, 1) == (inplace.RESIZED, 1)  # torch's restart given back
+    assert book.rendezvoused(3, 2) == (inplace.RESIZED, 0)  # a joiner: torch spent nothing
     assert book.state.restarts == 0 and book.pending is None
+    state = inplace.read_state({contract.LAUNCH_STATE_ENV: str(tmp_path / "state.json")})
+    rounds = [(c.round, c.reason, c.before, c.after) for c in state.history]  # both, read back from the file
+    assert rounds == [(1, contract.RESIZE_LOST, 3, 2), (2, contract.RESIZE_REJOINED, 2, 3)]
     said = capsys.readouterr().err
     assert "the world changed from 3 to 2 node(s) (elastic): no restart spent" in said
     assert "from 2 to 3 node(s)" in said and "(why: NodeLost)" in said and "(why: NodeRejoined)" in said

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from ddp_trainer import contract
-from ddp_trainer.core.inplace import LaunchState
+from ddp_trainer.core.inplace import Change, LaunchState
 from ddp_trainer.reporting.metrics import TrainerMetrics
 
 
@@ -67,15 +67,27 @@ def test_a_changed_description_replaces_the_info_series() -> None:
     assert metrics.info == {"device": "cuda", "fingerprint": "torch"}
 
 
-def test_the_last_world_change_is_shown_with_its_reason_and_the_seconds_it_cost() -> None:
+def test_every_world_change_is_shown_with_its_round_reason_and_the_seconds_the_last_cost() -> None:
     labels = {"ddpjob": "j", "ddpjob_namespace": "ns", "rank": "0", "node_rank": "0"}
     registry = CollectorRegistry()
     metrics = TrainerMetrics(labels, {}, registry)
     metrics.resized(LaunchState(), 1000.0)  # no change yet: nothing said
     assert registry.get_sample_value(contract.ELASTIC_RESIZES, labels) == 0
-    state = LaunchState(resizes=2, resize=contract.RESIZE_SILENT, resize_from=3, resize_to=2, resize_at=990.0)
+    history = (
+        Change(4, contract.RESIZE_LOST, 3, 2, 900.0),
+        Change(7, contract.RESIZE_SILENT, 3, 2, 990.0),
+    )
+    state = LaunchState(
+        resizes=2, resize=contract.RESIZE_SILENT, resize_from=3, resize_to=2, resize_at=990.0, history=history
+    )
     metrics.resized(state, 1002.5)
     assert registry.get_sample_value(contract.ELASTIC_RESIZES, labels) == 2
-    info = labels | {"reason": contract.RESIZE_SILENT, "from_nodes": "3", "to_nodes": "2"}
-    assert registry.get_sample_value(contract.LAST_RESIZE_INFO, info) == 990.0
+    for change in history:  # the earlier one too: a reader that missed its world still counts it
+        info = labels | {
+            "reason": change.reason,
+            "from_nodes": str(change.before),
+            "to_nodes": str(change.after),
+            "round": str(change.round),
+        }
+        assert registry.get_sample_value(contract.RESIZE_INFO, info) == change.at
     assert registry.get_sample_value(contract.LAST_RESIZE_SECONDS_LOST, labels) == 12.5
