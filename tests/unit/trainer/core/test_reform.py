@@ -1,0 +1,76 @@
+"""The rank plan of a re-formed world, and the optimizer state's layout as :func:`copy_state_` sends it
+(the multi-process heal itself: tests/integration/trainer/test_reform_multiprocess.py)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddp_trainer.core import reform
+from ddp_trainer.core.reform import World, joiner_world, survivor_world
+
+
+def test_survivors_keep_their_order_and_joiners_come_after() -> None:
+    assert [survivor_world(r, 4, {1}, 0, "w1") for r in (0, 2, 3)] == [
+        World(0, 3, "w1"),
+        World(1, 3, "w1"),
+        World(2, 3, "w1"),
+    ]
+    assert survivor_world(2, 3, {0}, 2, "w2") == World(1, 4, "w2")
+    assert [joiner_world(i, 2, 2, "w2") for i in (0, 1)] == [World(2, 4, "w2"), World(3, 4, "w2")]
+
+
+@pytest.mark.parametrize(
+    ("rank", "size", "lost", "joiners"), [(1, 3, {1}, 0), (3, 3, set(), 0), (0, 3, {5}, 0), (0, 3, set(), -1)]
+)
+def test_a_survivor_plan_that_cannot_be_is_refused(
+    rank: int, size: int, lost: set[int], joiners: int
+) -> None:
+    with pytest.raises(ValueError):
+        survivor_world(rank, size, lost, joiners, "w")
+
+
+def test_a_joiner_out_of_its_count_is_refused() -> None:
+    with pytest.raises(ValueError):
+        joiner_world(2, 2, 2, "w")
+
+
+def test_the_optimizer_layout_sends_large_tensors_and_carries_small_ones() -> None:
+    module = nn.Linear(100, 2)
+    optimizer = torch.optim.AdamW(module.parameters())
+    module(torch.ones(1, 100)).sum().backward()
+    optimizer.step()
+    state = optimizer.state_dict()
+    sent: list[torch.Tensor] = []
+    skeleton = reform._strip(state, sent)
+    assert [tuple(t.shape) for t in sent] == [(2, 100), (2, 100)]  # the weight's exp_avg, exp_avg_sq
+    assert len(list(reform._slots(skeleton))) == 2
+    rebuilt = reform._fill(skeleton, iter([t.clone() for t in sent]))
+    fresh = torch.optim.AdamW(nn.Linear(100, 2).parameters())
+    fresh.load_state_dict(rebuilt)
+    for p, q in zip(state["state"].values(), fresh.state_dict()["state"].values(), strict=True):
+        assert all(torch.equal(p[k], q[k]) and p[k].dtype == q[k].dtype for k in p)
+
+
+def test_a_re_formed_group_waits_only_as_long_as_asked() -> None:
+    store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
+    with pytest.raises(dist.DistStoreError):
+        reform.reform(store, World(0, 2, "alone"), timeout=timedelta(seconds=0.5))
+    assert not dist.is_initialized()
+
+
+def test_a_world_of_one_re_forms_in_place_and_copies_from_itself() -> None:
+    store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
+    try:
+        for generation in range(2):
+            reform.reform(store, World(0, 1, f"w{generation}"), timeout=timedelta(seconds=10))
+            module = nn.Linear(3, 3)
+            before = module.weight.detach().clone()
+            copied = reform.copy_state_(module, torch.optim.SGD(module.parameters()))
+            assert torch.equal(module.weight, before) and copied.tensors == 2
+    finally:
+        reform.abandon_group()
