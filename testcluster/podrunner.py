@@ -30,7 +30,7 @@ from typing import Any
 
 import urllib3
 
-from ddp_operator.api import kubelet as podenv
+from ddp_operator.api import kubelet
 
 from . import images, netns, podstatus, processes, projected, serviceproxy, volumes
 from .kubeapi import Kube, final_delete_options
@@ -253,7 +253,7 @@ class PodRunner:
     def _launch(self, container: dict[str, Any], run: ContainerRun) -> bool:
         container = images.container_argv(container)  # an upstream monitoring image: its binary
         try:
-            env = podenv.resolve_env(
+            env = kubelet.resolve_env(
                 self.pod,
                 container,
                 pod_ip=self.pod_ip,
@@ -262,10 +262,10 @@ class PodRunner:
                 secrets=self._text(self._secret),
                 node_allocatable=self.node.allocatable,
             )
-            argv = podenv.pod_command(container, env)
+            argv = kubelet.pod_command(container, env)
             binds = volumes.mounts(self.spec, container, self.dir)
             self._write_volume_files(container)
-        except (podenv.ResolveError, volumes.VolumeError) as exc:
+        except (kubelet.ResolveError, volumes.VolumeError) as exc:
             run.state, run.reason, run.message = "waiting", "CreateContainerConfigError", str(exc)
             return False
         termination_log = self.dir / f"{run.name}.termination-log"

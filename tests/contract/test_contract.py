@@ -21,8 +21,7 @@ from ddp_operator.api import names
 from ddp_operator.api.spec import parse, parse_file
 from ddp_operator.children import render
 from ddp_operator.decide import decision, restarts, status
-from ddp_operator.local import host
-from ddp_operator.local import processes as local
+from ddp_operator.local import host, processes
 from ddp_trainer import contract
 from ddp_trainer.core.config import parse_args, read_pod_env
 from ddp_trainer.core.distributed import apply_env_defaults
@@ -77,7 +76,9 @@ def test_rendered_nccl_settings_are_the_trainers_and_the_docs() -> None:
 def test_rendered_pod_environment_reads_back_as_the_trainers_pod_env() -> None:
     spec = parse(_job("envjob", env=[{"name": "EXTRA", "value": "1"}]))
     for attempt in (contract.FIRST_ATTEMPT, contract.FIRST_ATTEMPT + 1):
-        (pod,) = local.local_pods(spec, attempt, Path("/run"), master_port=1, metrics_ports=[9], host_env={})
+        (pod,) = processes.local_pods(
+            spec, attempt, Path("/run"), master_port=1, metrics_ports=[9], host_env={}
+        )
         env = read_pod_env(pod.env)
         assert (env.job, env.namespace, env.attempt, env.metrics_port) == ("envjob", "contract", attempt, 9)
         assert contract.restarts_before(env.attempt) == attempt - 1
@@ -94,7 +95,7 @@ def _restarts_metric(directory: Path) -> float:
 
 
 def _pod_with_report(job: dict[str, Any], message: str, code: int) -> dict[str, Any]:
-    pod = local.pod_object(job, 0)
+    pod = processes.pod_object(job, 0)
     terminated = {"exitCode": code, "message": message}
     pod["status"] = {
         "containerStatuses": [{"name": names.CONTAINER_NAME, "state": {"terminated": terminated}}]
@@ -107,7 +108,7 @@ def _pod_with_report(job: dict[str, Any], message: str, code: int) -> dict[str, 
 def test_round_trip_render_run_the_trainer_read_the_status(tmp_path: Path, attempt: int) -> None:
     spec = parse(_job("roundtrip", trainer={"steps": 4, "batchSize": 8}, syncCheck={"everySteps": 2}))
     assert spec.sync_check.every_steps == 2
-    (pod,) = local.local_pods(
+    (pod,) = processes.local_pods(
         spec,
         attempt,
         tmp_path,
@@ -120,7 +121,7 @@ def test_round_trip_render_run_the_trainer_read_the_status(tmp_path: Path, attem
     host_env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     pod.termination_path.parent.mkdir(parents=True, exist_ok=True)
     run = subprocess.run(
-        pod.argv, env=local.process_env(pod, host_env), capture_output=True, text=True, timeout=240
+        pod.argv, env=processes.process_env(pod, host_env), capture_output=True, text=True, timeout=240
     )
     assert run.returncode == contract.SUCCESS_EXIT_CODE, run.stderr[-3000:]
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ddp_operator.observe import kueue as kueue_slices
+from ddp_operator.observe.kueue import SLICE_REPLACES
 from helpers.e2e import (
     Operator,
     children,
@@ -418,7 +418,7 @@ def test_an_elastic_scale_up_waits_for_its_slice_while_the_world_trains_on_and_a
     status = get(cluster, namespace, "elastic")["status"]
     assert status["phase"] == "Running" and status["elastic"]["nodes"] == 2, status
     slices = [w for w in cluster.kubectl_json("get", "workloads", "-n", namespace)["items"]]
-    waiting = [w for w in slices if (w["metadata"].get("annotations") or {}).get(kueue_slices.SLICE_REPLACES)]
+    waiting = [w for w in slices if (w["metadata"].get("annotations") or {}).get(SLICE_REPLACES)]
     assert len(slices) == 2 and len(waiting) == 1, [w["metadata"] for w in slices]
     assert status["kueue"]["workload"] == waiting[0]["metadata"]["name"] and not status["kueue"]["admitted"]
     print(message)

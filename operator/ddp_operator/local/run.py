@@ -20,8 +20,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from ddp_operator.api import exits
-from ddp_operator.api.spec import Spec, known_total_steps, lost_checkpoints, not_elastic, sync_hook
-from ddp_operator.api.spec import warnings as validate_warnings
+from ddp_operator.api.spec import Spec, known_total_steps, lost_checkpoints, not_elastic, sync_hook, warnings
 from ddp_operator.children import render
 from ddp_operator.decide import restarts
 from ddp_operator.local import elastic, gang, host, processes, validation
@@ -381,7 +380,7 @@ def _local_notes(spec: Spec, first_attempt: int, run_dir: Path, pod_security: st
     if reason := not_elastic(spec):
         notes.append(reason)
     # what `ddpjob validate` warns of, for a cluster: here some of it differs (the pods share one folder)
-    for warning in validate_warnings(spec):
+    for warning in warnings(spec):
         if warning == reason:
             continue
         here = (

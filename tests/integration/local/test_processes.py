@@ -9,8 +9,7 @@ import pytest
 
 from ddp_operator.api.spec import not_elastic, parse
 from ddp_operator.children import objects
-from ddp_operator.local import processes as local
-from ddp_operator.local import run
+from ddp_operator.local import processes, run
 from ddp_operator.observe import references
 from ddp_trainer import contract
 
@@ -22,10 +21,10 @@ DOC: dict[str, Any] = {
 }
 
 
-def _pods(doc: dict[str, Any] = DOC, attempt: int = 2, **kwargs: Any) -> list[local.LocalPod]:
+def _pods(doc: dict[str, Any] = DOC, attempt: int = 2, **kwargs: Any) -> list[processes.LocalPod]:
     options: dict[str, Any] = {"master_port": 40000, "metrics_ports": [41000, 41001, 41002], "host_env": {}}
     options.update(kwargs)
-    return local.local_pods(parse(doc), attempt, Path("/run/plan"), **options)
+    return processes.local_pods(parse(doc), attempt, Path("/run/plan"), **options)
 
 
 def test_each_pod_gets_the_kubelet_environment_with_local_addresses() -> None:
@@ -79,7 +78,7 @@ def test_secrets_come_from_this_machine_or_are_named() -> None:
         },
     }
     assert _pods(doc, host_env={"API_KEY": "s3cret"})[0].env["API_KEY"] == "s3cret"
-    with pytest.raises(local.LocalError, match=r"API_KEY comes from Secret 'creds'.*export API_KEY="):
+    with pytest.raises(processes.LocalError, match=r"API_KEY comes from Secret 'creds'.*export API_KEY="):
         _pods(doc)
 
 
@@ -117,11 +116,11 @@ def test_gpus_are_split_between_pods() -> None:
 def test_cuda_job_needs_enough_gpus() -> None:
     spec = parse({**DOC, "spec": {**DOC["spec"], "device": "cuda"}})
     with pytest.raises(
-        local.LocalError, match=r"needs 6 GPUs \(3 nodes × 2 procsPerNode.*has 1: set device: cpu"
+        processes.LocalError, match=r"needs 6 GPUs \(3 nodes × 2 procsPerNode.*has 1: set device: cpu"
     ):
-        local.check_devices(spec, 1)
-    local.check_devices(spec, 6)
-    local.check_devices(parse(DOC), 0)
+        processes.check_devices(spec, 1)
+    processes.check_devices(spec, 6)
+    processes.check_devices(parse(DOC), 0)
 
 
 @pytest.mark.parametrize(
@@ -136,7 +135,7 @@ def test_cuda_job_needs_enough_gpus() -> None:
     ],
 )
 def test_remap(text: str, expected: str) -> None:
-    assert local.remap(text, {"/checkpoints": Path("/r/ckpt"), "/data": Path("/host/data")}) == expected
+    assert processes.remap(text, {"/checkpoints": Path("/r/ckpt"), "/data": Path("/host/data")}) == expected
 
 
 def test_host_path_volumes_are_themselves() -> None:
@@ -157,7 +156,7 @@ def test_host_path_volumes_are_themselves() -> None:
         },
     }
     _, job = objects.render(parse(doc))
-    assert local.volume_dirs(job, Path("/r")) == {
+    assert processes.volume_dirs(job, Path("/r")) == {
         "/checkpoints": Path("/r/volumes/checkpoint"),
         "/data": Path("/srv/data"),
         "/scratch": Path("/r/volumes/scratch"),
@@ -175,7 +174,7 @@ def test_the_sync_hook_init_container_runs_here_into_the_volume_first_on_pythonp
     assert pod.init == (("python", "-m", "ddp_trainer.inject", volume),)
     assert pod.env["PYTHONPATH"] == f"{volume}:/opt/src"
     assert Path(volume) in pod.volumes
-    env = local.init_env({"PYTHONPATH": "/elsewhere", "PATH": "/usr/bin"})
+    env = processes.init_env({"PYTHONPATH": "/elsewhere", "PATH": "/usr/bin"})
     assert "PYTHONPATH" not in env and env["PATH"].endswith(":/usr/bin")
     assert _pods()[0].init == ()  # the built-in trainer: no hook
 
@@ -186,13 +185,13 @@ def test_the_commands_run_where_ddpjob_local_started_or_in_a_working_dir_this_ma
     with a note that names the field, its value and where the commands run instead."""
     dirs = {"/checkpoints": Path("/r/volumes/checkpoint")}
     here = Path("/home/me/nanoGPT")
-    assert local.command_dir(None, dirs, here) == (here, None)
-    assert local.command_dir("/checkpoints/src", dirs, here) == (Path("/r/volumes/checkpoint/src"), None)
-    assert local.command_dir("/srv/code", dirs, here, is_dir=lambda p: p == Path("/srv/code")) == (
+    assert processes.command_dir(None, dirs, here) == (here, None)
+    assert processes.command_dir("/checkpoints/src", dirs, here) == (Path("/r/volumes/checkpoint/src"), None)
+    assert processes.command_dir("/srv/code", dirs, here, is_dir=lambda p: p == Path("/srv/code")) == (
         Path("/srv/code"),
         None,
     )
-    where, note = local.command_dir("/workspace", dirs, here, is_dir=lambda p: False)
+    where, note = processes.command_dir("/workspace", dirs, here, is_dir=lambda p: False)
     assert where == here
     assert note == (
         "spec.workingDir /workspace: a folder of the image, not on this machine; the commands run in "
@@ -200,7 +199,7 @@ def test_the_commands_run_where_ddpjob_local_started_or_in_a_working_dir_this_ma
     )
     pods = _pods(launch_dir=here)
     assert {pod.cwd for pod in pods} == {here}
-    assert len({local.tmp_dir(pod) for pod in pods}) == 3, "each pod's /tmp is its own"
+    assert len({processes.tmp_dir(pod) for pod in pods}) == 3, "each pod's /tmp is its own"
 
 
 def test_working_dir_is_the_trainer_containers() -> None:

@@ -15,8 +15,7 @@ from datetime import UTC
 from pathlib import Path
 
 from ddp_trainer import contract
-from ddp_trainer.launch import agent as launcher
-from ddp_trainer.launch import store
+from ddp_trainer.launch import agent, store
 from helpers.operator_process import free_port
 
 
@@ -78,7 +77,7 @@ def test_a_node_that_comes_after_the_job_ended_ends_at_once_and_successfully(tmp
             server.kill()
     said = late.stdout + late.stderr
     assert late.returncode == 0, said[-3000:]
-    assert launcher.LATE_JOINER in said and "the late node trained" not in said, said[-3000:]
+    assert agent.LATE_JOINER in said and "the late node trained" not in said, said[-3000:]
     # stopped by a signal, the store exits 128 + it: a failed pod, which its Job replaces (a store pod
     # deleted or evicted must not complete its Job: no store would serve the running world again)
     assert stopped == 128 + signal.SIGTERM, stopped

@@ -128,9 +128,9 @@ def builtin_worker(*argv: str) -> None:
     it with ``os._exit``), so the abort at exit :func:`exit_now` avoids cannot happen here."""
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # torchrun runs python -u
     name_process(f"{WORKER_NAME_PREFIX}{os.environ.get('RANK', '')}")
-    from ddp_trainer.__main__ import main as trainer
+    import ddp_trainer.__main__
 
-    code = trainer(list(argv))
+    code = ddp_trainer.__main__.main(list(argv))
     logging.shutdown()
     if code:
         sys.exit(code)

@@ -18,8 +18,8 @@ from ddp_trainer import contract
 from ddp_trainer.core.config import PodEnv
 from ddp_trainer.reporting import report
 from ddp_trainer.sync import probe
-from ddp_trainer.sync import sdc as sdc_drill
 from ddp_trainer.sync.checking import Checking
+from ddp_trainer.sync.sdc import install_sdc_drill
 from ddp_trainer.sync.settings import SyncConfig
 
 log = logging.getLogger("ddp_trainer")
@@ -62,7 +62,7 @@ class Probing(Checking):
             self.metrics.start_probe(self.probe_every, self.pod.node, self.prober.pod)
         sdc = self.pod.sdc
         if sdc is not None and sdc.rank == self.rank:
-            sdc_drill.install_sdc_drill(model, lambda: self.current_step >= sdc.step)
+            install_sdc_drill(model, lambda: self.current_step >= sdc.step)
             log.warning(
                 "fire drill: rank %d computes wrong after step %d (%s)",
                 self.rank,

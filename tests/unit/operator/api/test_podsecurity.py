@@ -17,7 +17,7 @@ from ddp_operator.api import podsecurity
 from ddp_operator.api.spec import parse, parse_file
 from ddp_operator.children import render
 from ddp_operator.decide import decision
-from ddp_operator.observe import podsecurity as refused
+from ddp_operator.observe.podsecurity import failure, jobs_to_read
 
 REPO = Path(__file__).resolve().parents[4]
 NOW = dt.datetime(2026, 11, 28, 12, 0, 0, tzinfo=dt.UTC)
@@ -109,12 +109,12 @@ def _event(job: str, message: str = REFUSAL, reason: str = "FailedCreate") -> di
 
 def test_the_api_servers_refusal_is_read_from_a_job_without_pods_and_names_the_fields() -> None:
     job = _job()
-    assert refused.jobs_to_read([job], [], NOW) == ("psa-1",)
-    assert refused.jobs_to_read([job], [], NOW - dt.timedelta(seconds=8)) == (), "just created: not yet"
+    assert jobs_to_read([job], [], NOW) == ("psa-1",)
+    assert jobs_to_read([job], [], NOW - dt.timedelta(seconds=8)) == (), "just created: not yet"
     started = {"metadata": {"labels": dict(job["spec"]["template"]["metadata"]["labels"])}}
-    assert refused.jobs_to_read([job], [started], NOW) == (), "its pods exist: nothing was refused"
+    assert jobs_to_read([job], [started], NOW) == (), "its pods exist: nothing was refused"
     pod = job["spec"]["template"]["spec"]
-    found = refused.failure([_event("other-1"), _event("psa-1")], "psa-1", "ml", pod)
+    found = failure([_event("other-1"), _event("psa-1")], "psa-1", "ml", pod)
     assert found is not None and (found.reason, found.final, found.waiting) == (
         "PodSecurity",
         True,
@@ -125,7 +125,7 @@ def test_the_api_servers_refusal_is_read_from_a_job_without_pods_and_names_the_f
     assert 'spec.podTemplate.hostNetwork: true is not allowed under Pod Security "restricted"' in found.fix
     assert "pod-security.kubernetes.io/enforce=restricted on namespace ml" in found.fix
     quota = [_event("psa-1", message="exceeded quota: compute")]
-    assert refused.failure(quota, "psa-1", "ml", pod) is None, "quota: it waits"
+    assert failure(quota, "psa-1", "ml", pod) is None, "quota: it waits"
 
 
 def test_a_refused_job_is_pending_with_the_reason_and_the_fields_and_is_never_restarted() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from ddp_operator.api import names
 from ddp_operator.decide import restarts
-from ddp_operator.observe import facts as observed
+from ddp_operator.observe.facts import attempt_of, observe
 from ddp_trainer import contract
 
 
@@ -37,7 +37,7 @@ def _pod(attempt: int, index: int, *, code: int | None = None, message: str = ""
 
 
 def test_nothing_yet_is_the_first_attempt() -> None:
-    facts = observed.observe({}, [], [])
+    facts = observe({}, [], [])
     assert (facts.attempt, facts.job, facts.stale_jobs, facts.report) == (
         contract.FIRST_ATTEMPT,
         None,
@@ -47,28 +47,26 @@ def test_nothing_yet_is_the_first_attempt() -> None:
 
 
 def test_the_newest_attempt_wins_and_older_jobs_are_stale() -> None:
-    facts = observed.observe(
-        {"attempt": 1}, [_job(1, "Failed"), _job(2)], [_pod(1, 0), _pod(2, 0, ready=True)]
-    )
+    facts = observe({"attempt": 1}, [_job(1, "Failed"), _job(2)], [_pod(1, 0), _pod(2, 0, ready=True)])
     assert facts.attempt == 2 and facts.stale_jobs == ("job-1",)
     assert facts.job is not None and facts.job.name == "job-2" and not facts.job.failed
     assert facts.ready_nodes == 1  # the pod of attempt 1 does not count
 
 
 def test_the_status_attempt_counts_before_its_job_exists() -> None:
-    facts = observed.observe({"attempt": 3}, [_job(2, "Failed")], [])
+    facts = observe({"attempt": 3}, [_job(2, "Failed")], [])
     assert facts.attempt == 3 and facts.job is None and facts.stale_jobs == ("job-2",)
 
 
 def test_a_malformed_attempt_label_is_never_current() -> None:
-    assert observed.attempt_of(_job("x")) == 0
-    assert observed.observe({}, [_job("x")], []).stale_jobs == ("job-x",)
+    assert attempt_of(_job("x")) == 0
+    assert observe({}, [_job("x")], []).stale_jobs == ("job-x",)
 
 
 def test_a_failed_job_carries_its_outcome_with_rank_0s_report() -> None:
     report = json.dumps({"result": contract.DIVERGED, "checks": 2})
     pods = [_pod(1, 1, code=1), _pod(1, 0, code=contract.DIVERGENCE_EXIT_CODE, message=report)]
-    facts = observed.observe({}, [_job(1, "Failed")], pods)
+    facts = observe({}, [_job(1, "Failed")], pods)
     assert facts.job is not None and facts.job.failed and facts.job.outcome is not None
     assert facts.job.outcome.exit_codes == {0: contract.DIVERGENCE_EXIT_CODE, 1: 1}
     assert facts.job.outcome.message == f"node 0 exited {contract.DIVERGENCE_EXIT_CODE}, node 1 exited 1"
@@ -76,9 +74,7 @@ def test_a_failed_job_carries_its_outcome_with_rank_0s_report() -> None:
 
 
 def test_a_crash_log_is_not_a_report() -> None:
-    facts = observed.observe(
-        {}, [_job(1)], [_pod(1, 0, code=1, message="Traceback (most recent call last):")]
-    )
+    facts = observe({}, [_job(1)], [_pod(1, 0, code=1, message="Traceback (most recent call last):")])
     assert facts.report is None and facts.job is not None and facts.job.outcome is None
 
 
@@ -87,17 +83,17 @@ def test_a_disrupted_pod_makes_the_outcome_a_preemption() -> None:
     pod["status"]["conditions"].append(
         {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
     )
-    facts = observed.observe({}, [_job(1, "Failed")], [pod])
+    facts = observe({}, [_job(1, "Failed")], [pod])
     assert facts.job is not None and facts.job.outcome is not None and facts.job.outcome.reason == "Preempted"
 
 
 def test_a_pod_that_failed_on_its_own_is_a_crash_and_deleted_or_stopped_pods_are_not() -> None:
     crash = [_pod(1, 0, code=143), _pod(1, 1, code=137)]
-    outcome = observed.observe({}, [_job(1, "Failed")], crash).job
+    outcome = observe({}, [_job(1, "Failed")], crash).job
     assert outcome is not None and outcome.outcome is not None and outcome.outcome.crashed
     deleted = _pod(1, 1, code=1)
     deleted["metadata"]["deletionTimestamp"] = "2026-11-22T12:00:00Z"  # torchrun exits 1 when stopped
-    stopped = observed.observe({}, [_job(1, "Failed")], [_pod(1, 0, code=143), deleted]).job
+    stopped = observe({}, [_job(1, "Failed")], [_pod(1, 0, code=143), deleted]).job
     assert stopped is not None and stopped.outcome is not None and not stopped.outcome.crashed
 
 
@@ -107,7 +103,7 @@ def test_a_job_failed_by_its_pod_failure_policy_is_a_configuration_error() -> No
         reason="PodFailurePolicy",
         message="Container trainer for pod ns/job-1-0 failed with exit code 2 matching FailJob rule",
     )
-    facts = observed.observe({}, [job], [_pod(1, 0, code=2)])
+    facts = observe({}, [job], [_pod(1, 0, code=2)])
     assert facts.job is not None and facts.job.outcome is not None
     assert facts.job.outcome.reason == "PodFailurePolicy"
     assert restarts.decide(facts.job.outcome, 1, 3).reason == "UsageError"
@@ -118,12 +114,10 @@ def test_a_pod_that_stopped_with_the_gang_is_no_crash() -> None:
     report = json.dumps({"result": "Interrupted", "reason": "Terminated", "message": "stopped"})
     deleted = _pod(1, 1, code=143)
     deleted["metadata"]["deletionTimestamp"] = "2026-11-22T12:00:00Z"
-    facts = observed.observe({}, [_job(1, "Failed")], [_pod(1, 0, code=1, message=report), deleted])
+    facts = observe({}, [_job(1, "Failed")], [_pod(1, 0, code=1, message=report), deleted])
     assert facts.job is not None and facts.job.outcome is not None and not facts.job.outcome.crashed
     assert restarts.decide(facts.job.outcome, 1, 3).reason == restarts.PREEMPTED
-    crashed = observed.observe(
-        {}, [_job(1, "Failed")], [_pod(1, 0, code=1, message="Traceback ..."), deleted]
-    )
+    crashed = observe({}, [_job(1, "Failed")], [_pod(1, 0, code=1, message="Traceback ..."), deleted])
     assert crashed.job is not None and crashed.job.outcome is not None and crashed.job.outcome.crashed
 
 
@@ -138,9 +132,7 @@ def test_a_crash_log_names_the_failing_ranks_first_error() -> None:
             "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
         ]
     )
-    facts = observed.observe(
-        {}, [_job(1, "Failed")], [_pod(1, 0, code=143), _pod(1, 1, code=1, message=tail)]
-    )
+    facts = observe({}, [_job(1, "Failed")], [_pod(1, 0, code=143), _pod(1, 1, code=1, message=tail)])
     assert facts.job is not None and facts.job.outcome is not None
     assert (
         facts.job.outcome.message
@@ -158,14 +150,14 @@ def test_a_pod_evicted_from_a_lost_node_fails_the_attempt_at_once_as_a_preemptio
     evicted["status"]["conditions"].append(
         {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}
     )
-    job = observed.observe({"attempt": 1}, [_job(1)], [healthy, evicted]).job
+    job = observe({"attempt": 1}, [_job(1)], [healthy, evicted]).job
     assert job is not None and job.failed and job.stopping_pods == 0
     assert job.outcome is not None and job.outcome.reason == restarts.PREEMPTED
     assert "p-1 on node-2" in job.outcome.message and not job.outcome.crashed
     # without the eviction the same Job runs on; a complete Job stays complete
-    running = observed.observe({"attempt": 1}, [_job(1)], [healthy, _pod(1, 1, ready=True)]).job
+    running = observe({"attempt": 1}, [_job(1)], [healthy, _pod(1, 1, ready=True)]).job
     assert running is not None and not running.failed
-    done = observed.observe({"attempt": 1}, [_job(1, "Complete")], [healthy, evicted]).job
+    done = observe({"attempt": 1}, [_job(1, "Complete")], [healthy, evicted]).job
     assert done is not None and done.complete and not done.failed
 
 
@@ -173,8 +165,8 @@ def test_rank_0s_success_and_the_pods_that_never_started_are_read_for_an_elastic
     """decide.ending: the pod at index 0 succeeded; a Pending pod never started (and is not stopped)."""
     rank0, running = _pod(1, 0, code=0), _pod(1, 1, ready=True)
     rank0["status"]["phase"] = "Succeeded"
-    found = observed.observe({"attempt": 1}, [_job(1)], [rank0, running, _pod(1, 2)]).job
+    found = observe({"attempt": 1}, [_job(1)], [rank0, running, _pod(1, 2)]).job
     assert found is not None and found.rank0_succeeded and not found.complete
     assert (found.never_started, found.stopping_pods) == (1, 2)  # the Pending pod, and the running one
-    plain = observed.observe({"attempt": 1}, [_job(1)], [_pod(1, 0, ready=True), _pod(1, 1, code=0)]).job
+    plain = observe({"attempt": 1}, [_job(1)], [_pod(1, 0, ready=True), _pod(1, 1, code=0)]).job
     assert plain is not None and not plain.rank0_succeeded and plain.never_started == 0

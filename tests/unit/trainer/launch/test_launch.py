@@ -9,7 +9,7 @@ import pytest
 
 from ddp_trainer import contract
 from ddp_trainer.core import inplace
-from ddp_trainer.launch import agent as launcher
+from ddp_trainer.launch import agent
 from ddp_trainer.launch.book import Book
 
 GLOO_RESET = "RuntimeError: [pair.cc:545] Read error [127.0.0.1]:3479: Connection reset by peer."
@@ -56,16 +56,16 @@ def test_the_state_round_trips_and_a_missing_or_broken_one_is_a_fresh_start(tmp_
 
 def test_node_rank_0_hosts_the_rendezvous_unless_the_user_says_otherwise() -> None:
     c10d = {contract.PET_RDZV_BACKEND: "c10d"}
-    assert launcher.rendezvous_host({**c10d, contract.PET_NODE_RANK: "0"}) == {
+    assert agent.rendezvous_host({**c10d, contract.PET_NODE_RANK: "0"}) == {
         "PET_RDZV_CONF": f"is_host=1,{contract.RIGID_RDZV_CONF}"
     }
-    assert launcher.rendezvous_host({**c10d, contract.PET_NODE_RANK: "3"}) == {
+    assert agent.rendezvous_host({**c10d, contract.PET_NODE_RANK: "3"}) == {
         "PET_RDZV_CONF": f"is_host=0,{contract.RIGID_RDZV_CONF}"
     }
-    assert launcher.rendezvous_host({**c10d, contract.PET_NODE_RANK: "0", "PET_RDZV_CONF": "x=1"}) == {}
-    assert launcher.rendezvous_host({contract.PET_NODE_RANK: "0"}) == {}
+    assert agent.rendezvous_host({**c10d, contract.PET_NODE_RANK: "0", "PET_RDZV_CONF": "x=1"}) == {}
+    assert agent.rendezvous_host({contract.PET_NODE_RANK: "0"}) == {}
     elastic = {**c10d, contract.PET_NODE_RANK: "1", "PET_NNODES": "1:2"}
-    assert launcher.rendezvous_host(elastic) == {"PET_RDZV_CONF": f"is_host=0,{contract.ELASTIC_RDZV_CONF}"}
+    assert agent.rendezvous_host(elastic) == {"PET_RDZV_CONF": f"is_host=0,{contract.ELASTIC_RDZV_CONF}"}
 
 
 def test_a_workers_interrupted_exit_unsignalled_is_another_nodes_stop_only_in_an_elastic_job(
@@ -76,7 +76,7 @@ def test_a_workers_interrupted_exit_unsignalled_is_another_nodes_stop_only_in_an
     their workers exit 143. Elastic: that is a resize (re-rendezvous); rigid: a stop, no restart."""
     elastic = Book(tmp_path / "e.json", elastic=True)
     rigid = Book(tmp_path / "r.json", elastic=False)
-    assert launcher._peer_stopped(contract.INTERRUPTED_EXIT_CODE, elastic) is True
-    assert launcher._peer_stopped(contract.INTERRUPTED_EXIT_CODE, rigid) is False
-    assert launcher._peer_stopped(1, elastic) is False, "a crash is a failure, restarted as one"
-    assert launcher._peer_stopped(None, elastic) is False
+    assert agent._peer_stopped(contract.INTERRUPTED_EXIT_CODE, elastic) is True
+    assert agent._peer_stopped(contract.INTERRUPTED_EXIT_CODE, rigid) is False
+    assert agent._peer_stopped(1, elastic) is False, "a crash is a failure, restarted as one"
+    assert agent._peer_stopped(None, elastic) is False

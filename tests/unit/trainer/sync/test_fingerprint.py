@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from ddp_trainer import sync
-from ddp_trainer.sync import fingerprints as fpmod
+from ddp_trainer.sync import fingerprints
 from ddp_trainer.sync.fingerprints import dispatch, numba_kernel, numpy_kernel
 from ddp_trainer.train.model import MLP
 from testcluster.ci import skip_or_fail
@@ -100,31 +100,33 @@ def fp(t: torch.Tensor) -> int:
 def test_numpy_and_torch_paths_match_the_reference(dtype: torch.dtype, n: int) -> None:
     t = sample(dtype, n)
     expected = reference(t)
-    assert fp(t) == fpmod.numpy_fingerprint(t) == int(fpmod.torch_fingerprint(t)) == expected
-    assert fpmod.numpy_fingerprint(t, compiled=True) == expected
+    assert fp(t) == fingerprints.numpy_fingerprint(t) == int(fingerprints.torch_fingerprint(t)) == expected
+    assert fingerprints.numpy_fingerprint(t, compiled=True) == expected
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
 def test_matches_the_reference_across_blocks(dtype: torch.dtype) -> None:
-    assert fpmod.BLOCK == LANES_PER_BLOCK
+    assert fingerprints.BLOCK == LANES_PER_BLOCK
     size = torch.empty(0, dtype=dtype).element_size()
     t = sample(dtype, (2 * LANES_PER_BLOCK + 3) * 8 // size + 1)  # three blocks, and a partial lane
-    assert fp(t) == int(fpmod.torch_fingerprint(t)) == reference(t)
-    assert fpmod.numpy_fingerprint(t) == fpmod.numpy_fingerprint(t, compiled=True) == reference(t)
+    assert fp(t) == int(fingerprints.torch_fingerprint(t)) == reference(t)
+    assert (
+        fingerprints.numpy_fingerprint(t) == fingerprints.numpy_fingerprint(t, compiled=True) == reference(t)
+    )
     square = sample(dtype, 4 * LANES_PER_BLOCK * 8 // size).view(4, -1)  # exactly four blocks
-    assert fp(square) == int(fpmod.torch_fingerprint(square)) == reference(square)
+    assert fp(square) == int(fingerprints.torch_fingerprint(square)) == reference(square)
 
 
 def test_the_cpu_default_is_numba_else_numpy_and_both_can_be_forced(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DDPJOB_FINGERPRINT_IMPL", raising=False)
     assert numba_kernel.available()  # a dependency of the trainer: the default path is the fast one
-    assert fpmod.impl_for(torch.device("cpu")) == "numba"
+    assert fingerprints.impl_for(torch.device("cpu")) == "numba"
     monkeypatch.setattr(numba_kernel, "available", lambda: False)
-    assert fpmod.impl_for(torch.device("cpu")) == "numpy"
+    assert fingerprints.impl_for(torch.device("cpu")) == "numpy"
     monkeypatch.setenv("DDPJOB_FINGERPRINT_IMPL", "numba")
-    assert fpmod.impl_for(torch.device("cpu")) == "numba"
+    assert fingerprints.impl_for(torch.device("cpu")) == "numba"
     monkeypatch.setenv("DDPJOB_FINGERPRINT_IMPL", "numpy")
-    assert fpmod.impl_for(torch.device("cpu")) == "numpy"
+    assert fingerprints.impl_for(torch.device("cpu")) == "numpy"
 
 
 def test_a_small_cuda_call_takes_the_torch_path_and_never_imports_triton() -> None:
@@ -189,7 +191,7 @@ def test_small_cpu_tensors_never_load_numba_and_large_ones_do() -> None:
 def test_the_kernels_import_only_the_definition() -> None:
     """The layers of the package: kernels below (each on the hash's definition alone, the torch path also on
     its plan), dispatch above."""
-    package = Path(fpmod.__file__).parent
+    package = Path(fingerprints.__file__).parent
     for kernel in ("numpy_kernel", "numba_kernel", "torch_kernel", "torch_plan", "triton_kernel"):
         tree = ast.parse((package / f"{kernel}.py").read_text())
         ours = {
@@ -220,7 +222,7 @@ def test_views_at_odd_offsets_and_strides_hash_their_logical_order() -> None:
     x = sample(torch.bfloat16, 4001)
     for offset in range(1, 6):  # data pointers 2, 4, 6, 8 ... bytes past an 8-byte boundary
         view = x[offset : offset + 3001]
-        assert fp(view) == int(fpmod.torch_fingerprint(view)) == reference(view) == fp(view.clone())
+        assert fp(view) == int(fingerprints.torch_fingerprint(view)) == reference(view) == fp(view.clone())
     w = sample(torch.float32, 64 * 48).view(64, 48)
     assert fp(w.t()) == reference(w.t()) == fp(w.t().contiguous())
     assert fp(w[:, ::3]) == fp(w[:, ::3].contiguous())
@@ -353,7 +355,7 @@ TRITON_SCRIPT = textwrap.dedent(
     """
     import json, sys
     import torch
-    from ddp_trainer.sync import fingerprints as fingerprint
+    from ddp_trainer.sync import fingerprints
     from ddp_trainer.sync.fingerprints import triton_kernel
     sys.path.insert(0, sys.argv[1])
     from test_fingerprint import ALL, reference, sample
@@ -362,8 +364,8 @@ TRITON_SCRIPT = textwrap.dedent(
     tensors += [torch.zeros(0), torch.randn(40, 30).t(), torch.tensor(2.5)]
     tensors += [sample(torch.float64, 1500), sample(torch.float32, 2 * 1500 + 1)]  # a tile and a part
     kernel = triton_kernel.fingerprint_tensors(tensors).tolist()
-    torch_path = [int(fingerprint.torch_fingerprint(t)) for t in tensors]
-    numpy_path = [fingerprint.numpy_fingerprint(t) for t in tensors]
+    torch_path = [int(fingerprints.torch_fingerprint(t)) for t in tensors]
+    numpy_path = [fingerprints.numpy_fingerprint(t) for t in tensors]
     refs = [reference(t) for t in tensors]
     print(json.dumps({"kernel": kernel, "torch": torch_path, "numpy": numpy_path, "reference": refs,
                       "n": len(tensors)}))
@@ -446,7 +448,7 @@ def test_cuda_equals_cpu(impl: str, monkeypatch: pytest.MonkeyPatch) -> None:
     on_gpu = [t.cuda() for t in tensors]
     assert sync.fingerprint_tensors(on_gpu).cpu().tolist() == expected
     if impl:  # the kernel asked for ran: a failing Triton kernel would fall back to torch and pass unseen
-        assert fpmod.impl_for(on_gpu[0].device) == impl
+        assert fingerprints.impl_for(on_gpu[0].device) == impl
     if impl == "torch":  # and through its fused kernel: one that fails to build falls back to eager ops
         from ddp_trainer.sync.fingerprints import torch_kernel
 
@@ -493,7 +495,7 @@ def test_numba_without_a_writable_cache_compiles_per_process(monkeypatch: pytest
     assert type(kernel._cache).__name__ == "NullCache"  # not cached, and not refused
     t = sample(torch.float32, 3 * LANES_PER_BLOCK + 5)
     lanes = numpy_kernel._np_lanes(t)
-    keys = np.arange(1, LANES_PER_BLOCK + 1, dtype=np.uint64) * np.uint64(fpmod.G)
+    keys = np.arange(1, LANES_PER_BLOCK + 1, dtype=np.uint64) * np.uint64(fingerprints.G)
     out = np.zeros(-(-lanes.size // LANES_PER_BLOCK), dtype=np.uint64)
     kernel(lanes, keys, out)
     assert np.array_equal(out, numba_kernel.block_sums(lanes, keys, out.size))
@@ -523,10 +525,10 @@ def test_a_triton_kernel_that_fails_falls_back_to_torch_and_says_so_once(
     monkeypatch.setattr(triton_kernel, "available", lambda: True)  # as on a CUDA machine
     monkeypatch.setattr(triton_kernel, "fingerprint_tensors", launch)
     monkeypatch.setenv("DDPJOB_FINGERPRINT_IMPL", "triton")  # CPU tensors reach the Triton path
-    assert fpmod.impl_for(torch.device("cpu")) == "triton"
+    assert fingerprints.impl_for(torch.device("cpu")) == "triton"
     tensors = [sample(torch.float32, 777), sample(torch.bfloat16, 5)]
     assert sync.fingerprint_tensors(tensors).tolist() == [reference(t) for t in tensors]
-    assert fpmod.impl_for(torch.device("cpu")) == "torch"  # for the rest of the process
+    assert fingerprints.impl_for(torch.device("cpu")) == "torch"  # for the rest of the process
     assert fp(tensors[0]) == reference(tensors[0])
     lines = fallback_lines(caplog)
     assert len(lines) == 1, lines
@@ -544,10 +546,10 @@ def test_a_numba_kernel_that_fails_falls_back_to_numpy(
 
     monkeypatch.delenv("DDPJOB_FINGERPRINT_IMPL", raising=False)
     monkeypatch.setattr(numba_kernel, "block_sums", compile_error)
-    assert fpmod.impl_for(torch.device("cpu")) == "numba"
+    assert fingerprints.impl_for(torch.device("cpu")) == "numba"
     t = sample(torch.float16, dispatch.COMPILED_MIN_BYTES // 2 + 999)  # large enough for Numba
     assert fp(t) == fp(t) == reference(t)
-    assert fpmod.impl_for(torch.device("cpu")) == "numpy"
+    assert fingerprints.impl_for(torch.device("cpu")) == "numpy"
     assert len(fallback_lines(caplog)) == 1
 
 
@@ -557,7 +559,7 @@ def test_a_failure_of_a_plain_path_is_not_hidden(monkeypatch: pytest.MonkeyPatch
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     monkeypatch.setenv("DDPJOB_FINGERPRINT_IMPL", "torch")
-    monkeypatch.setattr(fpmod.dispatch.torch_kernel, "fingerprint_many", broken)
+    monkeypatch.setattr(fingerprints.dispatch.torch_kernel, "fingerprint_many", broken)
     with pytest.raises(RuntimeError, match="illegal memory access"):
         fp(torch.zeros(3))
 
@@ -571,7 +573,7 @@ def test_cuda_without_triton_uses_torch_and_says_so_once(
     monkeypatch.delenv("DDPJOB_FINGERPRINT_IMPL", raising=False)
     monkeypatch.setattr(triton_kernel, "available", lambda: False)
     cuda = torch.device("cuda", 0)  # impl_for only reads the device's type: no GPU is touched
-    assert fpmod.impl_for(cuda) == fpmod.impl_for(cuda) == "torch"
+    assert fingerprints.impl_for(cuda) == fingerprints.impl_for(cuda) == "torch"
     lines = fallback_lines(caplog)
     assert len(lines) == 1 and "no Triton kernel" in lines[0], lines
 
