@@ -93,7 +93,11 @@ def grown(
 def first(rank: int, store: dist.TCPStore, out: Out) -> None:
     reform.reform(store, reform.World(rank, 3, "world0"), timeout=TIMEOUT)
     module, opt = build(seed=0)
-    ddp = DDP(module)
+    # no buffer broadcast in the forward: after the kill, gloo's broadcast from rank 0 can complete on rank
+    # 1 and fail on rank 0, and rank 1 then waits out the group's timeout in the backward's all-reduce (a
+    # heal must tell the survivors of a loss, not wait for each to fail: issue 57); the all-reduce fails
+    # on both at once
+    ddp = DDP(module, broadcast_buffers=False)
     for n in range(3):
         step(ddp, opt, rank, n)
     out.record("trained", module, opt)

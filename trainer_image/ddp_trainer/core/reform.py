@@ -15,6 +15,9 @@ group in place"):
   not end a collective blocked on a silent peer: it returns at the group's timeout. A caller that waits on
   an async collective with ``Work.wait(timeout)`` can give up sooner and re-form while the old collective
   is still pending in the old group's threads (it ends at its own timeout).
+- Survivors need not fail the same collective: after a SIGKILL, a gloo broadcast from rank 0 completed on
+  rank 1 and failed on rank 0; rank 1 then waited out the group's timeout in the next collective, rank 0
+  having left for the new world. A heal tells the survivors of a loss; it does not wait for each to fail.
 - ``distributed_c10d._reconfigure`` (experimental, private, "subject to change or removal") re-forms a gloo
   group made with ``enable_reconfigure=True`` in place, from the peers' handles; not used here.
 
