@@ -4,7 +4,9 @@ torchrun (and the operator's pod environment) set ``RANK``, ``LOCAL_RANK``, ``WO
 ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` (the node rank), ``MASTER_ADDR``/``MASTER_PORT``,
 ``TORCHELASTIC_RESTART_COUNT`` and ``TORCHELASTIC_RUN_ID``. :func:`process_group` picks the device, sets
 NCCL/torch variables *before* ``init_process_group(timeout=…, device_id=…)`` and destroys the group in
-``finally``. Without a launcher (no ``RANK``) it runs as a single rank on an in-memory store.
+``finally``. Without a launcher (no ``RANK``) it runs as a single rank on an in-memory store. Re-forming
+a group in place, in a worker that outlived a peer, is :mod:`ddp_trainer.core.reform`'s (issue 57's heal,
+not wired into the loop yet).
 """
 
 from __future__ import annotations
