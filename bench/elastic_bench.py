@@ -67,7 +67,7 @@ REPO = Path(__file__).resolve().parents[1]
 # the packages from this checkout, and tests/helpers: a pod's processes are found as the tests find them
 sys.path[:0] = [str(REPO / "operator"), str(REPO / "trainer_image"), str(REPO / "tests")]
 
-from helpers.local_jobs import pod_pids  # noqa: E402
+from helpers.local_jobs import signal_pod  # noqa: E402
 
 FIRST_STEP = re.compile(
     r"^(\S+ \S+) \[rank 0\] INFO first optimizer step of this run: step (\d+)(?: \(resumed from (\d+)\))?"
@@ -104,18 +104,6 @@ def _rank0_step(port: int) -> int:
 
     text = progress.scrape(port)
     return progress.parse([text]).step if text else -1
-
-
-def _signal_pod(job: str, node_rank: int, sig: signal.Signals) -> list[int]:
-    """``sig`` to every process of pod ``node_rank``, scanning again until no new one shows (a worker its
-    launcher started meanwhile); the PIDs signalled."""
-    done: list[int] = []
-    while new := [pid for pid in pod_pids(job, node_rank) if pid not in done]:
-        for pid in new:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-        done += new
-    return done
 
 
 def _log_lines(folder: Path, name: str) -> list[str]:
@@ -191,9 +179,9 @@ def run(
                 time.sleep(0.2)
             lost_at = time.time()
             if not silent:
-                _signal_pod(name, 1, signal.SIGKILL)
+                signal_pod(name, 1, signal.SIGKILL)
             else:
-                frozen = _signal_pod(name, 1, signal.SIGSTOP)
+                frozen = signal_pod(name, 1, signal.SIGSTOP)
                 while time.time() - lost_at < release_after and process.poll() is None:
                     if "recover_s" in figures_from(_log_lines(folder, name), lost_at, reached, elastic):
                         break

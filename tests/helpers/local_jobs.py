@@ -152,6 +152,20 @@ def pod_pids(job: str, node_rank: int) -> list[int]:
     return [pid for pid, env, _ in processes_of(job) if env.get("NODE_RANK") == str(node_rank)]
 
 
+def signal_pod(job: str, node_rank: int, sig: signal.Signals) -> list[int]:
+    """``sig`` to every process of pod ``node_rank`` of ``job``, as a lost (SIGKILL) or frozen (SIGSTOP) node,
+    scanning again until no new one shows (a worker its launcher started meanwhile); the PIDs signalled. A
+    process gone before its signal is passed over; a pod with no process at all fails, naming it."""
+    done: list[int] = []
+    while new := [pid for pid in pod_pids(job, node_rank) if pid not in done]:
+        for pid in new:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        done += new
+    assert done, f"no process of pod {node_rank}"
+    return done
+
+
 def launcher_pid(job: str, node_rank: int) -> int:
     """The launcher (torchrun's agent under ``ddp_trainer.launch``) of pod ``node_rank`` of ``job``."""
     launchers = [

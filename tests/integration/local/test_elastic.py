@@ -22,7 +22,7 @@ from ddp_operator.local import elastic
 from ddp_trainer import contract
 from ddp_trainer.launch import agent
 from helpers import REPO
-from helpers.local_jobs import RUN_SECONDS, job, pod_pids, run_local, stop_job, unique_name
+from helpers.local_jobs import RUN_SECONDS, job, pod_pids, run_local, signal_pod, stop_job, unique_name
 from testcluster import processes
 
 ELASTIC = {"minNodes": 1, "maxNodes": 3}
@@ -96,10 +96,7 @@ def _lose_pod(tmp_path: Path, name: str, file: str, node: int, saved: str) -> st
     checkpoints = tmp_path / "runs" / name / "volumes" / "checkpoint"
 
     def kill() -> None:
-        victims = pod_pids(name, node)
-        assert victims, f"no process of pod {node}"
-        for pid in victims:
-            os.kill(pid, signal.SIGKILL)
+        signal_pod(name, node, signal.SIGKILL)
 
     return _run_and(tmp_path, name, file, lambda: bool(list(checkpoints.glob(saved))), kill)
 
@@ -247,14 +244,6 @@ def test_an_elastic_job_whose_command_runs_torchrun_itself_keeps_its_store_on_no
     assert "in a process of its own" not in out and "EADDRINUSE" not in out, out
 
 
-def _signal_pod(job: str, node_rank: int, sig: signal.Signals) -> list[int]:
-    victims = pod_pids(job, node_rank)
-    assert victims, f"no process of pod {node_rank}"
-    for pid in victims:
-        os.kill(pid, sig)
-    return victims
-
-
 SLOW_RANK_SECONDS = 12.0
 """How long a rank is stopped while its agent renews: twice the 6 s after which a member that stopped renewing
 is judged silent (``silence.MARGIN_SECONDS`` past the 5 s keep-alive bound)."""
@@ -322,9 +311,9 @@ def test_a_frozen_node_0_is_dropped_within_the_bound_and_rejoins_when_it_wakes(t
             os.kill(pid, signal.SIGCONT)
         assert worlds() == seen, (seen, worlds())  # no smaller world for a slow rank
         frozen_at = time.monotonic()
-        _signal_pod(name, 0, signal.SIGSTOP)
+        signal_pod(name, 0, signal.SIGSTOP)
         shrunk_at = wait_for(lambda: len(worlds()) > len(seen), SILENT_BOUND_SECONDS, "no smaller world")
-        _signal_pod(name, 0, signal.SIGCONT)
+        signal_pod(name, 0, signal.SIGCONT)
         wait_for(
             lambda: len(now := worlds()) > len(seen) + 1 and now[-1][0] == 3,
             RUN_SECONDS,
@@ -346,7 +335,7 @@ def test_a_frozen_node_0_is_dropped_within_the_bound_and_rejoins_when_it_wakes(t
     finally:
         if process.poll() is None:
             with contextlib.suppress(AssertionError):
-                _signal_pod(name, 0, signal.SIGCONT)
+                signal_pod(name, 0, signal.SIGCONT)
             stop_job(process, name)
     after = worlds()
     assert after[len(seen)][0] == 2, (seen, after, out)
@@ -404,7 +393,7 @@ def test_a_frozen_pod_of_a_rigid_job_restarts_the_gang_within_the_bound_naming_i
             )
             time.sleep(0.1)
         frozen_at = time.monotonic()
-        frozen = _signal_pod(name, 1, signal.SIGSTOP)
+        frozen = signal_pod(name, 1, signal.SIGSTOP)
         while not (run / "attempt-2").exists():
             assert process.poll() is None, f"the run ended before a second attempt\n{seen()}"
             assert time.monotonic() - frozen_at < RIGID_BOUND_SECONDS, (
