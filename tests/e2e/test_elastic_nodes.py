@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from helpers.e2e import SCRIPTS, Operator, children, events, get, real_ddpjob, stores, wait_phase
+from helpers.e2e import SCRIPTS, Operator, children, events, get, newest_step, real_ddpjob, stores, wait_phase
 from helpers.e2e_pods import cut_network, durable_job, pod_at
 from testcluster import realfixture
 from testcluster.fixtures import Cluster, wait_for
@@ -41,11 +41,6 @@ SPREAD = {
         }
     ]
 }
-
-
-def _newest_step(folder: Path) -> int:
-    """The step of the newest checkpoint in ``folder`` (``step-00000040.shrink.pt``), 0 for none."""
-    return max((int(p.name.split(".")[0].removeprefix("step-")) for p in folder.glob("step-*.pt")), default=0)
 
 
 def _ready(status: dict[str, Any]) -> dict[str, Any]:
@@ -90,10 +85,10 @@ def test_an_elastic_job_trains_on_without_a_lost_node_and_grows_back_when_it_ret
 
         below = wait_for(trains_at_one, what="Running at 1 of 2 nodes (BelowDesired)", timeout=180, every=0.5)
         assert below["phase"] == "Running" and below["attempt"] == 1, below
-        saved = _newest_step(folder)  # the trainer keeps only the newest few: compare steps, not counts
+        saved = newest_step(folder)  # the trainer keeps only the newest few: compare steps, not counts
         try:
             wait_for(
-                lambda: _newest_step(folder) > saved,
+                lambda: newest_step(folder) > saved,
                 what=f"a checkpoint past step {saved} written by the world of one node",
                 timeout=180,
             )

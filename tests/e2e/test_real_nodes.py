@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -26,7 +27,18 @@ import pytest
 import yaml
 
 from ddp_operator.runtime.lease import LEASE_DURATION_SECONDS, RETRY_PERIOD_SECONDS
-from helpers.e2e import ON_REAL_NODES, REPO, children, container_pid, events, get, wait_phase, writable_folder
+from helpers.e2e import (
+    ON_REAL_NODES,
+    REPO,
+    children,
+    container_pid,
+    events,
+    get,
+    newest_step,
+    wait_phase,
+    writable_folder,
+)
+from helpers.e2e_pods import cut_network
 from helpers.helmrelease import Release, audit_events, installed
 from helpers.operator_process import ddpjob
 from testcluster import realfixture
@@ -389,11 +401,19 @@ def test_a_pod_security_refusal_is_said_naming_the_field_and_nothing_of_the_gang
     cluster.kubectl("delete", "ddpjob", "hostnet", "-n", release.jobs, "--wait=false")
 
 
+RIGID_SILENT_BOUND_SECONDS = 60.0
+"""Issue 54 item 3: a rigid job's silent pod to its gang restart, with every timeout at its default."""
+
+
 def test_a_lost_real_node_restarts_the_gang_on_the_node_that_remains(
     cluster: Cluster, real_nodes: list[RealNode], release: Release, tmp_path: Path
 ) -> None:
     """As ``test_faults``' test of the same name, with a kubelet that stops renewing its Lease and
-    containers that die with their node. The node lost is the one without the operator's pod."""
+    containers that die with their node. The node lost is the one without the operator's pod. Before it is
+    lost, the same rigid job meets a silent pod (issue 54 item 3): its pod on that node cut off from the
+    network, its processes running and its node Ready; with ``stallTimeoutSeconds`` and
+    the NCCL timeout at their defaults, the gang restart starts within 60 s of the cut, and its
+    reason names the silent pod and its node."""
     folder = writable_folder(tmp_path / "ckpt")
     ns = release.jobs
     # the checkpoints on a claim (restricted refuses a hostPath volume in the pod): a ReadWriteMany volume
@@ -402,15 +422,48 @@ def test_a_lost_real_node_restarts_the_gang_on_the_node_that_remains(
     doc = ddpjob(
         "lost",
         checkpoint={"volume": {"persistentVolumeClaim": {"claimName": "lost-ckpt"}}, "mountPath": "/ckpt"},
-        trainer={"steps": 160, "checkpointEvery": 20},
+        trainer={"steps": 400, "checkpointEvery": 20},
         syncCheck={"everySteps": 20},
-        nodeLostTolerationSeconds=10,
+        nodeLostTolerationSeconds=10,  # for the lost node; the cut pod's node stays Ready, so it never counts
         podTemplate=ON_REAL_NODES,
     )
     cluster.kubectl("apply", "-n", ns, "-f", "-", input=manifests(doc))
     wait_for(lambda: list(folder.glob("step-*.pt")), what="a checkpoint", timeout=300)
     operator_node = release.operator_pod()["spec"]["nodeName"]
     (node,) = [n for n in real_nodes if n.name != operator_node]
+    attempt_1 = children(cluster, ns, "pods", "lost")
+    (cut,) = [p for p in attempt_1 if p["spec"]["nodeName"] == node.name]
+    cut_at = time.monotonic()
+    with cut_network(real_nodes, cut):
+        wait_for(
+            lambda: get(cluster, ns, "lost")["status"].get("attempt", 1) >= 2,
+            what=f"a gang restart within {RIGID_SILENT_BOUND_SECONDS:.0f} s of the cut",
+            timeout=RIGID_SILENT_BOUND_SECONDS,
+            every=0.5,
+        )
+        restarted_in = time.monotonic() - cut_at
+    bound = RIGID_SILENT_BOUND_SECONDS
+    print(f"rigid job, network cut → gang restart: {restarted_in:.1f} s (bound {bound:.0f} s)")
+
+    def naming() -> str | None:  # Kopf posts events after the status, in the background
+        found = cluster.kubectl_json(
+            "get", "events", "-n", ns, "--field-selector", "involvedObject.name=lost"
+        )["items"]
+        return next((str(e["message"]) for e in found if "went silent" in str(e.get("message", ""))), None)
+
+    reason = wait_for(naming, what="the restart's event naming the silent peer", timeout=30)
+    # a cut is a partition: each side hears nothing from the other, so whichever pod's report came first
+    # names the other; either way the reason names a pod of the gang by its host name, with its own node
+    named = [
+        (host, where)
+        for host, where in ((str(p["spec"].get("hostname", "")), p["spec"]["nodeName"]) for p in attempt_1)
+        if host and re.search(re.escape(host) + r"\S* \([^()]*, on node " + re.escape(where) + r"\)", reason)
+    ]
+    assert named, ([(p["spec"].get("hostname"), p["spec"]["nodeName"]) for p in attempt_1], reason)
+    print(f"the restart's reason names {named}: {reason}")
+    # the lost node, once attempt 2 trains on both nodes again
+    saved = newest_step(folder)
+    wait_for(lambda: newest_step(folder) > saved, what=f"a checkpoint past step {saved}", timeout=180)
     assert any(p["spec"]["nodeName"] == node.name for p in children(cluster, ns, "pods", "lost"))
     try:
         realfixture.lose_node(node)

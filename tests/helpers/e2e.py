@@ -170,6 +170,11 @@ def stores(cluster: Cluster, namespace: str, kind: str, name: str) -> list[dict[
     return items
 
 
+def newest_step(folder: Path) -> int:
+    """The step of the newest checkpoint in ``folder`` (``step-00000040.job.pt``), 0 for none."""
+    return max((int(p.name.split(".")[0].removeprefix("step-")) for p in folder.glob("step-*.pt")), default=0)
+
+
 def events(cluster: Cluster, namespace: str, name: str, reason: str) -> list[dict[str, Any]]:
     """The Events about object ``name`` with ``reason``."""
     selector = f"involvedObject.name={name},reason={reason}"

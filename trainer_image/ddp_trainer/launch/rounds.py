@@ -15,6 +15,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from ddp_trainer import contract
 from ddp_trainer.launch import silence
 
 
@@ -52,9 +53,22 @@ class RoundWatch:
         self.view: bytes | None = None
         """The last ``_RendezvousState`` of this agent's round it read (pickled as stored), for
         :meth:`restore`."""
+        self.said_where = False
+        """Whether this agent wrote where it runs (:func:`where_key`)."""
+        self.where: dict[str, str] = {}
+        """The Kubernetes node each member of the round said it runs on, by address, read while the store
+        answers (a silent member, or a store host gone silent, cannot be asked then)."""
 
     def begin(self) -> None:
-        """The agent's rendezvous returned: the round it joined, as the handler saw it."""
+        """The agent's rendezvous returned: the round it joined, as the handler saw it. The first time,
+        this node says where it runs (:func:`where_key`), so that another agent that judges it silent
+        names its Kubernetes node too."""
+        if not self.said_where:
+            self.said_where = True
+            with contextlib.suppress(Exception):  # naming is a courtesy: a store that cannot take it is said
+                node = os.environ.get(contract.NODE_NAME_ENV, "").strip()  # by the watch's reads anyway
+                if node:
+                    self.store.set(where_key(self.run_id, self.handler._this_node.addr), node)
         state = self.handler._state_holder.state
         self.watch.begin(
             state.round, self.handler._this_node, state.participants, state.last_heartbeats, time.monotonic()
@@ -108,6 +122,30 @@ class RoundWatch:
 
         store.announce(self.store.host, self.store.port, self.run_id, self.handler._this_node.addr)
 
+    def name(self, node: Any) -> str:
+        """:func:`node_name` with the Kubernetes node it said it runs on, if it did."""
+        return node_name(node, self.where.get(str(getattr(node, "addr", ""))))
+
+    def learn_where(self, members: Any) -> None:
+        """Reads where each member of the round runs, for those not known yet (one store check each, only
+        until every member said it)."""
+        for node in members:
+            addr = str(getattr(node, "addr", ""))
+            if addr and addr not in self.where:
+                with contextlib.suppress(Exception):
+                    key = where_key(self.run_id, addr)
+                    if self.store.check([key]):
+                        self.where[addr] = self.store.get(key).decode()
+
+    def host_where(self, host: str) -> str:
+        """``, on node X`` for the store's host (a pod's host name, perhaps not fully qualified), if a
+        member at that address said where it runs."""
+        first = host.split(".")[0]
+        for addr, where in self.where.items():
+            if addr.split(".")[0] == first:
+                return f", on node {where}"
+        return ""
+
     def poll(self, force: bool = False) -> silence.Verdict | None:
         """What the stored state says now, every :data:`silence.POLL_SECONDS` (``force``: now); None when the
         store cannot be read (the keep-alive thread and the next rendezvous say that store's trouble)."""
@@ -128,17 +166,19 @@ class RoundWatch:
                 return None
             if state.round == self.watch.round_number and self.handler._this_node in state.participants:
                 self.view = got[0]
+                self.learn_where(state.participants)
             key = silence.mark_key(self.run_id, self.watch.round_number)
             mark = self.store.get(key).decode() if self.store.check([key]) else None
             verdict = self.watch.observe(
-                state.round, state.participants, state.last_heartbeats, mark, time.monotonic(), _node_name
+                state.round, state.participants, state.last_heartbeats, mark, time.monotonic(), self.name
             )
             if verdict is not None and verdict.kind == silence.SILENT and verdict.judged_here:
                 self.store.set(key, verdict.names())
         except Exception as exc:  # a store that cannot be read must not end a healthy agent
             if self.hosted_by_a_node and _timed_out(exc):
                 host = getattr(self.store, "host", "node 0")
-                return silence.Verdict(silence.SILENT, (f"{host} (node 0, which hosts the rendezvous)",), 0.0)
+                said = f"{host} (node 0, which hosts the rendezvous{self.host_where(str(host))})"
+                return silence.Verdict(silence.SILENT, (said,), 0.0)
             self.failed_reads += 1
             if self.failed_reads in (1, 10, 100):
                 print(
@@ -168,9 +208,16 @@ def _timed_out(exc: Exception) -> bool:
     return "timeout" in text or "timed out" in text
 
 
-def _node_name(node: Any) -> str:
-    """A rendezvous node as people read it: its address and its agent's pid."""
-    return f"{getattr(node, 'addr', node)} (pid {getattr(node, 'pid', '?')})"
+def where_key(run_id: str, addr: str) -> str:
+    """The store key under which the agent at ``addr`` wrote the Kubernetes node it runs on."""
+    return f"ddpjob/where/{run_id}/{addr}"
+
+
+def node_name(node: Any, where: str | None = None) -> str:
+    """A rendezvous node as people read it: its address (a pod's host name), its agent's pid and, where
+    it said so, the Kubernetes node it runs on."""
+    on = f", on node {where}" if where else ""
+    return f"{getattr(node, 'addr', node)} (pid {getattr(node, 'pid', '?')}{on})"
 
 
 STOP_WAIT_SECONDS = 10.0

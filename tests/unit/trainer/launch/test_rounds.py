@@ -119,3 +119,25 @@ def test_a_node_with_no_view_of_a_round_writes_nothing(host: Any) -> None:
     watch.begin()
     assert watch.view is None
     assert watch.poll(force=True) is None and _stored(watch) is None
+
+
+def test_each_node_says_where_it_runs_so_a_silent_one_is_named_with_its_kubernetes_node(
+    host: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each agent writes its Kubernetes node (DDPJOB_NODE_NAME) once, at its first round; the others read
+    it while the store answers, so a verdict names the silent pod's node, and the store's host's too
+    (then the store cannot be asked)."""
+    from ddp_trainer import contract
+
+    a, b = _node("a.job"), _node("b.job")
+    watches = {}
+    for me, where in ((a, "real-1"), (b, "real-2")):
+        monkeypatch.setenv(contract.NODE_NAME_ENV, where)
+        watches[me] = rounds.RoundWatch(_handler(host, me, [a, b]))
+        watches[me].begin()
+    watch = watches[a]
+    assert watch.name(b) == "b.job (pid 1)"  # not read yet
+    watch.poll(force=True)  # restores the round into the empty store, then reads it
+    assert watch.where == {"a.job": "real-1", "b.job": "real-2"}
+    assert watch.name(b) == "b.job (pid 1, on node real-2)"
+    assert watch.host_where("b") == ", on node real-2" and watch.host_where("c") == ""
