@@ -416,3 +416,63 @@ def test_a_frozen_pod_of_a_rigid_job_restarts_the_gang_within_the_bound_naming_i
     assert "127.0.0.2 (pid" in said and "went silent" in said, said  # pod 1's agent, by its address
     assert "a rigid job cannot train without it" in said, said
     assert contract.SILENT_PEER in out, out  # the attempt's cause, as the summary says it
+
+
+@pytest.mark.slow
+def test_node_0_lost_while_the_worlds_workers_start_is_let_go_within_the_bound(tmp_path: Path) -> None:
+    """Two pods of one process; as soon as a worker of the world of 2 exists (its rendezvous done, its
+    process group not formed yet), every process of pod 0 (rank 0's, whose rank-0 worker hosts the workers'
+    store) is SIGKILLed. The store's process watch drops its agent at once, so it leaves the round with a
+    fresh keep-alive, and the survivor's worker, not connected yet to rank 0's store, retries its connection
+    (30 minutes): no collective fails. The survivor's agent sees the round's host gone while its workers
+    still run, stops them and meets the next round: the world changes to 1 within the bound (it hung until
+    the replacement joined, issue 54's real-node e2e); the replacement grows it back, one attempt."""
+    name = unique_name()
+    trainer = {"steps": 300, "batchSize": 16, "checkpointEvery": 20}
+    doc = job(name, nodes=2, procsPerNode=1, elastic={"minNodes": 1, "maxNodes": 2}, trainer=trainer)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    attempt = tmp_path / "runs" / name / "attempt-1"
+    argv = [sys.executable, "-m", "ddp_operator", "local", "job.yaml", "--workdir", "runs"]
+    process = subprocess.Popen(
+        argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    started = time.monotonic()
+    survivor = attempt / f"{name}-1-1.log"
+
+    def starting() -> bool:
+        workers = [
+            pid
+            for node in (0, 1)
+            for pid in pod_pids(name, node)
+            if processes.name(pid).startswith(agent.WORKER_NAME_PREFIX)
+        ]
+        return bool(workers) and not elastic.worlds(sorted(attempt.glob("*.log")))
+
+    try:
+        while not starting():
+            if process.poll() is not None or time.monotonic() - started > RUN_SECONDS:
+                raise AssertionError(f"no world's workers started; it printed:\n{stop_job(process, name)}")
+            time.sleep(0.02)
+        signal_pod(name, 0, signal.SIGKILL)
+        lost_at = time.monotonic()
+        while "the world changed from 2 to 1 node(s)" not in _read(survivor).decode(errors="replace"):
+            if process.poll() is not None or time.monotonic() - lost_at > SILENT_BOUND_SECONDS:
+                said = _read(survivor).decode(errors="replace")
+                raise AssertionError(
+                    f"the survivor did not leave the world of 2 within {SILENT_BOUND_SECONDS:.0f} s of the "
+                    f"loss; its log:\n{said}\n`ddpjob local` printed:\n{stop_job(process, name)}"
+                )
+            time.sleep(0.1)
+        shrunk_in = time.monotonic() - lost_at
+        out, _ = process.communicate(timeout=max(1.0, started + RUN_SECONDS - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the run did not end in time; it printed:\n{stop_job(process, name)}") from None
+    finally:
+        if process.poll() is None:
+            stop_job(process, name)
+    said = _read(survivor).decode(errors="replace")
+    how = "its host lost" if "hosts the workers' store" in said else "a failed collective"
+    print(f"node 0 lost as the workers started → world of 1: {shrunk_in:.1f} s ({how})")
+    assert process.returncode == 0, out
+    assert f"ddpjob local: {name}: Succeeded" in out and "after 1 attempt(s)" in out, out
+    assert "gang restart in place" not in said, said

@@ -61,7 +61,7 @@ from typing import Any
 from ddp_trainer import contract
 from ddp_trainer.core.config import termination_log
 from ddp_trainer.core.inplace import SAME, exit_code_of, not_retried
-from ddp_trainer.launch import store
+from ddp_trainer.launch import silence, store
 from ddp_trainer.launch.book import Book
 from ddp_trainer.launch.rounds import RoundWatch, patient, stop_now
 from ddp_trainer.reporting.report import record_failure
@@ -275,10 +275,16 @@ def _install(book: Book) -> None:
                 self._ddpjob_reconnects = quiet.reconnects
                 self._store = group.spec.rdzv_handler._get_store()
         if verdict is not None:
+            lost = verdict.kind == silence.LOST  # the host's process ended: a lost node, not a silent one
             if result.state == WorkerState.HEALTHY:
+                stuck = (
+                    "nobody serves the store they wait for"
+                    if lost
+                    else "a collective with a silent peer cannot end"
+                )
                 print(
                     f"{contract.log_stamp(time.time())} [launcher] {verdict.cause()}; stopping this pod's "
-                    "workers now (a collective with a silent peer cannot end)"
+                    f"workers now ({stuck})"
                     + (", and meeting the others at the next round" if book.elastic else ""),
                     file=sys.stderr,
                     flush=True,
@@ -289,7 +295,7 @@ def _install(book: Book) -> None:
                 _fail_rigid(self, group, verdict.cause())
                 book.failed(failures, why=verdict.cause())
                 return result
-            book.failed(failures, stopped=True, why=verdict.cause())
+            book.failed(failures, stopped=True, why=verdict.cause(), silent=not lost)
             lend(self)
             return result
         if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):

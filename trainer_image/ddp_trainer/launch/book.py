@@ -45,12 +45,19 @@ class Book:
         """The last stop was for a silent peer (or this node was dropped as one)."""
         write_state(path, self.state)
 
-    def failed(self, failures: Mapping[int, tuple[int, str]], stopped: bool = False, why: str = "") -> None:
+    def failed(
+        self,
+        failures: Mapping[int, tuple[int, str]],
+        stopped: bool = False,
+        why: str = "",
+        silent: bool = True,
+    ) -> None:
         """This pod's workers ended: they failed, or (``stopped``, an elastic job's) they were stopped for
         another node: at a step boundary because it asked (it leaves, or one joins), or at once because it
-        went silent (``why`` says so: :mod:`ddp_trainer.launch.silence`)."""
+        went silent (``why`` says so: :mod:`ddp_trainer.launch.silence`), or, ``silent`` False, because it
+        was lost while they started (they waited for its store)."""
         self.pending = (why or cause(failures), time.time())
-        self.stopped, self.silent = stopped, bool(why)
+        self.stopped, self.silent = stopped, bool(why) and silent
 
     def rendezvoused(self, nodes: int, round_number: int = -1) -> tuple[str, int]:
         """Records a rendezvous of ``nodes`` nodes (in rendezvous round ``round_number``): the change

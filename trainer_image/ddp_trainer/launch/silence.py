@@ -20,6 +20,15 @@ or a leave, and then meets the next round): not silent, and its stop reaches thi
 job's own step-boundary agreement. One whose keep-alive had stopped before it left was removed by another
 agent's reading of the state (torch's sanitizer drops a node past the bound): silent.
 
+A member whose process ended (killed, its node lost) also leaves with a fresh keep-alive: the store's
+process watch drops it at once. While the workers train, its end fails their collective at once. But while
+they start, none of theirs fails: the round's rank-0 member (:attr:`Watch.host`) hosts the workers' store
+(torch's ``MASTER_ADDR``/``MASTER_PORT``, its rank 0 worker's), and a worker that had not connected to it yet
+retries its connection until the group's timeout (30 minutes by default). So the host gone, this agent's
+workers still running :data:`LOST_AFTER_SECONDS` later wait for it: it was lost (:data:`LOST`), and the
+agent stops them. Its workers stopped at a step boundary end long before that, for they have no checkpoint
+to write: the host's rank 0 writes it, before its agent leaves.
+
 A node that was dropped and wakes (its network restored, its processes resumed) finds itself no longer a
 member of its round: its workers are stale, the world went on without them, so its agent stops them at once
 (no checkpoint of theirs is written after that) and joins the next round like any new node.
@@ -45,9 +54,13 @@ MARGIN_SECONDS = 1.0
 """Added to the keep-alive bound before a member still in the state is judged: torch's own sanitizer drops a
 member at the bound, but only at a rendezvous; here a judgement stops the workers of a world that trains, so
 an agent of the round whose keep-alive thread ran a second late on a loaded machine is given that second."""
+LOST_AFTER_SECONDS = 6.0
+"""How long this agent's workers may run on after the round's host (its rank-0 member) left it before they
+are taken to wait for it (the bound and the margin: its workers stopped at a step boundary end within a
+second or two)."""
 MARK_PREFIX = "ddpjob/silent"
 
-SILENT, DROPPED = "silent", "dropped"
+SILENT, DROPPED, LOST = "silent", "dropped", "lost"
 
 
 def mark_key(run_id: str, round_number: int) -> str:
@@ -58,7 +71,8 @@ def mark_key(run_id: str, round_number: int) -> str:
 @dataclass(frozen=True)
 class Verdict:
     """``silent``: members of this agent's round stopped answering (``nodes``, their names); ``dropped``:
-    this agent itself was dropped from its round (it was silent, and woke)."""
+    this agent itself was dropped from its round (it was silent, and woke); ``lost``: the round's host left
+    it while this agent's workers still ran (they wait for its store)."""
 
     kind: str
     nodes: tuple[str, ...]
@@ -76,6 +90,11 @@ class Verdict:
             return (
                 "this node was dropped from its round as silent (it stopped renewing its keep-alive: "
                 "frozen or cut off); its workers are stale and stop now, and the node joins the next round"
+            )
+        if self.kind == LOST:
+            return (
+                f"node {names}, rank 0's (it hosts the workers' store), left the round {self.seconds:.1f} s "
+                "ago and this node's workers still run: they wait for it (its process ended as they started)"
             )
         if not self.judged_here:
             return f"node(s) {names} went silent (another node's agent saw it first)"
@@ -97,6 +116,11 @@ class Watch:
     seen: dict[Hashable, tuple[object, float]] = field(default_factory=dict)
     """Each member's last keep-alive value, and when (this agent's monotonic clock) it last changed."""
     last_poll: float = 0.0
+    host: Hashable | None = None
+    """The round's rank-0 member, which hosts its workers' store (known when ``members`` maps each to its
+    rank, as torch's ``participants`` do)."""
+    host_left: float | None = None
+    """When the host was seen gone from the state with a fresh keep-alive (this agent's clock)."""
 
     def begin(
         self,
@@ -106,8 +130,11 @@ class Watch:
         beats: Mapping[Hashable, object],
         now: float,
     ) -> None:
-        """A round began with ``members`` (this agent's rendezvous returned)."""
+        """A round began with ``members`` (this agent's rendezvous returned; a mapping: each one's rank)."""
         self.round_number, self.me, self.members = round_number, me, frozenset(members)
+        ranks = members if isinstance(members, Mapping) else {}
+        self.host = next((node for node, rank in ranks.items() if rank == 0), None)
+        self.host_left = None
         self.seen = {node: (beats.get(node), now) for node in self.members}
         self.last_poll = now
 
@@ -149,9 +176,13 @@ class Watch:
             elif quiet >= LEFT_FRESH_SECONDS:  # gone from the state, and silent before it went
                 silent.append((node, quiet))
             else:  # gone with a fresh keep-alive: it left on purpose, and its stop reaches the workers
-                self.members -= {node}
+                self.members -= {node}  # (or its process ended: see host_left)
+                if node == self.host:
+                    self.host_left = now
         if silent:
             return Verdict(SILENT, tuple(_name(name, node) for node, _ in silent), max(q for _, q in silent))
+        if self.host_left is not None and not stalled and now - self.host_left >= LOST_AFTER_SECONDS:
+            return Verdict(LOST, (_name(name, self.host),), now - self.host_left)
         if mark is not None:
             return Verdict(SILENT, (mark,), 0.0, judged_here=False)
         return None

@@ -69,6 +69,44 @@ def test_a_member_that_left_with_a_fresh_keep_alive_left_on_purpose() -> None:
     assert C not in watch.members
 
 
+def test_the_rounds_host_gone_while_this_nodes_workers_still_run_is_lost_after_the_bound() -> None:
+    # the real-node e2e's hang (issue 54): the grown world's rank-0 node lost as its workers started; the
+    # store's process watch dropped its agent at once, so it left the state with a fresh keep-alive, and the
+    # survivor's worker, not connected yet to the store that rank 0 hosted, would retry for 30 minutes
+    watch = silence.Watch(bound=BOUND)
+    watch.begin(7, A, {B: 0, A: 1, C: 2}, {A: 1, B: 1, C: 1}, 0.0)  # torch's participants: node -> rank
+    assert watch.host == B
+    found, now = [], 0.5
+    while now <= 20 and not found:
+        beats = {A: int(now), C: int(now)} | ({B: 1} if now < 1.0 else {})
+        verdict = watch.observe(7, [A, C] if now >= 1.0 else [A, B, C], beats, None, now)
+        if verdict is not None:
+            found.append((now, verdict))
+        now += silence.POLL_SECONDS
+    assert found, "the host's workers' store gone, this node's waiting workers were never stopped"
+    at, verdict = found[0]
+    assert verdict.kind == silence.LOST and verdict.nodes == ("b",), verdict
+    assert 1.0 + silence.LOST_AFTER_SECONDS <= at <= 1.0 + silence.LOST_AFTER_SECONDS + 0.5, at
+    assert "hosts the workers' store" in verdict.cause()
+    # a member other than the host that leaves is left to the step boundary (it writes no checkpoint here,
+    # but this node's rank 0 may be writing the one of the step they stopped at)
+    other = silence.Watch(bound=BOUND)
+    other.begin(7, A, {A: 0, B: 1, C: 2}, {A: 1, B: 1, C: 1}, 0.0)
+    now = 0.5
+    while now <= 30:
+        assert other.observe(7, [A, B], {A: int(now), B: int(now)}, None, now) is None, now
+        now += silence.POLL_SECONDS
+
+
+def test_a_stop_for_a_lost_host_is_a_loss_in_the_book(tmp_path: Path) -> None:
+    book = Book(tmp_path / "state.json", elastic=True)
+    book.rendezvoused(2)
+    why = silence.Verdict(silence.LOST, ("b (pid 1)",), 6.0).cause()
+    book.failed({1: (-9, "")}, stopped=True, why=why, silent=False)
+    assert book.rendezvoused(1) == (inplace.RESIZED, 1)
+    assert book.state.resize == contract.RESIZE_LOST
+
+
 def test_a_member_removed_after_its_keep_alive_stopped_is_silent() -> None:
     # another agent's read dropped c (torch's sanitizer, past the bound) and wrote the state back
     watch = _watch()
