@@ -435,12 +435,22 @@ def test_a_lost_real_node_restarts_the_gang_on_the_node_that_remains(
     (cut,) = [p for p in attempt_1 if p["spec"]["nodeName"] == node.name]
     cut_at = time.monotonic()
     with cut_network(real_nodes, cut):
-        wait_for(
-            lambda: get(cluster, ns, "lost")["status"].get("attempt", 1) >= 2,
-            what=f"a gang restart within {RIGID_SILENT_BOUND_SECONDS:.0f} s of the cut",
-            timeout=RIGID_SILENT_BOUND_SECONDS,
-            every=0.5,
-        )
+        try:
+            wait_for(
+                lambda: get(cluster, ns, "lost")["status"].get("attempt", 1) >= 2,
+                what=f"a gang restart within {RIGID_SILENT_BOUND_SECONDS:.0f} s of the cut",
+                timeout=RIGID_SILENT_BOUND_SECONDS,
+                every=0.5,
+            )
+        except AssertionError as exc:
+            logs = {
+                p["metadata"]["name"]: cluster.kubectl("logs", "-n", ns, p["metadata"]["name"], check=False)
+                for p in attempt_1
+            }
+            tails = "\n".join(f"--- {k}:\n{(v.stdout + v.stderr)[-3000:]}" for k, v in logs.items())
+            raise AssertionError(
+                f"{exc}\ncut: {cut['metadata']['name']}\n{get(cluster, ns, 'lost')['status']}\n{tails}"
+            ) from None
         restarted_in = time.monotonic() - cut_at
     bound = RIGID_SILENT_BOUND_SECONDS
     print(f"rigid job, network cut → gang restart: {restarted_in:.1f} s (bound {bound:.0f} s)")

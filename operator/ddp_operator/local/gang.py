@@ -44,6 +44,15 @@ def marked(marker: str) -> list[int]:
     return found
 
 
+def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (``T``, by a signal such as SIGSTOP, or ``t``, by a tracer)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 :][:1] in ("T", "t")
+
+
 def _signal(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)
@@ -129,13 +138,18 @@ class Gang:
         return [member.poll() for member in self.members]
 
     def stop(self, grace_seconds: float) -> None:
-        """SIGTERM every pod, wait out the grace period, then SIGKILL whatever is left, workers included."""
+        """SIGTERM every pod, wait out the grace period, then SIGKILL whatever is left, workers included.
+        The wait ends early once every process left is stopped (a frozen pod, SIGSTOP): a stopped process
+        cannot act on its SIGTERM, so its grace period would only be waited out."""
         for member in self.members:
             if member.poll() is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(member.process.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_seconds
         while time.monotonic() < deadline and (any(c is None for c in self.codes()) or self._marked()):
+            left = self._marked()
+            if left and all(_stopped(pid) for pid in left):
+                break
             time.sleep(0.1)
         self.kill()
 

@@ -239,6 +239,28 @@ def _fail_rigid(agent: Any, group: Any, why: str) -> None:
     agent._remaining_restarts = 0
     first = min((int(worker.global_rank) for worker in group.workers), default=0)
     record_failure(termination_log(os.environ), first, f"{contract.SILENT_PEER}: {why}")
+    handler = group.spec.rdzv_handler
+    handler.shutdown = bounded(handler.shutdown, SHUTDOWN_SECONDS)
+
+
+SHUTDOWN_SECONDS = 5.0
+"""How long a failing rigid pod's agent gives torch's rendezvous shutdown (it closes the round in the store,
+which a silent store host never answers) before its process ends anyway."""
+
+
+def bounded(call: Any, seconds: float) -> Any:
+    """``call`` run in a thread of its own, given up after ``seconds`` (False then; else its result)."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        box: dict[str, Any] = {}
+        thread = threading.Thread(
+            target=lambda: box.update(result=call(*args, **kwargs)), name="ddpjob-bounded", daemon=True
+        )
+        thread.start()
+        thread.join(seconds)
+        return box.get("result", False)
+
+    return run
 
 
 ROUND_TRIES = 5

@@ -11,8 +11,9 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ddp_trainer import contract
@@ -53,6 +54,12 @@ class RoundWatch:
         self.view: bytes | None = None
         """The last ``_RendezvousState`` of this agent's round it read (pickled as stored), for
         :meth:`restore`."""
+        self.reading: tuple[threading.Thread, dict[str, Any], float] | None = None
+        """A read of the state in flight (:meth:`read_state`): its thread, its outcome, when it began."""
+        timeout = getattr(self.store, "timeout", None)
+        self.read_seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else READ_SECONDS
+        """How long a read of the state may take: the store client's own timeout (the rendezvous'
+        ``read_timeout``)."""
         self.said_where = False
         """Whether this agent wrote where it runs (:func:`where_key`)."""
         self.where: dict[str, str] = {}
@@ -146,6 +153,33 @@ class RoundWatch:
                 return f", on node {where}"
         return ""
 
+    def read_state(self) -> Any:
+        """The backend's ``get_state``, given up after the store's read timeout. The read runs in a thread
+        of its own: a request to a store whose host is frozen or cut off can outlast the client's own
+        timeout (torch's client waits on, after saying ``timed out after 15000ms``), and this agent must
+        then still judge (a rigid job's node 0 gone silent). A read still stuck is waited for again, not
+        repeated."""
+        if self.reading is None:
+            box: dict[str, Any] = {}
+
+            def read() -> None:
+                try:
+                    box["got"] = self.backend.get_state()
+                except Exception as exc:  # handed to the caller
+                    box["error"] = exc
+
+            thread = threading.Thread(target=read, name="ddpjob-watch-read", daemon=True)
+            thread.start()
+            self.reading = (thread, box, time.monotonic())
+        thread, box, started = self.reading
+        thread.join(max(0.0, self.read_seconds - (time.monotonic() - started)))
+        if thread.is_alive():
+            raise TimeoutError(f"reading the rendezvous state timed out after {self.read_seconds:.0f} s")
+        self.reading = None
+        if "error" in box:
+            raise box["error"]
+        return box.get("got")
+
     def poll(self, force: bool = False) -> silence.Verdict | None:
         """What the stored state says now, every :data:`silence.POLL_SECONDS` (``force``: now); None when the
         store cannot be read (the keep-alive thread and the next rendezvous say that store's trouble)."""
@@ -154,10 +188,10 @@ class RoundWatch:
         try:
             if reconnected := bool(self.failed_reads):
                 self.reconnect()
-            got = self.backend.get_state()
+            got = self.read_state()
             if got is None:  # answers, and holds no state: a new store
                 self.restore()
-                got = self.backend.get_state()
+                got = self.read_state()
             if reconnected and self.presence:
                 self.announce()
             state = pickle.loads(got[0]) if got else None
@@ -178,7 +212,7 @@ class RoundWatch:
             if self.hosted_by_a_node and _timed_out(exc):
                 host = getattr(self.store, "host", "node 0")
                 said = f"{host} (node 0, which hosts the rendezvous{self.host_where(str(host))})"
-                return silence.Verdict(silence.SILENT, (said,), 0.0)
+                return silence.Verdict(silence.SILENT, (said,), self.read_seconds)
             self.failed_reads += 1
             if self.failed_reads in (1, 10, 100):
                 print(
@@ -206,6 +240,10 @@ def _timed_out(exc: Exception) -> bool:
     """A store read that timed out (torch's ``DistStoreError``, or the rendezvous backend's wrapper of it)."""
     text = f"{type(exc).__name__}: {exc} {exc.__cause__ or ''}".lower()
     return "timeout" in text or "timed out" in text
+
+
+READ_SECONDS = 15.0
+"""A read's limit where the store does not say its own timeout (the rendezvous' ``read_timeout``)."""
 
 
 def where_key(run_id: str, addr: str) -> str:

@@ -63,3 +63,23 @@ def test_a_stop_with_only_a_spared_process_left_returns_at_once(tmp_path: Path) 
     finally:
         store.kill()
         store.wait()
+
+
+def test_a_stop_does_not_wait_out_the_grace_period_for_a_frozen_process(tmp_path: Path) -> None:
+    """A frozen pod (SIGSTOP) cannot act on its SIGTERM: once every process left is stopped, the stop kills
+    them instead of waiting 20 s (a rigid job's frozen pod cost ddpjob local 30 s before its next attempt)."""
+    import signal
+
+    marker = uuid.uuid4().hex
+    env = {**os.environ, gang.MARKER: marker}
+    store, frozen = _sleeper(env), _sleeper(env)
+    os.kill(frozen.pid, signal.SIGSTOP)
+    try:
+        while not gang._stopped(frozen.pid):  # the kernel says it stopped
+            time.sleep(0.01)
+        assert _stopped(tmp_path, marker, store, grace=20.0) < 5.0
+        assert frozen.wait(timeout=5) == -9 and store.poll() is None
+    finally:
+        for process in (store, frozen):
+            process.kill()
+            process.wait()
