@@ -63,7 +63,7 @@ from ddp_trainer.core.config import termination_log
 from ddp_trainer.core.inplace import SAME, exit_code_of, not_retried
 from ddp_trainer.launch import silence, store
 from ddp_trainer.launch.book import Book
-from ddp_trainer.launch.rounds import RoundWatch, patient, stop_now
+from ddp_trainer.launch.rounds import RoundWatch, bounded_waiting, patient, stop_now
 from ddp_trainer.reporting.report import record_failure
 
 log = logging.getLogger("ddp_trainer.launch")
@@ -376,9 +376,11 @@ def _install(book: Book) -> None:
 
     LocalElasticAgent._monitor_workers = monitor_workers  # type: ignore[method-assign]
     SimpleElasticAgent._rendezvous = rendezvous_  # type: ignore[method-assign]
+    waiting = DynamicRendezvousHandler.num_nodes_waiting
     if book.elastic:
-        waiting = DynamicRendezvousHandler.num_nodes_waiting
         DynamicRendezvousHandler.num_nodes_waiting = patient(waiting)  # type: ignore[method-assign]
+    else:
+        DynamicRendezvousHandler.num_nodes_waiting = bounded_waiting(waiting)  # type: ignore[method-assign]
 
 
 def main(argv: Sequence[str]) -> int:

@@ -2,7 +2,12 @@
 torch's ``c10d`` rendezvous state read as stored, the mark every agent of a round follows, and the stop of
 workers that wait in a collective with a silent peer (or are stale). The launcher (:mod:`.agent`) calls it
 from its wrapped ``_monitor_workers`` and ``_rendezvous``; ``tests/contract/test_torch_private.py`` checks
-each private part of torch read here."""
+each private part of torch read here.
+
+Long because every read of the store that an agent's loop makes lives here, each bounded the same way:
+torch's store client waits on past its own timeout when the store's host goes silent, so the watch's reads
+(:meth:`RoundWatch.read_state`) and torch's ``num_nodes_waiting`` (:func:`bounded_waiting`) run in threads
+given up after the read timeout, and the agent comes back to judge."""
 
 from __future__ import annotations
 
@@ -275,6 +280,39 @@ def stop_now(agent: Any, group: Any, monitor: Any) -> Any:
         if result.state != WorkerState.HEALTHY or time.monotonic() > deadline:
             return result
         time.sleep(0.05)
+
+
+def bounded_waiting(num_nodes_waiting: Any, seconds: float = READ_SECONDS) -> Any:
+    """torch's ``num_nodes_waiting`` for a rigid agent, which the agent asks after each look at healthy
+    workers, given up after the read timeout: it reads the store through the handler's client, which waits
+    on without end when the store's host (node 0) went silent, and the agent must come back to its watch,
+    which then judges node 0 silent. 0 while a call is still in flight; a call's error is raised, as
+    torch's would be."""
+    flight: list[tuple[threading.Thread, dict[str, Any], float]] = []
+
+    def wrapped(self: Any) -> int:
+        if not flight:
+            box: dict[str, Any] = {}
+
+            def call() -> None:
+                try:
+                    box["got"] = int(num_nodes_waiting(self))
+                except Exception as exc:  # raised in the agent's thread below
+                    box["error"] = exc
+
+            thread = threading.Thread(target=call, name="ddpjob-waiting", daemon=True)
+            thread.start()
+            flight.append((thread, box, time.monotonic()))
+        thread, box, started = flight[0]
+        thread.join(max(0.0, seconds - (time.monotonic() - started)))
+        if thread.is_alive():
+            return 0
+        flight.clear()
+        if "error" in box:
+            raise box["error"]
+        return int(box.get("got", 0))
+
+    return wrapped
 
 
 def patient(num_nodes_waiting: Any) -> Any:

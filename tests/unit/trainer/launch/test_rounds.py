@@ -141,3 +141,31 @@ def test_each_node_says_where_it_runs_so_a_silent_one_is_named_with_its_kubernet
     assert watch.where == {"a.job": "real-1", "b.job": "real-2"}
     assert watch.name(b) == "b.job (pid 1, on node real-2)"
     assert watch.host_where("b") == ", on node real-2" and watch.host_where("c") == ""
+
+
+def test_a_rigid_agents_num_nodes_waiting_is_given_up_after_the_read_timeout() -> None:
+    """torch's num_nodes_waiting reads the store through a client that waits on without end when node 0
+    (the store's host) is silent: the agent gets 0 after the read timeout, and 0 at once while that call is
+    still in flight, so it comes back to its watch; once the call returns, its answer (or error) again."""
+    import threading
+    import time
+
+    release, calls = threading.Event(), []
+
+    def waiting(handler: Any) -> int:
+        calls.append(handler)
+        if len(calls) == 1:
+            release.wait()
+            return 7
+        raise RuntimeError("connection refused")
+
+    wrapped = rounds.bounded_waiting(waiting, seconds=0.2)
+    began = time.monotonic()
+    assert wrapped("h") == 0 and 0.2 <= time.monotonic() - began < 2.0
+    began = time.monotonic()
+    assert wrapped("h") == 0 and time.monotonic() - began < 0.1 and len(calls) == 1  # not asked again
+    release.set()
+    time.sleep(0.05)
+    assert wrapped("h") == 7
+    with pytest.raises(RuntimeError, match="connection refused"):
+        wrapped("h")
