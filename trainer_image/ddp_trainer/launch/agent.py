@@ -63,7 +63,7 @@ from ddp_trainer.core.config import termination_log
 from ddp_trainer.core.inplace import SAME, exit_code_of, not_retried
 from ddp_trainer.launch import silence, store
 from ddp_trainer.launch.book import Book
-from ddp_trainer.launch.rounds import RoundWatch, bounded_waiting, patient, stop_now
+from ddp_trainer.launch.rounds import InFlight, RoundWatch, bounded_waiting, patient, stop_now
 from ddp_trainer.reporting.report import record_failure
 
 log = logging.getLogger("ddp_trainer.launch")
@@ -252,13 +252,10 @@ def bounded(call: Any, seconds: float) -> Any:
     """``call`` run in a thread of its own, given up after ``seconds`` (False then; else its result)."""
 
     def run(*args: Any, **kwargs: Any) -> Any:
-        box: dict[str, Any] = {}
-        thread = threading.Thread(
-            target=lambda: box.update(result=call(*args, **kwargs)), name="ddpjob-bounded", daemon=True
-        )
-        thread.start()
-        thread.join(seconds)
-        return box.get("result", False)
+        with contextlib.suppress(Exception):  # a shutdown that fails, as one that hangs, ends nothing here
+            done, got = InFlight(seconds).ask(lambda: call(*args, **kwargs))
+            return got if done else False
+        return False
 
     return run
 

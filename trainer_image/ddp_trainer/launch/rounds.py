@@ -59,12 +59,10 @@ class RoundWatch:
         self.view: bytes | None = None
         """The last ``_RendezvousState`` of this agent's round it read (pickled as stored), for
         :meth:`restore`."""
-        self.reading: tuple[threading.Thread, dict[str, Any], float] | None = None
-        """A read of the state in flight (:meth:`read_state`): its thread, its outcome, when it began."""
         timeout = getattr(self.store, "timeout", None)
-        self.read_seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else READ_SECONDS
-        """How long a read of the state may take: the store client's own timeout (the rendezvous'
-        ``read_timeout``)."""
+        self.reading = InFlight(timeout.total_seconds() if isinstance(timeout, timedelta) else READ_SECONDS)
+        """The reads of the state (:meth:`read_state`), each given up after the store client's own timeout
+        (the rendezvous' ``read_timeout``)."""
         self.said_where = False
         """Whether this agent wrote where it runs (:func:`where_key`)."""
         self.where: dict[str, str] = {}
@@ -164,26 +162,10 @@ class RoundWatch:
         timeout (torch's client waits on, after saying ``timed out after 15000ms``), and this agent must
         then still judge (a rigid job's node 0 gone silent). A read still stuck is waited for again, not
         repeated."""
-        if self.reading is None:
-            box: dict[str, Any] = {}
-
-            def read() -> None:
-                try:
-                    box["got"] = self.backend.get_state()
-                except Exception as exc:  # handed to the caller
-                    box["error"] = exc
-
-            thread = threading.Thread(target=read, name="ddpjob-watch-read", daemon=True)
-            thread.start()
-            self.reading = (thread, box, time.monotonic())
-        thread, box, started = self.reading
-        thread.join(max(0.0, self.read_seconds - (time.monotonic() - started)))
-        if thread.is_alive():
-            raise TimeoutError(f"reading the rendezvous state timed out after {self.read_seconds:.0f} s")
-        self.reading = None
-        if "error" in box:
-            raise box["error"]
-        return box.get("got")
+        done, got = self.reading.ask(self.backend.get_state)
+        if not done:
+            raise TimeoutError(f"reading the rendezvous state timed out after {self.reading.seconds:.0f} s")
+        return got
 
     def poll(self, force: bool = False) -> silence.Verdict | None:
         """What the stored state says now, every :data:`silence.POLL_SECONDS` (``force``: now); None when the
@@ -217,7 +199,7 @@ class RoundWatch:
             if self.hosted_by_a_node and _timed_out(exc):
                 host = getattr(self.store, "host", "node 0")
                 said = f"{host} (node 0, which hosts the rendezvous{self.host_where(str(host))})"
-                return silence.Verdict(silence.SILENT, (said,), self.read_seconds)
+                return silence.Verdict(silence.SILENT, (said,), self.reading.seconds)
             self.failed_reads += 1
             if self.failed_reads in (1, 10, 100):
                 print(
@@ -245,6 +227,39 @@ def _timed_out(exc: Exception) -> bool:
     """A store read that timed out (torch's ``DistStoreError``, or the rendezvous backend's wrapper of it)."""
     text = f"{type(exc).__name__}: {exc} {exc.__cause__ or ''}".lower()
     return "timeout" in text or "timed out" in text
+
+
+class InFlight:
+    """A call run in a daemon thread of its own and given up after ``seconds``: a store request to a
+    silent host can outlast the client's own timeout. A call still running when asked again is waited
+    for (what is left of its ``seconds``), not repeated."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.running: tuple[threading.Thread, dict[str, Any], float] | None = None
+
+    def ask(self, call: Any) -> tuple[bool, Any]:
+        """(True, its result) once the call returned (its error raised here); (False, None) while not."""
+        if self.running is None:
+            box: dict[str, Any] = {}
+
+            def run() -> None:
+                try:
+                    box["got"] = call()
+                except Exception as exc:  # raised in the caller's thread below
+                    box["error"] = exc
+
+            thread = threading.Thread(target=run, name="ddpjob-in-flight", daemon=True)
+            thread.start()
+            self.running = (thread, box, time.monotonic())
+        thread, box, started = self.running
+        thread.join(max(0.0, self.seconds - (time.monotonic() - started)))
+        if thread.is_alive():
+            return False, None
+        self.running = None
+        if "error" in box:
+            raise box["error"]
+        return True, box.get("got")
 
 
 READ_SECONDS = 15.0
@@ -288,29 +303,11 @@ def bounded_waiting(num_nodes_waiting: Any, seconds: float = READ_SECONDS) -> An
     on without end when the store's host (node 0) went silent, and the agent must come back to its watch,
     which then judges node 0 silent. 0 while a call is still in flight; a call's error is raised, as
     torch's would be."""
-    flight: list[tuple[threading.Thread, dict[str, Any], float]] = []
+    flight = InFlight(seconds)
 
     def wrapped(self: Any) -> int:
-        if not flight:
-            box: dict[str, Any] = {}
-
-            def call() -> None:
-                try:
-                    box["got"] = int(num_nodes_waiting(self))
-                except Exception as exc:  # raised in the agent's thread below
-                    box["error"] = exc
-
-            thread = threading.Thread(target=call, name="ddpjob-waiting", daemon=True)
-            thread.start()
-            flight.append((thread, box, time.monotonic()))
-        thread, box, started = flight[0]
-        thread.join(max(0.0, seconds - (time.monotonic() - started)))
-        if thread.is_alive():
-            return 0
-        flight.clear()
-        if "error" in box:
-            raise box["error"]
-        return int(box.get("got", 0))
+        done, got = flight.ask(lambda: num_nodes_waiting(self))
+        return int(got) if done else 0
 
     return wrapped
 
