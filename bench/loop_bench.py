@@ -26,7 +26,9 @@ boundaries, where it waits for its turn (:class:`Turns`). One sample is one wind
 steps after SHORT warm-up steps, timed inside rank 0 between two synchronisations
 (``torch.cuda.synchronize()`` on CUDA): everything the loop does between those optimizer steps (data,
 sync checks, metrics, logging) is in it; start-up, the warm-up steps, the waits for a turn and the final
-check are not. Each side runs one warm-up window, then ``--rounds`` windows in ABBA order (bare = A,
+check are not. ``--profile DIR`` records each side's warm-up window (not counted) with ``torch.profiler``
+and writes rank 0's table of kernels, by GPU time, to ``DIR/<side>.txt``: where a gap between the sides
+comes from. Each side runs one warm-up window, then ``--rounds`` windows in ABBA order (bare = A,
 trainer = B); the figure is the median of the per-round ratios bare / trainer time per step (the
 trainer's throughput as a share of the bare loop's), its spread and the verdict (``paired.judge``). On
 CUDA each window also says how busy the GPU was: the CUDA event time from each step's first forward to its
@@ -147,6 +149,8 @@ class Turns:
         self.start: Any = None  # CUDA event at this step's first forward
         self.spans: list[tuple[Any, Any]] = []
         self.started = 0.0
+        self.profile = plan.get("profile") if self.rank == 0 else None
+        self.profiler: Any = None
 
     def install(self, model: nn.Module) -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook  # every optimizer's steps
@@ -185,6 +189,12 @@ class Turns:
             part.write_text(json.dumps(done))
             part.replace(self.folder / f"done-{boundary - 1}.json")
         self.spans = []
+        if self.profiler is not None:  # the warm-up window ends: its table, before the next turn starts
+            self.profiler.stop()
+            table = self.profiler.key_averages().table(sort_by="self_device_time_total", row_limit=40)
+            side = self.folder.name.removeprefix("turns-")
+            Path(self.profile, f"{side}.txt").write_text(table)
+            self.profiler = None
         if boundary == self.count:
             return
         go, deadline = self.folder / f"go-{boundary}", time.monotonic() + TURN_TIMEOUT_S
@@ -192,6 +202,12 @@ class Turns:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"loop_bench: no turn {boundary} in {TURN_TIMEOUT_S:.0f} s")
             time.sleep(0.001)
+        if boundary == 0 and self.profile:
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+            self.profiler = profile(activities=activities)
+            self.profiler.start()
         self.started = time.perf_counter()
 
 
@@ -330,6 +346,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> tuple[paired.Paired, dic
             folder = workdir / f"turns-{kind}"
             folder.mkdir()
             plan = {"folder": str(folder), "first": short, "window": window, "count": count}
+            plan |= {"profile": str(Path(args.profile).resolve())} if args.profile else {}
             procs[kind] = launch(kind, steps, args, workdir, plan)
             sides[kind] = Side(kind, folder, window, procs, workdir)
         figure = paired.compare(
@@ -362,6 +379,7 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=paired.MIN_ROUNDS, help="paired rounds (ABBA), >= 5")
     parser.add_argument("--warmup", type=int, default=1, help="warm-up windows per side, not counted")
+    parser.add_argument("--profile", metavar="DIR", help="profile each side's warm-up window into DIR")
     parser.add_argument("--bare-steps", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.bare_steps is not None:
@@ -372,6 +390,8 @@ def main() -> None:
         parser.error("--steps SHORT LONG: 0 < SHORT < LONG")
     if args.rounds < paired.MIN_ROUNDS:
         parser.error(f"--rounds: at least {paired.MIN_ROUNDS}")
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         try:
             figure, busy = measure(args, Path(tmp))
