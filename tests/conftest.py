@@ -41,3 +41,27 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             f"pytest-xdist did not group {len(ungrouped)} test(s) into lanes (first: {ungrouped[0]}); "
             f"pytest {pytest.__version__} with this xdist cannot run `make test`'s lanes: see pyproject.toml"
         )
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Where the suite's time went (issue 55: the suite's budget): each lane's seconds (setup, call and
+    teardown of its tests, summed; under ``-n`` the lanes run side by side, so the longer one is the run's
+    length) and its ten most expensive test files."""
+    lanes: dict[str, float] = {}
+    files: dict[tuple[str, str], float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if not isinstance(report, pytest.TestReport):
+                continue
+            path, _, rest = report.nodeid.partition("::")
+            group = rest.rpartition("@")[2] if "@" in rest else "all"
+            lanes[group] = lanes.get(group, 0.0) + report.duration
+            files[group, path] = files.get((group, path), 0.0) + report.duration
+    if not lanes:
+        return
+    terminalreporter.write_sep("=", "seconds per lane (setup + call + teardown of its tests)")
+    for group, seconds in sorted(lanes.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{group}: {seconds:.0f} s ({seconds / 60:.1f} min)")
+        top = sorted(((s, p) for (g, p), s in files.items() if g == group), reverse=True)[:10]
+        for seconds_in_file, path in top:
+            terminalreporter.write_line(f"  {seconds_in_file:7.1f} s  {path}")
