@@ -52,7 +52,7 @@ def prepare_run_dir(run_dir: Path, *, fresh: bool) -> str | None:
         shutil.rmtree(run_dir, ignore_errors=True)
         return None
     checkpoint = run_dir / "volumes" / names.CHECKPOINT_VOLUME
-    if checkpoint.is_dir() and any(checkpoint.iterdir()):
+    if checkpoint.is_dir() and any(checkpoint.glob("step-*.pt")):  # not only fences
         return (
             f"resuming from the checkpoint an earlier {previous or 'unfinished'} run left in {checkpoint} "
             "(--fresh starts over)"

@@ -7,6 +7,7 @@ environment (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``), as the pods' clie
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -26,7 +27,7 @@ def _first_checkpoint(server: S3Server, bucket: str, process: Any, timeout: floa
     client: Any = server.client()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:  # waits for the first object, at most ``timeout`` s
-        found = [o.object_name for o in client.list_objects(bucket, prefix="team/")]
+        found = [o.object_name for o in client.list_objects(bucket, prefix="team/step-")]  # not a fence
         if found:
             return str(found[0])
         assert process.poll() is None, "ddpjob local ended before its first checkpoint"
@@ -58,13 +59,18 @@ def test_a_killed_pod_resumes_from_the_bucket_and_another_job_there_is_refused(
     assert f"ddpjob local: {name}: Succeeded" in out and "after 2 attempt(s)" in out, out
     assert _report(tmp_path, name, 2)["resumedFromStep"] > 0
     client: Any = s3_server.client()
-    kept = sorted(o.object_name for o in client.list_objects(bucket, prefix="team/"))
-    assert kept == [f"team/step-00000140.{name}.pt", f"team/step-00000160.{name}.pt"]  # keep: 2
+    kept = sorted(o.object_name for o in client.list_objects(bucket, prefix="team/step-"))
+    assert [re.sub(r"\.w\d+\.pt$", ".pt", k) for k in kept] == [
+        f"team/step-00000140.{name}.pt",
+        f"team/step-00000160.{name}.pt",
+    ], kept  # keep: 2 (named with the world that wrote them from the second on: .w2)
+    fenced = sorted(o.object_name for o in client.list_objects(bucket, prefix="team/fence-"))
+    assert fenced and all(f.endswith(f".{name}.json") for f in fenced), fenced  # one per world (at most 4)
 
     other = unique_name()
     code, out = run_local(tmp_path, [job(other, trainer=trainer, checkpoint=s3)])
     assert code == 1 and "after 1 attempt(s)" in out, out  # no restart
-    assert f"{contract.FOREIGN_CHECKPOINT}: attempt 1: checkpoint step-00000160.{name}.pt" in out, out
+    assert f"{contract.FOREIGN_CHECKPOINT}: attempt 1: checkpoint step-00000160.{name}." in out, out
     assert f"s3://{bucket}/team/" in out
 
 

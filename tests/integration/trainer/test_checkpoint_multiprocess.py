@@ -1,6 +1,6 @@
 """Checkpoints between jobs, through torchrun (1 "node" x 2 processes, gloo): job A trains and checkpoints;
 job B in the same folder is refused before step 1 unless it asks for a warm start; a corrupted newest
-checkpoint is skipped and the one before resumed."""
+checkpoint is skipped and the one before resumed; a stale world's late checkpoint is never resumed."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import torch
 
 from ddp_operator.decide import status
 from ddp_trainer import contract
+from ddp_trainer.checkpoint import checkpoints as checkpoints_io
 from ddp_trainer.checkpoint import provenance
 from helpers.torchrun_helpers import Launch, checkpoints, launch
 
@@ -140,6 +141,45 @@ def test_a_corrupt_newest_checkpoint_is_skipped_and_the_one_before_resumed(
     assert skipped.startswith("step-00000020.a.pt: contents do not match their sha256")
     assert f"checkpoint skipped: {skipped}" in run.logs()
     assert status.report_checkpoint(report)["skipped"] == [skipped]
-    # The corrupt file was replaced by this attempt's own step 20, and keep=2 left 20 and 30.
-    assert checkpoints(folder) == ["step-00000020.a.pt", "step-00000030.a.pt"]
-    provenance.decode(newest.read_bytes())
+    # The corrupt file was replaced by this run's own step 20 (its second world's: .w2), and keep=2 left
+    # 20 and 30.
+    assert checkpoints(folder) == ["step-00000020.a.w2.pt", "step-00000030.a.w2.pt"]
+    provenance.decode((folder / "step-00000020.a.w2.pt").read_bytes())
+
+
+def _relabelled(folder: Path, step: int, world: int) -> str:
+    """A's step-20 state as world ``world``'s checkpoint of ``step``, published straight into the folder:
+    what a stale world's rank 0 does when its frozen node wakes, after its own check."""
+    header, payload = provenance.decode((folder / "step-00000020.a.pt").read_bytes())
+    data = torch.load(io.BytesIO(payload), weights_only=True)
+    data["step"] = step
+    buffer = io.BytesIO()
+    torch.save(data, buffer)
+    writer = provenance.Writer(header.identity, header.settings, header.attempt, world=world)
+    name = checkpoints_io.checkpoint_name(step, "a", world)
+    (folder / name).write_bytes(provenance.encode(writer, step, buffer.getvalue()))
+    return name
+
+
+def test_a_stale_worlds_late_checkpoint_is_never_resumed_and_the_next_save_removes_it(
+    job_a: JobA, tmp_path: Path
+) -> None:
+    """Job A's world 1 wrote steps 10 and 20; world 2 resumed 20 (its fence) and saved 30. Then world 1's
+    stale rank 0 publishes 30 and 40 late: the trainer's world 3 (2 processes) resumes world 2's 30, says
+    why it passed over 40, and its save at 40 removes both late files."""
+    folder = _copy(job_a, tmp_path)
+    header, _ = provenance.decode((folder / "step-00000020.a.pt").read_bytes())
+    a = provenance.Writer(header.identity, header.settings, header.attempt)
+    assert checkpoints_io.choose_on_rank0(folder, a, "").world == 2  # world 2 resumed step 20
+    _relabelled(folder, 30, world=2)
+    late = [_relabelled(folder, 30, world=1), _relabelled(folder, 40, world=1)]
+    codes, run = _run(tmp_path, folder, "a", "--steps=40")
+    assert codes == [0], run.logs()
+    report = run.report()
+    assert (report["result"], report["resumedFromStep"], report["step"]) == (contract.SUCCEEDED, 30, 40)
+    assert report["skippedCheckpoints"] == [
+        f"{late[1]}: written by world 1 after world 2 started from step 20 (a stale world's late "
+        "checkpoint: the job went on without it)"
+    ]
+    assert checkpoints(folder) == ["step-00000030.a.w2.pt", "step-00000040.a.w3.pt"]
+    assert sorted(p.name for p in folder.glob("fence-*")) == [f"fence-0000000{w}.a.json" for w in (1, 2, 3)]

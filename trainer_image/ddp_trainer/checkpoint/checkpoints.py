@@ -17,15 +17,25 @@ volume or a bucket prefix (:mod:`ddp_trainer.checkpoint.objectstore`); every gua
   (resume, warm start, refuse, or start fresh); the decision and the payload's bytes are broadcast, so
   every rank loads the same bytes. Pods that see a different (or empty) checkpoint volume still end with
   the same model AND optimizer state, which the trainer then verifies before step 1.
+* Fences (:mod:`ddp_trainer.checkpoint.fences`): before its first step, rank 0 of each world publishes
+  ``world W started from step S`` and stamps W on its checkpoints (``step-XXXXXXXX.<job>.w<W>.pt`` from
+  world 2 on, so that two worlds never share a name). A checkpoint an older world published after a newer
+  one started, at a step past where it started, is never restored, and a newer world's next save removes
+  it. Whatever a stale world still does, it never replaces, nor prunes, a newer world's file: a save checks
+  the fences first (and does not publish past a newer one), and the pruning skips newer worlds' files.
+
+Long because each guarantee's I/O (publication, pruning, fences, the restore) meets the others in
+:func:`save` and :func:`choose_on_rank0`, and reads best beside them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +43,9 @@ import torch
 import torch.distributed as dist
 
 from ddp_trainer import contract
-from ddp_trainer.checkpoint import provenance
-from ddp_trainer.checkpoint.provenance import Candidate, Choice, Identity, Writer
+from ddp_trainer.checkpoint import fences, provenance
+from ddp_trainer.checkpoint.fences import Fence
+from ddp_trainer.checkpoint.provenance import Candidate, Choice, Header, Identity, Writer
 from ddp_trainer.checkpoint.stores import DirectoryStore, Store, StoreRefused
 from ddp_trainer.checkpoint.stores import write_atomic as write_atomic
 from ddp_trainer.core.state import TrainState
@@ -42,6 +53,9 @@ from ddp_trainer.core.state import TrainState
 log = logging.getLogger("ddp_trainer")
 
 _NAME = re.compile(r"^step-(\d{8})(?:\.[^/]+)?\.pt$")
+_WORLD = re.compile(r"\.w(\d+)\.pt$")
+FENCES_KEPT = 4
+"""This job's newest fence objects kept (each carries the earlier ones that still rule something out)."""
 _PAYLOAD_KEYS = frozenset({"model", "optimizer", "scaler", "step", "epoch"})
 
 
@@ -71,21 +85,28 @@ def open_store(where: str | Path) -> Store:
     return DirectoryStore(Path(text))
 
 
-def checkpoint_name(step: int, job: str = "") -> str:
+def checkpoint_name(step: int, job: str = "", world: int = 0) -> str:
     """The name of DDPJob ``job``'s checkpoint for ``step``: ``step-00001500.<job>.pt``
-    (``step-00001500.pt`` outside a DDPJob), so that jobs sharing a store never write each other's."""
-    return f"step-{step:08d}.{job}.pt" if job else f"step-{step:08d}.pt"
+    (``step-00001500.pt`` outside a DDPJob), so that jobs sharing a store never write each other's; from
+    world 2 on, with the world: ``step-00001500.<job>.w2.pt``, so that worlds never write each other's."""
+    stem = f"step-{step:08d}.{job}" if job else f"step-{step:08d}"
+    return f"{stem}.w{world}.pt" if world > 1 else f"{stem}.pt"
 
 
-def checkpoint_path(directory: Path, step: int, job: str = "") -> Path:
+def checkpoint_path(directory: Path, step: int, job: str = "", world: int = 0) -> Path:
     """The file of DDPJob ``job`` for ``step`` in a folder."""
-    return directory / checkpoint_name(step, job)
+    return directory / checkpoint_name(step, job, world)
+
+
+def _world_in(name: str) -> int:
+    return int(m[1]) if (m := _WORLD.search(name)) else 0
 
 
 def list_checkpoints(where: Where) -> list[tuple[int, str]]:
-    """Complete checkpoints in ``where`` as ``(step, name)``, oldest first (temp files ignored)."""
+    """Complete checkpoints in ``where`` as ``(step, name)``, oldest first (of one step, the older world's
+    first; temp files ignored)."""
     found = [(int(m[1]), name) for name in _store(where).names() if (m := _NAME.match(name))]
-    return sorted(found)
+    return sorted(found, key=lambda found: (found[0], _world_in(found[1]), found[1]))
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -110,37 +131,101 @@ def serialize(state: TrainState) -> bytes:
     return buffer.getvalue()
 
 
-def owner(store: Store, name: str) -> Identity | None:
-    """Who the header of ``name`` names (unverified), or None when it has no readable header."""
+def written_by(store: Store, name: str) -> tuple[Identity | None, int]:
+    """Who the header of ``name`` names and its world (unverified); None when it has no readable header."""
     try:
         head = store.head(name, provenance.MAX_HEADER_BYTES + 1)
     except OSError:
+        return None, 0
+    return provenance.peek_identity(head), provenance.peek_world(head)
+
+
+def owner(store: Store, name: str) -> Identity | None:
+    """Who the header of ``name`` names (unverified), or None when it has no readable header."""
+    return written_by(store, name)[0]
+
+
+def read_fences(where: Where, identity: Identity, names: list[str] | None = None) -> list[Fence]:
+    """The fences of DDPJob ``identity`` in ``where`` (its newest fence objects, each with the earlier
+    fences it carries); an unreadable one is passed over (it only makes the rule less strict)."""
+    store = _store(where)
+    found: list[Fence] = []
+    listed = fences.listed(store.names() if names is None else names, identity.name)
+    for _, name in listed[-2 * FENCES_KEPT :]:
+        try:
+            found += fences.decode(store.read(name))
+        except (OSError, ValueError) as err:
+            log.warning("fence %s passed over: %s", store.location(name), err)
+    return [f for f in found if f.identity == identity]
+
+
+def begin_world(where: Where, writer: Writer, step: int, known: list[Fence]) -> int:
+    """Rank 0 of a new world, before its first step (``step``: where it starts, 0 for a fresh or warm
+    start; ``known``: :func:`read_fences`): publish the fence ``world W started from step`` and return W,
+    the number this world stamps on its checkpoints. Then remove this job's fence objects beyond the newest
+    :data:`FENCES_KEPT` (the new one carries what they said). Never touches a checkpoint."""
+    store = _store(where)
+    job = writer.identity.name
+    world = fences.next_world(store.names(), job)
+    fence = Fence(writer.identity, world, step)
+    store.publish(fences.fence_name(world, job), fences.encode(fence, fences.carried(known, writer.identity)))
+    mine = [name for w, name in fences.listed(store.names(), job) if w < world]
+    for name in mine[: max(0, len(mine) - (FENCES_KEPT - 1))]:
+        if _fence_owner(store, name) == writer.identity:
+            store.remove(name)
+    return world
+
+
+def _fence_owner(store: Store, name: str) -> Identity | None:
+    try:
+        return fences.decode(store.read(name))[0].identity
+    except (OSError, ValueError):
         return None
-    return provenance.peek_identity(head)
 
 
 def save(where: Where, state: TrainState, writer: Writer, keep: int) -> str | None:
     """Rank 0 only: publish the checkpoint of ``state.step`` and prune this job's old ones. Returns where
-    it went, or None when that step's checkpoint belongs to another job (never overwritten; no save)."""
+    it went, or None when that step's checkpoint belongs to another job (never overwritten; no save), or
+    when a newer world of this job started from an earlier step (this world is stale: it went on without
+    it)."""
     store = _store(where)
-    name = checkpoint_name(state.step, writer.identity.name)
-    theirs = owner(store, name) if store.exists(name) else None
+    names = store.names()
+    known: list[Fence] = []
+    if any(w > writer.world for w, _ in fences.listed(names, writer.identity.name)):  # cheap: one listing
+        known = read_fences(store, writer.identity, names)
+        if ruling := fences.stale(writer.identity, writer.world, state.step, known):
+            log.warning("step %d: not saving: this world (%d) is stale: %s", state.step, writer.world, ruling)
+            return None
+    name = checkpoint_name(state.step, writer.identity.name, writer.world)
+    theirs = owner(store, name) if name in names else None
     if theirs is not None and theirs != writer.identity:
         log.warning("step %d: not saving: %s belongs to %s", state.step, store.location(name), theirs)
         return None
     store.publish(name, provenance.encode(writer, state.step, serialize(state)))
-    prune(store, writer.identity, state.step, keep)
+    prune(store, writer.identity, state.step, keep, world=writer.world, saved=name)
     return store.location(name)
 
 
-def prune(where: Where, identity: Identity, saved_step: int, keep: int) -> list[str]:
-    """Remove this job's checkpoints beyond the newest ``keep`` up to ``saved_step`` (which is always
-    kept), and this job's of later steps. Returns the names removed."""
+def prune(
+    where: Where, identity: Identity, saved_step: int, keep: int, *, world: int = 0, saved: str = ""
+) -> list[str]:
+    """Remove this job's checkpoints beyond the newest ``keep`` up to ``saved_step`` (the file ``saved``
+    is always kept), this job's of later steps, of the same step by an older world, and stale ones (a
+    fence rules them out). Only files of world ``world`` and older: a newer world's are never touched.
+    Returns the names removed."""
     store = _store(where)
-    own = [(step, name) for step, name in list_checkpoints(store) if owner(store, name) == identity]
-    later = [name for step, name in own if step > saved_step]
-    older = [name for step, name in own if step < saved_step]
-    doomed = later + older[: max(0, len(older) - (keep - 1))]
+    known = read_fences(store, identity)
+    own: list[tuple[int, str]] = []
+    doomed: list[str] = []
+    for step, name in list_checkpoints(store):
+        who, written = written_by(store, name)
+        if who != identity or written > world or name == saved:
+            continue
+        if fences.stale(identity, written, step, known) or step > saved_step or step == saved_step:
+            doomed.append(name)
+        else:
+            own.append((step, name))
+    doomed += [name for _, name in own[: max(0, len(own) - (keep - 1))]]
     for name in doomed:
         store.remove(name)
     return doomed
@@ -175,20 +260,48 @@ def loadable(candidate: Candidate) -> str:
 
 
 def choose_on_rank0(where: Where, writer: Writer, warm_start_from: str) -> Choice:
-    """Rank 0's choice among the checkpoints in ``where``; a store that refuses the trainer (credentials,
-    a missing bucket) is a refusal too, so that every rank stops before step 1 and no restart follows."""
+    """Rank 0's choice among the checkpoints in ``where`` (a stale world's passed over), and unless it
+    refuses, this world's fence published (:func:`begin_world`: the choice's ``world``); a store that
+    refuses the trainer (credentials, a missing bucket) is a refusal too, so that every rank stops before
+    step 1 and no restart follows."""
     store = _store(where)
     try:
-        return provenance.choose(
-            scan(store), writer, warm_start_from=warm_start_from, where=store.where, loadable=loadable
+        known = read_fences(store, writer.identity)
+        choice = provenance.choose(
+            scan(store),
+            writer,
+            warm_start_from=warm_start_from,
+            where=store.where,
+            loadable=loadable,
+            stale=_stale_by(known),
         )
+        if choice.action == "refuse":
+            return choice
+        started = choice.step if choice.action == "resume" else 0
+        return dataclasses.replace(choice, world=begin_world(store, writer, started, known))
     except StoreRefused as err:
         message = f"the checkpoint storage refused the trainer: {err}"
         return Choice("refuse", reason=contract.CHECKPOINT_STORAGE_REFUSED, message=message)
 
 
+def _stale_by(known: list[Fence]) -> Callable[[Header], str]:
+    """:func:`provenance.choose`'s ``stale``: why one of this job's fences rules a checkpoint out (``""``:
+    none does)."""
+
+    def why(header: Header) -> str:
+        ruling = fences.stale(header.identity, header.world, header.step, known)
+        if ruling is None:
+            return ""
+        return (
+            f"written by world {header.world} after {ruling} (a stale world's late checkpoint: the job "
+            "went on without it)"
+        )
+
+    return why
+
+
 def restore_on_rank0(where: Where | None, writer: Writer, warm_start_from: str) -> Choice:
-    """Collective: rank 0 scans ``where`` and chooses; every rank gets the same :class:`Choice`."""
+    """Collective: rank 0 scans ``where``, chooses and fences; every rank gets the same :class:`Choice`."""
     box: list[Any] = [Choice("fresh")]
     if dist.get_rank() == 0 and where is not None:
         box[0] = choose_on_rank0(where, writer, warm_start_from)

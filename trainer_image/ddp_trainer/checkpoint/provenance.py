@@ -5,11 +5,15 @@ Pure and torch-free: :mod:`ddp_trainer.checkpoint.checkpoints` does the file and
 A checkpoint file is one line of JSON (the header), a newline, then the torch payload::
 
     {"attempt":1,"format":"ddpjob-checkpoint/1","job":{"name":"mine","namespace":"team","uid":"…"},
-     "payloadBytes":52311,"settings":{…},"settingsDigest":"…","sha256":"…","step":1500}\\n<torch.save bytes>
+     "payloadBytes":52311,"settings":{…},"settingsDigest":"…","sha256":"…","step":1500,"world":3}\\n<torch…>
+
+``world`` is the world that wrote it (:mod:`ddp_trainer.checkpoint.fences`; absent before fences existed:
+world 0, and in files of a writer that has none).
 
 ``sha256`` covers the header's other fields (canonical JSON: sorted keys, no spaces) and the payload, so a
 flipped bit anywhere, a truncated file or a header that lost its payload is detected before anything is
-loaded. :func:`choose` then decides, from the files newest first, what this run restores.
+loaded. :func:`choose` then decides, from the files newest first, what this run restores. Long because the
+header's format, its checks and the decision that reads them are one contract, best read in one place.
 """
 
 from __future__ import annotations
@@ -88,6 +92,8 @@ class Writer:
     identity: Identity
     settings: Mapping[str, str | int | float]
     attempt: int = contract.FIRST_ATTEMPT
+    world: int = 0
+    """The world this run is (:mod:`ddp_trainer.checkpoint.fences`), numbered when it restored; 0: none."""
 
     @property
     def settings_digest(self) -> str:
@@ -104,6 +110,7 @@ class Header:
     settings: Mapping[str, Any]
     settings_digest: str
     attempt: int
+    world: int = 0
 
 
 def _canonical(value: object) -> bytes:
@@ -122,6 +129,8 @@ def encode(writer: Writer, step: int, payload: bytes) -> bytes:
         "settingsDigest": writer.settings_digest,
         "payloadBytes": len(payload),
     }
+    if writer.world:
+        fields["world"] = writer.world
     body = _canonical(fields)
     fields["sha256"] = hashlib.sha256(body + b"\n" + payload).hexdigest()
     return _canonical(fields) + b"\n" + payload
@@ -137,6 +146,15 @@ def peek_identity(head: bytes) -> Identity | None:
         return _identity(json.loads(line)["job"])
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def peek_world(head: bytes) -> int:
+    """The world named by a file's first bytes, unverified (0: none, or no readable header)."""
+    line, newline, _ = head.partition(b"\n")
+    try:
+        return int(json.loads(line).get("world", 0)) if newline else 0
+    except (ValueError, TypeError, AttributeError):
+        return 0
 
 
 def _identity(job: Mapping[str, Any]) -> Identity:
@@ -157,6 +175,7 @@ def decode(data: bytes) -> tuple[Header, bytes]:
             dict(fields["settings"]),
             str(fields["settingsDigest"]),
             int(fields["attempt"]),
+            int(fields.get("world", 0)),
         )
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"unreadable header ({type(err).__name__}: {err})") from None
@@ -201,6 +220,8 @@ class Choice:
     """For ``refuse``: :data:`contract.FOREIGN_CHECKPOINT` or :data:`contract.SETTINGS_CHANGED`."""
     message: str = ""
     """For ``refuse``: why, naming both sides."""
+    world: int = 0
+    """The world this run is, as its fence numbered it (0: no fence recorded)."""
 
 
 def choose(
@@ -210,6 +231,7 @@ def choose(
     warm_start_from: str = "",
     where: str = "",
     loadable: Callable[[Candidate], str] = lambda candidate: "",
+    stale: Callable[[Header], str] = lambda header: "",
 ) -> Choice:
     """Decide from the checkpoint files, newest first, what to restore. ``found`` is consumed lazily: the
     scan stops at this job's newest intact checkpoint.
@@ -220,6 +242,8 @@ def choose(
       namespace): a warm start from its newest (weights only).
     * Otherwise another job's intact checkpoint is refused (``ForeignCheckpoint``); nothing intact at all
       is a fresh start. ``loadable`` is asked (``""``: yes, else why not) before a file is chosen.
+    * A file ``stale`` rules out (``""``: it does not; else why) is skipped before anything else: a stale
+      world's late checkpoint (:func:`ddp_trainer.checkpoint.fences.stale`) is nobody's to resume.
     """
     skipped: list[str] = []
     foreign: tuple[Candidate, int] | None = None  # another job's newest, and how many skips preceded it
@@ -227,6 +251,9 @@ def choose(
     for c in found:
         if c.header is None or c.problem:
             skipped.append(f"{c.file}: {c.problem or 'no header'}")
+            continue
+        if why := stale(c.header):
+            skipped.append(f"{c.file}: {why}")
             continue
         writer = c.header.identity
         if writer == me.identity:

@@ -8,6 +8,7 @@ same :class:`ddp_trainer.sync.health.SyncHealth` users put in their own loops, w
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
@@ -130,6 +131,7 @@ class Session:
         assert self.writer is not None
         choice = checkpoints.restore_on_rank0(self.store, self.writer, self.config.warm_start_from)
         self.skipped = choice.skipped
+        self.writer = dataclasses.replace(self.writer, world=choice.world)  # numbered by its fence
         if choice.action == "refuse":
             raise checkpoints.CheckpointRefused(choice.reason, choice.message)
         if choice.action == "resume" and choice.payload is not None:
