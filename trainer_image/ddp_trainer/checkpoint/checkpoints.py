@@ -10,9 +10,10 @@ volume or a bucket prefix (:mod:`ddp_trainer.checkpoint.objectstore`); every gua
 * A save writes ``.step-XXXXXXXX.<job>.pt.tmp-<pid>``, fsyncs it and renames it to ``step-XXXXXXXX.<job>.pt``
   (``<job>`` is the DDPJob's name; none outside a DDPJob), atomic on POSIX: a crash mid-save leaves the
   previous checkpoints untouched (object storage: one PUT, visible only whole). Each step has its own file; a
-  save at a step that already has one of this job's files replaces it in one rename. Then this job's files
-  beyond the newest ``keep`` are removed, and so are this job's files of later steps (an earlier attempt's
-  files that this attempt passed over as corrupt). Another job's files are never overwritten or removed.
+  save at a step that already has this world's file replaces it in one rename. Then this job's files
+  beyond the newest ``keep`` are removed, and so are this job's files of later steps (an earlier world's
+  files that this one passed over as corrupt) and an earlier world's file of the same step. Another job's
+  files are never overwritten or removed.
 * Restore: rank 0 reads the files newest first, verifies each, and :func:`provenance.choose` decides
   (resume, warm start, refuse, or start fresh); the decision and the payload's bytes are broadcast, so
   every rank loads the same bytes. Pods that see a different (or empty) checkpoint volume still end with
@@ -211,17 +212,23 @@ def prune(
 ) -> list[str]:
     """Remove this job's checkpoints beyond the newest ``keep`` up to ``saved_step`` (the file ``saved``
     is always kept), this job's of later steps, of the same step by an older world, and stale ones (a
-    fence rules them out). Only files of world ``world`` and older: a newer world's are never touched.
-    Returns the names removed."""
+    fence rules them out). Only files of world ``world`` and older: a newer world's are never touched. A
+    world that a newer one outlived (its writer woke late) removes only stale files: the file the newer
+    world started from is never among them. Returns the names removed."""
     store = _store(where)
     known = read_fences(store, identity)
+    outlived = any(f.world > world for f in known)
     own: list[tuple[int, str]] = []
     doomed: list[str] = []
     for step, name in list_checkpoints(store):
         who, written = written_by(store, name)
         if who != identity or written > world or name == saved:
             continue
-        if fences.stale(identity, written, step, known) or step > saved_step or step == saved_step:
+        if fences.stale(identity, written, step, known):
+            doomed.append(name)
+        elif outlived:
+            continue
+        elif step >= saved_step:
             doomed.append(name)
         else:
             own.append((step, name))

@@ -137,7 +137,9 @@ def test_an_older_worlds_checkpoint_published_after_a_newer_worlds_fence_is_neve
     second, choice = _world(store)  # the node that held rank 0 froze; the others went on from step 20
     assert (choice.action, choice.step, second.world) == ("resume", 20, 2)
     assert _save(store, first, 30) is None  # a stale writer that can still check does not publish
-    _late(store, first, 30)  # ... one that checked before it froze publishes when it wakes
+    late = _late(store, first, 30)  # ... one that checked before it froze publishes when it wakes
+    # ... and prunes, keeping 1: world 2's start point (world 1's step 20) stays, the late file goes next
+    assert checkpoints.prune(store, MINE, 30, 1, world=1, saved=late) == []
     _late(store, first, 40)
     third, choice = _world(store)  # world 2 is lost before its first save: world 3 restores
     assert (choice.action, choice.step, choice.file, third.world) == (
@@ -158,8 +160,10 @@ def test_a_stale_world_never_replaces_nor_prunes_a_newer_worlds_checkpoint(store
     second, _ = _world(store)
     assert _save(store, second, 30, keep=3) and _save(store, second, 40, keep=3)
     newer = {name: store.read(name) for name in _steps(store) if ".w2." in name}
+    earlier = _late(store, first, 30)
     late = _late(store, first, 40)  # the same step as world 2's newest: another name
-    assert checkpoints.prune(store, MINE, 40, 1, world=1, saved=late) == ["step-00000020.mine.pt"]
+    assert checkpoints.prune(store, MINE, 40, 1, world=1, saved=late) == [earlier]  # only what is stale
+    assert "step-00000020.mine.pt" in _steps(store)  # where world 2 started: kept, whatever keep says
     assert {name: store.read(name) for name in _steps(store) if ".w2." in name} == newer  # untouched
     third, choice = _world(store)
     assert (choice.step, choice.file, third.world) == (40, "step-00000040.mine.w2.pt", 3)
