@@ -98,41 +98,8 @@ def write_state(path: Path, state: LaunchState) -> None:
     tmp.replace(path)
 
 
-WORKER_MARK_PREFIX = "worker-"
-FORMED, STOPPING, SAVING = "formed", "stopping", "saving"
-"""What a worker tells its launcher in its mark (:func:`mark_worker`), besides a step's seconds: its group
-formed (every rank took part in a collective with it), it stops at this step boundary, it writes a
-checkpoint."""
-
-
-def worker_mark(env: Mapping[str, str], pid: int) -> Path | None:
-    """Where the worker ``pid`` of this launcher leaves its mark: beside the launch state (None without a
-    launcher)."""
-    state = env.get(contract.LAUNCH_STATE_ENV, "")
-    return Path(state).with_name(f"{WORKER_MARK_PREFIX}{pid}") if state else None
-
-
-def mark_worker(path: Path | None, note: str) -> None:
-    """Leave ``note`` in this worker's mark at ``path`` (:func:`worker_mark`), replacing the last: the
-    launcher reads it, and when it was written, to tell workers that formed their group and pass step
-    boundaries from workers that wait for a peer that will not come. Never raises."""
-    if path is None:
-        return
-    try:
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(note)
-        tmp.replace(path)
-    except OSError:
-        pass
-
-
-def first_line(message: object) -> str:
-    """The first meaningful line of an error (a traceback's last line is its exception). torch's error file
-    may hold a structure (``{"message": ..., "extraInfo": ...}``: a worker that failed in
-    ``init_process_group`` wrote one), whose own message is taken."""
-    if isinstance(message, Mapping):
-        message = message.get("message", message)
-    message = message if isinstance(message, str) else str(message)
+def first_line(message: str) -> str:
+    """The first meaningful line of an error (a traceback's last line is its exception)."""
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
     if not lines:
         return ""

@@ -49,7 +49,6 @@ import contextlib
 import importlib
 import logging
 import os
-import signal
 import socket
 import sys
 import tempfile
@@ -62,7 +61,7 @@ from typing import Any
 from ddp_trainer import contract
 from ddp_trainer.core.config import termination_log
 from ddp_trainer.core.inplace import SAME, exit_code_of, not_retried
-from ddp_trainer.launch import silence, store, workers
+from ddp_trainer.launch import silence, store
 from ddp_trainer.launch.book import Book
 from ddp_trainer.launch.rounds import InFlight, RoundWatch, bounded_waiting, patient, stop_now
 from ddp_trainer.reporting.report import record_failure
@@ -266,12 +265,7 @@ ROUND_TRIES = 5
 while the round formed) before it gives up."""
 
 
-def _pids(group: Any) -> list[int]:
-    """The process ids of ``group``'s workers (none before they started)."""
-    return [int(worker.id) for worker in group.workers if isinstance(worker.id, int)]
-
-
-def _install(book: Book, marks: workers.Marks) -> None:
+def _install(book: Book) -> None:
     from torch.distributed import DistStoreError
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent, WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
@@ -279,7 +273,6 @@ def _install(book: Book, marks: workers.Marks) -> None:
 
     monitor = LocalElasticAgent._monitor_workers
     rendezvous = SimpleElasticAgent._rendezvous
-    shutdown = LocalElasticAgent._shutdown
 
     def lend(self: Any) -> None:
         if book.elastic and self._remaining_restarts == 0:
@@ -294,9 +287,7 @@ def _install(book: Book, marks: workers.Marks) -> None:
             WorkerState.FAILED,
             WorkerState.UNHEALTHY,
         ):
-            verdict = quiet.poll(
-                force=result.state != WorkerState.HEALTHY, starting=lambda: marks.starting(_pids(group))
-            )
+            verdict = quiet.poll(force=result.state != WorkerState.HEALTHY)
             if quiet.reconnects != getattr(self, "_ddpjob_reconnects", 0):
                 # the handler's client was renewed: the agent's own store (its exit barrier's) wraps it too,
                 # else a run that outlived its store ends in torch's "Error waiting on exit barrier"
@@ -305,13 +296,11 @@ def _install(book: Book, marks: workers.Marks) -> None:
         if verdict is not None:
             lost = verdict.kind == silence.LOST  # the host's process ended: a lost node, not a silent one
             if result.state == WorkerState.HEALTHY:
-                stuck = "a collective with a silent peer cannot end"
-                if lost:
-                    stuck = (
-                        "nobody serves the store they wait for"
-                        if verdict.host
-                        else "they wait for a rank that will not come"
-                    )
+                stuck = (
+                    "nobody serves the store they wait for"
+                    if lost
+                    else "a collective with a silent peer cannot end"
+                )
                 print(
                     f"{contract.log_stamp(time.time())} [launcher] {verdict.cause()}; stopping this pod's "
                     f"workers now ({stuck})"
@@ -369,7 +358,6 @@ def _install(book: Book, marks: workers.Marks) -> None:
     def rendezvous_(self: Any, group: Any) -> None:
         borrowed = book.borrowed
         meet(self, group)
-        marks.clear()  # the last round's workers ended; this round's start after it
         handler = group.spec.rdzv_handler
         formed = handler._state_holder.state.round if isinstance(handler, DynamicRendezvousHandler) else -1
         change, refund = book.rendezvoused(int(group.group_world_size), formed)
@@ -383,18 +371,7 @@ def _install(book: Book, marks: workers.Marks) -> None:
                 self._ddpjob_silence = RoundWatch(handler, not external and not host, presence=external)
             self._ddpjob_silence.begin()
 
-    def shutdown_(self: Any, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
-        """torch's stop of the workers (a pod stopped, a restart, the end), which waits ``timeout`` for
-        them to end at a step boundary: workers that leave marks and cannot reach one (they wait in a
-        collective with a peer cut off) are stopped after a short bound instead (:mod:`.workers`)."""
-        context = getattr(self, "_pcontext", None)
-        if marks.builtin and context is not None:
-            with contextlib.suppress(Exception):  # nothing here may keep torch's own stop from running
-                workers.stop_promptly(list(context.pids().values()), marks, death_sig)
-        shutdown(self, death_sig, timeout)
-
     LocalElasticAgent._monitor_workers = monitor_workers  # type: ignore[method-assign]
-    LocalElasticAgent._shutdown = shutdown_  # type: ignore[method-assign]
     SimpleElasticAgent._rendezvous = rendezvous_  # type: ignore[method-assign]
     waiting = DynamicRendezvousHandler.num_nodes_waiting
     if book.elastic:
@@ -414,8 +391,7 @@ def main(argv: Sequence[str]) -> int:
     if (found := store.endpoint(os.environ)) and not store.wait_for(*found):
         return contract.FAILURE_EXIT_CODE  # a crash: the next attempt gets a new store pod
     book = Book(Path(state), elastic=":" in os.environ.get("PET_NNODES", ""))
-    marks = workers.Marks(Path(state).parent)
-    _install(book, marks)
+    _install(book)
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -424,7 +400,6 @@ def main(argv: Sequence[str]) -> int:
     args = torchrun.parse_args(list(argv))  # type: ignore[no-untyped-call]
     if runs_builtin(args):
         torchrun.config_from_args = _warm(torchrun.config_from_args)
-        marks.builtin = True  # it leaves marks (SyncHealth) and stops only at a step boundary
     if found:  # gathered last, with nothing slow left before torch's rendezvous (a late pod misses none)
         store.announce(*found, str(args.rdzv_id), args.local_addr or socket.getfqdn())  # torch's name for it
         store.gather(*found, nodes=int(os.environ.get(contract.NNODES) or 1))

@@ -18,7 +18,6 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -168,10 +167,9 @@ class RoundWatch:
             raise TimeoutError(f"reading the rendezvous state timed out after {self.reading.seconds:.0f} s")
         return got
 
-    def poll(self, force: bool = False, starting: Callable[[], bool] = bool) -> silence.Verdict | None:
+    def poll(self, force: bool = False) -> silence.Verdict | None:
         """What the stored state says now, every :data:`silence.POLL_SECONDS` (``force``: now); None when the
-        store cannot be read (the keep-alive thread and the next rendezvous say that store's trouble).
-        ``starting()``: whether this agent's workers have not said yet that their group formed."""
+        store cannot be read (the keep-alive thread and the next rendezvous say that store's trouble)."""
         if not force and not self.watch.due(time.monotonic()):
             return None
         try:
@@ -193,19 +191,11 @@ class RoundWatch:
             key = silence.mark_key(self.run_id, self.watch.round_number)
             mark = self.store.get(key).decode() if self.store.check([key]) else None
             verdict = self.watch.observe(
-                state.round,
-                state.participants,
-                state.last_heartbeats,
-                mark,
-                time.monotonic(),
-                self.name,
-                starting=bool(starting()),
+                state.round, state.participants, state.last_heartbeats, mark, time.monotonic(), self.name
             )
             if verdict is not None and verdict.kind == silence.SILENT and verdict.judged_here:
                 self.store.set(key, verdict.names())
         except Exception as exc:  # a store that cannot be read must not end a healthy agent
-            if signalled(exc):  # this pod is stopped: never taken for the store's trouble
-                raise
             if self.hosted_by_a_node and _timed_out(exc):
                 host = getattr(self.store, "host", "node 0")
                 said = f"{host} (node 0, which hosts the rendezvous{self.host_where(str(host))})"
@@ -231,15 +221,6 @@ def refreshed(state: Any, now: datetime) -> Any:
     for node in list(state.last_heartbeats):
         state.last_heartbeats[node] = now
     return state
-
-
-def signalled(exc: BaseException) -> bool:
-    """``exc`` is torch's ``SignalException``: the launcher's SIGTERM or SIGINT (its pod stopped), which
-    torch's handler raises wherever the agent's main thread is, a read of the store included. Caught there
-    as the store's trouble, it was lost: the launcher trained on past its pod's grace period."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-
-    return isinstance(exc, SignalException)
 
 
 def _timed_out(exc: Exception) -> bool:
@@ -342,8 +323,6 @@ def patient(num_nodes_waiting: Any) -> Any:
         try:
             waiting = int(num_nodes_waiting(self))
         except Exception as exc:  # the store's errors: a connection refused, a read timed out
-            if signalled(exc):
-                raise
             if not since:
                 since.append(time.monotonic())
                 first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -65,8 +65,6 @@ MIN_TORCH = (2, 4)
 _PRECISIONS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 """``ddp_info``'s precision for code the trainer does not configure: the parameters' dtype."""
 _SERVED: set[int] = set()  # ports this process serves metrics on
-MARK_EVERY_SECONDS = 1.0
-"""How often a step boundary renews the worker's mark for its launcher (one small file written)."""
 
 
 def say_world(world_size: int, step: int) -> None:
@@ -234,9 +232,6 @@ class SyncHealth(Closing):
         self.peers = peers if isinstance(peers, dist.ProcessGroup) else None
         self.restart = self._restarts(environ)
         """The gang restarts done in place in this attempt, and the cause of the last (every rank's)."""
-        self._mark, self._marked, self._step_seconds = inplace.worker_mark(environ, os.getpid()), 0.0, 0.0
-        self.tell_launcher(inplace.FORMED)  # every rank took part in this rank's collectives: a lost peer
-        # now fails them at once, where before it left them waiting in the workers' store (launch.silence)
         self.metrics.restarts.set(contract.restarts_before(self.pod.attempt) + self.restart.restarts)
         self.metrics.restarted(self.restart.restarts, self.restart.cause)
         self._start_probe(model, probe_batch, probe_loss, probe_step)
@@ -314,15 +309,6 @@ class SyncHealth(Closing):
         finite = loss is None or math.isfinite(loss)
         self.metrics.observe_step(self.current_step, duration_seconds, samples, loss, finite, time.time())
         self.skew.add(duration_seconds)
-        self._step_seconds = duration_seconds
-        if time.monotonic() - self._marked >= MARK_EVERY_SECONDS:
-            self.tell_launcher()
-
-    def tell_launcher(self, note: str | None = None) -> None:
-        """Leave ``note`` (default: the last step's seconds, a step boundary passed) in this worker's mark
-        for its launcher (:func:`~ddp_trainer.core.inplace.mark_worker`; nothing without one)."""
-        self._marked = time.monotonic()
-        inplace.mark_worker(self._mark, f"{self._step_seconds:.3f}" if note is None else note)
 
     def drill(self) -> None:
         """The fire drill: when ``DDPJOB_CHAOS_DIVERGE`` names this rank and step, nudge one parameter."""

@@ -178,8 +178,6 @@ class Session:
                 )
         health.drill()
         stop = self.agreement(self.stop.requested)
-        if stop:  # every rank agreed: this worker ends here, after its check and checkpoint (the launcher
-            health.tell_launcher(inplace.STOPPING)  # waits for it, however long rank 0 writes)
         probing = health.probe_due()  # the compute probe needs just-verified parameters: a check first
         due = boundary.due_at(
             result.step, self.config, saving=self.store is not None, stop=stop, probe=probing
@@ -195,10 +193,8 @@ class Session:
     def save(self, state: TrainState) -> None:
         """Rank 0 writes the checkpoint of a verified state."""
         if self.launch.rank == 0 and self.store is not None:
-            assert self.writer is not None and self.health is not None
-            self.health.tell_launcher(inplace.SAVING)  # however long it takes, not a worker that waits
+            assert self.writer is not None
             path = checkpoints.save(self.store, state, self.writer, self.config.checkpoint_keep)
-            self.health.tell_launcher()  # written: a step boundary passed, as any other
             if path is not None:
                 log.info("step %d: checkpoint saved to %s", state.step, path)
 
