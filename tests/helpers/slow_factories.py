@@ -40,3 +40,20 @@ def slow_until_full(config: TrainerConfig) -> torch.nn.Module:
     :data:`BELOW_FULL_SLEEP_SECONDS` slower in a smaller one (each world builds its model anew)."""
     world = int(os.environ.get("WORLD_SIZE", str(FULL_WORLD)))
     return SlowMLP(BELOW_FULL_SLEEP_SECONDS) if world < FULL_WORLD else MLP()
+
+
+PACED_SECONDS = 0.2
+"""``paced``'s forward sleep in a world of :data:`FULL_WORLD` built before its gate opened: at most 5 steps a
+second there, however idle the machine, so that a test's drills in the full world end before the run does."""
+PACED_UNTIL_ENV = "SLOW_FACTORIES_PACED_UNTIL"
+"""A file: a full world built once it exists trains at full speed (the drills are over)."""
+
+
+def paced(config: TrainerConfig) -> torch.nn.Module:
+    """:func:`slow_until_full`, but paced in the full world too (:data:`PACED_SECONDS` a forward) until the
+    file :data:`PACED_UNTIL_ENV` names exists."""
+    world = int(os.environ.get("WORLD_SIZE", str(FULL_WORLD)))
+    if world < FULL_WORLD:
+        return SlowMLP(BELOW_FULL_SLEEP_SECONDS)
+    until = os.environ.get(PACED_UNTIL_ENV, "")
+    return MLP() if until and os.path.exists(until) else SlowMLP(PACED_SECONDS)

@@ -61,6 +61,12 @@ def start_store(
 
 
 KEEP_POLL_SECONDS = 0.2
+GATE_ENV = "DDPJOB_LOCAL_STORE_GATE"
+"""A file whose creation lets a lost store's replacement start (a test's knob, read by ``ddpjob local``;
+removed once used, so the next loss waits for it again): in a cluster the store's new pod is scheduled and
+started, and its name resolves only once it is ready, seconds after the old one was lost, while locally
+the store starts again within a fraction of a second; a test opens the gate once it saw what happens
+meanwhile. Unset: no gate."""
 KEEP_AT_MOST = 5
 """How many times a lost store is started again in one attempt (one that dies each time ends it: the
 launchers then wait for it, and fail, as the workers would with a store Job out of back-off)."""
@@ -80,10 +86,13 @@ class KeptStore:
         say: Callable[[str], None],
         start: Callable[..., subprocess.Popen[bytes]] = start_store,
         watch: bool = True,
+        gate: Path | None = None,
     ) -> None:
         """``watch``: check every :data:`KEEP_POLL_SECONDS` in a thread of its own (else the caller
-        calls :meth:`check`)."""
+        calls :meth:`check`); ``gate``: a lost store's replacement starts once this file exists
+        (:data:`GATE_ENV`)."""
         self.port, self.env, self.log_path, self.say, self._start = port, env, log_path, say, start
+        self.gate = gate
         self.process = start(port, env, log_path)
         self.restarts = 0
         self._stop = threading.Event()
@@ -96,6 +105,10 @@ class KeptStore:
         code = self.process.poll()
         if code is None or self._stop.is_set():
             return True
+        if self.gate is not None:
+            if not self.gate.exists():
+                return True  # the replacement comes later (a test's knob: a cluster's new pod takes seconds)
+            self.gate.unlink(missing_ok=True)
         ended = f"the rendezvous store's process {exits.exited(code)}"
         if self.restarts >= KEEP_AT_MOST:
             self.say(

@@ -215,7 +215,10 @@ def _attempt(
     store = None
     if spec.elastic is not None and render.external_store(spec):  # not when the command runs torchrun itself
         store_log = pods[0].log_path.parent / "rendezvous-store.log"
-        store = elastic.KeptStore(master_port, {**os.environ, gang.MARKER: marker}, store_log, console.say)
+        gate = Path(os.environ[elastic.GATE_ENV]) if os.environ.get(elastic.GATE_ENV) else None
+        store = elastic.KeptStore(
+            master_port, {**os.environ, gang.MARKER: marker}, store_log, console.say, gate=gate
+        )
         kept = store
         members.spared = lambda: (kept.process.pid,)  # stopped after the pods, by store.stop()
         console.say(

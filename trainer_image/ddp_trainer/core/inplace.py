@@ -98,8 +98,13 @@ def write_state(path: Path, state: LaunchState) -> None:
     tmp.replace(path)
 
 
-def first_line(message: str) -> str:
-    """The first meaningful line of an error (a traceback's last line is its exception)."""
+def first_line(message: object) -> str:
+    """The first meaningful line of an error (a traceback's last line is its exception). torch's error file
+    may hold a structure (``{"message": ..., "extraInfo": ...}``: a worker that failed in
+    ``init_process_group`` wrote one), whose own message is taken."""
+    if isinstance(message, Mapping):
+        message = message.get("message", message)
+    message = message if isinstance(message, str) else str(message)
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
     if not lines:
         return ""

@@ -63,6 +63,7 @@ from ddp_trainer.core.config import termination_log
 from ddp_trainer.core.inplace import SAME, exit_code_of, not_retried
 from ddp_trainer.launch import silence, store
 from ddp_trainer.launch.book import Book
+from ddp_trainer.launch.outage import POLL_SECONDS, StoreWait, reach
 from ddp_trainer.launch.rounds import InFlight, RoundWatch, bounded_waiting, patient, stop_now
 from ddp_trainer.reporting.report import record_failure
 
@@ -266,9 +267,10 @@ while the round formed) before it gives up."""
 
 
 def _install(book: Book) -> None:
-    from torch.distributed import DistStoreError
+    from torch.distributed import DistNetworkError, DistStoreError
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent, WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
     monitor = LocalElasticAgent._monitor_workers
@@ -339,21 +341,49 @@ def _install(book: Book) -> None:
     def meet(self: Any, group: Any) -> None:
         """torch's rendezvous; an elastic agent whose round's rank assignment timed out (a member went
         silent while the round formed: torch's ``DistStoreError`` on ``role_info``) meets the next round,
-        without it, up to :data:`ROUND_TRIES` times."""
-        for tried in range(1, ROUND_TRIES + 1):
+        without it, up to :data:`ROUND_TRIES` times; one whose store does not answer waits for it
+        (:func:`wait_for_store`) and meets the others once it does."""
+        tried, waiting = 1, None
+        while True:
             try:
                 rendezvous(self, group)
-                return
             except DistStoreError as exc:
                 if not book.elastic or tried == ROUND_TRIES:
                     raise
+                tried += 1
                 print(
                     f"{contract.log_stamp(time.time())} [launcher] the round formed but its rank assignment "
                     f"timed out ({str(exc).splitlines()[0][:200]}): a member went silent as it formed; "
-                    f"meeting the next round without it (try {tried + 1} of {ROUND_TRIES})",
+                    f"meeting the next round without it (try {tried} of {ROUND_TRIES})",
                     file=sys.stderr,
                     flush=True,
                 )
+                continue
+            except (RendezvousConnectionError, DistNetworkError) as exc:
+                waiting = wait_for_store(self, group, exc, waiting)
+                continue
+            if waiting is not None:
+                waiting.answered()
+            return
+
+    def wait_for_store(self: Any, group: Any, exc: Exception, waiting: StoreWait | None) -> StoreWait:
+        """An elastic agent's rendezvous that failed with its store's error (``exc``: the store's pod lost,
+        its replacement not ready): wait until the store answers again and this agent reached it
+        (:mod:`.outage`), or raise ``exc`` after :data:`store.WAIT_SECONDS`, or at once for a rigid job
+        (whose store died with node 0) or a store of torch's own."""
+        found = store.endpoint(os.environ)
+        if not book.elastic or found is None:
+            raise exc
+        waiting = waiting or StoreWait(f"{found[0]}:{found[1]}")
+        if not waiting.missed(exc):
+            raise exc
+        watch = getattr(self, "_ddpjob_silence", None) or RoundWatch(group.spec.rdzv_handler, presence=True)
+        while not reach(watch):
+            time.sleep(POLL_SECONDS)
+            if not waiting.missed(exc):
+                raise exc
+        waiting.reached()
+        return waiting
 
     def rendezvous_(self: Any, group: Any) -> None:
         borrowed = book.borrowed

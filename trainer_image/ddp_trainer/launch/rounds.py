@@ -15,6 +15,7 @@ import contextlib
 import os
 import pickle
 import signal
+import socket
 import sys
 import threading
 import time
@@ -63,6 +64,8 @@ class RoundWatch:
         self.reading = InFlight(timeout.total_seconds() if isinstance(timeout, timedelta) else READ_SECONDS)
         """The reads of the state (:meth:`read_state`), each given up after the store client's own timeout
         (the rendezvous' ``read_timeout``)."""
+        self.grace = RESTORE_GRACE_READS * self.reading.seconds
+        """How far ahead of now a restored round's keep-alives are set (:meth:`restore`)."""
         self.said_where = False
         """Whether this agent wrote where it runs (:func:`where_key`)."""
         self.where: dict[str, str] = {}
@@ -95,14 +98,15 @@ class RoundWatch:
 
         if self.view is None:
             return
-        state = refreshed(pickle.loads(self.view), datetime.now(UTC))
+        state = refreshed(pickle.loads(self.view), datetime.now(UTC) + timedelta(seconds=self.grace))
         written = self.backend.set_state(pickle.dumps(state))  # no token: compare-and-set against empty
         if written is None or not written[2]:
             return  # another node restored it first (or wrote a round since): read at the next poll
         self.store.add(ARRIVED_KEY, len(state.participants))
         print(
             f"[launcher] the rendezvous store came back empty: restored round {state.round} with "
-            f"{len(state.participants)} node(s) from this node's last view",
+            f"{len(state.participants)} node(s) from this node's last view, each node's keep-alive held "
+            f"{self.grace:.0f} s for it to reach the new store",
             file=sys.stderr,
             flush=True,
         )
@@ -115,9 +119,16 @@ class RoundWatch:
         from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
         old = self.store
+        # a plain connection first: torch's client retries its connection with a growing back-off for up to
+        # its timeout, and missed a store that came up meanwhile by seconds (this node then reached the new
+        # store long after the others, who judged it silent); a store that does not answer yet fails here
+        # at once, and the next poll tries again
+        with socket.create_connection((old.host, old.port), timeout=PROBE_SECONDS):
+            pass
         fresh = TCPStore(old.host, old.port, is_master=False, wait_for_workers=False, timeout=old.timeout)
         self.store, self.backend = fresh, C10dRendezvousBackend(fresh, self.run_id)
         self.handler._store, self.handler._state_holder._backend = fresh, self.backend
+        self.reading = InFlight(self.reading.seconds)  # a read stuck on the old client is not waited for
         self.reconnects += 1
         print(
             f"[launcher] reconnected to the rendezvous store at {old.host}:{old.port}",
@@ -188,6 +199,7 @@ class RoundWatch:
             if state.round == self.watch.round_number and self.handler._this_node in state.participants:
                 self.view = got[0]
                 self.learn_where(state.participants)
+            self.watch.excuse(held(state.last_heartbeats, datetime.now(UTC)), time.monotonic())
             key = silence.mark_key(self.run_id, self.watch.round_number)
             mark = self.store.get(key).decode() if self.store.check([key]) else None
             verdict = self.watch.observe(
@@ -196,6 +208,8 @@ class RoundWatch:
             if verdict is not None and verdict.kind == silence.SILENT and verdict.judged_here:
                 self.store.set(key, verdict.names())
         except Exception as exc:  # a store that cannot be read must not end a healthy agent
+            if signalled(exc):  # this pod is stopped: never taken for the store's trouble
+                raise
             if self.hosted_by_a_node and _timed_out(exc):
                 host = getattr(self.store, "host", "node 0")
                 said = f"{host} (node 0, which hosts the rendezvous{self.host_where(str(host))})"
@@ -213,14 +227,40 @@ class RoundWatch:
         return verdict
 
 
-def refreshed(state: Any, now: datetime) -> Any:
-    """``state`` (a ``_RendezvousState``) with every keep-alive in it set to ``now``: the store's outage is
-    nobody's silence, so each node of the restored round is given a whole keep-alive bound to renew through
-    the new store (a live one does within a second of reconnecting; one lost meanwhile is dropped by
-    torch's sanitizer after the bound, as any silent node)."""
+def refreshed(state: Any, until: datetime) -> Any:
+    """``state`` (a ``_RendezvousState``) with every keep-alive in it set to ``until``, ahead of now by
+    :data:`RESTORE_GRACE_READS` read timeouts: the store's outage is nobody's silence, and the nodes reach the
+    new store one by one (a call through the old client may wait out the read timeout first, and a
+    connection attempt its own), so none is dropped, by torch's sanitizer or by another agent's watch
+    (:meth:`silence.Watch.excuse`), before it had that time. torch's keep-alive renews a node's only once
+    it is past; one lost meanwhile is dropped the keep-alive bound after ``until``."""
     for node in list(state.last_heartbeats):
-        state.last_heartbeats[node] = now
+        state.last_heartbeats[node] = until
     return state
+
+
+RESTORE_GRACE_READS = 2
+"""A restored round's keep-alives are held this many read timeouts ahead (2 × 15 s for an elastic job):
+one for a call stuck on the old client, one for the reconnect. Measured locally before this hold: a node
+reached the new store 6 to 10 s after the first had restored the round, and was judged silent by it."""
+PROBE_SECONDS = 2.0
+"""How long a reconnect's plain connection to the store may take before this poll gives up (the next tries
+again)."""
+
+
+def held(beats: Any, now: datetime) -> list[Any]:
+    """The nodes whose keep-alive in ``beats`` is ahead of ``now``: a restored round's hold
+    (:func:`refreshed`), during which no node is judged silent."""
+    return [node for node, beat in beats.items() if isinstance(beat, datetime) and beat > now]
+
+
+def signalled(exc: BaseException) -> bool:
+    """``exc`` is torch's ``SignalException``: the launcher's SIGTERM or SIGINT (its pod stopped), which
+    torch's handler raises wherever the agent's main thread is, a read of the store included. Caught there
+    as the store's trouble, it was lost: the launcher trained on past its pod's grace period."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    return isinstance(exc, SignalException)
 
 
 def _timed_out(exc: Exception) -> bool:
@@ -323,6 +363,8 @@ def patient(num_nodes_waiting: Any) -> Any:
         try:
             waiting = int(num_nodes_waiting(self))
         except Exception as exc:  # the store's errors: a connection refused, a read timed out
+            if signalled(exc):
+                raise
             if not since:
                 since.append(time.monotonic())
                 first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -141,6 +141,15 @@ class Watch:
     def due(self, now: float) -> bool:
         return self.me is not None and now - self.last_poll >= POLL_SECONDS
 
+    def excuse(self, nodes: Iterable[Hashable], now: float) -> None:
+        """``nodes`` count as renewed at ``now``: their keep-alives in the state are ahead of the clock, held
+        there when a store that came back empty was given the round back
+        (:func:`ddp_trainer.launch.rounds.refreshed`), so that the nodes still reaching the new store are
+        not judged silent meanwhile."""
+        for node in nodes:
+            if node in self.seen:
+                self.seen[node] = (self.seen[node][0], now)
+
     def observe(
         self,
         round_number: int,

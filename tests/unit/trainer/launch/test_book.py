@@ -121,3 +121,11 @@ def test_each_world_change_is_recorded_with_its_reason_for_the_workers(tmp_path:
     book.failed({}, stopped=True)  # a stop at the step boundary, then a smaller world: a node left
     book.rendezvoused(1)
     assert (book.state.resizes, book.state.resize) == (4, contract.RESIZE_LOST)
+
+
+def test_a_workers_structured_error_is_read_for_its_message() -> None:
+    # torch's error file of a worker that failed in init_process_group holds {"message": ..., "extraInfo":
+    # ...}: the launcher crashed on it ('dict' object has no attribute 'strip'), found by issue 54's test of
+    # rank 0's node lost as the workers of a world of 3 start
+    error = {"message": "Traceback (most recent call last):\n  x\nDistNetworkError: closed", "extraInfo": {}}
+    assert inplace.cause({2: (1, error)}) == "rank 2 exited 1: DistNetworkError: closed"  # type: ignore[dict-item]

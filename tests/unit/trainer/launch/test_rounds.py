@@ -1,6 +1,8 @@
 """A rendezvous store that comes back empty (launch/rounds.RoundWatch.restore): the first node to find it
-empty writes its last view of its round back, every keep-alive fresh, with the gather count a later node
-waits for; the others find it there and write nothing; a node with no view of a round writes nothing.
+empty writes its last view of its round back, every keep-alive held ahead while the others reach the new
+store, with the gather count a later node waits for; the others find it there and write nothing; a node
+with no view of a round writes nothing; no member is judged silent while held; a reconnect to a store that
+does not answer fails at once.
 Each watch reads through a real TCPStore on 127.0.0.1 (torch's own c10d backend), the handler a stand-in
 with the fields torch's has (tests/contract/test_torch_private.py checks torch's)."""
 
@@ -68,11 +70,56 @@ def _stored(watch: rounds.RoundWatch) -> Any:
     return pickle.loads(got[0]) if got else None
 
 
-def test_refreshed_sets_every_keep_alive_to_now_and_keeps_the_round() -> None:
+def test_refreshed_holds_every_keep_alive_ahead_and_keeps_the_round() -> None:
     state = SimpleNamespace(round=3, participants={"a": 0, "b": 1}, last_heartbeats={"a": LONG_AGO, "b": 1})
     now = datetime.now(UTC)
-    assert rounds.refreshed(state, now) is state
-    assert state.last_heartbeats == {"a": now, "b": now} and state.participants == {"a": 0, "b": 1}
+    until = now + timedelta(seconds=30)
+    assert rounds.refreshed(state, until) is state
+    assert state.last_heartbeats == {"a": until, "b": until} and state.participants == {"a": 0, "b": 1}
+    assert rounds.held(state.last_heartbeats, now) == ["a", "b"]
+    assert rounds.held({"a": now, "b": LONG_AGO, "c": 7}, now + timedelta(seconds=1)) == []
+
+
+def test_a_member_whose_keep_alive_is_held_is_not_judged_silent_until_the_hold_and_the_bound_passed() -> None:
+    """The store came back empty and one node gave it the round back, every keep-alive held ahead: a
+    member still reaching the new store (its keep-alive unchanged) is not silent while held; one lost
+    meanwhile is judged the keep-alive bound (and the margin) after its hold ended."""
+    from ddp_trainer.launch import silence
+
+    watch = silence.Watch(bound=5.0)
+    beats = {"a": 1, "b": 1}
+    watch.begin(1, "a", {"a": 0, "b": 1}, beats, now=0.0)
+    now = 0.0
+    while now < 30.0:  # held for 30 s (two read timeouts): polled every 0.5 s, never judged
+        now += silence.POLL_SECONDS
+        watch.excuse(["b"], now)
+        assert watch.observe(1, {"a": 0, "b": 1}, beats, None, now) is None, now
+    while (verdict := watch.observe(1, {"a": 0, "b": 1}, beats, None, now)) is None:
+        now += silence.POLL_SECONDS
+        assert now < 40.0
+    assert verdict.kind == silence.SILENT and verdict.nodes == ("b",)
+    assert now == 30.0 + 5.0 + silence.MARGIN_SECONDS
+
+
+def test_a_reconnect_to_a_store_that_does_not_answer_fails_at_once() -> None:
+    """torch's client retries its connection with a growing back-off until its timeout and missed a store
+    that came up meanwhile by seconds; the watch probes with a plain connection first, so a store that does
+    not answer fails the poll at once and the next poll (0.5 s later) tries again."""
+    import gc
+    import time
+
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    server = TCPStore(
+        "127.0.0.1", _free_port(), is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5)
+    )
+    watch = rounds.RoundWatch(_handler(server, _node("a"), [_node("a")]))
+    del server
+    gc.collect()  # the store's process is gone
+    began = time.monotonic()
+    with pytest.raises(OSError):
+        watch.reconnect()
+    assert time.monotonic() - began < rounds.PROBE_SECONDS + 0.5 and watch.reconnects == 0
 
 
 def test_the_first_node_to_find_the_store_empty_restores_its_round_and_the_others_find_it(
@@ -87,12 +134,14 @@ def test_the_first_node_to_find_the_store_empty_restores_its_round_and_the_other
     assert first.poll(force=True) is None and first.failed_reads == 0
     restored = _stored(first)
     assert restored.round == 4 and restored.complete and set(restored.participants) == {a, b, c}
-    assert all(beat >= before for beat in restored.last_heartbeats.values()), restored.last_heartbeats
+    assert first.grace == 2 * 5.0  # two read timeouts of the store's client (5 s here)
+    hold = before + timedelta(seconds=first.grace)
+    assert all(beat >= hold for beat in restored.last_heartbeats.values()), restored.last_heartbeats
     assert int(host.add(ARRIVED_KEY, 0)) == 3  # a later node's gather finds the job's nodes came
     said = capsys.readouterr().err
     assert (
         "[launcher] the rendezvous store came back empty: restored round 4 with 3 node(s) from this node's "
-        "last view"
+        "last view, each node's keep-alive held 10 s for it to reach the new store"
     ) in said, said
 
     token = first.backend.get_state()
@@ -169,3 +218,21 @@ def test_a_rigid_agents_num_nodes_waiting_is_given_up_after_the_read_timeout() -
     assert wrapped("h") == 7
     with pytest.raises(RuntimeError, match="connection refused"):
         wrapped("h")
+
+
+def test_a_stop_signal_during_a_store_read_is_never_taken_for_the_stores_trouble() -> None:
+    """torch raises its SignalException (the launcher's SIGTERM: a gang restart, a deleted pod) wherever the
+    agent's main thread is, a read of an unanswering store included; the store's errors give 0 waiting, but
+    the signal is raised on, or the launcher trained on past its pod's grace period."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    def store_down(handler: Any) -> int:
+        raise RuntimeError("connection refused")
+
+    def stopped(handler: Any) -> int:
+        raise SignalException("Process 7 got signal: 15", sigval=15)  # type: ignore[arg-type]
+
+    assert rounds.patient(store_down)("h") == 0
+    with pytest.raises(SignalException):
+        rounds.patient(stopped)("h")
+    assert rounds.signalled(SignalException("x", sigval=15)) and not rounds.signalled(RuntimeError("x"))  # type: ignore[arg-type]
