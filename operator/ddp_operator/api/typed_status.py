@@ -192,10 +192,11 @@ class Status:
     checkpoint: Checkpoint | None = None
 
     def condition(self, kind: str) -> Condition | None:
-        """The condition of type ``kind``, if the status has one."""
-        return next((c for c in self.conditions or () if c.type == kind), None)
+        """The condition of type ``kind``, if the status has one (the last, should it have two)."""
+        return next((c for c in reversed(self.conditions or ()) if c.type == kind), None)
 
 
+@functools.cache
 def schema() -> Mapping[str, Any]:
     """The CRD's status schema."""
     node: Mapping[str, Any] = crd.openapi_schema()["properties"]["status"]
@@ -217,7 +218,12 @@ def write(value: Any) -> dict[str, Any]:
 def key(cls: type, name: str) -> str:
     """The CRD property of field ``name`` of ``cls`` (``key(Status, "restarts_in_place")``:
     ``"restartsInPlace"``); a name that is not a field is a ``KeyError``."""
-    return dict(_keys(cls))[name]
+    return keys(cls)[name]
+
+
+def keys(cls: type) -> Mapping[str, str]:
+    """Each field of ``cls`` by name → its CRD property."""
+    return dict(_keys(cls))
 
 
 @functools.cache

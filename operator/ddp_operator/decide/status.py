@@ -1,5 +1,6 @@
-"""The DDPJob's status, in one place: its vocabulary (phases), the builder that assembles it with stable
-condition transition times, and what each source writes into it. Pure.
+"""The DDPJob's status, in one place: its vocabulary (phases), and what each source writes into it through
+the one builder (:class:`~ddp_operator.decide.status_builder.StatusBuilder`), reading the status before typed
+(:mod:`ddp_operator.api.typed_status`). Pure.
 
 - every branch: :func:`begin` (attempt, restarts, start time, what the previous status keeps, rank 0's
   report as ``status.sync``, ``status.lastReport`` and ``status.checkpoint``, the ``CheckpointsDurable``
@@ -15,20 +16,24 @@ condition transition times, and what each source writes into it. Pure.
 through the builder; :mod:`ddp_operator.runtime.reconcile` writes the result.
 
 Long because the whole status (its fields, conditions and events, from the report, the readings and the
-spec) reads best in one place, each piece a small pure function.
+spec) reads best in one place, each piece a small pure function. The sections built as mappings here
+(``progress``, ``sync``, ``probe``) keep their keys in the order they are written, which the typed status's
+fixed order would not: the status written stays the same JSON.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from ddp_operator.api import reasons
+from ddp_operator.api import reasons, typed_status
 from ddp_operator.api.spec import Spec, checkpoints_durable
+from ddp_operator.api.typed_status import Checkpoint, Failure, LastReport, LastRestart, Status, Sync
 from ddp_operator.decide import restarts
-from ddp_operator.decide.plan import Event, Obj, Plan
+from ddp_operator.decide.plan import Event
+from ddp_operator.decide.status_builder import StatusBuilder
+from ddp_operator.decide.status_builder import finished as finished
 from ddp_operator.observe.live import Snapshot, rates
 from ddp_operator.observe.progress import (
     Progress,
@@ -62,52 +67,6 @@ def parse_time(text: Any) -> dt.datetime | None:
         return None
 
 
-@dataclass
-class StatusBuilder:
-    """The status under construction, with the conditions and events that go with it."""
-
-    previous: Mapping[str, Any]
-    now: str
-    values: Obj = field(default_factory=dict)
-    conditions: dict[str, Obj] = field(default_factory=dict)
-    events: list[Event] = field(default_factory=list)
-
-    def condition(self, kind: str, status: bool | None, reason: str, message: str) -> None:
-        value = "Unknown" if status is None else str(status)
-        old = {c.get("type"): c for c in self.previous.get("conditions", []) or []}.get(kind, {})
-        since = old.get("lastTransitionTime") if old.get("status") == value else self.now
-        self.conditions[kind] = {
-            "type": kind,
-            "status": value,
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": since or self.now,
-        }
-
-    def phase(self, phase: str, reason: str, message: str, warning: bool = False) -> None:
-        self.values["phase"] = phase
-        ready = {c.get("type"): c for c in self.previous.get("conditions", []) or []}.get(reasons.READY, {})
-        if self.previous.get("phase") != phase or ready.get("reason") != reason:
-            self.events.append(Event("Warning" if warning else "Normal", reason, message))
-
-    def plan(self, **steps: Any) -> Plan:
-        status = {**self.values, "conditions": [self.conditions[k] for k in sorted(self.conditions)]}
-        return Plan(status, events=tuple(self.events), **steps)
-
-
-def finished(status: Mapping[str, Any]) -> bool:
-    """A terminal phase, with what this operator writes along with one: a completionTime and a True
-    Complete or Failed condition. A phase without them (a hand-edited status) is not believed: the next
-    decision repairs it from the children."""
-    conditions = status.get("conditions")
-    said = [
-        c
-        for c in (conditions if isinstance(conditions, list) else [])
-        if isinstance(c, Mapping) and c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
-    ]
-    return status.get("phase") in TERMINAL and bool(status.get("completionTime")) and bool(said)
-
-
 def count(value: Any) -> int:
     """A count from the status: a non-negative integer (anything else, hand-written, counts as 0)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
@@ -121,67 +80,66 @@ def begin(
     now: dt.datetime,
     generation: int,
     attempt: int,
-    report: Mapping[str, Any] | None,
+    report: contract.Report | None,
     spec: Spec,
 ) -> StatusBuilder:
     """The status fields every branch writes, and the sync report when rank 0 has written one."""
     out = StatusBuilder(previous, stamp(now))
-    out.values.update(
+    last = out.last
+    out.set(
         attempt=attempt,
         # derived from the attempt and the restarts in place the pods reported, never counted apart
-        restarts=restarts.shown(attempt, count(previous.get(RESTARTS_IN_PLACE_FIELD))),
-        observedGeneration=generation,
-        startTime=previous.get("startTime") or out.now,
-        readyNodes=0,
+        restarts=restarts.shown(attempt, count(last.restarts_in_place)),
+        observed_generation=generation,
+        start_time=last.start_time or out.now,
+        ready_nodes=0,
     )
-    for kept in (
-        "completionTime",
-        "lastReport",
+    out.keep(
+        "completion_time",
+        "last_report",
         "progress",
         "checkpoint",
         "probe",
         "kueue",
         "elastic",  # an elastic job's size and resizes (decide.resize), kept once the Job has finished
         "selector",
-        RESTARTS_IN_PLACE_FIELD,
-        LAST_RESTART_FIELD,
-    ):
-        if previous.get(kept):
-            out.values[kept] = previous[kept]
-    if preemptions := count(previous.get("preemptions")):
-        out.values["preemptions"] = preemptions
-    if isinstance(previous.get("sync"), dict):
-        out.values["sync"] = dict(previous["sync"])
+        "restarts_in_place",
+        "last_restart",
+    )
+    if preemptions := count(last.preemptions):
+        out.set(preemptions=preemptions)
+    if isinstance(sync := out.stored("sync"), dict):
+        out.set(sync=dict(sync))
     if report is not None:
         # The report is the last word; what the live readings said beyond it (last check's time) stays.
-        out.values["sync"] = job_sync({**out.values.get("sync", {}), **report_sync(report)}, report, attempt)
-        out.values["lastReport"] = last_report(report, attempt)
+        sync = {**(out.stored("sync", written=True) or {}), **report_sync(report)}
+        out.set(sync=job_sync(sync, report, attempt), last_report=last_report(report, attempt))
         if checkpoint := report_checkpoint(report):
-            out.values["checkpoint"] = checkpoint
-        if probe := report_probe(out.values.get("probe") or {}, report, attempt):
-            out.values["probe"] = probe
+            out.set(checkpoint=checkpoint)
+        if probe := report_probe(out.stored("probe", written=True) or {}, report, attempt):
+            out.set(probe=probe)
     durable_condition(out, spec)
     return out
 
 
 # -- gang restarts ------------------------------------------------------------------------------------
 
-RESTARTS_IN_PLACE_FIELD = "restartsInPlace"
+RESTARTS_IN_PLACE_FIELD = typed_status.key(Status, "restarts_in_place")
 """``status.restartsInPlace``: the job's gang restarts done in place, over all its attempts (each attempt's
-count is its pods' report, :data:`ddp_trainer.contract.REPORT_RESTARTS_IN_PLACE`, or their metric)."""
-LAST_RESTART_FIELD = "lastRestart"
-"""``status.lastRestart``: the last gang restart, in place or by a new Job (its kind, attempt, reason and
-message)."""
+count is its pods' report, :data:`ddp_trainer.contract.REPORT_RESTARTS_IN_PLACE`, or their metric); the
+operator's metrics read it (``runtime/opmetrics``)."""
 IN_PLACE, RECREATE = "InPlace", "Recreate"
 RESTARTED_IN_PLACE = reasons.RESTARTED_IN_PLACE
 """The reason (and the event's) of a gang restart done in place."""
+LAST_RESTART_FIELD = typed_status.key(Status, "last_restart")
+"""``status.lastRestart``: the last gang restart, in place or by a new Job."""
 
 
-def in_place_so_far(previous: Mapping[str, Any], attempt: int) -> int:
+def in_place_so_far(previous: Status, attempt: int) -> int:
     """The restarts in place of ``attempt`` the status already counts."""
-    last = previous.get(LAST_RESTART_FIELD)
-    if isinstance(last, Mapping) and last.get("kind") == IN_PLACE and last.get("attempt") == attempt:
-        return count(last.get("inAttempt"))
+    last = previous.last_restart
+    if last is not None and last.kind == IN_PLACE and last.attempt == attempt:
+        return count(last.in_attempt)
     return 0
 
 
@@ -189,37 +147,24 @@ def restarted_in_place(out: StatusBuilder, attempt: int, seen: int, cause: str, 
     """Count the restarts in place the pods of ``attempt`` reported (``seen`` so far in the attempt; the
     cause of the last) beyond what the status counts: ``restarts``, ``restartsInPlace``, ``lastRestart``
     and a Warning event."""
-    known = in_place_so_far(out.previous, attempt)
+    known = in_place_so_far(out.last, attempt)
     if seen <= known:
         return
-    total = count(out.values.get(RESTARTS_IN_PLACE_FIELD)) + seen - known
-    out.values[RESTARTS_IN_PLACE_FIELD] = total
-    out.values["restarts"] = count(out.values.get("restarts")) + seen - known
+    now = out.current()
+    total = count(now.restarts) + seen - known
+    out.set(restarts_in_place=count(now.restarts_in_place) + seen - known, restarts=total)
     why = cause or "a process failed"
     message = (
-        f"attempt {attempt}: gang restarted in place ({seen} in this attempt, {out.values['restarts']} of "
+        f"attempt {attempt}: gang restarted in place ({seen} in this attempt, {total} of "
         f"maxRestarts {max_restarts} used): {why}; same pods, resuming from the last checkpoint"
     )
-    out.values[LAST_RESTART_FIELD] = {
-        "kind": IN_PLACE,
-        "attempt": attempt,
-        "inAttempt": seen,
-        "reason": RESTARTED_IN_PLACE,
-        "message": message[:1024],
-        "time": out.now,
-    }
+    out.set(last_restart=LastRestart(IN_PLACE, attempt, seen, RESTARTED_IN_PLACE, message[:1024], out.now))
     out.events.append(Event("Warning", RESTARTED_IN_PLACE, message))
 
 
 def recreated(out: StatusBuilder, attempt: int, reason: str, message: str) -> None:
     """The gang restarts as ``attempt`` (a new Job and new pods)."""
-    out.values[LAST_RESTART_FIELD] = {
-        "kind": RECREATE,
-        "attempt": attempt,
-        "reason": reason,
-        "message": message[:1024],
-        "time": out.now,
-    }
+    out.set(last_restart=LastRestart(RECREATE, attempt, None, reason, message[:1024], out.now))
 
 
 def probe_finding(previous: Mapping[str, Any], report: Mapping[str, Any], attempt: int) -> dict[str, Any]:
@@ -243,18 +188,16 @@ def report_probe(previous: Mapping[str, Any], report: Mapping[str, Any], attempt
     return out
 
 
-def avoided_nodes(status: Mapping[str, Any]) -> tuple[str, ...]:
+def avoided_nodes(status: Status) -> tuple[str, ...]:
     """``status.probe.faultyNodes``: where the compute probe found a faulty rank under ``Fail``."""
-    probe = status.get("probe")
-    nodes = probe.get("faultyNodes") if isinstance(probe, Mapping) else None
-    return tuple(n for n in nodes if isinstance(n, str) and n) if isinstance(nodes, list) else ()
+    return tuple(n for n in status.probe.faulty_nodes or () if n) if status.probe is not None else ()
 
 
 def avoid_nodes(out: StatusBuilder, nodes: tuple[str, ...]) -> None:
     """Add ``nodes`` to ``status.probe.faultyNodes``: the next attempts' pods stay off them."""
-    probe = dict(out.values.get("probe") or {})
-    probe["faultyNodes"] = list(dict.fromkeys([*avoided_nodes(out.values), *nodes]))
-    out.values["probe"] = probe
+    probe = dict(out.stored("probe", written=True) or {})
+    probe["faultyNodes"] = list(dict.fromkeys([*avoided_nodes(out.current()), *nodes]))
+    out.set(probe=probe)
 
 
 def report_sync(report: Mapping[str, Any]) -> dict[str, Any]:
@@ -298,31 +241,40 @@ LAST_FAILURES = 16
 """Failed ranks ``status.lastReport.failures`` keeps (the earliest first)."""
 
 
-def last_report(report: Mapping[str, Any], attempt: int) -> dict[str, Any]:
+def last_report(report: contract.Report, attempt: int) -> dict[str, Any]:
     """What ``status.lastReport`` keeps of a report: enough to decide after the pod is gone."""
-    kept = {key: report[key] for key in ("result", "reason") if key in report}
-    out = {"attempt": attempt, **kept, "message": str(report.get("message", ""))[:1024]}
-    if entries := [f for f in report.get("failures") or [] if isinstance(f, Mapping)][:LAST_FAILURES]:
+    entries = [f for f in report.get("failures") or [] if isinstance(f, Mapping)][:LAST_FAILURES]
+    kept = LastReport(
+        attempt,
+        report.get("result"),
+        report.get("reason"),
+        str(report.get("message", ""))[:1024],
         # who failed first must survive the pods' deletion (failures.describe reads them back)
-        fields = (("rank", int), ("at", float), ("restart", int))
-        out["failures"] = [
-            {k: kind(f[k]) for k, kind in fields if isinstance(f.get(k), int | float)}
-            | {"error": str(f.get("error", ""))[:512]}
-            for f in entries
-        ]
-    return out
+        tuple(_failure(f) for f in entries) or None,
+    )
+    return typed_status.write(kept)
 
 
-def report_checkpoint(report: Mapping[str, Any]) -> dict[str, Any]:
+def _failure(failure: contract.Failure) -> Failure:
+    rank, at, restart = failure.get("rank"), failure.get("at"), failure.get("restart")
+    return Failure(
+        int(rank) if isinstance(rank, int | float) else None,
+        float(at) if isinstance(at, int | float) else None,
+        int(restart) if isinstance(restart, int | float) else None,
+        str(failure.get("error", ""))[:512],
+    )
+
+
+def report_checkpoint(report: contract.Report) -> dict[str, Any]:
     """The part of a report that becomes ``status.checkpoint``."""
-    out: dict[str, Any] = {}
-    if "resumedFromStep" in report:
-        out["resumedFromStep"] = report["resumedFromStep"]
-    if report.get("warmStartedFrom"):
-        out["warmStartedFrom"] = report["warmStartedFrom"]
-    if report.get("skippedCheckpoints"):
-        out["skipped"] = list(report["skippedCheckpoints"])[:16]
-    return out
+    skipped = report.get("skippedCheckpoints")
+    return typed_status.write(
+        Checkpoint(
+            report.get("resumedFromStep"),
+            report.get("warmStartedFrom") or None,
+            tuple(list(skipped)[:16]) if skipped else None,
+        )
+    )
 
 
 def durable_condition(out: StatusBuilder, spec: Spec) -> None:
@@ -363,14 +315,14 @@ def checkpoint_events(out: StatusBuilder, report: Mapping[str, Any] | None) -> N
 
 def keep_finished(out: StatusBuilder) -> None:
     """A terminal phase sticks, and the conditions written with it."""
-    out.values["phase"] = out.previous["phase"]
-    out.conditions.update({c["type"]: dict(c) for c in out.previous.get("conditions", []) or []})
+    out.set(phase=out.last.phase)
+    out.keep_conditions()
 
 
 def finish(out: StatusBuilder, succeeded: bool, reason: str, message: str) -> None:
     """The terminal phase, its completionTime and its Complete or Failed condition."""
     phase = "Succeeded" if succeeded else "Failed"
-    out.values["completionTime"] = out.values.get("completionTime") or out.now
+    out.set(completion_time=out.stored("completion_time", written=True) or out.now)
     out.phase(phase, reason, message, warning=not succeeded)
     out.condition(reasons.READY, False, reason, message)
     out.condition("Complete" if succeeded else "Failed", True, reason, message)
@@ -378,43 +330,43 @@ def finish(out: StatusBuilder, succeeded: bool, reason: str, message: str) -> No
 
 
 def sync_condition(out: StatusBuilder) -> None:
-    sync = out.values.get("sync")
-    last = out.values.get("lastReport") or {}
-    if not sync and last.get("reason") in contract.NOTHING_TO_COMPARE:
-        out.condition(reasons.SYNC_VERIFIED, None, str(last["reason"]), str(last.get("message", "")))
-    elif not sync and last.get("reason") == contract.SYNC_HOOK_OFF:
-        out.condition(reasons.SYNC_VERIFIED, None, contract.SYNC_HOOK_OFF, str(last.get("message", "")))
-    elif not sync:
-        message = "no sync check reported yet (read from the pods' metrics, and rank 0's final report)"
-        out.condition(reasons.SYNC_VERIFIED, None, "NotYetReported", message)
-    elif sync.get("verified"):
-        attempts = sync.get(SYNC_ATTEMPTS_FIELD)
-        over = f" over {len(attempts)} attempts" if isinstance(attempts, list) and len(attempts) > 1 else ""
+    now = out.current()
+    sync, last = now.sync, now.last_report or LastReport()
+    said = str(last.message or "")
+    if sync is None or sync == Sync():  # no check written
+        if last.reason in contract.NOTHING_TO_COMPARE:
+            out.condition(reasons.SYNC_VERIFIED, None, str(last.reason), said)
+        elif last.reason == contract.SYNC_HOOK_OFF:
+            out.condition(reasons.SYNC_VERIFIED, None, contract.SYNC_HOOK_OFF, said)
+        else:
+            message = "no sync check reported yet (read from the pods' metrics, and rank 0's final report)"
+            out.condition(reasons.SYNC_VERIFIED, None, "NotYetReported", message)
+        return
+    checks, mismatches = sync.checks or 0, sync.mismatches or 0
+    if sync.verified:
+        attempts = len(sync.attempts or ())
+        over = f" over {attempts} attempts" if attempts > 1 else ""
         out.condition(
             reasons.SYNC_VERIFIED,
             True,
             "BitIdentical",
-            f"{sync.get('mismatches', 0)} of {sync.get('checks', 0)} checks found ranks differing; "
-            f"{sync['repairs']} repair(s) re-broadcast rank 0's model and the last check found every rank "
-            "bit-identical"
-            if sync.get("repairs")
-            else f"{sync.get('checks', 0)} checks{over} found every rank bit-identical",
+            f"{mismatches} of {checks} checks found ranks differing; {sync.repairs} repair(s) re-broadcast "
+            "rank 0's model and the last check found every rank bit-identical"
+            if sync.repairs
+            else f"{checks} checks{over} found every rank bit-identical",
         )
     else:
         out.condition(
-            reasons.SYNC_VERIFIED,
-            False,
-            "Diverged",
-            f"{sync.get('mismatches', 0)} of {sync.get('checks', 0)} checks found ranks differing",
+            reasons.SYNC_VERIFIED, False, "Diverged", f"{mismatches} of {checks} checks found ranks differing"
         )
 
 
 def completed_message(previous: Mapping[str, Any], attempt: int, now: dt.datetime, steps: int | None) -> str:
     """The Succeeded event: total time and throughput."""
-    started = parse_time(previous.get("startTime"))
+    last = typed_status.read(previous)
+    started = parse_time(last.start_time)
     took = f" in {duration((now - started).total_seconds())}" if started else ""
-    progress = previous.get("progress") or {}
-    rate = progress.get("samplesPerSecond")
+    rate = last.progress.samples_per_second if last.progress is not None else None
     throughput = f", {rate:,.0f} samples/s" if isinstance(rate, (int, float)) else ""
     done = f": {steps} steps" if steps is not None else ""
     return f"attempt {attempt} completed{took}{done}{throughput}"
@@ -441,25 +393,22 @@ def final_progress(
 def write_reading(out: StatusBuilder, snapshot: Snapshot | None, attempt: int, total_steps: int) -> None:
     """Write a fresh reading into the status, at most every :data:`STATUS_SECONDS`; keep the last one
     otherwise. Posts the events of what changed since."""
-    previous = out.previous
-    kept = previous.get("progress")
-    if isinstance(kept, dict):
-        out.values["progress"] = dict(kept)
-    old_condition = {c.get("type"): c for c in previous.get("conditions", []) or []}.get(METRICS_SCRAPED)
-    if old_condition:
-        out.conditions[METRICS_SCRAPED] = dict(old_condition)
+    if isinstance(kept := out.stored("progress"), dict):
+        out.set(progress=dict(kept))
+    out.keep_conditions(METRICS_SCRAPED)
     if snapshot is None or snapshot.attempt != attempt:
         return
-    written = parse_time(kept.get("computedAt")) if isinstance(kept, dict) else None
+    progress = out.last.progress
+    written = parse_time(progress.computed_at) if progress is not None else None
     if written is not None and snapshot.at - written.timestamp() < STATUS_SECONDS:
         return
-    out.values["progress"] = progress_status(snapshot, total_steps)
+    out.set(progress=progress_status(snapshot, total_steps))
     _scraped_condition(out, snapshot)
     if snapshot.latest is not None:
-        old_sync = out.values.get("sync") or {}
+        old_sync = out.stored("sync", written=True) or {}
         new_sync = live_sync(old_sync, snapshot.latest, attempt)
         if new_sync:
-            out.values["sync"] = new_sync
+            out.set(sync=new_sync)
         out.events.extend(_sync_events(old_sync, new_sync, snapshot.latest))
 
 
