@@ -11,6 +11,9 @@ left out: ``write(read(s)) == s`` for every status the builder writes (proven in
 tests/unit/operator/decide/test_status_schema.py). The fields are in the CRD's order, and
 tests/unit/operator/api/test_typed_status.py proves that every property has a field and every field a
 property.
+
+Long because the dataclasses mirror the CRD's status one to one; the logic is :func:`read` and
+:func:`write`.
 """
 
 from __future__ import annotations
@@ -207,6 +210,29 @@ def read(mapping: Mapping[str, Any] | None) -> Status:
     """The typed status of ``mapping`` (a DDPJob's ``status``; None or a non-mapping: an empty one)."""
     typed: Status = _read(Status, mapping if isinstance(mapping, Mapping) else {}, schema())
     return typed
+
+
+def read_as(cls: type, mapping: Any) -> Any:
+    """A section of the status typed (``read_as(Elastic, mapping)``; not a mapping: an empty one)."""
+    return _read(cls, mapping if isinstance(mapping, Mapping) else {}, _nodes()[cls])
+
+
+@functools.cache
+def _nodes() -> dict[type, Mapping[str, Any]]:
+    """Each dataclass of the status → its schema node."""
+    found: dict[type, Mapping[str, Any]] = {Status: schema()}
+
+    def walk(cls: type, node: Mapping[str, Any]) -> None:
+        for name, prop in _keys(cls):
+            kind, sub = _inner(_hints(cls)[name]), (node.get("properties") or {}).get(prop) or {}
+            if typing.get_origin(kind) is tuple:
+                kind, sub = typing.get_args(kind)[0], sub.get("items") or {}
+            if is_dataclass(kind) and isinstance(kind, type):
+                found[kind] = sub
+                walk(kind, sub)
+
+    walk(Status, schema())
+    return found
 
 
 def write(value: Any) -> dict[str, Any]:

@@ -426,11 +426,11 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
             f"{spec.elastic.min_nodes}-{spec.elastic.max_nodes}); the others join at a step boundary{gated}",
         )
         out.condition(reasons.READY, True, reasons.BELOW_DESIRED, f"{ready}/{spec.nodes} pods ready{gated}")
-    elif (short := resize.below_min(spec, inputs.previous, ready, inputs.now)) is not None:
+    elif (short := resize.below_min(spec, out.last, ready, inputs.now)) is not None:
         message = short.message(spec, facts.unschedulable)
         if short.over:
             outcome = restarts.Outcome(False, reason=reasons.BELOW_MIN_NODES, message=message)
-            if (sized := _resize(inputs, job, ready)) is not None:
+            if (sized := _resize(inputs, out, job, ready)) is not None:
                 out.set(elastic=sized.status)
             return _end_attempt(inputs, out, job.name, outcome, True)
         out.phase(reasons.RUNNING, reasons.BELOW_MIN_NODES, message, warning=True)
@@ -458,19 +458,19 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
     scrape = None
     if facts.targets and not spec.suspend and not job.suspended:
         scrape = Scrape(attempt, spec.metrics_port, facts.targets)
-    sized = _resize(inputs, job, ready)
+    sized = _resize(inputs, out, job, ready)
     if sized is not None:
         out.set(elastic=sized.status, selector=f"{names.JOB_NAME_LABEL}={spec.name}")  # /scale's selector
         out.events.extend(sized.events)
     return out.plan(suspend_job=toggle, scrape=scrape, resize_job=sized.job if sized else None)
 
 
-def _resize(inputs: Inputs, job: JobFacts, ready: int) -> resize.Resize | None:
+def _resize(inputs: Inputs, out: StatusBuilder, job: JobFacts, ready: int) -> resize.Resize | None:
     """:func:`resize.decide` with this attempt's metrics reading: the world the trainer says trains."""
     snapshot = inputs.snapshot
     held = snapshot is not None and snapshot.attempt == inputs.facts.attempt
     reading = snapshot.latest if snapshot is not None and held else None
-    return resize.decide(inputs.spec, job, inputs.previous, ready, inputs.now, reading, held)
+    return resize.decide(inputs.spec, job, out, ready, inputs.now, reading, held)
 
 
 def _cannot_start(inputs: Inputs, out: StatusBuilder, failed: startup.StartupFailure) -> None:

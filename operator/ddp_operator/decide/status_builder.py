@@ -128,6 +128,45 @@ class StatusBuilder:
         return dataclasses.replace(plan, status=status, events=(*plan.events, *self.events))
 
 
+@dataclass
+class Section:
+    """A section of the status under construction (``status.elastic``: ``Section(Elastic)``), written as
+    a mapping by the names of its dataclass's fields (:mod:`ddp_operator.api.typed_status`), its keys in the
+    order first written, and read back typed."""
+
+    kind: type
+    values: Obj = field(default_factory=dict)
+
+    def set(self, **fields: Any) -> None:
+        """Write fields by name; a dataclass is written as its mapping."""
+        for name, value in fields.items():
+            written = typed_status.write(value) if is_dataclass(value) else value
+            self.values[typed_status.key(self.kind, name)] = written
+
+    def typed(self) -> Any:
+        """What is written so far, typed."""
+        return typed_status.read_as(self.kind, self.values)
+
+    def stored(self, name: str) -> Any:
+        """Field ``name`` as written, untyped (a mapping to go on from, its keys in their order)."""
+        return self.values.get(typed_status.key(self.kind, name))
+
+    def keep(self, stored: Any, name: str) -> None:
+        """Field ``name`` of ``stored`` (the same section, as the previous status stores it), as it is
+        stored, when it has that field."""
+        prop = typed_status.key(self.kind, name)
+        if isinstance(stored, Mapping) and prop in stored:
+            self.values[prop] = stored[prop]
+
+    def with_field(self, name: str, section: type, field_name: str, value: Any) -> None:
+        """Field ``name``, a mapping as written, with its field ``field_name`` (of dataclass ``section``)
+        set to ``value``: its other keys kept in their order."""
+        current = self.stored(name)
+        kept = dict(current) if isinstance(current, Mapping) else {}
+        kept[typed_status.key(section, field_name)] = value
+        self.values[typed_status.key(self.kind, name)] = kept
+
+
 def finished(status: Mapping[str, Any]) -> bool:
     """A terminal phase, with what this operator writes along with one: a completionTime and a True
     Complete or Failed condition. A phase without them (a hand-edited status) is not believed: the next

@@ -113,3 +113,9 @@ def test_key_names_the_crd_property() -> None:
     assert typed_status.key(typed_status.LastResize, "from_nodes") == "from"
     with pytest.raises(KeyError):
         typed_status.key(typed_status.Status, "restartsInPlace")
+
+
+def test_a_section_reads_typed_by_its_schema() -> None:
+    elastic = typed_status.read_as(typed_status.Elastic, {"nodes": 2, "lastResize": {"from": 3, "to": "x"}})
+    assert elastic == typed_status.Elastic(nodes=2, last_resize=typed_status.LastResize(from_nodes=3))
+    assert typed_status.read_as(typed_status.Failure, None) == typed_status.Failure()
