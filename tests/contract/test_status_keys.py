@@ -30,9 +30,8 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "operator" / "ddp_operator"
 CHECKED = ("decide",)
 BUILDER = {
-    "decide/status_builder.py": "the one builder: it writes the mapping",
-    "decide/status.py": "what each source writes, through the builder; its mapping sections (progress, sync, "
-    "probe) keep their keys' order, so the status written stays the same JSON",
+    "decide/status_builder.py": "the one builder: it writes the mapping (the conditions' keys, the "
+    "status's own key in the DDPJob)",
 }
 NOT_YET: dict[str, str] = {}
 """Modules that still spell status keys, each with why (none now)."""

@@ -16,9 +16,10 @@ the one builder (:class:`~ddp_operator.decide.status_builder.StatusBuilder`), re
 through the builder; :mod:`ddp_operator.runtime.reconcile` writes the result.
 
 Long because the whole status (its fields, conditions and events, from the report, the readings and the
-spec) reads best in one place, each piece a small pure function. The sections built as mappings here
-(``progress``, ``sync``, ``probe``) keep their keys in the order they are written, which the typed status's
-fixed order would not: the status written stays the same JSON.
+spec) reads best in one place, each piece a small pure function. The sections (``progress``, ``sync``,
+``probe``) are written through :class:`~ddp_operator.decide.status_builder.Section` by field name, their
+keys in the order first written (which the typed status's fixed order would not keep): the status written
+stays the same JSON.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from ddp_operator.api.spec import Spec, checkpoints_durable
 from ddp_operator.api.typed_status import Checkpoint, Failure, LastReport, LastRestart, Status, Sync
 from ddp_operator.decide import restarts
 from ddp_operator.decide.plan import Event
-from ddp_operator.decide.status_builder import StatusBuilder
+from ddp_operator.decide.status_builder import Section, StatusBuilder
 from ddp_operator.decide.status_builder import finished as finished
 from ddp_operator.observe.live import Snapshot, rates
 from ddp_operator.observe.progress import (
@@ -170,22 +171,23 @@ def recreated(out: StatusBuilder, attempt: int, reason: str, message: str) -> No
 def probe_finding(previous: Mapping[str, Any], report: Mapping[str, Any], attempt: int) -> dict[str, Any]:
     """``status.probe`` after a report that names faulty ranks: the finding (ranks, message, attempt);
     ``faultyNodes`` (the nodes later attempts avoid) is kept as it was (:func:`avoid_nodes` adds to it)."""
-    out = dict(previous)
-    out.update(
-        faultyRanks=[r for r in report.get("faultyRanks") or [] if isinstance(r, int)][:16],
+    out = Section(typed_status.Probe, dict(previous))
+    out.set(
+        faulty_ranks=[r for r in report.get("faultyRanks") or [] if isinstance(r, int)][:16],
         attempt=attempt,
         message=str(report.get("message", ""))[:1024],
     )
-    return out
+    return out.values
 
 
 def report_probe(previous: Mapping[str, Any], report: Mapping[str, Any], attempt: int) -> dict[str, Any]:
     """``status.probe`` after a report: a finding that names faulty ranks (:func:`probe_finding`), and the
     last probe's verdict and why (undecidable, say: the model does not reproduce itself); {} if neither."""
-    out = probe_finding(previous, report, attempt) if report.get("faultyRanks") else dict(previous)
+    found = probe_finding(previous, report, attempt) if report.get("faultyRanks") else dict(previous)
+    out = Section(typed_status.Probe, found)
     if report.get("probeVerdict") in contract.PROBE_RESULTS:
-        out.update(lastVerdict=report["probeVerdict"], lastWhy=str(report.get("probeWhy", ""))[:1024])
-    return out
+        out.set(last_verdict=report["probeVerdict"], last_why=str(report.get("probeWhy", ""))[:1024])
+    return out.values
 
 
 def avoided_nodes(status: Status) -> tuple[str, ...]:
@@ -195,9 +197,9 @@ def avoided_nodes(status: Status) -> tuple[str, ...]:
 
 def avoid_nodes(out: StatusBuilder, nodes: tuple[str, ...]) -> None:
     """Add ``nodes`` to ``status.probe.faultyNodes``: the next attempts' pods stay off them."""
-    probe = dict(out.stored("probe", written=True) or {})
-    probe["faultyNodes"] = list(dict.fromkeys([*avoided_nodes(out.current()), *nodes]))
-    out.set(probe=probe)
+    probe = Section(typed_status.Probe, dict(out.stored("probe", written=True) or {}))
+    probe.set(faulty_nodes=list(dict.fromkeys([*avoided_nodes(out.current()), *nodes])))
+    out.set(probe=probe.values)
 
 
 def report_sync(report: Mapping[str, Any]) -> dict[str, Any]:
@@ -205,7 +207,7 @@ def report_sync(report: Mapping[str, Any]) -> dict[str, Any]:
     return {key: report[key] for key in contract.SYNC_STATUS_KEYS if key in report}
 
 
-SYNC_ATTEMPTS_FIELD = "attempts"
+SYNC_ATTEMPTS_FIELD = typed_status.key(typed_status.Sync, "attempts")
 """``status.sync.attempts``: each attempt's checks (:func:`ddp_operator.observe.progress.attempt_checks`),
 of which ``status.sync``'s checks, mismatches and repairs are the sum: the whole job, every attempt and
 world."""
@@ -215,26 +217,22 @@ def job_sync(sync: Mapping[str, Any], report: Mapping[str, Any], attempt: int) -
     """``status.sync`` with ``attempt``'s checks as its ``report`` tells them (its earlier worlds' too)
     in ``attempts``, and the counts over every attempt: a new attempt's report no longer replaces the
     earlier attempts' checks. Verified: the report's verdict, with every mismatch of the job repaired."""
-    out = dict(sync)
-    attempts = with_attempt(sync.get(SYNC_ATTEMPTS_FIELD), attempt_checks(report, attempt))
+    out = Section(Sync, dict(sync))
+    attempts = with_attempt(out.stored("attempts"), attempt_checks(report, attempt))
     if not attempts:
-        return out
+        return out.values
     totals = job_checks(attempts)
-    out.update(totals)
-    out[SYNC_ATTEMPTS_FIELD] = attempts
-    if "verified" in out:
-        out["verified"] = bool(out["verified"]) and totals["mismatches"] <= totals["repairs"]
-    return out
+    out.set(checks=totals["checks"], mismatches=totals["mismatches"], repairs=totals["repairs"])
+    out.set(attempts=attempts)
+    if out.has("verified"):
+        out.set(verified=bool(out.stored("verified")) and totals["mismatches"] <= totals["repairs"])
+    return out.values
 
 
 def _earlier_attempts(sync: Mapping[str, Any], attempt: int) -> dict[str, int]:
     """The checks, mismatches and repairs of the attempts before ``attempt``."""
-    kept = sync.get(SYNC_ATTEMPTS_FIELD)
-    return job_checks(
-        [a for a in kept if isinstance(a, Mapping) and count(a.get("attempt")) < attempt]
-        if isinstance(kept, list)
-        else []
-    )
+    kept = typed_status.read_as(Sync, sync).attempts or ()
+    return job_checks([typed_status.write(a) for a in kept if count(a.attempt) < attempt])
 
 
 LAST_FAILURES = 16
@@ -376,15 +374,15 @@ def final_progress(
     previous: Mapping[str, Any], step: int | None, total_steps: int, now: str
 ) -> dict[str, Any] | None:
     """``status.progress`` once the job has succeeded: the report's step, nothing left to wait for."""
-    kept = previous.get("progress")
+    kept = Section(Status, dict(previous)).stored("progress")
     if step is None:
         return dict(kept) if isinstance(kept, dict) else None
     percent = min(100, int(100 * step / total_steps)) if total_steps else 100
-    out = {**(kept if isinstance(kept, dict) else {}), "step": step, "totalSteps": total_steps or step}
-    out.update(percent=percent, summary=f"{percent}%", etaSeconds=0, eta="0s", computedAt=now)
-    out.pop("etaTime", None)
-    out.pop("unreachable", None)
-    return out
+    out = Section(typed_status.Progress, dict(kept) if isinstance(kept, dict) else {})
+    out.set(step=step, total_steps=total_steps or step)
+    out.set(percent=percent, summary=f"{percent}%", eta_seconds=0, eta="0s", computed_at=now)
+    out.drop("eta_time", "unreachable")
+    return out.values
 
 
 # -- a running attempt's readings ---------------------------------------------------------------------
@@ -414,60 +412,63 @@ def write_reading(out: StatusBuilder, snapshot: Snapshot | None, attempt: int, t
 
 def progress_status(snapshot: Snapshot, total_steps: int) -> dict[str, Any]:
     """``status.progress`` from a snapshot (only the fields the metrics tell)."""
-    out: dict[str, Any] = {"computedAt": stamp(dt.datetime.fromtimestamp(snapshot.at, dt.UTC))}
+    out = Section(typed_status.Progress)
+    out.set(computed_at=stamp(dt.datetime.fromtimestamp(snapshot.at, dt.UTC)))
     if snapshot.refused or snapshot.unreachable:
         pods = [*snapshot.refused, *(u.split(":")[0] for u in snapshot.unreachable)]
-        out["unreachable"] = sorted(pods)[:64]
+        out.set(unreachable=sorted(pods)[:64])
     now = snapshot.latest
     if now is None:
-        return out
+        return out.values
     total_steps = now.total_steps or total_steps  # the code's own total where it says (a Trainer's max_steps)
     if total_steps:
         percent = min(100, int(100 * now.step / total_steps))
-        out.update(step=now.step, totalSteps=total_steps, percent=percent, summary=f"{percent}%")
+        out.set(step=now.step, total_steps=total_steps, percent=percent, summary=f"{percent}%")
     else:  # nobody says how many steps there will be: the step, the rates, no percent or ETA
-        out.update(step=now.step, summary=f"step {now.step}")
+        out.set(step=now.step, summary=f"step {now.step}")
     steps_per_s, samples_per_s = rates(snapshot)
     if samples_per_s is not None:
-        out["samplesPerSecond"] = round(samples_per_s, 1)
+        out.set(samples_per_second=round(samples_per_s, 1))
     if steps_per_s:
-        out["stepsPerSecond"] = round(steps_per_s, 3)
+        out.set(steps_per_second=round(steps_per_s, 3))
     if steps_per_s and total_steps:
         eta = max(0, total_steps - now.step) / steps_per_s
-        out.update(
-            etaSeconds=round(eta),
+        out.set(
+            eta_seconds=round(eta),
             eta=duration(eta),
-            etaTime=stamp(dt.datetime.fromtimestamp(snapshot.at + eta, dt.UTC)),
+            eta_time=stamp(dt.datetime.fromtimestamp(snapshot.at + eta, dt.UTC)),
         )
     if now.loss is not None:
-        out["loss"] = now.loss
+        out.set(loss=now.loss)
     if now.nonfinite_steps:
-        out["nonfiniteLossSteps"] = now.nonfinite_steps
+        out.set(nonfinite_loss_steps=now.nonfinite_steps)
     if (found := slowest(now, snapshot.earlier)) is not None:
-        out.update(slowestRank=found[0], slowestStepSeconds=round(found[1], 6))
+        out.set(slowest_rank=found[0], slowest_step_seconds=round(found[1], 6))
     if now.skew is not None:
-        out["stepTimeSkew"] = round(now.skew, 4)
-    return out
+        out.set(step_time_skew=round(now.skew, 4))
+    return out.values
 
 
 def live_sync(previous: Mapping[str, Any], now: Progress, attempt: int = 0) -> dict[str, Any]:
     """``status.sync`` while the job runs: the live count of checks (the running world's, after the earlier
     attempts' of ``status.sync.attempts``), the last one's step, time and verdict."""
     checks = now.checks_ok + now.checks_mismatch
-    out = dict(previous)
+    out = Section(Sync, dict(previous))
     if not checks:
-        return out
+        return out.values
     earlier = _earlier_attempts(previous, attempt)
     mismatches, repairs = now.checks_mismatch + earlier["mismatches"], now.repairs + earlier["repairs"]
-    out.update(checks=checks + earlier["checks"], mismatches=mismatches, repairs=repairs)
+    out.set(checks=checks + earlier["checks"], mismatches=mismatches, repairs=repairs)
     if now.last_check_ok is not None:
-        out["lastCheckResult"] = "BitIdentical" if now.last_check_ok else "Diverged"
-        out["verified"] = now.last_check_ok and mismatches <= repairs
+        out.set(
+            last_check_result="BitIdentical" if now.last_check_ok else "Diverged",
+            verified=now.last_check_ok and mismatches <= repairs,
+        )
     if now.last_check_time is not None:
-        out["lastCheckTime"] = stamp(dt.datetime.fromtimestamp(now.last_check_time, dt.UTC))
+        out.set(last_check_time=stamp(dt.datetime.fromtimestamp(now.last_check_time, dt.UTC)))
     if now.last_check_step is not None:
-        out["lastCheckStep"] = now.last_check_step
-    return out
+        out.set(last_check_step=now.last_check_step)
+    return out.values
 
 
 def _scraped_condition(out: StatusBuilder, snapshot: Snapshot) -> None:
@@ -500,8 +501,9 @@ def _scraped_condition(out: StatusBuilder, snapshot: Snapshot) -> None:
 def _sync_events(old: Mapping[str, Any], new: Mapping[str, Any], now: Progress) -> list[Event]:
     """What changed since the last written reading (the gauges describe the last check only)."""
     events = []
-    step = new.get("lastCheckStep", now.step)
-    if not old.get("checks") and now.checks_ok and now.last_check_ok:
+    before, after = typed_status.read_as(Sync, old), typed_status.read_as(Sync, new)
+    step = after.last_check_step if after.last_check_step is not None else now.step
+    if not before.checks and now.checks_ok and now.last_check_ok:
         message = (
             f"first sync check passed: every rank holds a bit-identical model (step {step})"
             if now.checks_ok == 1
@@ -509,7 +511,7 @@ def _sync_events(old: Mapping[str, Any], new: Mapping[str, Any], now: Progress) 
             f"the last at step {step})"
         )
         events.append(Event("Normal", reasons.SYNC_VERIFIED, message))
-    found = int(new.get("mismatches", 0)) - int(old.get("mismatches", 0) or 0)
+    found = (after.mismatches or 0) - (before.mismatches or 0)
     if found > 0:
         if now.last_check_ok is False:
             diff = f", max |difference| {now.max_abs_diff:g}" if now.max_abs_diff is not None else ""
@@ -523,7 +525,7 @@ def _sync_events(old: Mapping[str, Any], new: Mapping[str, Any], now: Progress) 
                 f"the last check, at step {step}, passed"
             )
         events.append(Event("Warning", reasons.SYNC_DIVERGENCE, message))
-    if int(new.get("repairs", 0)) > int(old.get("repairs", 0) or 0):
-        message = f"re-broadcast rank 0's model after a divergence ({new['repairs']} repair(s) so far)"
+    if (after.repairs or 0) > (before.repairs or 0):
+        message = f"re-broadcast rank 0's model after a divergence ({after.repairs} repair(s) so far)"
         events.append(Event("Normal", "SyncRepaired", message))
     return events

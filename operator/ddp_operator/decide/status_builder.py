@@ -22,6 +22,18 @@ from ddp_operator.decide.plan import Event, Obj, Plan
 TERMINAL = reasons.TERMINAL
 KEYS = typed_status.keys(Status)
 """Each field of the status by its name in :class:`Status` → its key in the mapping."""
+SECTION_KEYS: dict[type, Mapping[str, str]] = {
+    kind: typed_status.keys(kind)
+    for kind in (
+        typed_status.Elastic,
+        typed_status.LastResize,
+        typed_status.Probe,
+        typed_status.Progress,
+        typed_status.Sync,
+        Status,
+    )
+}
+"""The same for each section the builder writes field by field (:class:`Section`)."""
 
 
 def of(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -141,7 +153,7 @@ class Section:
         """Write fields by name; a dataclass is written as its mapping."""
         for name, value in fields.items():
             written = typed_status.write(value) if is_dataclass(value) else value
-            self.values[typed_status.key(self.kind, name)] = written
+            self.values[SECTION_KEYS[self.kind][name]] = written
 
     def typed(self) -> Any:
         """What is written so far, typed."""
@@ -149,12 +161,21 @@ class Section:
 
     def stored(self, name: str) -> Any:
         """Field ``name`` as written, untyped (a mapping to go on from, its keys in their order)."""
-        return self.values.get(typed_status.key(self.kind, name))
+        return self.values.get(SECTION_KEYS[self.kind][name])
+
+    def has(self, name: str) -> bool:
+        """Whether field ``name`` is written (whatever its value)."""
+        return SECTION_KEYS[self.kind][name] in self.values
+
+    def drop(self, *names: str) -> None:
+        """Leave these fields out."""
+        for name in names:
+            self.values.pop(SECTION_KEYS[self.kind][name], None)
 
     def keep(self, stored: Any, name: str) -> None:
         """Field ``name`` of ``stored`` (the same section, as the previous status stores it), as it is
         stored, when it has that field."""
-        prop = typed_status.key(self.kind, name)
+        prop = SECTION_KEYS[self.kind][name]
         if isinstance(stored, Mapping) and prop in stored:
             self.values[prop] = stored[prop]
 
@@ -163,8 +184,8 @@ class Section:
         set to ``value``: its other keys kept in their order."""
         current = self.stored(name)
         kept = dict(current) if isinstance(current, Mapping) else {}
-        kept[typed_status.key(section, field_name)] = value
-        self.values[typed_status.key(self.kind, name)] = kept
+        kept[SECTION_KEYS[section][field_name]] = value
+        self.values[SECTION_KEYS[self.kind][name]] = kept
 
 
 def finished(status: Mapping[str, Any]) -> bool:
