@@ -168,7 +168,7 @@ def recreated(out: StatusBuilder, attempt: int, reason: str, message: str) -> No
     out.set(last_restart=LastRestart(RECREATE, attempt, None, reason, message[:1024], out.now))
 
 
-def probe_finding(previous: Mapping[str, Any], report: Mapping[str, Any], attempt: int) -> dict[str, Any]:
+def probe_finding(previous: Mapping[str, Any], report: contract.Report, attempt: int) -> dict[str, Any]:
     """``status.probe`` after a report that names faulty ranks: the finding (ranks, message, attempt);
     ``faultyNodes`` (the nodes later attempts avoid) is kept as it was (:func:`avoid_nodes` adds to it)."""
     out = Section(typed_status.Probe, dict(previous))
@@ -180,7 +180,7 @@ def probe_finding(previous: Mapping[str, Any], report: Mapping[str, Any], attemp
     return out.values
 
 
-def report_probe(previous: Mapping[str, Any], report: Mapping[str, Any], attempt: int) -> dict[str, Any]:
+def report_probe(previous: Mapping[str, Any], report: contract.Report, attempt: int) -> dict[str, Any]:
     """``status.probe`` after a report: a finding that names faulty ranks (:func:`probe_finding`), and the
     last probe's verdict and why (undecidable, say: the model does not reproduce itself); {} if neither."""
     found = probe_finding(previous, report, attempt) if report.get("faultyRanks") else dict(previous)
@@ -202,7 +202,7 @@ def avoid_nodes(out: StatusBuilder, nodes: tuple[str, ...]) -> None:
     out.set(probe=probe.values)
 
 
-def report_sync(report: Mapping[str, Any]) -> dict[str, Any]:
+def report_sync(report: contract.Report) -> dict[str, Any]:
     """The part of a report that becomes ``status.sync``."""
     return {key: report[key] for key in contract.SYNC_STATUS_KEYS if key in report}
 
@@ -213,7 +213,7 @@ of which ``status.sync``'s checks, mismatches and repairs are the sum: the whole
 world."""
 
 
-def job_sync(sync: Mapping[str, Any], report: Mapping[str, Any], attempt: int) -> dict[str, Any]:
+def job_sync(sync: Mapping[str, Any], report: contract.Report, attempt: int) -> dict[str, Any]:
     """``status.sync`` with ``attempt``'s checks as its ``report`` tells them (its earlier worlds' too)
     in ``attempts``, and the counts over every attempt: a new attempt's report no longer replaces the
     earlier attempts' checks. Verified: the report's verdict, with every mismatch of the job repaired."""
@@ -296,7 +296,7 @@ def durable_condition(out: StatusBuilder, spec: Spec) -> None:
         )
 
 
-def checkpoint_events(out: StatusBuilder, report: Mapping[str, Any] | None) -> None:
+def checkpoint_events(out: StatusBuilder, report: contract.Report | None) -> None:
     """Say what the attempt restored when it was not simply its own newest checkpoint (once per attempt)."""
     if report is None:
         return
