@@ -233,3 +233,25 @@ def test_two_scales_count_two_resizes_on_statuses_as_the_api_server_serves_them(
     assert elastic["lastResize"] == {"from": 3, "reason": "Scaled", "secondsLost": 3, "time": STAMP, "to": 1}
     typed = typed_status.read(status).elastic  # an integral number served as an int is still a number
     assert typed is not None and typed.last_resize is not None and typed.last_resize.seconds_lost == 3
+
+
+def test_a_scale_seen_again_before_the_jobs_index_shows_the_resized_job_counts_once() -> None:
+    """The reconcile after a scale's may still read the Job at its old size: the runtime's watch of the
+    Jobs trails its own patch, and the DDPJob's status patch wakes the next reconcile as fast. The Job is
+    resized again (the same size: idempotent), but the scale that the status already records is not
+    counted, nor said, a second time."""
+    previous = {
+        "phase": "Running",
+        "attempt": 1,
+        "elastic": {"nodes": 2, "nodesFrom": "Trainer", "resizes": 0},
+    }
+    plan = _reconcile(previous, 3, 2, 2, _reading(2))
+    assert plan.resize_job == ("job-1", 3) and plan.status["elastic"]["resizes"] == 1
+    stale = _reconcile({**previous, **plan.status}, 3, 2, 2, _reading(2))
+    assert stale.resize_job == ("job-1", 3)
+    assert stale.status["elastic"] == plan.status["elastic"]
+    assert not [e for e in stale.events if e.reason == reasons.RESIZED]
+    # a later scale back from 3 (the Job resized) and up again counts each
+    down = _reconcile({**previous, **stale.status}, 2, 3, 3, _reading(3))
+    up = _reconcile({**previous, **down.status}, 3, 2, 2, _reading(2))
+    assert (down.status["elastic"]["resizes"], up.status["elastic"]["resizes"]) == (2, 3)
