@@ -19,17 +19,20 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ddp_operator.api import names, reasons
+from ddp_operator.api import names, reasons, typed_status
 from ddp_operator.api.spec import Spec, SpecError, known_total_steps, parse
+from ddp_operator.api.typed_status import Status
 from ddp_operator.children import render
 from ddp_operator.children.store import render_store, store_of
 from ddp_operator.decide import ending, resize, restarts, stall, status
 from ddp_operator.decide.plan import Event, Plan, Scrape
-from ddp_operator.decide.status import StatusBuilder, finished, parse_time, stamp
+from ddp_operator.decide.status import count, parse_time, stamp
+from ddp_operator.decide.status_builder import StatusBuilder, finished, of
 from ddp_operator.observe import (
     claims,
     kueue,
@@ -71,6 +74,11 @@ class Inputs:
     store: store_health.StoreReading | None = None
     """An elastic job's rendezvous store, as its pods say (None: the job has none, or no attempt yet)."""
 
+    @functools.cached_property
+    def last(self) -> Status:
+        """``previous``, typed."""
+        return typed_status.read(self.previous)
+
 
 def decide_for(
     body: Mapping[str, Any],
@@ -94,7 +102,7 @@ def decide_for(
     ``unhealthy``: the nodes whose GPUs are marked unhealthy (:mod:`nodehealth`), which a new attempt's pods
     avoid along with the job's own ``status.probe.faultyNodes``; ``store_pods``: the pods of an elastic job's
     rendezvous store Jobs (:mod:`~.observe.store_health`)."""
-    previous = dict(body.get("status") or {})
+    previous = of(body)
     generation = int(body.get("metadata", {}).get("generation") or 0)
     try:
         spec = parse(body, admitted=True)
@@ -102,13 +110,10 @@ def decide_for(
         return invalid_spec(exc, previous, generation, now)
     refs, elastic = references.references(spec), spec.elastic is not None
     facts = observe(previous, jobs, pods, spec.metrics_port, refs, mount_events, elastic)
-    used = restarts.restarts_used(
-        facts.attempt,
-        status.count(previous.get("preemptions")),
-        status.count(previous.get(status.RESTARTS_IN_PLACE_FIELD)),
-    )
+    last = typed_status.read(previous)
+    used = restarts.restarts_used(facts.attempt, count(last.preemptions), count(last.restarts_in_place))
     # where the compute probe found a faulty rank, and where GPUs are marked unhealthy (--node-health)
-    avoid = list(dict.fromkeys([*status.avoided_nodes(previous), *sorted(unhealthy or {})]))
+    avoid = list(dict.fromkeys([*status.avoided_nodes(last), *sorted(unhealthy or {})]))
     service = render.render_service(spec)
     job = render.render_job(spec, facts.attempt, restarts.left(spec.max_restarts, used), avoid_nodes=avoid)
     if facts.startup is None and facts.job is not None:  # pods refused: named from the rendered template
@@ -139,7 +144,8 @@ def refused(previous: Mapping[str, Any], generation: int, now: dt.datetime, mess
     or one whose children the API server refused (``reconcile.carry_out``, which undid what it had
     created)."""
     out = StatusBuilder(previous, stamp(now))
-    out.values.update({k: v for k, v in previous.items() if k != "conditions"}, observedGeneration=generation)
+    out.keep_all_but_conditions()
+    out.set(observed_generation=generation)
     return _finish(out, False, reasons.INVALID_SPEC, message[:1024])
 
 
@@ -170,9 +176,8 @@ def _store_said(inputs: Inputs, plan: Plan) -> Plan:
     if (reading := inputs.store) is None or finished(plan.status):
         return plan
     kind = reasons.RENDEZVOUS_STORE_READY
-    before = ({c.get("type"): c for c in inputs.previous.get("conditions", []) or []}.get(kind) or {}).get(
-        "reason"
-    )
+    said = inputs.last.condition(kind)
+    before = said.reason if said is not None else None
     reading = store_health.since(reading, before)
     out = StatusBuilder(inputs.previous, stamp(inputs.now))
     out.condition(kind, reading.serving, reading.reason, reading.message)
@@ -182,11 +187,7 @@ def _store_said(inputs: Inputs, plan: Plan) -> Plan:
         out.events.append(
             Event("Normal", reading.reason, f"the rendezvous store serves again: {reading.message}")
         )
-    kept = [c for c in plan.status.get("conditions", []) if c.get("type") != kind]
-    conditions = sorted([*kept, out.conditions[kind]], key=lambda c: str(c.get("type")))
-    return dataclasses.replace(
-        plan, status={**plan.status, "conditions": conditions}, events=(*plan.events, *out.events)
-    )
+    return out.add_to(plan)
 
 
 def _decide(inputs: Inputs) -> Plan:
@@ -197,7 +198,7 @@ def _decide(inputs: Inputs) -> Plan:
     )
     seen, cause = _in_place(inputs)
     status.restarted_in_place(out, facts.attempt, seen, cause, inputs.spec.max_restarts)
-    if status.finished(inputs.previous):
+    if finished(inputs.previous):
         return _finished(inputs, out)
     if (deadline := _deadline_passed(inputs)) is not None:
         return _finish(out, False, reasons.DEADLINE_EXCEEDED, deadline, delete=_all_jobs(facts))
@@ -220,7 +221,7 @@ def _completed(inputs: Inputs, out: StatusBuilder, said: str = "") -> Plan:
     status.checkpoint_events(out, facts.report)
     steps = facts.report.get("step") if facts.report else None
     if progress := status.final_progress(inputs.previous, steps, known_total_steps(inputs.spec), out.now):
-        out.values["progress"] = progress
+        out.set(progress=progress)
     message = status.completed_message(inputs.previous, facts.attempt, inputs.now, steps)
     return _finish(out, True, reasons.COMPLETED, message + said)
 
@@ -268,11 +269,11 @@ def _all_jobs(facts: Facts) -> tuple[str, ...]:
 def _finished(inputs: Inputs, out: StatusBuilder) -> Plan:
     """A terminal phase sticks; old Jobs go; the DDPJob itself goes once its TTL has passed."""
     status.keep_finished(out)
-    finished = parse_time(inputs.previous.get("completionTime"))
+    finished = parse_time(out.last.completion_time)
     ttl = inputs.spec.ttl_seconds_after_finished
     expired = ttl is not None and finished is not None and (inputs.now - finished).total_seconds() >= ttl
     # an elastic Job shrunk to index 0 as the DDPJob succeeded: again, should that patch not have landed
-    end = _elastic_end(inputs) if inputs.previous.get("phase") == reasons.SUCCEEDED else None
+    end = _elastic_end(inputs) if out.last.phase == reasons.SUCCEEDED else None
     shrink = end.shrink if end is not None and end.verdict.done else None
     stale = inputs.facts.stale_jobs
     return Plan(out.plan().status, delete_jobs=stale, delete_self=expired, resize_job=shrink)
@@ -280,7 +281,7 @@ def _finished(inputs: Inputs, out: StatusBuilder) -> Plan:
 
 def _deadline_passed(inputs: Inputs) -> str | None:
     deadline = inputs.spec.active_deadline_seconds
-    started = parse_time(inputs.previous.get("startTime") or stamp(inputs.now))
+    started = parse_time(inputs.last.start_time or stamp(inputs.now))
     if deadline is not None and started and (inputs.now - started).total_seconds() > deadline:
         return f"ran longer than activeDeadlineSeconds ({deadline}s), restarts included"
     return None
@@ -293,11 +294,11 @@ def _stopping_old_attempts(inputs: Inputs, out: StatusBuilder) -> Plan:
     Terminating until it does (``facts.give_up_at``)."""
     attempt = inputs.facts.attempt
     lost = tuple(name for name, give_up in inputs.facts.stale_deadlines if inputs.now >= give_up)
-    said = {c.get("type"): c for c in inputs.previous.get("conditions", []) or []}.get(reasons.READY) or {}
-    if inputs.previous.get("phase") == reasons.RESTARTING and said.get("reason") and said.get("message"):
+    said = out.said(reasons.READY)
+    if out.last.phase == reasons.RESTARTING and said is not None and said.reason and said.message:
         # Why the gang restarts (Stalled, NodeLost, AttemptFailed, ...) stays said until the next attempt.
-        out.phase(reasons.RESTARTING, said["reason"], said["message"])
-        out.condition(reasons.READY, False, said["reason"], said["message"])
+        out.phase(reasons.RESTARTING, said.reason, said.message)
+        out.condition(reasons.READY, False, said.reason, said.message)
     else:
         out.phase(
             reasons.RESTARTING, reasons.GANG_RESTART, f"stopping the pods of attempt(s) before {attempt}"
@@ -362,8 +363,8 @@ def _end_attempt(
     """The policy's decision on an ended attempt: the next attempt (Job ``job`` goes first), or the
     DDPJob fails (deleting ``job`` too when its pods still run: ``stop``)."""
     attempt = inputs.facts.attempt
-    preemptions = status.count(inputs.previous.get("preemptions"))
-    in_place = status.count(out.values.get(status.RESTARTS_IN_PLACE_FIELD))
+    preemptions = count(out.last.preemptions)
+    in_place = count(out.current().restarts_in_place)
     decision = restarts.decide(outcome, attempt, inputs.spec.max_restarts, preemptions, in_place)
     status.checkpoint_events(out, inputs.facts.report)
     faulty: tuple[tuple[str, str, str], ...] = ()
@@ -372,10 +373,10 @@ def _end_attempt(
         why = (outcome.report or {}).get("message") or "the compute probe named a faulty rank"
         faulty = tuple((node, device, why) for node, device in nodehealth.faulty_devices(outcome.report))
     if decision.action is restarts.Action.RESTART:
-        out.values.update(attempt=attempt + 1, restarts=restarts.shown(attempt + 1, in_place))
+        out.set(attempt=attempt + 1, restarts=restarts.shown(attempt + 1, in_place))
         status.recreated(out, attempt + 1, decision.reason, decision.message)
         if decision.reason == restarts.PREEMPTED:
-            out.values["preemptions"] = preemptions + 1
+            out.set(preemptions=preemptions + 1)
         out.phase(reasons.RESTARTING, decision.reason, decision.message, warning=True)
         out.condition(reasons.READY, False, decision.reason, decision.message)
         return out.plan(delete_jobs=(job,), mark_faulty=faulty)
@@ -392,11 +393,11 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
     elif not spec.suspend and job.suspended and spec.queue_name is None:
         toggle = (job.name, False)
     ready, attempt = facts.ready_nodes, facts.attempt
-    out.values["readyNodes"] = ready
+    out.set(ready_nodes=ready)
     if queued := kueue.summary(inputs.workload):
-        out.values["kueue"] = queued
+        out.set(kueue=queued)
     else:  # a new attempt's Job: the earlier Job's Workload is gone with it
-        out.values.pop("kueue", None)
+        out.drop("kueue")
     if spec.suspend:
         out.phase(
             reasons.SUSPENDED, reasons.SUSPENDED, "suspended: the pods are stopped and the checkpoint is kept"
@@ -425,12 +426,12 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
             f"{spec.elastic.min_nodes}-{spec.elastic.max_nodes}); the others join at a step boundary{gated}",
         )
         out.condition(reasons.READY, True, reasons.BELOW_DESIRED, f"{ready}/{spec.nodes} pods ready{gated}")
-    elif (short := resize.below_min(spec, inputs.previous, ready, inputs.now)) is not None:
+    elif (short := resize.below_min(spec, out.last, ready, inputs.now)) is not None:
         message = short.message(spec, facts.unschedulable)
         if short.over:
             outcome = restarts.Outcome(False, reason=reasons.BELOW_MIN_NODES, message=message)
-            if (sized := _resize(inputs, job, ready)) is not None:
-                out.values["elastic"] = sized.status
+            if (sized := _resize(inputs, out, job, ready)) is not None:
+                out.set(elastic=sized.status)
             return _end_attempt(inputs, out, job.name, outcome, True)
         out.phase(reasons.RUNNING, reasons.BELOW_MIN_NODES, message, warning=True)
         out.condition(reasons.READY, False, reasons.BELOW_MIN_NODES, message)
@@ -457,20 +458,19 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
     scrape = None
     if facts.targets and not spec.suspend and not job.suspended:
         scrape = Scrape(attempt, spec.metrics_port, facts.targets)
-    sized = _resize(inputs, job, ready)
+    sized = _resize(inputs, out, job, ready)
     if sized is not None:
-        out.values["elastic"] = sized.status
-        out.values["selector"] = f"{names.JOB_NAME_LABEL}={spec.name}"  # the /scale subresource's
+        out.set(elastic=sized.status, selector=f"{names.JOB_NAME_LABEL}={spec.name}")  # /scale's selector
         out.events.extend(sized.events)
     return out.plan(suspend_job=toggle, scrape=scrape, resize_job=sized.job if sized else None)
 
 
-def _resize(inputs: Inputs, job: JobFacts, ready: int) -> resize.Resize | None:
+def _resize(inputs: Inputs, out: StatusBuilder, job: JobFacts, ready: int) -> resize.Resize | None:
     """:func:`resize.decide` with this attempt's metrics reading: the world the trainer says trains."""
     snapshot = inputs.snapshot
     held = snapshot is not None and snapshot.attempt == inputs.facts.attempt
     reading = snapshot.latest if snapshot is not None and held else None
-    return resize.decide(inputs.spec, job, inputs.previous, ready, inputs.now, reading, held)
+    return resize.decide(inputs.spec, job, out, ready, inputs.now, reading, held)
 
 
 def _cannot_start(inputs: Inputs, out: StatusBuilder, failed: startup.StartupFailure) -> None:
@@ -478,13 +478,13 @@ def _cannot_start(inputs: Inputs, out: StatusBuilder, failed: startup.StartupFai
     in ``Ready``, a Warning event once per cause (not at each retry of the kubelet's, which alternates
     ``ErrImagePull`` and ``ImagePullBackOff``). No restart: a new gang would wait for the same cause, and
     the pods start by themselves once it is gone (the start timeout counts only from when all run)."""
-    old = {c.get("type"): c for c in inputs.previous.get("conditions", []) or []}.get(reasons.READY) or {}
+    old = out.said(reasons.READY)
     said = (
-        inputs.previous.get("phase") == reasons.PENDING
-        and startup.same_cause(str(old.get("reason")), failed.reason)
-        and failed.subject in str(old.get("message"))
+        out.last.phase == reasons.PENDING
+        and startup.same_cause(str(old.reason if old is not None else None), failed.reason)
+        and failed.subject in str(old.message if old is not None else None)
     )
-    out.values["phase"] = reasons.PENDING
+    out.set(phase=reasons.PENDING)
     if not said:
         out.events.append(Event("Warning", failed.reason, failed.said))
     ready = f"{inputs.facts.ready_nodes}/{inputs.spec.nodes} pods ready; {failed.said}"
@@ -494,7 +494,7 @@ def _cannot_start(inputs: Inputs, out: StatusBuilder, failed: startup.StartupFai
 def _never_started(inputs: Inputs, out: StatusBuilder) -> str | None:
     """A gang whose pods all run (since the ``Ready`` condition turned True) but that never stepped."""
     spec = inputs.spec
-    since = parse_time(out.conditions[reasons.READY]["lastTransitionTime"])
+    since = parse_time(out.since(reasons.READY))
     running = (inputs.now - since).total_seconds() if since else 0.0
     built_in = spec.command is None and spec.args is None and spec.metrics_port != 0
     return stall.never_started(

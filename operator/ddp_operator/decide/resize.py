@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ddp_operator.api import reasons
+from ddp_operator.api import reasons, typed_status
 from ddp_operator.api.spec import Spec
+from ddp_operator.api.typed_status import Counted, Elastic, Status
 from ddp_operator.decide.plan import Event
 from ddp_operator.decide.status import parse_time, stamp
+from ddp_operator.decide.status_builder import Section, StatusBuilder
 from ddp_operator.observe.facts import JobFacts
 from ddp_operator.observe.progress import LastResize, Progress
 
@@ -52,7 +53,7 @@ def world(spec: Spec, reading: Progress | None) -> int | None:
 def decide(
     spec: Spec,
     job: JobFacts,
-    previous: Mapping[str, Any],
+    out: StatusBuilder,
     ready: int,
     now: dt.datetime,
     reading: Progress | None = None,
@@ -62,69 +63,79 @@ def decide(
     now, else the pods ready), every change of that world counted with its reason, and the Job resized
     when its size is not ``spec.nodes``. ``reading``: this attempt's latest metrics reading; ``held``: a
     reading of this attempt exists, so a moment without one (the pods' metrics servers restart with a new
-    world) keeps the trainer's last word rather than falling back to the pods."""
+    world) keeps the trainer's last word rather than falling back to the pods. ``out``: the status being
+    built, whose previous ``elastic`` this one goes on from."""
     if spec.elastic is None:
         return None
-    before = dict(previous.get("elastic") or {})
+    before = out.last.elastic or Elastic()
     trained = world(spec, reading)
-    was = before.get("nodes") if before.get("nodesFrom") == TRAINER else None
+    was = before.nodes if before.nodes_from == TRAINER else None
     if trained is not None:
         nodes, source = trained, TRAINER
     elif held and isinstance(was, int):
         nodes, source = was, TRAINER
     else:
         nodes, source = ready, PODS_READY
-    status: dict[str, Any] = {
-        "nodes": nodes,
-        "nodesFrom": source,
-        "desired": spec.nodes,
-        "minNodes": spec.elastic.min_nodes,
-        "maxNodes": spec.elastic.max_nodes,
-        "resizes": int(before.get("resizes", 0) or 0),
-    }
-    if "lastResize" in before:
-        status["lastResize"] = before["lastResize"]
-    if (since := below_min_since(spec, previous, ready, now)) is not None:
-        status["belowMinSince"] = stamp(since)
-    status["summary"] = f"{nodes}/{spec.nodes} ({spec.elastic.min_nodes}-{spec.elastic.max_nodes})"
+    status = Section(Elastic)
+    status.set(
+        nodes=nodes,
+        nodes_from=source,
+        desired=spec.nodes,
+        min_nodes=spec.elastic.min_nodes,
+        max_nodes=spec.elastic.max_nodes,
+        resizes=before.resizes or 0,
+    )
+    status.keep(out.stored("elastic"), "last_resize")  # as stored, its keys in their order
+    if (since := below_min_since(spec, out.last, ready, now)) is not None:
+        status.set(below_min_since=stamp(since))
+    status.set(summary=f"{nodes}/{spec.nodes} ({spec.elastic.min_nodes}-{spec.elastic.max_nodes})")
     events: list[Event] = []
     counted = _counted(before, job.name)
     if counted is not None:
-        status[COUNTED] = counted
+        status.set(counted=counted)
     if reading is not None and reading.changes:
         events.extend(_count_changes(status, job.name, reading))
     size = job.parallelism
     if size is None or size == spec.nodes:
-        return Resize(None, status, tuple(events))
-    status["resizes"] += 1
-    status["lastResize"] = {"from": size, "to": spec.nodes, "reason": reasons.SCALED, "time": stamp(now)}
+        return Resize(None, status.values, tuple(events))
+    if _recorded(status.typed().last_resize, size, spec.nodes):
+        # this scale is counted: the Jobs index still shows the Job before its resize (the watch trails
+        # the runtime's patch); resized again (idempotent), not counted or said again
+        return Resize((job.name, spec.nodes), status.values, tuple(events))
+    status.set(
+        resizes=(status.typed().resizes or 0) + 1,
+        last_resize=typed_status.LastResize(size, spec.nodes, reasons.SCALED, stamp(now)),
+    )
     message = (
         f"Job {job.name} resized in place from {size} to {spec.nodes} nodes (spec.nodes changed: kubectl "
         "scale, or an edit); the running world re-rendezvous at a step boundary, verified before its first "
         "step; no new attempt, no restart spent"
     )
     events.append(Event("Normal", reasons.RESIZED, message))
-    return Resize((job.name, spec.nodes), status, tuple(events))
+    return Resize((job.name, spec.nodes), status.values, tuple(events))
 
 
-COUNTED = "counted"
-"""``status.elastic.counted``: the Job (attempt) and the highest rendezvous round whose world change is
-counted, so each change counts once, whichever reading first shows it."""
+def _recorded(last: typed_status.LastResize | None, size: int, nodes: int) -> bool:
+    """Whether ``last`` is the scale of the Job from ``size`` to ``nodes`` nodes."""
+    return last is not None and (last.reason, last.from_nodes, last.to_nodes) == (reasons.SCALED, size, nodes)
 
 
-def _counted(before: Mapping[str, Any], job: str) -> dict[str, Any] | None:
-    """The watermark kept in the status, for this Job only (a new attempt's rounds start again)."""
-    counted = before.get(COUNTED)
-    if isinstance(counted, Mapping) and counted.get("job") == job and isinstance(counted.get("round"), int):
-        return {"job": job, "round": counted["round"]}
+def _counted(before: Elastic, job: str) -> Counted | None:
+    """The watermark kept in the status (``status.elastic.counted``: the Job, or attempt, and the highest
+    rendezvous round whose world change is counted, so each change counts once, whichever reading first
+    shows it), for this Job only (a new attempt's rounds start again)."""
+    counted = before.counted
+    if counted is not None and counted.job == job and counted.round is not None:
+        return Counted(job, counted.round)
     return None
 
 
-def _count_changes(status: dict[str, Any], job: str, reading: Progress) -> list[Event]:
+def _count_changes(status: Section, job: str, reading: Progress) -> list[Event]:
     """Every world change the launchers recorded in a round past the watermark, oldest first: each once,
     though the operator may have read none of the worlds between (a world that lived between two readings,
     a reading that failed while a node was lost)."""
-    counted = status.get(COUNTED, {}).get("round", -1)
+    mark = status.typed().counted
+    counted = mark.round if mark is not None and mark.round is not None else -1
     events: list[Event] = []
     for change in reading.changes:
         if change.round <= counted:
@@ -134,33 +145,34 @@ def _count_changes(status: dict[str, Any], job: str, reading: Progress) -> list[
         events.extend(_world_changed(status, dataclasses.replace(change, seconds_lost=cost)))
         counted = change.round
     if counted >= 0:
-        status[COUNTED] = {"job": job, "round": counted}
+        status.set(counted=Counted(job, counted))
     return events
 
 
-def _world_changed(status: dict[str, Any], change: LastResize) -> list[Event]:
+def _world_changed(status: Section, change: LastResize) -> list[Event]:
     """The trainer's world went from ``change.before`` to ``change.after`` nodes. A step of a scale the
     operator made (toward its size) is that scale, counted when the Job was resized: its cost is written
     when the world reaches it. Any other change is a resize of its own, with the launcher's reason:
     counted, said."""
     was, now = change.before, change.after
-    last = status.get("lastResize") or {}
-    if last.get("reason") == reasons.SCALED and "secondsLost" not in last and _toward(last, was, now):
-        if now == last.get("to") and change.seconds_lost is not None:
-            status["lastResize"] = {**last, "secondsLost": round(change.seconds_lost, 1)}
+    written = status.typed()
+    last = written.last_resize or typed_status.LastResize()
+    if last.reason == reasons.SCALED and last.seconds_lost is None and _toward(last, was, now):
+        if now == last.to_nodes and change.seconds_lost is not None:
+            cost = round(change.seconds_lost, 1)
+            # the scale's record as written, its keys in their order, with what it cost
+            status.with_field("last_resize", typed_status.LastResize, "seconds_lost", cost)
         return []
     if change.reason not in reasons.RESIZE_REASONS:
         return []  # not a reason of ddpjob's launcher: not guessed
-    status["resizes"] += 1
-    record: dict[str, Any] = {
-        "from": change.before,
-        "to": change.after,
-        "reason": change.reason,
-        "time": stamp(dt.datetime.fromtimestamp(change.at, dt.UTC)),
-    }
-    if change.seconds_lost is not None:
-        record["secondsLost"] = round(change.seconds_lost, 1)
-    status["lastResize"] = record
+    record = typed_status.LastResize(
+        change.before,
+        change.after,
+        change.reason,
+        stamp(dt.datetime.fromtimestamp(change.at, dt.UTC)),
+        round(change.seconds_lost, 1) if change.seconds_lost is not None else None,
+    )
+    status.set(resizes=(written.resizes or 0) + 1, last_resize=record)
     lost = (
         f", {change.seconds_lost:.1f} s from the stop to the new world verified"
         if change.seconds_lost
@@ -183,11 +195,11 @@ WHY = {
 """Each reason of ``contract.RESIZE_REASONS`` in words, for the ``Resized`` event."""
 
 
-def _toward(scale: Mapping[str, Any], was: int, now: int) -> bool:
-    """Whether a world change from ``was`` to ``now`` is a step of the scale from ``scale['from']`` to
-    ``scale['to']``: in its direction, and not past its size."""
-    start, end = scale.get("from"), scale.get("to")
-    if not isinstance(start, int) or not isinstance(end, int) or start == end:
+def _toward(scale: typed_status.LastResize, was: int, now: int) -> bool:
+    """Whether a world change from ``was`` to ``now`` is a step of the scale from ``scale.from_nodes`` to
+    ``scale.to_nodes``: in its direction, and not past its size."""
+    start, end = scale.from_nodes, scale.to_nodes
+    if start is None or end is None or start == end:
         return False
     if end > start:
         return was < now <= end
@@ -222,21 +234,19 @@ class BelowMin:
         )
 
 
-def below_min_since(
-    spec: Spec, previous: Mapping[str, Any], ready: int, now: dt.datetime
-) -> dt.datetime | None:
+def below_min_since(spec: Spec, previous: Status, ready: int, now: dt.datetime) -> dt.datetime | None:
     """Since when an elastic job that had trained (its world was at least ``minNodes``) has had fewer than
     ``minNodes`` nodes; None when it has enough, or has not yet trained (the start timeout covers that)."""
     if spec.elastic is None or ready >= spec.elastic.min_nodes:
         return None
-    before = previous.get("elastic") or {}
-    if (since := parse_time(before.get("belowMinSince"))) is not None:
+    before = previous.elastic or Elastic()
+    if (since := parse_time(before.below_min_since)) is not None:
         return since
-    was = before.get("nodes")
-    return now if isinstance(was, int) and was >= spec.elastic.min_nodes else None
+    was = before.nodes
+    return now if was is not None and was >= spec.elastic.min_nodes else None
 
 
-def below_min(spec: Spec, previous: Mapping[str, Any], ready: int, now: dt.datetime) -> BelowMin | None:
+def below_min(spec: Spec, previous: Status, ready: int, now: dt.datetime) -> BelowMin | None:
     """:func:`below_min_since` as what the status says: how many nodes short and for how long."""
     since = below_min_since(spec, previous, ready, now)
     if since is None or spec.elastic is None:

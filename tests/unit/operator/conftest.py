@@ -18,3 +18,20 @@ def write_yaml(tmp_path: Path) -> Callable[..., Path]:
         return path
 
     return write
+
+
+@pytest.fixture(autouse=True)
+def _each_status_built_reads_typed_and_writes_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every status the builder writes in these tests, read into the typed status (api/typed_status.py) and
+    written back, is the same mapping (issue 56 item 1): the typed status holds all the builder can write."""
+    from ddp_operator.api import typed_status
+    from ddp_operator.decide.status_builder import StatusBuilder
+
+    build = StatusBuilder.plan
+
+    def checked(self: StatusBuilder, **steps: Any) -> Any:
+        plan = build(self, **steps)
+        assert typed_status.write(typed_status.read(plan.status)) == plan.status, plan.status
+        return plan
+
+    monkeypatch.setattr(StatusBuilder, "plan", checked)

@@ -5,17 +5,20 @@ reason: a scale the operator made, or the launchers' record of a node lost, gone
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 
-from ddp_operator.api import reasons
+from ddp_operator.api import crd, reasons, typed_status
 from ddp_operator.decide import decision
 from ddp_operator.decide.plan import Plan
 from ddp_operator.observe import live
 from ddp_operator.observe.progress import LastResize, Progress
+from ddp_operator.runtime.reconcile import merge_patch
 from helpers.reconciling import NOW, ddpjob_body, job_object, pod_object
 
 ELASTIC = {"minNodes": 1, "maxNodes": 4}
 PROCS = 2  # the helper's procsPerNode: the trainer's world size is nodes x 2
+STAMP = NOW.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _job(size: int) -> dict[str, Any]:
@@ -168,3 +171,87 @@ def test_until_the_trainer_says_its_world_nodes_are_the_pods_ready_and_its_first
     # a moment with no answer (the metrics servers restart with a new world): the trainer's word is kept
     quiet = _reconcile({**previous, **first.status}, 3, 3, 3, _reading(None))
     assert (quiet.status["elastic"]["nodes"], quiet.status["elastic"]["nodesFrom"]) == (2, "Trainer")
+
+
+def _served(stored: dict[str, Any], written: dict[str, Any]) -> dict[str, Any]:
+    """The status as the API server gives it back after the runtime's merge patch of ``written`` onto
+    ``stored`` (runtime/reconcile.py): the fields the CRD's status schema lacks pruned, and a JSON round trip
+    as Go makes it (keys sorted, an integral number such as 3.0 back as 3)."""
+
+    def patched(old: Any, patch: Any) -> Any:
+        if not isinstance(patch, dict):
+            return patch
+        out = dict(old) if isinstance(old, dict) else {}
+        for key, value in patch.items():
+            if value is None:
+                out.pop(key, None)
+            else:
+                out[key] = patched(out.get(key), value)
+        return out
+
+    def pruned(value: Any, node: dict[str, Any]) -> Any:
+        if isinstance(value, dict) and "properties" in node:
+            return {k: pruned(v, node["properties"][k]) for k, v in value.items() if k in node["properties"]}
+        if isinstance(value, list) and "items" in node:
+            return [pruned(v, node["items"]) for v in value]
+        return value
+
+    def go(value: Any) -> Any:
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, dict):
+            return {k: go(value[k]) for k in sorted(value)}
+        return [go(v) for v in value] if isinstance(value, list) else value
+
+    schema = crd.openapi_schema()["properties"]["status"]
+    served: dict[str, Any] = json.loads(
+        json.dumps(go(pruned(patched(stored, merge_patch(stored, written)), schema)))
+    )
+    return served
+
+
+def test_two_scales_count_two_resizes_on_statuses_as_the_api_server_serves_them() -> None:
+    """2 -> 3 -> 1 as tests/e2e/test_scale.py does it, each reconcile deciding from the status as the API
+    server gives it back (pruned by the CRD, integral seconds as integers, keys sorted), the trainer's
+    readings showing each change again and again: 2 resizes, the last Scaled to 1 with its cost."""
+    at = NOW.timestamp()
+    grown = LastResize(reasons.NODE_REJOINED, 2, 3, at - 30, 4.0, round=1)
+    shrunk = LastResize(reasons.NODE_LOST, 3, 1, at - 10, 3.0, round=2)
+    steps = [  # spec.nodes, the Job's size, pods ready, the reading
+        (2, 2, 2, _reading(2)),
+        (3, 2, 2, _reading(2)),  # kubectl scale: the Job resized
+        (3, 3, 3, _reading(2)),
+        *[(3, 3, 3, _reading(3, grown, 1))] * 3,
+        (1, 3, 3, _reading(3, grown, 1)),  # kubectl scale
+        *[(1, 1, 1, _reading(1, shrunk, 2, (grown,)))] * 3,
+    ]
+    status: dict[str, Any] = {"phase": "Running", "attempt": 1}
+    for nodes, size, pods, snapshot in steps:
+        status = _served(status, _reconcile(status, nodes, size, pods, snapshot).status)
+    elastic = status["elastic"]
+    assert (elastic["resizes"], elastic["counted"]) == (2, {"job": "job-1", "round": 2}), elastic
+    assert elastic["lastResize"] == {"from": 3, "reason": "Scaled", "secondsLost": 3, "time": STAMP, "to": 1}
+    typed = typed_status.read(status).elastic  # an integral number served as an int is still a number
+    assert typed is not None and typed.last_resize is not None and typed.last_resize.seconds_lost == 3
+
+
+def test_a_scale_seen_again_before_the_jobs_index_shows_the_resized_job_counts_once() -> None:
+    """The reconcile after a scale's may still read the Job at its old size: the runtime's watch of the
+    Jobs trails its own patch, and the DDPJob's status patch wakes the next reconcile as fast. The Job is
+    resized again (the same size: idempotent), but the scale that the status already records is not
+    counted, nor said, a second time."""
+    previous = {
+        "phase": "Running",
+        "attempt": 1,
+        "elastic": {"nodes": 2, "nodesFrom": "Trainer", "resizes": 0},
+    }
+    plan = _reconcile(previous, 3, 2, 2, _reading(2))
+    assert plan.resize_job == ("job-1", 3) and plan.status["elastic"]["resizes"] == 1
+    stale = _reconcile({**previous, **plan.status}, 3, 2, 2, _reading(2))
+    assert stale.resize_job == ("job-1", 3)
+    assert stale.status["elastic"] == plan.status["elastic"]
+    assert not [e for e in stale.events if e.reason == reasons.RESIZED]
+    # a later scale back from 3 (the Job resized) and up again counts each
+    down = _reconcile({**previous, **stale.status}, 2, 3, 3, _reading(3))
+    up = _reconcile({**previous, **down.status}, 3, 2, 2, _reading(2))
+    assert (down.status["elastic"]["resizes"], up.status["elastic"]["resizes"]) == (2, 3)

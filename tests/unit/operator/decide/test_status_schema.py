@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from ddp_operator.api import crd, schema
+from ddp_operator.api import crd, schema, typed_status
 from ddp_operator.decide import decision
 from ddp_operator.observe import kueue, live
 from ddp_operator.observe.progress import LastResize, Progress
@@ -250,6 +250,14 @@ def test_the_crd_keeps_every_status_field_the_operator_writes(case: str) -> None
 def test_every_written_status_is_valid_under_the_crds_schema(case: str) -> None:
     """Types and enums too: the API server refuses a status patch of the wrong type (422)."""
     assert [str(p) for p in schema.validate(status_schema(), STATUSES[case]())] == []
+
+
+@pytest.mark.parametrize("case", sorted(STATUSES))
+def test_every_written_status_reads_typed_and_writes_back_the_same(case: str) -> None:
+    """The typed status (api/typed_status.py) holds all the builder writes: read into the dataclasses and
+    written back, each status is the same mapping (the statuses above write every key between them)."""
+    written = STATUSES[case]()
+    assert typed_status.write(typed_status.read(written)) == written
 
 
 def test_the_statuses_write_every_status_field_the_crd_declares() -> None:

@@ -1,0 +1,197 @@
+"""The one builder of a DDPJob's status: :class:`StatusBuilder` writes the status's mapping, with stable
+condition transition times and the events that go with it, naming each field as
+:class:`~ddp_operator.api.typed_status.Status` does and reading the status before (and what it wrote so far)
+typed; :func:`finished` says whether a status is a finished job's.
+
+:mod:`ddp_operator.decide.status` says what each source writes through it; no other module of ``decide/``
+spells a status key (tests/contract/test_status_keys.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, field, is_dataclass
+from typing import Any
+
+from ddp_operator.api import reasons, typed_status
+from ddp_operator.api.typed_status import Condition, Status
+from ddp_operator.decide.plan import Event, Obj, Plan
+
+TERMINAL = reasons.TERMINAL
+KEYS = typed_status.keys(Status)
+"""Each field of the status by its name in :class:`Status` → its key in the mapping."""
+SECTION_KEYS: dict[type, Mapping[str, str]] = {
+    kind: typed_status.keys(kind)
+    for kind in (
+        typed_status.Elastic,
+        typed_status.LastResize,
+        typed_status.Probe,
+        typed_status.Progress,
+        typed_status.Sync,
+        Status,
+    )
+}
+"""The same for each section the builder writes field by field (:class:`Section`)."""
+
+
+def of(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A DDPJob's status as last written (a copy; {} before the first write)."""
+    return dict(body.get("status") or {})
+
+
+@dataclass
+class StatusBuilder:
+    """The status under construction, with the conditions and events that go with it: the one place
+    that writes the status's mapping. Its fields are named as :class:`~ddp_operator.api.typed_status.Status`
+    names them (:meth:`set`, :meth:`keep`, :meth:`drop`); what it read and what it wrote so far are typed
+    (:attr:`last`, :meth:`current`). A section kept from the previous status is copied as stored, its keys
+    in their order, so the status written is the same JSON for the same inputs."""
+
+    previous: Mapping[str, Any]
+    now: str
+    values: Obj = field(default_factory=dict)
+    conditions: dict[str, Obj] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
+
+    @functools.cached_property
+    def last(self) -> Status:
+        """The previous status, typed."""
+        return typed_status.read(self.previous)
+
+    @functools.cached_property
+    def _said(self) -> dict[str | None, Condition]:
+        return {c.type: c for c in self.last.conditions or ()}
+
+    def said(self, kind: str) -> Condition | None:
+        """The previous status's condition ``kind`` (the last, should it have two), typed."""
+        return self._said.get(kind)
+
+    def current(self) -> Status:
+        """The status written so far, typed (its conditions apart: :attr:`conditions`)."""
+        return typed_status.read(self.values)
+
+    def set(self, **fields: Any) -> None:
+        """Write status fields by their names in :class:`Status` (``ready_nodes=2`` is ``readyNodes``), in
+        this order; a section given as its dataclass is written as its mapping."""
+        for name, value in fields.items():
+            written = typed_status.write(value) if is_dataclass(value) else value
+            self.values[KEYS[name]] = written
+
+    def drop(self, name: str) -> None:
+        """Leave field ``name`` out of the status."""
+        self.values.pop(KEYS[name], None)
+
+    def keep(self, *names: str) -> None:
+        """Keep each field of the previous status that has a value, as it was stored."""
+        for name in names:
+            prop = KEYS[name]
+            if self.previous.get(prop):
+                self.values[prop] = self.previous[prop]
+
+    def stored(self, name: str, *, written: bool = False) -> Any:
+        """Field ``name`` as the previous status stores it (``written``: as written so far), untyped: a
+        section the builder goes on from, keeping its keys' order."""
+        return (self.values if written else self.previous).get(KEYS[name])
+
+    def keep_all_but_conditions(self) -> None:
+        """Every field of the previous status as stored, but its conditions (a refused spec's)."""
+        self.values.update({k: v for k, v in self.previous.items() if k != "conditions"})
+
+    def condition(self, kind: str, status: bool | None, reason: str, message: str) -> None:
+        value = "Unknown" if status is None else str(status)
+        old = self.said(kind)
+        since = old.last_transition_time if old is not None and old.status == value else self.now
+        self.conditions[kind] = {
+            "type": kind,
+            "status": value,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": since or self.now,
+        }
+
+    def keep_conditions(self, *kinds: str) -> None:
+        """The previous status's conditions of these kinds (no kinds: all of them), as they were."""
+        old = {c.get("type"): c for c in self.previous.get("conditions", []) or []}
+        for kind in kinds or tuple(old):
+            if old.get(kind):
+                self.conditions[kind] = dict(old[kind])
+
+    def since(self, kind: str) -> str:
+        """When condition ``kind``, as written, took its status."""
+        return str(self.conditions[kind]["lastTransitionTime"])
+
+    def phase(self, phase: str, reason: str, message: str, warning: bool = False) -> None:
+        self.values["phase"] = phase
+        ready = self.said(reasons.READY)
+        if self.last.phase != phase or (ready.reason if ready is not None else None) != reason:
+            self.events.append(Event("Warning" if warning else "Normal", reason, message))
+
+    def plan(self, **steps: Any) -> Plan:
+        status = {**self.values, "conditions": [self.conditions[k] for k in sorted(self.conditions)]}
+        return Plan(status, events=tuple(self.events), **steps)
+
+    def add_to(self, plan: Plan) -> Plan:
+        """``plan`` with these conditions (in place of its own of the same kinds) and events added."""
+        kept = [c for c in plan.status.get("conditions", []) if c.get("type") not in self.conditions]
+        conditions = sorted([*kept, *self.conditions.values()], key=lambda c: str(c.get("type")))
+        status = {**plan.status, "conditions": conditions}
+        return dataclasses.replace(plan, status=status, events=(*plan.events, *self.events))
+
+
+@dataclass
+class Section:
+    """A section of the status under construction (``status.elastic``: ``Section(Elastic)``), written as
+    a mapping by the names of its dataclass's fields (:mod:`ddp_operator.api.typed_status`), its keys in the
+    order first written, and read back typed."""
+
+    kind: type
+    values: Obj = field(default_factory=dict)
+
+    def set(self, **fields: Any) -> None:
+        """Write fields by name; a dataclass is written as its mapping."""
+        for name, value in fields.items():
+            written = typed_status.write(value) if is_dataclass(value) else value
+            self.values[SECTION_KEYS[self.kind][name]] = written
+
+    def typed(self) -> Any:
+        """What is written so far, typed."""
+        return typed_status.read_as(self.kind, self.values)
+
+    def stored(self, name: str) -> Any:
+        """Field ``name`` as written, untyped (a mapping to go on from, its keys in their order)."""
+        return self.values.get(SECTION_KEYS[self.kind][name])
+
+    def has(self, name: str) -> bool:
+        """Whether field ``name`` is written (whatever its value)."""
+        return SECTION_KEYS[self.kind][name] in self.values
+
+    def drop(self, *names: str) -> None:
+        """Leave these fields out."""
+        for name in names:
+            self.values.pop(SECTION_KEYS[self.kind][name], None)
+
+    def keep(self, stored: Any, name: str) -> None:
+        """Field ``name`` of ``stored`` (the same section, as the previous status stores it), as it is
+        stored, when it has that field."""
+        prop = SECTION_KEYS[self.kind][name]
+        if isinstance(stored, Mapping) and prop in stored:
+            self.values[prop] = stored[prop]
+
+    def with_field(self, name: str, section: type, field_name: str, value: Any) -> None:
+        """Field ``name``, a mapping as written, with its field ``field_name`` (of dataclass ``section``)
+        set to ``value``: its other keys kept in their order."""
+        current = self.stored(name)
+        kept = dict(current) if isinstance(current, Mapping) else {}
+        kept[SECTION_KEYS[section][field_name]] = value
+        self.values[SECTION_KEYS[self.kind][name]] = kept
+
+
+def finished(status: Mapping[str, Any]) -> bool:
+    """A terminal phase, with what this operator writes along with one: a completionTime and a True
+    Complete or Failed condition. A phase without them (a hand-edited status) is not believed: the next
+    decision repairs it from the children."""
+    typed = typed_status.read(status)
+    said = [c for c in typed.conditions or () if c.type in ("Complete", "Failed") and c.status == "True"]
+    return typed.phase in TERMINAL and bool(typed.completion_time) and bool(said)
