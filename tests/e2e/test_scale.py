@@ -67,20 +67,31 @@ def _verified_at(cluster: Cluster, namespace: str, tmp_path: Path, size: int, af
     return wait_for(there, what=f"a world of {size} verified", timeout=240, every=1)[1]
 
 
+def _launcher_lines(cluster: Cluster, namespace: str, said: str) -> dict[str, int]:
+    """How many of each pod's ``[launcher]`` lines hold ``said``, by pod name."""
+    counts: dict[str, int] = {}
+    for pod in children(cluster, namespace, "pods", "elastic"):
+        log = cluster.kubectl("logs", "-n", namespace, pod["metadata"]["name"], check=False).stdout
+        counts[pod["metadata"]["name"]] = sum(1 for line in log.splitlines() if said in line)
+    return counts
+
+
 def test_kubectl_scale_resizes_the_same_job_and_the_trainer_follows_without_a_restart(
     cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
 ) -> None:
     """2 → 3 → 1 by `kubectl scale`: the same Job (uid), one attempt, no restart; the trainer verifies a
     world of each size in turn, and pod 0 is never replaced: the pods scaled away leave at a step
     boundary (their SIGTERM) and the survivor re-rendezvous alone in the same pod. A slow model (30 ms a
-    forward), so that it trains through all of it. In the world of 1, the rendezvous store's pod is
-    deleted (issue 54): its Job makes another, the DDPJob's ``RendezvousStoreReady`` says so (a Warning
-    ``StoreLost``, then a Normal ``Serving``), and the world trains on to the end, verified, through the new
-    store. (A resize *after* the store's replacement is not proven here: in this cluster it did not follow
-    the scale-down; see docs/operator.md.)"""
+    forward), so that it trains through all of it. In the world of 3, the rendezvous store's pod is
+    deleted (issue 54 item 5): its Job makes another, the DDPJob's ``RendezvousStoreReady`` says so (a
+    Warning ``StoreLost``, then a Normal ``Serving``), every launcher reaches the new store, the world of 3
+    trains on through it with no new world and no restart, and the scale to 1 then re-forms through the
+    new store (before issue 54's store-outage fix, here, the world of 3 met again and the scale to 1 did not
+    re-form)."""
     # the node agents mount no hostPath: each pod checkpoints to its own emptyDir (the local test of a pod
     # taken away, and the real-node test of a lost node, resume from a shared volume)
     doc = slow_elastic_job("elastic")
+    doc["spec"]["trainer"]["steps"] = 1200  # the store's outage in the world of 3 as well as both scales
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
     wait_phase(cluster, namespace, "elastic", "Running", timeout=180)
     (first,) = children(cluster, namespace, "jobs", "elastic")
@@ -93,14 +104,8 @@ def test_kubectl_scale_resizes_the_same_job_and_the_trainer_follows_without_a_re
     _verified_at(cluster, namespace, tmp_path, 3, after=seen)
     kept = _pod_uids(cluster, namespace, index="0")
 
-    seen = len(_worlds(cluster, namespace, tmp_path))
-    cluster.kubectl("scale", "ddpjob", "elastic", "-n", namespace, "--replicas=1")
-    shrunk = _scaled_to(cluster, namespace, "elastic", 1)
-    assert shrunk["metadata"]["uid"] == first["metadata"]["uid"]
-    left_at = _verified_at(cluster, namespace, tmp_path, 1, after=seen)
-
     # then the rendezvous store's pod is deleted (issue 54): its Job makes another (the store exits 143, a
-    # failed pod), the DDPJob says so, and the world of 1 trains on to the end through the new store
+    # failed pod), the DDPJob says so, every launcher reaches the new store, and the world of 3 trains on
     def store_condition() -> dict[str, Any]:
         conditions = get(cluster, namespace, "elastic").get("status", {}).get("conditions", [])
         found: dict[str, Any] = {c["type"]: c for c in conditions}.get("RendezvousStoreReady", {})
@@ -108,7 +113,7 @@ def test_kubectl_scale_resizes_the_same_job_and_the_trainer_follows_without_a_re
 
     serving = wait_for(
         lambda: (found := store_condition()).get("status") == "True" and found,
-        what="RendezvousStoreReady True (Serving) in the world of 1",
+        what="RendezvousStoreReady True (Serving) in the world of 3",
         timeout=60,
         every=0.5,
     )
@@ -139,9 +144,31 @@ def test_kubectl_scale_resizes_the_same_job_and_the_trainer_follows_without_a_re
         said = f"RendezvousStoreReady as it changed: {history}\n{seen_events}\n{pods}\n{told}"
         raise AssertionError(f"{exc}\n{said}") from None
     assert store["metadata"]["name"] not in said["message"], said  # the replacement serves
-    # no node was lost with the store: the world of 1 trains on, no smaller one, none lost
+    # every launcher of the world of 3 reached the new store (one of them gave it the round back)
+    reconnected = wait_for(
+        lambda: (
+            (found := _launcher_lines(cluster, namespace, "reconnected to the rendezvous store"))
+            and len(found) == 3
+            and all(found.values())
+            and found
+        ),
+        what="every launcher's '[launcher] reconnected to the rendezvous store' line",
+        timeout=90,
+        every=1,
+    )
+    restored = _launcher_lines(cluster, namespace, "the rendezvous store came back empty: restored round")
+    assert sum(restored.values()) >= 1, (reconnected, restored)
+    # no node was lost with the store: the world of 3 trains on, no new world, nothing restarted
     after_loss = _worlds(cluster, namespace, tmp_path)
-    assert all(size == 1 for size, _ in after_loss[before - 1 :]), (before, after_loss)
+    assert after_loss[before - 1 :] == after_loss[-1:] and after_loss[-1][0] == 3, (before, after_loss)
+    assert get(cluster, namespace, "elastic")["status"].get("restarts", 0) == 0
+
+    # the scale to 1 re-forms the world through the new store
+    seen = len(_worlds(cluster, namespace, tmp_path))
+    cluster.kubectl("scale", "ddpjob", "elastic", "-n", namespace, "--replicas=1")
+    shrunk = _scaled_to(cluster, namespace, "elastic", 1)
+    assert shrunk["metadata"]["uid"] == first["metadata"]["uid"]
+    left_at = _verified_at(cluster, namespace, tmp_path, 1, after=seen)
     worlds = _worlds(cluster, namespace, tmp_path)  # before the job ends (and its pods may go)
     print(f"worlds (size, step): {worlds}")
     done = wait_phase(cluster, namespace, "elastic", "Succeeded", "Failed", timeout=400)
