@@ -25,6 +25,7 @@ from ddp_operator.local import host, processes
 from ddp_trainer import contract
 from ddp_trainer.core.config import parse_args, read_pod_env
 from ddp_trainer.core.distributed import apply_env_defaults
+from helpers.reconciling import observed
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -138,7 +139,7 @@ def test_round_trip_render_run_the_trainer_read_the_status(tmp_path: Path, attem
     now = dt.datetime(2026, 1, 1, 0, 1, tzinfo=dt.UTC)
     body = {**_job("roundtrip"), "status": previous}
     body["spec"] = {**body["spec"], "trainer": {"steps": 4, "batchSize": 8}, "syncCheck": {"everySteps": 2}}
-    written = decision.decide_for(body, [job], [_pod_with_report(job, message, 0)], now).status
+    written = decision.decide(observed(body, [job], [_pod_with_report(job, message, 0)], now)).status
     assert written["phase"] == "Succeeded"
     assert (written["attempt"], written["restarts"]) == (attempt, contract.restarts_before(attempt))
     assert written["sync"] == {
@@ -179,7 +180,7 @@ def test_restarts_in_place_round_trip_from_the_trainers_report_to_the_status() -
     previous = {"attempt": contract.FIRST_ATTEMPT, "phase": "Running", "startTime": "2026-01-01T00:00:00Z"}
     body = {**_job("inplace"), "status": previous}
     now = dt.datetime(2026, 1, 1, 0, 1, tzinfo=dt.UTC)
-    written = decision.decide_for(body, [job], [_pod_with_report(job, message, 0)], now).status
+    written = decision.decide(observed(body, [job], [_pod_with_report(job, message, 0)], now)).status
     assert written["phase"] == "Succeeded"
     assert (written["restarts"], written[status.RESTARTS_IN_PLACE_FIELD]) == (2, 2)
     last = written[status.LAST_RESTART_FIELD]

@@ -4,13 +4,16 @@ pods at an attempt): the operator's unit tests of decisions, faults and restarts
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from ddp_operator.api import names
-from ddp_operator.api.spec import parse
+from ddp_operator.api.spec import Spec, SpecError, parse
 from ddp_operator.children import render
 from ddp_operator.decide import decision
 from ddp_operator.decide.plan import Plan
+from ddp_operator.observe import claims, live
+from ddp_operator.observe.observation import Observation
 
 NOW = dt.datetime(2026, 11, 22, 12, 0, 0, tzinfo=dt.UTC)
 
@@ -71,6 +74,35 @@ def pod_object(
     }
 
 
+def parse_spec(body: Mapping[str, Any]) -> Spec | SpecError:
+    """``body``'s spec as the reconcile parses it for its :class:`Observation`, or why it cannot be read."""
+    try:
+        return parse(body, admitted=True)
+    except SpecError as exc:
+        return exc
+
+
+def observed(
+    body: Mapping[str, Any],
+    jobs: list[dict[str, Any]],
+    pods: list[dict[str, Any]],
+    now: dt.datetime,
+    snapshot: live.Snapshot | None = None,
+    claim: claims.ClaimReading | None = None,
+    workloads: Mapping[str, Mapping[str, Any]] | None = None,
+    mount_events: Sequence[Mapping[str, Any]] = (),
+    missing: Collection[tuple[str, str]] = (),
+    unhealthy: Mapping[str, str] | None = None,
+    store_pods: Sequence[Mapping[str, Any]] = (),
+) -> Observation:
+    """The :class:`Observation` a reconcile would read: ``body`` with its spec parsed as the runtime parses
+    it, and these readings."""
+    spec = parse_spec(body)
+    return Observation(
+        body, spec, jobs, pods, now, snapshot, claim, workloads, mount_events, missing, unhealthy, store_pods
+    )
+
+
 def reconcile_once(
     previous: dict[str, Any] | None = None,
     jobs: list[Any] | None = None,
@@ -78,4 +110,4 @@ def reconcile_once(
     now: dt.datetime = NOW,
     **spec: Any,
 ) -> Plan:
-    return decision.decide_for(ddpjob_body(previous, **spec), jobs or [], pods or [], now)
+    return decision.decide(observed(ddpjob_body(previous, **spec), jobs or [], pods or [], now))

@@ -1,14 +1,14 @@
 """Facts → the next step for a DDPJob, and its phase. Pure: one function of what is observed.
 
-:func:`decide_for` parses the DDPJob, reads its children into :class:`~ddp_operator.observe.facts.Facts`,
-renders
-the objects of the current attempt (a value the plan may carry, never something the decision asks for
-midway) and calls :func:`decide`, which picks exactly one branch below and returns a :class:`Plan`: the
-status to write, the Service and Job to create, the Jobs to delete, the Job to (un)suspend, the events
-to post. Each branch says its phase and ``Ready`` condition; :mod:`ddp_operator.decide.status` builds the rest
-of the status. :mod:`ddp_operator.runtime.reconcile` carries plans out; every branch here is unit-tested
-without an API
-server (``tests/unit/operator/runtime/test_reconcile.py``) and proven against one by the e2e tests.
+:func:`decide` takes the reconcile's :class:`~ddp_operator.observe.observation.Observation` (the DDPJob, its
+spec parsed once, its children and the other readings), reads the children into
+:class:`~ddp_operator.observe.facts.Facts`, renders the objects of the current attempt (a value the plan
+may carry, never something the decision asks for midway), picks exactly one branch below and returns a
+:class:`Plan`: the status to write, the Service and Job to create, the Jobs to delete, the Job to
+(un)suspend, the events to post. Each branch says its phase and ``Ready`` condition;
+:mod:`ddp_operator.decide.status` builds the rest of the status. :mod:`ddp_operator.runtime.reconcile`
+builds the observation and carries plans out; every branch here is unit-tested without an API server
+(``tests/unit/operator/runtime/test_reconcile.py``) and proven against one by the e2e tests.
 
 Long because every branch of the decision reads best in one place, in the order the branches are checked
 (a running attempt's own cases included: starting, a container that cannot start, unschedulable,
@@ -20,12 +20,12 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ddp_operator.api import names, reasons, typed_status
-from ddp_operator.api.spec import Spec, SpecError, known_total_steps, parse
+from ddp_operator.api.spec import Spec, SpecError, known_total_steps
 from ddp_operator.api.typed_status import Status
 from ddp_operator.children import render
 from ddp_operator.children.store import render_store, store_of
@@ -44,6 +44,7 @@ from ddp_operator.observe import (
     store_health,
 )
 from ddp_operator.observe.facts import STOP_MARGIN_SECONDS, Facts, JobFacts, observe
+from ddp_operator.observe.observation import Observation
 from ddp_trainer import contract
 
 STALLED = reasons.STALLED
@@ -51,7 +52,7 @@ STALLED = reasons.STALLED
 
 @dataclass(frozen=True)
 class Inputs:
-    """Everything one decision depends on."""
+    """What :func:`decide` makes of an :class:`Observation` before it picks a branch."""
 
     spec: Spec
     generation: int
@@ -80,58 +81,48 @@ class Inputs:
         return typed_status.read(self.previous)
 
 
-def decide_for(
-    body: Mapping[str, Any],
-    jobs: list[dict[str, Any]],
-    pods: list[dict[str, Any]],
-    now: dt.datetime,
-    snapshot: live.Snapshot | None = None,
-    claim: claims.ClaimReading | None = None,
-    workloads: Mapping[str, Mapping[str, Any]] | None = None,
-    mount_events: Sequence[Mapping[str, Any]] = (),
-    missing: Collection[tuple[str, str]] = (),
-    unhealthy: Mapping[str, str] | None = None,
-    store_pods: Sequence[Mapping[str, Any]] = (),
-) -> Plan:
-    """The plan for one DDPJob from its body and the children that carry its label, what the cluster
-    says about its checkpoint claim when :func:`claims.claim_to_read` asked for it, Kueue's
-    Workloads of its Jobs (by Job name; :mod:`~.observe.kueue`), and the events read for it: the kubelet's
-    ``FailedMount`` on its pods (:func:`mounts.pods_to_read`), the Job controller's ``FailedCreate`` on a
-    Job without pods (:func:`podsecurity.jobs_to_read`); ``missing``: the (kind, name) of the Secrets and
-    ConfigMaps it names that the operator looked up and found absent (:func:`references.to_look_up`);
-    ``unhealthy``: the nodes whose GPUs are marked unhealthy (:mod:`nodehealth`), which a new attempt's pods
-    avoid along with the job's own ``status.probe.faultyNodes``; ``store_pods``: the pods of an elastic job's
-    rendezvous store Jobs (:mod:`~.observe.store_health`)."""
+def decide(observation: Observation) -> Plan:
+    """The plan for one DDPJob, one pure function of what the reconcile observed (:class:`Observation`):
+    the spec as parsed (an unreadable one fails the DDPJob: :func:`invalid_spec`), the Jobs and pods read
+    into :class:`Facts`, the current attempt's objects rendered, the readings (the checkpoint claim, Kueue's
+    Workload, an elastic job's rendezvous store) interpreted, then exactly one branch (:func:`_decide`),
+    with an elastic job's rendezvous stores (:func:`_with_stores`)."""
+    body, now = observation.body, observation.now
     previous = of(body)
     generation = int(body.get("metadata", {}).get("generation") or 0)
-    try:
-        spec = parse(body, admitted=True)
-    except SpecError as exc:
-        return invalid_spec(exc, previous, generation, now)
+    if isinstance(observation.spec, SpecError):
+        return invalid_spec(observation.spec, previous, generation, now)
+    spec, mount_events = observation.spec, observation.mount_events
     refs, elastic = references.references(spec), spec.elastic is not None
-    facts = observe(previous, jobs, pods, spec.metrics_port, refs, mount_events, elastic)
+    facts = observe(
+        previous, observation.jobs, observation.pods, spec.metrics_port, refs, mount_events, elastic
+    )
     last = typed_status.read(previous)
     used = restarts.restarts_used(facts.attempt, count(last.preemptions), count(last.restarts_in_place))
     # where the compute probe found a faulty rank, and where GPUs are marked unhealthy (--node-health)
-    avoid = list(dict.fromkeys([*status.avoided_nodes(last), *sorted(unhealthy or {})]))
+    avoid = list(dict.fromkeys([*status.avoided_nodes(last), *sorted(observation.unhealthy or {})]))
     service = render.render_service(spec)
     job = render.render_job(spec, facts.attempt, restarts.left(spec.max_restarts, used), avoid_nodes=avoid)
     if facts.startup is None and facts.job is not None:  # pods refused: named from the rendered template
         pod = job["spec"]["template"]["spec"]
         if refusal := podsecurity.failure(mount_events, facts.job.name, spec.namespace, pod):
             facts = dataclasses.replace(facts, startup=refusal)
+    missing = observation.missing
     if facts.startup is None and (absent := startup.absent(spec, missing, job["metadata"]["name"])):
         facts = dataclasses.replace(facts, startup=absent)  # said now, before a pod could say it
     rendered = render.render_checkpoint_claim(spec)
-    why = claims.diagnose(claim, owned=rendered is not None, nodes=spec.nodes)
+    why = claims.diagnose(observation.claim, owned=rendered is not None, nodes=spec.nodes)
+    workloads = observation.workloads
     found = (workloads or {}).get(facts.job.name) if facts.job and spec.queue_name else None
     workload = kueue.read(found) if found is not None else None
     store = None
     if render.external_store(spec) and facts.job is not None:
-        store = store_health.read(store_pods, facts.attempt, store_of(facts.job.name))
-    return decide(
-        Inputs(spec, generation, previous, facts, now, service, rendered, job, snapshot, why, workload, store)
+        store = store_health.read(observation.store_pods, facts.attempt, store_of(facts.job.name))
+    snapshot = observation.snapshot
+    inputs = Inputs(
+        spec, generation, previous, facts, now, service, rendered, job, snapshot, why, workload, store
     )
+    return _with_stores(inputs, _decide(inputs))
 
 
 def invalid_spec(error: SpecError, previous: Mapping[str, Any], generation: int, now: dt.datetime) -> Plan:
@@ -147,11 +138,6 @@ def refused(previous: Mapping[str, Any], generation: int, now: dt.datetime, mess
     out.keep_all_but_conditions()
     out.set(observed_generation=generation)
     return _finish(out, False, reasons.INVALID_SPEC, message[:1024])
-
-
-def decide(inputs: Inputs) -> Plan:
-    """The status to write and the next step (:func:`_decide`), with an elastic job's rendezvous stores."""
-    return _with_stores(inputs, _decide(inputs))
 
 
 def _with_stores(inputs: Inputs, plan: Plan) -> Plan:

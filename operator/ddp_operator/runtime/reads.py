@@ -16,7 +16,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from ddp_operator.api.spec import SpecError, parse
+from ddp_operator.api.spec import Spec, SpecError
 from ddp_operator.observe import claims, mounts, podsecurity, references
 
 
@@ -86,20 +86,19 @@ _FORBIDDEN: set[tuple[str, str]] = (
 )  # (namespace, kind) refused all the same: said once, never asked again
 
 
-def read_missing(body: Mapping[str, Any]) -> frozenset[tuple[str, str]]:
-    """The Secrets and ConfigMaps the spec needs that are not in its namespace, while its pods have not all
-    started (:func:`references.to_look_up`), in the namespaces of :data:`LOOK_UP_NAMESPACES` only: one
-    metadata-only GET each, none once the pods run. A kind the operator may not read there all the same (a
-    Role missing) is said once in its log and left to the kubelet to report."""
+def read_missing(body: Mapping[str, Any], spec: Spec | SpecError) -> frozenset[tuple[str, str]]:
+    """The Secrets and ConfigMaps the spec (``body``'s, as the reconcile parsed it) needs that are not in its
+    namespace, while its pods have not all started (:func:`references.to_look_up`), in the namespaces of
+    :data:`LOOK_UP_NAMESPACES` only: one metadata-only GET each, none once the pods run. A kind the operator
+    may not read there all the same (a Role missing) is said once in its log and left to the kubelet to
+    report."""
     namespace = str(body["metadata"].get("namespace") or "")
-    if namespace not in LOOK_UP_NAMESPACES:  # no access asked for: not even a parse
+    if namespace not in LOOK_UP_NAMESPACES:  # no access asked for
         return frozenset()
     phase = str((body.get("status") or {}).get("phase") or "")
     if phase not in references.LOOK_UP_PHASES:  # the pods run (or ran)
         return frozenset()
-    try:
-        spec = parse(body, admitted=True)
-    except SpecError:
+    if isinstance(spec, SpecError):
         return frozenset()
     wanted = references.to_look_up(spec, phase)
     core, found = kubernetes.client.CoreV1Api(api_client()), set()

@@ -20,8 +20,10 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from ddp_operator.api import crd, reasons
-from ddp_operator.decide.decision import decide_for, refused
+from ddp_operator.api.spec import Spec, SpecError, parse
+from ddp_operator.decide.decision import decide, refused
 from ddp_operator.decide.plan import Plan
+from ddp_operator.observe.observation import Observation
 from ddp_operator.runtime import nodes, opmetrics
 from ddp_operator.runtime.reads import api_client, ignore, read_claim, read_events, read_missing
 from ddp_operator.runtime.recent import Recent
@@ -43,11 +45,12 @@ def reconcile(
     unhealthy: Mapping[str, str] | None = None,
     store_pods: Sequence[Mapping[str, Any]] = (),
 ) -> None:
-    """Decide (pure) and carry out the plan for one DDPJob; record the reconcile's metrics. ``workloads``:
-    Kueue's Workloads of its Jobs, by Job name. ``scraper`` holds the latest reading of the pods' metrics and
-    takes the plan's next read (in the background); ``recent`` holds what earlier reconciles wrote that
-    ``body`` and ``jobs`` (the indexes) lack; ``unhealthy``: the nodes whose GPUs are marked unhealthy
-    (``--node-health``), which new attempts avoid; ``store_pods``: an elastic job's rendezvous store pods."""
+    """Read one :class:`Observation` of a DDPJob (its spec parsed once), decide (pure) and carry out the
+    plan; record the reconcile's metrics. ``workloads``: Kueue's Workloads of its Jobs, by Job name.
+    ``scraper`` holds the latest reading of the pods' metrics and takes the plan's next read (in the
+    background); ``recent`` holds what earlier reconciles wrote that ``body`` and ``jobs`` (the indexes)
+    lack; ``unhealthy``: the nodes whose GPUs are marked unhealthy (``--node-health``), which new attempts
+    avoid; ``store_pods``: an elastic job's rendezvous store pods."""
     started = time.monotonic()
     result = "error"
     key = (body["metadata"].get("namespace") or "", body["metadata"]["name"])
@@ -59,10 +62,15 @@ def reconcile(
         now = dt.datetime.now(dt.UTC)
         claim = read_claim(body, pods)
         events = read_events(body, jobs, pods, now)
-        missing = read_missing(body)
-        plan = decide_for(
-            body, jobs, pods, now, snapshot, claim, workloads, events, missing, unhealthy or {}, store_pods
-        )
+        try:  # once per reconcile: the spec that reads and the decision go by
+            spec: Spec | SpecError = parse(body, admitted=True)
+        except SpecError as exc:
+            spec = exc  # the decision fails the DDPJob, saying why (InvalidSpec)
+        observed = Observation(
+            body, spec, jobs, pods, now, snapshot, claim, workloads, events, read_missing(body, spec),
+            unhealthy or {}, store_pods,
+        )  # fmt: skip
+        plan = decide(observed)
         _scrape(scraper, key, plan)
         try:
             try:

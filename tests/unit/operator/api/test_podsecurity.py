@@ -18,6 +18,7 @@ from ddp_operator.api.spec import parse, parse_file
 from ddp_operator.children import render
 from ddp_operator.decide import decision
 from ddp_operator.observe.podsecurity import failure, jobs_to_read
+from helpers.reconciling import observed
 
 REPO = Path(__file__).resolve().parents[4]
 NOW = dt.datetime(2026, 11, 28, 12, 0, 0, tzinfo=dt.UTC)
@@ -133,7 +134,7 @@ def test_a_refused_job_is_pending_with_the_reason_and_the_fields_and_is_never_re
     del job["spec"]["template"]  # as the operator's index keeps a Job
     body = {**_doc(podTemplate={"hostNetwork": True}), "status": {"phase": "Pending", "attempt": 1}}
     body["metadata"]["generation"] = 1
-    plan = decision.decide_for(body, [job], [], NOW, mount_events=[_event("psa-1")])
+    plan = decision.decide(observed(body, [job], [], NOW, mount_events=[_event("psa-1")]))
     assert (plan.status["phase"], plan.delete_jobs, plan.create_job) == ("Pending", (), None)
     ready = {c["type"]: c for c in plan.status["conditions"]}["Ready"]
     assert ready["reason"] == "PodSecurity" and "spec.podTemplate.hostNetwork" in ready["message"], ready

@@ -11,6 +11,7 @@ from ddp_operator.children import render
 from ddp_operator.decide import decision
 from ddp_operator.decide.plan import Plan
 from ddp_operator.observe import kueue
+from helpers.reconciling import observed
 
 NOW = dt.datetime(2026, 11, 27, 3, 0, tzinfo=dt.UTC)
 QUOTA = (
@@ -121,7 +122,7 @@ def _decide(previous: dict[str, Any], workload: dict[str, Any] | None, *, suspen
     job = render.render_job(parse(body, admitted=True), 1)
     job["spec"]["suspend"] = suspended
     workloads = {"train-1": workload} if workload is not None else None
-    return decision.decide_for(body, [job], [], NOW, workloads=workloads)
+    return decision.decide(observed(body, [job], [], NOW, workloads=workloads))
 
 
 def _ready(plan: Plan) -> dict[str, Any]:

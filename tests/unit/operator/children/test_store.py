@@ -14,7 +14,7 @@ from ddp_operator.api import names, podsecurity
 from ddp_operator.children import render, store
 from ddp_operator.decide import decision
 from ddp_trainer import contract
-from helpers.reconciling import NOW, ddpjob_body, job_object, pod_object, spec_of
+from helpers.reconciling import NOW, ddpjob_body, job_object, observed, pod_object, spec_of
 
 ELASTIC = {"elastic": {"minNodes": 1, "maxNodes": 3}}
 GPU_PLACEMENT = {
@@ -92,31 +92,31 @@ def test_its_hostname_fits_wherever_the_workers_do() -> None:
 
 
 def test_every_new_attempt_of_an_elastic_job_creates_its_store_with_its_job() -> None:
-    plan = decision.decide_for(ddpjob_body(**ELASTIC), [], [], NOW)
+    plan = decision.decide(observed(ddpjob_body(**ELASTIC), [], [], NOW))
     assert plan.create_job is not None and plan.create_store is not None
     assert plan.create_store["metadata"]["name"] == f"{plan.create_job['metadata']['name']}-rdzv"
-    assert decision.decide_for(ddpjob_body(), [], [], NOW).create_store is None
+    assert decision.decide(observed(ddpjob_body(), [], [], NOW)).create_store is None
 
 
 def test_the_store_goes_with_its_attempt_and_when_the_job_finishes_never_before() -> None:
     running = {"phase": "Running", "attempt": 1}
     pods = [pod_object(1, 0), pod_object(1, 1)]
-    plan = decision.decide_for(ddpjob_body(running, **ELASTIC), [job_object(1)], pods, NOW)
+    plan = decision.decide(observed(ddpjob_body(running, **ELASTIC), [job_object(1)], pods, NOW))
     assert plan.delete_jobs == ()  # training: the store serves
     failed = [pod_object(1, 0, exit_code=1), pod_object(1, 1, exit_code=1)]
-    restart = decision.decide_for(
-        ddpjob_body(running, **ELASTIC), [job_object(1, condition="Failed")], failed, NOW
+    restart = decision.decide(
+        observed(ddpjob_body(running, **ELASTIC), [job_object(1, condition="Failed")], failed, NOW)
     )
     assert restart.status["attempt"] == 2 and restart.delete_jobs == ("job-1", "job-1-rdzv")
     report = json.dumps({"result": "Succeeded", "reason": "AllChecksPassed", "step": 1000, "verified": True})
     done = [pod_object(1, 0, exit_code=0, message=report), pod_object(1, 1, exit_code=0)]
-    finish = decision.decide_for(
-        ddpjob_body(running, **ELASTIC), [job_object(1, condition="Complete")], done, NOW
+    finish = decision.decide(
+        observed(ddpjob_body(running, **ELASTIC), [job_object(1, condition="Complete")], done, NOW)
     )
     assert finish.status["phase"] == "Succeeded" and finish.delete_jobs == ("job-1-rdzv",)
-    after = decision.decide_for(
-        ddpjob_body(finish.status, **ELASTIC), [job_object(1, condition="Complete")], done, NOW
+    after = decision.decide(
+        observed(ddpjob_body(finish.status, **ELASTIC), [job_object(1, condition="Complete")], done, NOW)
     )
     assert after.delete_jobs == ()  # said once, at the end
-    rigid = decision.decide_for(ddpjob_body(running), [job_object(1, condition="Complete")], done, NOW)
+    rigid = decision.decide(observed(ddpjob_body(running), [job_object(1, condition="Complete")], done, NOW))
     assert rigid.status["phase"] == "Succeeded" and rigid.delete_jobs == ()

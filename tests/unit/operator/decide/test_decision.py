@@ -17,7 +17,7 @@ from ddp_operator.decide.status import finished
 from ddp_operator.observe import live
 from ddp_operator.observe.facts import STOP_MARGIN_SECONDS, current_attempt
 from ddp_operator.observe.progress import Progress
-from helpers.reconciling import NOW, ddpjob_body, job_object, pod_object, reconcile_once, spec_of
+from helpers.reconciling import NOW, ddpjob_body, job_object, observed, pod_object, reconcile_once, spec_of
 
 
 def _deleting(obj: dict[str, Any], at: dt.datetime) -> dict[str, Any]:
@@ -197,14 +197,14 @@ def test_a_stalled_attempt_restarts_the_gang_and_its_job_goes() -> None:
     snap = live.record(None, 1, 9400, _answers("a"), NOW.timestamp() - 700, _reading(50))
     snap = live.record(snap, 1, 9400, _answers("a", hung="job-1-1-xyz"), NOW.timestamp(), _reading(50))
     body = ddpjob_body({"phase": "Running", "attempt": 1})
-    plan = decision.decide_for(body, [job_object(1)], [pod_object(1, 0), pod_object(1, 1)], NOW, snap)
+    plan = decision.decide(observed(body, [job_object(1)], [pod_object(1, 0), pod_object(1, 1)], NOW, snap))
     assert plan.status["attempt"] == 2 and plan.status["phase"] == "Restarting"
     ready = {c["type"]: c for c in plan.status["conditions"]}["Ready"]
     assert ready["reason"] == "Stalled" and "job-1-1-xyz" in ready["message"]
     assert "gang restart 1 of 2" in ready["message"] and plan.delete_jobs == ("job-1",)
     body = ddpjob_body({"phase": "Running", "attempt": 3})
-    spent = decision.decide_for(
-        body, [job_object(3)], [pod_object(3, 0), pod_object(3, 1)], NOW, replace(snap, attempt=3)
+    spent = decision.decide(
+        observed(body, [job_object(3)], [pod_object(3, 0), pod_object(3, 1)], NOW, replace(snap, attempt=3))
     )
     assert spent.status["phase"] == "Failed" and spent.delete_jobs == ("job-3",)
 
@@ -232,7 +232,7 @@ def test_a_gang_that_never_steps_ends_its_attempt_as_stalled() -> None:
     ready_since = (NOW - dt.timedelta(seconds=61)).strftime("%Y-%m-%dT%H:%M:%SZ")
     ready = {"type": "Ready", "status": "True", "reason": "AllNodesReady", "lastTransitionTime": ready_since}
     body = ddpjob_body({"phase": "Running", "attempt": 1, "conditions": [ready]}, startTimeoutSeconds=60)
-    plan = decision.decide_for(body, [job_object(1)], [pod_object(1, 0), pod_object(1, 1)], NOW, snap)
+    plan = decision.decide(observed(body, [job_object(1)], [pod_object(1, 0), pod_object(1, 1)], NOW, snap))
     said = {c["type"]: c for c in plan.status["conditions"]}["Ready"]
     assert said["reason"] == "Stalled" and "job-1-1-xyz" in said["message"], said
     assert plan.status["attempt"] == 2 and plan.delete_jobs == ("job-1",)
@@ -267,12 +267,14 @@ def test_a_job_the_controller_marked_failure_target_has_failed() -> None:
 def test_why_the_gang_restarts_stays_said_while_the_old_pods_go() -> None:
     snap = live.record(None, 1, 9400, _answers("a"), NOW.timestamp() - 700, _reading(50))
     snap = live.record(snap, 1, 9400, _answers("a", hung="job-1-1-xyz"), NOW.timestamp(), _reading(50))
-    decided = decision.decide_for(
-        ddpjob_body({"phase": "Running", "attempt": 1}),
-        [job_object(1)],
-        [pod_object(1, 0), pod_object(1, 1)],
-        NOW,
-        snap,
+    decided = decision.decide(
+        observed(
+            ddpjob_body({"phase": "Running", "attempt": 1}),
+            [job_object(1)],
+            [pod_object(1, 0), pod_object(1, 1)],
+            NOW,
+            snap,
+        )
     )
     going = _deleting(job_object(1), NOW)
     later = reconcile_once(decided.status, [going], [pod_object(1, 0)], NOW + dt.timedelta(seconds=5))

@@ -9,7 +9,7 @@ from typing import Any
 from ddp_operator.children import render
 from ddp_operator.decide import decision
 from ddp_operator.observe import kueue
-from helpers.reconciling import NOW, ddpjob_body, job_object, pod_object, spec_of
+from helpers.reconciling import NOW, ddpjob_body, job_object, observed, pod_object, spec_of
 
 ELASTIC = {"elastic": {"minNodes": 1, "maxNodes": 2}}
 ELASTIC_3 = {"elastic": {"minNodes": 1, "maxNodes": 3}}
@@ -28,23 +28,25 @@ def _evicted_from_lost_node(pod: dict[str, Any]) -> dict[str, Any]:
 def test_a_lost_node_does_not_end_an_elastic_attempt_while_min_nodes_train() -> None:
     previous = {"phase": "Running", "attempt": 1}
     pods = [pod_object(1, 0), _evicted_from_lost_node(pod_object(1, 1))]
-    elastic = decision.decide_for(ddpjob_body(previous, **ELASTIC), [job_object(1)], pods, NOW)
+    elastic = decision.decide(observed(ddpjob_body(previous, **ELASTIC), [job_object(1)], pods, NOW))
     assert elastic.status["phase"] == "Running" and elastic.status["attempt"] == 1, elastic.status
     ready = {c["type"]: c for c in elastic.status["conditions"]}["Ready"]
     assert ready["reason"] == "BelowDesired" and ready["message"] == "1/2 pods ready", ready
     assert elastic.delete_jobs == () and elastic.create_job is None  # no gang restart
-    rigid = decision.decide_for(ddpjob_body(previous), [job_object(1)], pods, NOW)
+    rigid = decision.decide(observed(ddpjob_body(previous), [job_object(1)], pods, NOW))
     assert rigid.status["phase"] == "Restarting" and rigid.status["attempt"] == 2  # as before: a new gang
 
 
 def test_below_min_nodes_after_a_loss_waits_then_fails_as_before() -> None:
     spec = {"elastic": {"minNodes": 2, "maxNodes": 3}, "nodes": 3}
     pods = [pod_object(1, 0), _evicted_from_lost_node(pod_object(1, 1)), pod_object(1, 2, ready=False)]
-    plan = decision.decide_for(
-        ddpjob_body({"phase": "Running", "attempt": 1, "elastic": {"nodes": 3}}, **spec),
-        [job_object(1)],
-        pods,
-        NOW,
+    plan = decision.decide(
+        observed(
+            ddpjob_body({"phase": "Running", "attempt": 1, "elastic": {"nodes": 3}}, **spec),
+            [job_object(1)],
+            pods,
+            NOW,
+        )
     )
     ready = {c["type"]: c for c in plan.status["conditions"]}["Ready"]
     assert ready["reason"] == "BelowMinNodes" and plan.delete_jobs == (), ready
@@ -101,14 +103,14 @@ def test_a_scale_up_waiting_for_kueue_trains_on_and_says_why_in_kueues_words() -
 
     body = ddpjob_body({"phase": "Running", "attempt": 1}, nodes=3, queueName="team", **ELASTIC_3)
     pods = [pod_object(1, 0), pod_object(1, 1), pod_object(1, 2, ready=False)]
-    plan = decision.decide_for(
-        body, [job_object(1)], pods, NOW, workloads={"job-1": kueue.current([old, new])}
+    plan = decision.decide(
+        observed(body, [job_object(1)], pods, NOW, workloads={"job-1": kueue.current([old, new])})
     )
     assert plan.status["phase"] == "Running" and plan.create_job is None and plan.delete_jobs == ()
     said = {c["type"]: c for c in plan.status["conditions"]}["Ready"]["message"]
     assert said.startswith("2/3 pods ready; the new pods wait behind Kueue's scheduling gate"), said
     assert "Workload slice job-ddpjob-1-b" in said and "LocalQueue team" in said and quota in said, said
     assert plan.status["kueue"] == {"workload": "job-ddpjob-1-b", "admitted": False, "evictions": 0}
-    admitted = decision.decide_for(body, [job_object(1)], pods, NOW, workloads={"job-1": old})
+    admitted = decision.decide(observed(body, [job_object(1)], pods, NOW, workloads={"job-1": old}))
     ready = {c["type"]: c for c in admitted.status["conditions"]}["Ready"]
     assert ready["message"] == "2/3 pods ready", "once admitted, the new pods only join"

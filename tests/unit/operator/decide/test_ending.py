@@ -13,7 +13,7 @@ from ddp_operator.children import render
 from ddp_operator.decide import decision, ending, restarts
 from ddp_operator.decide.plan import Plan
 from ddp_operator.observe.facts import JobFacts
-from helpers.reconciling import NOW, ddpjob_body, pod_object, spec_of
+from helpers.reconciling import NOW, ddpjob_body, observed, pod_object, spec_of
 
 ELASTIC: dict[str, Any] = {"elastic": {"minNodes": 1, "maxNodes": 3}, "nodes": 3}
 STEPS = 1000  # spec_of()'s trainer.steps
@@ -68,7 +68,7 @@ def _decide(
     previous: dict[str, Any] | None = None,
     **spec: Any,
 ) -> Plan:
-    return decision.decide_for(ddpjob_body(previous or RUNNING, **(spec or ELASTIC)), jobs, pods, NOW)
+    return decision.decide(observed(ddpjob_body(previous or RUNNING, **(spec or ELASTIC)), jobs, pods, NOW))
 
 
 def _condition(plan: Plan, kind: str) -> dict[str, Any]:

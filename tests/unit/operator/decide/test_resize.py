@@ -14,7 +14,7 @@ from ddp_operator.decide.plan import Plan
 from ddp_operator.observe import live
 from ddp_operator.observe.progress import LastResize, Progress
 from ddp_operator.runtime.reconcile import merge_patch
-from helpers.reconciling import NOW, ddpjob_body, job_object, pod_object
+from helpers.reconciling import NOW, ddpjob_body, job_object, observed, pod_object
 
 ELASTIC = {"minNodes": 1, "maxNodes": 4}
 PROCS = 2  # the helper's procsPerNode: the trainer's world size is nodes x 2
@@ -47,7 +47,7 @@ def _reconcile(
 ) -> Plan:
     body = ddpjob_body(status, nodes=nodes, elastic=ELASTIC)
     running = [pod_object(1, i) for i in range(pods)]
-    return decision.decide_for(body, [_job(size)], running, NOW, snapshot)
+    return decision.decide(observed(body, [_job(size)], running, NOW, snapshot))
 
 
 def test_a_silent_peer_then_its_rejoin_are_each_counted_with_their_reason() -> None:
@@ -155,7 +155,7 @@ def test_worlds_no_reading_saw_are_counted_once_each_and_a_new_attempt_counts_af
         NOW.timestamp(),
         Progress(step=5, world_size=PROCS, changes=(first,), last_resize=first),
     )
-    fresh = decision.decide_for(body, [other], [pod_object(2, 0)], NOW, snapshot)
+    fresh = decision.decide(observed(body, [other], [pod_object(2, 0)], NOW, snapshot))
     assert fresh.status["elastic"]["resizes"] == 5, fresh.status["elastic"]
     assert fresh.status["elastic"]["counted"] == {"job": "job-2", "round": 1}
 

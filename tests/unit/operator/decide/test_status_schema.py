@@ -3,7 +3,7 @@
 The API server prunes, at every write of ``/status``, each field its structural schema does not declare
 (no ``properties`` entry, no ``additionalProperties``, no ``x-kubernetes-preserve-unknown-fields`` above
 it), silently: the operator reads the pruned field back as absent at its next reconcile. Here the real
-decision (``decision.decide_for``) renders statuses that between them write every key the builders can
+decision (``decision.decide``) renders statuses that between them write every key the builders can
 (decide/decision.py, decide/status.py, decide/resize.py, observe/kueue.py): a created job, a running job
 read with its progress, live sync checks and a restart in place, an elastic job resizing while below its
 minimum, a Kueue-queued job, a finished job with rank 0's report, a faulty rank, a preemption, a deadline;
@@ -24,7 +24,7 @@ from ddp_operator.decide import decision
 from ddp_operator.observe import kueue, live
 from ddp_operator.observe.progress import LastResize, Progress
 from ddp_trainer import contract
-from helpers.reconciling import NOW, ddpjob_body, job_object, pod_object, reconcile_once
+from helpers.reconciling import NOW, ddpjob_body, job_object, observed, pod_object, reconcile_once
 
 Status = dict[str, Any]
 
@@ -110,7 +110,7 @@ def _running_read_and_restarted_in_place() -> Status:
     one = [live.Answer("job-1-0-abcde", "text"), live.Answer("job-1-1-abcde", None, error="timed out")]
     snapshot = live.record(first, 1, 9400, one, NOW.timestamp(), latest)
     body = ddpjob_body({"phase": "Running", "attempt": 1}, trainer={"steps": 1000})
-    plan = decision.decide_for(body, [job_object(1)], _pods_running(), NOW, snapshot)
+    plan = decision.decide(observed(body, [job_object(1)], _pods_running(), NOW, snapshot))
     assert plan.status["restartsInPlace"] == 1 and plan.status["progress"]["unreachable"]
     return plan.status
 
@@ -121,7 +121,7 @@ def _elastic_resizing_below_its_minimum() -> Status:
     previous = {"phase": "Running", "attempt": 1, "elastic": {"nodes": 2, "resizes": 0}}
     body = ddpjob_body(previous, nodes=3, elastic={"minNodes": 2, "maxNodes": 4})
     pods = [pod_object(1, 0), pod_object(1, 1, phase="Pending", ready=False)]
-    plan = decision.decide_for(body, [job_object(1)], pods, NOW)
+    plan = decision.decide(observed(body, [job_object(1)], pods, NOW))
     assert plan.resize_job == ("job-1", 3), plan
     assert {"belowMinSince", "lastResize"} <= set(plan.status["elastic"]), plan.status
     return plan.status
@@ -141,7 +141,7 @@ def _elastic_world_shrunk_by_a_silent_peer() -> Status:
     change = LastResize(contract.RESIZE_SILENT, 3, 2, NOW.timestamp() - 9.0, 7.5, round=1)
     latest = Progress(step=40, world_size=4, resizes=1, last_resize=change, changes=(change,))
     snapshot = live.record(None, 1, 9400, [], NOW.timestamp(), latest)
-    plan = decision.decide_for(body, [job], _pods_running(nodes=3), NOW, snapshot)
+    plan = decision.decide(observed(body, [job], _pods_running(nodes=3), NOW, snapshot))
     assert plan.status["elastic"]["lastResize"]["secondsLost"] == 7.5, plan.status
     return plan.status
 
@@ -163,7 +163,7 @@ def _queued_with_kueue() -> Status:
     }
     body = ddpjob_body({"phase": "Pending", "attempt": 1}, queueName="team")
     queued = [job_object(1, suspend=True)]
-    plan = decision.decide_for(body, queued, [], NOW, workloads={"job-1": kueue.slim(workload)})
+    plan = decision.decide(observed(body, queued, [], NOW, workloads={"job-1": kueue.slim(workload)}))
     assert set(plan.status["kueue"]) == {"workload", "admitted", "clusterQueue", "evictions"}
     return plan.status
 

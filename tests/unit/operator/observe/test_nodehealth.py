@@ -11,7 +11,7 @@ import pytest
 from ddp_operator.decide import decision
 from ddp_operator.observe import nodehealth
 from ddp_trainer import contract
-from helpers.reconciling import NOW, ddpjob_body, job_object, pod_object, reconcile_once
+from helpers.reconciling import NOW, ddpjob_body, job_object, observed, pod_object, reconcile_once
 
 RULES = nodehealth.Rules()
 
@@ -100,7 +100,7 @@ def test_a_faulty_verdict_asks_for_its_node_to_be_marked_with_its_device() -> No
 def test_a_new_attempt_avoids_the_nodes_marked_unhealthy_beside_its_own_faulty_ones() -> None:
     body = ddpjob_body({"phase": "Restarting", "attempt": 2, "probe": {"faultyNodes": ["gpu-7"]}})
     unhealthy = {"gpu-9": "taint nvidia.com/gpu-error=fatal:NoSchedule", "gpu-1": "condition X=False"}
-    plan = decision.decide_for(body, [], [], NOW, unhealthy=unhealthy)
+    plan = decision.decide(observed(body, [], [], NOW, unhealthy=unhealthy))
     assert plan.create_job is not None
     terms = plan.create_job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
@@ -114,7 +114,7 @@ def test_a_new_attempt_avoids_the_nodes_marked_unhealthy_beside_its_own_faulty_o
     ]
     assert (
         "affinity"
-        not in decision.decide_for(ddpjob_body(), [], [], NOW).create_job["spec"]["template"]["spec"]
+        not in decision.decide(observed(ddpjob_body(), [], [], NOW)).create_job["spec"]["template"]["spec"]
     )
 
 

@@ -8,7 +8,7 @@ import datetime as dt
 from ddp_operator.decide import decision
 from ddp_operator.observe import references, startup
 from helpers.kubelet_pods import kubelet_pod
-from helpers.reconciling import NOW, ddpjob_body, job_object, pod_object, spec_of
+from helpers.reconciling import NOW, ddpjob_body, job_object, observed, pod_object, spec_of
 
 NEEDS = {
     "envFrom": [
@@ -53,7 +53,7 @@ def test_a_missing_one_is_named_with_every_field_that_names_it_and_the_fix() -> 
 def test_the_job_is_created_all_the_same_and_the_status_says_what_is_missing() -> None:
     """Before any pod exists the status names the Secret (Pending, ConfigError, a Warning event), and the
     Service and Job are created: the Secret may come later, and the kubelet then starts the pods."""
-    plan = decision.decide_for(ddpjob_body(**NEEDS), [], [], NOW, missing={("Secret", "s3-creds")})
+    plan = decision.decide(observed(ddpjob_body(**NEEDS), [], [], NOW, missing={("Secret", "s3-creds")}))
     assert plan.create_job is not None and plan.create_service is not None
     assert plan.status["phase"] == "Pending"
     ready = _ready(plan)
@@ -68,7 +68,7 @@ def test_pending_pods_say_it_once_and_when_it_exists_the_job_goes_on_with_no_res
         pod_object(1, 0, phase="Pending", ready=False),
         pod_object(1, 1, phase="Pending", ready=False),
     ]  # not scheduled yet
-    plan = decision.decide_for(body, [job_object(1)], pods, NOW, missing={("ConfigMap", "settings")})
+    plan = decision.decide(observed(body, [job_object(1)], pods, NOW, missing={("ConfigMap", "settings")}))
     ready = _ready(plan)
     assert (
         ready["reason"] == "ConfigError"
@@ -76,11 +76,13 @@ def test_pending_pods_say_it_once_and_when_it_exists_the_job_goes_on_with_no_res
     )
     assert [(e.type, e.reason) for e in plan.events] == [("Warning", "ConfigError")]
     later = NOW + dt.timedelta(minutes=30)
-    again = decision.decide_for(
-        {**body, "status": plan.status}, [job_object(1)], pods, later, missing={("ConfigMap", "settings")}
+    again = decision.decide(
+        observed(
+            {**body, "status": plan.status}, [job_object(1)], pods, later, missing={("ConfigMap", "settings")}
+        )
     )
     assert again.events == () and again.delete_jobs == () and again.create_job is None
-    created = decision.decide_for({**body, "status": plan.status}, [job_object(1)], pods, later)
+    created = decision.decide(observed({**body, "status": plan.status}, [job_object(1)], pods, later))
     assert _ready(created)["reason"] != "ConfigError" and created.status["attempt"] == 1
 
 
@@ -89,7 +91,7 @@ def test_the_kubelets_own_words_come_first() -> None:
     waiting = ("CreateContainerConfigError", 'secret "s3-creds" not found')
     pods = [kubelet_pod(0, waiting=waiting)]
     body = ddpjob_body({"phase": "Pending", "attempt": 1}, **NEEDS)
-    plan = decision.decide_for(body, [job_object(1)], pods, NOW, missing={("Secret", "s3-creds")})
+    plan = decision.decide(observed(body, [job_object(1)], pods, NOW, missing={("Secret", "s3-creds")}))
     assert "CreateContainerConfigError" in _ready(plan)["message"]
 
 

@@ -12,7 +12,7 @@ from ddp_operator.decide import decision
 from ddp_operator.decide.plan import Plan
 from ddp_operator.observe import store_health
 from ddp_operator.observe.store_health import read
-from helpers.reconciling import NOW, ddpjob_body, pod_object, spec_of
+from helpers.reconciling import NOW, ddpjob_body, observed, pod_object, spec_of
 
 ELASTIC: dict[str, Any] = {"elastic": {"minNodes": 1, "maxNodes": 3}, "nodes": 3}
 STORE_JOB = "job-1-rdzv"
@@ -79,7 +79,7 @@ def _plan(previous: dict[str, Any], store_pods: list[dict[str, Any]], **spec: An
     job = render.render_job(spec_of(**(spec or ELASTIC)), 1)
     workers = [pod_object(1, index) for index in range(3)]
     body = ddpjob_body(previous, **(spec or ELASTIC))
-    return decision.decide_for(body, [job], workers, NOW, store_pods=store_pods)
+    return decision.decide(observed(body, [job], workers, NOW, store_pods=store_pods))
 
 
 def _store_condition(plan: Plan) -> dict[str, Any] | None:

@@ -13,7 +13,7 @@ from ddp_operator.decide.plan import Plan
 from ddp_operator.observe import live
 from ddp_operator.observe.progress import LastResize, Progress
 from ddp_operator.runtime import handlers, opmetrics, reads
-from helpers.reconciling import NOW, ddpjob_body, job_object, pod_object
+from helpers.reconciling import NOW, ddpjob_body, job_object, observed, pod_object
 
 
 def _job(name: str, phase: str | None) -> dict[str, Any]:
@@ -158,7 +158,9 @@ def test_a_world_shrunk_by_a_silent_peer_is_counted_under_its_own_reason() -> No
         step=9, world_size=2, resizes=1, last_resize=change, changes=(change,)
     )  # 1 node x procsPerNode 2
     snapshot = live.record(None, 1, 9400, [], NOW.timestamp(), latest)
-    plan = decision.decide_for(body, [job_object(1)], [pod_object(1, 0), pod_object(1, 1)], NOW, snapshot)
+    plan = decision.decide(
+        observed(body, [job_object(1)], [pod_object(1, 0), pod_object(1, 1)], NOW, snapshot)
+    )
     counted = {"ddpjob_namespace": body["metadata"]["namespace"], "reason": "NodeSilent"}
     before = REGISTRY.get_sample_value("ddpjob_elastic_resizes_total", counted) or 0.0
     opmetrics.observe_plan(body, plan)

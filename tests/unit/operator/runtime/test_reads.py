@@ -13,7 +13,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from ddp_operator.runtime import reads
-from helpers.reconciling import ddpjob_body
+from helpers.reconciling import ddpjob_body, parse_spec
 
 NEEDS = {"envFrom": [{"secretRef": {"name": "s3-creds"}}, {"configMapRef": {"name": "settings"}}]}
 
@@ -43,6 +43,11 @@ class _Objects:
         return self._read("ConfigMap", name, namespace, **options)
 
 
+def _missing(body: dict[str, Any]) -> frozenset[tuple[str, str]]:
+    """What :func:`reads.read_missing` finds for ``body``, its spec parsed as the reconcile parses it."""
+    return reads.read_missing(body, parse_spec(body))
+
+
 @pytest.fixture
 def api(monkeypatch: pytest.MonkeyPatch) -> _Objects:
     objects = _Objects({("ConfigMap", "settings")})
@@ -61,26 +66,26 @@ def test_by_default_nothing_is_asked_of_the_api_server(
     monkeypatch.setattr(reads, "LOOK_UP_NAMESPACES", frozenset())
     with caplog.at_level(logging.DEBUG):
         for _ in range(3):
-            assert reads.read_missing(ddpjob_body({"phase": "Pending"}, **NEEDS)) == frozenset()
+            assert _missing(ddpjob_body({"phase": "Pending"}, **NEEDS)) == frozenset()
     assert api.calls == [] and not caplog.records
 
 
 def test_only_the_namespaces_named_are_looked_up(api: _Objects, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(reads, "LOOK_UP_NAMESPACES", frozenset({"team-a"}))
-    assert reads.read_missing(ddpjob_body({"phase": "Pending"}, **NEEDS)) == frozenset()  # in "ns"
+    assert _missing(ddpjob_body({"phase": "Pending"}, **NEEDS)) == frozenset()  # in "ns"
     assert api.calls == []
 
 
 def test_the_missing_ones_are_found_by_their_metadata_alone(api: _Objects) -> None:
-    assert reads.read_missing(ddpjob_body({"phase": "Pending"}, **NEEDS)) == {("Secret", "s3-creds")}
+    assert _missing(ddpjob_body({"phase": "Pending"}, **NEEDS)) == {("Secret", "s3-creds")}
     assert [call[:3] for call in api.calls] == [("Secret", "s3-creds", "ns"), ("ConfigMap", "settings", "ns")]
     assert {call[3] for call in api.calls} == {reads.METADATA_ONLY}  # never a Secret's data
     assert "as=PartialObjectMetadata" in reads.METADATA_ONLY
 
 
 def test_nothing_is_read_once_the_pods_run_or_for_a_spec_that_names_none(api: _Objects) -> None:
-    assert reads.read_missing(ddpjob_body({"phase": "Running"}, **NEEDS)) == frozenset()
-    assert reads.read_missing(ddpjob_body({"phase": "Pending"})) == frozenset()
+    assert _missing(ddpjob_body({"phase": "Running"}, **NEEDS)) == frozenset()
+    assert _missing(ddpjob_body({"phase": "Pending"})) == frozenset()
     assert api.calls == []
 
 
@@ -93,12 +98,12 @@ def test_a_refusal_is_said_once_and_that_kind_never_asked_again_there(
     api.status = 403
     body = ddpjob_body({"phase": "Pending"}, **NEEDS)
     with caplog.at_level(logging.WARNING):
-        assert reads.read_missing(body) == frozenset()  # unknown: the kubelet will say it
-        assert reads.read_missing(body) == frozenset()
+        assert _missing(body) == frozenset()  # unknown: the kubelet will say it
+        assert _missing(body) == frozenset()
     assert len(api.calls) == 2  # each kind once, in the first reconcile
     said = [r.getMessage() for r in caplog.records if "cannot look up" in r.getMessage()]
     assert len(said) == 2 and "namespace ns" in said[0] and "checkReferences.namespaces" in said[0]
     other = ddpjob_body({"phase": "Pending"}, **NEEDS)
     other["metadata"]["namespace"] = "team-b"
-    reads.read_missing(other)
+    _missing(other)
     assert [call[2] for call in api.calls] == ["ns", "ns", "team-b", "team-b"]

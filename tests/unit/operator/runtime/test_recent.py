@@ -9,6 +9,7 @@ from typing import Any
 from ddp_operator.decide import decision
 from ddp_operator.runtime import recent
 from ddp_operator.runtime.recent import Recent
+from helpers.reconciling import observed
 
 KEY = ("ns", "job")
 NOW = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
@@ -97,20 +98,21 @@ def test_forget_drops_everything_of_a_deleted_ddpjob() -> None:
 def test_deciding_from_the_remembered_writes_repeats_nothing() -> None:
     """The bug it fixes: reconciles from the stale index planned the creation again, moved ``startTime``
     and repeated the transition events; from the remembered writes each step happens once."""
-    first = decision.decide_for(body("10"), [], [], NOW)
+    first = decision.decide(observed(body("10"), [], [], NOW))
     assert first.create_job is not None and first.events
     later = NOW + dt.timedelta(seconds=1)
-    again = decision.decide_for(body("10"), [], [], later)  # the stale view: everything is planned again
+    # the stale view: everything is planned again
+    again = decision.decide(observed(body("10"), [], [], later))
     assert again.create_job is not None and again.status["startTime"] != first.status["startTime"]
 
     memory = Recent()
     memory.patched(KEY, {**body("11"), "status": first.status})
     created = {**first.create_job, "metadata": {**first.create_job["metadata"], "resourceVersion": "11"}}
     memory.created(KEY, created, now=0.0)
-    second = decision.decide_for(memory.body(KEY, body("10")), memory.jobs(KEY, [], now=1.0), [], later)
+    second = decision.decide(observed(memory.body(KEY, body("10")), memory.jobs(KEY, [], now=1.0), [], later))
     assert second.create_job is None and second.create_service is None
     assert second.status["startTime"] == first.status["startTime"]
     assert second.status["phase"] == "Suspended"  # the Job is there now: suspended, said once
     memory.patched(KEY, {**body("12"), "status": second.status})
-    third = decision.decide_for(memory.body(KEY, body("10")), memory.jobs(KEY, [], now=2.0), [], later)
+    third = decision.decide(observed(memory.body(KEY, body("10")), memory.jobs(KEY, [], now=2.0), [], later))
     assert third.status == second.status and not third.events and third.create_job is None

@@ -1,4 +1,4 @@
-"""decision.decide_for: every branch, from fabricated Jobs and pods shaped like the API server's."""
+"""decision.decide: every branch, from fabricated Jobs and pods shaped like the API server's."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ddp_operator.runtime import recent, reconcile
 from ddp_operator.runtime.recent import Recent
 from ddp_trainer import contract
 from helpers.kubelet_pods import MOUNT_NOT_FOUND, NOT_FOUND, failed_mount, kubelet_pod, mounting_pod
-from helpers.reconciling import NOW, ddpjob_body, job_object, pod_object, reconcile_once, spec_of
+from helpers.reconciling import NOW, ddpjob_body, job_object, observed, pod_object, reconcile_once, spec_of
 
 REPORT = {
     "result": "Succeeded",
@@ -71,16 +71,18 @@ def test_a_claim_that_cannot_bind_is_diagnosed_in_ready_and_an_event_once() -> N
     body = ddpjob_body(
         {"phase": "Pending", "attempt": 1}, checkpoint={"volumeClaimTemplate": {"size": "1Gi"}}
     )
-    plan = decision.decide_for(body, [job_object(1)], pods, NOW, None, reading)
+    plan = decision.decide(observed(body, [job_object(1)], pods, NOW, None, reading))
     ready = {c["type"]: c for c in plan.status["conditions"]}["Ready"]
     assert (ready["status"], ready["reason"]) == ("False", "NoStorageClass")
     assert "job-checkpoints" in ready["message"] and "no default one" in ready["message"]
     assert [(e.type, e.reason) for e in plan.events] == [("Warning", "NoStorageClass")]
     assert "job-checkpoints" in plan.events[0].message
-    again = decision.decide_for({**body, "status": plan.status}, [job_object(1)], pods, NOW, None, reading)
+    again = decision.decide(
+        observed({**body, "status": plan.status}, [job_object(1)], pods, NOW, None, reading)
+    )
     assert again.events == ()  # said once, while the cause holds
     # without a reading (the claim not read), the scheduler's message is all there is
-    plain = decision.decide_for(body, [job_object(1)], pods, NOW)
+    plain = decision.decide(observed(body, [job_object(1)], pods, NOW))
     assert _conditions(plain)["Ready"] == ("False", "Unschedulable")
 
 
@@ -92,7 +94,7 @@ def test_a_missing_secret_is_named_in_ready_once_and_spends_no_restart() -> None
     pods = [kubelet_pod(0, waiting=missing), kubelet_pod(1, waiting=missing)]
     body = ddpjob_body({"phase": "Pending", "attempt": 1}, envFrom=[{"secretRef": {"name": "s3-creds"}}])
     body["spec"]["startTimeoutSeconds"] = 60
-    plan = decision.decide_for(body, [job_object(1)], pods, NOW)
+    plan = decision.decide(observed(body, [job_object(1)], pods, NOW))
     ready = {c["type"]: c for c in plan.status["conditions"]}["Ready"]
     assert plan.status["phase"] == "Pending"
     assert (ready["status"], ready["reason"]) == ("False", "ConfigError")
@@ -104,12 +106,12 @@ def test_a_missing_secret_is_named_in_ready_once_and_spends_no_restart() -> None
     assert [(e.type, e.reason) for e in plan.events] == [("Warning", "ConfigError")]
     assert "spec.envFrom[0].secretRef" in plan.events[0].message
     later = NOW + dt.timedelta(hours=2)
-    again = decision.decide_for({**body, "status": plan.status}, [job_object(1)], pods, later)
+    again = decision.decide(observed({**body, "status": plan.status}, [job_object(1)], pods, later))
     assert again.events == () and again.status == plan.status  # said once; nothing new to write
     assert again.delete_jobs == () and again.create_job is None  # no restart spent, no new gang
     assert (again.status["attempt"], again.status["restarts"]) == (1, 0)
     pods = [pod_object(1, 0), pod_object(1, 1)]  # the Secret was created: the kubelet starts the containers
-    started = decision.decide_for({**body, "status": again.status}, [job_object(1)], pods, later)
+    started = decision.decide(observed({**body, "status": again.status}, [job_object(1)], pods, later))
     assert started.status["phase"] == "Running" and _conditions(started)["Ready"] == ("True", "AllNodesReady")
 
 
@@ -124,8 +126,8 @@ def test_a_failing_pull_is_one_cause_while_the_kubelet_alternates_its_reasons() 
         ("ErrImagePull", NOT_FOUND),
         ("CreateContainerConfigError", 'configmap "settings" not found'),
     ):
-        plan = decision.decide_for(
-            body, [job_object(1)], [kubelet_pod(0, waiting=waiting), kubelet_pod(1)], NOW
+        plan = decision.decide(
+            observed(body, [job_object(1)], [kubelet_pod(0, waiting=waiting), kubelet_pod(1)], NOW)
         )
         assert plan.status["phase"] == "Pending" and plan.delete_jobs == ()
         ready = {c["type"]: c for c in plan.status["conditions"]}["Ready"]
@@ -142,16 +144,17 @@ def test_a_missing_bucket_secret_is_named_from_the_kubelets_failed_mount() -> No
     s3 = {"s3": {"bucket": "ckpt", "credentialsSecret": {"name": "bucket-creds"}}}
     body = ddpjob_body({"phase": "Pending", "attempt": 1}, checkpoint=s3)
     pods, events = [mounting_pod(0), mounting_pod(1)], [failed_mount(MOUNT_NOT_FOUND)]
-    plan = decision.decide_for(body, [job_object(1)], pods, NOW, mount_events=events)
+    plan = decision.decide(observed(body, [job_object(1)], pods, NOW, mount_events=events))
     ready = {c["type"]: c for c in plan.status["conditions"]}["Ready"]
     assert plan.status["phase"] == "Pending" and ready["reason"] == "FailedMount"
     assert MOUNT_NOT_FOUND in ready["message"] and "spec.checkpoint.s3.credentialsSecret" in ready["message"]
     assert [(e.type, e.reason) for e in plan.events] == [("Warning", "FailedMount")]
-    again = decision.decide_for(
-        {**body, "status": plan.status}, [job_object(1)], pods, NOW, mount_events=events
+    again = decision.decide(
+        observed({**body, "status": plan.status}, [job_object(1)], pods, NOW, mount_events=events)
     )
     assert again.events == () and again.delete_jobs == ()
-    plain = decision.decide_for(body, [job_object(1)], pods, NOW)  # the events not read: nothing to go by
+    # the events not read: nothing to go by
+    plain = decision.decide(observed(body, [job_object(1)], pods, NOW))
     assert _conditions(plain)["Ready"] == ("False", "Starting")
 
 
@@ -304,7 +307,7 @@ def test_phases_are_the_crd_enum(phase: str) -> None:
 def test_an_invalid_spec_fails_at_once_saying_why_and_creates_nothing() -> None:
     body = ddpjob_body({"phase": "Running", "attempt": 2, "startTime": "2026-11-22T11:00:00Z"})
     body["spec"]["trainer"] = "oops"  # a shape this operator cannot read (an older CRD stored it)
-    plan = decision.decide_for(body, [job_object(2)], [], NOW)
+    plan = decision.decide(observed(body, [job_object(2)], [], NOW))
     assert plan.create_job is None and plan.create_service is None and plan.delete_jobs == ()
     assert plan.status["phase"] == "Failed" and plan.status["observedGeneration"] == 3
     assert plan.status["attempt"] == 2 and plan.status["completionTime"] == "2026-11-22T12:00:00Z"
@@ -451,7 +454,7 @@ def _snapshot(at: dt.datetime, step: int, attempt: int = 1, **extra: Any) -> liv
 
 def _running(previous: dict[str, Any], snapshot: live.Snapshot | None, now: dt.datetime = NOW) -> Plan:
     body = ddpjob_body(previous, trainer={"steps": 1000})
-    return decision.decide_for(body, [job_object(1)], _running_pods(), now, snapshot)
+    return decision.decide(observed(body, [job_object(1)], _running_pods(), now, snapshot))
 
 
 def test_a_running_job_is_read_and_its_progress_written() -> None:
@@ -565,7 +568,7 @@ def test_restarts_in_place_are_counted_once_from_the_pods_readings_with_their_ca
     )
     assert failed.status["attempt"] == 2 and failed.status["restarts"] == 2
     assert failed.status["lastRestart"]["kind"] == "Recreate"
-    job = decision.decide_for(ddpjob_body(failed.status), [], [], NOW).create_job
+    job = decision.decide(observed(ddpjob_body(failed.status), [], [], NOW)).create_job
     assert job is not None
     env = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env[contract.PET_MAX_RESTARTS] == "0" and env[contract.PET_RDZV_BACKEND] == "c10d"
@@ -576,7 +579,7 @@ def test_a_restart_in_place_keeps_a_queued_jobs_admission() -> None:
     re-suspended, deleted nor replaced, so the gang keeps its admission and its nodes."""
     body = ddpjob_body({"phase": "Running", "attempt": 1}, queueName="team", trainer={"steps": 1000})
     reading = _snapshot(NOW, 40, restarts_in_place=1, restart_cause="rank 1 killed by signal 9")
-    plan = decision.decide_for(body, [job_object(1)], _running_pods(), NOW, reading)
+    plan = decision.decide(observed(body, [job_object(1)], _running_pods(), NOW, reading))
     assert plan.status["restartsInPlace"] == 1 and plan.status["phase"] == "Running"
     assert plan.suspend_job is None and plan.delete_jobs == () and plan.create_job is None
 
@@ -589,7 +592,7 @@ def test_a_scaled_elastic_job_resizes_its_job_in_place_without_a_new_attempt() -
     completions = parallelism = 3; no new Job, no deletion, no restart; a Normal event; status.elastic."""
     previous = {"phase": "Running", "attempt": 1, "restarts": 0}
     body = ddpjob_body(previous, nodes=3, elastic=ELASTIC)
-    plan = decision.decide_for(body, [job_object(1)], _running_pods(), NOW)
+    plan = decision.decide(observed(body, [job_object(1)], _running_pods(), NOW))
     assert plan.resize_job == ("job-1", 3)
     assert plan.create_job is None and plan.delete_jobs == () and plan.status["attempt"] == 1
     assert plan.status.get("restarts", 0) == 0
@@ -607,14 +610,14 @@ def test_a_scaled_elastic_job_resizes_its_job_in_place_without_a_new_attempt() -
     # the next reconcile sees the Job at 3: nothing more to do, the count kept
     job = job_object(1)
     job["spec"]["completions"] = job["spec"]["parallelism"] = 3
-    again = decision.decide_for({**body, "status": plan.status}, [job], _running_pods(), NOW)
+    again = decision.decide(observed({**body, "status": plan.status}, [job], _running_pods(), NOW))
     assert again.resize_job is None and again.events == ()
     assert again.status["elastic"]["resizes"] == 1 and again.status["elastic"]["lastResize"]["to"] == 3
 
 
 def test_a_rigid_job_is_never_resized_and_has_no_elastic_status() -> None:
-    plan = decision.decide_for(
-        ddpjob_body({"phase": "Running", "attempt": 1}), [job_object(1)], _running_pods(), NOW
+    plan = decision.decide(
+        observed(ddpjob_body({"phase": "Running", "attempt": 1}), [job_object(1)], _running_pods(), NOW)
     )
     assert plan.resize_job is None and "elastic" not in plan.status
 
@@ -628,7 +631,7 @@ def test_an_elastic_job_below_its_minimum_waits_saying_how_short_then_fails_nami
     previous = {"phase": "Running", "attempt": 1, "restarts": 0, "elastic": {"nodes": 2, "resizes": 0}}
     body = ddpjob_body(previous, elastic=elastic)
     one = [pod_object(1, 0), pod_object(1, 1, phase="Pending", ready=False)]
-    plan = decision.decide_for(body, [job_object(1)], one, NOW)
+    plan = decision.decide(observed(body, [job_object(1)], one, NOW))
     assert (plan.status["phase"], _conditions(plan)["Ready"]) == ("Running", ("False", "BelowMinNodes"))
     ready = {c["type"]: c for c in plan.status["conditions"]}["Ready"]
     assert ready["message"].startswith(
@@ -638,8 +641,8 @@ def test_an_elastic_job_below_its_minimum_waits_saying_how_short_then_fails_nami
     assert plan.status["elastic"]["belowMinSince"] == "2026-11-22T12:00:00Z"
     assert [(e.type, e.reason) for e in plan.events] == [("Warning", "BelowMinNodes")]
     assert plan.delete_jobs == () and plan.create_job is None
-    later = decision.decide_for(
-        {**body, "status": plan.status}, [job_object(1)], one, NOW + dt.timedelta(seconds=601)
+    later = decision.decide(
+        observed({**body, "status": plan.status}, [job_object(1)], one, NOW + dt.timedelta(seconds=601))
     )
     assert later.status["phase"] == "Failed" and later.status["restarts"] == 0, later.status
     failed = {c["type"]: c for c in later.status["conditions"]}["Failed"]
@@ -649,9 +652,9 @@ def test_an_elastic_job_below_its_minimum_waits_saying_how_short_then_fails_nami
         "short by 1 node" in failed["message"]
     ), failed
     assert later.delete_jobs == ("job-1", "job-1-rdzv") and later.create_job is None  # and its store
-    back = decision.decide_for({**body, "status": plan.status}, [job_object(1)], _running_pods(), NOW)
+    back = decision.decide(observed({**body, "status": plan.status}, [job_object(1)], _running_pods(), NOW))
     assert back.status["phase"] == "Running" and "belowMinSince" not in back.status["elastic"]
-    fresh = decision.decide_for(
-        ddpjob_body({"phase": "Pending", "attempt": 1}, elastic=elastic), [job_object(1)], one, NOW
+    fresh = decision.decide(
+        observed(ddpjob_body({"phase": "Pending", "attempt": 1}, elastic=elastic), [job_object(1)], one, NOW)
     )
     assert _conditions(fresh)["Ready"][1] != "BelowMinNodes"
