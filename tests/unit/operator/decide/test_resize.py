@@ -98,14 +98,18 @@ def test_a_lost_node_is_counted_as_node_lost() -> None:
     assert (elastic["nodes"], elastic["resizes"], elastic["lastResize"]["reason"]) == (1, 5, "NodeLost")
 
 
+RUNNING_AT_2: dict[str, Any] = {
+    "phase": "Running",
+    "attempt": 1,
+    "elastic": {"nodes": 2, "nodesFrom": "Trainer", "resizes": 0},
+}
+"""A running elastic job whose trainer says its world is 2, before any resize (read, never changed)."""
+
+
 def test_a_scale_counts_once_and_gets_its_cost_when_the_world_reaches_it() -> None:
     """spec.nodes 2 -> 3: counted Scaled when the Job is resized; the world's steps toward 3 (which the
     launchers record as a node joining) are that scale, not more resizes; reaching 3 writes its cost."""
-    previous = {
-        "phase": "Running",
-        "attempt": 1,
-        "elastic": {"nodes": 2, "nodesFrom": "Trainer", "resizes": 0},
-    }
+    previous = RUNNING_AT_2
     plan = _reconcile(previous, 3, 2, 2, _reading(2))
     assert plan.resize_job == ("job-1", 3) and plan.status["elastic"]["resizes"] == 1
     assert plan.status["elastic"]["lastResize"]["reason"] == "Scaled"
@@ -122,11 +126,7 @@ def test_worlds_no_reading_saw_are_counted_once_each_and_a_new_attempt_counts_af
     readings (the operator read world 2 before and world 2 after): the launchers' records of the four
     rounds count four resizes, each once; the last is lastResize with its cost. The same records again
     count nothing. A new attempt's Job (its rounds start again) counts its own."""
-    previous = {
-        "phase": "Running",
-        "attempt": 1,
-        "elastic": {"nodes": 2, "nodesFrom": "Trainer", "resizes": 0},
-    }
+    previous = RUNNING_AT_2
     at = NOW.timestamp()
     changes = (
         LastResize(reasons.NODE_SILENT, 2, 1, at - 60, None, round=1),
@@ -240,11 +240,7 @@ def test_a_scale_seen_again_before_the_jobs_index_shows_the_resized_job_counts_o
     Jobs trails its own patch, and the DDPJob's status patch wakes the next reconcile as fast. The Job is
     resized again (the same size: idempotent), but the scale that the status already records is not
     counted, nor said, a second time."""
-    previous = {
-        "phase": "Running",
-        "attempt": 1,
-        "elastic": {"nodes": 2, "nodesFrom": "Trainer", "resizes": 0},
-    }
+    previous = RUNNING_AT_2
     plan = _reconcile(previous, 3, 2, 2, _reading(2))
     assert plan.resize_job == ("job-1", 3) and plan.status["elastic"]["resizes"] == 1
     stale = _reconcile({**previous, **plan.status}, 3, 2, 2, _reading(2))
