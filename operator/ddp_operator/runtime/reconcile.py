@@ -67,9 +67,19 @@ def reconcile(
         except SpecError as exc:
             spec = exc  # the decision fails the DDPJob, saying why (InvalidSpec)
         observed = Observation(
-            body, spec, jobs, pods, now, snapshot, claim, workloads, events, read_missing(body, spec),
-            unhealthy or {}, store_pods,
-        )  # fmt: skip
+            body=body,
+            spec=spec,
+            jobs=jobs,
+            pods=pods,
+            now=now,
+            snapshot=snapshot,
+            claim=claim,
+            workloads=workloads,
+            mount_events=events,
+            missing=read_missing(body, spec),
+            unhealthy=unhealthy or {},
+            store_pods=store_pods,
+        )
         plan = decide(observed)
         _scrape(scraper, key, plan)
         try:
