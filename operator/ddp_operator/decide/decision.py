@@ -214,13 +214,13 @@ def _completed(inputs: Inputs, out: StatusBuilder, said: str = "") -> Plan:
 
 def _elastic_end(inputs: Inputs) -> ending.End | None:
     """An elastic attempt's end (:mod:`ending`): its Job complete, or rank 0 finished verified while pods
-    that never started keep the Job from completing."""
+    that never started, or that left the world (silent), keep the Job from completing."""
     spec, job = inputs.spec, inputs.facts.job
     if spec.elastic is None or job is None:
         return None
     expected = ending.writes_report(spec)
     warn = spec.sync_check.on_divergence == "Warn"
-    return ending.elastic_end(job, inputs.facts.report, known_total_steps(spec), expected, warn)
+    return ending.elastic_end(job, inputs.facts.report, known_total_steps(spec), expected, warn, inputs.now)
 
 
 def _elastic_ended(inputs: Inputs, out: StatusBuilder, job: JobFacts, end: ending.End) -> Plan:

@@ -8,7 +8,10 @@ has ended, Succeeded, once the pod at index 0 (node rank 0) has succeeded, its r
 reached its last step with the replicas verified, and every other pod of the attempt has either stopped or
 never started (still Pending). The operator then shrinks the Job to index 0 (an Indexed Job's scale-down,
 as ``kubectl scale`` does: the Pending pods are deleted, and the Job completes on its index 0), so no pod is
-left behind; the pods that ran keep their logs.
+left behind; the pods that ran keep their logs. A pod still running :data:`FINISH_WAIT_SECONDS` after rank 0
+finished is not waited for either: the peers of the last world end within seconds of rank 0, so it is one
+that left the world (a node gone silent: frozen, powered off, cut off from the network, whose survivors
+trained on without it). Its end, whenever it comes, is not the attempt's: the shrink ends it too.
 
 Not the Job's ``successPolicy`` (``succeededIndexes: "0"``, GA in Kubernetes 1.33), which would do the same
 in the Job controller: it deletes every pod it still counts active once index 0 succeeds, and a peer that
@@ -23,7 +26,8 @@ the report does not say the last step was reached (``bench/RESULTS.md`` records 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import datetime as dt
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +38,10 @@ from ddp_trainer import contract
 
 ENDED_EARLY = reasons.ENDED_EARLY
 NOT_VERIFIED = reasons.NOT_VERIFIED
+FINISH_WAIT_SECONDS = 10.0
+"""How long pods still running are waited for once rank 0 finished verified: the last world's peers end
+within seconds of rank 0 (they reached the same last step; their launchers pass the same exit barrier), a
+pod that left the world (silent, frozen) never does. ``ddpjob local`` waits as long."""
 NOTHING_TO_VERIFY = (*contract.NOTHING_TO_COMPARE, contract.SYNC_HOOK_OFF)
 """Report reasons that say there was nothing the sync check could compare (``SyncVerified`` Unknown): the
 report's own verdict, not a divergence."""
@@ -57,6 +65,9 @@ class End:
     verdict: Verdict
     shrink: tuple[str, int] | None = None
     left: int = 0
+    running: int = 0
+    """Of ``left``, the pods still running :data:`FINISH_WAIT_SECONDS` after rank 0 finished (left the world:
+    silent, frozen); the others never started."""
 
 
 def writes_report(spec: Spec) -> bool:
@@ -94,29 +105,64 @@ def verdict(
 
 
 def elastic_end(
-    job: JobFacts, report: Mapping[str, Any] | None, total_steps: int, expected: bool, warn: bool = False
+    job: JobFacts,
+    report: Mapping[str, Any] | None,
+    total_steps: int,
+    expected: bool,
+    warn: bool = False,
+    now: dt.datetime | None = None,
 ) -> End | None:
     """An elastic attempt's end, or None while it has not ended (or it failed: the policy decides that).
 
-    The Job complete: the report decides (:func:`verdict`). Before that, the pod at index 0 succeeded, its
-    report says the training finished, verified, and the only pods of the attempt not stopped never
-    started: ended, and the Job is shrunk to index 0. Pods still running (finishing, or a late joiner about
-    to find the rendezvous closed) are waited for: they end by themselves within seconds."""
+    The Job complete: the report decides (:func:`verdict`). Before that, the pod at index 0 succeeded and its
+    report says the training finished, verified: ended, and the Job is shrunk to index 0, once the only pods
+    of the attempt not stopped never started, or have run on :data:`FINISH_WAIT_SECONDS` since rank 0
+    finished (``now``). Pods still running before that (the last world's peers finishing, a late joiner
+    about to find the rendezvous closed) are waited for: they end by themselves within seconds."""
     if job.failed:
         return None
     if job.complete:
         return End(verdict(report, total_steps, expected, warn))
-    if not (job.rank0_succeeded and job.never_started and job.stopping_pods == job.never_started):
+    if not (job.rank0_succeeded and job.stopping_pods):
+        return None
+    running = job.stopping_pods - job.never_started
+    if running and not waited_out(job.rank0_finished_at, now):
         return None
     found = verdict(report, total_steps, warn=warn)  # ahead of the Job: only on rank 0's own word
-    return End(found, (job.name, 1), job.never_started) if found.done else None
+    return End(found, (job.name, 1), job.stopping_pods, running) if found.done else None
+
+
+def waited_out(finished_at: dt.datetime | None, now: dt.datetime | None) -> bool:
+    """Whether :data:`FINISH_WAIT_SECONDS` have passed since rank 0 finished (``finished_at``)."""
+    if finished_at is None or now is None:
+        return False
+    return (now - finished_at).total_seconds() >= FINISH_WAIT_SECONDS
 
 
 def ended_message(end: End) -> str:
-    """What the Succeeded message adds when pods of the attempt never started."""
-    if not end.left:
-        return ""
-    return (
-        f"; {end.left} pod(s) never started (no capacity, or gated by Kueue): ended by shrinking the Job to "
-        "index 0"
-    )
+    """What the Succeeded message adds when pods of the attempt never started, or ran on after rank 0
+    finished (they left the world)."""
+    said = []
+    if never := end.left - end.running:
+        said.append(f"{never} pod(s) never started (no capacity, or gated by Kueue)")
+    if end.running:
+        said.append(
+            f"{end.running} pod(s) still ran {FINISH_WAIT_SECONDS:.0f} s after rank 0 finished (they had "
+            "left the world: silent, frozen or cut off)"
+        )
+    return f"; {' and '.join(said)}: ended by shrinking the Job to index 0" if said else ""
+
+
+def finished_pod(
+    codes: Sequence[int | None],
+    reports: Sequence[Mapping[str, Any] | None],
+    total_steps: int,
+    warn: bool = False,
+) -> int | None:
+    """``ddpjob local``'s reading of an elastic attempt's end: the index of a pod that exited 0 with a report
+    saying the training finished, verified (:func:`verdict`; pod 0's first), or None. Only a report decides:
+    a command of the user's that writes none ends when every pod has."""
+    for index, (code, report) in enumerate(zip(codes, reports, strict=True)):
+        if code == 0 and report is not None and verdict(report, total_steps, warn=warn).done:
+            return index
+    return None

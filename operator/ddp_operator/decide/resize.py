@@ -98,10 +98,6 @@ def decide(
     size = job.parallelism
     if size is None or size == spec.nodes:
         return Resize(None, status.values, tuple(events))
-    if _recorded(status.typed().last_resize, size, spec.nodes):
-        # this scale is counted: the Jobs index still shows the Job before its resize (the watch trails
-        # the runtime's patch); resized again (idempotent), not counted or said again
-        return Resize((job.name, spec.nodes), status.values, tuple(events))
     status.set(
         resizes=(status.typed().resizes or 0) + 1,
         last_resize=typed_status.LastResize(size, spec.nodes, reasons.SCALED, stamp(now)),
@@ -113,11 +109,6 @@ def decide(
     )
     events.append(Event("Normal", reasons.RESIZED, message))
     return Resize((job.name, spec.nodes), status.values, tuple(events))
-
-
-def _recorded(last: typed_status.LastResize | None, size: int, nodes: int) -> bool:
-    """Whether ``last`` is the scale of the Job from ``size`` to ``nodes`` nodes."""
-    return last is not None and (last.reason, last.from_nodes, last.to_nodes) == (reasons.SCALED, size, nodes)
 
 
 def _counted(before: Elastic, job: str) -> Counted | None:

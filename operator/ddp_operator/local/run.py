@@ -22,7 +22,7 @@ from typing import Any, TextIO
 from ddp_operator.api import exits
 from ddp_operator.api.spec import Spec, known_total_steps, lost_checkpoints, not_elastic, sync_hook, warnings
 from ddp_operator.children import render
-from ddp_operator.decide import restarts
+from ddp_operator.decide import ending, restarts
 from ddp_operator.local import elastic, gang, host, processes, validation
 from ddp_operator.observe import failures, podlogs, progress, references
 from ddp_trainer import contract
@@ -261,22 +261,24 @@ def _attempt(
         if store is not None:
             store.stop()
     reports = [contract.parse_report(_read(pod.termination_path)) for pod in pods]
-    report = failures.with_failures(reports[0], reports)  # every pod's failed ranks: who failed first
-    failed = [(pod, code) for pod, code in zip(pods, first, strict=True) if code]
+    # an elastic attempt that finished, verified: a pod that left the world and ended after is not its failure
+    done = _finished_pod(spec, pods, first)
+    report = failures.with_failures(reports[done or 0], reports)  # every pod's failed ranks: who failed first
+    failed = [] if done is not None else [(pod, code) for pod, code in zip(pods, first, strict=True) if code]
     for pod, code in failed[:2]:
         error = podlogs.first_error((_read(pod.log_path) or "").splitlines())
         which = "its first error" if error else "its last lines"
         console.say(f"{pod.name} {exits.exited(code)}; {which} (all its output is in {pod.log_path}):")
         for text in error or members.last_lines(pod.index, 12):
             console.say(f"  [{pod.name}] {text}")
-    culprits = [f"node {p.index} {exits.exited(code)}" for p, code in zip(pods, first, strict=True) if code]
+    culprits = [f"node {p.index} {exits.exited(code)}" for p, code in failed]
     return restarts.Outcome(
-        succeeded=not interrupt.count and all(code == 0 for code in codes),
+        succeeded=not interrupt.count and (done is not None or all(code == 0 for code in codes)),
         exit_codes={pod.index: code for pod, code in zip(pods, codes, strict=True) if code is not None},
         report=report,
         message=", ".join(culprits),
         # the pods that failed first, on their own (the rest were stopped by the gang: SIGTERM)
-        crashed=any(code not in (None, 0, contract.INTERRUPTED_EXIT_CODE) for code in first),
+        crashed=any(code not in (None, 0, contract.INTERRUPTED_EXIT_CODE) for _, code in failed),
     )
 
 
@@ -318,8 +320,17 @@ def _watch(
     last_progress = first_at = time.monotonic()
     first: progress.Progress | None = None
     replaced, pending = 0, dict[int, float]()  # pod index -> when its replacement starts
+    finished_at: float | None = None  # when a pod's report said the training finished, verified (elastic)
     while True:
         codes = members.codes()
+        if finished_at is None and _finished_pod(spec, pods, codes) is not None:
+            finished_at, pending = time.monotonic(), {}  # nothing is replaced once the training finished
+        if finished_at is not None:  # the last world's peers end within seconds; a pod that left it never
+            waited = time.monotonic() - finished_at >= ending.FINISH_WAIT_SECONDS
+            if interrupt.count or waited or all(c is not None for c in codes):
+                break
+            time.sleep(POLL_SECONDS)
+            continue
         for index, code in enumerate(codes):
             if index in pending or respawn is None or interrupt.count:
                 continue
@@ -354,6 +365,14 @@ def _watch(
     ended = [(pod, code) for pod, code in zip(pods, codes, strict=True) if code not in (None, 0)]
     if interrupt.count:
         console.say("interrupted: stopping every pod (SIGTERM; the trainer checkpoints at its next step)")
+    elif finished_at is not None and (None in codes or ended):
+        left = [pod.name for pod, code in zip(pods, codes, strict=True) if code is None]
+        console.say(
+            "the training finished, verified; "
+            + ", ".join([f"{pod.name} {exits.exited(code or 0)}" for pod, code in ended] + left)
+            + (f" (still running {ending.FINISH_WAIT_SECONDS:.0f} s later: stopping it)" if left else "")
+            + ": it had left the world (silent, frozen or cut off), so its end is not the attempt's"
+        )
     elif ended and None in codes:  # the others are stopped, as the Job controller does
         console.say(
             ", ".join(f"{pod.name} {exits.exited(code or 0)}" for pod, code in ended)
@@ -366,6 +385,19 @@ def _watch(
     finally:
         console.stopping = False
     return codes, members.codes()
+
+
+def _finished_pod(spec: Spec, pods: list[processes.LocalPod], codes: list[int | None]) -> int | None:
+    """An elastic attempt whose training finished: the pod that exited 0 with a report saying so, verified
+    (:func:`ending.finished_pod`), or None."""
+    if spec.elastic is None or 0 not in codes:
+        return None
+    reports = [
+        contract.parse_report(_read(pod.termination_path)) if code == 0 else None
+        for pod, code in zip(pods, codes, strict=True)
+    ]
+    warn = spec.sync_check.on_divergence == "Warn"
+    return ending.finished_pod(codes, reports, known_total_steps(spec), warn)
 
 
 def _local_notes(spec: Spec, first_attempt: int, run_dir: Path, pod_security: str | None = None) -> list[str]:

@@ -45,6 +45,8 @@ class JobFacts:
     node that does not answer: the decision does not wait for them."""
     rank0_succeeded: bool = False
     """The pod at completion index 0 (node rank 0, whose report is the job's) has succeeded."""
+    rank0_finished_at: dt.datetime | None = None
+    """When that pod's trainer container ended (its terminated state's ``finishedAt``)."""
     never_started: int = 0
     """Pods of the attempt still Pending: never scheduled (no capacity), gated (Kueue), or not started yet.
     They count among :attr:`stopping_pods` too."""
@@ -297,6 +299,7 @@ def observe(
     merged = failures.with_failures(rank0_report(mine), pod_reports)
     report = cast(contract.Report | None, merged) or remembered_report(previous, attempt)
     job_facts = None
+    rank0 = next((pod for pod in mine if completion_index(pod) == 0 and _phase(pod) == "Succeeded"), None)
     if current:
         job = current[0]
         lost = None if failure(job) or elastic else lost_node_failure(job, mine)
@@ -311,7 +314,8 @@ def observe(
             failed_at=_time(failed.get("lastTransitionTime")) if failed else None,
             # after a lost node nothing stops the other pods but the Job's deletion: do not wait for them
             stopping_pods=0 if lost else sum(1 for pod in mine if _stopping(pod)),
-            rank0_succeeded=any(completion_index(pod) == 0 and _phase(pod) == "Succeeded" for pod in mine),
+            rank0_succeeded=rank0 is not None,
+            rank0_finished_at=_time((terminated(rank0) or {}).get("finishedAt")) if rank0 else None,
             never_started=sum(1 for pod in mine if _phase(pod) in ("Pending", "") and _stopping(pod)),
         )
     return Facts(

@@ -6,7 +6,9 @@ created, say) used to decide from the DDPJob as it was before its own status pat
 transition event again and patched the status again (five times for one suspended DDPJob, each time
 moving ``startTime``), and, not yet seeing the Job it had created, asked for the Service and Job again
 (refused with 409, but writes all the same). :class:`Recent` keeps, per DDPJob, the object its last
-status patch returned and the Jobs it created, and hands a reconcile whichever view is newer.
+status patch returned, the Jobs it created and the Jobs it patched (an elastic job's resize, a suspend), and
+hands a reconcile whichever view is newer. Without the patched Jobs, a reconcile in the window after a
+resize saw the Job at its old size beside a status that had already counted the scale, and counted it again.
 
 It also keeps the last state of a deleted pod whose trainer had stopped: its termination message is rank
 0's report, and a pod the Job controller deletes after a failure goes from "terminated" to gone in
@@ -54,12 +56,13 @@ def newer(mine: Mapping[str, Any], indexed: Mapping[str, Any]) -> bool:
 class _Written:
     body: dict[str, Any] | None = None
     jobs: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
+    patched_jobs: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
     gone_pods: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
 
 
 class Recent:
-    """Per DDPJob: the body after our last status patch, the Jobs we created, the last state of its deleted
-    pods whose trainer had stopped (thread-safe)."""
+    """Per DDPJob: the body after our last status patch, the Jobs we created or patched, the last state of its
+    deleted pods whose trainer had stopped (thread-safe)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -77,16 +80,31 @@ class Recent:
             return indexed
 
     def jobs(self, key: Key, indexed: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
-        """The index's Jobs plus those we created that it does not show yet."""
+        """The index's Jobs, each replaced by the one our last patch of it returned while that is newer, plus
+        those we created that it does not show yet."""
         with self._lock:
             written = self._written.get(key)
-            if written is None or not written.jobs:
+            if written is None or not (written.jobs or written.patched_jobs):
                 return indexed
             names = {job["metadata"]["name"] for job in indexed}
             for name, (when, _) in list(written.jobs.items()):
                 if name in names or now - when > JOB_MEMORY_SECONDS:
                     del written.jobs[name]
-            return [*indexed, *(job for _, job in written.jobs.values())]
+            shown = [self._newer_job(written, job, now) for job in indexed]
+            return [*shown, *(job for _, job in written.jobs.values())]
+
+    @staticmethod
+    def _newer_job(written: _Written, indexed: dict[str, Any], now: float) -> dict[str, Any]:
+        """``indexed``, or our patch's answer for it while that is newer (then forgotten: the index caught
+        up)."""
+        name = indexed["metadata"]["name"]
+        if (kept := written.patched_jobs.get(name)) is None:
+            return indexed
+        when, mine = kept
+        if newer(mine, indexed) and now - when <= JOB_MEMORY_SECONDS:
+            return mine
+        del written.patched_jobs[name]
+        return indexed
 
     def pods(self, key: Key, indexed: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
         """The index's pods plus the last state of deleted ones it no longer shows (for a while)."""
@@ -117,11 +135,17 @@ class Recent:
         with self._lock:
             self._written.setdefault(key, _Written()).jobs[job["metadata"]["name"]] = (now, dict(job))
 
+    def job_patched(self, key: Key, job: Mapping[str, Any], now: float) -> None:
+        """Our patch of a Job (resized, suspended or resumed) returned ``job``."""
+        with self._lock:
+            self._written.setdefault(key, _Written()).patched_jobs[job["metadata"]["name"]] = (now, dict(job))
+
     def deleted(self, key: Key, job_name: str) -> None:
         """We asked for ``job_name`` to be deleted: the index alone says when it has gone."""
         with self._lock:
             if written := self._written.get(key):
                 written.jobs.pop(job_name, None)
+                written.patched_jobs.pop(job_name, None)
 
     def forget(self, key: Key) -> None:
         """The DDPJob is gone."""

@@ -28,6 +28,7 @@ from ddp_operator.runtime import nodes, opmetrics
 from ddp_operator.runtime.reads import api_client, ignore, read_claim, read_events, read_missing
 from ddp_operator.runtime.recent import Recent
 from ddp_operator.runtime.scraper import Scraper
+from ddp_operator.runtime.slim import slim_job
 
 Logger = logging.Logger | kopf.ObjectLogger
 MARK_FAULTY_NODES = False
@@ -215,10 +216,13 @@ def carry_out(body: Mapping[str, Any], plan: Plan, logger: Logger, recent: Recen
     if plan.resize_job is not None:  # an elastic job: the same Indexed Job, another size
         job_name, node_count = plan.resize_job
         size = {"spec": {"completions": node_count, "parallelism": node_count}}
-        ignore((404,), batch.patch_namespaced_job, job_name, namespace, size)
+        if resized := ignore((404,), batch.patch_namespaced_job, job_name, namespace, size):
+            recent.job_patched(key, slim_job(resized), time.monotonic())
     if plan.suspend_job is not None:
         job_name, suspend = plan.suspend_job
-        ignore((404,), batch.patch_namespaced_job, job_name, namespace, {"spec": {"suspend": suspend}})
+        switch = {"spec": {"suspend": suspend}}
+        if switched := ignore((404,), batch.patch_namespaced_job, job_name, namespace, switch):
+            recent.job_patched(key, slim_job(switched), time.monotonic())
     for node, device, message in plan.mark_faulty if MARK_FAULTY_NODES else ():
         if failed := nodes.mark_faulty(node, device, message, f"DDPJob {namespace}/{name}"):
             _event(body, "Warning", reasons.NODE_NOT_MARKED, failed)

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from ddp_operator.api.spec import Spec, parse
+from ddp_operator.decide import ending
 from ddp_operator.local import elastic
 from ddp_trainer import contract
 from ddp_trainer.launch import agent
@@ -355,6 +356,45 @@ def test_a_frozen_node_0_is_dropped_within_the_bound_and_rejoins_when_it_wakes(t
     assert after == worlds_at_kill, (worlds_at_kill, after, out)
     assert "Error waiting on exit barrier" not in said, said
     assert "replicas verified bit-identical" in out, out
+
+
+@pytest.mark.slow
+def test_a_pod_that_stays_frozen_does_not_hold_back_the_job_that_finished_without_it(tmp_path: Path) -> None:
+    """Three pods of one process; once a world of 3 trains and wrote a checkpoint, every process of pod 0
+    (rank 0 of that world) is frozen with SIGSTOP and left frozen, as a node that never comes back. The two
+    others train on at world size 2, to the last step, verified, and their reports say so: the job Succeeds
+    in one attempt without waiting for the frozen pod (stopped by `ddpjob local` ending.FINISH_WAIT_SECONDS
+    later, as the operator shrinks the Job to index 0), and its end is not counted a failure (it was: a gang
+    restart, attempt 2, after the training had finished)."""
+    name = _three_pods(tmp_path, steps=300, checkpoint_every=10)
+    attempt = tmp_path / "runs" / name / "attempt-1"
+    checkpoints = tmp_path / "runs" / name / "volumes" / "checkpoint"
+
+    def training_at_3() -> bool:
+        worlds = elastic.worlds(sorted(attempt.glob("*.log")))
+        return bool(worlds) and worlds[-1][0] == 3 and bool(list(checkpoints.glob("step-*.pt")))
+
+    frozen: list[int] = []
+    try:
+        out = _run_and(
+            tmp_path,
+            name,
+            "job.yaml",
+            training_at_3,
+            lambda: frozen.extend(signal_pod(name, 0, signal.SIGSTOP)),
+        )
+    finally:
+        for pid in frozen:  # nothing of it is left for the next tests, whatever happened
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert f"ddpjob local: {name}: Succeeded" in out and "after 1 attempt(s)" in out, out
+    assert "it had left the world (silent, frozen or cut off), so its end is not the attempt's" in out, out
+    assert f"still running {ending.FINISH_WAIT_SECONDS:.0f} s later" in out, out
+    sizes = [size for size, _ in elastic.worlds(sorted(attempt.glob("*.log")))]
+    assert sizes[-1] == 2 and 3 in sizes, sizes  # the survivors trained on without it, to the end
+    assert "replicas verified bit-identical" in out, out
+    assert not (tmp_path / "runs" / name / "attempt-2").exists()
+    assert not pod_pids(name, 0) and not pod_pids(name, 1)
 
 
 RIGID_BOUND_SECONDS = 60.0

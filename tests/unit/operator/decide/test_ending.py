@@ -4,6 +4,7 @@ node, gated by Kueue) are ended by shrinking the Job to index 0."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from typing import Any
 
@@ -126,6 +127,24 @@ def _facts(**kind: Any) -> JobFacts:
 
 
 @pytest.mark.parametrize(
+    ("codes", "reports", "found"),
+    [
+        ([0, None], [_report(), None], 0),  # a peer still running: ended all the same
+        ([None, 0], [None, _report()], 1),  # node 0 left the world (frozen): another's report says it
+        ([0, 0], [_report(step=70), _report()], 1),
+        ([0, -9], [_report("Interrupted", step=70), None], None),  # a late joiner's: not the end
+        ([0, None], [None, None], None),  # no report: the pods' exits decide, as before
+        ([1, None], [_report(), None], None),  # it failed: its report is not read
+        ([0, None], [_report(verified=False), None], None),
+    ],
+)
+def test_ddpjob_local_reads_the_end_from_a_pod_that_exited_0_with_its_report(
+    codes: list[int | None], reports: list[dict[str, Any] | None], found: int | None
+) -> None:
+    assert ending.finished_pod(codes, reports, STEPS) == found
+
+
+@pytest.mark.parametrize(
     ("facts", "report", "ended", "shrink"),
     [
         (_facts(), _report(), False, None),  # training
@@ -172,11 +191,34 @@ def test_rank_0_done_and_verified_succeeds_while_a_scale_up_pod_never_ran(never_
     assert complete.resize_job is None and complete.status == again.status and complete.delete_jobs == ()
 
 
-def test_a_pod_still_running_is_waited_for() -> None:
+def _done_at(index: int, seconds_ago: float, report: dict[str, Any] | None = None) -> dict[str, Any]:
+    """:func:`_done`, its container ended ``seconds_ago`` before :data:`NOW`."""
+    pod = _done(index, report)
+    ended = NOW - dt.timedelta(seconds=seconds_ago)
+    pod["status"]["containerStatuses"][0]["state"]["terminated"]["finishedAt"] = ended.isoformat()
+    return pod
+
+
+def test_a_pod_still_running_is_waited_for_until_the_finish_wait_passed() -> None:
     """A peer finishing in the same second (or a late joiner about to find the rendezvous closed) ends by
-    itself: nothing is shrunk under it."""
-    plan = _decide([_job()], [_done(0, _report()), pod_object(1, 1), _pending(2)])
-    assert plan.status["phase"] == "Running" and plan.resize_job is None
+    itself: nothing is shrunk under it. One still running FINISH_WAIT_SECONDS after rank 0 finished left the
+    world (a silent node: frozen, powered off, cut off) and never ends by itself: it does not hold back a job
+    whose training finished, verified (issue 54: "kill the frozen processes later: the job Succeeds in one
+    attempt"); the shrink to index 0 ends it."""
+    wait = ending.FINISH_WAIT_SECONDS
+    for pods in (
+        [_done(0, _report()), pod_object(1, 1), _pending(2)],
+        [_done_at(0, wait - 1, _report()), pod_object(1, 1)],
+    ):
+        plan = _decide([_job()], pods)
+        assert plan.status["phase"] == "Running" and plan.resize_job is None, plan.status
+    silent = [_done_at(0, wait, _report()), pod_object(1, 1), _pending(2)]
+    plan = _decide([_job()], silent)
+    assert plan.status["phase"] == "Succeeded" and plan.resize_job == ("job-1", 1), plan.status
+    message = _condition(plan, "Complete")["message"]
+    assert "1 pod(s) never started" in message and "1 pod(s) still ran 10 s after rank 0 finished" in message
+    short = _decide([_job()], [_done_at(0, 60, _report(step=70)), pod_object(1, 1)])
+    assert short.status["phase"] == "Running" and short.resize_job is None  # rank 0's word decides, not time
 
 
 def test_all_pods_exited_0_but_rank_0_short_of_the_last_step_is_not_succeeded() -> None:

@@ -13,6 +13,7 @@ from ddp_operator.decide import decision
 from ddp_operator.decide.plan import Plan
 from ddp_operator.observe import live
 from ddp_operator.observe.progress import LastResize, Progress
+from ddp_operator.runtime.recent import Recent
 from ddp_operator.runtime.reconcile import merge_patch
 from helpers.reconciling import NOW, ddpjob_body, job_object, observed, pod_object
 
@@ -236,18 +237,35 @@ def test_two_scales_count_two_resizes_on_statuses_as_the_api_server_serves_them(
 
 
 def test_a_scale_seen_again_before_the_jobs_index_shows_the_resized_job_counts_once() -> None:
-    """The reconcile after a scale's may still read the Job at its old size: the runtime's watch of the
-    Jobs trails its own patch, and the DDPJob's status patch wakes the next reconcile as fast. The Job is
-    resized again (the same size: idempotent), but the scale that the status already records is not
-    counted, nor said, a second time."""
+    """The reconcile after a scale's may find the Jobs index still showing the Job at its old size: the
+    runtime's watch of the Jobs trails its own patch, and the DDPJob's status patch wakes the next reconcile
+    as fast. The runtime hands that reconcile the Job its resize returned (runtime.recent: read your own
+    writes), so the scale that the status already counts is neither resized, counted nor said again; once
+    the index shows the resized Job, it is the truth again. Without it, the scale counted twice (test_scale
+    on the test cluster: 4 resizes for 2 scales)."""
+    memory, key, stale = Recent(), ("ns", "job"), _job(2)
+    stale["metadata"] |= {"uid": "j1", "resourceVersion": "40"}
+
+    def reconcile(status: dict[str, Any], nodes: int, indexed: dict[str, Any], pods: int) -> Plan:
+        body = ddpjob_body(status, nodes=nodes, elastic=ELASTIC)
+        running = [pod_object(1, i) for i in range(pods)]
+        jobs = memory.jobs(key, [indexed], now=1.0)
+        return decision.decide(observed(body, jobs, running, NOW, _reading(2)))
+
     previous = RUNNING_AT_2
-    plan = _reconcile(previous, 3, 2, 2, _reading(2))
+    plan = reconcile(previous, 3, stale, 2)
     assert plan.resize_job == ("job-1", 3) and plan.status["elastic"]["resizes"] == 1
-    stale = _reconcile({**previous, **plan.status}, 3, 2, 2, _reading(2))
-    assert stale.resize_job == ("job-1", 3)
-    assert stale.status["elastic"] == plan.status["elastic"]
-    assert not [e for e in stale.events if e.reason == reasons.RESIZED]
-    # a later scale back from 3 (the Job resized) and up again counts each
-    down = _reconcile({**previous, **stale.status}, 2, 3, 3, _reading(3))
-    up = _reconcile({**previous, **down.status}, 3, 2, 2, _reading(2))
+    resized = _job(3)  # what the patch of the Job returned: a later version of it
+    resized["metadata"] |= {"uid": "j1", "resourceVersion": "41"}
+    memory.job_patched(key, resized, now=1.0)
+    again = reconcile({**previous, **plan.status}, 3, stale, 2)
+    assert again.resize_job is None
+    assert again.status["elastic"] == plan.status["elastic"]
+    assert not [e for e in again.events if e.reason == reasons.RESIZED]
+    # the index caught up: it is the truth again; a later scale back to 2 and up again counts each
+    shown = _job(3)
+    shown["metadata"] |= {"uid": "j1", "resourceVersion": "41"}
+    down = reconcile({**previous, **again.status}, 2, shown, 3)
+    assert memory.jobs(key, [stale], now=2.0) == [stale]  # forgotten once the index showed it
+    up = reconcile({**previous, **down.status}, 3, stale, 2)
     assert (down.status["elastic"]["resizes"], up.status["elastic"]["resizes"]) == (2, 3)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from typing import Any
 
@@ -165,8 +166,10 @@ def test_rank_0s_success_and_the_pods_that_never_started_are_read_for_an_elastic
     """decide.ending: the pod at index 0 succeeded; a Pending pod never started (and is not stopped)."""
     rank0, running = _pod(1, 0, code=0), _pod(1, 1, ready=True)
     rank0["status"]["phase"] = "Succeeded"
+    rank0["status"]["containerStatuses"][0]["state"]["terminated"]["finishedAt"] = "2026-11-22T11:59:50Z"
     found = observe({"attempt": 1}, [_job(1)], [rank0, running, _pod(1, 2)]).job
     assert found is not None and found.rank0_succeeded and not found.complete
+    assert found.rank0_finished_at == dt.datetime(2026, 11, 22, 11, 59, 50, tzinfo=dt.UTC)  # its end's time
     assert (found.never_started, found.stopping_pods) == (1, 2)  # the Pending pod, and the running one
     plain = observe({"attempt": 1}, [_job(1)], [_pod(1, 0, ready=True), _pod(1, 1, code=0)]).job
     assert plain is not None and not plain.rank0_succeeded and plain.never_started == 0

@@ -86,6 +86,24 @@ def test_a_created_job_the_index_never_shows_is_forgotten_after_a_while() -> Non
     assert memory.jobs(KEY, [], now=recent.JOB_MEMORY_SECONDS + 1) == []
 
 
+def test_a_patched_job_wins_while_it_is_newer_than_the_index() -> None:
+    """An elastic job's resize (or a suspend): the Job our patch returned, until the index shows it (or
+    someone else's later write), or for JOB_MEMORY_SECONDS at most; a Job we delete is forgotten."""
+    memory = Recent()
+    stale = {"metadata": {"name": "job-1", "uid": "j", "resourceVersion": "7"}, "spec": {"parallelism": 2}}
+    mine = {"metadata": {"name": "job-1", "uid": "j", "resourceVersion": "9"}, "spec": {"parallelism": 3}}
+    memory.job_patched(KEY, mine, now=0.0)
+    assert memory.jobs(KEY, [stale], now=1.0) == [mine]
+    assert memory.jobs(KEY, [stale], now=recent.JOB_MEMORY_SECONDS + 1) == [stale]  # forgotten
+    memory.job_patched(KEY, mine, now=0.0)
+    later = {**stale, "metadata": {**stale["metadata"], "resourceVersion": "12"}}
+    assert memory.jobs(KEY, [later], now=1.0) == [later]  # the index moved past us
+    assert memory.jobs(KEY, [stale], now=1.0) == [stale]  # and it is the truth from then on
+    memory.job_patched(KEY, mine, now=0.0)
+    memory.deleted(KEY, "job-1")
+    assert memory.jobs(KEY, [stale], now=1.0) == [stale]
+
+
 def test_forget_drops_everything_of_a_deleted_ddpjob() -> None:
     memory = Recent()
     memory.patched(KEY, body("12", phase="Suspended"))
