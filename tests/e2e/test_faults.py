@@ -1,8 +1,8 @@
 """Faults and bad input on the real control plane, the pods run as containers by the real nodes' kubelets:
-the API server restarting under a running job, a hung rank, a rank killed in its container and a pod
-deleted, spec changes the API server refuses, a spec whose Job Kubernetes refuses, and a hand-edited
-status. (A lost node: tests/e2e/test_real_nodes.py.) Each test says how long it waited for what; none
-sleeps to decide."""
+the API server restarting under a running job, a hung rank, spec changes the API server refuses, a spec
+whose Job Kubernetes refuses, and a hand-edited status. (A lost node: tests/e2e/test_real_nodes.py; a rank
+killed in its container and a pod deleted: tests/e2e/test_kueue.py, whose restart in place under Kueue
+proves both with one start-up.) Each test says how long it waited for what; none sleeps to decide."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ import pytest
 from helpers.e2e import (
     Operator,
     children,
-    container_pid,
     ddpjob,
     get,
     real_ddpjob,
@@ -211,68 +210,3 @@ def test_a_hand_edited_status_is_repaired(
     assert operator.process is not None and operator.process.poll() is None, "the operator exited"
     assert "Bogus" not in {c["type"] for c in status["conditions"]}, status
     cluster.kubectl("delete", "ddpjob", "edited", "-n", namespace, "--wait=true", "--timeout=60s")
-
-
-def _uids(cluster: Cluster, namespace: str, job: str) -> dict[str, str]:
-    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in children(cluster, namespace, "pods", job)}
-
-
-def test_a_killed_rank_restarts_the_gang_in_place_and_a_deleted_pod_recreates_it(
-    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path, real_nodes: list[RealNode]
-) -> None:
-    """A rank SIGKILLed: the same pods (same UIDs) restart every rank in place, resume from the checkpoint
-    and are verified again; the status shows one restart in place with its cause. Then a pod deleted: that
-    still takes the Job-recreation path (attempt 2), and the job Succeeds with both restarts counted.
-    On the way: ``spec.shmSize`` is the size of the container's /dev/shm."""
-    folder = tmp_path / "ckpt"
-    doc = real_ddpjob(
-        "inplace",
-        **durable_job(folder, trainer={"steps": 1200, "checkpointEvery": 50}),
-        syncCheck={"everySteps": 50},
-        shmSize="512Mi",
-    )
-    _apply(cluster, namespace, doc)
-    wait_for(lambda: list(folder.glob("step-*.pt")), what="a checkpoint", timeout=240)
-    pods = {
-        p["metadata"]["name"]: p["metadata"]["uid"] for p in children(cluster, namespace, "pods", "inplace")
-    }
-    victim = pod_at(cluster, namespace, "inplace", 1)
-    # spec.shmSize: a memory emptyDir at /dev/shm, which the kubelet mounts as a tmpfs of that size
-    mounts = Path(f"/proc/{container_pid(real_nodes, victim)}/mountinfo").read_text().splitlines()
-    (shm,) = [m.split() for m in mounts if m.split()[4] == "/dev/shm"]
-    assert shm[-3] == "tmpfs" and "size=524288k" in shm[-1], shm
-    os.kill(rank_process(real_nodes, victim), signal.SIGKILL)
-
-    def restarted() -> dict[str, Any] | None:
-        status = get(cluster, namespace, "inplace").get("status", {})
-        return status if status.get("restartsInPlace") == 1 else None
-
-    status = wait_for(restarted, what="the operator to count a restart in place", timeout=90, every=1)
-    assert (status["attempt"], status["restarts"]) == (1, 1), status
-    last = status["lastRestart"]
-    assert last["kind"] == "InPlace" and "rank 1 killed by signal 9" in last["message"], last
-    now = {
-        p["metadata"]["name"]: p["metadata"]["uid"] for p in children(cluster, namespace, "pods", "inplace")
-    }
-    assert now == pods, "the pods were replaced: the restart was not in place"
-    events = cluster.kubectl_json(
-        "get",
-        "events",
-        "-n",
-        namespace,
-        "--field-selector",
-        "involvedObject.name=inplace,reason=RestartedInPlace",
-    )["items"]
-    assert events and "rank 1 killed by signal 9" in events[0]["message"], events
-    log = cluster.logs(namespace, pod_at(cluster, namespace, "inplace", 0)["metadata"]["name"])
-    assert "[launcher] gang restart in place 1" in log and "restored step-" in log, log[-2000:]
-    print(f"in place: {last['message']}")
-
-    cluster.kubectl(
-        "delete", "pod", "-n", namespace, pod_at(cluster, namespace, "inplace", 1)["metadata"]["name"]
-    )
-    status = wait_phase(cluster, namespace, "inplace", "Succeeded", "Failed", timeout=300)["status"]
-    assert status["phase"] == "Succeeded", status
-    assert (status["attempt"], status["restarts"], status["restartsInPlace"]) == (2, 2, 1), status
-    assert status["lastRestart"]["kind"] == "Recreate" and status["sync"]["verified"] is True, status
-    assert status["checkpoint"]["resumedFromStep"] > 0, status

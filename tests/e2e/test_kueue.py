@@ -23,6 +23,7 @@ from ddp_operator.observe.kueue import SLICE_REPLACES
 from helpers.e2e import (
     Operator,
     children,
+    container_pid,
     ddpjob,
     events,
     get,
@@ -269,19 +270,47 @@ def test_a_restart_in_place_keeps_the_admission_and_a_replaced_job_is_admitted_a
     real_nodes: list[RealNode],
     tmp_path: Path,
 ) -> None:
+    """A rank SIGKILLed in its container: the same pods (same UIDs) restart every rank in place, resume from
+    the checkpoint and are verified again; the status shows one restart in place with its cause, an event
+    says it, and Kueue's Workload stays admitted through it. Then a pod deleted: that still takes the
+    Job-recreation path (attempt 2), whose new Workload Kueue admits again, and the job Succeeds with both
+    restarts counted. On the way: ``spec.shmSize`` is the size of the container's /dev/shm. (One scenario
+    for what test_faults.py and this file each proved with a start-up of their own.)"""
     queue = _queues(cluster, namespace)
     folder = tmp_path / "ckpt"
     spec = durable_job(folder, trainer={"steps": 900, "batchSize": 16, "checkpointEvery": 50})
-    _apply(cluster, namespace, real_ddpjob("steady", queueName=queue, **spec))
+    doc = real_ddpjob("steady", queueName=queue, syncCheck={"everySteps": 50}, shmSize="512Mi", **spec)
+    _apply(cluster, namespace, doc)
     wait_for(lambda: list(folder.glob("step-*.pt")), what="a checkpoint", timeout=240)
     workload = _workload(cluster, namespace, "steady-1")
     admitted_at = _condition(workload, "Admitted")["lastTransitionTime"]
-    os.kill(rank_process(real_nodes, pod_at(cluster, namespace, "steady", 1)), signal.SIGKILL)
-    wait_for(
-        lambda: get(cluster, namespace, "steady").get("status", {}).get("restartsInPlace") == 1,
-        what="a restart in place",
-        timeout=90,
-    )
+    pods = {
+        p["metadata"]["name"]: p["metadata"]["uid"] for p in children(cluster, namespace, "pods", "steady")
+    }
+    victim = pod_at(cluster, namespace, "steady", 1)
+    # spec.shmSize: a memory emptyDir at /dev/shm, which the kubelet mounts as a tmpfs of that size
+    mounts = Path(f"/proc/{container_pid(real_nodes, victim)}/mountinfo").read_text().splitlines()
+    (shm,) = [m.split() for m in mounts if m.split()[4] == "/dev/shm"]
+    assert shm[-3] == "tmpfs" and "size=524288k" in shm[-1], shm
+    os.kill(rank_process(real_nodes, victim), signal.SIGKILL)
+
+    def restarted() -> dict[str, Any] | None:
+        status = get(cluster, namespace, "steady").get("status", {})
+        return status if status.get("restartsInPlace") == 1 else None
+
+    status = wait_for(restarted, what="the operator to count a restart in place", timeout=90, every=1)
+    assert (status["attempt"], status["restarts"]) == (1, 1), status
+    last = status["lastRestart"]
+    assert last["kind"] == "InPlace" and "rank 1 killed by signal 9" in last["message"], last
+    now = {
+        p["metadata"]["name"]: p["metadata"]["uid"] for p in children(cluster, namespace, "pods", "steady")
+    }
+    assert now == pods, "the pods were replaced: the restart was not in place"
+    said = events(cluster, namespace, "steady", "RestartedInPlace")
+    assert said and "rank 1 killed by signal 9" in said[0]["message"], said
+    log = cluster.logs(namespace, pod_at(cluster, namespace, "steady", 0)["metadata"]["name"])
+    assert "[launcher] gang restart in place 1" in log and "restored step-" in log, log[-2000:]
+    print(f"in place: {last['message']}")
     again = _workload(cluster, namespace, "steady-1")
     assert again["metadata"]["uid"] == workload["metadata"]["uid"]
     assert _condition(again, "Admitted") | {"observedGeneration": 0} == _condition(workload, "Admitted") | {
@@ -319,7 +348,9 @@ def test_a_restart_in_place_keeps_the_admission_and_a_replaced_job_is_admitted_a
         f"admitted {latency:.0f} s after its Job"
     )
     done = wait_phase(cluster, namespace, "steady", "Succeeded", "Failed", timeout=400)["status"]
-    assert done["phase"] == "Succeeded" and (done["attempt"], done["restartsInPlace"]) == (2, 1), done
+    assert done["phase"] == "Succeeded", done
+    assert (done["attempt"], done["restarts"], done["restartsInPlace"]) == (2, 2, 1), done
+    assert done["lastRestart"]["kind"] == "Recreate" and done["sync"]["verified"] is True, done
     assert (
         done["kueue"]["workload"] == replaced["metadata"]["name"]
         and done["checkpoint"]["resumedFromStep"] > 0
