@@ -7,6 +7,7 @@ the node agents, as in test_scale.py."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +56,13 @@ def test_a_scale_up_that_never_gets_a_node_does_not_hold_back_a_finished_job(
     attempt 1 with no restart, the Job (the same one) is shrunk to index 0 and Complete, the Pending pod is
     gone and so is the rendezvous store, and the two pods that trained keep their logs. A slow model (30 ms
     a forward), so that it trains through the scale-up."""
-    doc = slow_elastic_job(NAME)
+    gate = tmp_path / "fast"  # opened once the scale-up pod is seen Pending: the rest at full speed
+    doc = slow_elastic_job(NAME, fast_after=gate)
+    started = time.monotonic()
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
     wait_phase(cluster, namespace, NAME, "Running", timeout=180)
     _world_of(cluster, namespace, tmp_path, 2)
+    print(f"a world of 2 verified {time.monotonic() - started:.0f} s after the apply")
     nodes = cluster.kubectl_json("get", "nodes")["items"]
     cordoned = [n["metadata"]["name"] for n in nodes if not n.get("spec", {}).get("unschedulable")]
     try:
@@ -68,7 +72,10 @@ def test_a_scale_up_that_never_gets_a_node_does_not_hold_back_a_finished_job(
         pending = _pending_at(cluster, namespace, index="2")
         running = get(cluster, namespace, NAME)["status"]
         assert running["phase"] == "Running", running  # BelowDesired: 2 of 3 train on
+        gate.touch()
+        print(f"the scale-up pod Pending {time.monotonic() - started:.0f} s after the apply")
         done = wait_phase(cluster, namespace, NAME, "Succeeded", "Failed", timeout=400)
+        print(f"{done['status']['phase']} {time.monotonic() - started:.0f} s after the apply")
     finally:
         for node in cordoned:
             cluster.kubectl("uncordon", node, check=False)

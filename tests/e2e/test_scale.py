@@ -90,7 +90,8 @@ def test_kubectl_scale_resizes_the_same_job_and_the_trainer_follows_without_a_re
     re-form)."""
     # the node agents mount no hostPath: each pod checkpoints to its own emptyDir (the local test of a pod
     # taken away, and the real-node test of a lost node, resume from a shared volume)
-    doc = slow_elastic_job("elastic")
+    gate = tmp_path / "fast"  # opened once the world of 1 is verified: the rest of the steps at full speed
+    doc = slow_elastic_job("elastic", fast_after=gate)
     doc["spec"]["trainer"]["steps"] = 1200  # the store's outage in the world of 3 as well as both scales
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
     wait_phase(cluster, namespace, "elastic", "Running", timeout=180)
@@ -171,6 +172,7 @@ def test_kubectl_scale_resizes_the_same_job_and_the_trainer_follows_without_a_re
     left_at = _verified_at(cluster, namespace, tmp_path, 1, after=seen)
     worlds = _worlds(cluster, namespace, tmp_path)  # before the job ends (and its pods may go)
     print(f"worlds (size, step): {worlds}")
+    gate.touch()
     done = wait_phase(cluster, namespace, "elastic", "Succeeded", "Failed", timeout=400)
     status = done["status"]
     assert status["phase"] == "Succeeded", status

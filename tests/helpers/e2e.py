@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from helpers import slow_factories
 from helpers.operator_process import REPO, Operator, ddpjob, install
 from testcluster import realfixture
 from testcluster.fixtures import Cluster, wait_for
@@ -79,15 +80,18 @@ ON_REAL_NODES: dict[str, Any] = {"nodeSelector": {LABEL: "true"}, "tolerations":
 SCRIPTS = Path(__file__).parent
 
 
-def slow_elastic_job(name: str) -> dict[str, Any]:
+def slow_elastic_job(name: str, fast_after: Path | None = None) -> dict[str, Any]:
     """An elastic DDPJob of 2 nodes (1-3) with the tests' slow model (30 ms a forward, its module in the
-    scripts folder), 800 steps: long enough to train through a resize on the node agents."""
+    scripts folder), 800 steps: long enough to train through a resize on the node agents. ``fast_after``: a
+    file whose creation lets it train at full speed (the node agents run the pods on this host, so they see
+    it): a test opens it once it saw what the slow pace was for."""
     slow = {"name": "PYTHONPATH", "value": str(SCRIPTS)}  # slow_factories
+    gate = [{"name": slow_factories.FAST_AFTER_ENV, "value": str(fast_after)}] if fast_after else []
     return ddpjob(
         name,
         nodes=2,
         elastic={"minNodes": 1, "maxNodes": 3},
-        env=[slow],
+        env=[slow, *gate],
         trainer={"steps": 800, "batchSize": 16, "checkpointEvery": 50, "model": "slow_factories:slow_mlp"},
         syncCheck={"everySteps": 100},
     )

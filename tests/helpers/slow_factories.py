@@ -21,18 +21,29 @@ BELOW_FULL_SLEEP_SECONDS = 0.5
 has to join (it needs ~10 s, the Job controller's back-off, plus its start)."""
 
 
+FAST_AFTER_ENV = "SLOW_FACTORIES_FAST_AFTER"
+"""A file: once it exists, ``slow_mlp`` trains at full speed. A test opens this gate once it saw what the
+slow pace was for (a resize, a Pending pod), so the run's remaining steps do not keep the suite waiting."""
+
+
 class SlowMLP(MLP):
-    def __init__(self, sleep: float = SLEEP_SECONDS) -> None:
+    def __init__(self, sleep: float = SLEEP_SECONDS, fast_after: str = "") -> None:
         super().__init__()
         self.sleep = sleep
+        self.fast_after = fast_after
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time.sleep(self.sleep)
+        if self.sleep and self.fast_after and os.path.exists(self.fast_after):
+            self.sleep = 0.0  # the gate opened: full speed from now on
+        if self.sleep:
+            time.sleep(self.sleep)
         return super().forward(x)
 
 
 def slow_mlp(config: TrainerConfig) -> torch.nn.Module:
-    return SlowMLP()
+    """The built-in MLP, :data:`SLEEP_SECONDS` slower a forward until the file :data:`FAST_AFTER_ENV` names
+    exists (where it names one)."""
+    return SlowMLP(fast_after=os.environ.get(FAST_AFTER_ENV, ""))
 
 
 def slow_until_full(config: TrainerConfig) -> torch.nn.Module:
