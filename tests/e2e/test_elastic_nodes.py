@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from helpers import slow_factories
 from helpers.e2e import SCRIPTS, Operator, children, events, get, newest_step, real_ddpjob, stores, wait_phase
 from helpers.e2e_pods import cut_network, durable_job, pod_at
 from testcluster import realfixture
@@ -54,11 +55,15 @@ def test_an_elastic_job_trains_on_without_a_lost_node_and_grows_back_when_it_ret
     # the tests' slow MLP (30 ms a forward: a world of one, two forwards a step, would otherwise finish its
     # steps in a second, before the node is back); its module is in the scripts folder mounted in the pods
     trainer = {"steps": 2600, "batchSize": 16, "checkpointEvery": 20, "model": "slow_factories:slow_mlp"}
+    gate = folder / "fast"  # opened once the world grew back to 2: its last steps at full speed
     doc = real_ddpjob(
         "shrink",
         **durable_job(folder, trainer=trainer),
         scripts=True,
-        env=[{"name": "PYTHONPATH", "value": str(SCRIPTS)}],
+        env=[
+            {"name": "PYTHONPATH", "value": str(SCRIPTS)},
+            {"name": slow_factories.FAST_AFTER_ENV, "value": str(gate)},  # the checkpoint folder: mounted
+        ],
         elastic={"minNodes": 1, "maxNodes": 2},
         syncCheck={"everySteps": 100},
         maxRestarts=0,  # a resize must spend none
@@ -76,6 +81,8 @@ def test_an_elastic_job_trains_on_without_a_lost_node_and_grows_back_when_it_ret
 
     job_uid = children(cluster, namespace, "jobs", "shrink")[0]["metadata"]["uid"]
     _cut_off_and_back(cluster, namespace, real_nodes)
+    survivor_name = pod_at(cluster, namespace, "shrink", 1)["metadata"]["name"]
+    grown_before = _log(cluster, namespace, survivor_name).count(GROWN)
     try:
         realfixture.lose_node(lost)
 
@@ -110,7 +117,18 @@ def test_an_elastic_job_trains_on_without_a_lost_node_and_grows_back_when_it_ret
         )
     finally:
         realfixture.restore_node(cluster, lost)
+
+    def grown_back_or_ended() -> bool:
+        ended = get(cluster, namespace, "shrink").get("status", {}).get("phase") in ("Succeeded", "Failed")
+        return ended or _log(cluster, namespace, survivor_name).count(GROWN) > grown_before
+
+    # the slow pace was for the lost node's return: once the world is 2 again, the rest at full speed
+    returned = time.monotonic()
+    wait_for(grown_back_or_ended, what="the world grown back to 2 once the node returned", timeout=300)
+    gate.touch()
+    print(f"the node back → the world of 2 again (or the end): {time.monotonic() - returned:.0f} s")
     final = wait_phase(cluster, namespace, "shrink", "Succeeded", "Failed", timeout=600)["status"]
+    print(f"the node back → {final['phase']}: {time.monotonic() - returned:.0f} s")
     if final["phase"] != "Succeeded":
         logs = [
             cluster.kubectl("logs", "-n", namespace, p["metadata"]["name"], check=False)
