@@ -108,11 +108,16 @@ CLOSED_UNDER = (
 joiner (:data:`LATE_JOINER`)."""
 
 BUILTIN_MODULE = "ddp_trainer"
-PRELOAD = ("torch",)
+PRELOAD = ("torch", "torch._dynamo")
 """What the fork server imports once, before it forks any worker of the built-in trainer: torch, nearly all
-of a worker's start. Not the trainer's own modules (25 ms): one of them is this module, which each forked
-worker runs again as its ``__mp_main__`` (multiprocessing's way), and runpy warns when it is already
-imported; nor ``prometheus_client``, which must be imported after ``PROMETHEUS_MULTIPROC_DIR`` is set."""
+of a worker's start, and ``torch._dynamo``, which the worker's first optimizer imports (torch wraps
+``Optimizer.__init__`` in ``torch._disable_dynamo``, which imports it on its first call): 2.0 s of CPU in a
+fresh process, 3.3-3.6 s between a worker's process group forming and its restore on two cores with the
+job's other pods beside it, in every new world's start (measured for issue 54's loss as a world's workers
+start; it initializes no CUDA, so forking after it is safe). Not the trainer's own modules (25 ms): one
+of them is this module, which each forked worker runs again as its ``__mp_main__`` (multiprocessing's way),
+and runpy warns when it is already imported; nor ``prometheus_client``, which must be imported after
+``PROMETHEUS_MULTIPROC_DIR`` is set."""
 
 
 def runs_builtin(args: Any) -> bool:
