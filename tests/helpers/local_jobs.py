@@ -38,6 +38,14 @@ def job(name: str, **spec: Any) -> dict[str, Any]:
     }
 
 
+def pods_pythonpath(*directories: Path) -> str:
+    """A ``PYTHONPATH`` value for a local job's ``spec.env``: ``directories`` (a model factory's), then the
+    one this test runs under. The pod's replaces the test's, so without it a worktree's pods would import
+    the trainer the Python environment installed (an editable install of another checkout), not the one
+    under test."""
+    return os.pathsep.join(filter(None, (*map(str, directories), os.environ.get("PYTHONPATH", ""))))
+
+
 RUN_SECONDS = 540
 """How long a run may take, by default: generous (these runs take seconds to 3 min; up to 7 min were seen
 on 2 cores shared with the Go and image builds) and under pytest's 600 s timeout (pyproject.toml), so that

@@ -23,7 +23,16 @@ from ddp_operator.local import elastic
 from ddp_trainer import contract
 from ddp_trainer.launch import agent
 from helpers import REPO
-from helpers.local_jobs import RUN_SECONDS, job, pod_pids, run_local, signal_pod, stop_job, unique_name
+from helpers.local_jobs import (
+    RUN_SECONDS,
+    job,
+    pod_pids,
+    pods_pythonpath,
+    run_local,
+    signal_pod,
+    stop_job,
+    unique_name,
+)
 from testcluster import processes
 
 ELASTIC = {"minNodes": 1, "maxNodes": 3}
@@ -109,7 +118,7 @@ def _three_pods(tmp_path: Path, steps: int, checkpoint_every: int, **trainer: st
     trainer = {"steps": steps, "batchSize": 16, "checkpointEvery": checkpoint_every, **trainer}
     doc = job(name, nodes=3, procsPerNode=1, elastic=ELASTIC, trainer=trainer, syncCheck={"everySteps": 20})
     if "model" in trainer:
-        doc["spec"]["env"] = [{"name": "PYTHONPATH", "value": str(HELPERS)}]
+        doc["spec"]["env"] = [{"name": "PYTHONPATH", "value": pods_pythonpath(HELPERS)}]
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
     return name
 
@@ -461,61 +470,103 @@ def test_a_frozen_pod_of_a_rigid_job_restarts_the_gang_within_the_bound_naming_i
     assert contract.SILENT_PEER in out, out  # the attempt's cause, as the summary says it
 
 
+def _workers(job: str) -> dict[int, tuple[int, str]]:
+    """``{pid: (node rank, process name)}`` of every live worker of the built-in trainer of ``job`` (a
+    worker's name says its global rank: agent.WORKER_NAME_PREFIX). Names first, a cheap read of each
+    process: a test polls this often, on two cores shared with the job."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        named = _read(entry / "comm").decode(errors="replace").strip() if entry.name.isdigit() else ""
+        if named.startswith(agent.WORKER_NAME_PREFIX):
+            env = dict(
+                item.split("=", 1)
+                for item in _read(entry / "environ").decode(errors="replace").split("\0")
+                if "=" in item
+            )
+            if env.get("DDPJOB_NAME") == job and env.get("NODE_RANK", "").isdigit():
+                found[int(entry.name)] = (int(env["NODE_RANK"]), named)
+    return found
+
+
 @pytest.mark.slow
-def test_node_0_lost_while_the_worlds_workers_start_is_let_go_within_the_bound(tmp_path: Path) -> None:
-    """Two pods of one process; as soon as a worker of the world of 2 exists (its rendezvous done, its
-    process group not formed yet), every process of pod 0 (rank 0's, whose rank-0 worker hosts the workers'
-    store) is SIGKILLed. The store's process watch drops its agent at once, so it leaves the round with a
-    fresh keep-alive, and the survivor's worker, not connected yet to rank 0's store, retries its connection
-    (30 minutes): no collective fails. The survivor's agent sees the round's host gone while its workers
-    still run, stops them and meets the next round: the world changes to 1 within the bound (it hung until
-    the replacement joined, issue 54's real-node e2e); the replacement grows it back, one attempt."""
-    name = unique_name()
-    trainer = {"steps": 300, "batchSize": 16, "checkpointEvery": 20}
-    doc = job(name, nodes=2, procsPerNode=1, elastic={"minNodes": 1, "maxNodes": 2}, trainer=trainer)
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+def test_a_node_lost_while_the_worlds_workers_start_is_let_go_within_the_bound(tmp_path: Path) -> None:
+    """Three pods of one process; the store's process watch drops a SIGKILLed pod's agent at once, so it
+    leaves the round with a fresh keep-alive, and no collective fails while the survivors' workers are still
+    forming their group: each waits for the lost rank in the workers' store (30 minutes). Twice, each as
+    soon as a new world of 3's workers exist (their rendezvous done, their group not formed yet):
+    1. as the first world's start, a pod whose worker is *not* rank 0 is SIGKILLed. rank 0's worker waits
+       for it in the store it hosts, the others wait for rank 0's group: the survivors' agents see a member
+       of their round gone while their workers have not said their group formed, stop them and meet the
+       next round: a smaller world within the bound (it hung until the replacement joined before);
+    2. as the world grown back by the replacement starts, the pod of its rank 0 (whose worker hosts the
+       workers' store) is SIGKILLed: the survivors' agents see the round's host gone while their workers
+       still run, and meet the next round (it hung until the replacement joined, issue 54's real-node e2e);
+       a survivor's worker already connected to that store fails at once instead, which is as good.
+    The replacements grow the world back; one attempt, no restart counted. The model
+    (slow_factories.slow_until_full) is slow in a world smaller than 3, so the grow comes before the end."""
+    name = _three_pods(tmp_path, steps=240, checkpoint_every=20, model="slow_factories:slow_until_full")
     attempt = tmp_path / "runs" / name / "attempt-1"
     argv = [sys.executable, "-m", "ddp_operator", "local", "job.yaml", "--workdir", "runs"]
     process = subprocess.Popen(
         argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     started = time.monotonic()
-    survivor = attempt / f"{name}-1-1.log"
 
-    def starting() -> bool:
-        workers = [
-            pid
-            for node in (0, 1)
-            for pid in pod_pids(name, node)
-            if processes.name(pid).startswith(agent.WORKER_NAME_PREFIX)
-        ]
-        return bool(workers) and not elastic.worlds(sorted(attempt.glob("*.log")))
+    def said() -> str:
+        return "\n".join(_read(log).decode(errors="replace") for log in sorted(attempt.glob("*.log")))
 
-    try:
-        while not starting():
+    def worlds() -> list[tuple[int, int]]:
+        return elastic.worlds(sorted(attempt.glob("*.log")))
+
+    def lose_as_workers_start(rank_0: bool, seen: set[int]) -> tuple[int, float, int]:
+        """Once a world of 3 starts (a worker not in ``seen`` on each pod: a round forms only after each of
+        its members stopped its last workers, so these are one world's), SIGKILL the pod whose worker is rank
+        0 (``rank_0``) or one whose worker is not; (that pod, the seconds to the next world verified, its
+        size in ranks). A world of 2 meanwhile (under load a joining pod may miss a round) is passed over:
+        with all three pods in the world, none waits to join when the loss comes."""
+        while True:
+            new = {pid: found for pid, found in _workers(name).items() if pid not in seen}
+            pods = {node for node, _ in new.values()}
+            hosts = {node for node, worker in new.values() if worker == f"{agent.WORKER_NAME_PREFIX}0"}
+            chosen = sorted(hosts if rank_0 else pods - hosts) if len(pods) == 3 else []
+            if chosen:
+                break
             if process.poll() is not None or time.monotonic() - started > RUN_SECONDS:
-                raise AssertionError(f"no world's workers started; it printed:\n{stop_job(process, name)}")
-            time.sleep(0.02)
-        signal_pod(name, 0, signal.SIGKILL)
+                raise AssertionError(f"no world of 3 started; it printed:\n{stop_job(process, name)}")
+            time.sleep(0.05)
+        verified = len(worlds())
+        signal_pod(name, chosen[0], signal.SIGKILL)
         lost_at = time.monotonic()
-        while "the world changed from 2 to 1 node(s)" not in _read(survivor).decode(errors="replace"):
+        while len(worlds()) == verified:
             if process.poll() is not None or time.monotonic() - lost_at > SILENT_BOUND_SECONDS:
-                said = _read(survivor).decode(errors="replace")
                 raise AssertionError(
-                    f"the survivor did not leave the world of 2 within {SILENT_BOUND_SECONDS:.0f} s of the "
-                    f"loss; its log:\n{said}\n`ddpjob local` printed:\n{stop_job(process, name)}"
+                    f"no world verified within {SILENT_BOUND_SECONDS:.0f} s of losing pod {chosen[0]} "
+                    f"(rank 0's: {rank_0}); the pods logged:\n{said()}\n`ddpjob local` printed:\n"
+                    f"{stop_job(process, name)}"
                 )
             time.sleep(0.1)
-        shrunk_in = time.monotonic() - lost_at
+        seen.update(new, _workers(name))  # the next world of 3 to start is the grown one's
+        return chosen[0], time.monotonic() - lost_at, worlds()[verified][0]
+
+    try:
+        seen: set[int] = set()
+        other, other_in, other_left = lose_as_workers_start(rank_0=False, seen=seen)
+        host, host_in, host_left = lose_as_workers_start(rank_0=True, seen=seen)
         out, _ = process.communicate(timeout=max(1.0, started + RUN_SECONDS - time.monotonic()))
     except subprocess.TimeoutExpired:
         raise AssertionError(f"the run did not end in time; it printed:\n{stop_job(process, name)}") from None
     finally:
         if process.poll() is None:
             stop_job(process, name)
-    said = _read(survivor).decode(errors="replace")
-    how = "its host lost" if "hosts the workers' store" in said else "a failed collective"
-    print(f"node 0 lost as the workers started → world of 1: {shrunk_in:.1f} s ({how})")
+    logs = said()
+    print(f"pod {other} (not rank 0's) lost as the workers started → world of {other_left}: {other_in:.1f} s")
+    print(f"pod {host} (rank 0's) lost as the grown world started → world of {host_left}: {host_in:.1f} s")
+    assert other_left < 3, (other_left, out)  # the replacement comes 10 s after the loss, plus its start
     assert process.returncode == 0, out
     assert f"ddpjob local: {name}: Succeeded" in out and "after 1 attempt(s)" in out, out
-    assert "gang restart in place" not in said, said
+    # the first loss is seen by the survivors' launchers alone (rank 0's worker waits in the store it hosts);
+    # rank 0's, by them or, where a survivor's worker had already connected to that store, by its failure
+    assert "before this node's workers formed their group" in logs, logs
+    how = "its host lost" if "hosts the workers' store" in logs else "a worker's store failed"
+    print(f"rank 0's pod lost: seen as {how}")
+    assert "gang restart in place" not in logs, logs

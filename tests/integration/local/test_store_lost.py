@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from ddp_operator.local import elastic
-from helpers.local_jobs import job, launcher_pid, pod_pids, unique_name
+from helpers.local_jobs import job, launcher_pid, pod_pids, pods_pythonpath, unique_name
 
 RESTORED = "[launcher] the rendezvous store came back empty: restored round "
 RECONNECTED = "[launcher] reconnected to the rendezvous store"
@@ -169,7 +169,7 @@ def test_a_lost_store_costs_the_world_nothing_and_a_world_change_while_none_answ
         trainer=trainer,
         syncCheck={"everySteps": 20},
         env=[
-            {"name": "PYTHONPATH", "value": str(HELPERS)},
+            {"name": "PYTHONPATH", "value": pods_pythonpath(HELPERS)},
             {"name": "SLOW_FACTORIES_PACED_UNTIL", "value": str(fast)},
         ],
     )

@@ -98,6 +98,33 @@ def write_state(path: Path, state: LaunchState) -> None:
     tmp.replace(path)
 
 
+WORKER_MARK_PREFIX = "worker-"
+FORMED = "formed"
+"""What a worker tells its launcher in its mark (:func:`mark_worker`): its group formed (every rank took
+part in a collective with it)."""
+
+
+def worker_mark(env: Mapping[str, str], pid: int) -> Path | None:
+    """Where the worker ``pid`` of this launcher leaves its mark: beside the launch state (None without a
+    launcher)."""
+    state = env.get(contract.LAUNCH_STATE_ENV, "")
+    return Path(state).with_name(f"{WORKER_MARK_PREFIX}{pid}") if state else None
+
+
+def mark_worker(path: Path | None, note: str) -> None:
+    """Leave ``note`` in this worker's mark at ``path`` (:func:`worker_mark`), replacing the last: the
+    launcher reads it to tell workers that formed their group from workers that still wait in the workers'
+    store for a peer that will not come (:mod:`ddp_trainer.launch.workers`). Never raises."""
+    if path is None:
+        return
+    try:
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(note)
+        tmp.replace(path)
+    except OSError:
+        pass
+
+
 def first_line(message: object) -> str:
     """The first meaningful line of an error (a traceback's last line is its exception). torch's error file
     may hold a structure (``{"message": ..., "extraInfo": ...}``: a worker that failed in

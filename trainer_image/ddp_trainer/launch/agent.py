@@ -61,7 +61,7 @@ from typing import Any
 from ddp_trainer import contract
 from ddp_trainer.core.config import termination_log
 from ddp_trainer.core.inplace import SAME, exit_code_of, not_retried
-from ddp_trainer.launch import silence, store
+from ddp_trainer.launch import silence, store, workers
 from ddp_trainer.launch.book import Book
 from ddp_trainer.launch.outage import POLL_SECONDS, StoreWait, reach
 from ddp_trainer.launch.rounds import InFlight, RoundWatch, bounded_waiting, patient, stop_now
@@ -108,11 +108,16 @@ CLOSED_UNDER = (
 joiner (:data:`LATE_JOINER`)."""
 
 BUILTIN_MODULE = "ddp_trainer"
-PRELOAD = ("torch",)
+PRELOAD = ("torch", "torch._dynamo")
 """What the fork server imports once, before it forks any worker of the built-in trainer: torch, nearly all
-of a worker's start. Not the trainer's own modules (25 ms): one of them is this module, which each forked
-worker runs again as its ``__mp_main__`` (multiprocessing's way), and runpy warns when it is already
-imported; nor ``prometheus_client``, which must be imported after ``PROMETHEUS_MULTIPROC_DIR`` is set."""
+of a worker's start, and ``torch._dynamo``, which the worker's first optimizer imports (torch wraps
+``Optimizer.__init__`` in ``torch._disable_dynamo``, which imports it on its first call): 2.0 s of CPU in a
+fresh process, 3.3-3.6 s between a worker's process group forming and its restore on two cores with the
+job's other pods beside it, in every new world's start (measured for issue 54's loss as a world's workers
+start; it initializes no CUDA, so forking after it is safe). Not the trainer's own modules (25 ms): one
+of them is this module, which each forked worker runs again as its ``__mp_main__`` (multiprocessing's way),
+and runpy warns when it is already imported; nor ``prometheus_client``, which must be imported after
+``PROMETHEUS_MULTIPROC_DIR`` is set."""
 
 
 def runs_builtin(args: Any) -> bool:
@@ -266,7 +271,12 @@ ROUND_TRIES = 5
 while the round formed) before it gives up."""
 
 
-def _install(book: Book) -> None:
+def _pids(group: Any) -> list[int]:
+    """The process ids of ``group``'s workers (none before they started)."""
+    return [int(worker.id) for worker in group.workers if isinstance(worker.id, int)]
+
+
+def _install(book: Book, marks: workers.Marks) -> None:
     from torch.distributed import DistNetworkError, DistStoreError
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent, WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
@@ -289,7 +299,9 @@ def _install(book: Book) -> None:
             WorkerState.FAILED,
             WorkerState.UNHEALTHY,
         ):
-            verdict = quiet.poll(force=result.state != WorkerState.HEALTHY)
+            verdict = quiet.poll(
+                force=result.state != WorkerState.HEALTHY, starting=lambda: marks.starting(_pids(group))
+            )
             if quiet.reconnects != getattr(self, "_ddpjob_reconnects", 0):
                 # the handler's client was renewed: the agent's own store (its exit barrier's) wraps it too,
                 # else a run that outlived its store ends in torch's "Error waiting on exit barrier"
@@ -298,11 +310,13 @@ def _install(book: Book) -> None:
         if verdict is not None:
             lost = verdict.kind == silence.LOST  # the host's process ended: a lost node, not a silent one
             if result.state == WorkerState.HEALTHY:
-                stuck = (
-                    "nobody serves the store they wait for"
-                    if lost
-                    else "a collective with a silent peer cannot end"
-                )
+                stuck = "a collective with a silent peer cannot end"
+                if lost:
+                    stuck = (
+                        "nobody serves the store they wait for"
+                        if verdict.host
+                        else "they wait for a rank that will not come"
+                    )
                 print(
                     f"{contract.log_stamp(time.time())} [launcher] {verdict.cause()}; stopping this pod's "
                     f"workers now ({stuck})"
@@ -388,6 +402,7 @@ def _install(book: Book) -> None:
     def rendezvous_(self: Any, group: Any) -> None:
         borrowed = book.borrowed
         meet(self, group)
+        marks.clear()  # the last round's workers ended; this round's start after it
         handler = group.spec.rdzv_handler
         formed = handler._state_holder.state.round if isinstance(handler, DynamicRendezvousHandler) else -1
         change, refund = book.rendezvoused(int(group.group_world_size), formed)
@@ -421,7 +436,8 @@ def main(argv: Sequence[str]) -> int:
     if (found := store.endpoint(os.environ)) and not store.wait_for(*found):
         return contract.FAILURE_EXIT_CODE  # a crash: the next attempt gets a new store pod
     book = Book(Path(state), elastic=":" in os.environ.get("PET_NNODES", ""))
-    _install(book)
+    marks = workers.Marks(Path(state).parent)
+    _install(book, marks)
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -430,6 +446,7 @@ def main(argv: Sequence[str]) -> int:
     args = torchrun.parse_args(list(argv))  # type: ignore[no-untyped-call]
     if runs_builtin(args):
         torchrun.config_from_args = _warm(torchrun.config_from_args)
+        marks.builtin = True  # its workers leave marks (SyncHealth)
     if found:  # gathered last, with nothing slow left before torch's rendezvous (a late pod misses none)
         store.announce(*found, str(args.rdzv_id), args.local_addr or socket.getfqdn())  # torch's name for it
         store.gather(*found, nodes=int(os.environ.get(contract.NNODES) or 1))

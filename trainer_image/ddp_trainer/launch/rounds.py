@@ -19,6 +19,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -178,9 +179,10 @@ class RoundWatch:
             raise TimeoutError(f"reading the rendezvous state timed out after {self.reading.seconds:.0f} s")
         return got
 
-    def poll(self, force: bool = False) -> silence.Verdict | None:
+    def poll(self, force: bool = False, starting: Callable[[], bool] = bool) -> silence.Verdict | None:
         """What the stored state says now, every :data:`silence.POLL_SECONDS` (``force``: now); None when the
-        store cannot be read (the keep-alive thread and the next rendezvous say that store's trouble)."""
+        store cannot be read (the keep-alive thread and the next rendezvous say that store's trouble).
+        ``starting()``: whether this agent's workers have not said yet that their group formed."""
         if not force and not self.watch.due(time.monotonic()):
             return None
         try:
@@ -203,7 +205,13 @@ class RoundWatch:
             key = silence.mark_key(self.run_id, self.watch.round_number)
             mark = self.store.get(key).decode() if self.store.check([key]) else None
             verdict = self.watch.observe(
-                state.round, state.participants, state.last_heartbeats, mark, time.monotonic(), self.name
+                state.round,
+                state.participants,
+                state.last_heartbeats,
+                mark,
+                time.monotonic(),
+                self.name,
+                starting=bool(starting()),
             )
             if verdict is not None and verdict.kind == silence.SILENT and verdict.judged_here:
                 self.store.set(key, verdict.names())

@@ -29,6 +29,15 @@ workers still running :data:`LOST_AFTER_SECONDS` later wait for it: it was lost 
 agent stops them. Its workers stopped at a step boundary end long before that, for they have no checkpoint
 to write: the host's rank 0 writes it, before its agent leaves.
 
+Any other member lost while the workers start leaves them waiting too: rank 0's worker waits in its store for
+the lost rank's, and the others for rank 0's group. So an agent whose workers have not yet said that their
+group formed (``starting``: each worker leaves a mark once every rank took part in a collective with it,
+:func:`ddp_trainer.core.inplace.mark_worker`, read by :mod:`ddp_trainer.launch.workers`) and still run
+:data:`LOST_AFTER_SECONDS` after any member left the round takes that member as lost too. Once the group
+formed, a member's loss fails a collective at once, and a member that leaves on purpose does so at a step
+boundary the whole world agreed on: nothing is judged then, so rank 0 writing the checkpoint of that step is
+never stopped.
+
 A node that was dropped and wakes (its network restored, its processes resumed) finds itself no longer a
 member of its round: its workers are stale, the world went on without them, so its agent stops them at once
 (no checkpoint of theirs is written after that) and joins the next round like any new node.
@@ -55,9 +64,9 @@ MARGIN_SECONDS = 1.0
 member at the bound, but only at a rendezvous; here a judgement stops the workers of a world that trains, so
 an agent of the round whose keep-alive thread ran a second late on a loaded machine is given that second."""
 LOST_AFTER_SECONDS = 6.0
-"""How long this agent's workers may run on after the round's host (its rank-0 member) left it before they
-are taken to wait for it (the bound and the margin: its workers stopped at a step boundary end within a
-second or two)."""
+"""How long this agent's workers may run on after the round's host (its rank-0 member), or any member while
+they start, left it before they are taken to wait for it (the bound and the margin: its workers stopped at a
+step boundary end within a second or two)."""
 MARK_PREFIX = "ddpjob/silent"
 
 SILENT, DROPPED, LOST = "silent", "dropped", "lost"
@@ -72,13 +81,17 @@ def mark_key(run_id: str, round_number: int) -> str:
 class Verdict:
     """``silent``: members of this agent's round stopped answering (``nodes``, their names); ``dropped``:
     this agent itself was dropped from its round (it was silent, and woke); ``lost``: the round's host left
-    it while this agent's workers still ran (they wait for its store)."""
+    it while this agent's workers still ran (they wait for its store), or another member left it before
+    they formed their group (they wait for its rank)."""
 
     kind: str
     nodes: tuple[str, ...]
     seconds: float
-    """How long the silent member had not renewed (by this agent's clock; 0 when another agent judged)."""
+    """How long the silent member had not renewed (by this agent's clock; 0 when another agent judged), or
+    since the lost member left."""
     judged_here: bool = True
+    host: bool = True
+    """``lost``: the member lost is the round's host (else another member, lost while the workers start)."""
 
     def names(self) -> str:
         return ", ".join(self.nodes)
@@ -90,6 +103,12 @@ class Verdict:
             return (
                 "this node was dropped from its round as silent (it stopped renewing its keep-alive: "
                 "frozen or cut off); its workers are stale and stop now, and the node joins the next round"
+            )
+        if self.kind == LOST and not self.host:
+            return (
+                f"node(s) {names} left the round {self.seconds:.1f} s ago, before this node's workers formed "
+                "their group, and they still run: they wait for its rank, which will not come (its process "
+                "ended as they started)"
             )
         if self.kind == LOST:
             return (
@@ -121,6 +140,8 @@ class Watch:
     rank, as torch's ``participants`` do)."""
     host_left: float | None = None
     """When the host was seen gone from the state with a fresh keep-alive (this agent's clock)."""
+    left: dict[Hashable, float] = field(default_factory=dict)
+    """When each member was seen gone from the state with a fresh keep-alive (this agent's clock)."""
 
     def begin(
         self,
@@ -134,7 +155,7 @@ class Watch:
         self.round_number, self.me, self.members = round_number, me, frozenset(members)
         ranks = members if isinstance(members, Mapping) else {}
         self.host = next((node for node, rank in ranks.items() if rank == 0), None)
-        self.host_left = None
+        self.host_left, self.left = None, {}
         self.seen = {node: (beats.get(node), now) for node in self.members}
         self.last_poll = now
 
@@ -158,9 +179,11 @@ class Watch:
         mark: str | None,
         now: float,
         name: object = str,
+        starting: bool = False,
     ) -> Verdict | None:
-        """What the state read at ``now`` says: nothing, a silent member, or this agent dropped.
-        ``mark``: what another agent's mark for this round says (the silent nodes' names), if it left one."""
+        """What the state read at ``now`` says: nothing, a silent member, a lost one, or this agent dropped.
+        ``mark``: what another agent's mark for this round says (the silent nodes' names), if it left one;
+        ``starting``: this agent's workers have not said yet that their group formed."""
         if self.me is None:
             return None
         stalled, self.last_poll = now - self.last_poll > STALLED_AFTER, now
@@ -185,13 +208,18 @@ class Watch:
             elif quiet >= LEFT_FRESH_SECONDS:  # gone from the state, and silent before it went
                 silent.append((node, quiet))
             else:  # gone with a fresh keep-alive: it left on purpose, and its stop reaches the workers
-                self.members -= {node}  # (or its process ended: see host_left)
+                self.members -= {node}  # (or its process ended: see host_left and left)
+                self.left[node] = now
                 if node == self.host:
                     self.host_left = now
         if silent:
             return Verdict(SILENT, tuple(_name(name, node) for node, _ in silent), max(q for _, q in silent))
         if self.host_left is not None and not stalled and now - self.host_left >= LOST_AFTER_SECONDS:
             return Verdict(LOST, (_name(name, self.host),), now - self.host_left)
+        lost = [(node, now - at) for node, at in self.left.items() if now - at >= LOST_AFTER_SECONDS]
+        if starting and lost and not stalled:
+            names = tuple(_name(name, node) for node, _ in sorted(lost, key=lambda gone: repr(gone[0])))
+            return Verdict(LOST, names, max(seconds for _, seconds in lost), host=False)
         if mark is not None:
             return Verdict(SILENT, (mark,), 0.0, judged_here=False)
         return None

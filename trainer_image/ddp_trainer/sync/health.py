@@ -232,6 +232,9 @@ class SyncHealth(Closing):
         self.peers = peers if isinstance(peers, dist.ProcessGroup) else None
         self.restart = self._restarts(environ)
         """The gang restarts done in place in this attempt, and the cause of the last (every rank's)."""
+        # every rank took part in this rank's start-up gather: a lost peer now fails a collective at once,
+        # where before it left the workers waiting in the workers' store (launch.silence, launch.workers)
+        inplace.mark_worker(inplace.worker_mark(environ, os.getpid()), inplace.FORMED)
         self.metrics.restarts.set(contract.restarts_before(self.pod.attempt) + self.restart.restarts)
         self.metrics.restarted(self.restart.restarts, self.restart.cause)
         self._start_probe(model, probe_batch, probe_loss, probe_step)

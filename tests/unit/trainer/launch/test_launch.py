@@ -3,6 +3,8 @@ place, and the state it hands its workers. (The real agent: tests/integration/lo
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -80,3 +82,20 @@ def test_a_workers_interrupted_exit_unsignalled_is_another_nodes_stop_only_in_an
     assert agent._peer_stopped(contract.INTERRUPTED_EXIT_CODE, rigid) is False
     assert agent._peer_stopped(1, elastic) is False, "a crash is a failure, restarted as one"
     assert agent._peer_stopped(None, elastic) is False
+
+
+def test_the_fork_server_preloads_what_a_workers_first_optimizer_imports() -> None:
+    # issue 54: torch._dynamo, imported by the first optimizer of every new world's workers (torch's
+    # _disable_dynamo around Optimizer.__init__), took 3.3-3.6 s of each world's start on two loaded cores;
+    # the fork server imports it once, and initializes no CUDA doing so (its forks could not use it)
+    code = (
+        "import sys, torch\n"
+        f"for name in {agent.PRELOAD!r}: __import__(name)\n"
+        "before = set(sys.modules)\n"
+        "torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())\n"
+        "print(sorted(name for name in set(sys.modules) - before if name.startswith('torch._')))\n"
+        "print(torch.cuda.is_initialized())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["[]", "False"], done.stdout

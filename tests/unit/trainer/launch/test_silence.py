@@ -98,6 +98,35 @@ def test_the_rounds_host_gone_while_this_nodes_workers_still_run_is_lost_after_t
         now += silence.POLL_SECONDS
 
 
+def test_another_member_gone_while_this_nodes_workers_start_is_lost_after_the_bound_and_not_once_formed() -> (
+    None
+):
+    # issue 54: a member other than the host lost as the workers start leaves them waiting for its rank in
+    # the workers' store (rank 0's worker for it, the others for rank 0's group); once they formed their
+    # group, its loss fails a collective and a leave on purpose comes at a step boundary: nothing is judged
+    def run(starting: bool) -> list[tuple[float, silence.Verdict]]:
+        watch = silence.Watch(bound=BOUND)
+        watch.begin(7, A, {A: 0, B: 1, C: 2}, {A: 1, B: 1, C: 1}, 0.0)
+        found, now = [], 0.5
+        while now <= 30 and not found:
+            beats = {A: int(now), B: int(now)} | ({C: 1} if now < 1.0 else {})
+            verdict = watch.observe(
+                7, [A, B] if now >= 1.0 else [A, B, C], beats, None, now, starting=starting
+            )
+            if verdict is not None:
+                found.append((now, verdict))
+            now += silence.POLL_SECONDS
+        return found
+
+    found = run(starting=True)
+    assert found, "a member lost as the workers started was never judged"
+    at, verdict = found[0]
+    assert verdict.kind == silence.LOST and verdict.nodes == ("c",) and not verdict.host, verdict
+    assert 1.0 + silence.LOST_AFTER_SECONDS <= at <= 1.0 + silence.LOST_AFTER_SECONDS + 0.5, at
+    assert "before this node's workers formed their group" in verdict.cause()
+    assert run(starting=False) == []
+
+
 def test_a_stop_for_a_lost_host_is_a_loss_in_the_book(tmp_path: Path) -> None:
     book = Book(tmp_path / "state.json", elastic=True)
     book.rendezvoused(2)
