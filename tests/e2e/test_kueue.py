@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from ddp_operator.observe.kueue import SLICE_REPLACES
+from helpers import slow_factories
 from helpers.e2e import (
     Operator,
     children,
@@ -407,7 +408,7 @@ def _cpu_reserved(cluster: Cluster, queue: str) -> str:
 
 
 def test_an_elastic_scale_up_waits_for_its_slice_while_the_world_trains_on_and_a_scale_down_frees_quota(
-    cluster: Cluster, operator: Operator, kueue_running: None, namespace: str
+    cluster: Cluster, operator: Operator, kueue_running: None, namespace: str, tmp_path: Path
 ) -> None:
     """Kueue's ElasticJobsViaWorkloadSlices with an elastic DDPJob (issue 42, item 10): quota for 2 pods.
     `kubectl scale --replicas=3` makes a new Workload slice that waits for quota; the third pod waits behind
@@ -417,12 +418,14 @@ def test_an_elastic_scale_up_waits_for_its_slice_while_the_world_trains_on_and_a
     verified. The pods run on the node agents (a slow model, so that it trains through all of it)."""
     queue = _queues(cluster, namespace)  # 1 CPU: 2 pods x 500m
     slow = {"name": "PYTHONPATH", "value": str(Path(__file__).parents[1] / "helpers")}  # slow_factories
+    gate = tmp_path / "fast"  # opened once the scale-down freed the quota: the rest at full speed
+    fast = {"name": slow_factories.FAST_AFTER_ENV, "value": str(gate)}  # the node agents: on this host
     doc = ddpjob(
         "elastic",
         nodes=2,
         queueName=queue,
         elastic={"minNodes": 1, "maxNodes": 3},
-        env=[slow],
+        env=[slow, fast],
         trainer={"steps": 800, "batchSize": 16, "checkpointEvery": 20, "model": "slow_factories:slow_mlp"},
         syncCheck={"everySteps": 50},
     )
@@ -491,7 +494,9 @@ def test_an_elastic_scale_up_waits_for_its_slice_while_the_world_trains_on_and_a
     print(
         f"scale-down to 2: the ClusterQueue reserves 1 CPU {time.monotonic() - scaled:.1f} s after the scale"
     )
+    gate.touch()
     done = wait_phase(cluster, namespace, "elastic", "Succeeded", "Failed", timeout=400)["status"]
+    print(f"the scale-down → {done['phase']}: {time.monotonic() - scaled:.0f} s")
     assert done["phase"] == "Succeeded" and done["attempt"] == 1 and done["restarts"] == 0, done
     assert done["sync"]["verified"] is True and done["elastic"]["resizes"] >= 2, done
     assert [j["metadata"]["uid"] for j in children(cluster, namespace, "jobs", "elastic")] == [

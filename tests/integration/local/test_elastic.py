@@ -494,10 +494,12 @@ def test_a_node_lost_while_the_worlds_workers_start_is_let_go_within_the_bound(t
     leaves the round with a fresh keep-alive, and no collective fails while the survivors' workers are still
     forming their group: each waits for the lost rank in the workers' store (30 minutes). Twice, each as
     soon as a new world of 3's workers exist (their rendezvous done, their group not formed yet):
-    1. as the first world's start, a pod whose worker is *not* rank 0 is SIGKILLed. rank 0's worker waits
-       for it in the store it hosts, the others wait for rank 0's group: the survivors' agents see a member
-       of their round gone while their workers have not said their group formed, stop them and meet the
-       next round: a smaller world within the bound (it hung until the replacement joined before);
+    1. as the first world's start, the pod whose worker is rank 2 is SIGKILLed as soon as that worker
+       exists (before it could join the workers' group: killed once all three existed, it sometimes had
+       joined, and the loss failed a collective at once instead, a path proven elsewhere). rank 0's worker
+       waits for it in the store it hosts, the others wait for rank 0's group: the survivors' agents see a
+       member of their round gone while their workers have not said their group formed, stop them and meet
+       the next round: a smaller world within the bound (it hung until the replacement joined before);
     2. as the world grown back by the replacement starts, the pod of its rank 0 (whose worker hosts the
        workers' store) is SIGKILLed: the survivors' agents see the round's host gone while their workers
        still run, and meet the next round (it hung until the replacement joined, issue 54's real-node e2e);
@@ -528,7 +530,11 @@ def test_a_node_lost_while_the_worlds_workers_start_is_let_go_within_the_bound(t
             new = {pid: found for pid, found in _workers(name).items() if pid not in seen}
             pods = {node for node, _ in new.values()}
             hosts = {node for node, worker in new.values() if worker == f"{agent.WORKER_NAME_PREFIX}0"}
-            chosen = sorted(hosts if rank_0 else pods - hosts) if len(pods) == 3 else []
+            if rank_0:
+                chosen = sorted(hosts) if len(pods) == 3 else []
+            else:  # rank 2's worker, at first sight (it names itself before anything else): a world of 3
+                # whose group it has not joined yet, however fast the others' workers form theirs
+                chosen = sorted(n for n, w in new.values() if w == f"{agent.WORKER_NAME_PREFIX}2")
             if chosen:
                 break
             if process.poll() is not None or time.monotonic() - started > RUN_SECONDS:
