@@ -29,7 +29,7 @@ from ddp_operator.api.spec import Spec, SpecError, known_total_steps
 from ddp_operator.api.typed_status import Status
 from ddp_operator.children import render
 from ddp_operator.children.store import render_store, store_of
-from ddp_operator.decide import ending, resize, restarts, stall, status
+from ddp_operator.decide import checkpoints, ending, resize, restarts, stall, status
 from ddp_operator.decide.plan import Event, Plan, Scrape
 from ddp_operator.decide.status import count, parse_time, stamp
 from ddp_operator.decide.status_builder import StatusBuilder, finished, of
@@ -204,7 +204,7 @@ def _decide(inputs: Inputs) -> Plan:
 def _completed(inputs: Inputs, out: StatusBuilder, said: str = "") -> Plan:
     """The attempt completed: Succeeded, with the report's step as the final progress."""
     facts = inputs.facts
-    status.checkpoint_events(out, facts.report)
+    checkpoints.restored_events(out, facts.report)
     steps = facts.report.get("step") if facts.report else None
     if progress := status.final_progress(inputs.previous, steps, known_total_steps(inputs.spec), out.now):
         out.set(progress=progress)
@@ -352,7 +352,7 @@ def _end_attempt(
     preemptions = count(out.last.preemptions)
     in_place = count(out.current().restarts_in_place)
     decision = restarts.decide(outcome, attempt, inputs.spec.max_restarts, preemptions, in_place)
-    status.checkpoint_events(out, inputs.facts.report)
+    checkpoints.restored_events(out, inputs.facts.report)
     faulty: tuple[tuple[str, str, str], ...] = ()
     if decision.reason == contract.FAULTY_RANK:
         status.avoid_nodes(out, restarts.faulty_nodes(outcome))

@@ -3,8 +3,8 @@ the one builder (:class:`~ddp_operator.decide.status_builder.StatusBuilder`), re
 (:mod:`ddp_operator.api.typed_status`). Pure.
 
 - every branch: :func:`begin` (attempt, restarts, start time, what the previous status keeps, rank 0's
-  report as ``status.sync``, ``status.lastReport`` and ``status.checkpoint``, the ``CheckpointsDurable``
-  condition);
+  report as ``status.sync`` and ``status.lastReport``, and what :mod:`ddp_operator.decide.checkpoints` says:
+  ``status.checkpoint``, the ``CheckpointsDurable`` condition);
 - a running attempt: :func:`write_reading` turns the latest metrics reading (:mod:`ddp_operator.observe.live`)
   into ``status.progress``, the live part of ``status.sync``, the ``MetricsScraped`` condition and the
   events a person wants (first good sync check, a divergence, a repair), at most every
@@ -29,9 +29,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ddp_operator.api import reasons, typed_status
-from ddp_operator.api.spec import Spec, checkpoints_durable
-from ddp_operator.api.typed_status import Checkpoint, Failure, LastReport, LastRestart, Status, Sync
-from ddp_operator.decide import restarts
+from ddp_operator.api.spec import Spec
+from ddp_operator.api.typed_status import Failure, LastReport, LastRestart, Status, Sync
+from ddp_operator.decide import checkpoints, restarts
 from ddp_operator.decide.plan import Event
 from ddp_operator.decide.status_builder import Section, StatusBuilder
 from ddp_operator.decide.status_builder import finished as finished
@@ -115,11 +115,11 @@ def begin(
         # The report is the last word; what the live readings said beyond it (last check's time) stays.
         sync = {**(out.stored("sync", written=True) or {}), **report_sync(report)}
         out.set(sync=job_sync(sync, report, attempt), last_report=last_report(report, attempt))
-        if checkpoint := report_checkpoint(report):
+        if checkpoint := checkpoints.from_report(report):
             out.set(checkpoint=checkpoint)
         if probe := report_probe(out.stored("probe", written=True) or {}, report, attempt):
             out.set(probe=probe)
-    durable_condition(out, spec)
+    checkpoints.durable_condition(out, spec)
     return out
 
 
@@ -261,51 +261,6 @@ def _failure(failure: contract.Failure) -> Failure:
         int(restart) if isinstance(restart, int | float) else None,
         str(failure.get("error", ""))[:512],
     )
-
-
-def report_checkpoint(report: contract.Report) -> dict[str, Any]:
-    """The part of a report that becomes ``status.checkpoint``."""
-    skipped = report.get("skippedCheckpoints")
-    return typed_status.write(
-        Checkpoint(
-            report.get("resumedFromStep"),
-            report.get("warmStartedFrom") or None,
-            tuple(list(skipped)[:16]) if skipped else None,
-        )
-    )
-
-
-def durable_condition(out: StatusBuilder, spec: Spec) -> None:
-    s3 = spec.checkpoint.s3 if spec.checkpoint else None
-    if s3 is not None:
-        message = f"checkpoints go to object storage ({s3.url}): restarts resume"
-        out.condition(reasons.CHECKPOINTS_DURABLE, True, "ObjectStorage", message)
-    elif checkpoints_durable(spec):
-        out.condition(
-            reasons.CHECKPOINTS_DURABLE, True, "Volume", "checkpoints outlive the pods: restarts resume"
-        )
-    elif spec.max_restarts > 0:
-        message = (
-            "checkpoints go to a pod-local emptyDir: restarts will start from step 0 "
-            "(set spec.checkpoint.volumeClaimTemplate or spec.checkpoint.volume)"
-        )
-        out.condition(reasons.CHECKPOINTS_DURABLE, False, "EmptyDir", message)
-    else:
-        out.condition(
-            reasons.CHECKPOINTS_DURABLE, False, "EmptyDir", "checkpoints go to a pod-local emptyDir"
-        )
-
-
-def checkpoint_events(out: StatusBuilder, report: contract.Report | None) -> None:
-    """Say what the attempt restored when it was not simply its own newest checkpoint (once per attempt)."""
-    if report is None:
-        return
-    if report.get("warmStartedFrom"):
-        source = report["warmStartedFrom"]
-        message = f"warm start: the weights of {source} seeded this job (spec.checkpoint.warmStartFrom)"
-        out.events.append(Event("Normal", "WarmStarted", message))
-    for skipped in list(report.get("skippedCheckpoints") or [])[:4]:
-        out.events.append(Event("Warning", "CheckpointSkipped", str(skipped)))
 
 
 # -- an end -------------------------------------------------------------------------------------------
