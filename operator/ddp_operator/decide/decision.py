@@ -29,7 +29,7 @@ from ddp_operator.api.spec import Spec, SpecError, known_total_steps
 from ddp_operator.api.typed_status import Status
 from ddp_operator.children import render
 from ddp_operator.children.store import render_store, store_of
-from ddp_operator.decide import checkpoints, ending, resize, restarts, stall, status
+from ddp_operator.decide import checkpoints, compute_probe, ending, resize, restarts, stall, status
 from ddp_operator.decide.plan import Event, Plan, Scrape
 from ddp_operator.decide.status import count, parse_time, stamp
 from ddp_operator.decide.status_builder import StatusBuilder, finished, of
@@ -37,7 +37,6 @@ from ddp_operator.observe import (
     claims,
     kueue,
     live,
-    nodehealth,
     podsecurity,
     references,
     startup,
@@ -99,8 +98,7 @@ def decide(observation: Observation) -> Plan:
     )
     last = typed_status.read(previous)
     used = restarts.restarts_used(facts.attempt, count(last.preemptions), count(last.restarts_in_place))
-    # where the compute probe found a faulty rank, and where GPUs are marked unhealthy (--node-health)
-    avoid = list(dict.fromkeys([*status.avoided_nodes(last), *sorted(observation.unhealthy or {})]))
+    avoid = compute_probe.nodes_to_avoid(last, observation.unhealthy)
     service = render.render_service(spec)
     job = render.render_job(spec, facts.attempt, restarts.left(spec.max_restarts, used), avoid_nodes=avoid)
     if facts.startup is None and facts.job is not None:  # pods refused: named from the rendered template
@@ -355,9 +353,7 @@ def _end_attempt(
     checkpoints.restored_events(out, inputs.facts.report)
     faulty: tuple[tuple[str, str, str], ...] = ()
     if decision.reason == contract.FAULTY_RANK:
-        status.avoid_nodes(out, restarts.faulty_nodes(outcome))
-        why = (outcome.report or {}).get("message") or "the compute probe named a faulty rank"
-        faulty = tuple((node, device, why) for node, device in nodehealth.faulty_devices(outcome.report))
+        faulty = compute_probe.faulty_rank_found(out, outcome)
     if decision.action is restarts.Action.RESTART:
         out.set(attempt=attempt + 1, restarts=restarts.shown(attempt + 1, in_place))
         status.recreated(out, attempt + 1, decision.reason, decision.message)

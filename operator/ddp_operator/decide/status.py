@@ -31,7 +31,7 @@ from typing import Any
 from ddp_operator.api import reasons, typed_status
 from ddp_operator.api.spec import Spec
 from ddp_operator.api.typed_status import Failure, LastReport, LastRestart, Status, Sync
-from ddp_operator.decide import checkpoints, restarts
+from ddp_operator.decide import checkpoints, compute_probe, restarts
 from ddp_operator.decide.plan import Event
 from ddp_operator.decide.status_builder import Section, StatusBuilder
 from ddp_operator.decide.status_builder import finished as finished
@@ -117,7 +117,7 @@ def begin(
         out.set(sync=job_sync(sync, report, attempt), last_report=last_report(report, attempt))
         if checkpoint := checkpoints.from_report(report):
             out.set(checkpoint=checkpoint)
-        if probe := report_probe(out.stored("probe", written=True) or {}, report, attempt):
+        if probe := compute_probe.from_report(out.stored("probe", written=True) or {}, report, attempt):
             out.set(probe=probe)
     checkpoints.durable_condition(out, spec)
     return out
@@ -166,40 +166,6 @@ def restarted_in_place(out: StatusBuilder, attempt: int, seen: int, cause: str, 
 def recreated(out: StatusBuilder, attempt: int, reason: str, message: str) -> None:
     """The gang restarts as ``attempt`` (a new Job and new pods)."""
     out.set(last_restart=LastRestart(RECREATE, attempt, None, reason, message[:1024], out.now))
-
-
-def probe_finding(previous: Mapping[str, Any], report: contract.Report, attempt: int) -> dict[str, Any]:
-    """``status.probe`` after a report that names faulty ranks: the finding (ranks, message, attempt);
-    ``faultyNodes`` (the nodes later attempts avoid) is kept as it was (:func:`avoid_nodes` adds to it)."""
-    out = Section(typed_status.Probe, dict(previous))
-    out.set(
-        faulty_ranks=[r for r in report.get("faultyRanks") or [] if isinstance(r, int)][:16],
-        attempt=attempt,
-        message=str(report.get("message", ""))[:1024],
-    )
-    return out.values
-
-
-def report_probe(previous: Mapping[str, Any], report: contract.Report, attempt: int) -> dict[str, Any]:
-    """``status.probe`` after a report: a finding that names faulty ranks (:func:`probe_finding`), and the
-    last probe's verdict and why (undecidable, say: the model does not reproduce itself); {} if neither."""
-    found = probe_finding(previous, report, attempt) if report.get("faultyRanks") else dict(previous)
-    out = Section(typed_status.Probe, found)
-    if report.get("probeVerdict") in contract.PROBE_RESULTS:
-        out.set(last_verdict=report["probeVerdict"], last_why=str(report.get("probeWhy", ""))[:1024])
-    return out.values
-
-
-def avoided_nodes(status: Status) -> tuple[str, ...]:
-    """``status.probe.faultyNodes``: where the compute probe found a faulty rank under ``Fail``."""
-    return tuple(n for n in status.probe.faulty_nodes or () if n) if status.probe is not None else ()
-
-
-def avoid_nodes(out: StatusBuilder, nodes: tuple[str, ...]) -> None:
-    """Add ``nodes`` to ``status.probe.faultyNodes``: the next attempts' pods stay off them."""
-    probe = Section(typed_status.Probe, dict(out.stored("probe", written=True) or {}))
-    probe.set(faulty_nodes=list(dict.fromkeys([*avoided_nodes(out.current()), *nodes])))
-    out.set(probe=probe.values)
 
 
 def report_sync(report: contract.Report) -> dict[str, Any]:

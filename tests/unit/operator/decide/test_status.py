@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from ddp_operator.decide import status
+from ddp_operator.decide import compute_probe, status
 from ddp_operator.decide.status import StatusBuilder
 from ddp_operator.observe import live
 from ddp_operator.observe.progress import Progress
@@ -151,12 +151,12 @@ def test_the_last_probe_verdict_and_why_reach_the_status_and_the_summary() -> No
     )
     report = {"result": "Succeeded", "verified": True, "checks": 3, "worldSize": 4, "lastCheckStep": 100}
     report |= {"probes": 1, "probeVerdict": "undecidable", "probeWhy": why}
-    assert status.report_probe({}, report, 2) == {"lastVerdict": "undecidable", "lastWhy": why}
+    assert compute_probe.from_report({}, report, 2) == {"lastVerdict": "undecidable", "lastWhy": why}
     assert progress.sync_sentence(report).endswith(f"(last check at step 100); {why}")
     faulty = report | {"probeVerdict": "faulty", "faultyRanks": [3], "message": "rank 3 ..."}
-    found = status.report_probe({"faultyNodes": ["n1"]}, faulty, 2)
+    found = compute_probe.from_report({"faultyNodes": ["n1"]}, faulty, 2)
     assert (found["faultyRanks"], found["faultyNodes"], found["lastVerdict"]) == ([3], ["n1"], "faulty")
-    assert status.report_probe({}, {"result": "Succeeded"}, 1) == {}
+    assert compute_probe.from_report({}, {"result": "Succeeded"}, 1) == {}
 
 
 def test_who_failed_first_survives_the_pods_deletion_in_last_report() -> None:
