@@ -20,7 +20,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from ddp_operator.api import names
 from ddp_operator.api.spec import parse, parse_file
 from ddp_operator.children import render
-from ddp_operator.decide import decision, restarts, status
+from ddp_operator.decide import decision, restarts, status, sync_check
 from ddp_operator.local import host, processes
 from ddp_trainer import contract
 from ddp_trainer.core.config import parse_args, read_pod_env
@@ -143,7 +143,7 @@ def test_round_trip_render_run_the_trainer_read_the_status(tmp_path: Path, attem
     assert written["phase"] == "Succeeded"
     assert (written["attempt"], written["restarts"]) == (attempt, contract.restarts_before(attempt))
     assert written["sync"] == {
-        **status.report_sync(report),
+        **sync_check.from_report(report),
         "attempts": [  # the job's checks per attempt (issue 58 item 3): this one's, of its one world
             {
                 "attempt": attempt,

@@ -29,10 +29,18 @@ from ddp_operator.api.spec import Spec, SpecError, known_total_steps
 from ddp_operator.api.typed_status import Status
 from ddp_operator.children import render
 from ddp_operator.children.store import render_store, store_of
-from ddp_operator.decide import checkpoints, compute_probe, ending, resize, restarts, stall, status
+from ddp_operator.decide import (
+    checkpoints,
+    compute_probe,
+    ending,
+    resize,
+    restarts,
+    stall,
+    status,
+    sync_check,
+)
 from ddp_operator.decide.plan import Event, Plan, Scrape
-from ddp_operator.decide.status import count, parse_time, stamp
-from ddp_operator.decide.status_builder import StatusBuilder, finished, of
+from ddp_operator.decide.status_builder import StatusBuilder, count, finished, of, parse_time, stamp
 from ddp_operator.observe import (
     claims,
     kueue,
@@ -317,7 +325,7 @@ def _create(inputs: Inputs, out: StatusBuilder) -> Plan:
         out.condition(reasons.READY, False, "Creating", f"creating attempt {attempt}")
         if (absent := inputs.facts.startup) is not None:  # created all the same: the objects may come later
             _cannot_start(inputs, out, absent)
-    status.sync_condition(out)
+    sync_check.condition(out)
     store = render_store(spec, attempt) if render.external_store(spec) else None  # an elastic job's
     return out.plan(
         create_claim=inputs.claim, create_service=inputs.service, create_job=inputs.job, create_store=store
@@ -436,7 +444,7 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
     if running and (why := _never_started(inputs, out)):
         return _end_attempt(inputs, out, job.name, restarts.Outcome(False, reason=STALLED, message=why), True)
     status.write_reading(out, inputs.snapshot, attempt, known_total_steps(spec))
-    status.sync_condition(out)
+    sync_check.condition(out)
     scrape = None
     if facts.targets and not spec.suspend and not job.suspended:
         scrape = Scrape(attempt, spec.metrics_port, facts.targets)

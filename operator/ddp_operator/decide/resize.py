@@ -22,8 +22,7 @@ from ddp_operator.api import reasons, typed_status
 from ddp_operator.api.spec import Spec
 from ddp_operator.api.typed_status import Counted, Elastic, Status
 from ddp_operator.decide.plan import Event
-from ddp_operator.decide.status import parse_time, stamp
-from ddp_operator.decide.status_builder import Section, StatusBuilder
+from ddp_operator.decide.status_builder import Section, StatusBuilder, parse_time, stamp
 from ddp_operator.observe.facts import JobFacts
 from ddp_operator.observe.progress import LastResize, Progress
 

@@ -1,25 +1,18 @@
-"""The DDPJob's status, in one place: its vocabulary (phases), and what each source writes into it through
-the one builder (:class:`~ddp_operator.decide.status_builder.StatusBuilder`), reading the status before typed
-(:mod:`ddp_operator.api.typed_status`). Pure.
+"""The DDPJob's status: its vocabulary (phases), its beginning and its end, and what the metrics reading
+writes into it, through the one builder (:class:`~ddp_operator.decide.status_builder.StatusBuilder`). Pure.
 
-- every branch: :func:`begin` (attempt, restarts, start time, what the previous status keeps, rank 0's
-  report as ``status.sync`` and ``status.lastReport``, and what :mod:`ddp_operator.decide.checkpoints` says:
-  ``status.checkpoint``, the ``CheckpointsDurable`` condition);
-- a running attempt: :func:`write_reading` turns the latest metrics reading (:mod:`ddp_operator.observe.live`)
-  into ``status.progress``, the live part of ``status.sync``, the ``MetricsScraped`` condition and the
-  events a person wants (first good sync check, a divergence, a repair), at most every
+- every branch: :func:`begin` (attempt, restarts, start time, what the previous status keeps,
+  ``status.lastReport``, and what the rooms say of rank 0's report: :mod:`~ddp_operator.decide.sync_check`,
+  :mod:`~ddp_operator.decide.checkpoints`, :mod:`~ddp_operator.decide.compute_probe`);
+- a running attempt: :func:`write_reading`: the latest metrics reading (:mod:`ddp_operator.observe.live`) as
+  ``status.progress``, the live ``status.sync`` and its events, ``MetricsScraped``, at most every
   :data:`STATUS_SECONDS` per job, so a reconcile with nothing else new writes nothing;
-- an end: :func:`finish` (phase, ``completionTime``, ``Complete`` or ``Failed``), :func:`final_progress`
-  and :func:`completed_message`; and the ``SyncVerified`` condition (:func:`sync_condition`).
+- an end: :func:`finish` (phase, ``completionTime``, ``Complete`` or ``Failed``, ``SyncVerified``),
+  :func:`final_progress` and :func:`completed_message`.
 
-:mod:`ddp_operator.decide.decision` decides which branch applies and says its phase and ``Ready`` condition
-through the builder; :mod:`ddp_operator.runtime.reconcile` writes the result.
-
-Long because the whole status (its fields, conditions and events, from the report, the readings and the
-spec) reads best in one place, each piece a small pure function. The sections (``progress``, ``sync``,
-``probe``) are written through :class:`~ddp_operator.decide.status_builder.Section` by field name, their
-keys in the order first written (which the typed status's fixed order would not keep): the status written
-stays the same JSON.
+:mod:`ddp_operator.decide.decision` decides which branch applies and says its phase and ``Ready``
+condition. Sections are written through :class:`~ddp_operator.decide.status_builder.Section` by field
+name, their keys in the order first written: the status written stays the same JSON.
 """
 
 from __future__ import annotations
@@ -30,20 +23,13 @@ from typing import Any
 
 from ddp_operator.api import reasons, typed_status
 from ddp_operator.api.spec import Spec
-from ddp_operator.api.typed_status import Failure, LastReport, LastRestart, Status, Sync
-from ddp_operator.decide import checkpoints, compute_probe, restarts
+from ddp_operator.api.typed_status import Failure, LastReport, LastRestart, Status
+from ddp_operator.decide import checkpoints, compute_probe, restarts, sync_check
 from ddp_operator.decide.plan import Event
-from ddp_operator.decide.status_builder import Section, StatusBuilder
+from ddp_operator.decide.status_builder import Section, StatusBuilder, count, parse_time, stamp
 from ddp_operator.decide.status_builder import finished as finished
 from ddp_operator.observe.live import Snapshot, rates
-from ddp_operator.observe.progress import (
-    Progress,
-    attempt_checks,
-    duration,
-    job_checks,
-    slowest,
-    with_attempt,
-)
+from ddp_operator.observe.progress import duration, slowest
 from ddp_trainer import contract
 
 PHASES = reasons.PHASES
@@ -52,25 +38,6 @@ METRICS_SCRAPED = reasons.METRICS_SCRAPED
 """The condition that says whether the pods' metrics could be read."""
 STATUS_SECONDS = 10.0
 """At most one change of ``status.progress`` per job in this time."""
-
-
-def stamp(moment: dt.datetime) -> str:
-    """RFC 3339 in UTC, as the API server writes times."""
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(text: Any) -> dt.datetime | None:
-    if not isinstance(text, str):
-        return None
-    try:
-        return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
-def count(value: Any) -> int:
-    """A count from the status: a non-negative integer (anything else, hand-written, counts as 0)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 # -- every branch -------------------------------------------------------------------------------------
@@ -113,8 +80,8 @@ def begin(
         out.set(sync=dict(sync))
     if report is not None:
         # The report is the last word; what the live readings said beyond it (last check's time) stays.
-        sync = {**(out.stored("sync", written=True) or {}), **report_sync(report)}
-        out.set(sync=job_sync(sync, report, attempt), last_report=last_report(report, attempt))
+        sync = {**(out.stored("sync", written=True) or {}), **sync_check.from_report(report)}
+        out.set(sync=sync_check.job_sync(sync, report, attempt), last_report=last_report(report, attempt))
         if checkpoint := checkpoints.from_report(report):
             out.set(checkpoint=checkpoint)
         if probe := compute_probe.from_report(out.stored("probe", written=True) or {}, report, attempt):
@@ -168,39 +135,6 @@ def recreated(out: StatusBuilder, attempt: int, reason: str, message: str) -> No
     out.set(last_restart=LastRestart(RECREATE, attempt, None, reason, message[:1024], out.now))
 
 
-def report_sync(report: contract.Report) -> dict[str, Any]:
-    """The part of a report that becomes ``status.sync``."""
-    return {key: report[key] for key in contract.SYNC_STATUS_KEYS if key in report}
-
-
-SYNC_ATTEMPTS_FIELD = typed_status.key(typed_status.Sync, "attempts")
-"""``status.sync.attempts``: each attempt's checks (:func:`ddp_operator.observe.progress.attempt_checks`),
-of which ``status.sync``'s checks, mismatches and repairs are the sum: the whole job, every attempt and
-world."""
-
-
-def job_sync(sync: Mapping[str, Any], report: contract.Report, attempt: int) -> dict[str, Any]:
-    """``status.sync`` with ``attempt``'s checks as its ``report`` tells them (its earlier worlds' too)
-    in ``attempts``, and the counts over every attempt: a new attempt's report no longer replaces the
-    earlier attempts' checks. Verified: the report's verdict, with every mismatch of the job repaired."""
-    out = Section(Sync, dict(sync))
-    attempts = with_attempt(out.stored("attempts"), attempt_checks(report, attempt))
-    if not attempts:
-        return out.values
-    totals = job_checks(attempts)
-    out.set(checks=totals["checks"], mismatches=totals["mismatches"], repairs=totals["repairs"])
-    out.set(attempts=attempts)
-    if out.has("verified"):
-        out.set(verified=bool(out.stored("verified")) and totals["mismatches"] <= totals["repairs"])
-    return out.values
-
-
-def _earlier_attempts(sync: Mapping[str, Any], attempt: int) -> dict[str, int]:
-    """The checks, mismatches and repairs of the attempts before ``attempt``."""
-    kept = typed_status.read_as(Sync, sync).attempts or ()
-    return job_checks([typed_status.write(a) for a in kept if count(a.attempt) < attempt])
-
-
 LAST_FAILURES = 16
 """Failed ranks ``status.lastReport.failures`` keeps (the earliest first)."""
 
@@ -245,39 +179,7 @@ def finish(out: StatusBuilder, succeeded: bool, reason: str, message: str) -> No
     out.phase(phase, reason, message, warning=not succeeded)
     out.condition(reasons.READY, False, reason, message)
     out.condition("Complete" if succeeded else "Failed", True, reason, message)
-    sync_condition(out)
-
-
-def sync_condition(out: StatusBuilder) -> None:
-    now = out.current()
-    sync, last = now.sync, now.last_report or LastReport()
-    said = str(last.message or "")
-    if sync is None or sync == Sync():  # no check written
-        if last.reason in contract.NOTHING_TO_COMPARE:
-            out.condition(reasons.SYNC_VERIFIED, None, str(last.reason), said)
-        elif last.reason == contract.SYNC_HOOK_OFF:
-            out.condition(reasons.SYNC_VERIFIED, None, contract.SYNC_HOOK_OFF, said)
-        else:
-            message = "no sync check reported yet (read from the pods' metrics, and rank 0's final report)"
-            out.condition(reasons.SYNC_VERIFIED, None, "NotYetReported", message)
-        return
-    checks, mismatches = sync.checks or 0, sync.mismatches or 0
-    if sync.verified:
-        attempts = len(sync.attempts or ())
-        over = f" over {attempts} attempts" if attempts > 1 else ""
-        out.condition(
-            reasons.SYNC_VERIFIED,
-            True,
-            "BitIdentical",
-            f"{mismatches} of {checks} checks found ranks differing; {sync.repairs} repair(s) re-broadcast "
-            "rank 0's model and the last check found every rank bit-identical"
-            if sync.repairs
-            else f"{checks} checks{over} found every rank bit-identical",
-        )
-    else:
-        out.condition(
-            reasons.SYNC_VERIFIED, False, "Diverged", f"{mismatches} of {checks} checks found ranks differing"
-        )
+    sync_check.condition(out)
 
 
 def completed_message(previous: Mapping[str, Any], attempt: int, now: dt.datetime, steps: int | None) -> str:
@@ -325,10 +227,10 @@ def write_reading(out: StatusBuilder, snapshot: Snapshot | None, attempt: int, t
     _scraped_condition(out, snapshot)
     if snapshot.latest is not None:
         old_sync = out.stored("sync", written=True) or {}
-        new_sync = live_sync(old_sync, snapshot.latest, attempt)
+        new_sync = sync_check.live_sync(old_sync, snapshot.latest, attempt)
         if new_sync:
             out.set(sync=new_sync)
-        out.events.extend(_sync_events(old_sync, new_sync, snapshot.latest))
+        out.events.extend(sync_check.events(old_sync, new_sync, snapshot.latest))
 
 
 def progress_status(snapshot: Snapshot, total_steps: int) -> dict[str, Any]:
@@ -370,28 +272,6 @@ def progress_status(snapshot: Snapshot, total_steps: int) -> dict[str, Any]:
     return out.values
 
 
-def live_sync(previous: Mapping[str, Any], now: Progress, attempt: int = 0) -> dict[str, Any]:
-    """``status.sync`` while the job runs: the live count of checks (the running world's, after the earlier
-    attempts' of ``status.sync.attempts``), the last one's step, time and verdict."""
-    checks = now.checks_ok + now.checks_mismatch
-    out = Section(Sync, dict(previous))
-    if not checks:
-        return out.values
-    earlier = _earlier_attempts(previous, attempt)
-    mismatches, repairs = now.checks_mismatch + earlier["mismatches"], now.repairs + earlier["repairs"]
-    out.set(checks=checks + earlier["checks"], mismatches=mismatches, repairs=repairs)
-    if now.last_check_ok is not None:
-        out.set(
-            last_check_result="BitIdentical" if now.last_check_ok else "Diverged",
-            verified=now.last_check_ok and mismatches <= repairs,
-        )
-    if now.last_check_time is not None:
-        out.set(last_check_time=stamp(dt.datetime.fromtimestamp(now.last_check_time, dt.UTC)))
-    if now.last_check_step is not None:
-        out.set(last_check_step=now.last_check_step)
-    return out.values
-
-
 def _scraped_condition(out: StatusBuilder, snapshot: Snapshot) -> None:
     port, asked = snapshot.port, snapshot.pods
     answered = asked - len(snapshot.refused) - len(snapshot.unreachable)
@@ -417,36 +297,3 @@ def _scraped_condition(out: StatusBuilder, snapshot: Snapshot) -> None:
             "is no progress to show"
         )
         out.condition(METRICS_SCRAPED, False, "NoMetrics", message)
-
-
-def _sync_events(old: Mapping[str, Any], new: Mapping[str, Any], now: Progress) -> list[Event]:
-    """What changed since the last written reading (the gauges describe the last check only)."""
-    events = []
-    before, after = typed_status.read_as(Sync, old), typed_status.read_as(Sync, new)
-    step = after.last_check_step if after.last_check_step is not None else now.step
-    if not before.checks and now.checks_ok and now.last_check_ok:
-        message = (
-            f"first sync check passed: every rank holds a bit-identical model (step {step})"
-            if now.checks_ok == 1
-            else f"sync checks pass: every rank holds a bit-identical model ({now.checks_ok} so far, "
-            f"the last at step {step})"
-        )
-        events.append(Event("Normal", reasons.SYNC_VERIFIED, message))
-    found = (after.mismatches or 0) - (before.mismatches or 0)
-    if found > 0:
-        if now.last_check_ok is False:
-            diff = f", max |difference| {now.max_abs_diff:g}" if now.max_abs_diff is not None else ""
-            message = (
-                f"the sync check at step {step} found {now.mismatched_tensors} tensor(s) differing between "
-                f"ranks{diff} (the final report names them)"
-            )
-        else:
-            message = (
-                f"{found} sync check(s) found ranks differing since the last reading; "
-                f"the last check, at step {step}, passed"
-            )
-        events.append(Event("Warning", reasons.SYNC_DIVERGENCE, message))
-    if (after.repairs or 0) > (before.repairs or 0):
-        message = f"re-broadcast rank 0's model after a divergence ({after.repairs} repair(s) so far)"
-        events.append(Event("Normal", "SyncRepaired", message))
-    return events

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from ddp_operator.decide import compute_probe, status
+from ddp_operator.decide import compute_probe, status, sync_check
 from ddp_operator.decide.status import StatusBuilder
 from ddp_operator.observe import live
 from ddp_operator.observe.progress import Progress
@@ -26,7 +26,7 @@ def test_live_sync_names_the_last_checks_step_and_verdict() -> None:
     checked = _reading(
         130, 0.0, checks_ok=3, last_check_ok=True, last_check_time=T0 - 5, last_check_step=120
     )  # the check ran at step 120; training went on to step 130
-    sync = status.live_sync({}, checked)
+    sync = sync_check.live_sync({}, checked)
     assert sync == {
         "checks": 3,
         "mismatches": 0,
@@ -37,10 +37,10 @@ def test_live_sync_names_the_last_checks_step_and_verdict() -> None:
         "lastCheckTime": "2027-01-15T07:59:55Z",
     }
     just = _reading(130, 0.0, checks_ok=3, last_check_ok=True, last_check_time=T0, last_check_step=130)
-    assert status.live_sync({}, just)["lastCheckStep"] == 130
+    assert sync_check.live_sync({}, just)["lastCheckStep"] == 130
     diverged = _reading(130, 0.0, checks_ok=2, checks_mismatch=1, last_check_ok=False, last_check_time=T0)
-    assert status.live_sync({}, diverged)["verified"] is False
-    assert status.live_sync({"checks": 9}, _reading(0, 0.0)) == {"checks": 9}
+    assert sync_check.live_sync({}, diverged)["verified"] is False
+    assert sync_check.live_sync({"checks": 9}, _reading(0, 0.0)) == {"checks": 9}
 
 
 def test_events_for_the_first_good_check_a_divergence_and_a_repair() -> None:
@@ -124,9 +124,9 @@ def test_a_job_that_built_no_ddp_model_says_so_not_that_nothing_reported() -> No
     ):
         report = {"result": "Succeeded", "reason": reason, "message": message}
         out = StatusBuilder({}, "2026-01-01T00:00:00Z")
-        out.values["sync"] = status.report_sync(report)
+        out.values["sync"] = sync_check.from_report(report)
         out.values["lastReport"] = status.last_report(report, 1)
-        status.sync_condition(out)
+        sync_check.condition(out)
         condition = out.conditions["SyncVerified"]
         assert (condition["status"], condition["reason"], condition["message"]) == (
             "Unknown",
@@ -135,7 +135,7 @@ def test_a_job_that_built_no_ddp_model_says_so_not_that_nothing_reported() -> No
         )
         assert progress.sync_sentence(report).startswith(said)
     silent = StatusBuilder({}, "2026-01-01T00:00:00Z")
-    status.sync_condition(silent)
+    sync_check.condition(silent)
     assert silent.conditions["SyncVerified"]["reason"] == "NotYetReported"
     assert "callback" not in progress.sync_sentence(None).split("without the sync hook")[0]
 
@@ -189,7 +189,7 @@ def test_a_sync_hook_that_could_not_switch_on_says_why_in_sync_verified() -> Non
     report = {"result": "Succeeded", "reason": "SyncHookOff", "message": message}
     out = StatusBuilder({}, "2026-01-01T00:00:00Z")
     out.values["lastReport"] = status.last_report(report, 1)
-    status.sync_condition(out)
+    sync_check.condition(out)
     condition = out.conditions["SyncVerified"]
     assert (condition["status"], condition["reason"], condition["message"]) == (
         "Unknown",
@@ -228,7 +228,7 @@ def test_status_sync_counts_every_attempt_and_world_of_the_job() -> None:
     assert first["sync"]["checks"] == 3
     # attempt 2 runs: the live reading of its world adds to attempt 1's
     live_now = _reading(30, 0.0, checks_ok=1, last_check_ok=True, last_check_step=30)
-    assert status.live_sync(first["sync"], live_now, 2)["checks"] == 4
+    assert sync_check.live_sync(first["sync"], live_now, 2)["checks"] == 4
     worlds = {"worlds": 1, "checks": 2, "mismatches": 0, "repairs": 0, "resumedFromStep": 24}
     last = report(2, 3, 40, **{contract.REPORT_EARLIER_WORLDS: worlds})
     second = status.begin(first, now, 1, 2, last, spec)
