@@ -188,8 +188,8 @@ def _decide(inputs: Inputs) -> Plan:
     out = status.begin(
         inputs.previous, inputs.now, inputs.generation, facts.attempt, facts.report, inputs.spec
     )
-    seen, cause = _in_place(inputs)
-    status.restarted_in_place(out, facts.attempt, seen, cause, inputs.spec.max_restarts)
+    seen, cause = restarts.in_place_seen(facts.attempt, facts.report, inputs.snapshot)
+    restarts.restarted_in_place(out, facts.attempt, seen, cause, inputs.spec.max_restarts)
     if finished(inputs.previous):
         return _finished(inputs, out)
     if (deadline := _deadline_passed(inputs)) is not None:
@@ -239,19 +239,6 @@ def _elastic_ended(inputs: Inputs, out: StatusBuilder, job: JobFacts, end: endin
     why = f"Job {job.name} ended, but {end.verdict.message}"
     outcome = restarts.Outcome(False, report=inputs.facts.report, reason=end.verdict.reason, message=why)
     return _end_attempt(inputs, out, job.name, outcome)
-
-
-def _in_place(inputs: Inputs) -> tuple[int, str]:
-    """The restarts in place the current attempt's pods reported (the metrics while it runs, rank 0's
-    report at its end: the higher count wins), and the cause of the last."""
-    attempt, report, snapshot = inputs.facts.attempt, inputs.facts.report or {}, inputs.snapshot
-    seen, cause = 0, ""
-    if snapshot is not None and snapshot.attempt == attempt and snapshot.latest is not None:
-        seen, cause = snapshot.latest.restarts_in_place, snapshot.latest.restart_cause
-    said = report.get(contract.REPORT_RESTARTS_IN_PLACE)
-    if report.get("attempt") == attempt and isinstance(said, int) and said > seen:
-        seen, cause = said, str(report.get(contract.REPORT_LAST_RESTART) or cause)
-    return seen, cause
 
 
 def _all_jobs(facts: Facts) -> tuple[str, ...]:
@@ -364,7 +351,7 @@ def _end_attempt(
         faulty = compute_probe.faulty_rank_found(out, outcome)
     if decision.action is restarts.Action.RESTART:
         out.set(attempt=attempt + 1, restarts=restarts.shown(attempt + 1, in_place))
-        status.recreated(out, attempt + 1, decision.reason, decision.message)
+        restarts.recreated(out, attempt + 1, decision.reason, decision.message)
         if decision.reason == restarts.PREEMPTED:
             out.set(preemptions=preemptions + 1)
         out.phase(reasons.RESTARTING, decision.reason, decision.message, warning=True)

@@ -23,9 +23,8 @@ from typing import Any
 
 from ddp_operator.api import reasons, typed_status
 from ddp_operator.api.spec import Spec
-from ddp_operator.api.typed_status import Failure, LastReport, LastRestart, Status
+from ddp_operator.api.typed_status import Failure, LastReport, Status
 from ddp_operator.decide import checkpoints, compute_probe, restarts, sync_check
-from ddp_operator.decide.plan import Event
 from ddp_operator.decide.status_builder import Section, StatusBuilder, count, parse_time, stamp
 from ddp_operator.decide.status_builder import finished as finished
 from ddp_operator.observe.live import Snapshot, rates
@@ -88,51 +87,6 @@ def begin(
             out.set(probe=probe)
     checkpoints.durable_condition(out, spec)
     return out
-
-
-# -- gang restarts ------------------------------------------------------------------------------------
-
-RESTARTS_IN_PLACE_FIELD = typed_status.key(Status, "restarts_in_place")
-"""``status.restartsInPlace``: the job's gang restarts done in place, over all its attempts (each attempt's
-count is its pods' report, :data:`ddp_trainer.contract.REPORT_RESTARTS_IN_PLACE`, or their metric); the
-operator's metrics read it (``runtime/opmetrics``)."""
-IN_PLACE, RECREATE = "InPlace", "Recreate"
-RESTARTED_IN_PLACE = reasons.RESTARTED_IN_PLACE
-"""The reason (and the event's) of a gang restart done in place."""
-LAST_RESTART_FIELD = typed_status.key(Status, "last_restart")
-"""``status.lastRestart``: the last gang restart, in place or by a new Job."""
-
-
-def in_place_so_far(previous: Status, attempt: int) -> int:
-    """The restarts in place of ``attempt`` the status already counts."""
-    last = previous.last_restart
-    if last is not None and last.kind == IN_PLACE and last.attempt == attempt:
-        return count(last.in_attempt)
-    return 0
-
-
-def restarted_in_place(out: StatusBuilder, attempt: int, seen: int, cause: str, max_restarts: int) -> None:
-    """Count the restarts in place the pods of ``attempt`` reported (``seen`` so far in the attempt; the
-    cause of the last) beyond what the status counts: ``restarts``, ``restartsInPlace``, ``lastRestart``
-    and a Warning event."""
-    known = in_place_so_far(out.last, attempt)
-    if seen <= known:
-        return
-    now = out.current()
-    total = count(now.restarts) + seen - known
-    out.set(restarts_in_place=count(now.restarts_in_place) + seen - known, restarts=total)
-    why = cause or "a process failed"
-    message = (
-        f"attempt {attempt}: gang restarted in place ({seen} in this attempt, {total} of "
-        f"maxRestarts {max_restarts} used): {why}; same pods, resuming from the last checkpoint"
-    )
-    out.set(last_restart=LastRestart(IN_PLACE, attempt, seen, RESTARTED_IN_PLACE, message[:1024], out.now))
-    out.events.append(Event("Warning", RESTARTED_IN_PLACE, message))
-
-
-def recreated(out: StatusBuilder, attempt: int, reason: str, message: str) -> None:
-    """The gang restarts as ``attempt`` (a new Job and new pods)."""
-    out.set(last_restart=LastRestart(RECREATE, attempt, None, reason, message[:1024], out.now))
 
 
 LAST_FAILURES = 16
