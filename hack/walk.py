@@ -27,7 +27,7 @@ import ddp_trainer
 from ddp_operator.api.spec import parse
 from ddp_operator.children import render
 from ddp_operator.observe import live
-from ddp_operator.observe.progress import Progress
+from ddp_operator.observe.metrics import Progress
 from ddp_operator.runtime import reads, reconcile
 
 ROOTS = {Path(ddp_operator.__file__).parent: "ddp_operator", Path(ddp_trainer.__file__).parent: "ddp_trainer"}

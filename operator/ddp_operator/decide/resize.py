@@ -24,7 +24,7 @@ from ddp_operator.api.typed_status import Counted, Elastic, Status
 from ddp_operator.decide.plan import Event
 from ddp_operator.decide.status_builder import Section, StatusBuilder, parse_time, stamp
 from ddp_operator.observe.facts import JobFacts
-from ddp_operator.observe.progress import LastResize, Progress
+from ddp_operator.observe.metrics import LastResize, Progress
 
 TRAINER, PODS_READY = "Trainer", "PodsReady"
 """``status.elastic.nodesFrom``: whose word ``nodes`` is: the trainer's (its world, read from its metrics),

@@ -28,7 +28,7 @@ from ddp_operator.decide import checkpoints, compute_probe, restarts, sync_check
 from ddp_operator.decide.status_builder import Section, StatusBuilder, count, parse_time, stamp
 from ddp_operator.decide.status_builder import finished as finished
 from ddp_operator.observe.live import Snapshot, rates
-from ddp_operator.observe.progress import duration, slowest
+from ddp_operator.observe.metrics import duration, slowest
 from ddp_trainer import contract
 
 PHASES = reasons.PHASES

@@ -25,7 +25,7 @@ from ddp_operator.api import reasons, typed_status
 from ddp_operator.api.typed_status import LastReport, Sync
 from ddp_operator.decide.plan import Event
 from ddp_operator.decide.status_builder import Section, StatusBuilder, count, stamp
-from ddp_operator.observe.progress import Progress, attempt_checks, job_checks, with_attempt
+from ddp_operator.observe.metrics import Progress, attempt_checks, job_checks, with_attempt
 from ddp_trainer import contract
 
 
@@ -35,7 +35,7 @@ def from_report(report: contract.Report) -> dict[str, Any]:
 
 
 SYNC_ATTEMPTS_FIELD = typed_status.key(typed_status.Sync, "attempts")
-"""``status.sync.attempts``: each attempt's checks (:func:`ddp_operator.observe.progress.attempt_checks`),
+"""``status.sync.attempts``: each attempt's checks (:func:`ddp_operator.observe.metrics.attempt_checks`),
 of which ``status.sync``'s checks, mismatches and repairs are the sum: the whole job, every attempt and
 world."""
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ddp_operator.observe.progress import Progress
+from ddp_operator.observe.metrics import Progress
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from ddp_operator.decide import decision, stall
 from ddp_operator.decide.status import finished
 from ddp_operator.observe import live
 from ddp_operator.observe.facts import STOP_MARGIN_SECONDS, current_attempt
-from ddp_operator.observe.progress import Progress
+from ddp_operator.observe.metrics import Progress
 from helpers.reconciling import NOW, ddpjob_body, job_object, observed, pod_object, reconcile_once, spec_of
 
 

@@ -22,7 +22,7 @@ import pytest
 from ddp_operator.api import crd, schema, typed_status
 from ddp_operator.decide import decision
 from ddp_operator.observe import kueue, live
-from ddp_operator.observe.progress import LastResize, Progress
+from ddp_operator.observe.metrics import LastResize, Progress
 from ddp_trainer import contract
 from helpers.reconciling import NOW, ddpjob_body, job_object, observed, pod_object, reconcile_once
 
