@@ -33,9 +33,9 @@ from ddp_operator.decide import (
     checkpoints,
     compute_probe,
     ending,
+    progress,
     resize,
     restarts,
-    stall,
     status,
     sync_check,
 )
@@ -212,9 +212,9 @@ def _completed(inputs: Inputs, out: StatusBuilder, said: str = "") -> Plan:
     facts = inputs.facts
     checkpoints.restored_events(out, facts.report)
     steps = facts.report.get("step") if facts.report else None
-    if progress := status.final_progress(inputs.previous, steps, known_total_steps(inputs.spec), out.now):
-        out.set(progress=progress)
-    message = status.completed_message(inputs.previous, facts.attempt, inputs.now, steps)
+    if final := progress.final_progress(inputs.previous, steps, known_total_steps(inputs.spec), out.now):
+        out.set(progress=final)
+    message = progress.completed_message(inputs.previous, facts.attempt, inputs.now, steps)
     return _finish(out, True, reasons.COMPLETED, message + said)
 
 
@@ -426,11 +426,9 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
         out.condition(reasons.READY, False, "Starting", f"{ready}/{spec.nodes} pods ready")
     enough = spec.elastic.min_nodes if spec.elastic is not None else spec.nodes
     running = ready >= enough and not spec.suspend and not job.suspended
-    if running and (why := stall.stalled(inputs.snapshot, attempt, spec.stall_timeout_seconds)):
+    if running and (why := progress.stopped_stepping(out, spec, inputs.snapshot, attempt, inputs.now)):
         return _end_attempt(inputs, out, job.name, restarts.Outcome(False, reason=STALLED, message=why), True)
-    if running and (why := _never_started(inputs, out)):
-        return _end_attempt(inputs, out, job.name, restarts.Outcome(False, reason=STALLED, message=why), True)
-    status.write_reading(out, inputs.snapshot, attempt, known_total_steps(spec))
+    progress.write_reading(out, inputs.snapshot, attempt, known_total_steps(spec))
     sync_check.condition(out)
     scrape = None
     if facts.targets and not spec.suspend and not job.suspended:
@@ -466,17 +464,6 @@ def _cannot_start(inputs: Inputs, out: StatusBuilder, failed: startup.StartupFai
         out.events.append(Event("Warning", failed.reason, failed.said))
     ready = f"{inputs.facts.ready_nodes}/{inputs.spec.nodes} pods ready; {failed.said}"
     out.condition(reasons.READY, False, failed.reason, ready)
-
-
-def _never_started(inputs: Inputs, out: StatusBuilder) -> str | None:
-    """A gang whose pods all run (since the ``Ready`` condition turned True) but that never stepped."""
-    spec = inputs.spec
-    since = parse_time(out.since(reasons.READY))
-    running = (inputs.now - since).total_seconds() if since else 0.0
-    built_in = spec.command is None and spec.args is None and spec.metrics_port != 0
-    return stall.never_started(
-        inputs.snapshot, inputs.facts.attempt, running, spec.start_timeout_seconds, spec.world_size, built_in
-    )
 
 
 def _finish(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from ddp_operator.decide import compute_probe, status, sync_check
+from ddp_operator.decide import compute_probe, progress, status, sync_check
 from ddp_operator.decide.status import StatusBuilder
 from ddp_operator.observe import live
 from ddp_operator.observe.metrics import Progress
@@ -48,7 +48,7 @@ def test_events_for_the_first_good_check_a_divergence_and_a_repair() -> None:
         out = StatusBuilder({"sync": old}, "2027-01-15T08:01:00Z")
         out.values["sync"] = old
         snap = live.record(None, 1, 9400, _answers("a"), T0, now)
-        status.write_reading(out, snap, 1, 1000)
+        progress.write_reading(out, snap, 1, 1000)
         return [f"{e.type} {e.reason}: {e.message}" for e in out.events]
 
     first = _reading(50, 0.0, checks_ok=1, last_check_ok=True, last_check_time=T0)
@@ -92,11 +92,11 @@ def test_the_succeeded_event_says_time_and_throughput() -> None:
     previous = {"startTime": "2027-01-15T08:00:00Z", "progress": {"samplesPerSecond": 1234.5}}
     now = dt.datetime(2027, 1, 15, 8, 3, 20, tzinfo=dt.UTC)
     assert (
-        status.completed_message(previous, 1, now, 600)
+        progress.completed_message(previous, 1, now, 600)
         == "attempt 1 completed in 3m20s: 600 steps, 1,234 samples/s"
     )
-    assert status.completed_message({}, 2, now, None) == "attempt 2 completed"
-    final = status.final_progress(previous, 600, 600, "2027-01-15T08:03:20Z")
+    assert progress.completed_message({}, 2, now, None) == "attempt 2 completed"
+    final = progress.final_progress(previous, 600, 600, "2027-01-15T08:03:20Z")
     assert final is not None and (final["percent"], final["eta"], final["samplesPerSecond"]) == (
         100,
         "0s",

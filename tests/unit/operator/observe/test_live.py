@@ -3,7 +3,7 @@ not answer."""
 
 from __future__ import annotations
 
-from ddp_operator.decide.status import progress_status
+from ddp_operator.decide.progress import progress_status
 from ddp_operator.observe import live, metrics
 from ddp_operator.observe.metrics import Progress
 
