@@ -43,12 +43,12 @@ from ddp_operator.decide.plan import Event, Plan, Scrape
 from ddp_operator.decide.status_builder import StatusBuilder, count, finished, of, parse_time, stamp
 from ddp_operator.observe import (
     claims,
-    kueue,
     live,
     podsecurity,
     references,
     startup,
     store_health,
+    workloads,
 )
 from ddp_operator.observe.facts import STOP_MARGIN_SECONDS, Facts, JobFacts, observe
 from ddp_operator.observe.observation import Observation
@@ -77,7 +77,7 @@ class Inputs:
     """The latest reading of the pods' metrics (:mod:`ddp_operator.runtime.scraper`), if any."""
     storage: claims.Diagnosis | None = None
     """Why the checkpoint claim keeps the pods from starting, when the claim was read and something does."""
-    workload: kueue.Workload | None = None
+    workload: workloads.Workload | None = None
     """Kueue's Workload of the attempt's Job (``spec.queueName``), once Kueue made one."""
     store: store_health.StoreReading | None = None
     """An elastic job's rendezvous store, as its pods say (None: the job has none, or no attempt yet)."""
@@ -118,9 +118,8 @@ def decide(observation: Observation) -> Plan:
         facts = dataclasses.replace(facts, startup=absent)  # said now, before a pod could say it
     rendered = render.render_checkpoint_claim(spec)
     why = claims.diagnose(observation.claim, owned=rendered is not None, nodes=spec.nodes)
-    workloads = observation.workloads
-    found = (workloads or {}).get(facts.job.name) if facts.job and spec.queue_name else None
-    workload = kueue.read(found) if found is not None else None
+    found = (observation.workloads or {}).get(facts.job.name) if facts.job and spec.queue_name else None
+    workload = workloads.read(found) if found is not None else None
     store = None
     if render.external_store(spec) and facts.job is not None:
         store = store_health.read(observation.store_pods, facts.attempt, store_of(facts.job.name))
@@ -371,7 +370,7 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
         toggle = (job.name, False)
     ready, attempt = facts.ready_nodes, facts.attempt
     out.set(ready_nodes=ready)
-    if queued := kueue.summary(inputs.workload):
+    if queued := workloads.summary(inputs.workload):
         out.set(kueue=queued)
     else:  # a new attempt's Job: the earlier Job's Workload is gone with it
         out.drop("kueue")
@@ -384,8 +383,8 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
         out.phase(reasons.PENDING, "Resuming", f"resuming Job {job.name}")
         out.condition(reasons.READY, False, "Resuming", f"Job {job.name} is still suspended")
     elif job.suspended:
-        reason, message = kueue.waiting(spec.queue_name or "", job.name, inputs.workload)
-        out.phase(reasons.PENDING, reason, message, warning=reason in kueue.WARNINGS)
+        reason, message = workloads.waiting(spec.queue_name or "", job.name, inputs.workload)
+        out.phase(reasons.PENDING, reason, message, warning=reason in workloads.WARNINGS)
         out.condition(reasons.READY, False, reason, message)
     elif ready == spec.nodes:
         out.phase(
@@ -395,7 +394,7 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
         )
         out.condition(reasons.READY, True, reasons.ALL_NODES_READY, f"{ready}/{spec.nodes} pods ready")
     elif spec.elastic is not None and ready >= spec.elastic.min_nodes:
-        gated = kueue.slice_waiting(spec.queue_name or "", inputs.workload)
+        gated = workloads.slice_waiting(spec.queue_name or "", inputs.workload)
         out.phase(
             reasons.RUNNING,
             reasons.BELOW_DESIRED,
