@@ -33,6 +33,7 @@ from ddp_operator.decide import (
     checkpoints,
     compute_probe,
     ending,
+    kueue,
     progress,
     resize,
     restarts,
@@ -48,10 +49,10 @@ from ddp_operator.observe import (
     references,
     startup,
     store_health,
-    workloads,
 )
 from ddp_operator.observe.facts import STOP_MARGIN_SECONDS, Facts, JobFacts, observe
 from ddp_operator.observe.observation import Observation
+from ddp_operator.observe.workloads import Workload
 from ddp_trainer import contract
 
 STALLED = reasons.STALLED
@@ -77,7 +78,7 @@ class Inputs:
     """The latest reading of the pods' metrics (:mod:`ddp_operator.runtime.scraper`), if any."""
     storage: claims.Diagnosis | None = None
     """Why the checkpoint claim keeps the pods from starting, when the claim was read and something does."""
-    workload: workloads.Workload | None = None
+    workload: Workload | None = None
     """Kueue's Workload of the attempt's Job (``spec.queueName``), once Kueue made one."""
     store: store_health.StoreReading | None = None
     """An elastic job's rendezvous store, as its pods say (None: the job has none, or no attempt yet)."""
@@ -118,8 +119,7 @@ def decide(observation: Observation) -> Plan:
         facts = dataclasses.replace(facts, startup=absent)  # said now, before a pod could say it
     rendered = render.render_checkpoint_claim(spec)
     why = claims.diagnose(observation.claim, owned=rendered is not None, nodes=spec.nodes)
-    found = (observation.workloads or {}).get(facts.job.name) if facts.job and spec.queue_name else None
-    workload = workloads.read(found) if found is not None else None
+    workload = kueue.workload(spec, facts.job, observation.workloads)
     store = None
     if render.external_store(spec) and facts.job is not None:
         store = store_health.read(observation.store_pods, facts.attempt, store_of(facts.job.name))
@@ -370,10 +370,7 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
         toggle = (job.name, False)
     ready, attempt = facts.ready_nodes, facts.attempt
     out.set(ready_nodes=ready)
-    if queued := workloads.summary(inputs.workload):
-        out.set(kueue=queued)
-    else:  # a new attempt's Job: the earlier Job's Workload is gone with it
-        out.drop("kueue")
+    kueue.write_workload(out, inputs.workload)
     if spec.suspend:
         out.phase(
             reasons.SUSPENDED, reasons.SUSPENDED, "suspended: the pods are stopped and the checkpoint is kept"
@@ -383,9 +380,7 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
         out.phase(reasons.PENDING, "Resuming", f"resuming Job {job.name}")
         out.condition(reasons.READY, False, "Resuming", f"Job {job.name} is still suspended")
     elif job.suspended:
-        reason, message = workloads.waiting(spec.queue_name or "", job.name, inputs.workload)
-        out.phase(reasons.PENDING, reason, message, warning=reason in workloads.WARNINGS)
-        out.condition(reasons.READY, False, reason, message)
+        kueue.say_queued(out, spec.queue_name or "", job.name, inputs.workload)
     elif ready == spec.nodes:
         out.phase(
             reasons.RUNNING,
@@ -394,7 +389,7 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
         )
         out.condition(reasons.READY, True, reasons.ALL_NODES_READY, f"{ready}/{spec.nodes} pods ready")
     elif spec.elastic is not None and ready >= spec.elastic.min_nodes:
-        gated = workloads.slice_waiting(spec.queue_name or "", inputs.workload)
+        gated = kueue.slice_waiting(spec.queue_name or "", inputs.workload)
         out.phase(
             reasons.RUNNING,
             reasons.BELOW_DESIRED,

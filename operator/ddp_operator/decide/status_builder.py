@@ -28,6 +28,7 @@ SECTION_KEYS: dict[type, Mapping[str, str]] = {
     kind: typed_status.keys(kind)
     for kind in (
         typed_status.Elastic,
+        typed_status.Kueue,
         typed_status.LastResize,
         typed_status.Probe,
         typed_status.Progress,

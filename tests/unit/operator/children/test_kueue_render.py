@@ -8,7 +8,7 @@ from typing import Any
 
 from ddp_operator.api.spec import parse
 from ddp_operator.children import render
-from ddp_operator.decide import decision
+from ddp_operator.decide import decision, kueue
 from ddp_operator.decide.plan import Plan
 from ddp_operator.observe import workloads
 from helpers.reconciling import observed
@@ -93,24 +93,24 @@ def test_a_workload_is_read_as_kueue_writes_it() -> None:
 
 
 def test_the_reason_and_message_name_kueue_the_local_queue_and_kueues_words() -> None:
-    assert workloads.waiting("team-q", "train-1", None)[0] == workloads.PENDING
-    reason, message = workloads.waiting("team-q", "train-1", workloads.read(WAITING))
+    assert kueue.waiting("team-q", "train-1", None)[0] == kueue.PENDING
+    reason, message = kueue.waiting("team-q", "train-1", workloads.read(WAITING))
     assert (
         reason == "KueuePending"
         and "Kueue" in message
         and "LocalQueue team-q" in message
         and QUOTA in message
     )
-    reason, message = workloads.waiting("team-q", "train-1", workloads.read(EVICTED))
+    reason, message = kueue.waiting("team-q", "train-1", workloads.read(EVICTED))
     assert reason == "KueuePreempted" and message.startswith("preempted by Kueue: " + PREEMPTED)
     assert "admitted again" in message and QUOTA in message
-    reason, message = workloads.waiting("nope", "train-1", workloads.read(NO_QUEUE))
+    reason, message = kueue.waiting("nope", "train-1", workloads.read(NO_QUEUE))
     assert reason == "KueueInadmissible" and "LocalQueue nope doesn't exist" in message
-    reason, message = workloads.waiting("team-q", "train-1", workloads.read(ADMITTED))
+    reason, message = kueue.waiting("team-q", "train-1", workloads.read(ADMITTED))
     assert reason == "KueueAdmitted" and "ClusterQueue team" in message
-    reason, message = workloads.waiting("team-q", "train-1", workloads.read(TIMED_OUT))
+    reason, message = kueue.waiting("team-q", "train-1", workloads.read(TIMED_OUT))
     assert reason == "KueueRequeued" and "PodsReady timeout" in message
-    assert {"KueueInadmissible", "KueuePreempted", "KueueRequeued", "KueueEvicted"} == workloads.WARNINGS
+    assert {"KueueInadmissible", "KueuePreempted", "KueueRequeued", "KueueEvicted"} == kueue.WARNINGS
 
 
 def _decide(previous: dict[str, Any], workload: dict[str, Any] | None, *, suspended: bool = True) -> Plan:
