@@ -197,7 +197,8 @@ def _decide(inputs: Inputs) -> Plan:
         return _stopping_old_attempts(inputs, out)
     if job is None:
         return _create(inputs, out)
-    if (end := _elastic_end(inputs)) is not None:
+    elastic = inputs.spec.elastic is not None  # the elastic rooms apply
+    if elastic and (end := ending.attempt_end(inputs.spec, job, facts.report)) is not None:
         return _elastic_ended(inputs, out, job, end)
     if job.complete:  # a rigid job's Job: every pod succeeded
         return _completed(inputs, out)
@@ -215,17 +216,6 @@ def _completed(inputs: Inputs, out: StatusBuilder, said: str = "") -> Plan:
         out.set(progress=final)
     message = progress.completed_message(inputs.previous, facts.attempt, inputs.now, steps)
     return _finish(out, True, reasons.COMPLETED, message + said)
-
-
-def _elastic_end(inputs: Inputs) -> ending.End | None:
-    """An elastic attempt's end (:mod:`ending`): its Job complete, or rank 0 finished verified while pods
-    that never started keep the Job from completing."""
-    spec, job = inputs.spec, inputs.facts.job
-    if spec.elastic is None or job is None:
-        return None
-    expected = ending.writes_report(spec)
-    warn = spec.sync_check.on_divergence == "Warn"
-    return ending.elastic_end(job, inputs.facts.report, known_total_steps(spec), expected, warn)
 
 
 def _elastic_ended(inputs: Inputs, out: StatusBuilder, job: JobFacts, end: ending.End) -> Plan:
@@ -251,7 +241,8 @@ def _finished(inputs: Inputs, out: StatusBuilder) -> Plan:
     ttl = inputs.spec.ttl_seconds_after_finished
     expired = ttl is not None and finished is not None and (inputs.now - finished).total_seconds() >= ttl
     # an elastic Job shrunk to index 0 as the DDPJob succeeded: again, should that patch not have landed
-    end = _elastic_end(inputs) if out.last.phase == reasons.SUCCEEDED else None
+    succeeded = out.last.phase == reasons.SUCCEEDED
+    end = ending.attempt_end(inputs.spec, inputs.facts.job, inputs.facts.report) if succeeded else None
     shrink = end.shrink if end is not None and end.verdict.done else None
     stale = inputs.facts.stale_jobs
     return Plan(out.plan().status, delete_jobs=stale, delete_self=expired, resize_job=shrink)
@@ -401,7 +392,9 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
         message = short.message(spec, facts.unschedulable)
         if short.over:
             outcome = restarts.Outcome(False, reason=reasons.BELOW_MIN_NODES, message=message)
-            if (sized := _resize(inputs, out, job, ready)) is not None:
+            if (
+                sized := resize.of_reading(spec, job, out, ready, inputs.now, inputs.snapshot, attempt)
+            ) is not None:
                 out.set(elastic=sized.status)
             return _end_attempt(inputs, out, job.name, outcome, True)
         out.phase(reasons.RUNNING, reasons.BELOW_MIN_NODES, message, warning=True)
@@ -427,19 +420,11 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
     scrape = None
     if facts.targets and not spec.suspend and not job.suspended:
         scrape = Scrape(attempt, spec.metrics_port, facts.targets)
-    sized = _resize(inputs, out, job, ready)
+    sized = resize.of_reading(spec, job, out, ready, inputs.now, inputs.snapshot, attempt)
     if sized is not None:
         out.set(elastic=sized.status, selector=f"{names.JOB_NAME_LABEL}={spec.name}")  # /scale's selector
         out.events.extend(sized.events)
     return out.plan(suspend_job=toggle, scrape=scrape, resize_job=sized.job if sized else None)
-
-
-def _resize(inputs: Inputs, out: StatusBuilder, job: JobFacts, ready: int) -> resize.Resize | None:
-    """:func:`resize.decide` with this attempt's metrics reading: the world the trainer says trains."""
-    snapshot = inputs.snapshot
-    held = snapshot is not None and snapshot.attempt == inputs.facts.attempt
-    reading = snapshot.latest if snapshot is not None and held else None
-    return resize.decide(inputs.spec, job, out, ready, inputs.now, reading, held)
 
 
 def _cannot_start(inputs: Inputs, out: StatusBuilder, failed: startup.StartupFailure) -> None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddp_operator.api import reasons
-from ddp_operator.api.spec import Spec, sync_hook
+from ddp_operator.api.spec import Spec, known_total_steps, sync_hook
 from ddp_operator.observe.facts import JobFacts
 from ddp_trainer import contract
 
@@ -120,3 +120,13 @@ def ended_message(end: End) -> str:
         f"; {end.left} pod(s) never started (no capacity, or gated by Kueue): ended by shrinking the Job to "
         "index 0"
     )
+
+
+def attempt_end(spec: Spec, job: JobFacts | None, report: Mapping[str, Any] | None) -> End | None:
+    """An elastic attempt's end (:func:`elastic_end`): its Job complete, or rank 0 finished verified while
+    pods that never started keep the Job from completing; None for a rigid job, or before the Job."""
+    if spec.elastic is None or job is None:
+        return None
+    expected = writes_report(spec)
+    warn = spec.sync_check.on_divergence == "Warn"
+    return elastic_end(job, report, known_total_steps(spec), expected, warn)
