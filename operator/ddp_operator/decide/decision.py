@@ -28,13 +28,13 @@ from ddp_operator.api import names, reasons, typed_status
 from ddp_operator.api.spec import Spec, SpecError, known_total_steps
 from ddp_operator.api.typed_status import Status
 from ddp_operator.children import render
-from ddp_operator.children.store import render_store, store_of
 from ddp_operator.decide import (
     checkpoints,
     compute_probe,
     ending,
     kueue,
     progress,
+    rendezvous_store,
     resize,
     restarts,
     status,
@@ -94,7 +94,7 @@ def decide(observation: Observation) -> Plan:
     the spec as parsed (an unreadable one fails the DDPJob: :func:`invalid_spec`), the Jobs and pods read
     into :class:`Facts`, the current attempt's objects rendered, the readings (the checkpoint claim, Kueue's
     Workload, an elastic job's rendezvous store) interpreted, then exactly one branch (:func:`_decide`),
-    with an elastic job's rendezvous stores (:func:`_with_stores`)."""
+    with an elastic job's rendezvous stores (:mod:`~ddp_operator.decide.rendezvous_store`)."""
     body, now = observation.body, observation.now
     previous = of(body)
     generation = int(body.get("metadata", {}).get("generation") or 0)
@@ -120,14 +120,14 @@ def decide(observation: Observation) -> Plan:
     rendered = render.render_checkpoint_claim(spec)
     why = claims.diagnose(observation.claim, owned=rendered is not None, nodes=spec.nodes)
     workload = kueue.workload(spec, facts.job, observation.workloads)
-    store = None
-    if render.external_store(spec) and facts.job is not None:
-        store = store_health.read(observation.store_pods, facts.attempt, store_of(facts.job.name))
+    stored = render.external_store(spec)  # an elastic job's own rendezvous store: its room applies
+    store = rendezvous_store.reading(facts.job, facts.attempt, observation.store_pods) if stored else None
     snapshot = observation.snapshot
     inputs = Inputs(
         spec, generation, previous, facts, now, service, rendered, job, snapshot, why, workload, store
     )
-    return _with_stores(inputs, _decide(inputs))
+    plan = _decide(inputs)
+    return rendezvous_store.with_stores(plan, previous, last, now, facts.job, store) if stored else plan
 
 
 def invalid_spec(error: SpecError, previous: Mapping[str, Any], generation: int, now: dt.datetime) -> Plan:
@@ -143,42 +143,6 @@ def refused(previous: Mapping[str, Any], generation: int, now: dt.datetime, mess
     out.keep_all_but_conditions()
     out.set(observed_generation=generation)
     return _finish(out, False, reasons.INVALID_SPEC, message[:1024])
-
-
-def _with_stores(inputs: Inputs, plan: Plan) -> Plan:
-    """An elastic job's rendezvous store Job (children/store.py) goes with its attempt's Job, and when the
-    DDPJob finishes (a pod that starts late finds it until then: the rendezvous closed, it ends at once);
-    while the job runs, ``RendezvousStoreReady`` says whether it serves (:func:`_store_said`)."""
-    if not render.external_store(inputs.spec):
-        return plan
-    plan = _store_said(inputs, plan)
-    ending = [*plan.delete_jobs, *plan.abandon_jobs]
-    job = inputs.facts.job
-    if job is not None and finished(plan.status) and not finished(inputs.previous):  # finishing now
-        ending.append(job.name)
-    stores = tuple(dict.fromkeys(store_of(name) for name in ending))
-    return dataclasses.replace(plan, delete_jobs=(*plan.delete_jobs, *stores)) if stores else plan
-
-
-def _store_said(inputs: Inputs, plan: Plan) -> Plan:
-    """The store's condition on a job that has not finished, a Warning event when it stops serving for a
-    fault of its pod (lost, unschedulable, a container that cannot start; once per cause), and a Normal one
-    when it serves again after one."""
-    if (reading := inputs.store) is None or finished(plan.status):
-        return plan
-    kind = reasons.RENDEZVOUS_STORE_READY
-    said = inputs.last.condition(kind)
-    before = said.reason if said is not None else None
-    reading = store_health.since(reading, before)
-    out = StatusBuilder(inputs.previous, stamp(inputs.now))
-    out.condition(kind, reading.serving, reading.reason, reading.message)
-    if reading.fault and before != reading.reason:
-        out.events.append(Event("Warning", reading.reason, reading.message))
-    elif reading.serving and before in store_health.FAULTS:
-        out.events.append(
-            Event("Normal", reading.reason, f"the rendezvous store serves again: {reading.message}")
-        )
-    return out.add_to(plan)
 
 
 def _decide(inputs: Inputs) -> Plan:
@@ -303,7 +267,7 @@ def _create(inputs: Inputs, out: StatusBuilder) -> Plan:
         if (absent := inputs.facts.startup) is not None:  # created all the same: the objects may come later
             _cannot_start(inputs, out, absent)
     sync_check.condition(out)
-    store = render_store(spec, attempt) if render.external_store(spec) else None  # an elastic job's
+    store = rendezvous_store.to_create(spec, attempt) if render.external_store(spec) else None
     return out.plan(
         create_claim=inputs.claim, create_service=inputs.service, create_job=inputs.job, create_store=store
     )
