@@ -5,14 +5,20 @@ spec parsed once, its children and the other readings), reads the children into
 :class:`~ddp_operator.observe.facts.Facts`, renders the objects of the current attempt (a value the plan
 may carry, never something the decision asks for midway), picks exactly one branch below and returns a
 :class:`Plan`: the status to write, the Service and Job to create, the Jobs to delete, the Job to
-(un)suspend, the events to post. Each branch says its phase and ``Ready`` condition;
-:mod:`ddp_operator.decide.status` builds the rest of the status. :mod:`ddp_operator.runtime.reconcile`
-builds the observation and carries plans out; every branch here is unit-tested without an API server
+(un)suspend, the events to post. :mod:`ddp_operator.runtime.reconcile` builds the observation and carries
+plans out; every branch here is unit-tested without an API server
 (``tests/unit/operator/runtime/test_reconcile.py``) and proven against one by the e2e tests.
 
-Long because every branch of the decision reads best in one place, in the order the branches are checked
-(a running attempt's own cases included: starting, a container that cannot start, unschedulable,
-waiting on its claim or on Kueue).
+This module is the phase machine: which branch applies, in the order the branches are checked, and which
+rooms apply to the job (an elastic job's, Kueue's). Each branch says its phase and ``Ready`` condition;
+:mod:`~ddp_operator.decide.status` begins and ends the status, and each feature's rules live in a room of
+its own under ``decide/``: :mod:`~ddp_operator.decide.restarts`, :mod:`~ddp_operator.decide.checkpoints`,
+:mod:`~ddp_operator.decide.compute_probe`, :mod:`~ddp_operator.decide.sync_check`,
+:mod:`~ddp_operator.decide.progress` (with a stall), :mod:`~ddp_operator.decide.kueue`,
+:mod:`~ddp_operator.decide.starting`, and an elastic job's :mod:`~ddp_operator.decide.resize`,
+:mod:`~ddp_operator.decide.ending` and :mod:`~ddp_operator.decide.rendezvous_store`.
+
+Long because every branch of the decision reads best in one place, in the order the branches are checked.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from ddp_operator.decide import (
     rendezvous_store,
     resize,
     restarts,
+    starting,
     status,
     sync_check,
 )
@@ -45,9 +52,7 @@ from ddp_operator.decide.status_builder import StatusBuilder, count, finished, o
 from ddp_operator.observe import (
     claims,
     live,
-    podsecurity,
     references,
-    startup,
     store_health,
 )
 from ddp_operator.observe.facts import STOP_MARGIN_SECONDS, Facts, JobFacts, observe
@@ -110,13 +115,8 @@ def decide(observation: Observation) -> Plan:
     avoid = compute_probe.nodes_to_avoid(last, observation.unhealthy)
     service = render.render_service(spec)
     job = render.render_job(spec, facts.attempt, restarts.left(spec.max_restarts, used), avoid_nodes=avoid)
-    if facts.startup is None and facts.job is not None:  # pods refused: named from the rendered template
-        pod = job["spec"]["template"]["spec"]
-        if refusal := podsecurity.failure(mount_events, facts.job.name, spec.namespace, pod):
-            facts = dataclasses.replace(facts, startup=refusal)
-    missing = observation.missing
-    if facts.startup is None and (absent := startup.absent(spec, missing, job["metadata"]["name"])):
-        facts = dataclasses.replace(facts, startup=absent)  # said now, before a pod could say it
+    if facts.startup is None:
+        facts = starting.refused_or_absent(facts, spec, job, mount_events, observation.missing)
     rendered = render.render_checkpoint_claim(spec)
     why = claims.diagnose(observation.claim, owned=rendered is not None, nodes=spec.nodes)
     workload = kueue.workload(spec, facts.job, observation.workloads)
@@ -265,7 +265,7 @@ def _create(inputs: Inputs, out: StatusBuilder) -> Plan:
     else:
         out.condition(reasons.READY, False, "Creating", f"creating attempt {attempt}")
         if (absent := inputs.facts.startup) is not None:  # created all the same: the objects may come later
-            _cannot_start(inputs, out, absent)
+            starting.cannot_start(out, absent, inputs.facts.ready_nodes, spec.nodes)
     sync_check.condition(out)
     store = rendezvous_store.to_create(spec, attempt) if render.external_store(spec) else None
     return out.plan(
@@ -363,18 +363,8 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
             return _end_attempt(inputs, out, job.name, outcome, True)
         out.phase(reasons.RUNNING, reasons.BELOW_MIN_NODES, message, warning=True)
         out.condition(reasons.READY, False, reasons.BELOW_MIN_NODES, message)
-    elif (found := inputs.storage) is not None:
-        # before the scheduler's message: it says only "pod has unbound immediate PersistentVolumeClaims"
-        out.phase(reasons.PENDING, found.reason, found.message, warning=found.fault)
-        out.condition(reasons.READY, False, found.reason, f"{ready}/{spec.nodes} pods ready; {found.message}")
-    elif (failed := facts.startup) is not None:
-        _cannot_start(inputs, out, failed)
-    elif why := facts.unschedulable:
-        out.phase(reasons.PENDING, "Unschedulable", f"pods cannot be scheduled: {why}", warning=True)
-        out.condition(reasons.READY, False, "Unschedulable", f"{ready}/{spec.nodes} pods ready; {why}")
-    else:
-        out.phase(reasons.PENDING, "Starting", f"starting {spec.nodes} pods of attempt {attempt}")
-        out.condition(reasons.READY, False, "Starting", f"{ready}/{spec.nodes} pods ready")
+    else:  # the pods are starting, or cannot
+        starting.say_starting(out, spec, facts, inputs.storage)
     enough = spec.elastic.min_nodes if spec.elastic is not None else spec.nodes
     running = ready >= enough and not spec.suspend and not job.suspended
     if running and (why := progress.stopped_stepping(out, spec, inputs.snapshot, attempt, inputs.now)):
@@ -389,24 +379,6 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
         out.set(elastic=sized.status, selector=f"{names.JOB_NAME_LABEL}={spec.name}")  # /scale's selector
         out.events.extend(sized.events)
     return out.plan(suspend_job=toggle, scrape=scrape, resize_job=sized.job if sized else None)
-
-
-def _cannot_start(inputs: Inputs, out: StatusBuilder, failed: startup.StartupFailure) -> None:
-    """A container the kubelet cannot start (an image, a Secret): Pending, the kubelet's words and the fix
-    in ``Ready``, a Warning event once per cause (not at each retry of the kubelet's, which alternates
-    ``ErrImagePull`` and ``ImagePullBackOff``). No restart: a new gang would wait for the same cause, and
-    the pods start by themselves once it is gone (the start timeout counts only from when all run)."""
-    old = out.said(reasons.READY)
-    said = (
-        out.last.phase == reasons.PENDING
-        and startup.same_cause(str(old.reason if old is not None else None), failed.reason)
-        and failed.subject in str(old.message if old is not None else None)
-    )
-    out.set(phase=reasons.PENDING)
-    if not said:
-        out.events.append(Event("Warning", failed.reason, failed.said))
-    ready = f"{inputs.facts.ready_nodes}/{inputs.spec.nodes} pods ready; {failed.said}"
-    out.condition(reasons.READY, False, failed.reason, ready)
 
 
 def _finish(
