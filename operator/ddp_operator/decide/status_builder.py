@@ -4,7 +4,8 @@ condition transition times and the events that go with it, naming each field as
 typed; :func:`finished` says whether a status is a finished job's; :func:`stamp`, :func:`parse_time`
 and :func:`count` read and write its times and counts.
 
-:mod:`ddp_operator.decide.status` says what each source writes through it; no other module of ``decide/``
+:mod:`ddp_operator.decide.status` (the beginning and the end of the status) and the rooms of
+``decide/`` (each feature's part) say what each source writes through it; no other module of ``decide/``
 spells a status key (tests/contract/test_status_keys.py).
 """
 

@@ -10,8 +10,9 @@ pods' metrics count the checks while the job runs, rank 0's report tells them at
 - :func:`condition`: the ``SyncVerified`` condition, from what ``status.sync`` and ``status.lastReport``
   say.
 
-:mod:`ddp_operator.decide.status` writes ``status.sync`` (:func:`~ddp_operator.decide.status.begin`,
-:func:`~ddp_operator.decide.status.write_reading`); the condition is said wherever a branch ends its
+:mod:`ddp_operator.decide.status` writes ``status.sync`` from the report
+(:func:`~ddp_operator.decide.status.begin`), :mod:`ddp_operator.decide.progress` from the metrics reading
+(:func:`~ddp_operator.decide.progress.write_reading`); the condition is said wherever a branch ends its
 status.
 """
 
