@@ -151,8 +151,7 @@ def _decide(inputs: Inputs) -> Plan:
     out = status.begin(
         inputs.previous, inputs.now, inputs.generation, facts.attempt, facts.report, inputs.spec
     )
-    seen, cause = restarts.in_place_seen(facts.attempt, facts.report, inputs.snapshot)
-    restarts.restarted_in_place(out, facts.attempt, seen, cause, inputs.spec.max_restarts)
+    restarts.count_in_place(out, facts.attempt, facts.report, inputs.snapshot, inputs.spec.max_restarts)
     if finished(inputs.previous):
         return _finished(inputs, out)
     if (deadline := _deadline_passed(inputs)) is not None:

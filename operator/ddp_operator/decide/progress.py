@@ -55,11 +55,7 @@ def write_reading(out: StatusBuilder, snapshot: Snapshot | None, attempt: int, t
     out.set(progress=progress_status(snapshot, total_steps))
     _scraped_condition(out, snapshot)
     if snapshot.latest is not None:
-        old_sync = out.stored("sync", written=True) or {}
-        new_sync = sync_check.live_sync(old_sync, snapshot.latest, attempt)
-        if new_sync:
-            out.set(sync=new_sync)
-        out.events.extend(sync_check.events(old_sync, new_sync, snapshot.latest))
+        sync_check.write_live(out, snapshot.latest, attempt)
 
 
 def progress_status(snapshot: Snapshot, total_steps: int) -> dict[str, Any]:

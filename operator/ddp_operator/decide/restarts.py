@@ -22,8 +22,9 @@ An attempt is one Indexed Job: all pods start together and one failed pod fails 
   against the same ``maxRestarts`` (:func:`restarts_used`), and the next Job's agents get what is left.
 
 And what the operator's status says of gang restarts: ``status.restarts`` (:func:`shown`), the restarts
-done in place that the pods report (:func:`in_place_seen`, counted into ``status.restartsInPlace`` and
-``status.lastRestart`` by :func:`restarted_in_place`), and a new attempt's (:func:`recreated`).
+done in place that the pods report (:func:`count_in_place`: :func:`in_place_seen`, counted into
+``status.restartsInPlace`` and ``status.lastRestart`` by :func:`restarted_in_place`), and a new
+attempt's (:func:`recreated`).
 """
 
 from __future__ import annotations
@@ -275,3 +276,16 @@ def in_place_seen(attempt: int, report: contract.Report | None, snapshot: Snapsh
     if report.get("attempt") == attempt and isinstance(said, int) and said > seen:
         seen, cause = said, str(report.get(contract.REPORT_LAST_RESTART) or cause)
     return seen, cause
+
+
+def count_in_place(
+    out: StatusBuilder,
+    attempt: int,
+    report: contract.Report | None,
+    snapshot: Snapshot | None,
+    max_restarts: int,
+) -> None:
+    """The restarts in place the pods of ``attempt`` reported (:func:`in_place_seen`), counted into the
+    status beyond what it counts already (:func:`restarted_in_place`)."""
+    seen, cause = in_place_seen(attempt, report, snapshot)
+    restarted_in_place(out, attempt, seen, cause, max_restarts)

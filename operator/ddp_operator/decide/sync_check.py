@@ -5,8 +5,9 @@ pods' metrics count the checks while the job runs, rank 0's report tells them at
 
 - :func:`from_report` and :func:`job_sync`: ``status.sync`` after a report, each attempt's checks kept in
   ``status.sync.attempts`` and summed over the whole job;
-- :func:`live_sync` and :func:`events`: ``status.sync`` from a running attempt's metrics reading, and the
-  events of what changed since the last one written (the first good check, a divergence, a repair);
+- :func:`write_live` (:func:`live_sync` and :func:`events`): ``status.sync`` from a running attempt's
+  metrics reading, and the events of what changed since the last one written (the first good check, a
+  divergence, a repair);
 - :func:`condition`: the ``SyncVerified`` condition, from what ``status.sync`` and ``status.lastReport``
   say.
 
@@ -95,6 +96,16 @@ def condition(out: StatusBuilder) -> None:
         out.condition(
             reasons.SYNC_VERIFIED, False, "Diverged", f"{mismatches} of {checks} checks found ranks differing"
         )
+
+
+def write_live(out: StatusBuilder, now: Progress, attempt: int) -> None:
+    """``status.sync`` from a running attempt's reading (:func:`live_sync`), when it says anything, and the
+    events of what changed since the last one written (:func:`events`)."""
+    old_sync = out.stored("sync", written=True) or {}
+    new_sync = live_sync(old_sync, now, attempt)
+    if new_sync:
+        out.set(sync=new_sync)
+    out.events.extend(events(old_sync, new_sync, now))
 
 
 def live_sync(previous: Mapping[str, Any], now: Progress, attempt: int = 0) -> dict[str, Any]:
