@@ -100,10 +100,10 @@ def _doc(name: str, nodes: int, steps: int, elastic: bool) -> dict[str, Any]:
 
 
 def _rank0_step(port: int) -> int:
-    from ddp_operator.observe import progress
+    from ddp_operator.observe import metrics
 
-    text = progress.scrape(port)
-    return progress.parse([text]).step if text else -1
+    text = metrics.scrape(port)
+    return metrics.parse([text]).step if text else -1
 
 
 def _log_lines(folder: Path, name: str) -> list[str]:

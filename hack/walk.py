@@ -11,7 +11,11 @@ Consecutive steps in the same module are one stop. It prints the stops in order,
 where ``returns`` counts the stops at a module the walk had already left (a reader going back to a file
 already read). Third-party code (kubernetes, prometheus_client, jsonschema, celpy) is not counted: the
 walk passes through it as through a corridor. A first reconcile warms the caches (the CRD, the schema);
-the second is the one counted. Usage: ``.venv/bin/python hack/walk.py [-q]`` (``-q``: the totals only).
+the second is the one counted. Usage: ``.venv/bin/python hack/walk.py [-q] [rigid|elastic|kueue]``
+(``-q``: the totals only). The body walked is the running two-pod rigid job by default (the figures of
+docs/architecture.md's table); ``elastic``: an elastic job (1-4 nodes) whose two pods train while
+``spec.nodes`` asks for 3, so the Job is resized in place; ``kueue``: a job queued on Kueue, its Job
+suspended and its Workload waiting for quota (issue 56's three bodies).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import ddp_trainer
 from ddp_operator.api.spec import parse
 from ddp_operator.children import render
 from ddp_operator.observe import live
-from ddp_operator.observe.progress import Progress
+from ddp_operator.observe.metrics import Progress
 from ddp_operator.runtime import reads, reconcile
 
 ROOTS = {Path(ddp_operator.__file__).parent: "ddp_operator", Path(ddp_trainer.__file__).parent: "ddp_trainer"}
@@ -45,18 +49,46 @@ def module_of(frame: FrameType | None) -> str | None:
     return None
 
 
-def _body() -> dict[str, Any]:
+BODIES = ("rigid", "elastic", "kueue")
+"""The bodies the walk can follow (the first is the default)."""
+
+
+def _body(kind: str = "rigid") -> dict[str, Any]:
+    spec: dict[str, Any] = {"nodes": 2, "procsPerNode": 1, "device": "cpu", "maxRestarts": 1}
+    if kind == "elastic":  # 2 pods train, 3 are asked: the Job grows in place
+        spec.update(nodes=3, elastic={"minNodes": 1, "maxNodes": 4})
+    elif kind == "kueue":
+        spec.update(queueName="team-q")
     return {
         "apiVersion": "ddpjob.io/v1alpha1",
         "kind": "DDPJob",
         "metadata": {"name": "walk", "namespace": "ns", "generation": 1, "uid": "u-1"},
-        "spec": {"nodes": 2, "procsPerNode": 1, "device": "cpu", "maxRestarts": 1},
+        "spec": spec,
         "status": {"phase": "Pending", "attempt": 1, "startTime": "2026-01-01T00:00:00Z"},
     }
 
 
-def _children(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _workloads(kind: str, jobs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The queued body's Workload, as the index keeps it: no quota reserved yet."""
+    if kind != "kueue":
+        return None
+    name = jobs[0]["metadata"]["name"]
+    waiting = {
+        "type": "QuotaReserved",
+        "status": "False",
+        "reason": "Pending",
+        "message": "insufficient quota",
+    }
+    return {name: {"metadata": {"name": f"job-{name}-1"}, "status": {"conditions": [waiting]}}}
+
+
+def _children(body: dict[str, Any], kind: str = "rigid") -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     job = render.render_job(parse(body), 1)
+    if kind == "elastic":
+        job["spec"]["completions"] = job["spec"]["parallelism"] = 2
+    if kind == "kueue":
+        job["spec"]["suspend"] = True
+        return [job], []
     pod_meta = job["spec"]["template"]["metadata"]
     pods = [
         {
@@ -97,13 +129,15 @@ class _Scraper:
         pass
 
 
-def walk() -> list[str]:
+def walk(kind: str = "rigid") -> list[str]:
     reconcile.ignore = reads.ignore = lambda *args, **kwargs: None  # type: ignore[assignment]  # no API server
     reconcile._event = lambda *args, **kwargs: None  # type: ignore[assignment]
-    body = _body()
-    jobs, pods = _children(body)
+    body = _body(kind)
+    jobs, pods = _children(body, kind)
+    workloads = _workloads(kind, jobs)
     logger = __import__("logging").getLogger("walk")
-    reconcile.reconcile(body, jobs, pods, logger, _Scraper())  # type: ignore[arg-type]  # warm the caches
+    # warm the caches
+    reconcile.reconcile(body, jobs, pods, logger, _Scraper(), None, workloads)  # type: ignore[arg-type]
     scraper, stops = _Scraper(), list[str]()
 
     def profile(frame: FrameType, event: str, arg: object) -> None:
@@ -118,14 +152,15 @@ def walk() -> list[str]:
 
     sys.setprofile(profile)
     try:
-        reconcile.reconcile(body, jobs, pods, logger, scraper)  # type: ignore[arg-type]
+        reconcile.reconcile(body, jobs, pods, logger, scraper, None, workloads)  # type: ignore[arg-type]
     finally:
         sys.setprofile(None)
     return stops
 
 
 def main() -> None:
-    stops = walk()
+    kinds = [arg for arg in sys.argv[1:] if arg in BODIES]
+    stops = walk(kinds[0] if kinds else BODIES[0])
     returns = sum(1 for i, name in enumerate(stops) if name in stops[:i])
     if "-q" not in sys.argv:
         print(" → ".join(name.removeprefix("ddp_operator.") for name in stops))

@@ -20,7 +20,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from ddp_operator.api import names
 from ddp_operator.api.spec import parse, parse_file
 from ddp_operator.children import render
-from ddp_operator.decide import decision, restarts, status
+from ddp_operator.decide import decision, restarts, sync_check
 from ddp_operator.local import host, processes
 from ddp_trainer import contract
 from ddp_trainer.core.config import parse_args, read_pod_env
@@ -143,7 +143,7 @@ def test_round_trip_render_run_the_trainer_read_the_status(tmp_path: Path, attem
     assert written["phase"] == "Succeeded"
     assert (written["attempt"], written["restarts"]) == (attempt, contract.restarts_before(attempt))
     assert written["sync"] == {
-        **status.report_sync(report),
+        **sync_check.from_report(report),
         "attempts": [  # the job's checks per attempt (issue 58 item 3): this one's, of its one world
             {
                 "attempt": attempt,
@@ -182,9 +182,9 @@ def test_restarts_in_place_round_trip_from_the_trainers_report_to_the_status() -
     now = dt.datetime(2026, 1, 1, 0, 1, tzinfo=dt.UTC)
     written = decision.decide(observed(body, [job], [_pod_with_report(job, message, 0)], now)).status
     assert written["phase"] == "Succeeded"
-    assert (written["restarts"], written[status.RESTARTS_IN_PLACE_FIELD]) == (2, 2)
-    last = written[status.LAST_RESTART_FIELD]
-    assert (last["kind"], last["inAttempt"]) == (status.IN_PLACE, 2) and cause in last["message"]
+    assert (written["restarts"], written[restarts.RESTARTS_IN_PLACE_FIELD]) == (2, 2)
+    last = written[restarts.LAST_RESTART_FIELD]
+    assert (last["kind"], last["inAttempt"]) == (restarts.IN_PLACE, 2) and cause in last["message"]
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ddp_operator.observe.kueue import SLICE_REPLACES
+from ddp_operator.observe.workloads import SLICE_REPLACES
 from helpers import slow_factories
 from helpers.e2e import (
     Operator,

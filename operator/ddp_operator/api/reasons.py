@@ -80,7 +80,7 @@ NODE_REJOINED: Final = contract.RESIZE_REJOINED
 RESIZE_REASONS: Final = contract.RESIZE_REASONS
 """Every reason of a resize: the status, the ``Resized`` event, ``ddpjob_elastic_resizes_total{reason}``."""
 
-# -- Kueue (``observe.kueue``): the phase's reason while the Job is suspended for Kueue ---------------------
+# -- Kueue (``observe.workloads``): the phase's reason while the Job is suspended for Kueue -----------------
 KUEUE_PENDING: Final = "KueuePending"
 """Waiting for quota (or for Kueue to make the Workload at all)."""
 KUEUE_INADMISSIBLE: Final = "KueueInadmissible"

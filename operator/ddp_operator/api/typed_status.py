@@ -5,7 +5,7 @@ Each field is its CRD property in snake_case (``restarts_in_place`` is ``status.
 same rule as the spec's (:func:`~ddp_operator.api.spec.crd_key`); a property that is a Python keyword says
 its key (``from_nodes`` is ``from``). Every field may be absent (None), since a status is written a piece at
 a time; a list is a tuple. :func:`read` takes a status as the API server stores it, or as the builder
-(:mod:`ddp_operator.decide.status`) writes it, and keeps each value of the type the schema declares, so a
+(``decide/status_builder``) writes it, and keeps each value of the type the schema declares, so a
 hand-written value of another type reads as absent; :func:`write` gives the mapping back, the absent fields
 left out: ``write(read(s)) == s`` for every status the builder writes (proven in
 tests/unit/operator/decide/test_status_schema.py). The fields are in the CRD's order, and

@@ -5,14 +5,20 @@ spec parsed once, its children and the other readings), reads the children into
 :class:`~ddp_operator.observe.facts.Facts`, renders the objects of the current attempt (a value the plan
 may carry, never something the decision asks for midway), picks exactly one branch below and returns a
 :class:`Plan`: the status to write, the Service and Job to create, the Jobs to delete, the Job to
-(un)suspend, the events to post. Each branch says its phase and ``Ready`` condition;
-:mod:`ddp_operator.decide.status` builds the rest of the status. :mod:`ddp_operator.runtime.reconcile`
-builds the observation and carries plans out; every branch here is unit-tested without an API server
+(un)suspend, the events to post. :mod:`ddp_operator.runtime.reconcile` builds the observation and carries
+plans out; every branch here is unit-tested without an API server
 (``tests/unit/operator/runtime/test_reconcile.py``) and proven against one by the e2e tests.
 
-Long because every branch of the decision reads best in one place, in the order the branches are checked
-(a running attempt's own cases included: starting, a container that cannot start, unschedulable,
-waiting on its claim or on Kueue).
+This module is the phase machine: which branch applies, in the order the branches are checked, and which
+rooms apply to the job (an elastic job's, Kueue's). Each branch says its phase and ``Ready`` condition;
+:mod:`~ddp_operator.decide.status` begins and ends the status, and each feature's rules live in a room of
+its own under ``decide/``: :mod:`~ddp_operator.decide.restarts`, :mod:`~ddp_operator.decide.checkpoints`,
+:mod:`~ddp_operator.decide.compute_probe`, :mod:`~ddp_operator.decide.sync_check`,
+:mod:`~ddp_operator.decide.progress` (with a stall), :mod:`~ddp_operator.decide.kueue`,
+:mod:`~ddp_operator.decide.starting`, and an elastic job's :mod:`~ddp_operator.decide.resize`,
+:mod:`~ddp_operator.decide.ending` and :mod:`~ddp_operator.decide.rendezvous_store`.
+
+Long because every branch of the decision reads best in one place, in the order the branches are checked.
 """
 
 from __future__ import annotations
@@ -28,23 +34,30 @@ from ddp_operator.api import names, reasons, typed_status
 from ddp_operator.api.spec import Spec, SpecError, known_total_steps
 from ddp_operator.api.typed_status import Status
 from ddp_operator.children import render
-from ddp_operator.children.store import render_store, store_of
-from ddp_operator.decide import ending, resize, restarts, stall, status
+from ddp_operator.decide import (
+    checkpoints,
+    compute_probe,
+    ending,
+    kueue,
+    progress,
+    rendezvous_store,
+    resize,
+    restarts,
+    starting,
+    status,
+    sync_check,
+)
 from ddp_operator.decide.plan import Event, Plan, Scrape
-from ddp_operator.decide.status import count, parse_time, stamp
-from ddp_operator.decide.status_builder import StatusBuilder, finished, of
+from ddp_operator.decide.status_builder import StatusBuilder, count, finished, of, parse_time, stamp
 from ddp_operator.observe import (
     claims,
-    kueue,
     live,
-    nodehealth,
-    podsecurity,
     references,
-    startup,
     store_health,
 )
 from ddp_operator.observe.facts import STOP_MARGIN_SECONDS, Facts, JobFacts, observe
 from ddp_operator.observe.observation import Observation
+from ddp_operator.observe.workloads import Workload
 from ddp_trainer import contract
 
 STALLED = reasons.STALLED
@@ -70,7 +83,7 @@ class Inputs:
     """The latest reading of the pods' metrics (:mod:`ddp_operator.runtime.scraper`), if any."""
     storage: claims.Diagnosis | None = None
     """Why the checkpoint claim keeps the pods from starting, when the claim was read and something does."""
-    workload: kueue.Workload | None = None
+    workload: Workload | None = None
     """Kueue's Workload of the attempt's Job (``spec.queueName``), once Kueue made one."""
     store: store_health.StoreReading | None = None
     """An elastic job's rendezvous store, as its pods say (None: the job has none, or no attempt yet)."""
@@ -86,7 +99,7 @@ def decide(observation: Observation) -> Plan:
     the spec as parsed (an unreadable one fails the DDPJob: :func:`invalid_spec`), the Jobs and pods read
     into :class:`Facts`, the current attempt's objects rendered, the readings (the checkpoint claim, Kueue's
     Workload, an elastic job's rendezvous store) interpreted, then exactly one branch (:func:`_decide`),
-    with an elastic job's rendezvous stores (:func:`_with_stores`)."""
+    with an elastic job's rendezvous stores (:mod:`~ddp_operator.decide.rendezvous_store`)."""
     body, now = observation.body, observation.now
     previous = of(body)
     generation = int(body.get("metadata", {}).get("generation") or 0)
@@ -99,30 +112,22 @@ def decide(observation: Observation) -> Plan:
     )
     last = typed_status.read(previous)
     used = restarts.restarts_used(facts.attempt, count(last.preemptions), count(last.restarts_in_place))
-    # where the compute probe found a faulty rank, and where GPUs are marked unhealthy (--node-health)
-    avoid = list(dict.fromkeys([*status.avoided_nodes(last), *sorted(observation.unhealthy or {})]))
+    avoid = compute_probe.nodes_to_avoid(last, observation.unhealthy)
     service = render.render_service(spec)
     job = render.render_job(spec, facts.attempt, restarts.left(spec.max_restarts, used), avoid_nodes=avoid)
-    if facts.startup is None and facts.job is not None:  # pods refused: named from the rendered template
-        pod = job["spec"]["template"]["spec"]
-        if refusal := podsecurity.failure(mount_events, facts.job.name, spec.namespace, pod):
-            facts = dataclasses.replace(facts, startup=refusal)
-    missing = observation.missing
-    if facts.startup is None and (absent := startup.absent(spec, missing, job["metadata"]["name"])):
-        facts = dataclasses.replace(facts, startup=absent)  # said now, before a pod could say it
+    if facts.startup is None:
+        facts = starting.refused_or_absent(facts, spec, job, mount_events, observation.missing)
     rendered = render.render_checkpoint_claim(spec)
     why = claims.diagnose(observation.claim, owned=rendered is not None, nodes=spec.nodes)
-    workloads = observation.workloads
-    found = (workloads or {}).get(facts.job.name) if facts.job and spec.queue_name else None
-    workload = kueue.read(found) if found is not None else None
-    store = None
-    if render.external_store(spec) and facts.job is not None:
-        store = store_health.read(observation.store_pods, facts.attempt, store_of(facts.job.name))
+    workload = kueue.workload(spec, facts.job, observation.workloads)
+    stored = render.external_store(spec)  # an elastic job's own rendezvous store: its room applies
+    store = rendezvous_store.reading(facts.job, facts.attempt, observation.store_pods) if stored else None
     snapshot = observation.snapshot
     inputs = Inputs(
         spec, generation, previous, facts, now, service, rendered, job, snapshot, why, workload, store
     )
-    return _with_stores(inputs, _decide(inputs))
+    plan = _decide(inputs)
+    return rendezvous_store.with_stores(plan, previous, last, now, facts.job, store) if stored else plan
 
 
 def invalid_spec(error: SpecError, previous: Mapping[str, Any], generation: int, now: dt.datetime) -> Plan:
@@ -140,50 +145,13 @@ def refused(previous: Mapping[str, Any], generation: int, now: dt.datetime, mess
     return _finish(out, False, reasons.INVALID_SPEC, message[:1024])
 
 
-def _with_stores(inputs: Inputs, plan: Plan) -> Plan:
-    """An elastic job's rendezvous store Job (children/store.py) goes with its attempt's Job, and when the
-    DDPJob finishes (a pod that starts late finds it until then: the rendezvous closed, it ends at once);
-    while the job runs, ``RendezvousStoreReady`` says whether it serves (:func:`_store_said`)."""
-    if not render.external_store(inputs.spec):
-        return plan
-    plan = _store_said(inputs, plan)
-    ending = [*plan.delete_jobs, *plan.abandon_jobs]
-    job = inputs.facts.job
-    if job is not None and finished(plan.status) and not finished(inputs.previous):  # finishing now
-        ending.append(job.name)
-    stores = tuple(dict.fromkeys(store_of(name) for name in ending))
-    return dataclasses.replace(plan, delete_jobs=(*plan.delete_jobs, *stores)) if stores else plan
-
-
-def _store_said(inputs: Inputs, plan: Plan) -> Plan:
-    """The store's condition on a job that has not finished, a Warning event when it stops serving for a
-    fault of its pod (lost, unschedulable, a container that cannot start; once per cause), and a Normal one
-    when it serves again after one."""
-    if (reading := inputs.store) is None or finished(plan.status):
-        return plan
-    kind = reasons.RENDEZVOUS_STORE_READY
-    said = inputs.last.condition(kind)
-    before = said.reason if said is not None else None
-    reading = store_health.since(reading, before)
-    out = StatusBuilder(inputs.previous, stamp(inputs.now))
-    out.condition(kind, reading.serving, reading.reason, reading.message)
-    if reading.fault and before != reading.reason:
-        out.events.append(Event("Warning", reading.reason, reading.message))
-    elif reading.serving and before in store_health.FAULTS:
-        out.events.append(
-            Event("Normal", reading.reason, f"the rendezvous store serves again: {reading.message}")
-        )
-    return out.add_to(plan)
-
-
 def _decide(inputs: Inputs) -> Plan:
     """The status to write and the next step: exactly one branch applies, checked in this order."""
     facts, job = inputs.facts, inputs.facts.job
     out = status.begin(
         inputs.previous, inputs.now, inputs.generation, facts.attempt, facts.report, inputs.spec
     )
-    seen, cause = _in_place(inputs)
-    status.restarted_in_place(out, facts.attempt, seen, cause, inputs.spec.max_restarts)
+    restarts.count_in_place(out, facts.attempt, facts.report, inputs.snapshot, inputs.spec.max_restarts)
     if finished(inputs.previous):
         return _finished(inputs, out)
     if (deadline := _deadline_passed(inputs)) is not None:
@@ -192,7 +160,8 @@ def _decide(inputs: Inputs) -> Plan:
         return _stopping_old_attempts(inputs, out)
     if job is None:
         return _create(inputs, out)
-    if (end := _elastic_end(inputs)) is not None:
+    elastic = inputs.spec.elastic is not None  # the elastic rooms apply
+    if elastic and (end := ending.attempt_end(inputs.spec, job, facts.report, inputs.now)) is not None:
         return _elastic_ended(inputs, out, job, end)
     if job.complete:  # a rigid job's Job: every pod succeeded
         return _completed(inputs, out)
@@ -204,23 +173,12 @@ def _decide(inputs: Inputs) -> Plan:
 def _completed(inputs: Inputs, out: StatusBuilder, said: str = "") -> Plan:
     """The attempt completed: Succeeded, with the report's step as the final progress."""
     facts = inputs.facts
-    status.checkpoint_events(out, facts.report)
+    checkpoints.restored_events(out, facts.report)
     steps = facts.report.get("step") if facts.report else None
-    if progress := status.final_progress(inputs.previous, steps, known_total_steps(inputs.spec), out.now):
-        out.set(progress=progress)
-    message = status.completed_message(inputs.previous, facts.attempt, inputs.now, steps)
+    if final := progress.final_progress(inputs.previous, steps, known_total_steps(inputs.spec), out.now):
+        out.set(progress=final)
+    message = progress.completed_message(inputs.previous, facts.attempt, inputs.now, steps)
     return _finish(out, True, reasons.COMPLETED, message + said)
-
-
-def _elastic_end(inputs: Inputs) -> ending.End | None:
-    """An elastic attempt's end (:mod:`ending`): its Job complete, or rank 0 finished verified while pods
-    that never started, or that left the world (silent), keep the Job from completing."""
-    spec, job = inputs.spec, inputs.facts.job
-    if spec.elastic is None or job is None:
-        return None
-    expected = ending.writes_report(spec)
-    warn = spec.sync_check.on_divergence == "Warn"
-    return ending.elastic_end(job, inputs.facts.report, known_total_steps(spec), expected, warn, inputs.now)
 
 
 def _elastic_ended(inputs: Inputs, out: StatusBuilder, job: JobFacts, end: ending.End) -> Plan:
@@ -235,19 +193,6 @@ def _elastic_ended(inputs: Inputs, out: StatusBuilder, job: JobFacts, end: endin
     return _end_attempt(inputs, out, job.name, outcome)
 
 
-def _in_place(inputs: Inputs) -> tuple[int, str]:
-    """The restarts in place the current attempt's pods reported (the metrics while it runs, rank 0's
-    report at its end: the higher count wins), and the cause of the last."""
-    attempt, report, snapshot = inputs.facts.attempt, inputs.facts.report or {}, inputs.snapshot
-    seen, cause = 0, ""
-    if snapshot is not None and snapshot.attempt == attempt and snapshot.latest is not None:
-        seen, cause = snapshot.latest.restarts_in_place, snapshot.latest.restart_cause
-    said = report.get(contract.REPORT_RESTARTS_IN_PLACE)
-    if report.get("attempt") == attempt and isinstance(said, int) and said > seen:
-        seen, cause = said, str(report.get(contract.REPORT_LAST_RESTART) or cause)
-    return seen, cause
-
-
 def _all_jobs(facts: Facts) -> tuple[str, ...]:
     return facts.stale_jobs + ((facts.job.name,) if facts.job else ())
 
@@ -259,7 +204,12 @@ def _finished(inputs: Inputs, out: StatusBuilder) -> Plan:
     ttl = inputs.spec.ttl_seconds_after_finished
     expired = ttl is not None and finished is not None and (inputs.now - finished).total_seconds() >= ttl
     # an elastic Job shrunk to index 0 as the DDPJob succeeded: again, should that patch not have landed
-    end = _elastic_end(inputs) if out.last.phase == reasons.SUCCEEDED else None
+    succeeded = out.last.phase == reasons.SUCCEEDED
+    end = (
+        ending.attempt_end(inputs.spec, inputs.facts.job, inputs.facts.report, inputs.now)
+        if succeeded
+        else None
+    )
     shrink = end.shrink if end is not None and end.verdict.done else None
     stale = inputs.facts.stale_jobs
     return Plan(out.plan().status, delete_jobs=stale, delete_self=expired, resize_job=shrink)
@@ -318,9 +268,9 @@ def _create(inputs: Inputs, out: StatusBuilder) -> Plan:
     else:
         out.condition(reasons.READY, False, "Creating", f"creating attempt {attempt}")
         if (absent := inputs.facts.startup) is not None:  # created all the same: the objects may come later
-            _cannot_start(inputs, out, absent)
-    status.sync_condition(out)
-    store = render_store(spec, attempt) if render.external_store(spec) else None  # an elastic job's
+            starting.cannot_start(out, absent, inputs.facts.ready_nodes, spec.nodes)
+    sync_check.condition(out)
+    store = rendezvous_store.to_create(spec, attempt) if render.external_store(spec) else None
     return out.plan(
         create_claim=inputs.claim, create_service=inputs.service, create_job=inputs.job, create_store=store
     )
@@ -352,15 +302,13 @@ def _end_attempt(
     preemptions = count(out.last.preemptions)
     in_place = count(out.current().restarts_in_place)
     decision = restarts.decide(outcome, attempt, inputs.spec.max_restarts, preemptions, in_place)
-    status.checkpoint_events(out, inputs.facts.report)
+    checkpoints.restored_events(out, inputs.facts.report)
     faulty: tuple[tuple[str, str, str], ...] = ()
     if decision.reason == contract.FAULTY_RANK:
-        status.avoid_nodes(out, restarts.faulty_nodes(outcome))
-        why = (outcome.report or {}).get("message") or "the compute probe named a faulty rank"
-        faulty = tuple((node, device, why) for node, device in nodehealth.faulty_devices(outcome.report))
+        faulty = compute_probe.faulty_rank_found(out, outcome)
     if decision.action is restarts.Action.RESTART:
         out.set(attempt=attempt + 1, restarts=restarts.shown(attempt + 1, in_place))
-        status.recreated(out, attempt + 1, decision.reason, decision.message)
+        restarts.recreated(out, attempt + 1, decision.reason, decision.message)
         if decision.reason == restarts.PREEMPTED:
             out.set(preemptions=preemptions + 1)
         out.phase(reasons.RESTARTING, decision.reason, decision.message, warning=True)
@@ -380,10 +328,7 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
         toggle = (job.name, False)
     ready, attempt = facts.ready_nodes, facts.attempt
     out.set(ready_nodes=ready)
-    if queued := kueue.summary(inputs.workload):
-        out.set(kueue=queued)
-    else:  # a new attempt's Job: the earlier Job's Workload is gone with it
-        out.drop("kueue")
+    kueue.write_workload(out, inputs.workload)
     if spec.suspend:
         out.phase(
             reasons.SUSPENDED, reasons.SUSPENDED, "suspended: the pods are stopped and the checkpoint is kept"
@@ -393,9 +338,7 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
         out.phase(reasons.PENDING, "Resuming", f"resuming Job {job.name}")
         out.condition(reasons.READY, False, "Resuming", f"Job {job.name} is still suspended")
     elif job.suspended:
-        reason, message = kueue.waiting(spec.queue_name or "", job.name, inputs.workload)
-        out.phase(reasons.PENDING, reason, message, warning=reason in kueue.WARNINGS)
-        out.condition(reasons.READY, False, reason, message)
+        kueue.say_queued(out, spec.queue_name or "", job.name, inputs.workload)
     elif ready == spec.nodes:
         out.phase(
             reasons.RUNNING,
@@ -416,76 +359,29 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
         message = short.message(spec, facts.unschedulable)
         if short.over:
             outcome = restarts.Outcome(False, reason=reasons.BELOW_MIN_NODES, message=message)
-            if (sized := _resize(inputs, out, job, ready)) is not None:
+            if (
+                sized := resize.of_reading(spec, job, out, ready, inputs.now, inputs.snapshot, attempt)
+            ) is not None:
                 out.set(elastic=sized.status)
             return _end_attempt(inputs, out, job.name, outcome, True)
         out.phase(reasons.RUNNING, reasons.BELOW_MIN_NODES, message, warning=True)
         out.condition(reasons.READY, False, reasons.BELOW_MIN_NODES, message)
-    elif (found := inputs.storage) is not None:
-        # before the scheduler's message: it says only "pod has unbound immediate PersistentVolumeClaims"
-        out.phase(reasons.PENDING, found.reason, found.message, warning=found.fault)
-        out.condition(reasons.READY, False, found.reason, f"{ready}/{spec.nodes} pods ready; {found.message}")
-    elif (failed := facts.startup) is not None:
-        _cannot_start(inputs, out, failed)
-    elif why := facts.unschedulable:
-        out.phase(reasons.PENDING, "Unschedulable", f"pods cannot be scheduled: {why}", warning=True)
-        out.condition(reasons.READY, False, "Unschedulable", f"{ready}/{spec.nodes} pods ready; {why}")
-    else:
-        out.phase(reasons.PENDING, "Starting", f"starting {spec.nodes} pods of attempt {attempt}")
-        out.condition(reasons.READY, False, "Starting", f"{ready}/{spec.nodes} pods ready")
+    else:  # the pods are starting, or cannot
+        starting.say_starting(out, spec, facts, inputs.storage)
     enough = spec.elastic.min_nodes if spec.elastic is not None else spec.nodes
     running = ready >= enough and not spec.suspend and not job.suspended
-    if running and (why := stall.stalled(inputs.snapshot, attempt, spec.stall_timeout_seconds)):
+    if running and (why := progress.stopped_stepping(out, spec, inputs.snapshot, attempt, inputs.now)):
         return _end_attempt(inputs, out, job.name, restarts.Outcome(False, reason=STALLED, message=why), True)
-    if running and (why := _never_started(inputs, out)):
-        return _end_attempt(inputs, out, job.name, restarts.Outcome(False, reason=STALLED, message=why), True)
-    status.write_reading(out, inputs.snapshot, attempt, known_total_steps(spec))
-    status.sync_condition(out)
+    progress.write_reading(out, inputs.snapshot, attempt, known_total_steps(spec))
+    sync_check.condition(out)
     scrape = None
     if facts.targets and not spec.suspend and not job.suspended:
         scrape = Scrape(attempt, spec.metrics_port, facts.targets)
-    sized = _resize(inputs, out, job, ready)
+    sized = resize.of_reading(spec, job, out, ready, inputs.now, inputs.snapshot, attempt)
     if sized is not None:
         out.set(elastic=sized.status, selector=f"{names.JOB_NAME_LABEL}={spec.name}")  # /scale's selector
         out.events.extend(sized.events)
     return out.plan(suspend_job=toggle, scrape=scrape, resize_job=sized.job if sized else None)
-
-
-def _resize(inputs: Inputs, out: StatusBuilder, job: JobFacts, ready: int) -> resize.Resize | None:
-    """:func:`resize.decide` with this attempt's metrics reading: the world the trainer says trains."""
-    snapshot = inputs.snapshot
-    held = snapshot is not None and snapshot.attempt == inputs.facts.attempt
-    reading = snapshot.latest if snapshot is not None and held else None
-    return resize.decide(inputs.spec, job, out, ready, inputs.now, reading, held)
-
-
-def _cannot_start(inputs: Inputs, out: StatusBuilder, failed: startup.StartupFailure) -> None:
-    """A container the kubelet cannot start (an image, a Secret): Pending, the kubelet's words and the fix
-    in ``Ready``, a Warning event once per cause (not at each retry of the kubelet's, which alternates
-    ``ErrImagePull`` and ``ImagePullBackOff``). No restart: a new gang would wait for the same cause, and
-    the pods start by themselves once it is gone (the start timeout counts only from when all run)."""
-    old = out.said(reasons.READY)
-    said = (
-        out.last.phase == reasons.PENDING
-        and startup.same_cause(str(old.reason if old is not None else None), failed.reason)
-        and failed.subject in str(old.message if old is not None else None)
-    )
-    out.set(phase=reasons.PENDING)
-    if not said:
-        out.events.append(Event("Warning", failed.reason, failed.said))
-    ready = f"{inputs.facts.ready_nodes}/{inputs.spec.nodes} pods ready; {failed.said}"
-    out.condition(reasons.READY, False, failed.reason, ready)
-
-
-def _never_started(inputs: Inputs, out: StatusBuilder) -> str | None:
-    """A gang whose pods all run (since the ``Ready`` condition turned True) but that never stepped."""
-    spec = inputs.spec
-    since = parse_time(out.since(reasons.READY))
-    running = (inputs.now - since).total_seconds() if since else 0.0
-    built_in = spec.command is None and spec.args is None and spec.metrics_port != 0
-    return stall.never_started(
-        inputs.snapshot, inputs.facts.attempt, running, spec.start_timeout_seconds, spec.world_size, built_in
-    )
 
 
 def _finish(

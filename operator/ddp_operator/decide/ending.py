@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddp_operator.api import reasons
-from ddp_operator.api.spec import Spec, sync_hook
+from ddp_operator.api.spec import Spec, known_total_steps, sync_hook
 from ddp_operator.observe.facts import JobFacts
 from ddp_trainer import contract
 
@@ -166,3 +166,16 @@ def finished_pod(
         if code == 0 and report is not None and verdict(report, total_steps, warn=warn).done:
             return index
     return None
+
+
+def attempt_end(
+    spec: Spec, job: JobFacts | None, report: Mapping[str, Any] | None, now: dt.datetime | None = None
+) -> End | None:
+    """An elastic attempt's end (:func:`elastic_end`): its Job complete, or rank 0 finished verified while
+    pods that never started, or that left the world (silent), keep the Job from completing; None for a
+    rigid job, or before the Job."""
+    if spec.elastic is None or job is None:
+        return None
+    expected = writes_report(spec)
+    warn = spec.sync_check.on_divergence == "Warn"
+    return elastic_end(job, report, known_total_steps(spec), expected, warn, now)

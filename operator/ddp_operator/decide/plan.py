@@ -1,7 +1,6 @@
 """A reconcile's result: the ``Plan`` (status to write, children to create or delete, events to post,
-metrics to read). Pure values; :mod:`ddp_operator.decide.status` builds the status,
-:mod:`ddp_operator.decide.decision`
-the rest."""
+metrics to read). Pure values; :mod:`ddp_operator.decide.decision` decides it, the status built through
+:mod:`ddp_operator.decide.status_builder`."""
 
 from __future__ import annotations
 

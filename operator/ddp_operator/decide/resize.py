@@ -22,10 +22,10 @@ from ddp_operator.api import reasons, typed_status
 from ddp_operator.api.spec import Spec
 from ddp_operator.api.typed_status import Counted, Elastic, Status
 from ddp_operator.decide.plan import Event
-from ddp_operator.decide.status import parse_time, stamp
-from ddp_operator.decide.status_builder import Section, StatusBuilder
+from ddp_operator.decide.status_builder import Section, StatusBuilder, parse_time, stamp
 from ddp_operator.observe.facts import JobFacts
-from ddp_operator.observe.progress import LastResize, Progress
+from ddp_operator.observe.live import Snapshot
+from ddp_operator.observe.metrics import LastResize, Progress
 
 TRAINER, PODS_READY = "Trainer", "PodsReady"
 """``status.elastic.nodesFrom``: whose word ``nodes`` is: the trainer's (its world, read from its metrics),
@@ -245,3 +245,19 @@ def below_min(spec: Spec, previous: Status, ready: int, now: dt.datetime) -> Bel
     waited = (now - since).total_seconds()
     short = spec.elastic.min_nodes - ready
     return BelowMin(ready, short, waited, waited >= spec.elastic.below_min_timeout_seconds)
+
+
+def of_reading(
+    spec: Spec,
+    job: JobFacts,
+    out: StatusBuilder,
+    ready: int,
+    now: dt.datetime,
+    snapshot: Snapshot | None,
+    attempt: int,
+) -> Resize | None:
+    """:func:`decide` with the metrics reading of ``attempt``, if the snapshot holds one: the world the
+    trainer says trains."""
+    held = snapshot is not None and snapshot.attempt == attempt
+    reading = snapshot.latest if snapshot is not None and held else None
+    return decide(spec, job, out, ready, now, reading, held)

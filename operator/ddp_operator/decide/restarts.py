@@ -20,6 +20,11 @@ An attempt is one Indexed Job: all pods start together and one failed pod fails 
 - any other failure starts attempt + 1 (resuming from the last good checkpoint) while restarts are left;
   the restarts done in place inside the attempts' pods (torchrun's agents, ``ddp_trainer.launch``) count
   against the same ``maxRestarts`` (:func:`restarts_used`), and the next Job's agents get what is left.
+
+And what the operator's status says of gang restarts: ``status.restarts`` (:func:`shown`), the restarts
+done in place that the pods report (:func:`count_in_place`: :func:`in_place_seen`, counted into
+``status.restartsInPlace`` and ``status.lastRestart`` by :func:`restarted_in_place`), and a new
+attempt's (:func:`recreated`).
 """
 
 from __future__ import annotations
@@ -27,8 +32,12 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from ddp_operator.api import exits, reasons
+from ddp_operator.api import exits, reasons, typed_status
+from ddp_operator.api.typed_status import LastRestart, Status
+from ddp_operator.decide.plan import Event
+from ddp_operator.decide.status_builder import StatusBuilder, count
 from ddp_operator.observe import failures
+from ddp_operator.observe.live import Snapshot
 from ddp_operator.observe.outcome import Outcome as Outcome
 from ddp_trainer import contract
 
@@ -209,3 +218,74 @@ def _failed_pods(outcome: Outcome) -> str:
     if not failed:
         return "no pod reported an exit code"
     return ", ".join(f"node {index} {exits.exited(code)}" for index, code in failed.items())
+
+
+# -- what the status says of gang restarts ------------------------------------------------------------
+
+RESTARTS_IN_PLACE_FIELD = typed_status.key(Status, "restarts_in_place")
+"""``status.restartsInPlace``: the job's gang restarts done in place, over all its attempts (each attempt's
+count is its pods' report, :data:`ddp_trainer.contract.REPORT_RESTARTS_IN_PLACE`, or their metric); the
+operator's metrics read it (``runtime/opmetrics``)."""
+IN_PLACE, RECREATE = "InPlace", "Recreate"
+RESTARTED_IN_PLACE = reasons.RESTARTED_IN_PLACE
+"""The reason (and the event's) of a gang restart done in place."""
+LAST_RESTART_FIELD = typed_status.key(Status, "last_restart")
+"""``status.lastRestart``: the last gang restart, in place or by a new Job."""
+
+
+def in_place_so_far(previous: Status, attempt: int) -> int:
+    """The restarts in place of ``attempt`` the status already counts."""
+    last = previous.last_restart
+    if last is not None and last.kind == IN_PLACE and last.attempt == attempt:
+        return count(last.in_attempt)
+    return 0
+
+
+def restarted_in_place(out: StatusBuilder, attempt: int, seen: int, cause: str, max_restarts: int) -> None:
+    """Count the restarts in place the pods of ``attempt`` reported (``seen`` so far in the attempt; the
+    cause of the last) beyond what the status counts: ``restarts``, ``restartsInPlace``, ``lastRestart``
+    and a Warning event."""
+    known = in_place_so_far(out.last, attempt)
+    if seen <= known:
+        return
+    now = out.current()
+    total = count(now.restarts) + seen - known
+    out.set(restarts_in_place=count(now.restarts_in_place) + seen - known, restarts=total)
+    why = cause or "a process failed"
+    message = (
+        f"attempt {attempt}: gang restarted in place ({seen} in this attempt, {total} of "
+        f"maxRestarts {max_restarts} used): {why}; same pods, resuming from the last checkpoint"
+    )
+    out.set(last_restart=LastRestart(IN_PLACE, attempt, seen, RESTARTED_IN_PLACE, message[:1024], out.now))
+    out.events.append(Event("Warning", RESTARTED_IN_PLACE, message))
+
+
+def recreated(out: StatusBuilder, attempt: int, reason: str, message: str) -> None:
+    """The gang restarts as ``attempt`` (a new Job and new pods)."""
+    out.set(last_restart=LastRestart(RECREATE, attempt, None, reason, message[:1024], out.now))
+
+
+def in_place_seen(attempt: int, report: contract.Report | None, snapshot: Snapshot | None) -> tuple[int, str]:
+    """The restarts in place the pods of ``attempt`` reported (the metrics while it runs, rank 0's
+    report at its end: the higher count wins), and the cause of the last."""
+    report = report or {}
+    seen, cause = 0, ""
+    if snapshot is not None and snapshot.attempt == attempt and snapshot.latest is not None:
+        seen, cause = snapshot.latest.restarts_in_place, snapshot.latest.restart_cause
+    said = report.get(contract.REPORT_RESTARTS_IN_PLACE)
+    if report.get("attempt") == attempt and isinstance(said, int) and said > seen:
+        seen, cause = said, str(report.get(contract.REPORT_LAST_RESTART) or cause)
+    return seen, cause
+
+
+def count_in_place(
+    out: StatusBuilder,
+    attempt: int,
+    report: contract.Report | None,
+    snapshot: Snapshot | None,
+    max_restarts: int,
+) -> None:
+    """The restarts in place the pods of ``attempt`` reported (:func:`in_place_seen`), counted into the
+    status beyond what it counts already (:func:`restarted_in_place`)."""
+    seen, cause = in_place_seen(attempt, report, snapshot)
+    restarted_in_place(out, attempt, seen, cause, max_restarts)

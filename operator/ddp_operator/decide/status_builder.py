@@ -1,15 +1,18 @@
 """The one builder of a DDPJob's status: :class:`StatusBuilder` writes the status's mapping, with stable
 condition transition times and the events that go with it, naming each field as
 :class:`~ddp_operator.api.typed_status.Status` does and reading the status before (and what it wrote so far)
-typed; :func:`finished` says whether a status is a finished job's.
+typed; :func:`finished` says whether a status is a finished job's; :func:`stamp`, :func:`parse_time`
+and :func:`count` read and write its times and counts.
 
-:mod:`ddp_operator.decide.status` says what each source writes through it; no other module of ``decide/``
+:mod:`ddp_operator.decide.status` (the beginning and the end of the status) and the rooms of
+``decide/`` (each feature's part) say what each source writes through it; no other module of ``decide/``
 spells a status key (tests/contract/test_status_keys.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field, is_dataclass
@@ -26,6 +29,7 @@ SECTION_KEYS: dict[type, Mapping[str, str]] = {
     kind: typed_status.keys(kind)
     for kind in (
         typed_status.Elastic,
+        typed_status.Kueue,
         typed_status.LastResize,
         typed_status.Probe,
         typed_status.Progress,
@@ -39,6 +43,26 @@ SECTION_KEYS: dict[type, Mapping[str, str]] = {
 def of(body: Mapping[str, Any]) -> dict[str, Any]:
     """A DDPJob's status as last written (a copy; {} before the first write)."""
     return dict(body.get("status") or {})
+
+
+def stamp(moment: dt.datetime) -> str:
+    """RFC 3339 in UTC, as the API server writes times."""
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: Any) -> dt.datetime | None:
+    """A time the status holds (RFC 3339), or None when it holds none or an unreadable one."""
+    if not isinstance(text, str):
+        return None
+    try:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def count(value: Any) -> int:
+    """A count from the status: a non-negative integer (anything else, hand-written, counts as 0)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 @dataclass

@@ -1,9 +1,9 @@
 """The I/O edge of ``ddpjob local``: start the pods of each attempt, watch them, report, restart or stop.
 
-Everything it decides comes from pure functions: ``processes.local_pods`` (what runs), ``restarts.decide``
-(what happens after an attempt) and ``progress`` (what a person sees). Long because it is local mode's one
-loop: start, watch, report, restart (in place or as a new attempt) or stop, and the sync hook's init
-container.
+Everything it decides comes from pure functions: ``processes.local_pods`` (what runs),
+``restarts.decide`` (what happens after an attempt) and ``observe.metrics`` (what a person sees).
+Long because it is local mode's one loop: start, watch, report, restart (in place or as a new attempt) or
+stop, and the sync hook's init container.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ddp_operator.api.spec import Spec, known_total_steps, lost_checkpoints, not
 from ddp_operator.children import render
 from ddp_operator.decide import ending, restarts
 from ddp_operator.local import elastic, gang, host, processes, validation
-from ddp_operator.observe import failures, podlogs, progress, references
+from ddp_operator.observe import failures, metrics, podlogs, references
 from ddp_trainer import contract
 
 GRACE_SECONDS = 30.0  # the trainer checkpoints at its next step boundary on SIGTERM, well within this
@@ -125,14 +125,14 @@ def run(
     earlier = first_attempt - contract.FIRST_ATTEMPT
     in_place = 0  # gang restarts done in place (same pods), as the pods' reports say
     # the sync checks of every attempt (an earlier, unfinished run's too: its reports stay in its folders)
-    checked = progress.with_attempt([], None)
+    checked = metrics.with_attempt([], None)
     for earlier_attempt in range(contract.FIRST_ATTEMPT, first_attempt):
-        checked = progress.with_attempt(checked, _checks_of(run_dir, earlier_attempt))
+        checked = metrics.with_attempt(checked, _checks_of(run_dir, earlier_attempt))
     with Interrupt() as interrupt:
         while True:
             used = restarts.restarts_used(attempt, earlier, in_place)
             outcome = _attempt(spec, attempt, run_dir, console, interrupt, used, job_dir)
-            checked = progress.with_attempt(checked, _checks_of(run_dir, attempt))
+            checked = metrics.with_attempt(checked, _checks_of(run_dir, attempt))
             now_in_place = _in_place(outcome.report, attempt)
             if now_in_place:
                 in_place += now_in_place
@@ -167,7 +167,7 @@ def _checks_of(run_dir: Path, attempt: int) -> dict[str, int] | None:
     """The sync checks of ``attempt``, every world of it, as its pods' reports tell (the one that tells the
     most: a pod killed before it reported, or one that joined late, tells less)."""
     found = [
-        progress.attempt_checks(contract.parse_report(_read(path)), attempt)
+        metrics.attempt_checks(contract.parse_report(_read(path)), attempt)
         for path in sorted((run_dir / f"attempt-{attempt}").glob("*.termination-log"))
     ]
     return max((f for f in found if f), key=lambda f: (f["checks"], f["worlds"]), default=None)
@@ -318,7 +318,7 @@ def _watch(
     Returns the exit codes when that happened (who failed first) and after every pod stopped. An elastic
     job's failed pod is replaced instead (``respawn``) while enough others run (``elastic.replaceable``)."""
     last_progress = first_at = time.monotonic()
-    first: progress.Progress | None = None
+    first: metrics.Progress | None = None
     replaced, pending = 0, dict[int, float]()  # pod index -> when its replacement starts
     finished_at: float | None = None  # when a pod's report said the training finished, verified (elastic)
     while True:
@@ -355,12 +355,12 @@ def _watch(
         time.sleep(POLL_SECONDS)
         if time.monotonic() - last_progress >= PROGRESS_SECONDS:
             last_progress = time.monotonic()
-            texts = [text for pod in pods if (text := progress.scrape(pod.metrics_port)) is not None]
-            if texts and (now := progress.parse(texts)).step > 0:
+            texts = [text for pod in pods if (text := metrics.scrape(pod.metrics_port)) is not None]
+            if texts and (now := metrics.parse(texts)).step > 0:
                 if first is None:
                     first, first_at = now, time.monotonic()
                 console.progress(
-                    progress.line(now, known_total_steps(spec), time.monotonic() - first_at, first), now.step
+                    metrics.line(now, known_total_steps(spec), time.monotonic() - first_at, first), now.step
                 )
     ended = [(pod, code) for pod, code in zip(pods, codes, strict=True) if code not in (None, 0)]
     if interrupt.count:
@@ -481,5 +481,5 @@ def _summary(
         f"ddpjob local: {spec.name}: {result} in {seconds:.1f}s after {attempts} attempt(s)"
         + ("" if result == "Succeeded" else f" — {decision.reason}: {decision.message}")
     )
-    console.say(f"  sync: {progress.sync_sentence(outcome.report, checked)}")
+    console.say(f"  sync: {metrics.sync_sentence(outcome.report, checked)}")
     console.say(f"  checkpoints and logs: {run_dir}")

@@ -3,8 +3,8 @@ pods with an earlier one of the same run, and the rates between them. Pure.
 
 :mod:`ddp_operator.runtime.scraper` reads the pods' ``/metrics`` outside any reconcile and keeps the latest
 :class:`Snapshot` per DDPJob; the reconcile hands it to :func:`ddp_operator.decide.decision.decide` in its
-:class:`~ddp_operator.observe.observation.Observation`, and :mod:`ddp_operator.decide.status` writes it
-into ``status.progress`` and the live ``status.sync``.
+:class:`~ddp_operator.observe.observation.Observation`, and :mod:`ddp_operator.decide.progress` writes
+it into ``status.progress`` and the live ``status.sync``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ddp_operator.observe.progress import Progress
+from ddp_operator.observe.metrics import Progress
 
 
 @dataclass(frozen=True)

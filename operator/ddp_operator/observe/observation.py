@@ -35,7 +35,7 @@ class Observation:
     claim: claims.ClaimReading | None = None
     """What the cluster says about the checkpoint claim, when :func:`claims.claim_to_read` asked for it."""
     workloads: Mapping[str, Mapping[str, Any]] | None = None
-    """Kueue's Workloads of the DDPJob's Jobs, by Job name (:mod:`~ddp_operator.observe.kueue`)."""
+    """Kueue's Workloads of the DDPJob's Jobs, by Job name (:mod:`~ddp_operator.observe.workloads`)."""
     mount_events: Sequence[Mapping[str, Any]] = ()
     """The events read for the DDPJob: the kubelet's ``FailedMount`` on its pods
     (:func:`~ddp_operator.observe.mounts.pods_to_read`), the Job controller's ``FailedCreate`` on a Job

@@ -21,7 +21,7 @@ import kubernetes
 
 from ddp_operator.api import crd, names
 from ddp_operator.decide.status import finished
-from ddp_operator.observe import kueue, nodehealth
+from ddp_operator.observe import nodehealth, workloads
 from ddp_operator.runtime import heap, nodes, opmetrics, reconcile
 from ddp_operator.runtime.lease import Elector
 from ddp_operator.runtime.recent import Recent
@@ -165,23 +165,23 @@ def on_store_pod(namespace: str | None, labels: kopf.Labels, **kwargs: Any) -> N
 
 
 def _owned_by_job(body: kopf.Body, **_: Any) -> bool:
-    return kueue.owner_job(body) is not None
+    return workloads.owner_job(body) is not None
 
 
-# Kueue's Workloads, by (namespace, the name of the Job that owns them): the DDPJob's status says what Kueue
-# says while its Job waits (kueue.py). Kueue labels a Workload with nothing of ours, so every Workload
-# owned by a Job is kept, slimmed to its conditions. Without Kueue's CRD Kopf serves nothing here (it logs
-# that the resource is unresolved) and picks the resource up when the CRD appears.
-@kopf.index(kueue.GROUP, kueue.WORKLOADS, when=_owned_by_job)
+# Kueue's Workloads, by (namespace, the name of the Job that owns them): the DDPJob's status says what
+# Kueue says while its Job waits (observe/workloads.py). Kueue labels a Workload with nothing of ours, so
+# every Workload owned by a Job is kept, slimmed to its conditions. Without Kueue's CRD Kopf serves nothing
+# here (it logs that the resource is unresolved) and picks the resource up when the CRD appears.
+@kopf.index(workloads.GROUP, workloads.WORKLOADS, when=_owned_by_job)
 def ddpjob_workloads(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Key, dict[str, Any]]:
-    return {(namespace or "", kueue.owner_job(body) or ""): kueue.slim(body)}
+    return {(namespace or "", workloads.owner_job(body) or ""): workloads.slim(body)}
 
 
-@kopf.on.event(kueue.GROUP, kueue.WORKLOADS, when=_owned_by_job)
+@kopf.on.event(workloads.GROUP, workloads.WORKLOADS, when=_owned_by_job)
 def on_workload(namespace: str | None, body: kopf.Body, **kwargs: Any) -> None:
     """A Workload changed: reconcile the DDPJob whose Job owns it (Jobs are named ``<ddpjob>-<attempt>``;
     a DDPJob of that name whose Jobs are not the owner finds no Workload of its own and decides as before)."""
-    owner = ((namespace or ""), (kueue.owner_job(body) or "").rpartition("-")[0])
+    owner = ((namespace or ""), (workloads.owner_job(body) or "").rpartition("-")[0])
     if owner[1] and owner in kwargs["ddpjob_bodies"]:
         reconcile_from_indexes(owner, **kwargs)
 
@@ -244,14 +244,16 @@ def reconcile_from_indexes(
             _LAST[key] = time.monotonic()
         for body in list(ddpjob_bodies.get(key, []))[:1]:
             jobs, pods = list(ddpjob_jobs.get(key, [])), list(ddpjob_pods.get(key, []))
-            workloads = {}
+            by_job = {}
             for job in jobs:
                 name = job.get("metadata", {}).get("name", "")
-                if (workload := kueue.current(list(ddpjob_workloads.get((key[0], name), [])))) is not None:
-                    workloads[name] = workload
+                if (
+                    workload := workloads.current(list(ddpjob_workloads.get((key[0], name), [])))
+                ) is not None:
+                    by_job[name] = workload
             unhealthy = _unhealthy_nodes(kwargs.get("ddpjob_unhealthy_nodes"))
             stores = list(ddpjob_store_pods.get(key, [])) if ddpjob_store_pods is not None else []
-            reconcile.reconcile(body, jobs, pods, logger, SCRAPER, RECENT, workloads, unhealthy, stores)
+            reconcile.reconcile(body, jobs, pods, logger, SCRAPER, RECENT, by_job, unhealthy, stores)
 
 
 def _unhealthy_nodes(index: kopf.Index[str, str] | None) -> dict[str, str]:

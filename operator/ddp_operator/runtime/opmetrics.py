@@ -17,7 +17,8 @@ from prometheus_client.registry import Collector
 
 from ddp_operator.api import reasons
 from ddp_operator.decide.plan import Plan
-from ddp_operator.decide.status import PHASES, RESTARTS_IN_PLACE_FIELD, TERMINAL
+from ddp_operator.decide.restarts import RESTARTS_IN_PLACE_FIELD
+from ddp_operator.decide.status import PHASES, TERMINAL
 from ddp_trainer import contract
 
 JOBS_HELP = "DDPJobs this operator watches, by phase."

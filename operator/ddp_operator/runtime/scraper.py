@@ -6,7 +6,7 @@ A reconcile's plan names the pods to read (:attr:`~ddp_operator.decide.plan.Plan
 once; a small thread pool does the reads (``http://<podIP>:<metricsPort>/metrics``, no token: the pod network,
 as a cluster's Prometheus reaches them); the next reconcile finds the
 :class:`~ddp_operator.observe.live.Snapshot`. Each read times out after :data:`TIMEOUT_SECONDS` and stops at
-:data:`progress.SIZE_LIMIT` bytes; a job whose pods did not answer in time is read again only after
+:data:`metrics.SIZE_LIMIT` bytes; a job whose pods did not answer in time is read again only after
 :data:`RETRY_SECONDS`.
 """
 
@@ -19,7 +19,7 @@ import time
 import urllib.error
 from collections.abc import Callable, Sequence
 
-from ddp_operator.observe import live, progress
+from ddp_operator.observe import live, metrics
 from ddp_operator.observe.live import Target
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ class Scraper:
 
     def __init__(
         self,
-        fetch: Callable[[str], str] = lambda url: progress.fetch(url, timeout=TIMEOUT_SECONDS),
+        fetch: Callable[[str], str] = lambda url: metrics.fetch(url, timeout=TIMEOUT_SECONDS),
         workers: int = 4,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -84,7 +84,7 @@ class Scraper:
             texts = [a.text for a in answers if a.text is not None]
             latest = None
             try:
-                latest = progress.parse(texts) if texts else None
+                latest = metrics.parse(texts) if texts else None
             except ValueError as exc:  # not Prometheus text: say so, as for a pod that did not answer
                 answers = [live.Answer(a.pod, None, error=f"unreadable metrics: {exc}") for a in answers]
             with self._lock:

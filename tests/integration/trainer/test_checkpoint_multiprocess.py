@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from ddp_operator.decide import status
+import ddp_operator.decide.checkpoints
 from ddp_trainer import contract
 from ddp_trainer.checkpoint import checkpoints as checkpoints_io
 from ddp_trainer.checkpoint import provenance
@@ -140,7 +140,7 @@ def test_a_corrupt_newest_checkpoint_is_skipped_and_the_one_before_resumed(
     (skipped,) = report["skippedCheckpoints"]
     assert skipped.startswith("step-00000020.a.pt: contents do not match their sha256")
     assert f"checkpoint skipped: {skipped}" in run.logs()
-    assert status.report_checkpoint(report)["skipped"] == [skipped]
+    assert ddp_operator.decide.checkpoints.from_report(report)["skipped"] == [skipped]
     # The corrupt file was replaced by this run's own step 20 (its second world's: .w2), and keep=2 left
     # 20 and 30.
     assert checkpoints(folder) == ["step-00000020.a.w2.pt", "step-00000030.a.w2.pt"]

@@ -1,5 +1,5 @@
-"""What a queued DDPJob says while Kueue holds its Job (kueue.py), read from Workloads shaped as Kueue
-v0.17 writes them (copied from the test cluster's Kueue: tests/e2e/test_kueue.py proves them there)."""
+"""What a queued DDPJob says while Kueue holds its Job (observe/workloads.py), read from Workloads shaped as
+Kueue v0.17 writes them (copied from the test cluster's Kueue: tests/e2e/test_kueue.py proves them there)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 from ddp_operator.api.spec import parse
 from ddp_operator.children import render
-from ddp_operator.decide import decision
+from ddp_operator.decide import decision, kueue
 from ddp_operator.decide.plan import Plan
-from ddp_operator.observe import kueue
+from ddp_operator.observe import workloads
 from helpers.reconciling import observed
 
 NOW = dt.datetime(2026, 11, 27, 3, 0, tzinfo=dt.UTC)
@@ -72,41 +72,43 @@ TIMED_OUT = _workload(
 
 
 def test_a_workload_is_read_as_kueue_writes_it() -> None:
-    assert kueue.owner_job(WAITING) == "train-1"
-    assert kueue.owner_job({"metadata": {"ownerReferences": [{"kind": "Pod", "apiVersion": "v1"}]}}) is None
-    waiting = kueue.read(WAITING)
+    assert workloads.owner_job(WAITING) == "train-1"
+    assert (
+        workloads.owner_job({"metadata": {"ownerReferences": [{"kind": "Pod", "apiVersion": "v1"}]}}) is None
+    )
+    waiting = workloads.read(WAITING)
     assert (waiting.admitted, waiting.pending, waiting.evicted, waiting.inadmissible) == (
         False,
         QUOTA,
         None,
         False,
     )
-    admitted = kueue.read(ADMITTED)
+    admitted = workloads.read(ADMITTED)
     assert (admitted.admitted, admitted.cluster_queue, admitted.pending) == (True, "team", "")
-    evicted = kueue.read(EVICTED)
+    evicted = workloads.read(EVICTED)
     assert evicted.evicted == ("Preempted", PREEMPTED) and evicted.evictions == 1 and not evicted.admitted
-    assert kueue.read(NO_QUEUE).inadmissible
-    slim = kueue.slim(ADMITTED)
-    assert "resourceRequests" not in slim["status"] and kueue.read(slim) == admitted
+    assert workloads.read(NO_QUEUE).inadmissible
+    slim = workloads.slim(ADMITTED)
+    assert "resourceRequests" not in slim["status"] and workloads.read(slim) == admitted
 
 
 def test_the_reason_and_message_name_kueue_the_local_queue_and_kueues_words() -> None:
     assert kueue.waiting("team-q", "train-1", None)[0] == kueue.PENDING
-    reason, message = kueue.waiting("team-q", "train-1", kueue.read(WAITING))
+    reason, message = kueue.waiting("team-q", "train-1", workloads.read(WAITING))
     assert (
         reason == "KueuePending"
         and "Kueue" in message
         and "LocalQueue team-q" in message
         and QUOTA in message
     )
-    reason, message = kueue.waiting("team-q", "train-1", kueue.read(EVICTED))
+    reason, message = kueue.waiting("team-q", "train-1", workloads.read(EVICTED))
     assert reason == "KueuePreempted" and message.startswith("preempted by Kueue: " + PREEMPTED)
     assert "admitted again" in message and QUOTA in message
-    reason, message = kueue.waiting("nope", "train-1", kueue.read(NO_QUEUE))
+    reason, message = kueue.waiting("nope", "train-1", workloads.read(NO_QUEUE))
     assert reason == "KueueInadmissible" and "LocalQueue nope doesn't exist" in message
-    reason, message = kueue.waiting("team-q", "train-1", kueue.read(ADMITTED))
+    reason, message = kueue.waiting("team-q", "train-1", workloads.read(ADMITTED))
     assert reason == "KueueAdmitted" and "ClusterQueue team" in message
-    reason, message = kueue.waiting("team-q", "train-1", kueue.read(TIMED_OUT))
+    reason, message = kueue.waiting("team-q", "train-1", workloads.read(TIMED_OUT))
     assert reason == "KueueRequeued" and "PodsReady timeout" in message
     assert {"KueueInadmissible", "KueuePreempted", "KueueRequeued", "KueueEvicted"} == kueue.WARNINGS
 

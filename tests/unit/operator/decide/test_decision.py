@@ -12,11 +12,11 @@ import pytest
 
 from ddp_operator.api import crd, schema
 from ddp_operator.children import render
-from ddp_operator.decide import decision, stall
+from ddp_operator.decide import decision, progress
 from ddp_operator.decide.status import finished
 from ddp_operator.observe import live
 from ddp_operator.observe.facts import STOP_MARGIN_SECONDS, current_attempt
-from ddp_operator.observe.progress import Progress
+from ddp_operator.observe.metrics import Progress
 from helpers.reconciling import NOW, ddpjob_body, job_object, observed, pod_object, reconcile_once, spec_of
 
 
@@ -176,21 +176,21 @@ def test_a_stall_names_the_pod_that_stopped_answering_and_the_ranks_behind() -> 
     snap = live.record(None, 1, 9400, _answers("a", "b"), 1000.0, _reading(50, times))
     for at in (1010.0, 1019.0):
         snap = live.record(snap, 1, 9400, _answers("a", hung="job-1-1-xyz"), at, _reading(50, times))
-        assert stall.stalled(snap, 1, 20) is None
+        assert progress.stalled(snap, 1, 20) is None
     snap = live.record(snap, 1, 9400, _answers("a", hung="job-1-1-xyz"), 1020.0, _reading(50, times))
-    why = stall.stalled(snap, 1, 20)
+    why = progress.stalled(snap, 1, 20)
     assert why is not None and why.startswith(
         "no optimizer step for 20s (rank 0 at step 50; the limit is 20s"
     )
     assert "pod job-1-1-xyz did not answer its metrics (timed out)" in why
     assert "rank 2 is at step 40 of 50" in why and "rank 1 " not in why
-    assert stall.stalled(snap, 1, 0) is None and stall.stalled(snap, 2, 20) is None
+    assert progress.stalled(snap, 1, 0) is None and progress.stalled(snap, 2, 20) is None
 
 
 def test_a_slow_model_gets_twenty_step_times() -> None:
     snap = live.record(None, 1, 9400, _answers("a"), 1000.0, _reading(5, {"0": (50.0, 5.0)}))  # 10 s/step
     snap = live.record(snap, 1, 9400, _answers("a"), 1150.0, _reading(5, {"0": (50.0, 5.0)}))
-    assert stall.limit_seconds(snap, 20) == 200.0 and stall.stalled(snap, 1, 20) is None
+    assert progress.limit_seconds(snap, 20) == 200.0 and progress.stalled(snap, 1, 20) is None
 
 
 def test_a_stalled_attempt_restarts_the_gang_and_its_job_goes() -> None:
@@ -213,17 +213,17 @@ def test_a_gang_that_never_steps_is_stalled_naming_the_pod_and_ranks_that_did_no
     refused = [live.Answer("job-1-0-abc", "ddp_step 0\n"), live.Answer("job-1-1-xyz", None, refused=True)]
     times = {"0": (0.0, 0.0), "1": (0.0, 0.0)}
     snap = live.record(None, 1, 9400, refused, 1000.0, _reading(0, times))
-    assert stall.never_started(snap, 1, 899.0, 900, 4, built_in=True) is None  # not yet
-    why = stall.never_started(snap, 1, 900.0, 900, 4, built_in=True)
+    assert progress.never_started(snap, 1, 899.0, 900, 4, built_in=True) is None  # not yet
+    why = progress.never_started(snap, 1, 900.0, 900, 4, built_in=True)
     assert why is not None and why.startswith("no first optimizer step 900s after every pod was running")
     assert "spec.startTimeoutSeconds" in why and "pod job-1-1-xyz has no trainer answering" in why
     assert "rank(s) 2, 3 never reported (seen: 0, 1)" in why
-    assert stall.never_started(snap, 1, 900.0, 0, 4, built_in=True) is None  # 0 turns it off
+    assert progress.never_started(snap, 1, 900.0, 0, 4, built_in=True) is None  # 0 turns it off
     stepped = live.record(snap, 1, 9400, refused, 1010.0, _reading(1, times))
-    assert stall.never_started(stepped, 1, 2000.0, 900, 4, built_in=True) is None
+    assert progress.never_started(stepped, 1, 2000.0, 900, 4, built_in=True) is None
     silent = live.record(None, 1, 9400, [live.Answer("a", None, refused=True)], 1000.0, None)
-    assert stall.never_started(silent, 1, 2000.0, 900, 4, built_in=False) is None  # no metrics: not judged
-    assert "the gang never formed" in (stall.never_started(silent, 1, 2000.0, 900, 4, built_in=True) or "")
+    assert progress.never_started(silent, 1, 2000.0, 900, 4, built_in=False) is None  # no metrics: not judged
+    assert "the gang never formed" in (progress.never_started(silent, 1, 2000.0, 900, 4, built_in=True) or "")
 
 
 def test_a_gang_that_never_steps_ends_its_attempt_as_stalled() -> None:

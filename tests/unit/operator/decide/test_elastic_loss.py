@@ -8,7 +8,7 @@ from typing import Any
 
 from ddp_operator.children import render
 from ddp_operator.decide import decision
-from ddp_operator.observe import kueue
+from ddp_operator.observe import workloads
 from helpers.reconciling import NOW, ddpjob_body, job_object, observed, pod_object, spec_of
 
 ELASTIC = {"elastic": {"minNodes": 1, "maxNodes": 2}}
@@ -67,13 +67,13 @@ def test_an_elastic_jobs_taken_pods_are_replaced_and_a_rigid_jobs_fail_it() -> N
 
 
 def _slice(name: str, replaces: str = "", **conditions: tuple[str, str, str]) -> dict[str, Any]:
-    """A Workload of Job job-1 as the index keeps it (kueue.slim): conditions by type, (status, reason,
+    """A Workload of Job job-1 as the index keeps it (workloads.slim): conditions by type, (status, reason,
     message)."""
     body: dict[str, Any] = {
         "metadata": {
             "name": name,
             "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "job-1"}],
-            "annotations": {kueue.SLICE_REPLACES: replaces} if replaces else {},
+            "annotations": {workloads.SLICE_REPLACES: replaces} if replaces else {},
         },
         "status": {
             "conditions": [
@@ -82,7 +82,7 @@ def _slice(name: str, replaces: str = "", **conditions: tuple[str, str, str]) ->
             ]
         },
     }
-    return kueue.slim(body)
+    return workloads.slim(body)
 
 
 def test_a_scale_up_waiting_for_kueue_trains_on_and_says_why_in_kueues_words() -> None:
@@ -96,15 +96,15 @@ def test_a_scale_up_waiting_for_kueue_trains_on_and_says_why_in_kueues_words() -
         "job-ddpjob-1-a", Admitted=("True", "Admitted", ""), QuotaReserved=("True", "QuotaReserved", "")
     )
     new = _slice("job-ddpjob-1-b", "ns/job-ddpjob-1-a", QuotaReserved=("False", "Pending", quota))
-    assert kueue.current([old, new]) is new and kueue.current([new, old]) is new
+    assert workloads.current([old, new]) is new and workloads.current([new, old]) is new
     finished = _slice("job-ddpjob-1-b", "ns/job-ddpjob-1-a", Finished=("True", "WorkloadSliceReplaced", ""))
-    assert kueue.current([finished, old]) is old, "a replaced slice is not the one spoken of"
-    assert kueue.current([]) is None
+    assert workloads.current([finished, old]) is old, "a replaced slice is not the one spoken of"
+    assert workloads.current([]) is None
 
     body = ddpjob_body({"phase": "Running", "attempt": 1}, nodes=3, queueName="team", **ELASTIC_3)
     pods = [pod_object(1, 0), pod_object(1, 1), pod_object(1, 2, ready=False)]
     plan = decision.decide(
-        observed(body, [job_object(1)], pods, NOW, workloads={"job-1": kueue.current([old, new])})
+        observed(body, [job_object(1)], pods, NOW, workloads={"job-1": workloads.current([old, new])})
     )
     assert plan.status["phase"] == "Running" and plan.create_job is None and plan.delete_jobs == ()
     said = {c["type"]: c for c in plan.status["conditions"]}["Ready"]["message"]

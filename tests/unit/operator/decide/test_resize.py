@@ -12,7 +12,7 @@ from ddp_operator.api import crd, reasons, typed_status
 from ddp_operator.decide import decision
 from ddp_operator.decide.plan import Plan
 from ddp_operator.observe import live
-from ddp_operator.observe.progress import LastResize, Progress
+from ddp_operator.observe.metrics import LastResize, Progress
 from ddp_operator.runtime.recent import Recent
 from ddp_operator.runtime.reconcile import merge_patch
 from helpers.reconciling import NOW, ddpjob_body, job_object, observed, pod_object

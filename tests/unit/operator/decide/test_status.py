@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import datetime as dt
 
-from ddp_operator.decide import status
+from ddp_operator.decide import compute_probe, progress, status, sync_check
 from ddp_operator.decide.status import StatusBuilder
 from ddp_operator.observe import live
-from ddp_operator.observe.progress import Progress
+from ddp_operator.observe.metrics import Progress
 
 T0 = 1_800_000_000.0
 
@@ -26,7 +26,7 @@ def test_live_sync_names_the_last_checks_step_and_verdict() -> None:
     checked = _reading(
         130, 0.0, checks_ok=3, last_check_ok=True, last_check_time=T0 - 5, last_check_step=120
     )  # the check ran at step 120; training went on to step 130
-    sync = status.live_sync({}, checked)
+    sync = sync_check.live_sync({}, checked)
     assert sync == {
         "checks": 3,
         "mismatches": 0,
@@ -37,10 +37,10 @@ def test_live_sync_names_the_last_checks_step_and_verdict() -> None:
         "lastCheckTime": "2027-01-15T07:59:55Z",
     }
     just = _reading(130, 0.0, checks_ok=3, last_check_ok=True, last_check_time=T0, last_check_step=130)
-    assert status.live_sync({}, just)["lastCheckStep"] == 130
+    assert sync_check.live_sync({}, just)["lastCheckStep"] == 130
     diverged = _reading(130, 0.0, checks_ok=2, checks_mismatch=1, last_check_ok=False, last_check_time=T0)
-    assert status.live_sync({}, diverged)["verified"] is False
-    assert status.live_sync({"checks": 9}, _reading(0, 0.0)) == {"checks": 9}
+    assert sync_check.live_sync({}, diverged)["verified"] is False
+    assert sync_check.live_sync({"checks": 9}, _reading(0, 0.0)) == {"checks": 9}
 
 
 def test_events_for_the_first_good_check_a_divergence_and_a_repair() -> None:
@@ -48,7 +48,7 @@ def test_events_for_the_first_good_check_a_divergence_and_a_repair() -> None:
         out = StatusBuilder({"sync": old}, "2027-01-15T08:01:00Z")
         out.values["sync"] = old
         snap = live.record(None, 1, 9400, _answers("a"), T0, now)
-        status.write_reading(out, snap, 1, 1000)
+        progress.write_reading(out, snap, 1, 1000)
         return [f"{e.type} {e.reason}: {e.message}" for e in out.events]
 
     first = _reading(50, 0.0, checks_ok=1, last_check_ok=True, last_check_time=T0)
@@ -92,11 +92,11 @@ def test_the_succeeded_event_says_time_and_throughput() -> None:
     previous = {"startTime": "2027-01-15T08:00:00Z", "progress": {"samplesPerSecond": 1234.5}}
     now = dt.datetime(2027, 1, 15, 8, 3, 20, tzinfo=dt.UTC)
     assert (
-        status.completed_message(previous, 1, now, 600)
+        progress.completed_message(previous, 1, now, 600)
         == "attempt 1 completed in 3m20s: 600 steps, 1,234 samples/s"
     )
-    assert status.completed_message({}, 2, now, None) == "attempt 2 completed"
-    final = status.final_progress(previous, 600, 600, "2027-01-15T08:03:20Z")
+    assert progress.completed_message({}, 2, now, None) == "attempt 2 completed"
+    final = progress.final_progress(previous, 600, 600, "2027-01-15T08:03:20Z")
     assert final is not None and (final["percent"], final["eta"], final["samplesPerSecond"]) == (
         100,
         "0s",
@@ -108,7 +108,7 @@ def test_a_job_that_built_no_ddp_model_says_so_not_that_nothing_reported() -> No
     """The sync hook's report when no DDP model was built (reason NoDDPModel, no checks), or only an FSDP one
     (FullyShardedNoReplicas): SyncVerified is Unknown with that reason and the report's words, distinct
     from a job that wrote no report at all (NotYetReported)."""
-    from ddp_operator.observe import progress
+    from ddp_operator.observe import metrics
     from ddp_trainer import contract
     from ddp_trainer.sync import sharded
 
@@ -124,26 +124,26 @@ def test_a_job_that_built_no_ddp_model_says_so_not_that_nothing_reported() -> No
     ):
         report = {"result": "Succeeded", "reason": reason, "message": message}
         out = StatusBuilder({}, "2026-01-01T00:00:00Z")
-        out.values["sync"] = status.report_sync(report)
+        out.values["sync"] = sync_check.from_report(report)
         out.values["lastReport"] = status.last_report(report, 1)
-        status.sync_condition(out)
+        sync_check.condition(out)
         condition = out.conditions["SyncVerified"]
         assert (condition["status"], condition["reason"], condition["message"]) == (
             "Unknown",
             reason,
             message,
         )
-        assert progress.sync_sentence(report).startswith(said)
+        assert metrics.sync_sentence(report).startswith(said)
     silent = StatusBuilder({}, "2026-01-01T00:00:00Z")
-    status.sync_condition(silent)
+    sync_check.condition(silent)
     assert silent.conditions["SyncVerified"]["reason"] == "NotYetReported"
-    assert "callback" not in progress.sync_sentence(None).split("without the sync hook")[0]
+    assert "callback" not in metrics.sync_sentence(None).split("without the sync hook")[0]
 
 
 def test_the_last_probe_verdict_and_why_reach_the_status_and_the_summary() -> None:
     """An undecidable probe (the model does not reproduce itself) is said in status.probe and in the sync
     sentence, without naming anyone; a faulty finding keeps its ranks beside the verdict."""
-    from ddp_operator.observe import progress
+    from ddp_operator.observe import metrics
 
     why = (
         "compute probe at step 100: undecidable: the model's computation does not reproduce itself on this "
@@ -151,12 +151,12 @@ def test_the_last_probe_verdict_and_why_reach_the_status_and_the_summary() -> No
     )
     report = {"result": "Succeeded", "verified": True, "checks": 3, "worldSize": 4, "lastCheckStep": 100}
     report |= {"probes": 1, "probeVerdict": "undecidable", "probeWhy": why}
-    assert status.report_probe({}, report, 2) == {"lastVerdict": "undecidable", "lastWhy": why}
-    assert progress.sync_sentence(report).endswith(f"(last check at step 100); {why}")
+    assert compute_probe.from_report({}, report, 2) == {"lastVerdict": "undecidable", "lastWhy": why}
+    assert metrics.sync_sentence(report).endswith(f"(last check at step 100); {why}")
     faulty = report | {"probeVerdict": "faulty", "faultyRanks": [3], "message": "rank 3 ..."}
-    found = status.report_probe({"faultyNodes": ["n1"]}, faulty, 2)
+    found = compute_probe.from_report({"faultyNodes": ["n1"]}, faulty, 2)
     assert (found["faultyRanks"], found["faultyNodes"], found["lastVerdict"]) == ([3], ["n1"], "faulty")
-    assert status.report_probe({}, {"result": "Succeeded"}, 1) == {}
+    assert compute_probe.from_report({}, {"result": "Succeeded"}, 1) == {}
 
 
 def test_who_failed_first_survives_the_pods_deletion_in_last_report() -> None:
@@ -189,7 +189,7 @@ def test_a_sync_hook_that_could_not_switch_on_says_why_in_sync_verified() -> Non
     report = {"result": "Succeeded", "reason": "SyncHookOff", "message": message}
     out = StatusBuilder({}, "2026-01-01T00:00:00Z")
     out.values["lastReport"] = status.last_report(report, 1)
-    status.sync_condition(out)
+    sync_check.condition(out)
     condition = out.conditions["SyncVerified"]
     assert (condition["status"], condition["reason"], condition["message"]) == (
         "Unknown",
@@ -228,7 +228,7 @@ def test_status_sync_counts_every_attempt_and_world_of_the_job() -> None:
     assert first["sync"]["checks"] == 3
     # attempt 2 runs: the live reading of its world adds to attempt 1's
     live_now = _reading(30, 0.0, checks_ok=1, last_check_ok=True, last_check_step=30)
-    assert status.live_sync(first["sync"], live_now, 2)["checks"] == 4
+    assert sync_check.live_sync(first["sync"], live_now, 2)["checks"] == 4
     worlds = {"worlds": 1, "checks": 2, "mismatches": 0, "repairs": 0, "resumedFromStep": 24}
     last = report(2, 3, 40, **{contract.REPORT_EARLIER_WORLDS: worlds})
     second = status.begin(first, now, 1, 2, last, spec)

@@ -4,7 +4,7 @@ The API server prunes, at every write of ``/status``, each field its structural 
 (no ``properties`` entry, no ``additionalProperties``, no ``x-kubernetes-preserve-unknown-fields`` above
 it), silently: the operator reads the pruned field back as absent at its next reconcile. Here the real
 decision (``decision.decide``) renders statuses that between them write every key the builders can
-(decide/decision.py, decide/status.py, decide/resize.py, observe/kueue.py): a created job, a running job
+(decide/decision.py, decide/status.py, decide/resize.py, observe/workloads.py): a created job, a running job
 read with its progress, live sync checks and a restart in place, an elastic job resizing while below its
 minimum, a Kueue-queued job, a finished job with rank 0's report, a faulty rank, a preemption, a deadline;
 each key path is walked down the CRD's schema from ``status``.
@@ -21,8 +21,8 @@ import pytest
 
 from ddp_operator.api import crd, schema, typed_status
 from ddp_operator.decide import decision
-from ddp_operator.observe import kueue, live
-from ddp_operator.observe.progress import LastResize, Progress
+from ddp_operator.observe import live, workloads
+from ddp_operator.observe.metrics import LastResize, Progress
 from ddp_trainer import contract
 from helpers.reconciling import NOW, ddpjob_body, job_object, observed, pod_object, reconcile_once
 
@@ -163,7 +163,7 @@ def _queued_with_kueue() -> Status:
     }
     body = ddpjob_body({"phase": "Pending", "attempt": 1}, queueName="team")
     queued = [job_object(1, suspend=True)]
-    plan = decision.decide(observed(body, queued, [], NOW, workloads={"job-1": kueue.slim(workload)}))
+    plan = decision.decide(observed(body, queued, [], NOW, workloads={"job-1": workloads.slim(workload)}))
     assert set(plan.status["kueue"]) == {"workload", "admitted", "clusterQueue", "evictions"}
     return plan.status
 

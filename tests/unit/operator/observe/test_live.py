@@ -3,9 +3,9 @@ not answer."""
 
 from __future__ import annotations
 
-from ddp_operator.decide.status import progress_status
-from ddp_operator.observe import live, progress
-from ddp_operator.observe.progress import Progress
+from ddp_operator.decide.progress import progress_status
+from ddp_operator.observe import live, metrics
+from ddp_operator.observe.metrics import Progress
 
 T0 = 1_800_000_000.0
 
@@ -74,7 +74,7 @@ def test_pods_that_do_not_answer_are_named() -> None:
 
 
 def test_durations_fit_a_column() -> None:
-    assert [progress.duration(s) for s in (0, 45.4, 200, 3720, -5)] == ["0s", "45s", "3m20s", "1h02m", "0s"]
+    assert [metrics.duration(s) for s in (0, 45.4, 200, 3720, -5)] == ["0s", "45s", "3m20s", "1h02m", "0s"]
 
 
 def test_without_a_total_the_status_shows_the_step_and_the_rates_and_no_percent_or_eta() -> None:
@@ -85,7 +85,7 @@ def test_without_a_total_the_status_shows_the_step_and_the_rates_and_no_percent_
     status = progress_status(second, 0)
     assert (status["step"], status["summary"], status["stepsPerSecond"]) == (150, "step 150", 5.0)
     assert not {"percent", "totalSteps", "etaSeconds", "eta", "etaTime"} & status.keys(), status
-    said = progress.line(second.latest, 0, 10.0)  # no loss reported: left out, not a '-' placeholder
+    said = metrics.line(second.latest, 0, 10.0)  # no loss reported: left out, not a '-' placeholder
     assert said.startswith("step 150  480 samples/s") and " - " not in said and "%" not in said, said
     assert progress_status(second, 0).keys() != progress_status(second, 1000).keys()
 
@@ -126,11 +126,11 @@ def test_the_world_and_its_last_resize_are_read_from_the_pods_metrics() -> None:
         f'ddp_resize_info{{{labels},rank="2",node_rank="1",reason="NodeRejoined",from_nodes="1",'
         'to_nodes="3",round="4"} 900.0\n'
     )
-    read = progress.parse([pod1, pod0])
+    read = metrics.parse([pod1, pod0])
     assert (read.world_size, read.resizes) == (4, 2)
-    assert read.last_resize == progress.LastResize("NodeSilent", 3, 2, 1000.5, 8.25, round=6)
+    assert read.last_resize == metrics.LastResize("NodeSilent", 3, 2, 1000.5, 8.25, round=6)
     assert [(c.round, c.reason, c.at) for c in read.changes] == [
         (4, "NodeRejoined", 900.0),
         (6, "NodeSilent", 1000.5),
     ]
-    assert progress.parse([f'ddp_step{{{labels},rank="0",node_rank="0"}} 3.0\n']).world_size is None
+    assert metrics.parse([f'ddp_step{{{labels},rank="0",node_rank="0"}} 3.0\n']).world_size is None

@@ -1,4 +1,4 @@
-"""progress: what a person watching sees, from the trainer's metrics and its report."""
+"""observe.metrics: what a person watching sees, from the trainer's metrics and its report."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from ddp_operator.observe import progress
+from ddp_operator.observe import metrics
 
 METRICS_POD0 = """
 ddp_steps_total{job="j",namespace="n",node_rank="0",rank="0"} 40.0
@@ -27,35 +27,33 @@ ddp_sync_checks_total{job="j",kind="periodic",namespace="n",node_rank="1",rank="
 
 
 def test_progress_from_metrics() -> None:
-    now = progress.parse([METRICS_POD0, METRICS_POD1])
-    assert now == progress.Progress(
-        step=40, samples=3936.0, loss=0.5, checks_ok=3, checks_mismatch=0, ranks=3
-    )
-    first = progress.Progress(samples=936.0)
-    assert progress.line(now, 200, 2.0, first) == (
+    now = metrics.parse([METRICS_POD0, METRICS_POD1])
+    assert now == metrics.Progress(step=40, samples=3936.0, loss=0.5, checks_ok=3, checks_mismatch=0, ranks=3)
+    first = metrics.Progress(samples=936.0)
+    assert metrics.line(now, 200, 2.0, first) == (
         "step 40/200 (20%)  loss 0.5000  1,500 samples/s  ETA 8s  sync checks: 3 ok"
     )
-    assert "1 MISMATCH" in progress.line(progress.parse([METRICS_POD1]), 200, 1.0)
+    assert "1 MISMATCH" in metrics.line(metrics.parse([METRICS_POD1]), 200, 1.0)
     # steps but no samples counted, no loss (a script under the no-code hook): left out, no placeholder
-    stepping = progress.Progress(step=40, samples=0.0)
-    assert progress.line(stepping, 200, 2.0, progress.Progress()) == (
+    stepping = metrics.Progress(step=40, samples=0.0)
+    assert metrics.line(stepping, 200, 2.0, metrics.Progress()) == (
         "step 40/200 (20%)  ETA 8s  sync checks: 0 ok"
     )
-    assert progress.line(stepping, 0, 0.0) == "step 40  sync checks: 0 ok"  # no total, no second reading
+    assert metrics.line(stepping, 0, 0.0) == "step 40  sync checks: 0 ok"  # no total, no second reading
 
 
 def test_sync_sentence() -> None:
-    assert progress.sync_sentence(
+    assert metrics.sync_sentence(
         {"verified": True, "checks": 7, "worldSize": 4, "lastCheckStep": 300, "repairs": 0}
     ) == ("replicas verified bit-identical 7 times across 4 ranks (last check at step 300)")
     # a restarted or resized world counts its checks from its restore, and says so
-    assert progress.sync_sentence(
+    assert metrics.sync_sentence(
         {"verified": True, "checks": 4, "worldSize": 3, "lastCheckStep": 300, "resumedFromStep": 250}
     ) == (
         "replicas verified bit-identical 4 times across 3 ranks since this world resumed at step 250 "
         "(last check at step 300)"
     )
-    diverged = progress.sync_sentence(
+    diverged = metrics.sync_sentence(
         {
             "result": "Diverged",
             "verified": False,
@@ -66,12 +64,12 @@ def test_sync_sentence() -> None:
         }
     )
     assert diverged.startswith("replicas DIVERGED: 1 of 3 checks found ranks differing (0.weight)")
-    assert progress.sync_sentence(None).startswith("not reported")
+    assert metrics.sync_sentence(None).startswith("not reported")
 
 
 def test_sync_sentence_says_what_happened_not_diverged() -> None:
     """A trainer that failed before any divergence (a missing model module) is no divergence."""
-    failed = progress.sync_sentence(
+    failed = metrics.sync_sentence(
         {"result": "Failed", "reason": "TrainerError", "message": "ValueError: no module nosuchpkg"}
     )
     assert "DIVERGED" not in failed
@@ -79,13 +77,13 @@ def test_sync_sentence_says_what_happened_not_diverged() -> None:
         "no verdict: the trainer failed (TrainerError: ValueError: no module nosuchpkg); "
         "no sync check had run"
     )
-    assert progress.sync_sentence({"result": "Failed", "reason": "TrainerError", "checks": 1}).endswith(
+    assert metrics.sync_sentence({"result": "Failed", "reason": "TrainerError", "checks": 1}).endswith(
         "; none of its 1 sync check found ranks differing"
     )
 
 
 def test_sync_sentence_counts_the_repairs() -> None:
-    repaired = progress.sync_sentence(
+    repaired = metrics.sync_sentence(
         {
             "result": "Succeeded",
             "verified": True,
@@ -100,14 +98,14 @@ def test_sync_sentence_counts_the_repairs() -> None:
         "2 of 5 checks found ranks differing across 4 ranks; 2 repair(s) re-broadcast rank 0's model, "
         "and the last check at step 50 found every rank bit-identical"
     )
-    ignored = progress.sync_sentence(
+    ignored = metrics.sync_sentence(
         {"result": "Succeeded", "verified": False, "checks": 5, "mismatches": 1, "worldSize": 4}
     )
     assert ignored.startswith("replicas DIVERGED (ignored: onDivergence is Warn): 1 of 5 checks")
 
 
 def test_sync_sentence_single_rank_proves_nothing() -> None:
-    single = progress.sync_sentence(
+    single = metrics.sync_sentence(
         {"result": "Succeeded", "verified": True, "checks": 6, "worldSize": 1, "lastCheckStep": 60}
     )
     assert "bit-identical" not in single and "prove nothing" in single
@@ -144,7 +142,7 @@ ddp_step_duration_seconds_count{{{L1},rank="1"}} 20.0
 
 
 def test_the_operator_reads_step_slowest_rank_skew_and_verdict() -> None:
-    now = progress.parse([RUNNING_POD0, RUNNING_POD1])
+    now = metrics.parse([RUNNING_POD0, RUNNING_POD1])
     assert (
         now.step == 120
     )  # the optimizer step (a resumed run counts from its checkpoint), not this run's count
@@ -155,39 +153,39 @@ def test_the_operator_reads_step_slowest_rank_skew_and_verdict() -> None:
 
 
 def test_slowest_rank_between_two_readings_and_after_a_rank_restarted() -> None:
-    before = progress.parse([RUNNING_POD0, RUNNING_POD1])
+    before = metrics.parse([RUNNING_POD0, RUNNING_POD1])
     later = RUNNING_POD1.replace("sum{" + L1 + ',rank="1"} 3.0', "sum{" + L1 + ',rank="1"} 3.5')
     later = later.replace("count{" + L1 + ',rank="1"} 20.0', "count{" + L1 + ',rank="1"} 30.0')
     faster = RUNNING_POD0.replace("_sum{" + L0 + ',rank="0"} 2.0', "_sum{" + L0 + ',rank="0"} 4.0')
     faster = faster.replace("_count{" + L0 + ',rank="0"} 20.0', "_count{" + L0 + ',rank="0"} 30.0')
-    now = progress.parse([faster, later])
+    now = metrics.parse([faster, later])
     # Since the earlier reading rank 1 took 0.05 s a step, rank 0 0.2 s: rank 0 is the slow one now.
-    assert progress.slowest(now, before) == (0, 0.2)
+    assert metrics.slowest(now, before) == (0, 0.2)
     # A histogram that went backwards (the rank restarted): its whole life counts.
-    restarted = progress.parse(
+    restarted = metrics.parse(
         [RUNNING_POD0.replace("count{" + L0 + ',rank="0"} 20.0', "count{" + L0 + ',rank="0"} 5.0')]
     )
-    assert progress.slowest(restarted, before) == (0, 0.4)
+    assert metrics.slowest(restarted, before) == (0, 0.4)
 
 
 def test_missing_counters_nan_loss_and_no_metrics() -> None:
-    assert progress.parse([]) == progress.Progress()
-    assert progress.parse([""]).slowest() is None
-    bare = progress.parse([f'ddp_loss{{{L0},rank="0"}} NaN\n'])
+    assert metrics.parse([]) == metrics.Progress()
+    assert metrics.parse([""]).slowest() is None
+    bare = metrics.parse([f'ddp_loss{{{L0},rank="0"}} NaN\n'])
     assert bare.loss is None and bare.step == 0 and bare.steps_per_second() is None
     assert bare.last_check_ok is None and bare.skew is None and bare.last_check_time is None
     assert bare.last_check_step is None
     # Gauges initialised at 0 and never set are no time.
-    zero = progress.parse([f'ddp_sync_last_check_timestamp_seconds{{{L0},rank="0"}} 0.0\n'])
+    zero = metrics.parse([f'ddp_sync_last_check_timestamp_seconds{{{L0},rank="0"}} 0.0\n'])
     assert zero.last_check_time is None
 
 
 def test_fetch_refuses_what_is_too_large(tmp_path: Any) -> None:
     big = tmp_path / "metrics"
     big.write_bytes(b"x" * 2048)
-    assert progress.fetch(big.as_uri(), limit=4096) == "x" * 2048
+    assert metrics.fetch(big.as_uri(), limit=4096) == "x" * 2048
     with pytest.raises(OSError, match="more than 1024 bytes"):
-        progress.fetch(big.as_uri(), limit=1024)
+        metrics.fetch(big.as_uri(), limit=1024)
 
 
 def test_the_codes_own_total_wins_over_the_spec() -> None:
@@ -196,10 +194,10 @@ def test_the_codes_own_total_wins_over_the_spec() -> None:
         f"# TYPE ddp_step gauge\nddp_step{{{labels}}} 5.0\n"
         f"# TYPE ddp_total_steps gauge\nddp_total_steps{{{labels}}} 40.0\n"
     )
-    now = progress.parse([text])
+    now = metrics.parse([text])
     assert now.total_steps == 40 and now.total(1000) == 40
-    assert progress.line(now, 1000, 0.0).startswith("step 5/40 (12%)")
-    unknown = progress.parse([text.replace("40.0", "0.0")])
+    assert metrics.line(now, 1000, 0.0).startswith("step 5/40 (12%)")
+    unknown = metrics.parse([text.replace("40.0", "0.0")])
     assert unknown.total_steps is None and unknown.total(1000) == 1000
 
 
@@ -224,14 +222,14 @@ def test_the_summary_counts_the_checks_of_every_attempt_and_says_where_each_resu
     """Issue 58 item 3: a gang restart (a new attempt) no longer forgets attempt 1's checks: 3 there, 5 in
     attempt 2, which resumed at step 24."""
     first, second = _attempt_report(1, 3, 0), _attempt_report(2, 5, 24)
-    attempts = progress.with_attempt(progress.with_attempt([], progress.attempt_checks(first, 1)), None)
-    attempts = progress.with_attempt(attempts, progress.attempt_checks(second, 2))
-    assert progress.job_checks(attempts) == {"checks": 8, "mismatches": 0, "repairs": 0}
-    assert progress.sync_sentence(second, attempts) == (
+    attempts = metrics.with_attempt(metrics.with_attempt([], metrics.attempt_checks(first, 1)), None)
+    attempts = metrics.with_attempt(attempts, metrics.attempt_checks(second, 2))
+    assert metrics.job_checks(attempts) == {"checks": 8, "mismatches": 0, "repairs": 0}
+    assert metrics.sync_sentence(second, attempts) == (
         "replicas verified bit-identical 8 times across 4 ranks in 2 attempts (attempt 2 resumed at step 24; "
         "last check at step 48)"
     )
-    assert progress.sync_sentence(second) == (  # without the attempts: the one report's world, as before
+    assert metrics.sync_sentence(second) == (  # without the attempts: the one report's world, as before
         "replicas verified bit-identical 5 times across 4 ranks since this world resumed at step 24 "
         "(last check at step 48)"
     )
@@ -241,11 +239,11 @@ def test_the_summary_counts_the_worlds_of_one_attempt_that_restarted_in_place() 
     """One attempt, three worlds (two gang restarts in place): the report's 3 checks and the 5 its earlier
     worlds reported."""
     last = _attempt_report(2, 3, 40, {"worlds": 2, "checks": 5, "mismatches": 0, "repairs": 0})
-    attempts = progress.with_attempt([], progress.attempt_checks(last, 2))
+    attempts = metrics.with_attempt([], metrics.attempt_checks(last, 2))
     assert attempts == [
         {"attempt": 2, "checks": 8, "mismatches": 0, "repairs": 0, "worlds": 3, "resumedFromStep": 0}
     ]
-    assert progress.sync_sentence(last, attempts) == (
+    assert metrics.sync_sentence(last, attempts) == (
         "replicas verified bit-identical 8 times across 4 ranks in 3 worlds of one attempt (gang restarts "
         "in place or resizes) (last check at step 48)"
     )
@@ -253,10 +251,10 @@ def test_the_summary_counts_the_worlds_of_one_attempt_that_restarted_in_place() 
 
 def test_attempts_beyond_the_kept_ones_are_added_into_the_oldest() -> None:
     attempts: list[dict[str, int]] = []
-    for attempt in range(1, progress.MAX_ATTEMPTS + 3):
-        attempts = progress.with_attempt(
-            attempts, progress.attempt_checks(_attempt_report(attempt, 2, 0), attempt)
+    for attempt in range(1, metrics.MAX_ATTEMPTS + 3):
+        attempts = metrics.with_attempt(
+            attempts, metrics.attempt_checks(_attempt_report(attempt, 2, 0), attempt)
         )
-    assert len(attempts) == progress.MAX_ATTEMPTS
+    assert len(attempts) == metrics.MAX_ATTEMPTS
     assert attempts[0]["checks"] == 6 and attempts[0]["worlds"] == 3
-    assert progress.job_checks(attempts)["checks"] == 2 * (progress.MAX_ATTEMPTS + 2)
+    assert metrics.job_checks(attempts)["checks"] == 2 * (metrics.MAX_ATTEMPTS + 2)

@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 from ddp_operator.decide import decision
 from ddp_operator.decide.plan import Plan
 from ddp_operator.observe import live
-from ddp_operator.observe.progress import LastResize, Progress
+from ddp_operator.observe.metrics import LastResize, Progress
 from ddp_operator.runtime import handlers, opmetrics, reads
 from helpers.reconciling import NOW, ddpjob_body, job_object, observed, pod_object
 

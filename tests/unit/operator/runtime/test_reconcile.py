@@ -12,7 +12,7 @@ from ddp_operator.children import render
 from ddp_operator.decide import decision, status
 from ddp_operator.decide.plan import Plan
 from ddp_operator.observe import claims, live
-from ddp_operator.observe.progress import Progress
+from ddp_operator.observe.metrics import Progress
 from ddp_operator.runtime import recent, reconcile
 from ddp_operator.runtime.recent import Recent
 from ddp_trainer import contract

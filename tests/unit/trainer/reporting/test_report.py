@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ddp_operator.decide import status
+from ddp_operator.decide import checkpoints
 from ddp_trainer import contract
 from ddp_trainer.reporting import report
 from ddp_trainer.sync.verify import Tally
@@ -107,7 +107,7 @@ def test_a_refused_checkpoint_fails_with_the_never_retry_exit_code_and_what_was_
     assert (r["result"], r["reason"], r["message"]) == (contract.FAILED, "ForeignCheckpoint", message)
     assert (r["step"], r["checks"], r["resumedFromStep"]) == (0, 0, 0)
     assert r["skippedCheckpoints"] == list(skipped) and "warmStartedFrom" not in r
-    assert status.report_checkpoint(r) == {"resumedFromStep": 0, "skipped": list(skipped)}
+    assert checkpoints.from_report(r) == {"resumedFromStep": 0, "skipped": list(skipped)}
 
 
 def test_a_warm_start_is_reported_and_many_skipped_files_are_cut_to_fit() -> None:
@@ -174,7 +174,7 @@ def test_the_pods_report_carries_the_checks_of_every_world_of_its_attempt(tmp_pa
     """Issue 58 item 3: a gang restart in place (or a resize) starts new worker processes whose tally starts
     at 0; the pod's report keeps what the attempt's earlier worlds reported beside this world's own count.
     A second write by one process replaces its own; another attempt's report is not carried."""
-    from ddp_operator.observe import progress
+    from ddp_operator.observe import metrics
 
     path = str(tmp_path / "termination-log")
     _world(
@@ -193,7 +193,7 @@ def test_the_pods_report_carries_the_checks_of_every_world_of_its_attempt(tmp_pa
         "repairs": 0,
         "resumedFromStep": 0,
     }
-    assert progress.attempt_checks(final, 2) == {
+    assert metrics.attempt_checks(final, 2) == {
         "attempt": 2,
         "checks": 8,
         "mismatches": 0,

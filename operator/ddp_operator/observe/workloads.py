@@ -1,23 +1,18 @@
-"""Kueue's side of a queued DDPJob: its Job's Workload → what the DDPJob says while it waits. Pure.
+"""Kueue's Workloads, read: which of a Job's Workloads is current, what the index keeps of one, and a
+Workload read into what the decision needs (:class:`Workload`). Pure.
 
 With ``spec.queueName`` the operator creates the attempt's Job suspended, labelled
 ``kueue.x-k8s.io/queue-name``; Kueue makes a Workload for it (owned by the Job), reserves quota in the
-LocalQueue's ClusterQueue when the whole gang fits, and admits it by unsuspending the Job. It may take the
-quota back later (preemption by a higher-priority Workload, pods not all ready in time under
-``waitForPodsReady``, a stopped queue): then it *evicts* the Workload, suspends the Job (its pods get
-SIGTERM, and the trainer checkpoints) and requeues it. None of that is a failure of the DDPJob: no
-attempt ends, no restart is counted, and when Kueue admits the Workload again the same Job's pods start
-from the latest checkpoint.
-
-The Workload's conditions carry Kueue's own words (``QuotaReserved`` False with "insufficient unused quota
-for cpu ..."; ``Evicted`` with "Preempted to accommodate a workload ..."); :func:`waiting` turns them into
-the DDPJob's phase reason and message, naming Kueue, the LocalQueue and that message.
+LocalQueue's ClusterQueue when the whole gang fits, and admits it by unsuspending the Job; it may evict the
+Workload later and requeue it. Its conditions carry Kueue's own words (``QuotaReserved`` False with
+"insufficient unused quota for cpu ..."; ``Evicted`` with "Preempted to accommodate a workload ...").
+What the DDPJob says of them is :mod:`ddp_operator.decide.kueue`'s.
 
 An elastic DDPJob's Job carries ``kueue.x-k8s.io/elastic-job: "true"``: with Kueue's
 ``ElasticJobsViaWorkloadSlices`` a scale-up of the running Job is a new Workload *slice* (annotated
 ``kueue.x-k8s.io/workload-slice-replacement-for`` the one it replaces) whose new pods wait behind Kueue's
 scheduling gate until the slice is admitted, while the running pods train on; the replaced slice finishes
-then. :func:`current` picks the slice that matters, and :func:`slice_waiting` says why the new pods wait.
+then. :func:`current` picks the slice that matters.
 """
 
 from __future__ import annotations
@@ -26,26 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ddp_operator.api import reasons
-
 GROUP: Final = "kueue.x-k8s.io"
 WORKLOADS: Final = "workloads"
 SLICE_REPLACES: Final = "kueue.x-k8s.io/workload-slice-replacement-for"
 """The annotation of a Workload slice made by a scale-up: the slice it replaces once admitted."""
-# The DDPJob's phase reasons while its Job is suspended for Kueue (its Ready condition's too).
-PENDING: Final = reasons.KUEUE_PENDING
-INADMISSIBLE: Final = reasons.KUEUE_INADMISSIBLE
-PREEMPTED: Final = reasons.KUEUE_PREEMPTED
-REQUEUED: Final = reasons.KUEUE_REQUEUED
-EVICTED: Final = reasons.KUEUE_EVICTED
-ADMITTED: Final = reasons.KUEUE_ADMITTED
-WARNINGS: Final = frozenset({INADMISSIBLE, PREEMPTED, REQUEUED, EVICTED})
-"""The reasons a Warning event announces."""
-_EVICTIONS: Final = {
-    "Preempted": (PREEMPTED, "preempted by Kueue"),
-    "PodsReadyTimeout": (REQUEUED, "requeued by Kueue"),
-}
-"""Kueue's eviction reasons this operator names, and how its message begins; any other is ``EVICTED``."""
 
 
 @dataclass(frozen=True)
@@ -103,18 +82,6 @@ def current(bodies: list[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     return found[0] if found else None
 
 
-def slice_waiting(queue: str, workload: Workload | None) -> str:
-    """Why a running elastic job's new pods wait, in Kueue's words, when its current slice has no quota
-    reserved yet; '' otherwise."""
-    if workload is None or workload.admitted or workload.cluster_queue:
-        return ""
-    why = f": {workload.pending}" if workload.pending else ": no quota reserved yet"
-    return (
-        f"; the new pods wait behind Kueue's scheduling gate for Workload slice {workload.name} to be "
-        f"admitted from LocalQueue {queue}{why}"
-    )
-
-
 def read(body: Mapping[str, Any]) -> Workload:
     conditions = _conditions(body)
     status = body.get("status") or {}
@@ -132,39 +99,3 @@ def read(body: Mapping[str, Any]) -> Workload:
         else None,
         evictions=sum(int(entry.get("count") or 0) for entry in stats),
     )
-
-
-def waiting(queue: str, job: str, workload: Workload | None) -> tuple[str, str]:
-    """The phase reason and message of a DDPJob whose Job Kueue keeps suspended."""
-    if workload is None:
-        return PENDING, (
-            f"Job {job} waits for Kueue to admit it to LocalQueue {queue}; Kueue has made no Workload for it "
-            f"yet (is Kueue installed, managing batch/job?)"
-        )
-    again = f"; waiting in LocalQueue {queue} to be admitted again"
-    why = f": {workload.pending}" if workload.pending else ""
-    if workload.evicted is not None:
-        reason, message = workload.evicted
-        ours, said = _EVICTIONS.get(reason, (EVICTED, f"evicted by Kueue ({reason})"))
-        return ours, f"{said}: {message}{again}{why}"
-    if workload.admitted:  # for the moment until Kueue unsuspends the Job
-        where = f" to ClusterQueue {workload.cluster_queue}" if workload.cluster_queue else ""
-        return ADMITTED, f"Kueue admitted Workload {workload.name}{where}; Job {job} is about to start"
-    if workload.inadmissible:
-        return INADMISSIBLE, f"Kueue cannot admit Workload {workload.name} from LocalQueue {queue}{why}"
-    why = why or ": no quota reserved yet"
-    return PENDING, f"waiting for Kueue to admit Workload {workload.name} from LocalQueue {queue}{why}"
-
-
-def summary(workload: Workload | None) -> dict[str, Any] | None:
-    """``status.kueue``: the Workload, where it is admitted, how often Kueue evicted it."""
-    if workload is None:
-        return None
-    out: dict[str, Any] = {
-        "workload": workload.name,
-        "admitted": workload.admitted,
-        "evictions": workload.evictions,
-    }
-    if workload.cluster_queue:
-        out["clusterQueue"] = workload.cluster_queue
-    return out

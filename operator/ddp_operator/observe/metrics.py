@@ -1,5 +1,5 @@
-"""What a person watching a run sees: training progress read from the pods' own /metrics, and the
-sync report in one sentence.
+"""The pods' metrics, read: what a person watching a run sees, training progress read from the pods' own
+/metrics, and the sync report in one sentence.
 
 ``ddpjob local`` and the operator (for ``status.progress``) scrape the same Prometheus endpoints a
 cluster's Prometheus would and parse them here, so the progress line and the status show exactly what the

@@ -1,0 +1,163 @@
+"""The sync check, one room of the decision: what the status says of it. Pure.
+
+The trainer checks at intervals that every rank holds a bit-identical model (``ddp_trainer.sync``): its
+pods' metrics count the checks while the job runs, rank 0's report tells them at the end. Here:
+
+- :func:`from_report` and :func:`job_sync`: ``status.sync`` after a report, each attempt's checks kept in
+  ``status.sync.attempts`` and summed over the whole job;
+- :func:`write_live` (:func:`live_sync` and :func:`events`): ``status.sync`` from a running attempt's
+  metrics reading, and the events of what changed since the last one written (the first good check, a
+  divergence, a repair);
+- :func:`condition`: the ``SyncVerified`` condition, from what ``status.sync`` and ``status.lastReport``
+  say.
+
+:mod:`ddp_operator.decide.status` writes ``status.sync`` from the report
+(:func:`~ddp_operator.decide.status.begin`), :mod:`ddp_operator.decide.progress` from the metrics reading
+(:func:`~ddp_operator.decide.progress.write_reading`); the condition is said wherever a branch ends its
+status.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+from ddp_operator.api import reasons, typed_status
+from ddp_operator.api.typed_status import LastReport, Sync
+from ddp_operator.decide.plan import Event
+from ddp_operator.decide.status_builder import Section, StatusBuilder, count, stamp
+from ddp_operator.observe.metrics import Progress, attempt_checks, job_checks, with_attempt
+from ddp_trainer import contract
+
+
+def from_report(report: contract.Report) -> dict[str, Any]:
+    """The part of a report that becomes ``status.sync``."""
+    return {key: report[key] for key in contract.SYNC_STATUS_KEYS if key in report}
+
+
+SYNC_ATTEMPTS_FIELD = typed_status.key(typed_status.Sync, "attempts")
+"""``status.sync.attempts``: each attempt's checks (:func:`ddp_operator.observe.metrics.attempt_checks`),
+of which ``status.sync``'s checks, mismatches and repairs are the sum: the whole job, every attempt and
+world."""
+
+
+def job_sync(sync: Mapping[str, Any], report: contract.Report, attempt: int) -> dict[str, Any]:
+    """``status.sync`` with ``attempt``'s checks as its ``report`` tells them (its earlier worlds' too)
+    in ``attempts``, and the counts over every attempt: a new attempt's report no longer replaces the
+    earlier attempts' checks. Verified: the report's verdict, with every mismatch of the job repaired."""
+    out = Section(Sync, dict(sync))
+    attempts = with_attempt(out.stored("attempts"), attempt_checks(report, attempt))
+    if not attempts:
+        return out.values
+    totals = job_checks(attempts)
+    out.set(checks=totals["checks"], mismatches=totals["mismatches"], repairs=totals["repairs"])
+    out.set(attempts=attempts)
+    if out.has("verified"):
+        out.set(verified=bool(out.stored("verified")) and totals["mismatches"] <= totals["repairs"])
+    return out.values
+
+
+def _earlier_attempts(sync: Mapping[str, Any], attempt: int) -> dict[str, int]:
+    """The checks, mismatches and repairs of the attempts before ``attempt``."""
+    kept = typed_status.read_as(Sync, sync).attempts or ()
+    return job_checks([typed_status.write(a) for a in kept if count(a.attempt) < attempt])
+
+
+def condition(out: StatusBuilder) -> None:
+    """``SyncVerified``: every rank bit-identical (repairs said), ranks that diverged, or why nothing was
+    compared yet."""
+    now = out.current()
+    sync, last = now.sync, now.last_report or LastReport()
+    said = str(last.message or "")
+    if sync is None or sync == Sync():  # no check written
+        if last.reason in contract.NOTHING_TO_COMPARE:
+            out.condition(reasons.SYNC_VERIFIED, None, str(last.reason), said)
+        elif last.reason == contract.SYNC_HOOK_OFF:
+            out.condition(reasons.SYNC_VERIFIED, None, contract.SYNC_HOOK_OFF, said)
+        else:
+            message = "no sync check reported yet (read from the pods' metrics, and rank 0's final report)"
+            out.condition(reasons.SYNC_VERIFIED, None, "NotYetReported", message)
+        return
+    checks, mismatches = sync.checks or 0, sync.mismatches or 0
+    if sync.verified:
+        attempts = len(sync.attempts or ())
+        over = f" over {attempts} attempts" if attempts > 1 else ""
+        out.condition(
+            reasons.SYNC_VERIFIED,
+            True,
+            "BitIdentical",
+            f"{mismatches} of {checks} checks found ranks differing; {sync.repairs} repair(s) re-broadcast "
+            "rank 0's model and the last check found every rank bit-identical"
+            if sync.repairs
+            else f"{checks} checks{over} found every rank bit-identical",
+        )
+    else:
+        out.condition(
+            reasons.SYNC_VERIFIED, False, "Diverged", f"{mismatches} of {checks} checks found ranks differing"
+        )
+
+
+def write_live(out: StatusBuilder, now: Progress, attempt: int) -> None:
+    """``status.sync`` from a running attempt's reading (:func:`live_sync`), when it says anything, and the
+    events of what changed since the last one written (:func:`events`)."""
+    old_sync = out.stored("sync", written=True) or {}
+    new_sync = live_sync(old_sync, now, attempt)
+    if new_sync:
+        out.set(sync=new_sync)
+    out.events.extend(events(old_sync, new_sync, now))
+
+
+def live_sync(previous: Mapping[str, Any], now: Progress, attempt: int = 0) -> dict[str, Any]:
+    """``status.sync`` while the job runs: the live count of checks (the running world's, after the earlier
+    attempts' of ``status.sync.attempts``), the last one's step, time and verdict."""
+    checks = now.checks_ok + now.checks_mismatch
+    out = Section(Sync, dict(previous))
+    if not checks:
+        return out.values
+    earlier = _earlier_attempts(previous, attempt)
+    mismatches, repairs = now.checks_mismatch + earlier["mismatches"], now.repairs + earlier["repairs"]
+    out.set(checks=checks + earlier["checks"], mismatches=mismatches, repairs=repairs)
+    if now.last_check_ok is not None:
+        out.set(
+            last_check_result="BitIdentical" if now.last_check_ok else "Diverged",
+            verified=now.last_check_ok and mismatches <= repairs,
+        )
+    if now.last_check_time is not None:
+        out.set(last_check_time=stamp(dt.datetime.fromtimestamp(now.last_check_time, dt.UTC)))
+    if now.last_check_step is not None:
+        out.set(last_check_step=now.last_check_step)
+    return out.values
+
+
+def events(old: Mapping[str, Any], new: Mapping[str, Any], now: Progress) -> list[Event]:
+    """What changed since the last written reading (the gauges describe the last check only)."""
+    events = []
+    before, after = typed_status.read_as(Sync, old), typed_status.read_as(Sync, new)
+    step = after.last_check_step if after.last_check_step is not None else now.step
+    if not before.checks and now.checks_ok and now.last_check_ok:
+        message = (
+            f"first sync check passed: every rank holds a bit-identical model (step {step})"
+            if now.checks_ok == 1
+            else f"sync checks pass: every rank holds a bit-identical model ({now.checks_ok} so far, "
+            f"the last at step {step})"
+        )
+        events.append(Event("Normal", reasons.SYNC_VERIFIED, message))
+    found = (after.mismatches or 0) - (before.mismatches or 0)
+    if found > 0:
+        if now.last_check_ok is False:
+            diff = f", max |difference| {now.max_abs_diff:g}" if now.max_abs_diff is not None else ""
+            message = (
+                f"the sync check at step {step} found {now.mismatched_tensors} tensor(s) differing between "
+                f"ranks{diff} (the final report names them)"
+            )
+        else:
+            message = (
+                f"{found} sync check(s) found ranks differing since the last reading; "
+                f"the last check, at step {step}, passed"
+            )
+        events.append(Event("Warning", reasons.SYNC_DIVERGENCE, message))
+    if (after.repairs or 0) > (before.repairs or 0):
+        message = f"re-broadcast rank 0's model after a divergence ({after.repairs} repair(s) so far)"
+        events.append(Event("Normal", "SyncRepaired", message))
+    return events
