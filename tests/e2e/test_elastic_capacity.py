@@ -6,7 +6,10 @@ the node agents, as in test_scale.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,7 @@ import pytest
 
 from ddp_operator.local import elastic
 from helpers.e2e import Operator, children, get, slow_elastic_job, stores, wait_phase
+from helpers.local_jobs import signal_pod
 from testcluster.fixtures import Cluster, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -22,11 +26,11 @@ NAME = "capacity"
 INDEX = "batch.kubernetes.io/job-completion-index"
 
 
-def _world_of(cluster: Cluster, namespace: str, tmp_path: Path, size: int) -> int:
+def _world_of(cluster: Cluster, namespace: str, tmp_path: Path, size: int, name: str = NAME) -> int:
     """Wait until rank 0 says a world of ``size`` was verified (its log line); its step."""
 
     def there() -> tuple[int, int] | None:
-        for pod in children(cluster, namespace, "pods", NAME):
+        for pod in children(cluster, namespace, "pods", name):
             log = cluster.kubectl("logs", "-n", namespace, pod["metadata"]["name"], check=False).stdout
             (tmp_path / f"{pod['metadata']['name']}.log").write_text(log)
         return next((w for w in elastic.worlds(sorted(tmp_path.glob("*.log"))) if w[0] == size), None)
@@ -99,3 +103,48 @@ def test_a_scale_up_that_never_gets_a_node_does_not_hold_back_a_finished_job(
     assert job["spec"]["completions"] == job["spec"]["parallelism"] == 1, job["spec"]
     ran = {p["metadata"]["labels"].get(INDEX) for p in children(cluster, namespace, "pods", NAME)}
     assert ran == {"0", "1"}, ran  # the two that trained stay, with their logs
+
+
+def test_a_pod_that_left_the_world_does_not_hold_back_a_finished_job(
+    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
+) -> None:
+    """2 nodes train; every process of pod 1 is frozen (SIGSTOP: its sockets open, as a node whose power or
+    network is gone) and left frozen. Pod 0 trains on alone to the last step; its report says so: the
+    DDPJob Succeeds in attempt 1 with no restart, though pod 1 never ends, once it has run on
+    ending.FINISH_WAIT_SECONDS past rank 0's finish (the Job shrunk to index 0), and the Complete message
+    says why. The frozen processes are killed at the end (the node reclaimed): nothing of the job is left."""
+    name = "leftworld"
+    gate = tmp_path / "fast"  # opened once the world of 1 is verified: the rest at full speed
+    doc = slow_elastic_job(name, fast_after=gate)
+    started = time.monotonic()
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
+    wait_phase(cluster, namespace, name, "Running", timeout=180)
+    _world_of(cluster, namespace, tmp_path, 2, name)
+    frozen = signal_pod(name, 1, signal.SIGSTOP)
+    frozen_at = time.monotonic()
+    try:
+        _world_of(cluster, namespace, tmp_path, 1, name)
+        print(f"pod 1 frozen → a world of 1 verified: {time.monotonic() - frozen_at:.1f} s")
+        gate.touch()
+        done = wait_phase(cluster, namespace, name, "Succeeded", "Failed", timeout=300)
+        print(f"{done['status']['phase']} {time.monotonic() - started:.0f} s after the apply")
+        assert any(Path(f"/proc/{pid}").exists() for pid in frozen), "pod 1 ended by itself"
+    finally:
+        for pid in frozen:  # the node reclaimed: its processes go
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    status = done["status"]
+    assert status["phase"] == "Succeeded", status
+    assert status["attempt"] == 1 and status["restarts"] == 0, status
+    assert status["progress"]["step"] == 800, status
+    complete = {c["type"]: c for c in status["conditions"]}["Complete"]
+    assert "1 pod(s) still ran 10 s after rank 0 finished" in complete["message"], complete
+
+    def nothing_left() -> dict[str, Any] | None:
+        (job,) = children(cluster, namespace, "jobs", name)
+        pods = children(cluster, namespace, "pods", name)
+        alive = [p for p in pods if p.get("status", {}).get("phase") not in ("Succeeded", "Failed")]
+        return job if not alive and not stores(cluster, namespace, "jobs", name) else None
+
+    job = wait_for(nothing_left, what="no pod of the job left running, no store", timeout=90, every=0.5)
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 1, job["spec"]
