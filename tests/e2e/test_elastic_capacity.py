@@ -108,11 +108,13 @@ def test_a_scale_up_that_never_gets_a_node_does_not_hold_back_a_finished_job(
 def test_a_pod_that_left_the_world_does_not_hold_back_a_finished_job(
     cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
 ) -> None:
-    """2 nodes train; every process of pod 1 is frozen (SIGSTOP: its sockets open, as a node whose power or
-    network is gone) and left frozen. Pod 0 trains on alone to the last step; its report says so: the
-    DDPJob Succeeds in attempt 1 with no restart, though pod 1 never ends, once it has run on
-    ending.FINISH_WAIT_SECONDS past rank 0's finish (the Job shrunk to index 0), and the Complete message
-    says why. The frozen processes are killed at the end (the node reclaimed): nothing of the job is left."""
+    """2 nodes train; every process of pod 0 (rank 0 of that world) is frozen (SIGSTOP: its sockets open,
+    as a node whose power or network is gone) and left frozen. Pod 1 trains on alone, as rank 0 of a world
+    of 1, to the last step; its report says so: the DDPJob Succeeds in attempt 1 with no restart, though
+    pod 0 never ends, once it has run on ending.FINISH_WAIT_SECONDS past the finish, and the Complete
+    message says why. The Job is shrunk to no index (completions 0): that ends pod 0 and completes the Job,
+    pod 1 kept with its log. (Pod 0 finishing while another pod stays frozen takes the shrink to index 0
+    that the scale-up test above proves; ``ddpjob local`` freezes pod 0 too, in test_elastic.py.)"""
     name = "leftworld"
     gate = tmp_path / "fast"  # opened once the world of 1 is verified: the rest at full speed
     doc = slow_elastic_job(name, fast_after=gate)
@@ -120,15 +122,15 @@ def test_a_pod_that_left_the_world_does_not_hold_back_a_finished_job(
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
     wait_phase(cluster, namespace, name, "Running", timeout=180)
     _world_of(cluster, namespace, tmp_path, 2, name)
-    frozen = signal_pod(name, 1, signal.SIGSTOP)
+    frozen = signal_pod(name, 0, signal.SIGSTOP)
     frozen_at = time.monotonic()
     try:
         _world_of(cluster, namespace, tmp_path, 1, name)
-        print(f"pod 1 frozen → a world of 1 verified: {time.monotonic() - frozen_at:.1f} s")
+        print(f"pod 0 frozen → a world of 1 verified: {time.monotonic() - frozen_at:.1f} s")
         gate.touch()
         done = wait_phase(cluster, namespace, name, "Succeeded", "Failed", timeout=300)
         print(f"{done['status']['phase']} {time.monotonic() - started:.0f} s after the apply")
-        assert any(Path(f"/proc/{pid}").exists() for pid in frozen), "pod 1 ended by itself"
+        assert any(Path(f"/proc/{pid}").exists() for pid in frozen), "pod 0 ended by itself"
     finally:
         for pid in frozen:  # the node reclaimed: its processes go
             with contextlib.suppress(ProcessLookupError):
@@ -139,6 +141,7 @@ def test_a_pod_that_left_the_world_does_not_hold_back_a_finished_job(
     assert status["progress"]["step"] == 800, status
     complete = {c["type"]: c for c in status["conditions"]}["Complete"]
     assert "1 pod(s) still ran 10 s after rank 0 finished" in complete["message"], complete
+    assert "shrinking the Job to no index (pod 0 was one of them)" in complete["message"], complete
 
     def nothing_left() -> dict[str, Any] | None:
         (job,) = children(cluster, namespace, "jobs", name)
@@ -147,4 +150,17 @@ def test_a_pod_that_left_the_world_does_not_hold_back_a_finished_job(
         return job if not alive and not stores(cluster, namespace, "jobs", name) else None
 
     job = wait_for(nothing_left, what="no pod of the job left running, no store", timeout=90, every=0.5)
-    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 1, job["spec"]
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 0, job["spec"]
+    kept = {
+        p["metadata"]["labels"].get(INDEX): p["status"].get("phase")
+        for p in children(cluster, namespace, "pods", name)
+    }
+    assert kept.get("1") == "Succeeded", kept  # the pod that finished stays, with its log
+
+    def complete() -> bool:
+        (job,) = children(cluster, namespace, "jobs", name)
+        return any(
+            c["type"] == "Complete" and c["status"] == "True" for c in job["status"].get("conditions", [])
+        )
+
+    wait_for(complete, what="the Job Complete at completions 0", timeout=60, every=0.5)

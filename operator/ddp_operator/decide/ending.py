@@ -13,6 +13,11 @@ finished is not waited for either: the peers of the last world end within second
 that left the world (a node gone silent: frozen, powered off, cut off from the network, whose survivors
 trained on without it). Its end, whenever it comes, is not the attempt's: the shrink ends it too.
 
+Pod 0 itself may be the one that left the world (or its replacement that never started): the survivors'
+new world had its rank 0 in another pod, whose report says the same (every pod's local rank 0 writes the
+world's verdict; ``observe.facts.finisher`` picks it). Then the Job is shrunk to no index at all
+(``completions: 0``), which deletes every pod still active and completes the Job, the finished pods kept.
+
 Not the Job's ``successPolicy`` (``succeededIndexes: "0"``, GA in Kubernetes 1.33), which would do the same
 in the Job controller: it deletes every pod it still counts active once index 0 succeeds, and a peer that
 finished in the same second, whose kubelet had not said so yet, is one of them: its log goes with it.
@@ -60,7 +65,8 @@ class Verdict:
 @dataclass(frozen=True)
 class End:
     """An elastic attempt that has ended: the report's :class:`Verdict`, and the Job to shrink to its index 0
-    (``(name, 1)``) to end the pods that never started (``left`` of them)."""
+    (``(name, 1)``), or to no index (``(name, 0)``, when pod 0 is one of them), to end the pods that never
+    started or left the world (``left`` of them)."""
 
     verdict: Verdict
     shrink: tuple[str, int] | None = None
@@ -123,13 +129,14 @@ def elastic_end(
         return None
     if job.complete:
         return End(verdict(report, total_steps, expected, warn))
-    if not (job.rank0_succeeded and job.stopping_pods):
+    if job.finished_index is None or not job.stopping_pods:
         return None
     running = job.stopping_pods - job.never_started
-    if running and not waited_out(job.rank0_finished_at, now):
+    if running and not waited_out(job.finished_at, now):
         return None
     found = verdict(report, total_steps, warn=warn)  # ahead of the Job: only on rank 0's own word
-    return End(found, (job.name, 1), job.stopping_pods, running) if found.done else None
+    keep = 1 if job.finished_index == 0 else 0  # pod 0 left the world: no index of the Job is kept
+    return End(found, (job.name, keep), job.stopping_pods, running) if found.done else None
 
 
 def waited_out(finished_at: dt.datetime | None, now: dt.datetime | None) -> bool:
@@ -150,7 +157,8 @@ def ended_message(end: End) -> str:
             f"{end.running} pod(s) still ran {FINISH_WAIT_SECONDS:.0f} s after rank 0 finished (they had "
             "left the world: silent, frozen or cut off)"
         )
-    return f"; {' and '.join(said)}: ended by shrinking the Job to index 0" if said else ""
+    to = "index 0" if end.shrink is None or end.shrink[1] else "no index (pod 0 was one of them)"
+    return f"; {' and '.join(said)}: ended by shrinking the Job to {to}" if said else ""
 
 
 def finished_pod(

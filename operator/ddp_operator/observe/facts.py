@@ -43,9 +43,11 @@ class JobFacts:
     """Pods of the attempt that have not terminated yet (the Job controller stops them after a failure;
     rank 0 writes its report, and its SIGTERM checkpoint, on the way out), except pods evicted from a
     node that does not answer: the decision does not wait for them."""
-    rank0_succeeded: bool = False
-    """The pod at completion index 0 (node rank 0, whose report is the job's) has succeeded."""
-    rank0_finished_at: dt.datetime | None = None
+    finished_index: int | None = None
+    """The completion index of the pod that succeeded with the attempt's report (:func:`finisher`): 0 (node
+    rank 0, whose report is the job's), or, in an elastic job whose pod 0 has not ended, the pod whose
+    report went furthest; None before one did."""
+    finished_at: dt.datetime | None = None
     """When that pod's trainer container ended (its terminated state's ``finishedAt``)."""
     never_started: int = 0
     """Pods of the attempt still Pending: never scheduled (no capacity), gated (Kueue), or not started yet.
@@ -172,6 +174,26 @@ def rank0_report(pods: Sequence[Mapping[str, Any]]) -> contract.Report | None:
     return None
 
 
+def finisher(pods: Sequence[Mapping[str, Any]], elastic: bool) -> Mapping[str, Any] | None:
+    """The succeeded pod whose report is the attempt's: the pod at completion index 0. In an elastic job whose
+    pod 0 has not ended (it left the world: silent, frozen, cut off, or it never started), the last world's
+    rank 0 ran in another pod, and every pod's local rank 0 writes the same verdict (step, verified): the
+    succeeded pod whose report says ``Succeeded`` at the furthest step, the lowest index first."""
+    succeeded = [pod for pod in pods if _phase(pod) == "Succeeded"]
+    first = next((pod for pod in succeeded if completion_index(pod) == 0), None)
+    if first is not None or not elastic or any(completion_index(p) == 0 and terminated(p) for p in pods):
+        return first
+    said = [
+        (pod, contract.parse_report(str((terminated(pod) or {}).get("message") or ""))) for pod in succeeded
+    ]
+    found = [
+        (step if isinstance(step := report.get("step"), int) else 0, -completion_index(pod), pod)
+        for pod, report in said
+        if report is not None and report.get("result") == contract.SUCCEEDED
+    ]
+    return max(found, key=lambda entry: entry[:2])[2] if found else None
+
+
 def remembered_report(previous: Mapping[str, Any], attempt: int) -> contract.Report | None:
     """Rank 0's report as an earlier reconcile recorded it in ``status.lastReport``: a pod stopped by the
     Job controller after a failure is deleted, and its termination message goes with it."""
@@ -288,7 +310,8 @@ def observe(
     ``references``: the Secrets and ConfigMaps its spec names (:func:`~.references.references`);
     ``mount_events``: the kubelet's ``FailedMount`` events on its pods (:func:`mounts.pods_to_read`);
     ``elastic``: a pod evicted from a lost node is not the attempt's failure (the others train on at the
-    smaller world, and the Job replaces it once its node lets it go: :func:`lost_node_failure`)."""
+    smaller world, and the Job replaces it once its node lets it go: :func:`lost_node_failure`), and the
+    attempt's report may come from a pod other than pod 0, when pod 0 left the world (:func:`finisher`)."""
     attempt = current_attempt(previous, jobs)
     current = [job for job in jobs if attempt_of(job) == attempt]
     mine = [pod for pod in pods if attempt_of(pod) == attempt]
@@ -296,10 +319,13 @@ def observe(
     pod_reports = [
         contract.parse_report(str(s.get("message") or "")) for pod in mine if (s := terminated(pod))
     ]
-    merged = failures.with_failures(rank0_report(mine), pod_reports)
+    ended = finisher(mine, elastic)
+    own = rank0_report(mine) or (
+        contract.parse_report((terminated(ended) or {}).get("message")) if ended else None
+    )
+    merged = failures.with_failures(own, pod_reports)
     report = cast(contract.Report | None, merged) or remembered_report(previous, attempt)
     job_facts = None
-    rank0 = next((pod for pod in mine if completion_index(pod) == 0 and _phase(pod) == "Succeeded"), None)
     if current:
         job = current[0]
         lost = None if failure(job) or elastic else lost_node_failure(job, mine)
@@ -314,8 +340,8 @@ def observe(
             failed_at=_time(failed.get("lastTransitionTime")) if failed else None,
             # after a lost node nothing stops the other pods but the Job's deletion: do not wait for them
             stopping_pods=0 if lost else sum(1 for pod in mine if _stopping(pod)),
-            rank0_succeeded=rank0 is not None,
-            rank0_finished_at=_time((terminated(rank0) or {}).get("finishedAt")) if rank0 else None,
+            finished_index=completion_index(ended) if ended else None,
+            finished_at=_time((terminated(ended) or {}).get("finishedAt")) if ended else None,
             never_started=sum(1 for pod in mine if _phase(pod) in ("Pending", "") and _stopping(pod)),
         )
     return Facts(

@@ -148,16 +148,17 @@ def test_ddpjob_local_reads_the_end_from_a_pod_that_exited_0_with_its_report(
     ("facts", "report", "ended", "shrink"),
     [
         (_facts(), _report(), False, None),  # training
-        (_facts(rank0_succeeded=True, stopping_pods=1, never_started=1), _report(), True, ("job-1", 1)),
-        (_facts(rank0_succeeded=True, stopping_pods=2, never_started=1), _report(), False, None),  # one runs
-        (_facts(rank0_succeeded=True, stopping_pods=1), _report(), False, None),  # it runs: it ends by itself
-        (_facts(rank0_succeeded=True), _report(), False, None),  # the Job completes by itself
-        (_facts(rank0_succeeded=True, stopping_pods=1, never_started=1), _report(step=70), False, None),
-        (_facts(rank0_succeeded=True, stopping_pods=1, never_started=1), None, False, None),
+        (_facts(finished_index=0, stopping_pods=1, never_started=1), _report(), True, ("job-1", 1)),
+        (_facts(finished_index=0, stopping_pods=2, never_started=1), _report(), False, None),  # one runs
+        (_facts(finished_index=0, stopping_pods=1), _report(), False, None),  # it runs: it ends by itself
+        (_facts(finished_index=0), _report(), False, None),  # the Job completes by itself
+        (_facts(finished_index=0, stopping_pods=1, never_started=1), _report(step=70), False, None),
+        (_facts(finished_index=0, stopping_pods=1, never_started=1), None, False, None),
         (_facts(stopping_pods=1, never_started=1), _report(), False, None),  # rank 0 has not ended
         (_facts(complete=True), _report(), True, None),
         (_facts(complete=True), _report(step=70), True, None),  # ended: the policy decides what follows
-        (_facts(rank0_succeeded=True, failed=True), _report(), False, None),  # a failure: restarts decide
+        (_facts(finished_index=0, failed=True), _report(), False, None),  # a failure: restarts decide
+        (_facts(finished_index=2, stopping_pods=1, never_started=1), _report(), True, ("job-1", 0)),  # pod 0
     ],
 )
 def test_an_elastic_attempt_ends_with_rank_0_not_with_the_last_pod(
@@ -219,6 +220,26 @@ def test_a_pod_still_running_is_waited_for_until_the_finish_wait_passed() -> Non
     assert "1 pod(s) never started" in message and "1 pod(s) still ran 10 s after rank 0 finished" in message
     short = _decide([_job()], [_done_at(0, 60, _report(step=70)), pod_object(1, 1)])
     assert short.status["phase"] == "Running" and short.resize_job is None  # rank 0's word decides, not time
+
+
+def test_pod_0_that_left_the_world_does_not_hold_back_the_end_the_others_reported() -> None:
+    """Pod 0 went silent (frozen, cut off) and stayed so: the survivors' world had its rank 0 in pod 1, whose
+    report says the training finished, verified. After the finish wait the DDPJob Succeeds and the Job is
+    shrunk to no index (completions 0), which ends pod 0 and completes the Job; before it, nothing."""
+    wait = ending.FINISH_WAIT_SECONDS
+    early = _decide([_job()], [pod_object(1, 0), _done_at(1, wait - 1, _report())])
+    assert early.status["phase"] == "Running" and early.resize_job is None, early.status
+    silent = [pod_object(1, 0), _done_at(1, wait, _report()), _pending(2)]
+    plan = _decide([_job()], silent)
+    assert plan.status["phase"] == "Succeeded" and plan.resize_job == ("job-1", 0), plan.status
+    assert plan.status["progress"]["step"] == STEPS
+    message = _condition(plan, "Complete")["message"]
+    assert "1 pod(s) still ran 10 s after rank 0 finished" in message, message
+    assert "shrinking the Job to no index (pod 0 was one of them)" in message, message
+    again = _decide([_job()], silent, plan.status)  # until the shrink has landed
+    assert again.status == plan.status and again.resize_job == ("job-1", 0)
+    short = _decide([_job()], [pod_object(1, 0), _done_at(1, 60, _report(step=70))])
+    assert short.status["phase"] == "Running" and short.resize_job is None
 
 
 def test_all_pods_exited_0_but_rank_0_short_of_the_last_step_is_not_succeeded() -> None:

@@ -168,8 +168,34 @@ def test_rank_0s_success_and_the_pods_that_never_started_are_read_for_an_elastic
     rank0["status"]["phase"] = "Succeeded"
     rank0["status"]["containerStatuses"][0]["state"]["terminated"]["finishedAt"] = "2026-11-22T11:59:50Z"
     found = observe({"attempt": 1}, [_job(1)], [rank0, running, _pod(1, 2)]).job
-    assert found is not None and found.rank0_succeeded and not found.complete
-    assert found.rank0_finished_at == dt.datetime(2026, 11, 22, 11, 59, 50, tzinfo=dt.UTC)  # its end's time
+    assert found is not None and found.finished_index == 0 and not found.complete
+    assert found.finished_at == dt.datetime(2026, 11, 22, 11, 59, 50, tzinfo=dt.UTC)  # its end's time
     assert (found.never_started, found.stopping_pods) == (1, 2)  # the Pending pod, and the running one
     plain = observe({"attempt": 1}, [_job(1)], [_pod(1, 0, ready=True), _pod(1, 1, code=0)]).job
-    assert plain is not None and not plain.rank0_succeeded and plain.never_started == 0
+    assert plain is not None and plain.finished_index is None and plain.never_started == 0
+
+
+def _succeeded(index: int, step: int | None, result: str = "Succeeded") -> Any:
+    said = {"result": result, "step": step, "verified": True} if step is not None else None
+    pod = _pod(1, index, code=0, message=json.dumps(said) if said else "")
+    pod["status"]["phase"] = "Succeeded"
+    return pod
+
+
+def test_an_elastic_job_whose_pod_0_left_the_world_ends_on_another_pods_report() -> None:
+    """Pod 0 frozen (a silent node) or never started: the survivors' world had its rank 0 in another pod,
+    whose report is the attempt's; the furthest step wins (a late joiner's report is not the end), then the
+    lowest index. A rigid job, or pod 0 that ended, goes by pod 0 alone, as before."""
+    frozen = _pod(1, 0, ready=True)
+    pods = [frozen, _succeeded(1, 70, "Interrupted"), _succeeded(2, 800), _succeeded(3, 800)]
+    facts = observe({"attempt": 1}, [_job(1)], pods, elastic=True)
+    assert facts.job is not None and facts.job.finished_index == 2, facts.job
+    assert facts.report is not None and facts.report["step"] == 800, facts.report
+    assert observe({"attempt": 1}, [_job(1)], [_pod(1, 0), *pods[1:]], elastic=True).job.finished_index == 2  # type: ignore[union-attr]
+    rigid = observe({"attempt": 1}, [_job(1)], pods)
+    assert rigid.job is not None and rigid.job.finished_index is None and rigid.report is None
+    failed = _pod(1, 0, code=1, message="Traceback: boom")
+    ended = observe({"attempt": 1}, [_job(1)], [failed, *pods[1:]], elastic=True).job
+    assert ended is not None and ended.finished_index is None  # pod 0 ended: its own word, not another's
+    unreported = observe({"attempt": 1}, [_job(1)], [frozen, _succeeded(1, None)], elastic=True).job
+    assert unreported is not None and unreported.finished_index is None
