@@ -44,9 +44,8 @@ class JobFacts:
     rank 0 writes its report, and its SIGTERM checkpoint, on the way out), except pods evicted from a
     node that does not answer: the decision does not wait for them."""
     finished_index: int | None = None
-    """The completion index of the pod that succeeded with the attempt's report (:func:`finisher`): 0 (node
-    rank 0, whose report is the job's), or, in an elastic job whose pod 0 has not ended, the pod whose
-    report went furthest; None before one did."""
+    """The completion index of the pod that succeeded with the attempt's report (:func:`finisher`); None
+    before one did."""
     finished_at: dt.datetime | None = None
     """When that pod's trainer container ended (its terminated state's ``finishedAt``)."""
     never_started: int = 0
@@ -175,17 +174,15 @@ def rank0_report(pods: Sequence[Mapping[str, Any]]) -> contract.Report | None:
 
 
 def finisher(pods: Sequence[Mapping[str, Any]], elastic: bool) -> Mapping[str, Any] | None:
-    """The succeeded pod whose report is the attempt's: the pod at completion index 0. In an elastic job whose
-    pod 0 has not ended (it left the world: silent, frozen, cut off, or it never started), the last world's
-    rank 0 ran in another pod, and every pod's local rank 0 writes the same verdict (step, verified): the
-    succeeded pod whose report says ``Succeeded`` at the furthest step, the lowest index first."""
+    """The succeeded pod whose report is the attempt's: the pod at completion index 0 (node rank 0). In an
+    elastic job whose pod 0 has not ended (it left the world, or never started), the last world's rank 0 ran
+    in another pod, and every pod's local rank 0 writes the world's verdict: the succeeded pod whose report
+    says ``Succeeded`` at the furthest step, the lowest index first."""
     succeeded = [pod for pod in pods if _phase(pod) == "Succeeded"]
     first = next((pod for pod in succeeded if completion_index(pod) == 0), None)
     if first is not None or not elastic or any(completion_index(p) == 0 and terminated(p) for p in pods):
         return first
-    said = [
-        (pod, contract.parse_report(str((terminated(pod) or {}).get("message") or ""))) for pod in succeeded
-    ]
+    said = [(pod, contract.parse_report((terminated(pod) or {}).get("message"))) for pod in succeeded]
     found = [
         (step if isinstance(step := report.get("step"), int) else 0, -completion_index(pod), pod)
         for pod, report in said
@@ -310,8 +307,8 @@ def observe(
     ``references``: the Secrets and ConfigMaps its spec names (:func:`~.references.references`);
     ``mount_events``: the kubelet's ``FailedMount`` events on its pods (:func:`mounts.pods_to_read`);
     ``elastic``: a pod evicted from a lost node is not the attempt's failure (the others train on at the
-    smaller world, and the Job replaces it once its node lets it go: :func:`lost_node_failure`), and the
-    attempt's report may come from a pod other than pod 0, when pod 0 left the world (:func:`finisher`)."""
+    smaller world, and the Job replaces it once its node lets it go: :func:`lost_node_failure`; its report
+    may be another pod's than pod 0's: :func:`finisher`)."""
     attempt = current_attempt(previous, jobs)
     current = [job for job in jobs if attempt_of(job) == attempt]
     mine = [pod for pod in pods if attempt_of(pod) == attempt]
@@ -385,7 +382,7 @@ def stale_deadlines(
     for job in jobs:
         if attempt_of(job) >= attempt or not job.get("metadata", {}).get("deletionTimestamp"):
             continue
-        left = [pod for pod in pods if attempt_of(pod) == attempt_of(job) and not _gone(pod)]
+        left = [pod for pod in pods if attempt_of(pod) == attempt_of(job) and _phase(pod) not in GONE]
         deadlines = [give_up_at(pod) for pod in left]
         if left and all(deadlines):
             found.append((job["metadata"]["name"], max(d for d in deadlines if d)))
@@ -396,9 +393,8 @@ def _stopping(pod: Mapping[str, Any]) -> bool:
     return not stopped(pod) and not evicted_from_lost_node(pod)
 
 
+GONE = ("Succeeded", "Failed")
+
+
 def _phase(pod: Mapping[str, Any]) -> str:
     return str(pod.get("status", {}).get("phase") or "")
-
-
-def _gone(pod: Mapping[str, Any]) -> bool:
-    return pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
