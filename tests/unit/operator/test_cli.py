@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from ddp_operator import cli
+from ddp_operator.runtime import operator_process
 
 
 def _record(message: str) -> logging.LogRecord:
@@ -27,7 +28,7 @@ def _record(message: str) -> logging.LogRecord:
     ],
 )
 def test_operator_logs_keep_what_changed(message: str, kept: bool) -> None:
-    assert cli._quiet_successes(_record(message)) is kept
+    assert operator_process._quiet_successes(_record(message)) is kept
 
 
 def test_attempt_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
