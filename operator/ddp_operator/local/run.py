@@ -9,22 +9,20 @@ stop, and the sync hook's init container.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any, TextIO
 
 from ddp_operator.api import exits
-from ddp_operator.api.spec import Spec, known_total_steps, lost_checkpoints, not_elastic, sync_hook, warnings
+from ddp_operator.api.spec import Spec, known_total_steps
 from ddp_operator.children import render
 from ddp_operator.decide import ending, restarts
-from ddp_operator.local import elastic, gang, host, processes, validation
-from ddp_operator.observe import failures, metrics, podlogs, references
+from ddp_operator.local import elastic, gang, host, notes, processes
+from ddp_operator.local.console import Console, Interrupt
+from ddp_operator.observe import failures, metrics, podlogs
 from ddp_trainer import contract
 
 GRACE_SECONDS = 30.0  # the trainer checkpoints at its next step boundary on SIGTERM, well within this
@@ -32,64 +30,6 @@ POLL_SECONDS = 0.2
 PROGRESS_SECONDS = 1.0
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-
-@dataclass
-class Console:
-    """Where a person watches: a live progress line on a terminal, a line every 10 s in a log; either only
-    when the step changed (a script that validates, or waits, for a while says its step once)."""
-
-    stream: TextIO
-    verbose: bool
-    shown: frozenset[str] = frozenset()
-    """Pods whose output is shown without --verbose (rank 0 of a custom command, as `kubectl logs`)."""
-    stopping: bool = False
-    """ddpjob is stopping the pods (SIGTERM): what they print now is labelled as that stop's doing."""
-    _last_plain: float | None = None
-    _live: bool = False
-    _last_step: int | None = None
-
-    def say(self, text: str) -> None:
-        if self._live:
-            print("\r\x1b[2K", end="", file=self.stream)
-            self._live = False
-        print(text, file=self.stream, flush=True)
-
-    def pod_line(self, pod: str, text: str) -> None:
-        if self.verbose or pod in self.shown:
-            self.say(f"[{pod}, after ddpjob's SIGTERM] {text}" if self.stopping else f"[{pod}] {text}")
-
-    def progress(self, text: str, step: int) -> None:
-        if step == self._last_step:
-            return
-        if self.stream.isatty():
-            print(f"\r\x1b[2K{text}", end="", file=self.stream, flush=True)
-            self._live, self._last_step = True, step
-        elif self._last_plain is None:
-            self._last_plain = time.monotonic()  # the first line after 10 s of training, then every 10 s
-        elif time.monotonic() - self._last_plain >= 10.0:
-            self._last_plain, self._last_step = time.monotonic(), step
-            self.say(text)
-
-
-@dataclass
-class Interrupt:
-    """Ctrl-C (or SIGTERM) once: stop gracefully; twice: kill at once."""
-
-    count: int = 0
-    previous: dict[int, Any] = field(default_factory=dict)
-
-    def __enter__(self) -> Interrupt:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self.previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.count += 1
 
 
 def run(
@@ -117,7 +57,7 @@ def run(
         f"{spec.world_size} ranks ({spec.device}/{spec.backend}) in {run_dir}"
     )
     console.say(f"  the image {spec.image} is not pulled: pods run in this Python environment ({sys.prefix})")
-    for line in [note, *_local_notes(spec, first_attempt, run_dir, pod_security)]:
+    for line in [note, *notes.local_notes(spec, first_attempt, run_dir, pod_security)]:
         if line:
             console.say(f"  {line}")
     started = time.monotonic()
@@ -398,65 +338,6 @@ def _finished_pod(spec: Spec, pods: list[processes.LocalPod], codes: list[int | 
     ]
     warn = spec.sync_check.on_divergence == "Warn"
     return ending.finished_pod(codes, reports, known_total_steps(spec), warn)
-
-
-def _local_notes(spec: Spec, first_attempt: int, run_dir: Path, pod_security: str | None = None) -> list[str]:
-    """What runs differently here than in a cluster, said once at the start; with what ``ddpjob validate``
-    warns of for a cluster (``pod_security``: for that Pod Security level too)."""
-    notes = []
-    dirs = processes.volume_dirs(render.render_job(spec, first_attempt), run_dir)
-    if moved := processes.command_dir(spec.working_dir, dirs, Path.cwd())[1]:
-        notes.append(moved)
-    if spec.command is None and spec.args is not None:
-        notes.append(
-            "no spec.command: the args run after the trainer image's entrypoint "
-            "(torchrun, under the launcher), " + " ".join(contract.IMAGE_ENTRYPOINT)
-        )
-    if reason := not_elastic(spec):
-        notes.append(reason)
-    # what `ddpjob validate` warns of, for a cluster: here some of it differs (the pods share one folder)
-    for warning in warnings(spec):
-        if warning == reason:
-            continue
-        here = (
-            " (here the pods share one folder, so a restart resumes all the same: a cluster would not)"
-            if warning == lost_checkpoints(spec)
-            else ""
-        )
-        notes.append(f"in a cluster (`ddpjob validate` warns): {warning}{here}")
-    for refused in validation.pod_security(spec, pod_security):
-        notes.append(
-            f"in a cluster (`ddpjob validate --pod-security {pod_security}` warns): {refused} (a namespace "
-            f"enforcing {pod_security} would refuse the pods; here nothing does)"
-        )
-    # named as the operator names them when they are missing (observe.references): kind, name, field
-    named = references.references(spec)
-    if env_from := [str(ref) for ref in named if ref.field.startswith("spec.envFrom")]:
-        notes.append(
-            f"{', '.join(env_from)}: not read here (no API server); this machine's environment reaches "
-            "every pod, so export their variables before `ddpjob local`"
-        )
-    if s3 := [str(ref) for ref in named if ref.field.startswith("spec.checkpoint.s3")]:
-        notes.append(
-            f"{s3[0]}: not read here (no API server); export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
-            "before `ddpjob local`"
-        )
-    if spec.pod_template.init_containers:
-        names = ", ".join(str(c.get("name")) for c in spec.pod_template.init_containers)
-        notes.append(
-            f"spec.podTemplate.initContainers ({names}): not run here; only the trainer container runs"
-        )
-    if sync_hook(spec):
-        notes.append(
-            "spec.syncCheck.autoInstrument: the sync hook's init container copies ddp_trainer from this "
-            f"Python environment into the pods' {contract.SYNC_HOOK_DIR} volume, first on their PYTHONPATH"
-        )
-    if first_attempt > contract.FIRST_ATTEMPT:
-        notes.append(
-            f"attempts continue at {first_attempt}: the earlier run's logs stay in its attempt-N folders "
-            "(and its attempts do not count against maxRestarts)"
-        )
-    return notes
 
 
 def _read(path: Path) -> str | None:

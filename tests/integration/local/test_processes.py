@@ -9,7 +9,8 @@ import pytest
 
 from ddp_operator.api.spec import not_elastic, parse
 from ddp_operator.children import objects
-from ddp_operator.local import processes, run
+from ddp_operator.local import processes
+from ddp_operator.local.notes import local_notes
 from ddp_operator.observe import references
 from ddp_trainer import contract
 
@@ -93,7 +94,7 @@ def test_the_secrets_and_config_maps_envfrom_names_are_named_as_the_operator_nam
             "checkpoint": {"s3": {"bucket": "ckpt", "credentialsSecret": {"name": "bucket-creds"}}},
         },
     }
-    notes = run._local_notes(parse(doc), contract.FIRST_ATTEMPT, Path("/r"))
+    notes = local_notes(parse(doc), contract.FIRST_ATTEMPT, Path("/r"))
     said = [note for note in notes if "Secret s3-creds" in note]
     assert said == [
         "Secret s3-creds (spec.envFrom[0].secretRef), ConfigMap settings (spec.envFrom[1].configMapRef): not "
@@ -213,7 +214,7 @@ def test_working_dir_is_the_trainer_containers() -> None:
 def test_an_elastic_job_run_by_torchrun_itself_says_at_the_start_that_it_will_not_resize() -> None:
     spec = {"nodes": 3, "device": "cpu", "elastic": {"minNodes": 1, "maxNodes": 3}, "args": ["train.py"]}
     by_torchrun = parse({**DOC, "spec": {**spec, "command": ["torchrun"]}})
-    notes = run._local_notes(by_torchrun, contract.FIRST_ATTEMPT, Path("/r"))
+    notes = local_notes(by_torchrun, contract.FIRST_ATTEMPT, Path("/r"))
     assert [n for n in notes if n.startswith("spec.elastic:")] == [not_elastic(by_torchrun)], notes
-    launched = run._local_notes(parse({**DOC, "spec": spec}), contract.FIRST_ATTEMPT, Path("/r"))
+    launched = local_notes(parse({**DOC, "spec": spec}), contract.FIRST_ATTEMPT, Path("/r"))
     assert not [n for n in launched if n.startswith("spec.elastic:")], launched

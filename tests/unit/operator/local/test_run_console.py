@@ -11,6 +11,7 @@ import pytest
 
 from ddp_operator.api.spec import parse
 from ddp_operator.local import run
+from ddp_operator.local.console import Console, Interrupt
 
 DOC = {
     "apiVersion": "ddpjob.io/v1alpha1",
@@ -34,7 +35,7 @@ class Pod:
 class Gang:
     """Node 1 killed by SIGKILL; node 0 prints the traceback of ddpjob's SIGTERM while it is stopped."""
 
-    def __init__(self, console: run.Console) -> None:
+    def __init__(self, console: Console) -> None:
         self.console, self.stopped = console, False
 
     def codes(self) -> list[int | None]:
@@ -48,9 +49,9 @@ class Gang:
 
 def test_a_traceback_caused_by_ddpjobs_own_stop_is_labelled_so_after_the_line_that_blames_node_1() -> None:
     out = io.StringIO()
-    console = run.Console(out, verbose=False, shown=frozenset(["mingpt-1-0"]))
+    console = Console(out, verbose=False, shown=frozenset(["mingpt-1-0"]))
     pods = [Pod("mingpt-1-0"), Pod("mingpt-1-1")]
-    first, last = run._watch(parse(DOC), pods, Gang(console), console, run.Interrupt())  # type: ignore[arg-type]
+    first, last = run._watch(parse(DOC), pods, Gang(console), console, Interrupt())  # type: ignore[arg-type]
     assert (first, last) == ([None, -9], [1, -9])
     lines = out.getvalue().splitlines()
     assert lines == [
@@ -73,14 +74,14 @@ def test_a_progress_line_only_when_the_step_changed(monkeypatch: pytest.MonkeyPa
     clock = [0.0]
     monkeypatch.setattr(run.time, "monotonic", lambda: clock[0])
     log = io.StringIO()
-    console = run.Console(log, verbose=False)
+    console = Console(log, verbose=False)
     for second, step in [(0, 3), (12, 4), (24, 4), (36, 4), (48, 4), (50, 5), (55, 6), (66, 6), (70, 7)]:
         clock[0] = float(second)
         console.progress(f"step {step}  sync checks: 2 ok", step)
     assert log.getvalue().splitlines() == [f"step {step}  sync checks: 2 ok" for step in (4, 5, 6)]
 
     terminal = Terminal()
-    live = run.Console(terminal, verbose=False)
+    live = Console(terminal, verbose=False)
     for step in [4, 4, 4, 5, 5]:
         live.progress(f"step {step}", step)
     assert terminal.getvalue() == "\r\x1b[2Kstep 4\r\x1b[2Kstep 5"

@@ -1,4 +1,4 @@
-"""What ``ddpjob local`` says at its start (:func:`ddp_operator.local.run._local_notes`): what `ddpjob
+"""What ``ddpjob local`` says at its start (:func:`ddp_operator.local.notes.local_notes`): what `ddpjob
 validate` warns of for a cluster, repeated, and where this machine behaves otherwise."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ddp_operator.api.spec import parse, warnings
-from ddp_operator.local import run
+from ddp_operator.local.notes import local_notes
 from ddp_trainer import contract
 
 DOC: dict[str, Any] = {
@@ -20,7 +20,7 @@ DOC: dict[str, Any] = {
 
 def test_checkpoints_on_a_pod_local_emptydir_are_said_as_validate_says_them_and_why_here_differs() -> None:
     spec = parse(DOC)  # maxRestarts 3 by default, no spec.checkpoint
-    notes = run._local_notes(spec, contract.FIRST_ATTEMPT, Path("/r"))
+    notes = local_notes(spec, contract.FIRST_ATTEMPT, Path("/r"))
     said = [note for note in notes if note.startswith("in a cluster (`ddpjob validate` warns): ")]
     assert said == [
         "in a cluster (`ddpjob validate` warns): spec.checkpoint: checkpoints go to a pod-local emptyDir, so "
@@ -46,12 +46,12 @@ def test_every_warning_of_validate_is_repeated_once() -> None:
     spec = parse(doc)
     expected = warnings(spec)
     assert len(expected) == 2, expected
-    notes = run._local_notes(spec, contract.FIRST_ATTEMPT, Path("/r"))
+    notes = local_notes(spec, contract.FIRST_ATTEMPT, Path("/r"))
     assert [n for n in notes if n.startswith("in a cluster")] == [
         f"in a cluster (`ddpjob validate` warns): {w}" for w in expected
     ]
     no_restarts = parse({**DOC, "spec": {**DOC["spec"], "maxRestarts": 0}})
-    assert not [n for n in run._local_notes(no_restarts, 1, Path("/r")) if n.startswith("in a cluster")]
+    assert not [n for n in local_notes(no_restarts, 1, Path("/r")) if n.startswith("in a cluster")]
 
 
 def test_what_validate_warns_of_for_a_pod_security_level_is_repeated_at_the_start_in_its_words() -> None:
@@ -64,13 +64,13 @@ def test_what_validate_warns_of_for_a_pod_security_level_is_repeated_at_the_star
     spec = parse(doc)
     expected = validation.pod_security(spec, "restricted")
     assert expected and any("spec.podTemplate.hostNetwork" in w for w in expected), expected
-    notes = run._local_notes(spec, contract.FIRST_ATTEMPT, Path("/r"), "restricted")
+    notes = local_notes(spec, contract.FIRST_ATTEMPT, Path("/r"), "restricted")
     said = [n for n in notes if n.startswith("in a cluster (`ddpjob validate --pod-security restricted`")]
     assert said == [
         f"in a cluster (`ddpjob validate --pod-security restricted` warns): {w} (a namespace enforcing "
         "restricted would refuse the pods; here nothing does)"
         for w in expected
     ]
-    assert not [n for n in run._local_notes(spec, 1, Path("/r")) if "--pod-security" in n]
+    assert not [n for n in local_notes(spec, 1, Path("/r")) if "--pod-security" in n]
     quiet = parse(DOC)
-    assert not [n for n in run._local_notes(quiet, 1, Path("/r"), "restricted") if "--pod-security" in n]
+    assert not [n for n in local_notes(quiet, 1, Path("/r"), "restricted") if "--pod-security" in n]
