@@ -27,7 +27,8 @@ from ddp_operator.api import reasons, typed_status
 from ddp_operator.api.typed_status import LastReport, Sync
 from ddp_operator.decide.plan import Event
 from ddp_operator.decide.status_builder import Section, StatusBuilder, count, stamp
-from ddp_operator.observe.metrics import Progress, attempt_checks, job_checks, with_attempt
+from ddp_operator.observe.metrics import Progress
+from ddp_operator.observe.sync_report import attempt_checks, job_checks, with_attempt
 from ddp_trainer import contract
 
 
@@ -37,7 +38,7 @@ def from_report(report: contract.Report) -> dict[str, Any]:
 
 
 SYNC_ATTEMPTS_FIELD = typed_status.key(typed_status.Sync, "attempts")
-"""``status.sync.attempts``: each attempt's checks (:func:`ddp_operator.observe.metrics.attempt_checks`),
+"""``status.sync.attempts``: each attempt's checks (:func:`ddp_operator.observe.sync_report.attempt_checks`),
 of which ``status.sync``'s checks, mismatches and repairs are the sum: the whole job, every attempt and
 world."""
 

@@ -22,7 +22,7 @@ from ddp_operator.children import render
 from ddp_operator.decide import ending, restarts
 from ddp_operator.local import elastic, gang, host, notes, processes
 from ddp_operator.local.console import Console, Interrupt
-from ddp_operator.observe import failures, metrics, podlogs
+from ddp_operator.observe import failures, metrics, podlogs, sync_report
 from ddp_trainer import contract
 
 GRACE_SECONDS = 30.0  # the trainer checkpoints at its next step boundary on SIGTERM, well within this
@@ -65,14 +65,14 @@ def run(
     earlier = first_attempt - contract.FIRST_ATTEMPT
     in_place = 0  # gang restarts done in place (same pods), as the pods' reports say
     # the sync checks of every attempt (an earlier, unfinished run's too: its reports stay in its folders)
-    checked = metrics.with_attempt([], None)
+    checked = sync_report.with_attempt([], None)
     for earlier_attempt in range(contract.FIRST_ATTEMPT, first_attempt):
-        checked = metrics.with_attempt(checked, _checks_of(run_dir, earlier_attempt))
+        checked = sync_report.with_attempt(checked, _checks_of(run_dir, earlier_attempt))
     with Interrupt() as interrupt:
         while True:
             used = restarts.restarts_used(attempt, earlier, in_place)
             outcome = _attempt(spec, attempt, run_dir, console, interrupt, used, job_dir)
-            checked = metrics.with_attempt(checked, _checks_of(run_dir, attempt))
+            checked = sync_report.with_attempt(checked, _checks_of(run_dir, attempt))
             now_in_place = _in_place(outcome.report, attempt)
             if now_in_place:
                 in_place += now_in_place
@@ -107,7 +107,7 @@ def _checks_of(run_dir: Path, attempt: int) -> dict[str, int] | None:
     """The sync checks of ``attempt``, every world of it, as its pods' reports tell (the one that tells the
     most: a pod killed before it reported, or one that joined late, tells less)."""
     found = [
-        metrics.attempt_checks(contract.parse_report(_read(path)), attempt)
+        sync_report.attempt_checks(contract.parse_report(_read(path)), attempt)
         for path in sorted((run_dir / f"attempt-{attempt}").glob("*.termination-log"))
     ]
     return max((f for f in found if f), key=lambda f: (f["checks"], f["worlds"]), default=None)
@@ -362,5 +362,5 @@ def _summary(
         f"ddpjob local: {spec.name}: {result} in {seconds:.1f}s after {attempts} attempt(s)"
         + ("" if result == "Succeeded" else f" — {decision.reason}: {decision.message}")
     )
-    console.say(f"  sync: {metrics.sync_sentence(outcome.report, checked)}")
+    console.say(f"  sync: {sync_report.sync_sentence(outcome.report, checked)}")
     console.say(f"  checkpoints and logs: {run_dir}")

@@ -198,7 +198,7 @@ def test_a_ddp_model_no_optimizer_stepped_is_the_reason_in_the_report_and_the_su
 ) -> None:
     """A script that resumed at its last epoch builds its DDP model and takes no step (issue 58, item 2):
     the hook says so, and that is the report's reason and the summary's sentence, not "not reported"."""
-    from ddp_operator.observe import metrics
+    from ddp_operator.observe import sync_report
 
     code, out, _ = torchrun(tmp_path, SCENARIOS, "resumed-at-the-end", "final.pt", path=[hook_dir])
     assert code == 0, out
@@ -209,7 +209,7 @@ def test_a_ddp_model_no_optimizer_stepped_is_the_reason_in_the_report_and_the_su
         contract.NOT_STEPPED,
         contract.NOT_STEPPED_MESSAGE,
     ), rep
-    assert metrics.sync_sentence(rep) == contract.NOT_STEPPED_MESSAGE
+    assert sync_report.sync_sentence(rep) == contract.NOT_STEPPED_MESSAGE
 
 
 def test_ranks_that_take_different_numbers_of_steps_fail_in_seconds_naming_the_cause(
@@ -289,7 +289,7 @@ def test_a_hook_that_cannot_switch_on_reports_why_for_the_status(
     operator shows its message in SyncVerified (reason SyncHookOff) instead of "not reported"."""
     import importlib.util
 
-    from ddp_operator.observe import metrics
+    from ddp_operator.observe import sync_report
 
     spec = importlib.util.spec_from_file_location("hook_sitecustomize", hook_dir / "sitecustomize.py")
     assert spec is not None and spec.loader is not None
@@ -309,7 +309,7 @@ def test_a_hook_that_cannot_switch_on_reports_why_for_the_status(
         rep["message"]
         == "the sync hook could not switch on: ImportError: cannot import name 'x'; nothing was verified"
     )
-    assert metrics.sync_sentence(rep) == f"not checked: {rep['message']}"
+    assert sync_report.sync_sentence(rep) == f"not checked: {rep['message']}"
     hook._report_off("another reason")
     assert json.loads(log.read_text()) == rep  # the first report stays
 

@@ -108,7 +108,7 @@ def test_a_job_that_built_no_ddp_model_says_so_not_that_nothing_reported() -> No
     """The sync hook's report when no DDP model was built (reason NoDDPModel, no checks), or only an FSDP one
     (FullyShardedNoReplicas): SyncVerified is Unknown with that reason and the report's words, distinct
     from a job that wrote no report at all (NotYetReported)."""
-    from ddp_operator.observe import metrics
+    from ddp_operator.observe import sync_report
     from ddp_trainer import contract
     from ddp_trainer.sync import sharded
 
@@ -133,17 +133,17 @@ def test_a_job_that_built_no_ddp_model_says_so_not_that_nothing_reported() -> No
             reason,
             message,
         )
-        assert metrics.sync_sentence(report).startswith(said)
+        assert sync_report.sync_sentence(report).startswith(said)
     silent = StatusBuilder({}, "2026-01-01T00:00:00Z")
     sync_check.condition(silent)
     assert silent.conditions["SyncVerified"]["reason"] == "NotYetReported"
-    assert "callback" not in metrics.sync_sentence(None).split("without the sync hook")[0]
+    assert "callback" not in sync_report.sync_sentence(None).split("without the sync hook")[0]
 
 
 def test_the_last_probe_verdict_and_why_reach_the_status_and_the_summary() -> None:
     """An undecidable probe (the model does not reproduce itself) is said in status.probe and in the sync
     sentence, without naming anyone; a faulty finding keeps its ranks beside the verdict."""
-    from ddp_operator.observe import metrics
+    from ddp_operator.observe import sync_report
 
     why = (
         "compute probe at step 100: undecidable: the model's computation does not reproduce itself on this "
@@ -152,7 +152,7 @@ def test_the_last_probe_verdict_and_why_reach_the_status_and_the_summary() -> No
     report = {"result": "Succeeded", "verified": True, "checks": 3, "worldSize": 4, "lastCheckStep": 100}
     report |= {"probes": 1, "probeVerdict": "undecidable", "probeWhy": why}
     assert compute_probe.from_report({}, report, 2) == {"lastVerdict": "undecidable", "lastWhy": why}
-    assert metrics.sync_sentence(report).endswith(f"(last check at step 100); {why}")
+    assert sync_report.sync_sentence(report).endswith(f"(last check at step 100); {why}")
     faulty = report | {"probeVerdict": "faulty", "faultyRanks": [3], "message": "rank 3 ..."}
     found = compute_probe.from_report({"faultyNodes": ["n1"]}, faulty, 2)
     assert (found["faultyRanks"], found["faultyNodes"], found["lastVerdict"]) == ([3], ["n1"], "faulty")

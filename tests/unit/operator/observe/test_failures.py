@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ddp_operator.decide import restarts
-from ddp_operator.observe import failures, metrics
+from ddp_operator.observe import failures, sync_report
 from ddp_trainer import contract
 
 GLOO = (
@@ -75,11 +75,11 @@ def test_the_summary_and_the_sync_sentence_name_the_rank_that_failed_in_your_wor
         f"attempt 1 failed (rank 1 failed first, in your command: {CRASH}; "
     ), decision.message
     assert "TrainerError" not in decision.message
-    sentence = metrics.sync_sentence(report)
+    sentence = sync_report.sync_sentence(report)
     assert sentence.startswith(f"no verdict: your command failed on rank 1 ({CRASH})"), sentence
     # the built-in trainer's own failure keeps its words
     plain = {"result": "Failed", "reason": "TrainerError", "message": "boom", "checks": 0}
-    assert "the trainer failed (TrainerError: boom)" in metrics.sync_sentence(plain)
+    assert "the trainer failed (TrainerError: boom)" in sync_report.sync_sentence(plain)
     assert (
         "rank 0: TrainerError: boom" in restarts.decide(restarts.Outcome(False, {0: 1}, plain), 1, 0).message
     )
@@ -87,7 +87,9 @@ def test_the_summary_and_the_sync_sentence_name_the_rank_that_failed_in_your_wor
 
 def test_a_users_code_that_raised_is_said_in_a_users_words() -> None:
     users = {"result": "Failed", "reason": "CommandError", "message": "ZeroDivisionError: x", "checks": 1}
-    assert metrics.sync_sentence(users).startswith("no verdict: your command failed (ZeroDivisionError: x)")
+    assert sync_report.sync_sentence(users).startswith(
+        "no verdict: your command failed (ZeroDivisionError: x)"
+    )
     said = restarts.decide(restarts.Outcome(False, {0: 1}, users), 1, 0).message
     assert "rank 0: in your command: ZeroDivisionError: x" in said and "TrainerError" not in said, said
 
@@ -118,10 +120,10 @@ def test_a_crash_on_every_rank_names_the_rank_that_failed_first_by_time() -> Non
     crashed = [{"rank": r, "error": missing, "at": at} for r, at in times.items()]
     assert failures.describe(crashed) == f"ranks 0–3 all failed in your command, rank 3 first: {missing}"
     report = {"result": "Failed", "reason": "CommandError", "message": missing, "failures": crashed}
-    assert metrics.sync_sentence({**report, "checks": 0}) == (
+    assert sync_report.sync_sentence({**report, "checks": 0}) == (
         f"no verdict: your command failed on ranks 0–3, rank 3 first ({missing}); no sync check had run"
     )
-    assert metrics.sync_sentence({**report, "checks": 2}).endswith(
+    assert sync_report.sync_sentence({**report, "checks": 2}).endswith(
         "; none of its 2 sync checks found ranks differing"
     )
     together = [{"rank": r, "error": missing, "at": 10.0} for r in range(4)]  # no one first: not invented

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from ddp_operator.observe import metrics
+from ddp_operator.observe import metrics, sync_report
 
 METRICS_POD0 = """
 ddp_steps_total{job="j",namespace="n",node_rank="0",rank="0"} 40.0
@@ -43,17 +43,17 @@ def test_progress_from_metrics() -> None:
 
 
 def test_sync_sentence() -> None:
-    assert metrics.sync_sentence(
+    assert sync_report.sync_sentence(
         {"verified": True, "checks": 7, "worldSize": 4, "lastCheckStep": 300, "repairs": 0}
     ) == ("replicas verified bit-identical 7 times across 4 ranks (last check at step 300)")
     # a restarted or resized world counts its checks from its restore, and says so
-    assert metrics.sync_sentence(
+    assert sync_report.sync_sentence(
         {"verified": True, "checks": 4, "worldSize": 3, "lastCheckStep": 300, "resumedFromStep": 250}
     ) == (
         "replicas verified bit-identical 4 times across 3 ranks since this world resumed at step 250 "
         "(last check at step 300)"
     )
-    diverged = metrics.sync_sentence(
+    diverged = sync_report.sync_sentence(
         {
             "result": "Diverged",
             "verified": False,
@@ -64,12 +64,12 @@ def test_sync_sentence() -> None:
         }
     )
     assert diverged.startswith("replicas DIVERGED: 1 of 3 checks found ranks differing (0.weight)")
-    assert metrics.sync_sentence(None).startswith("not reported")
+    assert sync_report.sync_sentence(None).startswith("not reported")
 
 
 def test_sync_sentence_says_what_happened_not_diverged() -> None:
     """A trainer that failed before any divergence (a missing model module) is no divergence."""
-    failed = metrics.sync_sentence(
+    failed = sync_report.sync_sentence(
         {"result": "Failed", "reason": "TrainerError", "message": "ValueError: no module nosuchpkg"}
     )
     assert "DIVERGED" not in failed
@@ -77,13 +77,13 @@ def test_sync_sentence_says_what_happened_not_diverged() -> None:
         "no verdict: the trainer failed (TrainerError: ValueError: no module nosuchpkg); "
         "no sync check had run"
     )
-    assert metrics.sync_sentence({"result": "Failed", "reason": "TrainerError", "checks": 1}).endswith(
+    assert sync_report.sync_sentence({"result": "Failed", "reason": "TrainerError", "checks": 1}).endswith(
         "; none of its 1 sync check found ranks differing"
     )
 
 
 def test_sync_sentence_counts_the_repairs() -> None:
-    repaired = metrics.sync_sentence(
+    repaired = sync_report.sync_sentence(
         {
             "result": "Succeeded",
             "verified": True,
@@ -98,14 +98,14 @@ def test_sync_sentence_counts_the_repairs() -> None:
         "2 of 5 checks found ranks differing across 4 ranks; 2 repair(s) re-broadcast rank 0's model, "
         "and the last check at step 50 found every rank bit-identical"
     )
-    ignored = metrics.sync_sentence(
+    ignored = sync_report.sync_sentence(
         {"result": "Succeeded", "verified": False, "checks": 5, "mismatches": 1, "worldSize": 4}
     )
     assert ignored.startswith("replicas DIVERGED (ignored: onDivergence is Warn): 1 of 5 checks")
 
 
 def test_sync_sentence_single_rank_proves_nothing() -> None:
-    single = metrics.sync_sentence(
+    single = sync_report.sync_sentence(
         {"result": "Succeeded", "verified": True, "checks": 6, "worldSize": 1, "lastCheckStep": 60}
     )
     assert "bit-identical" not in single and "prove nothing" in single
@@ -222,14 +222,16 @@ def test_the_summary_counts_the_checks_of_every_attempt_and_says_where_each_resu
     """Issue 58 item 3: a gang restart (a new attempt) no longer forgets attempt 1's checks: 3 there, 5 in
     attempt 2, which resumed at step 24."""
     first, second = _attempt_report(1, 3, 0), _attempt_report(2, 5, 24)
-    attempts = metrics.with_attempt(metrics.with_attempt([], metrics.attempt_checks(first, 1)), None)
-    attempts = metrics.with_attempt(attempts, metrics.attempt_checks(second, 2))
-    assert metrics.job_checks(attempts) == {"checks": 8, "mismatches": 0, "repairs": 0}
-    assert metrics.sync_sentence(second, attempts) == (
+    attempts = sync_report.with_attempt(
+        sync_report.with_attempt([], sync_report.attempt_checks(first, 1)), None
+    )
+    attempts = sync_report.with_attempt(attempts, sync_report.attempt_checks(second, 2))
+    assert sync_report.job_checks(attempts) == {"checks": 8, "mismatches": 0, "repairs": 0}
+    assert sync_report.sync_sentence(second, attempts) == (
         "replicas verified bit-identical 8 times across 4 ranks in 2 attempts (attempt 2 resumed at step 24; "
         "last check at step 48)"
     )
-    assert metrics.sync_sentence(second) == (  # without the attempts: the one report's world, as before
+    assert sync_report.sync_sentence(second) == (  # without the attempts: the one report's world, as before
         "replicas verified bit-identical 5 times across 4 ranks since this world resumed at step 24 "
         "(last check at step 48)"
     )
@@ -239,11 +241,11 @@ def test_the_summary_counts_the_worlds_of_one_attempt_that_restarted_in_place() 
     """One attempt, three worlds (two gang restarts in place): the report's 3 checks and the 5 its earlier
     worlds reported."""
     last = _attempt_report(2, 3, 40, {"worlds": 2, "checks": 5, "mismatches": 0, "repairs": 0})
-    attempts = metrics.with_attempt([], metrics.attempt_checks(last, 2))
+    attempts = sync_report.with_attempt([], sync_report.attempt_checks(last, 2))
     assert attempts == [
         {"attempt": 2, "checks": 8, "mismatches": 0, "repairs": 0, "worlds": 3, "resumedFromStep": 0}
     ]
-    assert metrics.sync_sentence(last, attempts) == (
+    assert sync_report.sync_sentence(last, attempts) == (
         "replicas verified bit-identical 8 times across 4 ranks in 3 worlds of one attempt (gang restarts "
         "in place or resizes) (last check at step 48)"
     )
@@ -251,10 +253,10 @@ def test_the_summary_counts_the_worlds_of_one_attempt_that_restarted_in_place() 
 
 def test_attempts_beyond_the_kept_ones_are_added_into_the_oldest() -> None:
     attempts: list[dict[str, int]] = []
-    for attempt in range(1, metrics.MAX_ATTEMPTS + 3):
-        attempts = metrics.with_attempt(
-            attempts, metrics.attempt_checks(_attempt_report(attempt, 2, 0), attempt)
+    for attempt in range(1, sync_report.MAX_ATTEMPTS + 3):
+        attempts = sync_report.with_attempt(
+            attempts, sync_report.attempt_checks(_attempt_report(attempt, 2, 0), attempt)
         )
-    assert len(attempts) == metrics.MAX_ATTEMPTS
+    assert len(attempts) == sync_report.MAX_ATTEMPTS
     assert attempts[0]["checks"] == 6 and attempts[0]["worlds"] == 3
-    assert metrics.job_checks(attempts)["checks"] == 2 * (metrics.MAX_ATTEMPTS + 2)
+    assert sync_report.job_checks(attempts)["checks"] == 2 * (sync_report.MAX_ATTEMPTS + 2)

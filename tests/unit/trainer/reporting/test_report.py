@@ -174,7 +174,7 @@ def test_the_pods_report_carries_the_checks_of_every_world_of_its_attempt(tmp_pa
     """Issue 58 item 3: a gang restart in place (or a resize) starts new worker processes whose tally starts
     at 0; the pod's report keeps what the attempt's earlier worlds reported beside this world's own count.
     A second write by one process replaces its own; another attempt's report is not carried."""
-    from ddp_operator.observe import metrics
+    from ddp_operator.observe import sync_report
 
     path = str(tmp_path / "termination-log")
     _world(
@@ -193,7 +193,7 @@ def test_the_pods_report_carries_the_checks_of_every_world_of_its_attempt(tmp_pa
         "repairs": 0,
         "resumedFromStep": 0,
     }
-    assert metrics.attempt_checks(final, 2) == {
+    assert sync_report.attempt_checks(final, 2) == {
         "attempt": 2,
         "checks": 8,
         "mismatches": 0,
