@@ -37,10 +37,11 @@ Each private name, who reads it, and what is checked of it:
 - ``SimpleElasticAgent._assign_worker_ranks`` (agent.py): its wait times out with ``DistStoreError``.
 - ``LocalElasticAgent._pcontext``, ``MultiprocessContext._pc`` (its ``.processes``) and ``error_files``
   (agent.py ``_ended``, read through getattr with defaults, so a rename is silent but here).
-- ``torch.distributed.run.config_from_args`` (agent.py ``_warm``, replaced on the module): ``(args)``,
-  ``(config, entrypoint, args)``, looked up by ``run`` on the module; ``parse_args``'s fields read.
+- ``torch.distributed.run.config_from_args`` (warm.py ``warm_config_from_args``, replaced on the module):
+  ``(args)``, ``(config, entrypoint, args)``, looked up by ``run`` on the module; ``parse_args``'s fields
+  read.
 - ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE`` (agent.py ``main``): torch's switch still read.
-- ``torch._dynamo`` (agent.py ``warm_failure_path`` imports it ahead): still a module.
+- ``torch._dynamo`` (warm.py ``warm_failure_path`` imports it ahead): still a module.
 - ``torch._foreach_zero_``, ``torch._foreach_copy_`` (sync/fingerprints/torch_kernel.py): their effect.
 - ``torch.cuda.jiterator._create_jit_fn`` (torch_kernel.py, CUDA only, with a fallback): ``(code_string)``.
 - ``OptimizedModule._orig_mod`` (core/wrappers.py, matched by class name): the class and the attribute,
@@ -463,14 +464,14 @@ def test_torchrun_config_from_args_is_the_hook_the_warm_start_replaces(
 ) -> None:
     from torch.distributed import run as torchrun
 
-    from ddp_trainer.launch.agent import runs_builtin
+    from ddp_trainer.launch.warm import runs_builtin
 
     monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
     params = list(inspect.signature(torchrun.config_from_args).parameters)
     assert params == ["args"], f"torch.distributed.run.config_from_args{params}"
     assert "config_from_args(args)" in inspect.getsource(torchrun.run), (
-        "torch.distributed.run.run no longer looks config_from_args up on its module (agent._warm "
-        "replaces it there)"
+        "torch.distributed.run.run no longer looks config_from_args up on its module "
+        "(warm.warm_config_from_args replaces it there)"
     )
     args = _launcher_args(_free_port(), "--local-addr=node-a")
     for field in ("module", "training_script", "no_python", "run_path", "training_script_args", "rdzv_id"):
@@ -499,7 +500,7 @@ def test_the_trainers_private_torch_calls() -> None:
     assert params[:1] == ["code_string"], f"torch.cuda.jiterator._create_jit_fn{params}"
 
     # torch.compile's wrapper, read from torch's source: importing torch._dynamo costs seconds
-    assert importlib.util.find_spec("torch._dynamo") is not None, "torch._dynamo (agent.warm_failure_path)"
+    assert importlib.util.find_spec("torch._dynamo") is not None, "torch._dynamo (warm.warm_failure_path)"
     spec = importlib.util.find_spec("torch")
     assert spec is not None and spec.submodule_search_locations, "torch's package folder"
     source = Path(next(iter(spec.submodule_search_locations)))

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ddp_trainer.launch import agent
+from ddp_trainer.launch import warm
 from helpers.e2e import (
     children,
     container_pid,
@@ -58,7 +58,7 @@ def rank_process(nodes: list[RealNode], pod: dict[str, Any]) -> int:
     launcher named after its rank (a fork of the launcher's fork server)."""
     main = container_pid(nodes, pod)
     tree = descendants(main)
-    leaves = [pid for pid in tree if processes.name(pid).startswith(agent.WORKER_NAME_PREFIX)]
+    leaves = [pid for pid in tree if processes.name(pid).startswith(warm.WORKER_NAME_PREFIX)]
     assert len(leaves) == 1, (tree, leaves)
     return leaves[0]
 

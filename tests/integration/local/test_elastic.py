@@ -21,7 +21,7 @@ from ddp_operator.api.spec import Spec, parse
 from ddp_operator.decide import ending
 from ddp_operator.local import elastic
 from ddp_trainer import contract
-from ddp_trainer.launch import agent
+from ddp_trainer.launch import warm
 from helpers import REPO
 from helpers.local_jobs import (
     RUN_SECONDS,
@@ -312,7 +312,7 @@ def test_a_frozen_node_0_is_dropped_within_the_bound_and_rejoins_when_it_wakes(t
         # rank 0 writing a long checkpoint) while its agent renews as usual. The others wait for it in their
         # collective; nobody is dropped. The sleep shows that nothing happens: twice the time after which a
         # member whose agent stopped renewing is judged silent (bound + margin, 6 s).
-        slow = [pid for pid in pod_pids(name, 2) if processes.name(pid).startswith(agent.WORKER_NAME_PREFIX)]
+        slow = [pid for pid in pod_pids(name, 2) if processes.name(pid).startswith(warm.WORKER_NAME_PREFIX)]
         assert slow, f"no worker of pod 2 among {pod_pids(name, 2)}"
         for pid in slow:
             os.kill(pid, signal.SIGSTOP)
@@ -472,12 +472,12 @@ def test_a_frozen_pod_of_a_rigid_job_restarts_the_gang_within_the_bound_naming_i
 
 def _workers(job: str) -> dict[int, tuple[int, str]]:
     """``{pid: (node rank, process name)}`` of every live worker of the built-in trainer of ``job`` (a
-    worker's name says its global rank: agent.WORKER_NAME_PREFIX). Names first, a cheap read of each
+    worker's name says its global rank: warm.WORKER_NAME_PREFIX). Names first, a cheap read of each
     process: a test polls this often, on two cores shared with the job."""
     found = {}
     for entry in Path("/proc").iterdir():
         named = _read(entry / "comm").decode(errors="replace").strip() if entry.name.isdigit() else ""
-        if named.startswith(agent.WORKER_NAME_PREFIX):
+        if named.startswith(warm.WORKER_NAME_PREFIX):
             env = dict(
                 item.split("=", 1)
                 for item in _read(entry / "environ").decode(errors="replace").split("\0")
@@ -529,12 +529,12 @@ def test_a_node_lost_while_the_worlds_workers_start_is_let_go_within_the_bound(t
         while True:
             new = {pid: found for pid, found in _workers(name).items() if pid not in seen}
             pods = {node for node, _ in new.values()}
-            hosts = {node for node, worker in new.values() if worker == f"{agent.WORKER_NAME_PREFIX}0"}
+            hosts = {node for node, worker in new.values() if worker == f"{warm.WORKER_NAME_PREFIX}0"}
             if rank_0:
                 chosen = sorted(hosts) if len(pods) == 3 else []
             else:  # rank 2's worker, at first sight (it names itself before anything else): a world of 3
                 # whose group it has not joined yet, however fast the others' workers form theirs
-                chosen = sorted(n for n, w in new.values() if w == f"{agent.WORKER_NAME_PREFIX}2")
+                chosen = sorted(n for n, w in new.values() if w == f"{warm.WORKER_NAME_PREFIX}2")
             if chosen:
                 break
             if process.poll() is not None or time.monotonic() - started > RUN_SECONDS:

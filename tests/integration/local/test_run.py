@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from ddp_trainer import contract
-from ddp_trainer.launch import agent
+from ddp_trainer.launch import warm
 from helpers.local_jobs import finish_run, job, launcher_pid, processes_of, start_run, unique_name
 from testcluster import processes
 
@@ -76,13 +76,13 @@ def test_killed_rank_restarts_the_gang_in_place(tmp_path: Path, name: str) -> No
         env
         for pid, env, argv in processes_of(name)
         if "multiprocessing.forkserver" in " ".join(argv)
-        and not processes.name(pid).startswith(agent.WORKER_NAME_PREFIX)
+        and not processes.name(pid).startswith(warm.WORKER_NAME_PREFIX)
     ]
     # one fork server per pod, started after torchrun's OMP_NUM_THREADS=1 (torch reads it when it loads:
     # four ranks of two threads each on two cores ran a step ten times slower)
     assert [env.get("OMP_NUM_THREADS") for env in servers] == ["1", "1"], servers
     (victim,) = [
-        pid for pid, _, _ in processes_of(name) if processes.name(pid) == f"{agent.WORKER_NAME_PREFIX}3"
+        pid for pid, _, _ in processes_of(name) if processes.name(pid) == f"{warm.WORKER_NAME_PREFIX}3"
     ]
     os.kill(victim, signal.SIGKILL)
     deadline = time.monotonic() + 60

@@ -18,7 +18,7 @@ resumes from the last checkpoint. This launcher adds:
 
 3. **Warm restarts for the built-in trainer.** ``--module ddp_trainer`` (the image's default) runs as a
    function entrypoint under the ``forkserver`` start method, with torch pre-imported in the fork server
-   (:data:`PRELOAD`): each worker, the first ones and those of every restart in place, is a fork of a
+   (:data:`.warm.PRELOAD`): each worker, the first ones and those of every restart in place, is a fork of a
    process that has already paid Python's and torch's start (about 1.5 s per worker on two busy cores,
    most of what a restart in place costs). A user's script or module keeps torchrun's own way: a new
    interpreter per worker, in which the no-code hook's exit handlers run.
@@ -46,13 +46,11 @@ torch's agent in one place: each addition sits beside the others it meets in the
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import os
 import socket
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -65,6 +63,7 @@ from ddp_trainer.launch import silence, store, workers
 from ddp_trainer.launch.book import Book
 from ddp_trainer.launch.outage import POLL_SECONDS, StoreWait, reach
 from ddp_trainer.launch.rounds import InFlight, RoundWatch, bounded_waiting, patient, stop_now
+from ddp_trainer.launch.warm import runs_builtin, warm_config_from_args
 from ddp_trainer.reporting.report import record_failure
 
 log = logging.getLogger("ddp_trainer.launch")
@@ -106,103 +105,6 @@ CLOSED_UNDER = (
 """A node that trained and then finds the rendezvous closed: the job did not end, another node failed it
 (torchrun's agent closes the rendezvous when it gives up). Only a node that never joined a round is a late
 joiner (:data:`LATE_JOINER`)."""
-
-BUILTIN_MODULE = "ddp_trainer"
-PRELOAD = ("torch", "torch._dynamo")
-"""What the fork server imports once, before it forks any worker of the built-in trainer: torch, nearly all
-of a worker's start, and ``torch._dynamo``, which the worker's first optimizer imports (torch wraps
-``Optimizer.__init__`` in ``torch._disable_dynamo``, which imports it on its first call): 2.0 s of CPU in a
-fresh process, 3.3-3.6 s between a worker's process group forming and its restore on two cores with the
-job's other pods beside it, in every new world's start (measured for issue 54's loss as a world's workers
-start; it initializes no CUDA, so forking after it is safe). Not the trainer's own modules (25 ms): one
-of them is this module, which each forked worker runs again as its ``__mp_main__`` (multiprocessing's way),
-and runpy warns when it is already imported; nor ``prometheus_client``, which must be imported after
-``PROMETHEUS_MULTIPROC_DIR`` is set."""
-
-
-def runs_builtin(args: Any) -> bool:
-    """torchrun's parsed ``args`` start the built-in trainer (``--module ddp_trainer``)."""
-    return (
-        bool(args.module) and args.training_script == BUILTIN_MODULE and not (args.no_python or args.run_path)
-    )
-
-
-def builtin_worker(*argv: str) -> None:
-    """One worker of the built-in trainer, forked from the pre-imported fork server. A clean end returns
-    (the agent collects the return value); any other leaves with the trainer's exit code, which the agent
-    reads from the process. The interpreter's teardown never runs in a forked worker (multiprocessing ends
-    it with ``os._exit``), so the abort at exit :func:`exit_now` avoids cannot happen here."""
-    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # torchrun runs python -u
-    name_process(f"{WORKER_NAME_PREFIX}{os.environ.get('RANK', '')}")
-    import ddp_trainer.__main__
-
-    code = ddp_trainer.__main__.main(list(argv))
-    logging.shutdown()
-    if code:
-        sys.exit(code)
-
-
-SOCKET_DIR_LIMIT = 64
-"""The longest temp dir the fork server's socket may live under: its path (the dir, ``/pymp-…/listener-…``)
-must fit a UNIX socket address (107 bytes on Linux); ``ddpjob local`` gives each pod a deep one."""
-
-
-def start_fork_server() -> None:
-    """Start the fork server now, so that it imports torch while the agent meets the others at the
-    rendezvous; its socket goes under ``/tmp`` where the temp dir's path is too long for one."""
-    import multiprocessing
-    from multiprocessing import forkserver
-
-    multiprocessing.set_forkserver_preload(list(PRELOAD))
-    saved = tempfile.tempdir
-    if len(tempfile.gettempdir()) > SOCKET_DIR_LIMIT and os.path.isdir("/tmp"):
-        tempfile.tempdir = "/tmp"
-    try:
-        forkserver.ensure_running()
-    finally:
-        tempfile.tempdir = saved
-
-
-WORKER_NAME_PREFIX = "ddpjob-rank-"
-"""A forked worker's process name (``/proc/<pid>/comm``, what ``ps`` and ``top`` show), with its global
-rank: its command line and environment are the fork server's, which name no rank."""
-
-
-def name_process(name: str) -> None:
-    """Set this process's name (Linux ``prctl(PR_SET_NAME)``, 15 characters); elsewhere nothing."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # 15 = PR_SET_NAME
-    except (OSError, AttributeError):
-        pass
-
-
-def warm_failure_path() -> None:
-    """Import ``torch._dynamo`` now, in the background, while the agent waits at the rendezvous: torch's log
-    formatter imports it the first time the agent logs a worker's failure with its traceback (torch's
-    multiprocessing context does), which took 0.9-1.3 s of every first restart in place on two busy cores."""
-
-    def load() -> None:
-        with contextlib.suppress(Exception):
-            importlib.import_module("torch._dynamo")
-
-    threading.Thread(target=load, name="ddpjob-warm-import", daemon=True).start()
-
-
-def _warm(config_from_args: Any) -> Any:
-    """torchrun's ``config_from_args``, turned to the built-in trainer's function entrypoint on a warm
-    fork server (torchrun's ``run`` keeps its own rendezvous defaults around it)."""
-
-    def warm(args: Any) -> tuple[Any, Any, list[str]]:
-        config, _, _ = config_from_args(args)  # sets OMP_NUM_THREADS=1 (more than one worker per node)...
-        config.start_method = "forkserver"
-        start_fork_server()  # ...which torch reads when it loads: the fork server must see it
-        warm_failure_path()
-        return config, builtin_worker, list(args.training_script_args)
-
-    return warm
 
 
 def _ended(agent: Any, group: Any) -> dict[int, tuple[int, str]]:
@@ -445,7 +347,7 @@ def main(argv: Sequence[str]) -> int:
 
     args = torchrun.parse_args(list(argv))  # type: ignore[no-untyped-call]
     if runs_builtin(args):
-        torchrun.config_from_args = _warm(torchrun.config_from_args)
+        torchrun.config_from_args = warm_config_from_args(torchrun.config_from_args)
         marks.builtin = True  # its workers leave marks (SyncHealth)
     if found:  # gathered last, with nothing slow left before torch's rendezvous (a late pod misses none)
         store.announce(*found, str(args.rdzv_id), args.local_addr or socket.getfqdn())  # torch's name for it

@@ -11,7 +11,7 @@ import pytest
 
 from ddp_trainer import contract
 from ddp_trainer.core import inplace
-from ddp_trainer.launch import agent
+from ddp_trainer.launch import agent, warm
 from ddp_trainer.launch.book import Book
 
 GLOO_RESET = "RuntimeError: [pair.cc:545] Read error [127.0.0.1]:3479: Connection reset by peer."
@@ -90,7 +90,7 @@ def test_the_fork_server_preloads_what_a_workers_first_optimizer_imports() -> No
     # the fork server imports it once, and initializes no CUDA doing so (its forks could not use it)
     code = (
         "import sys, torch\n"
-        f"for name in {agent.PRELOAD!r}: __import__(name)\n"
+        f"for name in {warm.PRELOAD!r}: __import__(name)\n"
         "before = set(sys.modules)\n"
         "torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())\n"
         "print(sorted(name for name in set(sys.modules) - before if name.startswith('torch._')))\n"
