@@ -16,7 +16,8 @@ import yaml
 
 from ddp_operator import __version__
 from ddp_operator.api import crd
-from ddp_operator.api.spec import Spec, SpecError, load_documents, other_kinds, parse_file, warnings
+from ddp_operator.api.spec import Spec, SpecError, load_documents, other_kinds, parse_file
+from ddp_operator.api.spec_warnings import warnings
 from ddp_operator.children import objects
 from ddp_operator.local.validation import POD_SECURITY_HELP
 from ddp_operator.runtime import operator_process

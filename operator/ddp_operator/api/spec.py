@@ -3,30 +3,26 @@
 The verdict is the API server's: the CRD's own schema and CEL rules (``schema.validate``), plus the checks
 the server does before it ever reaches the schema (apiVersion, kind, a name) and of every object's name;
 once the server would take the DDPJob, what it would refuse of the Job (``podcheck``). Every problem names
-the field, the value and what would be accepted; ``SpecError`` carries all of them at once. ``warnings`` says
-what is valid but probably unintended (restarts that would start from step 0, say).
+the field, the value and what would be accepted; ``SpecError`` carries all of them at once.
+:mod:`.spec_warnings` says what is valid but probably unintended (restarts that would start from step 0,
+say); :mod:`.crd_fields` reads the dataclasses from the CRD object by name.
 
 Long because the dataclasses mirror the CRD's spec one to one; the logic is ``parse`` and ``_build``.
 """
 
 from __future__ import annotations
 
-import types
-import typing
 from collections.abc import Mapping, Sequence
-from collections.abc import Mapping as AbcMapping
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import yaml
 
 from ddp_operator.api import crd, podcheck, schema
+from ddp_operator.api.crd_fields import from_crd
 from ddp_operator.api.schema import Problem
 from ddp_trainer import contract
-
-OBJECT_STORAGE = "spec.checkpoint.s3 (object storage)"
-"""The way around a cluster's volumes, offered by every fix that needs another kind of storage."""
 
 
 class SpecError(ValueError):
@@ -351,92 +347,6 @@ def _build(doc: Mapping[str, Any]) -> Spec:
     )
 
 
-def crd_key(f: Any) -> str | None:
-    """The CRD property (a dotted path under its object) a dataclass field is read from: its camelCase
-    name, unless the field says otherwise (``metadata={"key": ...}``; None: not read from the spec)."""
-    if "key" in f.metadata:
-        key: str | None = f.metadata["key"]
-        return key
-    head, *rest = str(f.name).split("_")
-    return head + "".join(word.capitalize() for word in rest)
-
-
-def _lookup(mapping: Mapping[str, Any], path: str) -> Any:
-    for part in path.split("."):
-        if not isinstance(mapping, AbcMapping) or part not in mapping:
-            return MISSING
-        mapping = mapping[part]
-    return mapping
-
-
-def _nested(kind: Any) -> tuple[Any, bool]:
-    """The dataclass a field holds (or None), and whether the field may be None."""
-    args = typing.get_args(kind)
-    if typing.get_origin(kind) in (Union, types.UnionType):
-        inner = [a for a in args if a is not type(None)]
-        return (inner[0] if len(inner) == 1 and is_dataclass(inner[0]) else None), True
-    return (kind if is_dataclass(kind) else None), False
-
-
-def _convert(kind: Any, value: Any) -> Any:
-    origin = typing.get_origin(kind)
-    if origin in (Union, types.UnionType):
-        kinds = [a for a in typing.get_args(kind) if a is not type(None)]
-        return value if value is None or len(kinds) != 1 else _convert(kinds[0], value)
-    if origin is tuple:
-        return tuple(value)
-    if origin in (Mapping, AbcMapping, dict):
-        return {k: dict(v) if isinstance(v, AbcMapping) else v for k, v in value.items()}
-    if kind is float:
-        return float(value)
-    return value
-
-
-def from_crd(cls: Any, mapping: Mapping[str, Any], node: Mapping[str, Any]) -> dict[str, Any]:
-    """The fields of dataclass ``cls`` read from ``mapping``, a CRD object whose schema is ``node``: each
-    field from its :func:`crd_key`, converted by its type (tuples, mappings, floats), a nested dataclass
-    read the same way (an absent object takes its schema's defaults, or None where the field may be None).
-    Absent fields keep the dataclass's default (else empty, or None: :func:`_empty`). The CRD's schema is
-    the one source; tests/unit/operator/api/test_spec.py proves every property has a field and every field a
-    property. A value of the wrong shape where an object belongs is a ``TypeError`` naming it."""
-    if not isinstance(mapping, AbcMapping):
-        raise TypeError(f"expected an object for {cls.__name__}, got {type(mapping).__name__}")
-    hints = typing.get_type_hints(cls)
-    out: dict[str, Any] = {}
-    for f in fields(cls):
-        key = crd_key(f)
-        if key is None:
-            continue
-        kind = hints[f.name]
-        sub, optional = _nested(kind)
-        value = _lookup(mapping, key)
-        if sub is not None:
-            sub_node = _node(node, key)
-            if value is MISSING and optional:
-                out[f.name] = None
-                continue
-            if value is MISSING:
-                value = schema.apply_defaults(sub_node, {})
-            out[f.name] = sub(**from_crd(sub, value, sub_node))
-        elif value is not MISSING:
-            out[f.name] = _convert(kind, value)
-        elif f.default is MISSING and f.default_factory is MISSING:
-            out[f.name] = _empty(kind)
-    return out
-
-
-def _empty(kind: Any) -> Any:
-    """An absent list is an empty tuple, an absent object an empty mapping, anything else None."""
-    origin = typing.get_origin(kind)
-    return () if origin is tuple else {} if origin in (Mapping, AbcMapping, dict) else None
-
-
-def _node(node: Mapping[str, Any], path: str) -> Mapping[str, Any]:
-    for part in path.split("."):
-        node = node["properties"][part]
-    return node
-
-
 def checkpoints_durable(spec: Spec) -> bool:
     """Whether a gang restart finds the checkpoints of the attempt before (a volume that outlives pods)."""
     c = spec.checkpoint
@@ -471,84 +381,3 @@ def runs_launcher(spec: Spec) -> bool:
     a static rendezvous and no restart in place, so a failed process ends the attempt (the Job is
     recreated) and a divergence or a faulty rank is never retried on the same pods."""
     return spec.command is None or tuple(spec.command) == contract.IMAGE_ENTRYPOINT
-
-
-def not_elastic(spec: Spec) -> str | None:
-    """Why a job with ``spec.elastic`` will not resize (a ``command`` of the user's runs torchrun's own
-    static rendezvous, not the launcher's elastic one), naming the field and the fix; None when it will."""
-    if spec.elastic is None or runs_launcher(spec):
-        return None
-    return (
-        f"spec.elastic: spec.command {list(spec.command or [])} runs torchrun's static rendezvous, not "
-        "ddpjob's launcher, so this job does not resize: a lost or taken-away node fails the attempt and "
-        "the whole gang restarts; leave spec.command out and put your script first in spec.args"
-    )
-
-
-def warnings(spec: Spec) -> list[str]:
-    """What is valid but probably not what the author wants, each naming the field and the fix."""
-    out = []
-    custom = spec.command is not None or spec.args is not None
-    if spec.sync_check.auto_instrument and custom and not sync_hook(spec):
-        out.append(
-            "spec.env PYTHONPATH: it comes from valueFrom, so the sync hook of spec.syncCheck.autoInstrument "
-            "cannot be put in front of it and is off; give PYTHONPATH a value, or set autoInstrument: false "
-            "to say so"
-        )
-    if lost := lost_checkpoints(spec):
-        out.append(lost)
-    if "trainer" in spec.given and (spec.command is not None or spec.args is not None):
-        # spec.syncCheck is not ignored: it reaches any program as DDPJOB_SYNC_EVERY/DDPJOB_ON_DIVERGENCE,
-        # which SyncHealth and its callbacks read (docs/your-code.md)
-        out.append(
-            "spec.trainer: ignored, because spec.command/spec.args run your own program instead of the "
-            "built-in trainer, which alone reads it; remove it, or pass your program its settings in "
-            "spec.args"
-        )
-    if reason := not_elastic(spec):
-        out.append(reason)
-    out.extend(storage_warnings(spec))
-    return out
-
-
-def lost_checkpoints(spec: Spec) -> str | None:
-    """The warning for checkpoints that a gang restart would not find in a cluster (a pod-local emptyDir),
-    or None. ``ddpjob local`` repeats it, saying why a restart there resumes all the same."""
-    if spec.max_restarts == 0 or checkpoints_durable(spec):
-        return None
-    return (
-        f"spec.checkpoint: checkpoints go to a pod-local emptyDir, so the {spec.max_restarts} gang "
-        "restart(s) of spec.maxRestarts will start from step 0; give spec.checkpoint.volumeClaimTemplate "
-        "(the operator creates a PersistentVolumeClaim), spec.checkpoint.volume or spec.checkpoint.s3"
-    )
-
-
-def storage_warnings(spec: Spec) -> list[str]:
-    """A checkpoint claim a default cluster cannot give: the default StorageClasses of kind and minikube
-    (local-path, hostpath) and of the clouds' block storage (EBS, Persistent Disk, Azure Disk) give only
-    ReadWriteOnce, which pods on one node share (and a Multi-Attach error refuses a second node)."""
-    claim = spec.checkpoint.claim if spec.checkpoint else None
-    if claim is None:
-        return []
-    field, modes = "spec.checkpoint.volumeClaimTemplate", list(claim.access_modes)
-    several = "a storageClassName whose class gives ReadWriteMany (NFS, EFS, Filestore, CephFS)"
-    if "ReadWriteMany" in modes and claim.storage_class_name is None:
-        instead = "accessModes [ReadWriteOnce]" if spec.nodes == 1 else several
-        return [
-            f"{field}.accessModes: {modes} from the cluster's default StorageClass, which on kind, minikube "
-            "and the clouds' block storage gives only ReadWriteOnce (the claim would stay Pending); name "
-            f"{instead}, or use {OBJECT_STORAGE}"
-        ]
-    if "ReadWriteOncePod" in modes and spec.nodes > 1:
-        return [
-            f"{field}.accessModes: {modes} lets one pod only mount the claim, but every one of the "
-            f"{spec.nodes} pods mounts it; use [ReadWriteOnce] (pods on one node), {several}, or "
-            f"{OBJECT_STORAGE}"
-        ]
-    if "ReadWriteMany" not in modes and spec.nodes > 1 and spec.device == "cuda":
-        return [
-            f"{field}.accessModes: {modes} lets the pods of one node only mount the claim, and these "
-            f"{spec.nodes} pods with {spec.procs_per_node} GPU(s) each are likely on several nodes (the "
-            f"others would fail with a Multi-Attach error); use {several}, or {OBJECT_STORAGE}"
-        ]
-    return []

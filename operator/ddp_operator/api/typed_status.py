@@ -2,12 +2,12 @@
 from its spec schema (:mod:`ddp_operator.api.spec`).
 
 Each field is its CRD property in snake_case (``restarts_in_place`` is ``status.restartsInPlace``), by the
-same rule as the spec's (:func:`~ddp_operator.api.spec.crd_key`); a property that is a Python keyword says
-its key (``from_nodes`` is ``from``). Every field may be absent (None), since a status is written a piece at
-a time; a list is a tuple. :func:`read` takes a status as the API server stores it, or as the builder
-(``decide/status_builder``) writes it, and keeps each value of the type the schema declares, so a
-hand-written value of another type reads as absent; :func:`write` gives the mapping back, the absent fields
-left out: ``write(read(s)) == s`` for every status the builder writes (proven in
+same rule as the spec's (:func:`~ddp_operator.api.crd_fields.crd_key`); a property that is a Python keyword
+says its key (``from_nodes`` is ``from``). Every field may be absent (None), since a status is written a piece
+at a time; a list is a tuple. :func:`read` takes a status as the API server stores it, or as the builder
+(``decide/status_builder``) writes it, and keeps each value of the type the schema declares, so a hand-written
+value of another type reads as absent; :func:`write` gives the mapping back, the absent fields left out:
+``write(read(s)) == s`` for every status the builder writes (proven in
 tests/unit/operator/decide/test_status_schema.py). The fields are in the CRD's order, and
 tests/unit/operator/api/test_typed_status.py proves that every property has a field and every field a
 property.
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 from ddp_operator.api import crd
-from ddp_operator.api.spec import crd_key
+from ddp_operator.api.crd_fields import crd_key
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddp_operator.api.spec import Spec, lost_checkpoints, not_elastic, sync_hook, warnings
+from ddp_operator.api.spec import Spec, sync_hook
+from ddp_operator.api.spec_warnings import lost_checkpoints, not_elastic, warnings
 from ddp_operator.children import render
 from ddp_operator.local import processes, validation
 from ddp_operator.observe import references

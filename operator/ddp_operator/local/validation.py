@@ -1,8 +1,8 @@
-"""What ``ddpjob validate`` warns of beside ``spec.warnings`` (:func:`ddp_operator.api.spec.warnings`), each
-worded once here: a script ``ddpjob local`` would not find, and what a namespace enforcing a Pod Security
-level would refuse in the pods. ``ddpjob validate`` prints them; ``ddpjob local`` repeats the Pod Security
-ones at its start, for the level its own ``--pod-security`` names (a missing script it refuses outright,
-before any pod starts)."""
+"""What ``ddpjob validate`` warns of beside ``spec.warnings``
+(:func:`ddp_operator.api.spec_warnings.warnings`), each worded once here: a script ``ddpjob local`` would not
+find, and what a namespace enforcing a Pod Security level would refuse in the pods. ``ddpjob validate`` prints
+them; ``ddpjob local`` repeats the Pod Security ones at its start, for the level its own ``--pod-security``
+names (a missing script it refuses outright, before any pod starts)."""
 
 from __future__ import annotations
 

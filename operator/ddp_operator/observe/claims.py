@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddp_operator.api import names
-from ddp_operator.api.spec import OBJECT_STORAGE
+from ddp_operator.api.spec_warnings import OBJECT_STORAGE
 from ddp_operator.observe.facts import ready
 
 _ACCESS_MODE = re.compile(r"access ?modes?|MULTI_NODE|ReadWriteMany|ReadWriteOnce|RWX", re.IGNORECASE)

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from ddp_operator.api.spec import not_elastic, parse
+from ddp_operator.api.spec import parse
+from ddp_operator.api.spec_warnings import not_elastic
 from ddp_operator.children import objects
 from ddp_operator.local import processes
 from ddp_operator.local.notes import local_notes

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from ddp_operator import cli
-from ddp_operator.api import spec
+from ddp_operator.api import spec, spec_warnings
 from ddp_operator.children import objects
 from helpers.spec_docs import VOLUME, doc_with
 
@@ -103,12 +103,14 @@ def test_the_good_twins_are_accepted() -> None:
 
 def test_a_custom_command_with_trainer_settings_warns() -> None:
     parsed = spec.parse(doc_with(command=["python", "train.py"], trainer={"steps": 10}, syncCheck={}))
-    (warning,) = [w for w in spec.warnings(parsed) if "ignored" in w]
+    (warning,) = [w for w in spec_warnings.warnings(parsed) if "ignored" in w]
     assert warning.startswith("spec.trainer: ignored, because spec.command/spec.args")
     # spec.syncCheck reaches any program (DDPJOB_SYNC_EVERY, DDPJOB_ON_DIVERGENCE): no warning for it alone
     alone = spec.parse(doc_with(command=["python", "train.py"], syncCheck={"everySteps": 5}))
-    assert not [w for w in spec.warnings(alone) if "ignored" in w]
-    assert not [w for w in spec.warnings(spec.parse(doc_with(trainer={"steps": 10}))) if "ignored" in w]
+    assert not [w for w in spec_warnings.warnings(alone) if "ignored" in w]
+    assert not [
+        w for w in spec_warnings.warnings(spec.parse(doc_with(trainer={"steps": 10}))) if "ignored" in w
+    ]
 
 
 def test_an_elastic_job_whose_command_is_torchrun_warns_that_it_will_not_resize() -> None:
@@ -117,10 +119,10 @@ def test_an_elastic_job_whose_command_is_torchrun_warns_that_it_will_not_resize(
     elastic = {"minNodes": 1, "maxNodes": 3}
     script = {"args": ["train.py", "10"]}
     parsed = spec.parse(doc_with(nodes=3, elastic=elastic, command=["torchrun"], **script))
-    (warning,) = [w for w in spec.warnings(parsed) if w.startswith("spec.elastic")]
-    assert warning == spec.not_elastic(parsed)
+    (warning,) = [w for w in spec_warnings.warnings(parsed) if w.startswith("spec.elastic")]
+    assert warning == spec_warnings.not_elastic(parsed)
     assert "spec.command ['torchrun']" in warning and "leave spec.command out" in warning, warning
     launched = doc_with(nodes=3, elastic=elastic, **script)
     rigid = doc_with(nodes=3, command=["torchrun"], **script)
     for fine in (launched, rigid):
-        assert spec.not_elastic(spec.parse(fine)) is None
+        assert spec_warnings.not_elastic(spec.parse(fine)) is None

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from ddp_operator import cli
-from ddp_operator.api import crd, spec
+from ddp_operator.api import crd, crd_fields, spec
 from helpers import REPO
 
 BASE: dict[str, Any] = {
@@ -476,7 +476,7 @@ def _unmatched(cls: Any, node: Mapping[str, Any], path: str) -> list[str]:
     hints = typing.get_type_hints(cls)
     props, covered, out = set(node.get("properties", {})), set(), []
     for f in dataclasses.fields(cls):
-        key = spec.crd_key(f)
+        key = crd_fields.crd_key(f)
         if key is None:
             continue
         head = key.split(".")[0]
@@ -484,7 +484,7 @@ def _unmatched(cls: Any, node: Mapping[str, Any], path: str) -> list[str]:
         if head not in props:
             out.append(f"{path}: field {cls.__name__}.{f.name} reads {key!r}, which the CRD does not have")
             continue
-        nested, _ = spec._nested(hints[f.name])
+        nested, _ = crd_fields._nested(hints[f.name])
         if nested is not None:
             out += _unmatched(nested, node["properties"][head], f"{path}.{head}")
     out += [f"{path}.{p}: in the CRD, read by no field of {cls.__name__}" for p in sorted(props - covered)]
@@ -492,7 +492,7 @@ def _unmatched(cls: Any, node: Mapping[str, Any], path: str) -> list[str]:
 
 
 def test_the_spec_type_and_the_crd_schema_are_one_source() -> None:
-    """Spec's dataclasses are read from the CRD by name (``spec.from_crd``): a property added to the CRD
+    """Spec's dataclasses are read from the CRD by name (``crd_fields.from_crd``): a property added to the CRD
     without its field, or a field without its property, fails here, naming it."""
     assert _unmatched(spec.Spec, crd.openapi_schema()["properties"]["spec"], "spec") == []
 
@@ -508,4 +508,4 @@ def test_the_round_trip_check_can_fail() -> None:
         "spec.trainer: field Small.batch_size reads 'batchSize', which the CRD does not have",
         "spec.trainer.warmupSteps: in the CRD, read by no field of Small",
     ]
-    assert spec.from_crd(Small, {"steps": 7}, node) == {"steps": 7}
+    assert crd_fields.from_crd(Small, {"steps": 7}, node) == {"steps": 7}

@@ -402,7 +402,7 @@ def test_no_sync_hook(spec: Callable[[], Spec]) -> None:
 
 
 def test_a_pythonpath_from_value_from_is_said_to_turn_the_hook_off() -> None:
-    from ddp_operator.api.spec import warnings
+    from ddp_operator.api.spec_warnings import warnings
 
     ref = {"configMapKeyRef": {"name": "p", "key": "k"}}
     said = warnings(_custom(env=[{"name": "PYTHONPATH", "valueFrom": ref}]))

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ddp_operator.api.spec import parse, warnings
+from ddp_operator.api.spec import parse
+from ddp_operator.api.spec_warnings import warnings
 from ddp_operator.local.notes import local_notes
 from ddp_trainer import contract
 
