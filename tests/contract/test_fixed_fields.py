@@ -48,7 +48,9 @@ def doc_rows() -> dict[str, str]:
 
 
 def differences(name: str, have: set[str], declared: set[str]) -> str:
-    return f"{name}: missing {sorted(declared - have)}, not declared in contract.py {sorted(have - declared)}"
+    return (
+        f"{name}: missing {sorted(declared - have)}, not declared in the contract {sorted(have - declared)}"
+    )
 
 
 def test_the_crd_fixes_exactly_the_declared_fields() -> None:
