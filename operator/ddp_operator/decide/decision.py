@@ -48,7 +48,7 @@ from ddp_operator.decide import (
     sync_check,
 )
 from ddp_operator.decide.plan import Event, Plan, Scrape
-from ddp_operator.decide.status_builder import StatusBuilder, count, finished, of, parse_time, stamp
+from ddp_operator.decide.status_builder import Said, StatusBuilder, count, finished, of, parse_time, stamp
 from ddp_operator.observe import (
     claims,
     live,
@@ -327,61 +327,71 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
     elif not spec.suspend and job.suspended and spec.queue_name is None:
         toggle = (job.name, False)
     ready, attempt = facts.ready_nodes, facts.attempt
-    out.set(ready_nodes=ready)
-    kueue.write_workload(out, inputs.workload)
+    said = [Said(dict(ready_nodes=ready)), kueue.workload_status(inputs.workload)]
     if spec.suspend:
-        out.phase(
-            reasons.SUSPENDED, reasons.SUSPENDED, "suspended: the pods are stopped and the checkpoint is kept"
-        )
-        out.condition(reasons.READY, False, reasons.SUSPENDED, SUSPENDED_READY)
+        message = "suspended: the pods are stopped and the checkpoint is kept"
+        said.append(_said(reasons.SUSPENDED, reasons.SUSPENDED, message, False, SUSPENDED_READY))
     elif job.suspended and spec.queue_name is None:
-        out.phase(reasons.PENDING, "Resuming", f"resuming Job {job.name}")
-        out.condition(reasons.READY, False, "Resuming", f"Job {job.name} is still suspended")
+        message = f"Job {job.name} is still suspended"
+        said.append(_said(reasons.PENDING, "Resuming", f"resuming Job {job.name}", False, message))
     elif job.suspended:
-        kueue.say_queued(out, spec.queue_name or "", job.name, inputs.workload)
+        said.append(kueue.queued(spec.queue_name or "", job.name, inputs.workload))
     elif ready == spec.nodes:
-        out.phase(
-            reasons.RUNNING,
-            reasons.ALL_NODES_READY,
-            f"all {spec.nodes} pods of attempt {attempt} are running",
-        )
-        out.condition(reasons.READY, True, reasons.ALL_NODES_READY, f"{ready}/{spec.nodes} pods ready")
+        message = f"all {spec.nodes} pods of attempt {attempt} are running"
+        ready_message = f"{ready}/{spec.nodes} pods ready"
+        said.append(_said(reasons.RUNNING, reasons.ALL_NODES_READY, message, True, ready_message))
     elif spec.elastic is not None and ready >= spec.elastic.min_nodes:
         gated = kueue.slice_waiting(spec.queue_name or "", inputs.workload)
-        out.phase(
-            reasons.RUNNING,
-            reasons.BELOW_DESIRED,
+        message = (
             f"training at {ready} of {spec.nodes} desired nodes (elastic: "
-            f"{spec.elastic.min_nodes}-{spec.elastic.max_nodes}); the others join at a step boundary{gated}",
+            f"{spec.elastic.min_nodes}-{spec.elastic.max_nodes}); the others join at a step boundary{gated}"
         )
-        out.condition(reasons.READY, True, reasons.BELOW_DESIRED, f"{ready}/{spec.nodes} pods ready{gated}")
+        ready_message = f"{ready}/{spec.nodes} pods ready{gated}"
+        said.append(_said(reasons.RUNNING, reasons.BELOW_DESIRED, message, True, ready_message))
     elif (short := resize.below_min(spec, out.last, ready, inputs.now)) is not None:
         message = short.message(spec, facts.unschedulable)
         if short.over:
+            out.say(*said)
             outcome = restarts.Outcome(False, reason=reasons.BELOW_MIN_NODES, message=message)
             if (
                 sized := resize.of_reading(spec, job, out, ready, inputs.now, inputs.snapshot, attempt)
             ) is not None:
                 out.set(elastic=sized.status)
             return _end_attempt(inputs, out, job.name, outcome, True)
-        out.phase(reasons.RUNNING, reasons.BELOW_MIN_NODES, message, warning=True)
-        out.condition(reasons.READY, False, reasons.BELOW_MIN_NODES, message)
+        said.append(_said(reasons.RUNNING, reasons.BELOW_MIN_NODES, message, False, message, warning=True))
     else:  # the pods are starting, or cannot
+        out.say(*said)
+        said = []
         starting.say_starting(out, spec, facts, inputs.storage)
+    out.say(*said)
     enough = spec.elastic.min_nodes if spec.elastic is not None else spec.nodes
     running = ready >= enough and not spec.suspend and not job.suspended
     if running and (why := progress.stopped_stepping(out, spec, inputs.snapshot, attempt, inputs.now)):
         return _end_attempt(inputs, out, job.name, restarts.Outcome(False, reason=STALLED, message=why), True)
     progress.write_reading(out, inputs.snapshot, attempt, known_total_steps(spec))
-    sync_check.condition(out)
     scrape = None
     if facts.targets and not spec.suspend and not job.suspended:
         scrape = Scrape(attempt, spec.metrics_port, facts.targets)
-    sized = resize.of_reading(spec, job, out, ready, inputs.now, inputs.snapshot, attempt)
-    if sized is not None:
-        out.set(elastic=sized.status, selector=f"{names.JOB_NAME_LABEL}={spec.name}")  # /scale's selector
-        out.events.extend(sized.events)
-    return out.plan(suspend_job=toggle, scrape=scrape, resize_job=sized.job if sized else None)
+    verified = Said(conditions=(sync_check.verified(out.current()),))
+    sized = None
+    if spec.elastic is not None:  # the elastic room applies
+        sized = resize.of_reading(spec, job, out, ready, inputs.now, inputs.snapshot, attempt)
+    if sized is None:
+        return out.plan(verified, suspend_job=toggle, scrape=scrape)
+    # /scale's selector
+    resized = Said(
+        dict(elastic=sized.status, selector=f"{names.JOB_NAME_LABEL}={spec.name}"), events=sized.events
+    )
+    return out.plan(verified, resized, suspend_job=toggle, scrape=scrape, resize_job=sized.job)
+
+
+def _said(
+    phase: str, reason: str, message: str, ready: bool, ready_message: str, warning: bool = False
+) -> Said:
+    """The phase, with ``reason`` and ``message`` (an event when it changes), and the ``Ready`` condition."""
+    return Said(
+        conditions=((reasons.READY, ready, reason, ready_message),), phase=(phase, reason, message, warning)
+    )
 
 
 def _finish(

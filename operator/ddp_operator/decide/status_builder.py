@@ -65,6 +65,23 @@ def count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
+@dataclass(frozen=True)
+class Said:
+    """What a room says of the status, as one value: :meth:`StatusBuilder.say` applies it in this order (the
+    fields set, by their names in :class:`Status` and in this order; the fields dropped; the previous
+    status's conditions kept; the conditions said; the phase; the events), so a room enters the builder
+    once."""
+
+    fields: Mapping[str, Any] = field(default_factory=dict)
+    drop: tuple[str, ...] = ()
+    keep_conditions: tuple[str, ...] = ()
+    conditions: tuple[tuple[str, bool | None, str, str], ...] = ()
+    """(kind, status, reason, message) of each, as :meth:`StatusBuilder.condition` takes them."""
+    phase: tuple[str, str, str, bool] | None = None
+    """(phase, reason, message, warning), as :meth:`StatusBuilder.phase` takes them."""
+    events: tuple[Event, ...] = ()
+
+
 @dataclass
 class StatusBuilder:
     """The status under construction, with the conditions and events that go with it: the one place
@@ -102,6 +119,20 @@ class StatusBuilder:
         for name, value in fields.items():
             written = typed_status.write(value) if is_dataclass(value) else value
             self.values[KEYS[name]] = written
+
+    def say(self, *saids: Said) -> None:
+        """Write what each room said (:class:`Said`), in this order."""
+        for said in saids:
+            self.set(**said.fields)
+            for name in said.drop:
+                self.drop(name)
+            if said.keep_conditions:
+                self.keep_conditions(*said.keep_conditions)
+            for kind, status, reason, message in said.conditions:
+                self.condition(kind, status, reason, message)
+            if said.phase is not None:
+                self.phase(*said.phase)
+            self.events.extend(said.events)
 
     def drop(self, name: str) -> None:
         """Leave field ``name`` out of the status."""
@@ -146,13 +177,19 @@ class StatusBuilder:
         """When condition ``kind``, as written, took its status."""
         return str(self.conditions[kind]["lastTransitionTime"])
 
+    def changed_at(self, kind: str) -> dt.datetime | None:
+        """:meth:`since`, read as a time (None: unreadable)."""
+        return parse_time(self.since(kind))
+
     def phase(self, phase: str, reason: str, message: str, warning: bool = False) -> None:
         self.values["phase"] = phase
         ready = self.said(reasons.READY)
         if self.last.phase != phase or (ready.reason if ready is not None else None) != reason:
             self.events.append(Event("Warning" if warning else "Normal", reason, message))
 
-    def plan(self, **steps: Any) -> Plan:
+    def plan(self, *saids: Said, **steps: Any) -> Plan:
+        """The plan: what the rooms said last (:meth:`say`), then this status, its events and ``steps``."""
+        self.say(*saids)
         status = {**self.values, "conditions": [self.conditions[k] for k in sorted(self.conditions)]}
         return Plan(status, events=tuple(self.events), **steps)
 
@@ -172,6 +209,15 @@ class Section:
 
     kind: type
     values: Obj = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, kind: type, *parts: Mapping[str, Any], stored: Mapping[str, Any] | None = None) -> Obj:
+        """Section ``kind`` written at once: ``stored`` (as stored, its keys in their order), then each of
+        ``parts``' fields by name, in order."""
+        section = cls(kind, dict(stored or {}))
+        for fields in parts:
+            section.set(**fields)
+        return section.values
 
     def set(self, **fields: Any) -> None:
         """Write fields by name; a dataclass is written as its mapping."""
