@@ -25,14 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ddp_operator.api import names, reasons, typed_status
+from ddp_operator.api import names, reasons
 from ddp_operator.api.spec import Spec, SpecError, known_total_steps
-from ddp_operator.api.typed_status import Status
 from ddp_operator.children import render
 from ddp_operator.decide import (
     checkpoints,
@@ -48,7 +46,7 @@ from ddp_operator.decide import (
     sync_check,
 )
 from ddp_operator.decide.plan import Event, Plan, Scrape
-from ddp_operator.decide.status_builder import Said, StatusBuilder, count, finished, of, parse_time, stamp
+from ddp_operator.decide.status_builder import Said, StatusBuilder, count, finished, parse_time, stamp
 from ddp_operator.observe import (
     claims,
     live,
@@ -88,11 +86,6 @@ class Inputs:
     store: store_health.StoreReading | None = None
     """An elastic job's rendezvous store, as its pods say (None: the job has none, or no attempt yet)."""
 
-    @functools.cached_property
-    def last(self) -> Status:
-        """``previous``, typed."""
-        return typed_status.read(self.previous)
-
 
 def decide(observation: Observation) -> Plan:
     """The plan for one DDPJob, one pure function of what the reconcile observed (:class:`Observation`):
@@ -101,32 +94,34 @@ def decide(observation: Observation) -> Plan:
     Workload, an elastic job's rendezvous store) interpreted, then exactly one branch (:func:`_decide`),
     with an elastic job's rendezvous stores (:mod:`~ddp_operator.decide.rendezvous_store`)."""
     body, now = observation.body, observation.now
-    previous = of(body)
+    out = StatusBuilder.for_body(body, now)
+    previous = out.previous
     generation = int(body.get("metadata", {}).get("generation") or 0)
     if isinstance(observation.spec, SpecError):
         return invalid_spec(observation.spec, previous, generation, now)
+    last = out.last
     spec, mount_events = observation.spec, observation.mount_events
     refs, elastic = references.references(spec), spec.elastic is not None
     facts = observe(
         previous, observation.jobs, observation.pods, spec.metrics_port, refs, mount_events, elastic
     )
-    last = typed_status.read(previous)
-    used = restarts.restarts_used(facts.attempt, count(last.preemptions), count(last.restarts_in_place))
+    left = restarts.left_of(spec.max_restarts, facts.attempt, *out.counted)
     avoid = compute_probe.nodes_to_avoid(last, observation.unhealthy)
     service = render.render_service(spec)
-    job = render.render_job(spec, facts.attempt, restarts.left(spec.max_restarts, used), avoid_nodes=avoid)
+    job = render.render_job(spec, facts.attempt, left, avoid_nodes=avoid)
     if facts.startup is None:
         facts = starting.refused_or_absent(facts, spec, job, mount_events, observation.missing)
     rendered = render.render_checkpoint_claim(spec)
     why = claims.diagnose(observation.claim, owned=rendered is not None, nodes=spec.nodes)
-    workload = kueue.workload(spec, facts.job, observation.workloads)
+    # Kueue's room applies to a job that names a queue
+    workload = kueue.workload(spec, facts.job, observation.workloads) if spec.queue_name else None
     stored = render.external_store(spec)  # an elastic job's own rendezvous store: its room applies
     store = rendezvous_store.reading(facts.job, facts.attempt, observation.store_pods) if stored else None
     snapshot = observation.snapshot
     inputs = Inputs(
         spec, generation, previous, facts, now, service, rendered, job, snapshot, why, workload, store
     )
-    plan = _decide(inputs)
+    plan = _decide(inputs, out)
     return rendezvous_store.with_stores(plan, previous, last, now, facts.job, store) if stored else plan
 
 
@@ -145,16 +140,15 @@ def refused(previous: Mapping[str, Any], generation: int, now: dt.datetime, mess
     return _finish(out, False, reasons.INVALID_SPEC, message[:1024])
 
 
-def _decide(inputs: Inputs) -> Plan:
-    """The status to write and the next step: exactly one branch applies, checked in this order."""
+def _decide(inputs: Inputs, out: StatusBuilder) -> Plan:
+    """The status to write (``out``: its builder) and the next step: exactly one branch applies, checked in
+    this order."""
     facts, job = inputs.facts, inputs.facts.job
-    out = status.begin(
-        inputs.previous, inputs.now, inputs.generation, facts.attempt, facts.report, inputs.spec
-    )
+    status.begin(out, inputs.generation, facts.attempt, facts.report, inputs.spec)
     restarts.count_in_place(out, facts.attempt, facts.report, inputs.snapshot, inputs.spec.max_restarts)
-    if finished(inputs.previous):
+    if finished(out.last):
         return _finished(inputs, out)
-    if (deadline := _deadline_passed(inputs)) is not None:
+    if (deadline := _deadline_passed(inputs, out)) is not None:
         return _finish(out, False, reasons.DEADLINE_EXCEEDED, deadline, delete=_all_jobs(facts))
     if facts.stale_jobs:
         return _stopping_old_attempts(inputs, out)
@@ -215,10 +209,12 @@ def _finished(inputs: Inputs, out: StatusBuilder) -> Plan:
     return Plan(out.plan().status, delete_jobs=stale, delete_self=expired, resize_job=shrink)
 
 
-def _deadline_passed(inputs: Inputs) -> str | None:
+def _deadline_passed(inputs: Inputs, out: StatusBuilder) -> str | None:
     deadline = inputs.spec.active_deadline_seconds
-    started = parse_time(inputs.last.start_time or stamp(inputs.now))
-    if deadline is not None and started and (inputs.now - started).total_seconds() > deadline:
+    if deadline is None:
+        return None
+    started = parse_time(out.last.start_time or out.now)
+    if started and (inputs.now - started).total_seconds() > deadline:
         return f"ran longer than activeDeadlineSeconds ({deadline}s), restarts included"
     return None
 
@@ -327,7 +323,9 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
     elif not spec.suspend and job.suspended and spec.queue_name is None:
         toggle = (job.name, False)
     ready, attempt = facts.ready_nodes, facts.attempt
-    said = [Said(dict(ready_nodes=ready)), kueue.workload_status(inputs.workload)]
+    # Kueue's room applies to a job that names a queue; any other has no status.kueue
+    queued = kueue.workload_status(inputs.workload) if spec.queue_name else Said(drop=("kueue",))
+    said = [Said(dict(ready_nodes=ready)), queued]
     if spec.suspend:
         message = "suspended: the pods are stopped and the checkpoint is kept"
         said.append(_said(reasons.SUSPENDED, reasons.SUSPENDED, message, False, SUSPENDED_READY))

@@ -128,6 +128,11 @@ def left(max_restarts: int, used: int) -> int:
     return max(0, max_restarts - used)
 
 
+def left_of(max_restarts: int, attempt: int, preemptions: int = 0, in_place: int = 0) -> int:
+    """:func:`left` of :func:`restarts_used`: what is left of ``maxRestarts`` for ``attempt``."""
+    return left(max_restarts, restarts_used(attempt, preemptions, in_place))
+
+
 def restarts_used(attempt: int, preemptions: int = 0, in_place: int = 0) -> int:
     """Gang restarts counted against ``maxRestarts`` before ``attempt`` ends: the attempts before it but
     the preemptions, plus the restarts done in place (same pods) in every attempt so far."""

@@ -73,6 +73,8 @@ class Said:
     once."""
 
     fields: Mapping[str, Any] = field(default_factory=dict)
+    keep: tuple[str, ...] = ()
+    """Fields of the previous status kept as they were stored, when they have a value (after ``fields``)."""
     drop: tuple[str, ...] = ()
     keep_conditions: tuple[str, ...] = ()
     conditions: tuple[tuple[str, bool | None, str, str], ...] = ()
@@ -96,10 +98,20 @@ class StatusBuilder:
     conditions: dict[str, Obj] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
 
+    @classmethod
+    def for_body(cls, body: Mapping[str, Any], now: dt.datetime) -> StatusBuilder:
+        """The builder of DDPJob ``body``'s next status (:func:`of`), at ``now``."""
+        return cls(of(body), stamp(now))
+
     @functools.cached_property
     def last(self) -> Status:
         """The previous status, typed."""
         return typed_status.read(self.previous)
+
+    @functools.cached_property
+    def counted(self) -> tuple[int, int]:
+        """The previous status's preemptions and restarts in place (:func:`count`)."""
+        return count(self.last.preemptions), count(self.last.restarts_in_place)
 
     @functools.cached_property
     def _said(self) -> dict[str | None, Condition]:
@@ -124,6 +136,7 @@ class StatusBuilder:
         """Write what each room said (:class:`Said`), in this order."""
         for said in saids:
             self.set(**said.fields)
+            self.keep(*said.keep)
             for name in said.drop:
                 self.drop(name)
             if said.keep_conditions:
@@ -258,10 +271,10 @@ class Section:
         self.values[SECTION_KEYS[self.kind][name]] = kept
 
 
-def finished(status: Mapping[str, Any]) -> bool:
+def finished(status: Mapping[str, Any] | Status) -> bool:
     """A terminal phase, with what this operator writes along with one: a completionTime and a True
     Complete or Failed condition. A phase without them (a hand-edited status) is not believed: the next
-    decision repairs it from the children."""
-    typed = typed_status.read(status)
+    decision repairs it from the children. ``status``: as stored, or typed."""
+    typed = status if isinstance(status, Status) else typed_status.read(status)
     said = [c for c in typed.conditions or () if c.type in ("Complete", "Failed") and c.status == "True"]
     return typed.phase in TERMINAL and bool(typed.completion_time) and bool(said)
