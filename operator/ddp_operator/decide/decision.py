@@ -99,29 +99,35 @@ def decide(observation: Observation) -> Plan:
     generation = int(body.get("metadata", {}).get("generation") or 0)
     if isinstance(observation.spec, SpecError):
         return invalid_spec(observation.spec, previous, generation, now)
-    last = out.last
+    counted, last = out.counted, out.last  # the previous status, typed, and its counts
     spec, mount_events = observation.spec, observation.mount_events
     refs, elastic = references.references(spec), spec.elastic is not None
     facts = observe(
         previous, observation.jobs, observation.pods, spec.metrics_port, refs, mount_events, elastic
     )
-    left = restarts.left_of(spec.max_restarts, facts.attempt, *out.counted)
-    avoid = compute_probe.nodes_to_avoid(last, observation.unhealthy)
+    shown, left = restarts.budget(spec.max_restarts, facts.attempt, *counted)
+    avoid = []  # the compute probe's room applies once it found a faulty node, or nodes are unhealthy
+    if last.probe is not None or observation.unhealthy:
+        avoid = compute_probe.nodes_to_avoid(last, observation.unhealthy)
     service = render.render_service(spec)
     job = render.render_job(spec, facts.attempt, left, avoid_nodes=avoid)
     if facts.startup is None:
         facts = starting.refused_or_absent(facts, spec, job, mount_events, observation.missing)
-    rendered = render.render_checkpoint_claim(spec)
-    why = claims.diagnose(observation.claim, owned=rendered is not None, nodes=spec.nodes)
+    claimed = spec.checkpoint is not None and spec.checkpoint.claim is not None  # volumeClaimTemplate
+    rendered = render.render_checkpoint_claim(spec) if claimed else None
+    why = None  # a claim read: what keeps the pods from it
+    if observation.claim is not None:
+        why = claims.diagnose(observation.claim, owned=rendered is not None, nodes=spec.nodes)
     # Kueue's room applies to a job that names a queue
     workload = kueue.workload(spec, facts.job, observation.workloads) if spec.queue_name else None
-    stored = render.external_store(spec)  # an elastic job's own rendezvous store: its room applies
+    # an elastic job's own rendezvous store: its room applies
+    stored = elastic and render.external_store(spec)
     store = rendezvous_store.reading(facts.job, facts.attempt, observation.store_pods) if stored else None
     snapshot = observation.snapshot
     inputs = Inputs(
         spec, generation, previous, facts, now, service, rendered, job, snapshot, why, workload, store
     )
-    plan = _decide(inputs, out)
+    plan = _decide(inputs, out, shown)
     return rendezvous_store.with_stores(plan, previous, last, now, facts.job, store) if stored else plan
 
 
@@ -140,13 +146,13 @@ def refused(previous: Mapping[str, Any], generation: int, now: dt.datetime, mess
     return _finish(out, False, reasons.INVALID_SPEC, message[:1024])
 
 
-def _decide(inputs: Inputs, out: StatusBuilder) -> Plan:
-    """The status to write (``out``: its builder) and the next step: exactly one branch applies, checked in
-    this order."""
+def _decide(inputs: Inputs, out: StatusBuilder, shown: int) -> Plan:
+    """The status to write (``out``: its builder; ``shown``: its ``restarts``) and the next step: exactly one
+    branch applies, checked in this order."""
     facts, job = inputs.facts, inputs.facts.job
-    status.begin(out, inputs.generation, facts.attempt, facts.report, inputs.spec)
+    status.begin(out, inputs.generation, facts.attempt, shown, facts.report, inputs.spec)
     restarts.count_in_place(out, facts.attempt, facts.report, inputs.snapshot, inputs.spec.max_restarts)
-    if finished(out.last):
+    if out.last.phase in reasons.TERMINAL and finished(out.last):  # a terminal phase, and believed
         return _finished(inputs, out)
     if (deadline := _deadline_passed(inputs, out)) is not None:
         return _finish(out, False, reasons.DEADLINE_EXCEEDED, deadline, delete=_all_jobs(facts))
@@ -371,25 +377,20 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
     if facts.targets and not spec.suspend and not job.suspended:
         scrape = Scrape(attempt, spec.metrics_port, facts.targets)
     verified = Said(conditions=(sync_check.verified(out.current()),))
-    sized = None
-    if spec.elastic is not None:  # the elastic room applies
-        sized = resize.of_reading(spec, job, out, ready, inputs.now, inputs.snapshot, attempt)
-    if sized is None:
+    elastic = spec.elastic is not None  # the elastic room applies
+    if (
+        not elastic
+        or (sized := resize.of_reading(spec, job, out, ready, inputs.now, inputs.snapshot, attempt)) is None
+    ):
         return out.plan(verified, suspend_job=toggle, scrape=scrape)
-    # /scale's selector
-    resized = Said(
-        dict(elastic=sized.status, selector=f"{names.JOB_NAME_LABEL}={spec.name}"), events=sized.events
-    )
+    selector = f"{names.JOB_NAME_LABEL}={spec.name}"  # /scale's
+    resized = Said(dict(elastic=sized.status, selector=selector), events=sized.events)
     return out.plan(verified, resized, suspend_job=toggle, scrape=scrape, resize_job=sized.job)
 
 
-def _said(
-    phase: str, reason: str, message: str, ready: bool, ready_message: str, warning: bool = False
-) -> Said:
-    """The phase, with ``reason`` and ``message`` (an event when it changes), and the ``Ready`` condition."""
-    return Said(
-        conditions=((reasons.READY, ready, reason, ready_message),), phase=(phase, reason, message, warning)
-    )
+def _said(phase: str, reason: str, message: str, ready: bool, said: str, warning: bool = False) -> Said:
+    """The phase, ``reason`` and ``message`` (an event when they change), and the ``Ready`` condition."""
+    return Said(conditions=((reasons.READY, ready, reason, said),), phase=(phase, reason, message, warning))
 
 
 def _finish(

@@ -27,7 +27,7 @@ from ddp_operator.api import reasons, typed_status
 from ddp_operator.api.spec import Spec
 from ddp_operator.api.typed_status import Status
 from ddp_operator.decide import sync_check
-from ddp_operator.decide.status_builder import Said, Section, StatusBuilder, parse_time, stamp
+from ddp_operator.decide.status_builder import Said, Section, StatusBuilder, parse_time
 from ddp_operator.observe.live import Snapshot, rates
 from ddp_operator.observe.metrics import duration, slowest
 
@@ -77,7 +77,7 @@ def reading(
 
 def progress_status(snapshot: Snapshot, total_steps: int) -> dict[str, Any]:
     """``status.progress`` from a snapshot (only the fields the metrics tell)."""
-    parts: list[dict[str, Any]] = [dict(computed_at=stamp(dt.datetime.fromtimestamp(snapshot.at, dt.UTC)))]
+    parts: list[dict[str, Any]] = [dict(computed_at=dt.datetime.fromtimestamp(snapshot.at, dt.UTC))]
     if snapshot.refused or snapshot.unreachable:
         pods = [*snapshot.refused, *(u.split(":")[0] for u in snapshot.unreachable)]
         parts.append(dict(unreachable=sorted(pods)[:64]))
@@ -101,7 +101,7 @@ def progress_status(snapshot: Snapshot, total_steps: int) -> dict[str, Any]:
             dict(
                 eta_seconds=round(eta),
                 eta=duration(eta),
-                eta_time=stamp(dt.datetime.fromtimestamp(snapshot.at + eta, dt.UTC)),
+                eta_time=dt.datetime.fromtimestamp(snapshot.at + eta, dt.UTC),
             )
         )
     if now.loss is not None:

@@ -128,9 +128,10 @@ def left(max_restarts: int, used: int) -> int:
     return max(0, max_restarts - used)
 
 
-def left_of(max_restarts: int, attempt: int, preemptions: int = 0, in_place: int = 0) -> int:
-    """:func:`left` of :func:`restarts_used`: what is left of ``maxRestarts`` for ``attempt``."""
-    return left(max_restarts, restarts_used(attempt, preemptions, in_place))
+def budget(max_restarts: int, attempt: int, preemptions: int = 0, in_place: int = 0) -> tuple[int, int]:
+    """:func:`shown` and :func:`left` (after :func:`restarts_used`) of ``attempt``, at once."""
+    before = contract.restarts_before(attempt)
+    return before + in_place, left(max_restarts, before - preemptions + in_place)
 
 
 def restarts_used(attempt: int, preemptions: int = 0, in_place: int = 0) -> int:

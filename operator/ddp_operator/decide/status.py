@@ -22,7 +22,7 @@ from typing import Any
 from ddp_operator.api import reasons, typed_status
 from ddp_operator.api.spec import Spec
 from ddp_operator.api.typed_status import Failure, LastReport
-from ddp_operator.decide import checkpoints, compute_probe, restarts, sync_check
+from ddp_operator.decide import checkpoints, compute_probe, sync_check
 from ddp_operator.decide.status_builder import Said, StatusBuilder
 from ddp_operator.decide.status_builder import finished as finished
 from ddp_trainer import contract
@@ -35,16 +35,22 @@ TERMINAL = reasons.TERMINAL
 
 
 def begin(
-    out: StatusBuilder, generation: int, attempt: int, report: contract.Report | None, spec: Spec
+    out: StatusBuilder,
+    generation: int,
+    attempt: int,
+    shown: int,
+    report: contract.Report | None,
+    spec: Spec,
 ) -> StatusBuilder:
-    """The status fields every branch writes, and the sync report when rank 0 has written one (``out``, the
-    builder of the DDPJob's next status, returned)."""
-    last, (preemptions, in_place) = out.last, out.counted
+    """The status fields every branch writes (``shown``: ``status.restarts``,
+    :func:`~ddp_operator.decide.restarts.budget`), and the sync report when rank 0 has written one
+    (``out``, the builder of the DDPJob's next status, returned)."""
+    last, (preemptions, _) = out.last, out.counted
     every = Said(
         dict(
             attempt=attempt,
             # derived from the attempt and the restarts in place the pods reported, never counted apart
-            restarts=restarts.shown(attempt, in_place),
+            restarts=shown,
             observed_generation=generation,
             start_time=last.start_time or out.now,
             ready_nodes=0,

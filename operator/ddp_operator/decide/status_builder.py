@@ -60,6 +60,14 @@ def parse_time(text: Any) -> dt.datetime | None:
         return None
 
 
+def _written(value: Any) -> Any:
+    """A field's value as the status holds it: a section's dataclass as its mapping, a time as
+    :func:`stamp` writes it."""
+    if is_dataclass(value):
+        return typed_status.write(value)
+    return stamp(value) if isinstance(value, dt.datetime) else value
+
+
 def count(value: Any) -> int:
     """A count from the status: a non-negative integer (anything else, hand-written, counts as 0)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
@@ -88,9 +96,10 @@ class Said:
 class StatusBuilder:
     """The status under construction, with the conditions and events that go with it: the one place
     that writes the status's mapping. Its fields are named as :class:`~ddp_operator.api.typed_status.Status`
-    names them (:meth:`set`, :meth:`keep`, :meth:`drop`); what it read and what it wrote so far are typed
-    (:attr:`last`, :meth:`current`). A section kept from the previous status is copied as stored, its keys
-    in their order, so the status written is the same JSON for the same inputs."""
+    names them (:meth:`set`, :meth:`keep`, :meth:`drop`; a time is written as :func:`stamp` writes it);
+    what it read and what it wrote so far are typed (:attr:`last`, :meth:`current`). A section kept from
+    the previous status is copied as stored, its keys in their order, so the status written is the same
+    JSON for the same inputs."""
 
     previous: Mapping[str, Any]
     now: str
@@ -127,10 +136,10 @@ class StatusBuilder:
 
     def set(self, **fields: Any) -> None:
         """Write status fields by their names in :class:`Status` (``ready_nodes=2`` is ``readyNodes``), in
-        this order; a section given as its dataclass is written as its mapping."""
+        this order; a section given as its dataclass is written as its mapping, a time (``datetime``) as
+        :func:`stamp` writes it."""
         for name, value in fields.items():
-            written = typed_status.write(value) if is_dataclass(value) else value
-            self.values[KEYS[name]] = written
+            self.values[KEYS[name]] = _written(value)
 
     def say(self, *saids: Said) -> None:
         """Write what each room said (:class:`Said`), in this order."""
@@ -233,10 +242,9 @@ class Section:
         return section.values
 
     def set(self, **fields: Any) -> None:
-        """Write fields by name; a dataclass is written as its mapping."""
+        """Write fields by name; a dataclass is written as its mapping, a time as :func:`stamp` writes it."""
         for name, value in fields.items():
-            written = typed_status.write(value) if is_dataclass(value) else value
-            self.values[SECTION_KEYS[self.kind][name]] = written
+            self.values[SECTION_KEYS[self.kind][name]] = _written(value)
 
     def typed(self) -> Any:
         """What is written so far, typed."""

@@ -26,7 +26,7 @@ from typing import Any
 from ddp_operator.api import reasons, typed_status
 from ddp_operator.api.typed_status import LastReport, Status, Sync
 from ddp_operator.decide.plan import Event
-from ddp_operator.decide.status_builder import Said, Section, StatusBuilder, count, stamp
+from ddp_operator.decide.status_builder import Said, Section, StatusBuilder, count
 from ddp_operator.observe.metrics import Progress, attempt_checks, job_checks, with_attempt
 from ddp_trainer import contract
 
@@ -127,7 +127,7 @@ def live_sync(previous: Mapping[str, Any], now: Progress, attempt: int = 0) -> d
             )
         )
     if now.last_check_time is not None:
-        parts.append(dict(last_check_time=stamp(dt.datetime.fromtimestamp(now.last_check_time, dt.UTC))))
+        parts.append(dict(last_check_time=dt.datetime.fromtimestamp(now.last_check_time, dt.UTC)))
     if now.last_check_step is not None:
         parts.append(dict(last_check_step=now.last_check_step))
     return Section.of(Sync, *parts, stored=previous)
