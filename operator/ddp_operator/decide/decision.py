@@ -71,8 +71,8 @@ class Inputs:
     """The DDPJob's last written status."""
     facts: Facts
     now: dt.datetime
-    service: dict[str, Any]
-    """The headless Service, rendered."""
+    service: dict[str, Any] | None
+    """The headless Service, rendered when the attempt has no Job yet (created with it)."""
     claim: dict[str, Any] | None
     """The checkpoint PersistentVolumeClaim, rendered, when spec.checkpoint.volumeClaimTemplate asks."""
     job: dict[str, Any]
@@ -109,7 +109,7 @@ def decide(observation: Observation) -> Plan:
     avoid = []  # the compute probe's room applies once it found a faulty node, or nodes are unhealthy
     if last.probe is not None or observation.unhealthy:
         avoid = compute_probe.nodes_to_avoid(last, observation.unhealthy)
-    service = render.render_service(spec)
+    service = render.render_service(spec) if facts.job is None else None
     job = render.render_job(spec, facts.attempt, left, avoid_nodes=avoid)
     if facts.startup is None:
         facts = starting.refused_or_absent(facts, spec, job, mount_events, observation.missing)
@@ -128,7 +128,7 @@ def decide(observation: Observation) -> Plan:
         spec, generation, previous, facts, now, service, rendered, job, snapshot, why, workload, store
     )
     plan = _decide(inputs, out, shown)
-    return rendezvous_store.with_stores(plan, previous, last, now, facts.job, store) if stored else plan
+    return rendezvous_store.with_stores(plan, out, facts.job, store) if stored else plan
 
 
 def invalid_spec(error: SpecError, previous: Mapping[str, Any], generation: int, now: dt.datetime) -> Plan:
@@ -345,7 +345,7 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
         ready_message = f"{ready}/{spec.nodes} pods ready"
         said.append(_said(reasons.RUNNING, reasons.ALL_NODES_READY, message, True, ready_message))
     elif spec.elastic is not None and ready >= spec.elastic.min_nodes:
-        gated = kueue.slice_waiting(spec.queue_name or "", inputs.workload)
+        gated = kueue.slice_waiting(spec.queue_name, inputs.workload) if spec.queue_name else ""
         message = (
             f"training at {ready} of {spec.nodes} desired nodes (elastic: "
             f"{spec.elastic.min_nodes}-{spec.elastic.max_nodes}); the others join at a step boundary{gated}"

@@ -264,7 +264,11 @@ def stopped_stepping(
     ``Ready`` condition turned True: :func:`never_started`); None while it steps."""
     if why := stalled(snapshot, attempt, spec.stall_timeout_seconds):
         return why
+    if not (timeout := spec.start_timeout_seconds):
+        return None  # off
     since = out.changed_at(reasons.READY)
     running = (now - since).total_seconds() if since else 0.0
+    if running < timeout:
+        return None  # not yet
     built_in = spec.command is None and spec.args is None and spec.metrics_port != 0
-    return never_started(snapshot, attempt, running, spec.start_timeout_seconds, spec.world_size, built_in)
+    return never_started(snapshot, attempt, running, timeout, spec.world_size, built_in)

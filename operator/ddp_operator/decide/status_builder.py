@@ -177,10 +177,14 @@ class StatusBuilder:
         self.values.update({k: v for k, v in self.previous.items() if k != "conditions"})
 
     def condition(self, kind: str, status: bool | None, reason: str, message: str) -> None:
+        self.conditions[kind] = self._condition(kind, status, reason, message)
+
+    def _condition(self, kind: str, status: bool | None, reason: str, message: str) -> Obj:
+        """Condition ``kind`` as written: its transition time kept while its status stays."""
         value = "Unknown" if status is None else str(status)
         old = self.said(kind)
         since = old.last_transition_time if old is not None and old.status == value else self.now
-        self.conditions[kind] = {
+        return {
             "type": kind,
             "status": value,
             "reason": reason,
@@ -215,12 +219,15 @@ class StatusBuilder:
         status = {**self.values, "conditions": [self.conditions[k] for k in sorted(self.conditions)]}
         return Plan(status, events=tuple(self.events), **steps)
 
-    def add_to(self, plan: Plan) -> Plan:
-        """``plan`` with these conditions (in place of its own of the same kinds) and events added."""
-        kept = [c for c in plan.status.get("conditions", []) if c.get("type") not in self.conditions]
-        conditions = sorted([*kept, *self.conditions.values()], key=lambda c: str(c.get("type")))
+    def add_to(self, plan: Plan, said: Said) -> Plan:
+        """``plan`` (this builder's) with the conditions ``said`` (in place of its own of the same kinds,
+        said as :meth:`condition` says them) and its events added: a room that speaks once the plan is
+        made."""
+        said_now = {c[0]: self._condition(*c) for c in said.conditions}
+        kept = [c for c in plan.status.get("conditions", []) if c.get("type") not in said_now]
+        conditions = sorted([*kept, *said_now.values()], key=lambda c: str(c.get("type")))
         status = {**plan.status, "conditions": conditions}
-        return dataclasses.replace(plan, status=status, events=(*plan.events, *self.events))
+        return dataclasses.replace(plan, status=status, events=(*plan.events, *said.events))
 
 
 @dataclass
