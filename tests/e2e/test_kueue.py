@@ -32,7 +32,7 @@ from helpers.e2e import (
     session_operator_paused,
     wait_phase,
 )
-from helpers.e2e_pods import durable_job, pod_at, rank_process
+from helpers.e2e_pods import durable_job, events_text, pod_at, rank_process
 from testcluster import kueue
 from testcluster.fixtures import Cluster, wait_for
 from testcluster.nodeconfig import RealNode
@@ -299,7 +299,13 @@ def test_a_restart_in_place_keeps_the_admission_and_a_replaced_job_is_admitted_a
         status = get(cluster, namespace, "steady").get("status", {})
         return status if status.get("restartsInPlace") == 1 else None
 
-    status = wait_for(restarted, what="the operator to count a restart in place", timeout=90, every=1)
+    try:
+        status = wait_for(restarted, what="the operator to count a restart in place", timeout=90, every=1)
+    except AssertionError as exc:  # how the attempt went instead: its status and events say
+        said = get(cluster, namespace, "steady").get("status", {})
+        raise AssertionError(
+            f"{exc}; status: {json.dumps(said)}; events:\n{events_text(cluster, namespace, 'steady')}"
+        ) from None
     assert (status["attempt"], status["restarts"]) == (1, 1), status
     last = status["lastRestart"]
     assert last["kind"] == "InPlace" and "rank 1 killed by signal 9" in last["message"], last

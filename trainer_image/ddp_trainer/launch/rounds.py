@@ -45,7 +45,9 @@ class RoundWatch:
         settings = handler._settings
         self.handler, self.run_id, self.store = handler, str(settings.run_id), handler._store
         bound = settings.keep_alive_interval * settings.keep_alive_max_attempt
-        self.watch = silence.Watch(bound=bound.total_seconds())
+        self.watch = silence.Watch(
+            bound=bound.total_seconds(), interval=settings.keep_alive_interval.total_seconds()
+        )
         self.backend = C10dRendezvousBackend(self.store, self.run_id)
         self.failed_reads = 0
         self.hosted_by_a_node = hosted_by_a_node

@@ -57,8 +57,9 @@ STALLED_AFTER = 4 * POLL_SECONDS
 """A gap between two of this agent's own polls longer than this is a stall of its own: it judges nobody
 from it."""
 LEFT_FRESH_SECONDS = 3.0
-"""A member that vanished from the state having renewed within this is taken to have left on purpose
-(renewals come every 1-2 s; the bound is 5 s)."""
+"""A member that vanished from the state having renewed within this is taken to have left on purpose, where
+the keep-alive interval is an elastic job's 1 s (renewals come every 1-2 s; the bound is 5 s). A longer
+interval stretches it: :attr:`Watch.left_fresh`."""
 MARGIN_SECONDS = 1.0
 """Added to the keep-alive bound before a member still in the state is judged: torch's own sanitizer drops a
 member at the bound, but only at a rendezvous; here a judgement stops the workers of a world that trains, so
@@ -129,6 +130,8 @@ class Watch:
 
     bound: float
     """The keep-alive bound, in seconds."""
+    interval: float = 1.0
+    """torch's keep-alive interval, in seconds (an elastic DDPJob's 1 s; a rigid one's is torch's 5 s)."""
     round_number: int = -1
     me: Hashable | None = None
     members: frozenset[Hashable] = frozenset()
@@ -158,6 +161,15 @@ class Watch:
         self.host_left, self.left = None, {}
         self.seen = {node: (beats.get(node), now) for node in self.members}
         self.last_poll = now
+
+    @property
+    def left_fresh(self) -> float:
+        """How recently a member that vanished from the state must have renewed to have left on purpose:
+        an agent renews only once its last keep-alive is a full interval old, so two renewals may be two
+        intervals apart (:data:`LEFT_FRESH_SECONDS` for an elastic job's 1 s; 11 s for a rigid job's 5 s,
+        whose member leaves the round at once when its own rank fails, and was taken for silent when its
+        last renewal was more than 3 s old: the gang then failed instead of restarting in place)."""
+        return max(LEFT_FRESH_SECONDS, 2 * self.interval + MARGIN_SECONDS)
 
     def due(self, now: float) -> bool:
         return self.me is not None and now - self.last_poll >= POLL_SECONDS
@@ -205,7 +217,7 @@ class Watch:
             if node in present and node in beats:
                 if quiet >= self.bound + MARGIN_SECONDS:
                     silent.append((node, quiet))
-            elif quiet >= LEFT_FRESH_SECONDS:  # gone from the state, and silent before it went
+            elif quiet >= self.left_fresh:  # gone from the state, and silent before it went
                 silent.append((node, quiet))
             else:  # gone with a fresh keep-alive: it left on purpose, and its stop reaches the workers
                 self.members -= {node}  # (or its process ended: see host_left and left)

@@ -69,6 +69,32 @@ def test_a_member_that_left_with_a_fresh_keep_alive_left_on_purpose() -> None:
     assert C not in watch.members
 
 
+def _leaves(watch: silence.Watch, at: float) -> silence.Verdict | None:
+    """``watch`` (a's, of round 3 with b) polled every 0.5 s while b's keep-alive stays as it began, then b
+    gone from the state at ``at``: the verdict then."""
+    watch.begin(3, A, [A, B], {A: 1, B: 1}, 0.0)
+    now = silence.POLL_SECONDS
+    while now < at:
+        assert watch.observe(3, [A, B], {A: 1, B: 1}, None, now) is None, now
+        now += silence.POLL_SECONDS
+    return watch.observe(3, [A], {A: 2}, None, at)
+
+
+def test_a_rigid_member_whose_rank_failed_leaves_on_purpose_between_its_five_second_renewals() -> None:
+    # the CI failure of 2026-12-05 (test_kueue's restart in place): rank 1 killed while rank 0 wrote its
+    # checkpoint; node 1's agent left the round at once to restart its gang, its last renewal 4.6 s old on a
+    # rigid job's 5 s keep-alive, and node 0 took it for silent: the pod failed, no restart in place
+    rigid = silence.Watch(bound=15.0, interval=5.0)
+    assert _leaves(rigid, 5.0) is None
+    assert B not in rigid.members and B in rigid.left
+    # the same gap on an elastic job's 1 s keep-alive: a member that had gone silent before it left
+    late = _leaves(silence.Watch(bound=BOUND), 5.0)
+    assert late is not None and late.kind == silence.SILENT and late.nodes == (B,), late
+    # a rigid member gone after more than two intervals without a renewal had gone silent
+    gone = _leaves(silence.Watch(bound=15.0, interval=5.0), 11.5)
+    assert gone is not None and gone.kind == silence.SILENT and gone.nodes == (B,), gone
+
+
 def test_the_rounds_host_gone_while_this_nodes_workers_still_run_is_lost_after_the_bound() -> None:
     # the real-node e2e's hang (issue 54): the grown world's rank-0 node lost as its workers started; the
     # store's process watch dropped its agent at once, so it left the state with a fresh keep-alive, and the
