@@ -22,6 +22,7 @@ import yaml
 from ddp_operator.observe.workloads import SLICE_REPLACES
 from helpers import slow_factories
 from helpers.e2e import (
+    SCRIPTS,
     Operator,
     children,
     container_pid,
@@ -279,8 +280,25 @@ def test_a_restart_in_place_keeps_the_admission_and_a_replaced_job_is_admitted_a
     for what test_faults.py and this file each proved with a start-up of their own.)"""
     queue = _queues(cluster, namespace)
     folder = tmp_path / "ckpt"
-    spec = durable_job(folder, trainer={"steps": 900, "batchSize": 16, "checkpointEvery": 50})
-    doc = real_ddpjob("steady", queueName=queue, syncCheck={"everySteps": 50}, shmSize="512Mi", **spec)
+    # the tests' slow model (30 ms a forward, its module in the scripts folder mounted in the pods) until the
+    # gate in the checkpoint folder opens, once attempt 2 is admitted: on an idle machine the built-in MLP
+    # trained its 900 steps before the pod's deletion (seen alone: no attempt 2, the job Succeeded)
+    gate = folder / "fast"
+    trainer = {"steps": 2000, "batchSize": 16, "checkpointEvery": 50, "model": "slow_factories:slow_mlp"}
+    env = [
+        {"name": "PYTHONPATH", "value": str(SCRIPTS)},
+        {"name": slow_factories.FAST_AFTER_ENV, "value": str(gate)},
+    ]
+    spec = durable_job(folder, trainer=trainer)
+    doc = real_ddpjob(
+        "steady",
+        queueName=queue,
+        syncCheck={"everySteps": 50},
+        shmSize="512Mi",
+        scripts=True,
+        env=env,
+        **spec,
+    )
     _apply(cluster, namespace, doc)
     wait_for(lambda: list(folder.glob("step-*.pt")), what="a checkpoint", timeout=240)
     workload = _workload(cluster, namespace, "steady-1")
@@ -354,6 +372,7 @@ def test_a_restart_in_place_keeps_the_admission_and_a_replaced_job_is_admitted_a
         f"attempt 2: a new Job and a new Workload {replaced['metadata']['name']}, "
         f"admitted {latency:.0f} s after its Job"
     )
+    gate.touch()  # the rest at full speed
     done = wait_phase(cluster, namespace, "steady", "Succeeded", "Failed", timeout=400)["status"]
     assert done["phase"] == "Succeeded", done
     assert (done["attempt"], done["restarts"], done["restartsInPlace"]) == (2, 2, 1), done
