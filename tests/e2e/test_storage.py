@@ -52,12 +52,18 @@ def test_the_quickstart_on_a_cluster_without_a_storage_class_says_which_claim_wa
     assert CLAIM in ready["message"] and "no default one" in ready["message"], ready
     assert "storageClassName" in ready["message"], ready  # the fix
     assert get(cluster, namespace, "quickstart")["status"]["phase"] == "Pending"
-    events = cluster.kubectl_json(
-        "get",
-        "events",
-        "-n",
-        namespace,
-        "--field-selector",
-        "involvedObject.kind=DDPJob,reason=NoStorageClass",
-    )["items"]
-    assert events and events[0]["type"] == "Warning" and CLAIM in events[0]["message"], events
+    # the Event is posted beside the status write, not before it: waited for, as the status was
+    events = wait_for(
+        lambda: cluster.kubectl_json(
+            "get",
+            "events",
+            "-n",
+            namespace,
+            "--field-selector",
+            "involvedObject.kind=DDPJob,reason=NoStorageClass",
+        )["items"],
+        what="the NoStorageClass Event",
+        timeout=30,
+        every=0.5,
+    )
+    assert events[0]["type"] == "Warning" and CLAIM in events[0]["message"], events
