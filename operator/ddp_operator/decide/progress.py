@@ -27,7 +27,7 @@ from ddp_operator.api import reasons, typed_status
 from ddp_operator.api.spec import Spec
 from ddp_operator.api.typed_status import Status
 from ddp_operator.decide import sync_check
-from ddp_operator.decide.status_builder import Section, StatusBuilder, parse_time, stamp
+from ddp_operator.decide.status_builder import Said, Section, StatusBuilder, parse_time
 from ddp_operator.observe.live import Snapshot, rates
 from ddp_operator.observe.metrics import duration, slowest
 
@@ -42,86 +42,100 @@ STATUS_SECONDS = 10.0
 
 def write_reading(out: StatusBuilder, snapshot: Snapshot | None, attempt: int, total_steps: int) -> None:
     """Write a fresh reading into the status, at most every :data:`STATUS_SECONDS`; keep the last one
-    otherwise. Posts the events of what changed since."""
-    if isinstance(kept := out.stored("progress"), dict):
-        out.set(progress=dict(kept))
-    out.keep_conditions(METRICS_SCRAPED)
+    otherwise. Posts the events of what changed since (:func:`reading`)."""
+    kept, sync = out.stored("progress"), out.stored("sync", written=True)
+    out.say(reading(kept, sync, out.last.progress, snapshot, attempt, total_steps))
+
+
+def reading(
+    kept: Any,
+    sync: Any,
+    progress: typed_status.Progress | None,
+    snapshot: Snapshot | None,
+    attempt: int,
+    total_steps: int,
+) -> Said:
+    """What the status says of a running attempt's reading: ``kept``, the previous ``status.progress`` as
+    stored, until a fresh reading (none written within :data:`STATUS_SECONDS` of ``progress``, the previous
+    one typed) replaces it, with the ``MetricsScraped`` condition and the live ``status.sync`` (``sync``: as
+    written so far) and its events."""
+    kept_fields = dict(progress=dict(kept)) if isinstance(kept, dict) else {}
     if snapshot is None or snapshot.attempt != attempt:
-        return
-    progress = out.last.progress
+        return Said(kept_fields, keep_conditions=(METRICS_SCRAPED,))
     written = parse_time(progress.computed_at) if progress is not None else None
     if written is not None and snapshot.at - written.timestamp() < STATUS_SECONDS:
-        return
-    out.set(progress=progress_status(snapshot, total_steps))
-    _scraped_condition(out, snapshot)
-    if snapshot.latest is not None:
-        sync_check.write_live(out, snapshot.latest, attempt)
+        return Said(kept_fields, keep_conditions=(METRICS_SCRAPED,))
+    fresh = dict(progress=progress_status(snapshot, total_steps))
+    live = sync_check.live(sync or {}, snapshot.latest, attempt) if snapshot.latest is not None else Said()
+    return Said(
+        {**kept_fields, **fresh, **live.fields},
+        keep_conditions=(METRICS_SCRAPED,),
+        conditions=(_scraped(snapshot),),
+        events=live.events,
+    )
 
 
 def progress_status(snapshot: Snapshot, total_steps: int) -> dict[str, Any]:
     """``status.progress`` from a snapshot (only the fields the metrics tell)."""
-    out = Section(typed_status.Progress)
-    out.set(computed_at=stamp(dt.datetime.fromtimestamp(snapshot.at, dt.UTC)))
+    parts: list[dict[str, Any]] = [dict(computed_at=dt.datetime.fromtimestamp(snapshot.at, dt.UTC))]
     if snapshot.refused or snapshot.unreachable:
         pods = [*snapshot.refused, *(u.split(":")[0] for u in snapshot.unreachable)]
-        out.set(unreachable=sorted(pods)[:64])
+        parts.append(dict(unreachable=sorted(pods)[:64]))
     now = snapshot.latest
     if now is None:
-        return out.values
+        return Section.of(typed_status.Progress, *parts)
     total_steps = now.total_steps or total_steps  # the code's own total where it says (a Trainer's max_steps)
     if total_steps:
         percent = min(100, int(100 * now.step / total_steps))
-        out.set(step=now.step, total_steps=total_steps, percent=percent, summary=f"{percent}%")
+        parts.append(dict(step=now.step, total_steps=total_steps, percent=percent, summary=f"{percent}%"))
     else:  # nobody says how many steps there will be: the step, the rates, no percent or ETA
-        out.set(step=now.step, summary=f"step {now.step}")
+        parts.append(dict(step=now.step, summary=f"step {now.step}"))
     steps_per_s, samples_per_s = rates(snapshot)
     if samples_per_s is not None:
-        out.set(samples_per_second=round(samples_per_s, 1))
+        parts.append(dict(samples_per_second=round(samples_per_s, 1)))
     if steps_per_s:
-        out.set(steps_per_second=round(steps_per_s, 3))
+        parts.append(dict(steps_per_second=round(steps_per_s, 3)))
     if steps_per_s and total_steps:
         eta = max(0, total_steps - now.step) / steps_per_s
-        out.set(
-            eta_seconds=round(eta),
-            eta=duration(eta),
-            eta_time=stamp(dt.datetime.fromtimestamp(snapshot.at + eta, dt.UTC)),
+        parts.append(
+            dict(
+                eta_seconds=round(eta),
+                eta=duration(eta),
+                eta_time=dt.datetime.fromtimestamp(snapshot.at + eta, dt.UTC),
+            )
         )
     if now.loss is not None:
-        out.set(loss=now.loss)
+        parts.append(dict(loss=now.loss))
     if now.nonfinite_steps:
-        out.set(nonfinite_loss_steps=now.nonfinite_steps)
+        parts.append(dict(nonfinite_loss_steps=now.nonfinite_steps))
     if (found := slowest(now, snapshot.earlier)) is not None:
-        out.set(slowest_rank=found[0], slowest_step_seconds=round(found[1], 6))
+        parts.append(dict(slowest_rank=found[0], slowest_step_seconds=round(found[1], 6)))
     if now.skew is not None:
-        out.set(step_time_skew=round(now.skew, 4))
-    return out.values
+        parts.append(dict(step_time_skew=round(now.skew, 4)))
+    return Section.of(typed_status.Progress, *parts)
 
 
-def _scraped_condition(out: StatusBuilder, snapshot: Snapshot) -> None:
+def _scraped(snapshot: Snapshot) -> tuple[str, bool | None, str, str]:
+    """The ``MetricsScraped`` condition: how many pods answered."""
     port, asked = snapshot.port, snapshot.pods
     answered = asked - len(snapshot.refused) - len(snapshot.unreachable)
     if answered and answered == asked:
-        out.condition(
-            METRICS_SCRAPED, True, "Scraped", f"read the metrics of {answered}/{asked} pods on port {port}"
-        )
-    elif answered:
+        return METRICS_SCRAPED, True, "Scraped", f"read the metrics of {answered}/{asked} pods on port {port}"
+    if answered:
         missing = ", ".join([*snapshot.refused, *snapshot.unreachable])
-        out.condition(
-            METRICS_SCRAPED, True, "PartlyUnreachable", f"{answered}/{asked} pods answered; not: {missing}"
-        )
-    elif snapshot.unreachable:
+        return METRICS_SCRAPED, True, "PartlyUnreachable", f"{answered}/{asked} pods answered; not: {missing}"
+    if snapshot.unreachable:
         why = "; ".join(snapshot.unreachable)
         message = (
             f"no pod answered on port {port} ({why}): no progress to show; a NetworkPolicy must let the "
             "operator reach the pods on this port (docs/operator.md)"
         )
-        out.condition(METRICS_SCRAPED, False, "Unreachable", message)
-    else:
-        message = (
-            f"nothing listens on port {port} in the pods (yet): the command exports no metrics, so there "
-            "is no progress to show"
-        )
-        out.condition(METRICS_SCRAPED, False, "NoMetrics", message)
+        return METRICS_SCRAPED, False, "Unreachable", message
+    message = (
+        f"nothing listens on port {port} in the pods (yet): the command exports no metrics, so there "
+        "is no progress to show"
+    )
+    return METRICS_SCRAPED, False, "NoMetrics", message
 
 
 # -- an end -------------------------------------------------------------------------------------------
@@ -250,7 +264,11 @@ def stopped_stepping(
     ``Ready`` condition turned True: :func:`never_started`); None while it steps."""
     if why := stalled(snapshot, attempt, spec.stall_timeout_seconds):
         return why
-    since = parse_time(out.since(reasons.READY))
+    if not (timeout := spec.start_timeout_seconds):
+        return None  # off
+    since = out.changed_at(reasons.READY)
     running = (now - since).total_seconds() if since else 0.0
+    if running < timeout:
+        return None  # not yet
     built_in = spec.command is None and spec.args is None and spec.metrics_port != 0
-    return never_started(snapshot, attempt, running, spec.start_timeout_seconds, spec.world_size, built_in)
+    return never_started(snapshot, attempt, running, timeout, spec.world_size, built_in)
