@@ -47,12 +47,7 @@ from ddp_operator.decide import (
 )
 from ddp_operator.decide.plan import Event, Plan, Scrape
 from ddp_operator.decide.status_builder import Said, StatusBuilder, count, finished, parse_time, stamp
-from ddp_operator.observe import (
-    claims,
-    live,
-    references,
-    store_health,
-)
+from ddp_operator.observe import claims, live, references, store_health
 from ddp_operator.observe.facts import STOP_MARGIN_SECONDS, Facts, JobFacts, observe
 from ddp_operator.observe.observation import Observation
 from ddp_operator.observe.workloads import Workload
@@ -111,8 +106,9 @@ def decide(observation: Observation) -> Plan:
         avoid = compute_probe.nodes_to_avoid(last, observation.unhealthy)
     service = render.render_service(spec) if facts.job is None else None
     job = render.render_job(spec, facts.attempt, left, avoid_nodes=avoid)
-    if facts.startup is None:
-        facts = starting.refused_or_absent(facts, spec, job, mount_events, observation.missing)
+    # the starting room applies where there is a failure to find: Pod Security's events, a missing reference
+    if facts.startup is None and (mount_events or observation.missing):
+        facts = starting.refused_or_absent(facts, spec, job, mount_events, observation.missing, refs)
     claimed = spec.checkpoint is not None and spec.checkpoint.claim is not None  # volumeClaimTemplate
     rendered = render.render_checkpoint_claim(spec) if claimed else None
     why = None  # a claim read: what keeps the pods from it
