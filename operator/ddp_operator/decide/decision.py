@@ -366,9 +366,8 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
     out.say(*said)
     enough = spec.elastic.min_nodes if spec.elastic is not None else spec.nodes
     running = ready >= enough and not spec.suspend and not job.suspended
-    if running and (why := progress.stopped_stepping(out, spec, inputs.snapshot, attempt, inputs.now)):
+    if why := progress.stall_or_reading(out, spec, inputs.snapshot, attempt, inputs.now, running):
         return _end_attempt(inputs, out, job.name, restarts.Outcome(False, reason=STALLED, message=why), True)
-    progress.write_reading(out, inputs.snapshot, attempt, known_total_steps(spec))
     scrape = None
     if facts.targets and not spec.suspend and not job.suspended:
         scrape = Scrape(attempt, spec.metrics_port, facts.targets)

@@ -1,13 +1,15 @@
 """Progress, one room of the decision: what the status says of a running attempt's progress, and whether
 the gang stopped stepping. Pure.
 
+- :func:`stall_or_reading`: a running attempt's one entrance: a stall (below), else its reading written,
+  the reading's rates computed once for both;
 - :func:`write_reading`: the latest metrics reading (:mod:`ddp_operator.observe.live`) as
   ``status.progress`` (:func:`progress_status`), the live ``status.sync`` and its events
   (:mod:`~ddp_operator.decide.sync_check`), the ``MetricsScraped`` condition, at most every
   :data:`STATUS_SECONDS` per job, so a reconcile with nothing else new writes nothing;
 - an end: :func:`final_progress` (nothing left to wait for) and :func:`completed_message` (the Succeeded
   event: total time and throughput);
-- a stall (:func:`stopped_stepping`): one hung rank (a frozen process, a stuck kernel, a dead peer's
+- a stall (:func:`stalled`): one hung rank (a frozen process, a stuck kernel, a dead peer's
   socket) holds every other rank in the next collective until the process group's timeout
   (``spec.nccl.timeoutSeconds``, 30 minutes by default) fires. The operator does not wait that long: when
   rank 0's step has not advanced for ``spec.stallTimeoutSeconds`` (or 20 usual step times, if longer) in
@@ -20,11 +22,12 @@ the gang stopped stepping. Pure.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ddp_operator.api import reasons, typed_status
-from ddp_operator.api.spec import Spec
+from ddp_operator.api.spec import Spec, known_total_steps
 from ddp_operator.api.typed_status import Status
 from ddp_operator.decide import sync_check
 from ddp_operator.decide.status_builder import Said, Section, StatusBuilder, parse_time
@@ -35,16 +38,36 @@ METRICS_SCRAPED = reasons.METRICS_SCRAPED
 """The condition that says whether the pods' metrics could be read."""
 STATUS_SECONDS = 10.0
 """At most one change of ``status.progress`` per job in this time."""
+Rates = Callable[[], tuple[float | None, float | None]]
+"""A snapshot's steps and samples per second (:func:`~ddp_operator.observe.live.rates`), read when asked: a
+function given them (``speed``) reads the rates through it, and reads them itself without it."""
+
+
+def stall_or_reading(
+    out: StatusBuilder, spec: Spec, snapshot: Snapshot | None, attempt: int, now: dt.datetime, running: bool
+) -> str | None:
+    """Why a ``running`` gang has stalled (:func:`stalled`), or never stepped since its pods all ran
+    (:func:`never_stepped`); else None, once the attempt's reading is written (:func:`write_reading`). The
+    reading's rates are computed once, when the first of the two asks."""
+    speed = functools.cache(functools.partial(rates, snapshot)) if snapshot is not None else None
+    if running and (why := stalled(snapshot, attempt, spec.stall_timeout_seconds, speed)):
+        return why
+    if running and (why := never_stepped(out, spec, snapshot, attempt, now)):
+        return why
+    write_reading(out, snapshot, attempt, known_total_steps(spec), speed)
+    return None
 
 
 # -- a running attempt's readings ---------------------------------------------------------------------
 
 
-def write_reading(out: StatusBuilder, snapshot: Snapshot | None, attempt: int, total_steps: int) -> None:
+def write_reading(
+    out: StatusBuilder, snapshot: Snapshot | None, attempt: int, total_steps: int, speed: Rates | None = None
+) -> None:
     """Write a fresh reading into the status, at most every :data:`STATUS_SECONDS`; keep the last one
     otherwise. Posts the events of what changed since (:func:`reading`)."""
     kept, sync = out.stored("progress"), out.stored("sync", written=True)
-    out.say(reading(kept, sync, out.last.progress, snapshot, attempt, total_steps))
+    out.say(reading(kept, sync, out.last.progress, snapshot, attempt, total_steps, speed))
 
 
 def reading(
@@ -54,6 +77,7 @@ def reading(
     snapshot: Snapshot | None,
     attempt: int,
     total_steps: int,
+    speed: Rates | None = None,
 ) -> Said:
     """What the status says of a running attempt's reading: ``kept``, the previous ``status.progress`` as
     stored, until a fresh reading (none written within :data:`STATUS_SECONDS` of ``progress``, the previous
@@ -65,7 +89,7 @@ def reading(
     written = parse_time(progress.computed_at) if progress is not None else None
     if written is not None and snapshot.at - written.timestamp() < STATUS_SECONDS:
         return Said(kept_fields, keep_conditions=(METRICS_SCRAPED,))
-    fresh = dict(progress=progress_status(snapshot, total_steps))
+    fresh = dict(progress=progress_status(snapshot, total_steps, speed))
     live = sync_check.live(sync or {}, snapshot.latest, attempt) if snapshot.latest is not None else Said()
     return Said(
         {**kept_fields, **fresh, **live.fields},
@@ -75,7 +99,7 @@ def reading(
     )
 
 
-def progress_status(snapshot: Snapshot, total_steps: int) -> dict[str, Any]:
+def progress_status(snapshot: Snapshot, total_steps: int, speed: Rates | None = None) -> dict[str, Any]:
     """``status.progress`` from a snapshot (only the fields the metrics tell)."""
     parts: list[dict[str, Any]] = [dict(computed_at=dt.datetime.fromtimestamp(snapshot.at, dt.UTC))]
     if snapshot.refused or snapshot.unreachable:
@@ -90,7 +114,7 @@ def progress_status(snapshot: Snapshot, total_steps: int) -> dict[str, Any]:
         parts.append(dict(step=now.step, total_steps=total_steps, percent=percent, summary=f"{percent}%"))
     else:  # nobody says how many steps there will be: the step, the rates, no percent or ETA
         parts.append(dict(step=now.step, summary=f"step {now.step}"))
-    steps_per_s, samples_per_s = rates(snapshot)
+    steps_per_s, samples_per_s = speed() if speed is not None else rates(snapshot)
     if samples_per_s is not None:
         parts.append(dict(samples_per_second=round(samples_per_s, 1)))
     if steps_per_s:
@@ -173,19 +197,21 @@ STEP_TIMES = 20
 """The limit is at least this many usual step times (slow models step slowly)."""
 
 
-def limit_seconds(snapshot: Snapshot, timeout_seconds: int) -> float:
+def limit_seconds(snapshot: Snapshot, timeout_seconds: int, speed: Rates | None = None) -> float:
     """``timeout_seconds``, or 20 usual step times when that is longer."""
-    steps_per_second, _ = rates(snapshot)
+    steps_per_second, _ = speed() if speed is not None else rates(snapshot)
     usual = 1 / steps_per_second if steps_per_second else 0.0
     return max(float(timeout_seconds), STEP_TIMES * usual)
 
 
-def stalled(snapshot: Snapshot | None, attempt: int, timeout_seconds: int) -> str | None:
+def stalled(
+    snapshot: Snapshot | None, attempt: int, timeout_seconds: int, speed: Rates | None = None
+) -> str | None:
     """Why the attempt has stalled, or None (no reading of it, no step yet, stepping, or disabled)."""
     if not timeout_seconds or snapshot is None or snapshot.attempt != attempt or not snapshot.best_step:
         return None
     age = snapshot.at - snapshot.advanced_at
-    limit = limit_seconds(snapshot, timeout_seconds)
+    limit = limit_seconds(snapshot, timeout_seconds, speed)
     if age < limit:
         return None
     return (
@@ -257,13 +283,11 @@ def culprits(snapshot: Snapshot) -> str:
     return "; ".join(said) or "every rank answered at the same step: a collective holds them all"
 
 
-def stopped_stepping(
+def never_stepped(
     out: StatusBuilder, spec: Spec, snapshot: Snapshot | None, attempt: int, now: dt.datetime
 ) -> str | None:
-    """Why a running gang has stalled (:func:`stalled`), or never stepped since its pods all ran (since the
-    ``Ready`` condition turned True: :func:`never_started`); None while it steps."""
-    if why := stalled(snapshot, attempt, spec.stall_timeout_seconds):
-        return why
+    """Why a running gang never stepped since its pods all ran (since the ``Ready`` condition turned True:
+    :func:`never_started`), or None (``spec.startTimeoutSeconds`` off, not yet, or it stepped)."""
     if not (timeout := spec.start_timeout_seconds):
         return None  # off
     since = out.changed_at(reasons.READY)
