@@ -2,6 +2,8 @@
 
 The operator applies exactly these objects, ``ddpjob local`` runs exactly these objects, and
 ``ddpjob render`` prints exactly these objects, so there is one implementation of the wiring.
+The decision asks for an attempt's objects in one call (:func:`render_attempt`: the Service, the Job and
+the checkpoint claim).
 
 Long because the whole pod (environment contract, command, volumes, security context) reads best in one
 place: every function here is a small pure piece of one Job.
@@ -12,7 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from ddp_operator.api import crd
 from ddp_operator.api.names import (
@@ -625,3 +627,31 @@ def render_job(spec: Spec, attempt: int, budget: int | None = None, avoid_nodes:
     if spec.active_deadline_seconds is not None:
         job_spec["activeDeadlineSeconds"] = spec.active_deadline_seconds
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": job_spec}
+
+
+class Attempt(NamedTuple):
+    """The objects of one attempt, rendered in one call (:func:`render_attempt`)."""
+
+    service: Obj | None
+    """The headless Service (:func:`render_service`), when asked for (the attempt has no Job yet)."""
+    job: Obj
+    """The attempt's Indexed Job (:func:`render_job`)."""
+    claim: Obj | None
+    """The checkpoint PersistentVolumeClaim (:func:`render_checkpoint_claim`), when the spec asks for one."""
+
+
+def render_attempt(
+    spec: Spec,
+    attempt: int,
+    budget: int | None = None,
+    avoid_nodes: Sequence[str] = (),
+    *,
+    service: bool = True,
+) -> Attempt:
+    """The Service (when ``service``), the Job (:func:`render_job`: ``budget``, ``avoid_nodes``) and the
+    checkpoint claim (or None) of ``attempt``, in one call: what the decision's plan may create."""
+    return Attempt(
+        render_service(spec) if service else None,
+        render_job(spec, attempt, budget, avoid_nodes),
+        render_checkpoint_claim(spec),
+    )

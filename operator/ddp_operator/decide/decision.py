@@ -104,13 +104,13 @@ def decide(observation: Observation) -> Plan:
     avoid = []  # the compute probe's room applies once it found a faulty node, or nodes are unhealthy
     if last.probe is not None or observation.unhealthy:
         avoid = compute_probe.nodes_to_avoid(last, observation.unhealthy)
-    service = render.render_service(spec) if facts.job is None else None
-    job = render.render_job(spec, facts.attempt, left, avoid_nodes=avoid)
+    # the attempt's objects in one call: the Service only for an attempt without its Job
+    service, job, rendered = render.render_attempt(
+        spec, facts.attempt, left, avoid, service=facts.job is None
+    )
     # the starting room applies where there is a failure to find: Pod Security's events, a missing reference
     if facts.startup is None and (mount_events or observation.missing):
         facts = starting.refused_or_absent(facts, spec, job, mount_events, observation.missing, refs)
-    claimed = spec.checkpoint is not None and spec.checkpoint.claim is not None  # volumeClaimTemplate
-    rendered = render.render_checkpoint_claim(spec) if claimed else None
     why = None  # a claim read: what keeps the pods from it
     if observation.claim is not None:
         why = claims.diagnose(observation.claim, owned=rendered is not None, nodes=spec.nodes)
