@@ -258,9 +258,10 @@ def _name_problems(name: str) -> list[Problem]:
     ]
 
 
-def defaulted(doc: Mapping[str, Any]) -> dict[str, Any]:
-    """The document with the CRD's defaults applied, as the API server stores it."""
-    result: dict[str, Any] = schema.apply_defaults(crd.openapi_schema(), doc)
+def defaulted(doc: Mapping[str, Any], openapi: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The document with the CRD's defaults applied, as the API server stores it (``openapi``: the CRD's
+    schema, :func:`~ddp_operator.api.crd.openapi_schema`, where the caller has it already)."""
+    result: dict[str, Any] = schema.apply_defaults(crd.openapi_schema() if openapi is None else openapi, doc)
     return result
 
 
@@ -274,19 +275,16 @@ def parse(doc: Any, source: str = "", *, admitted: bool = False) -> Spec:
     problems = _envelope_problems(doc)
     if problems:
         raise SpecError(problems, _label(doc, source))
-    full = defaulted(doc)
-    problems = (
-        []
-        if admitted
-        else [*_name_problems(doc["metadata"]["name"]), *schema.validate(crd.openapi_schema(), full)]
-    )
+    openapi = crd.openapi_schema()  # asked once: the defaults, the validation and the fields go by it
+    full = defaulted(doc, openapi)
+    problems = [] if admitted else [*_name_problems(doc["metadata"]["name"]), *schema.validate(openapi, full)]
     if not admitted and not problems:
         problems = podcheck.problems(full)  # what the server says of the Job, once it takes the DDPJob
     if problems:
         raise SpecError(problems, _label(doc, source))
     try:
         given = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
-        return replace(_build(full), given=frozenset(given))
+        return replace(_build(full, openapi), given=frozenset(given))
     except (KeyError, TypeError, ValueError) as exc:
         raise SpecError(
             [
@@ -335,9 +333,9 @@ def _label(doc: Any, source: str) -> str:
     return ": ".join(part for part in (source, named) if part)
 
 
-def _build(doc: Mapping[str, Any]) -> Spec:
+def _build(doc: Mapping[str, Any], openapi: Mapping[str, Any]) -> Spec:
     s, metadata = doc["spec"], doc["metadata"]
-    read = from_crd(Spec, s, crd.openapi_schema()["properties"]["spec"])
+    read = from_crd(Spec, s, openapi["properties"]["spec"])
     read["backend"] = read["backend"] or ("nccl" if read["device"] == "cuda" else "gloo")
     return Spec(
         **read,

@@ -2,6 +2,8 @@
 
 The operator applies exactly these objects, ``ddpjob local`` runs exactly these objects, and
 ``ddpjob render`` prints exactly these objects, so there is one implementation of the wiring.
+The decision asks for an attempt's objects in one call (:func:`render_attempt`: the Service, the Job and
+the checkpoint claim).
 
 Long because the whole pod (environment contract, command, volumes, security context) reads best in one
 place: every function here is a small pure piece of one Job.
@@ -12,7 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from ddp_operator.api import crd
 from ddp_operator.api.names import (
@@ -333,13 +335,14 @@ def _nccl_env(spec: Spec) -> list[Obj]:
     return env
 
 
-def container_env(spec: Spec, attempt: int, budget: int | None = None) -> list[Obj]:
+def container_env(spec: Spec, attempt: int, budget: int | None = None, hook: bool | None = None) -> list[Obj]:
     """Injected variables the user did not set, then the user's (which may refer to them with $(VAR)).
-    With the sync hook, its folder goes first on ``PYTHONPATH``, in front of the user's value if any."""
+    With the sync hook, its folder goes first on ``PYTHONPATH``, in front of the user's value if any
+    (``hook``: whether the pods get it, :func:`~ddp_operator.api.spec.sync_hook`, where the caller knows)."""
     users = {entry["name"] for entry in spec.env}
     injected = [e for e in injected_env(spec, attempt, budget) if e["name"] not in users]
     user = [dict(e) for e in spec.env]
-    if sync_hook(spec):
+    if sync_hook(spec) if hook is None else hook:
         given = next((e for e in user if e["name"] == contract.PYTHONPATH), None)
         if given is None:
             injected.append(_value(contract.PYTHONPATH, contract.SYNC_HOOK_DIR))
@@ -404,7 +407,7 @@ def _command(spec: Spec) -> Obj:
     return out
 
 
-def _volumes(spec: Spec) -> tuple[list[Obj], list[Obj]]:
+def _volumes(spec: Spec, hook: bool) -> tuple[list[Obj], list[Obj]]:
     checkpoint_source: Mapping[str, Any] = {"emptyDir": {}}
     checkpoint_mount: Obj = {"name": CHECKPOINT_VOLUME, "mountPath": checkpoint_dir(spec)}
     s3 = spec.checkpoint.s3 if spec.checkpoint is not None else None
@@ -432,20 +435,20 @@ def _volumes(spec: Spec) -> tuple[list[Obj], list[Obj]]:
         checkpoint_mount,
         *(dict(m) for m in spec.pod_template.volume_mounts),
     ]
-    if sync_hook(spec):  # read-only: the init container wrote it (compiled too), nothing else may
+    if hook:  # read-only: the init container wrote it (compiled too), nothing else may
         volumes.append({"name": SYNC_HOOK_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}})
         mounts.append({"name": SYNC_HOOK_VOLUME, "mountPath": contract.SYNC_HOOK_DIR, "readOnly": True})
     return volumes, mounts
 
 
-def _container(spec: Spec, attempt: int, mounts: list[Obj], budget: int | None) -> Obj:
+def _container(spec: Spec, attempt: int, mounts: list[Obj], budget: int | None, hook: bool) -> Obj:
     return {
         "name": CONTAINER_NAME,
         "image": spec.image,
         "imagePullPolicy": "IfNotPresent",
         **_command(spec),
         **({"workingDir": spec.working_dir} if spec.working_dir else {}),
-        "env": container_env(spec, attempt, budget),
+        "env": container_env(spec, attempt, budget, hook),
         **({"envFrom": [dict(source) for source in spec.env_from]} if spec.env_from else {}),
         "ports": [
             {"name": "rendezvous", "containerPort": spec.master_port, "protocol": "TCP"},
@@ -474,7 +477,8 @@ def secure_pod(spec: Spec) -> Obj:
 
 def _pod_spec(spec: Spec, attempt: int, budget: int | None, avoid_nodes: Sequence[str] = ()) -> Obj:
     template = spec.pod_template
-    volumes, mounts = _volumes(spec)
+    hook = sync_hook(spec)  # asked once: the volumes, the environment and the init containers go by it
+    volumes, mounts = _volumes(spec, hook)
     pod: Obj = {
         "subdomain": service_name(spec),
         "restartPolicy": "Never",
@@ -486,7 +490,7 @@ def _pod_spec(spec: Spec, attempt: int, budget: int | None, avoid_nodes: Sequenc
         # a gang restart, a suspension, a deletion — would wait out the grace period
         "shareProcessNamespace": True,
         "securityContext": secure_pod(spec),
-        "containers": [_container(spec, attempt, mounts, budget)],
+        "containers": [_container(spec, attempt, mounts, budget, hook)],
         "volumes": volumes,
     }
     optional = {
@@ -496,14 +500,15 @@ def _pod_spec(spec: Spec, attempt: int, budget: int | None, avoid_nodes: Sequenc
         "priorityClassName": template.priority_class_name,
         "schedulerName": template.scheduler_name,
         "serviceAccountName": template.service_account_name,
-        **_pod_settings(spec),
+        **_pod_settings(spec, hook),
     }
     pod.update({key: value for key, value in optional.items() if value is not None})
     return pod
 
 
-def _pod_settings(spec: Spec) -> dict[str, Any]:
-    """The pod settings ``spec.podTemplate`` passes through (None: not given)."""
+def _pod_settings(spec: Spec, hook: bool) -> dict[str, Any]:
+    """The pod settings ``spec.podTemplate`` passes through (None: not given), with the sync hook's init
+    container first when the pods get it (``hook``)."""
     template = spec.pod_template
     dns_policy = template.dns_policy or ("ClusterFirstWithHostNet" if template.host_network else None)
     return {
@@ -512,7 +517,7 @@ def _pod_settings(spec: Spec) -> dict[str, Any]:
         "hostNetwork": template.host_network,
         "dnsPolicy": dns_policy,
         "initContainers": [
-            *([sync_hook_init_container(spec)] if sync_hook(spec) else []),
+            *([sync_hook_init_container(spec)] if hook else []),
             *(dict(c) for c in template.init_containers),
         ]
         or None,
@@ -625,3 +630,31 @@ def render_job(spec: Spec, attempt: int, budget: int | None = None, avoid_nodes:
     if spec.active_deadline_seconds is not None:
         job_spec["activeDeadlineSeconds"] = spec.active_deadline_seconds
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": job_spec}
+
+
+class Attempt(NamedTuple):
+    """The objects of one attempt, rendered in one call (:func:`render_attempt`)."""
+
+    service: Obj | None
+    """The headless Service (:func:`render_service`), when asked for (the attempt has no Job yet)."""
+    job: Obj
+    """The attempt's Indexed Job (:func:`render_job`)."""
+    claim: Obj | None
+    """The checkpoint PersistentVolumeClaim (:func:`render_checkpoint_claim`), when the spec asks for one."""
+
+
+def render_attempt(
+    spec: Spec,
+    attempt: int,
+    budget: int | None = None,
+    avoid_nodes: Sequence[str] = (),
+    *,
+    service: bool = True,
+) -> Attempt:
+    """The Service (when ``service``), the Job (:func:`render_job`: ``budget``, ``avoid_nodes``) and the
+    checkpoint claim (or None) of ``attempt``, in one call: what the decision's plan may create."""
+    return Attempt(
+        render_service(spec) if service else None,
+        render_job(spec, attempt, budget, avoid_nodes),
+        render_checkpoint_claim(spec),
+    )

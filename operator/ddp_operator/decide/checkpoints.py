@@ -2,7 +2,7 @@
 
 - :func:`from_report`: what rank 0's report says the attempt restored (``status.checkpoint``: the step it
   resumed from, the checkpoint it warm-started from, the checkpoints it skipped as unreadable);
-- :func:`durable_condition`: the ``CheckpointsDurable`` condition, from the spec (object storage, a volume
+- :func:`durable`: the ``CheckpointsDurable`` condition, from the spec (object storage, a volume
   that outlives the pods, or a pod-local emptyDir);
 - :func:`restored_events`: the events of an attempt that restored something other than its own newest
   checkpoint (a warm start, a skipped checkpoint).
@@ -36,26 +36,21 @@ def from_report(report: contract.Report) -> dict[str, Any]:
     )
 
 
-def durable_condition(out: StatusBuilder, spec: Spec) -> None:
+def durable(spec: Spec) -> tuple[str, bool | None, str, str]:
     """``CheckpointsDurable``: whether a restart resumes from the checkpoints, and where they go."""
     s3 = spec.checkpoint.s3 if spec.checkpoint else None
     if s3 is not None:
         message = f"checkpoints go to object storage ({s3.url}): restarts resume"
-        out.condition(reasons.CHECKPOINTS_DURABLE, True, "ObjectStorage", message)
-    elif checkpoints_durable(spec):
-        out.condition(
-            reasons.CHECKPOINTS_DURABLE, True, "Volume", "checkpoints outlive the pods: restarts resume"
-        )
-    elif spec.max_restarts > 0:
+        return reasons.CHECKPOINTS_DURABLE, True, "ObjectStorage", message
+    if checkpoints_durable(spec):
+        return reasons.CHECKPOINTS_DURABLE, True, "Volume", "checkpoints outlive the pods: restarts resume"
+    if spec.max_restarts > 0:
         message = (
             "checkpoints go to a pod-local emptyDir: restarts will start from step 0 "
             "(set spec.checkpoint.volumeClaimTemplate or spec.checkpoint.volume)"
         )
-        out.condition(reasons.CHECKPOINTS_DURABLE, False, "EmptyDir", message)
-    else:
-        out.condition(
-            reasons.CHECKPOINTS_DURABLE, False, "EmptyDir", "checkpoints go to a pod-local emptyDir"
-        )
+        return reasons.CHECKPOINTS_DURABLE, False, "EmptyDir", message
+    return reasons.CHECKPOINTS_DURABLE, False, "EmptyDir", "checkpoints go to a pod-local emptyDir"
 
 
 def restored_events(out: StatusBuilder, report: contract.Report | None) -> None:

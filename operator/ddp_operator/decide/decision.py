@@ -25,14 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ddp_operator.api import names, reasons, typed_status
+from ddp_operator.api import names, reasons
 from ddp_operator.api.spec import Spec, SpecError, known_total_steps
-from ddp_operator.api.typed_status import Status
 from ddp_operator.children import render
 from ddp_operator.decide import (
     checkpoints,
@@ -48,13 +46,8 @@ from ddp_operator.decide import (
     sync_check,
 )
 from ddp_operator.decide.plan import Event, Plan, Scrape
-from ddp_operator.decide.status_builder import StatusBuilder, count, finished, of, parse_time, stamp
-from ddp_operator.observe import (
-    claims,
-    live,
-    references,
-    store_health,
-)
+from ddp_operator.decide.status_builder import Said, StatusBuilder, count, finished, parse_time, stamp
+from ddp_operator.observe import claims, live, references, store_health
 from ddp_operator.observe.facts import STOP_MARGIN_SECONDS, Facts, JobFacts, observe
 from ddp_operator.observe.observation import Observation
 from ddp_operator.observe.workloads import Workload
@@ -73,8 +66,8 @@ class Inputs:
     """The DDPJob's last written status."""
     facts: Facts
     now: dt.datetime
-    service: dict[str, Any]
-    """The headless Service, rendered."""
+    service: dict[str, Any] | None
+    """The headless Service, rendered when the attempt has no Job yet (created with it)."""
     claim: dict[str, Any] | None
     """The checkpoint PersistentVolumeClaim, rendered, when spec.checkpoint.volumeClaimTemplate asks."""
     job: dict[str, Any]
@@ -88,11 +81,6 @@ class Inputs:
     store: store_health.StoreReading | None = None
     """An elastic job's rendezvous store, as its pods say (None: the job has none, or no attempt yet)."""
 
-    @functools.cached_property
-    def last(self) -> Status:
-        """``previous``, typed."""
-        return typed_status.read(self.previous)
-
 
 def decide(observation: Observation) -> Plan:
     """The plan for one DDPJob, one pure function of what the reconcile observed (:class:`Observation`):
@@ -101,33 +89,42 @@ def decide(observation: Observation) -> Plan:
     Workload, an elastic job's rendezvous store) interpreted, then exactly one branch (:func:`_decide`),
     with an elastic job's rendezvous stores (:mod:`~ddp_operator.decide.rendezvous_store`)."""
     body, now = observation.body, observation.now
-    previous = of(body)
+    out = StatusBuilder.for_body(body, now)
+    previous = out.previous
     generation = int(body.get("metadata", {}).get("generation") or 0)
     if isinstance(observation.spec, SpecError):
         return invalid_spec(observation.spec, previous, generation, now)
+    counted, last = out.counted, out.last  # the previous status, typed, and its counts
     spec, mount_events = observation.spec, observation.mount_events
     refs, elastic = references.references(spec), spec.elastic is not None
     facts = observe(
         previous, observation.jobs, observation.pods, spec.metrics_port, refs, mount_events, elastic
     )
-    last = typed_status.read(previous)
-    used = restarts.restarts_used(facts.attempt, count(last.preemptions), count(last.restarts_in_place))
-    avoid = compute_probe.nodes_to_avoid(last, observation.unhealthy)
-    service = render.render_service(spec)
-    job = render.render_job(spec, facts.attempt, restarts.left(spec.max_restarts, used), avoid_nodes=avoid)
-    if facts.startup is None:
-        facts = starting.refused_or_absent(facts, spec, job, mount_events, observation.missing)
-    rendered = render.render_checkpoint_claim(spec)
-    why = claims.diagnose(observation.claim, owned=rendered is not None, nodes=spec.nodes)
-    workload = kueue.workload(spec, facts.job, observation.workloads)
-    stored = render.external_store(spec)  # an elastic job's own rendezvous store: its room applies
+    shown, left = restarts.budget(spec.max_restarts, facts.attempt, *counted)
+    avoid = []  # the compute probe's room applies once it found a faulty node, or nodes are unhealthy
+    if last.probe is not None or observation.unhealthy:
+        avoid = compute_probe.nodes_to_avoid(last, observation.unhealthy)
+    # the attempt's objects in one call: the Service only for an attempt without its Job
+    service, job, rendered = render.render_attempt(
+        spec, facts.attempt, left, avoid, service=facts.job is None
+    )
+    # the starting room applies where there is a failure to find: Pod Security's events, a missing reference
+    if facts.startup is None and (mount_events or observation.missing):
+        facts = starting.refused_or_absent(facts, spec, job, mount_events, observation.missing, refs)
+    why = None  # a claim read: what keeps the pods from it
+    if observation.claim is not None:
+        why = claims.diagnose(observation.claim, owned=rendered is not None, nodes=spec.nodes)
+    # Kueue's room applies to a job that names a queue
+    workload = kueue.workload(spec, facts.job, observation.workloads) if spec.queue_name else None
+    # an elastic job's own rendezvous store: its room applies
+    stored = elastic and render.external_store(spec)
     store = rendezvous_store.reading(facts.job, facts.attempt, observation.store_pods) if stored else None
     snapshot = observation.snapshot
     inputs = Inputs(
         spec, generation, previous, facts, now, service, rendered, job, snapshot, why, workload, store
     )
-    plan = _decide(inputs)
-    return rendezvous_store.with_stores(plan, previous, last, now, facts.job, store) if stored else plan
+    plan = _decide(inputs, out, shown)
+    return rendezvous_store.with_stores(plan, out, facts.job, store) if stored else plan
 
 
 def invalid_spec(error: SpecError, previous: Mapping[str, Any], generation: int, now: dt.datetime) -> Plan:
@@ -145,16 +142,15 @@ def refused(previous: Mapping[str, Any], generation: int, now: dt.datetime, mess
     return _finish(out, False, reasons.INVALID_SPEC, message[:1024])
 
 
-def _decide(inputs: Inputs) -> Plan:
-    """The status to write and the next step: exactly one branch applies, checked in this order."""
+def _decide(inputs: Inputs, out: StatusBuilder, shown: int) -> Plan:
+    """The status to write (``out``: its builder; ``shown``: its ``restarts``) and the next step: exactly one
+    branch applies, checked in this order."""
     facts, job = inputs.facts, inputs.facts.job
-    out = status.begin(
-        inputs.previous, inputs.now, inputs.generation, facts.attempt, facts.report, inputs.spec
-    )
+    status.begin(out, inputs.generation, facts.attempt, shown, facts.report, inputs.spec)
     restarts.count_in_place(out, facts.attempt, facts.report, inputs.snapshot, inputs.spec.max_restarts)
-    if finished(inputs.previous):
+    if out.last.phase in reasons.TERMINAL and finished(out.last):  # a terminal phase, and believed
         return _finished(inputs, out)
-    if (deadline := _deadline_passed(inputs)) is not None:
+    if (deadline := _deadline_passed(inputs, out)) is not None:
         return _finish(out, False, reasons.DEADLINE_EXCEEDED, deadline, delete=_all_jobs(facts))
     if facts.stale_jobs:
         return _stopping_old_attempts(inputs, out)
@@ -215,10 +211,12 @@ def _finished(inputs: Inputs, out: StatusBuilder) -> Plan:
     return Plan(out.plan().status, delete_jobs=stale, delete_self=expired, resize_job=shrink)
 
 
-def _deadline_passed(inputs: Inputs) -> str | None:
+def _deadline_passed(inputs: Inputs, out: StatusBuilder) -> str | None:
     deadline = inputs.spec.active_deadline_seconds
-    started = parse_time(inputs.last.start_time or stamp(inputs.now))
-    if deadline is not None and started and (inputs.now - started).total_seconds() > deadline:
+    if deadline is None:
+        return None
+    started = parse_time(out.last.start_time or out.now)
+    if started and (inputs.now - started).total_seconds() > deadline:
         return f"ran longer than activeDeadlineSeconds ({deadline}s), restarts included"
     return None
 
@@ -327,61 +325,67 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
     elif not spec.suspend and job.suspended and spec.queue_name is None:
         toggle = (job.name, False)
     ready, attempt = facts.ready_nodes, facts.attempt
-    out.set(ready_nodes=ready)
-    kueue.write_workload(out, inputs.workload)
+    # Kueue's room applies to a job that names a queue; any other has no status.kueue
+    queued = kueue.workload_status(inputs.workload) if spec.queue_name else Said(drop=("kueue",))
+    said = [Said(dict(ready_nodes=ready)), queued]
     if spec.suspend:
-        out.phase(
-            reasons.SUSPENDED, reasons.SUSPENDED, "suspended: the pods are stopped and the checkpoint is kept"
-        )
-        out.condition(reasons.READY, False, reasons.SUSPENDED, SUSPENDED_READY)
+        message = "suspended: the pods are stopped and the checkpoint is kept"
+        said.append(_said(reasons.SUSPENDED, reasons.SUSPENDED, message, False, SUSPENDED_READY))
     elif job.suspended and spec.queue_name is None:
-        out.phase(reasons.PENDING, "Resuming", f"resuming Job {job.name}")
-        out.condition(reasons.READY, False, "Resuming", f"Job {job.name} is still suspended")
+        message = f"Job {job.name} is still suspended"
+        said.append(_said(reasons.PENDING, "Resuming", f"resuming Job {job.name}", False, message))
     elif job.suspended:
-        kueue.say_queued(out, spec.queue_name or "", job.name, inputs.workload)
+        said.append(kueue.queued(spec.queue_name or "", job.name, inputs.workload))
     elif ready == spec.nodes:
-        out.phase(
-            reasons.RUNNING,
-            reasons.ALL_NODES_READY,
-            f"all {spec.nodes} pods of attempt {attempt} are running",
-        )
-        out.condition(reasons.READY, True, reasons.ALL_NODES_READY, f"{ready}/{spec.nodes} pods ready")
+        message = f"all {spec.nodes} pods of attempt {attempt} are running"
+        ready_message = f"{ready}/{spec.nodes} pods ready"
+        said.append(_said(reasons.RUNNING, reasons.ALL_NODES_READY, message, True, ready_message))
     elif spec.elastic is not None and ready >= spec.elastic.min_nodes:
-        gated = kueue.slice_waiting(spec.queue_name or "", inputs.workload)
-        out.phase(
-            reasons.RUNNING,
-            reasons.BELOW_DESIRED,
+        gated = kueue.slice_waiting(spec.queue_name, inputs.workload) if spec.queue_name else ""
+        message = (
             f"training at {ready} of {spec.nodes} desired nodes (elastic: "
-            f"{spec.elastic.min_nodes}-{spec.elastic.max_nodes}); the others join at a step boundary{gated}",
+            f"{spec.elastic.min_nodes}-{spec.elastic.max_nodes}); the others join at a step boundary{gated}"
         )
-        out.condition(reasons.READY, True, reasons.BELOW_DESIRED, f"{ready}/{spec.nodes} pods ready{gated}")
+        ready_message = f"{ready}/{spec.nodes} pods ready{gated}"
+        said.append(_said(reasons.RUNNING, reasons.BELOW_DESIRED, message, True, ready_message))
     elif (short := resize.below_min(spec, out.last, ready, inputs.now)) is not None:
         message = short.message(spec, facts.unschedulable)
         if short.over:
+            out.say(*said)
             outcome = restarts.Outcome(False, reason=reasons.BELOW_MIN_NODES, message=message)
             if (
                 sized := resize.of_reading(spec, job, out, ready, inputs.now, inputs.snapshot, attempt)
             ) is not None:
                 out.set(elastic=sized.status)
             return _end_attempt(inputs, out, job.name, outcome, True)
-        out.phase(reasons.RUNNING, reasons.BELOW_MIN_NODES, message, warning=True)
-        out.condition(reasons.READY, False, reasons.BELOW_MIN_NODES, message)
+        said.append(_said(reasons.RUNNING, reasons.BELOW_MIN_NODES, message, False, message, warning=True))
     else:  # the pods are starting, or cannot
+        out.say(*said)
+        said = []
         starting.say_starting(out, spec, facts, inputs.storage)
+    out.say(*said)
     enough = spec.elastic.min_nodes if spec.elastic is not None else spec.nodes
     running = ready >= enough and not spec.suspend and not job.suspended
-    if running and (why := progress.stopped_stepping(out, spec, inputs.snapshot, attempt, inputs.now)):
+    if why := progress.stall_or_reading(out, spec, inputs.snapshot, attempt, inputs.now, running):
         return _end_attempt(inputs, out, job.name, restarts.Outcome(False, reason=STALLED, message=why), True)
-    progress.write_reading(out, inputs.snapshot, attempt, known_total_steps(spec))
-    sync_check.condition(out)
     scrape = None
     if facts.targets and not spec.suspend and not job.suspended:
         scrape = Scrape(attempt, spec.metrics_port, facts.targets)
-    sized = resize.of_reading(spec, job, out, ready, inputs.now, inputs.snapshot, attempt)
-    if sized is not None:
-        out.set(elastic=sized.status, selector=f"{names.JOB_NAME_LABEL}={spec.name}")  # /scale's selector
-        out.events.extend(sized.events)
-    return out.plan(suspend_job=toggle, scrape=scrape, resize_job=sized.job if sized else None)
+    verified = Said(conditions=(sync_check.verified(out.current()),))
+    elastic = spec.elastic is not None  # the elastic room applies
+    if (
+        not elastic
+        or (sized := resize.of_reading(spec, job, out, ready, inputs.now, inputs.snapshot, attempt)) is None
+    ):
+        return out.plan(verified, suspend_job=toggle, scrape=scrape)
+    selector = f"{names.JOB_NAME_LABEL}={spec.name}"  # /scale's
+    resized = Said(dict(elastic=sized.status, selector=selector), events=sized.events)
+    return out.plan(verified, resized, suspend_job=toggle, scrape=scrape, resize_job=sized.job)
+
+
+def _said(phase: str, reason: str, message: str, ready: bool, said: str, warning: bool = False) -> Said:
+    """The phase, ``reason`` and ``message`` (an event when they change), and the ``Ready`` condition."""
+    return Said(conditions=((reasons.READY, ready, reason, said),), phase=(phase, reason, message, warning))
 
 
 def _finish(

@@ -8,9 +8,9 @@ DDPJob: no attempt ends, no restart is counted, and when Kueue admits the Worklo
 pods start from the latest checkpoint. Here:
 
 - :func:`workload`: the current Job's Workload, when the spec names a queue and Kueue made one;
-- :func:`write_workload`: ``status.kueue`` (:func:`summary`: the Workload, where it is admitted, how often
+- :func:`workload_status`: ``status.kueue`` (:func:`summary`: the Workload, where it is admitted, how often
   Kueue evicted it), or none for a new attempt's Job (the earlier Job's Workload is gone with it);
-- :func:`say_queued`: the phase reason and message of a DDPJob whose Job Kueue keeps suspended
+- :func:`queued`: the phase reason and message of a DDPJob whose Job Kueue keeps suspended
   (:func:`waiting`: naming Kueue, the LocalQueue and Kueue's own words), Warning for an eviction or an
   inadmissible Workload;
 - :func:`slice_waiting`: why a running elastic job's new pods wait for their Workload slice.
@@ -23,7 +23,7 @@ from typing import Any, Final
 
 from ddp_operator.api import reasons, typed_status
 from ddp_operator.api.spec import Spec
-from ddp_operator.decide.status_builder import Section, StatusBuilder
+from ddp_operator.decide.status_builder import Said, Section
 from ddp_operator.observe import workloads
 from ddp_operator.observe.facts import JobFacts
 from ddp_operator.observe.workloads import Workload
@@ -52,20 +52,21 @@ def workload(
     return workloads.read(found) if found is not None else None
 
 
-def write_workload(out: StatusBuilder, found: Workload | None) -> None:
+def workload_status(found: Workload | None) -> Said:
     """``status.kueue`` of the current Job's Workload; none for a new attempt's Job, whose Workload Kueue
     has not made yet (the earlier Job's is gone with it)."""
     if queued := summary(found):
-        out.set(kueue=queued)
-    else:
-        out.drop("kueue")
+        return Said(dict(kueue=queued))
+    return Said(drop=("kueue",))
 
 
-def say_queued(out: StatusBuilder, queue: str, job: str, found: Workload | None) -> None:
+def queued(queue: str, job: str, found: Workload | None) -> Said:
     """Pending while Kueue keeps Job ``job`` suspended, with Kueue's words, as the phase and ``Ready``."""
     reason, message = waiting(queue, job, found)
-    out.phase(reasons.PENDING, reason, message, warning=reason in WARNINGS)
-    out.condition(reasons.READY, False, reason, message)
+    return Said(
+        conditions=((reasons.READY, False, reason, message),),
+        phase=(reasons.PENDING, reason, message, reason in WARNINGS),
+    )
 
 
 def waiting(queue: str, job: str, workload: Workload | None) -> tuple[str, str]:
@@ -106,8 +107,9 @@ def summary(found: Workload | None) -> dict[str, Any] | None:
     """``status.kueue``: the Workload, where it is admitted, how often Kueue evicted it."""
     if found is None:
         return None
-    out = Section(typed_status.Kueue)
-    out.set(workload=found.name, admitted=found.admitted, evictions=found.evictions)
+    parts: list[dict[str, Any]] = [
+        dict(workload=found.name, admitted=found.admitted, evictions=found.evictions)
+    ]
     if found.cluster_queue:
-        out.set(cluster_queue=found.cluster_queue)
-    return out.values
+        parts.append(dict(cluster_queue=found.cluster_queue))
+    return Section.of(typed_status.Kueue, *parts)

@@ -1,13 +1,15 @@
 """Progress, one room of the decision: what the status says of a running attempt's progress, and whether
 the gang stopped stepping. Pure.
 
+- :func:`stall_or_reading`: a running attempt's one entrance: a stall (below), else its reading written,
+  the reading's rates computed once for both;
 - :func:`write_reading`: the latest metrics reading (:mod:`ddp_operator.observe.live`) as
   ``status.progress`` (:func:`progress_status`), the live ``status.sync`` and its events
   (:mod:`~ddp_operator.decide.sync_check`), the ``MetricsScraped`` condition, at most every
   :data:`STATUS_SECONDS` per job, so a reconcile with nothing else new writes nothing;
 - an end: :func:`final_progress` (nothing left to wait for) and :func:`completed_message` (the Succeeded
   event: total time and throughput);
-- a stall (:func:`stopped_stepping`): one hung rank (a frozen process, a stuck kernel, a dead peer's
+- a stall (:func:`stalled`): one hung rank (a frozen process, a stuck kernel, a dead peer's
   socket) holds every other rank in the next collective until the process group's timeout
   (``spec.nccl.timeoutSeconds``, 30 minutes by default) fires. The operator does not wait that long: when
   rank 0's step has not advanced for ``spec.stallTimeoutSeconds`` (or 20 usual step times, if longer) in
@@ -20,14 +22,15 @@ the gang stopped stepping. Pure.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ddp_operator.api import reasons, typed_status
-from ddp_operator.api.spec import Spec
+from ddp_operator.api.spec import Spec, known_total_steps
 from ddp_operator.api.typed_status import Status
 from ddp_operator.decide import sync_check
-from ddp_operator.decide.status_builder import Section, StatusBuilder, parse_time, stamp
+from ddp_operator.decide.status_builder import Said, Section, StatusBuilder, parse_time
 from ddp_operator.observe.live import Snapshot, rates
 from ddp_operator.observe.metrics import duration, slowest
 
@@ -35,93 +38,128 @@ METRICS_SCRAPED = reasons.METRICS_SCRAPED
 """The condition that says whether the pods' metrics could be read."""
 STATUS_SECONDS = 10.0
 """At most one change of ``status.progress`` per job in this time."""
+Rates = Callable[[], tuple[float | None, float | None]]
+"""A snapshot's steps and samples per second (:func:`~ddp_operator.observe.live.rates`), read when asked: a
+function given them (``speed``) reads the rates through it, and reads them itself without it."""
+
+
+def stall_or_reading(
+    out: StatusBuilder, spec: Spec, snapshot: Snapshot | None, attempt: int, now: dt.datetime, running: bool
+) -> str | None:
+    """Why a ``running`` gang has stalled (:func:`stalled`), or never stepped since its pods all ran
+    (:func:`never_stepped`); else None, once the attempt's reading is written (:func:`write_reading`). The
+    reading's rates are computed once, when the first of the two asks."""
+    speed = functools.cache(functools.partial(rates, snapshot)) if snapshot is not None else None
+    if running and (why := stalled(snapshot, attempt, spec.stall_timeout_seconds, speed)):
+        return why
+    if running and (why := never_stepped(out, spec, snapshot, attempt, now)):
+        return why
+    write_reading(out, snapshot, attempt, known_total_steps(spec), speed)
+    return None
 
 
 # -- a running attempt's readings ---------------------------------------------------------------------
 
 
-def write_reading(out: StatusBuilder, snapshot: Snapshot | None, attempt: int, total_steps: int) -> None:
+def write_reading(
+    out: StatusBuilder, snapshot: Snapshot | None, attempt: int, total_steps: int, speed: Rates | None = None
+) -> None:
     """Write a fresh reading into the status, at most every :data:`STATUS_SECONDS`; keep the last one
-    otherwise. Posts the events of what changed since."""
-    if isinstance(kept := out.stored("progress"), dict):
-        out.set(progress=dict(kept))
-    out.keep_conditions(METRICS_SCRAPED)
+    otherwise. Posts the events of what changed since (:func:`reading`)."""
+    kept, sync = out.stored("progress"), out.stored("sync", written=True)
+    out.say(reading(kept, sync, out.last.progress, snapshot, attempt, total_steps, speed))
+
+
+def reading(
+    kept: Any,
+    sync: Any,
+    progress: typed_status.Progress | None,
+    snapshot: Snapshot | None,
+    attempt: int,
+    total_steps: int,
+    speed: Rates | None = None,
+) -> Said:
+    """What the status says of a running attempt's reading: ``kept``, the previous ``status.progress`` as
+    stored, until a fresh reading (none written within :data:`STATUS_SECONDS` of ``progress``, the previous
+    one typed) replaces it, with the ``MetricsScraped`` condition and the live ``status.sync`` (``sync``: as
+    written so far) and its events."""
+    kept_fields = dict(progress=dict(kept)) if isinstance(kept, dict) else {}
     if snapshot is None or snapshot.attempt != attempt:
-        return
-    progress = out.last.progress
+        return Said(kept_fields, keep_conditions=(METRICS_SCRAPED,))
     written = parse_time(progress.computed_at) if progress is not None else None
     if written is not None and snapshot.at - written.timestamp() < STATUS_SECONDS:
-        return
-    out.set(progress=progress_status(snapshot, total_steps))
-    _scraped_condition(out, snapshot)
-    if snapshot.latest is not None:
-        sync_check.write_live(out, snapshot.latest, attempt)
+        return Said(kept_fields, keep_conditions=(METRICS_SCRAPED,))
+    fresh = dict(progress=progress_status(snapshot, total_steps, speed))
+    live = sync_check.live(sync or {}, snapshot.latest, attempt) if snapshot.latest is not None else Said()
+    return Said(
+        {**kept_fields, **fresh, **live.fields},
+        keep_conditions=(METRICS_SCRAPED,),
+        conditions=(_scraped(snapshot),),
+        events=live.events,
+    )
 
 
-def progress_status(snapshot: Snapshot, total_steps: int) -> dict[str, Any]:
+def progress_status(snapshot: Snapshot, total_steps: int, speed: Rates | None = None) -> dict[str, Any]:
     """``status.progress`` from a snapshot (only the fields the metrics tell)."""
-    out = Section(typed_status.Progress)
-    out.set(computed_at=stamp(dt.datetime.fromtimestamp(snapshot.at, dt.UTC)))
+    parts: list[dict[str, Any]] = [dict(computed_at=dt.datetime.fromtimestamp(snapshot.at, dt.UTC))]
     if snapshot.refused or snapshot.unreachable:
         pods = [*snapshot.refused, *(u.split(":")[0] for u in snapshot.unreachable)]
-        out.set(unreachable=sorted(pods)[:64])
+        parts.append(dict(unreachable=sorted(pods)[:64]))
     now = snapshot.latest
     if now is None:
-        return out.values
+        return Section.of(typed_status.Progress, *parts)
     total_steps = now.total_steps or total_steps  # the code's own total where it says (a Trainer's max_steps)
     if total_steps:
         percent = min(100, int(100 * now.step / total_steps))
-        out.set(step=now.step, total_steps=total_steps, percent=percent, summary=f"{percent}%")
+        parts.append(dict(step=now.step, total_steps=total_steps, percent=percent, summary=f"{percent}%"))
     else:  # nobody says how many steps there will be: the step, the rates, no percent or ETA
-        out.set(step=now.step, summary=f"step {now.step}")
-    steps_per_s, samples_per_s = rates(snapshot)
+        parts.append(dict(step=now.step, summary=f"step {now.step}"))
+    steps_per_s, samples_per_s = speed() if speed is not None else rates(snapshot)
     if samples_per_s is not None:
-        out.set(samples_per_second=round(samples_per_s, 1))
+        parts.append(dict(samples_per_second=round(samples_per_s, 1)))
     if steps_per_s:
-        out.set(steps_per_second=round(steps_per_s, 3))
+        parts.append(dict(steps_per_second=round(steps_per_s, 3)))
     if steps_per_s and total_steps:
         eta = max(0, total_steps - now.step) / steps_per_s
-        out.set(
-            eta_seconds=round(eta),
-            eta=duration(eta),
-            eta_time=stamp(dt.datetime.fromtimestamp(snapshot.at + eta, dt.UTC)),
+        parts.append(
+            dict(
+                eta_seconds=round(eta),
+                eta=duration(eta),
+                eta_time=dt.datetime.fromtimestamp(snapshot.at + eta, dt.UTC),
+            )
         )
     if now.loss is not None:
-        out.set(loss=now.loss)
+        parts.append(dict(loss=now.loss))
     if now.nonfinite_steps:
-        out.set(nonfinite_loss_steps=now.nonfinite_steps)
+        parts.append(dict(nonfinite_loss_steps=now.nonfinite_steps))
     if (found := slowest(now, snapshot.earlier)) is not None:
-        out.set(slowest_rank=found[0], slowest_step_seconds=round(found[1], 6))
+        parts.append(dict(slowest_rank=found[0], slowest_step_seconds=round(found[1], 6)))
     if now.skew is not None:
-        out.set(step_time_skew=round(now.skew, 4))
-    return out.values
+        parts.append(dict(step_time_skew=round(now.skew, 4)))
+    return Section.of(typed_status.Progress, *parts)
 
 
-def _scraped_condition(out: StatusBuilder, snapshot: Snapshot) -> None:
+def _scraped(snapshot: Snapshot) -> tuple[str, bool | None, str, str]:
+    """The ``MetricsScraped`` condition: how many pods answered."""
     port, asked = snapshot.port, snapshot.pods
     answered = asked - len(snapshot.refused) - len(snapshot.unreachable)
     if answered and answered == asked:
-        out.condition(
-            METRICS_SCRAPED, True, "Scraped", f"read the metrics of {answered}/{asked} pods on port {port}"
-        )
-    elif answered:
+        return METRICS_SCRAPED, True, "Scraped", f"read the metrics of {answered}/{asked} pods on port {port}"
+    if answered:
         missing = ", ".join([*snapshot.refused, *snapshot.unreachable])
-        out.condition(
-            METRICS_SCRAPED, True, "PartlyUnreachable", f"{answered}/{asked} pods answered; not: {missing}"
-        )
-    elif snapshot.unreachable:
+        return METRICS_SCRAPED, True, "PartlyUnreachable", f"{answered}/{asked} pods answered; not: {missing}"
+    if snapshot.unreachable:
         why = "; ".join(snapshot.unreachable)
         message = (
             f"no pod answered on port {port} ({why}): no progress to show; a NetworkPolicy must let the "
             "operator reach the pods on this port (docs/operator.md)"
         )
-        out.condition(METRICS_SCRAPED, False, "Unreachable", message)
-    else:
-        message = (
-            f"nothing listens on port {port} in the pods (yet): the command exports no metrics, so there "
-            "is no progress to show"
-        )
-        out.condition(METRICS_SCRAPED, False, "NoMetrics", message)
+        return METRICS_SCRAPED, False, "Unreachable", message
+    message = (
+        f"nothing listens on port {port} in the pods (yet): the command exports no metrics, so there "
+        "is no progress to show"
+    )
+    return METRICS_SCRAPED, False, "NoMetrics", message
 
 
 # -- an end -------------------------------------------------------------------------------------------
@@ -159,19 +197,21 @@ STEP_TIMES = 20
 """The limit is at least this many usual step times (slow models step slowly)."""
 
 
-def limit_seconds(snapshot: Snapshot, timeout_seconds: int) -> float:
+def limit_seconds(snapshot: Snapshot, timeout_seconds: int, speed: Rates | None = None) -> float:
     """``timeout_seconds``, or 20 usual step times when that is longer."""
-    steps_per_second, _ = rates(snapshot)
+    steps_per_second, _ = speed() if speed is not None else rates(snapshot)
     usual = 1 / steps_per_second if steps_per_second else 0.0
     return max(float(timeout_seconds), STEP_TIMES * usual)
 
 
-def stalled(snapshot: Snapshot | None, attempt: int, timeout_seconds: int) -> str | None:
+def stalled(
+    snapshot: Snapshot | None, attempt: int, timeout_seconds: int, speed: Rates | None = None
+) -> str | None:
     """Why the attempt has stalled, or None (no reading of it, no step yet, stepping, or disabled)."""
     if not timeout_seconds or snapshot is None or snapshot.attempt != attempt or not snapshot.best_step:
         return None
     age = snapshot.at - snapshot.advanced_at
-    limit = limit_seconds(snapshot, timeout_seconds)
+    limit = limit_seconds(snapshot, timeout_seconds, speed)
     if age < limit:
         return None
     return (
@@ -243,14 +283,16 @@ def culprits(snapshot: Snapshot) -> str:
     return "; ".join(said) or "every rank answered at the same step: a collective holds them all"
 
 
-def stopped_stepping(
+def never_stepped(
     out: StatusBuilder, spec: Spec, snapshot: Snapshot | None, attempt: int, now: dt.datetime
 ) -> str | None:
-    """Why a running gang has stalled (:func:`stalled`), or never stepped since its pods all ran (since the
-    ``Ready`` condition turned True: :func:`never_started`); None while it steps."""
-    if why := stalled(snapshot, attempt, spec.stall_timeout_seconds):
-        return why
-    since = parse_time(out.since(reasons.READY))
+    """Why a running gang never stepped since its pods all ran (since the ``Ready`` condition turned True:
+    :func:`never_started`), or None (``spec.startTimeoutSeconds`` off, not yet, or it stepped)."""
+    if not (timeout := spec.start_timeout_seconds):
+        return None  # off
+    since = out.changed_at(reasons.READY)
     running = (now - since).total_seconds() if since else 0.0
+    if running < timeout:
+        return None  # not yet
     built_in = spec.command is None and spec.args is None and spec.metrics_port != 0
-    return never_started(snapshot, attempt, running, spec.start_timeout_seconds, spec.world_size, built_in)
+    return never_started(snapshot, attempt, running, timeout, spec.world_size, built_in)

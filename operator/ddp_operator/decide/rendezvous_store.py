@@ -17,7 +17,6 @@ per attempt) needs it while the attempt runs. Here:
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,7 +25,7 @@ from ddp_operator.api.spec import Spec
 from ddp_operator.api.typed_status import Status
 from ddp_operator.children.store import render_store, store_of
 from ddp_operator.decide.plan import Event, Obj, Plan
-from ddp_operator.decide.status_builder import StatusBuilder, finished, stamp
+from ddp_operator.decide.status_builder import Said, StatusBuilder, finished
 from ddp_operator.observe import store_health
 from ddp_operator.observe.facts import JobFacts
 
@@ -45,44 +44,34 @@ def to_create(spec: Spec, attempt: int) -> Obj:
 
 def with_stores(
     plan: Plan,
-    previous: Mapping[str, Any],
-    last: Status,
-    now: dt.datetime,
+    out: StatusBuilder,
     job: JobFacts | None,
     store: store_health.StoreReading | None,
 ) -> Plan:
-    """``plan`` with the store's condition and events (:func:`_said`), and the store Jobs that go: those of
-    the Jobs the plan deletes or abandons, and the current one's when the DDPJob finishes now."""
-    plan = _said(plan, previous, last, now, store)
+    """``plan`` with the store's condition and events (:func:`said`, through ``out``, the builder that made
+    ``plan``), and the store Jobs that go: those of the Jobs the plan deletes or abandons, and the current
+    one's when the DDPJob finishes now."""
+    done = finished(plan.status)
+    if store is not None and not done:
+        plan = out.add_to(plan, said(out.last, store))
     ending = [*plan.delete_jobs, *plan.abandon_jobs]
-    if job is not None and finished(plan.status) and not finished(previous):  # finishing now
+    if job is not None and done and not finished(out.last):  # finishing now
         ending.append(job.name)
     stores = tuple(dict.fromkeys(store_of(name) for name in ending))
     return dataclasses.replace(plan, delete_jobs=(*plan.delete_jobs, *stores)) if stores else plan
 
 
-def _said(
-    plan: Plan,
-    previous: Mapping[str, Any],
-    last: Status,
-    now: dt.datetime,
-    store: store_health.StoreReading | None,
-) -> Plan:
-    """The store's condition on a job that has not finished, a Warning event when it stops serving for a
-    fault of its pod (lost, unschedulable, a container that cannot start; once per cause), and a Normal one
-    when it serves again after one."""
-    if (reading := store) is None or finished(plan.status):
-        return plan
+def said(last: Status, reading: store_health.StoreReading) -> Said:
+    """The store's condition on a job that has not finished (``last``: its previous status), a Warning
+    event when it stops serving for a fault of its pod (lost, unschedulable, a container that cannot start;
+    once per cause), and a Normal one when it serves again after one."""
     kind = reasons.RENDEZVOUS_STORE_READY
-    said = last.condition(kind)
-    before = said.reason if said is not None else None
+    before_said = last.condition(kind)
+    before = before_said.reason if before_said is not None else None
     reading = store_health.since(reading, before)
-    out = StatusBuilder(previous, stamp(now))
-    out.condition(kind, reading.serving, reading.reason, reading.message)
+    events: tuple[Event, ...] = ()
     if reading.fault and before != reading.reason:
-        out.events.append(Event("Warning", reading.reason, reading.message))
+        events = (Event("Warning", reading.reason, reading.message),)
     elif reading.serving and before in store_health.FAULTS:
-        out.events.append(
-            Event("Normal", reading.reason, f"the rendezvous store serves again: {reading.message}")
-        )
-    return out.add_to(plan)
+        events = (Event("Normal", reading.reason, f"the rendezvous store serves again: {reading.message}"),)
+    return Said(conditions=((kind, reading.serving, reading.reason, reading.message),), events=events)

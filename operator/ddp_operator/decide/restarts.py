@@ -128,6 +128,12 @@ def left(max_restarts: int, used: int) -> int:
     return max(0, max_restarts - used)
 
 
+def budget(max_restarts: int, attempt: int, preemptions: int = 0, in_place: int = 0) -> tuple[int, int]:
+    """:func:`shown` and :func:`left` (after :func:`restarts_used`) of ``attempt``, at once."""
+    before = contract.restarts_before(attempt)
+    return before + in_place, left(max_restarts, before - preemptions + in_place)
+
+
 def restarts_used(attempt: int, preemptions: int = 0, in_place: int = 0) -> int:
     """Gang restarts counted against ``maxRestarts`` before ``attempt`` ends: the attempts before it but
     the preemptions, plus the restarts done in place (same pods) in every attempt so far."""

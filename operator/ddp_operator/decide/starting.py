@@ -24,6 +24,7 @@ from ddp_operator.decide.plan import Event
 from ddp_operator.decide.status_builder import StatusBuilder
 from ddp_operator.observe import claims, podsecurity, startup
 from ddp_operator.observe.facts import Facts
+from ddp_operator.observe.references import Reference
 
 
 def refused_or_absent(
@@ -32,15 +33,17 @@ def refused_or_absent(
     job: Mapping[str, Any],
     mount_events: Sequence[Mapping[str, Any]],
     missing: Collection[tuple[str, str]],
+    refs: Sequence[Reference],
 ) -> Facts:
     """``facts`` with the start-up failure the pods could not say themselves (``facts.startup`` is None):
-    pods refused by Pod Security admission, named from the rendered Job ``job``; else a Secret or ConfigMap
-    the spec names that is absent (said now, before a pod could say it)."""
-    if facts.job is not None:  # pods refused: named from the rendered template
+    pods refused by Pod Security admission, named from the rendered Job ``job`` and the Job controller's
+    events (``mount_events``); else a Secret or ConfigMap the spec names (``refs``, as the caller found
+    them) that the look-up found ``missing`` (said now, before a pod could say it)."""
+    if facts.job is not None and mount_events:  # pods refused: named from the rendered template
         pod = job["spec"]["template"]["spec"]
         if refusal := podsecurity.failure(mount_events, facts.job.name, spec.namespace, pod):
             return dataclasses.replace(facts, startup=refusal)
-    if absent := startup.absent(spec, missing, job["metadata"]["name"]):
+    if missing and (absent := startup.absent(spec, missing, job["metadata"]["name"], refs)):
         return dataclasses.replace(facts, startup=absent)
     return facts
 

@@ -16,15 +16,14 @@ written: the status written stays the same JSON.
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
 from ddp_operator.api import reasons, typed_status
 from ddp_operator.api.spec import Spec
 from ddp_operator.api.typed_status import Failure, LastReport
-from ddp_operator.decide import checkpoints, compute_probe, restarts, sync_check
-from ddp_operator.decide.status_builder import StatusBuilder, count, stamp
+from ddp_operator.decide import checkpoints, compute_probe, sync_check
+from ddp_operator.decide.status_builder import Said, StatusBuilder
 from ddp_operator.decide.status_builder import finished as finished
 from ddp_trainer import contract
 
@@ -36,50 +35,62 @@ TERMINAL = reasons.TERMINAL
 
 
 def begin(
-    previous: Mapping[str, Any],
-    now: dt.datetime,
+    out: StatusBuilder,
     generation: int,
     attempt: int,
+    shown: int,
     report: contract.Report | None,
     spec: Spec,
 ) -> StatusBuilder:
-    """The status fields every branch writes, and the sync report when rank 0 has written one."""
-    out = StatusBuilder(previous, stamp(now))
-    last = out.last
-    out.set(
-        attempt=attempt,
-        # derived from the attempt and the restarts in place the pods reported, never counted apart
-        restarts=restarts.shown(attempt, count(last.restarts_in_place)),
-        observed_generation=generation,
-        start_time=last.start_time or out.now,
-        ready_nodes=0,
+    """The status fields every branch writes (``shown``: ``status.restarts``,
+    :func:`~ddp_operator.decide.restarts.budget`), and the sync report when rank 0 has written one
+    (``out``, the builder of the DDPJob's next status, returned)."""
+    last, (preemptions, _) = out.last, out.counted
+    every = Said(
+        dict(
+            attempt=attempt,
+            # derived from the attempt and the restarts in place the pods reported, never counted apart
+            restarts=shown,
+            observed_generation=generation,
+            start_time=last.start_time or out.now,
+            ready_nodes=0,
+        ),
+        keep=(
+            "completion_time",
+            "last_report",
+            "progress",
+            "checkpoint",
+            "probe",
+            "kueue",
+            "elastic",  # an elastic job's size and resizes (decide.resize), kept once the Job has finished
+            "selector",
+            "restarts_in_place",
+            "last_restart",
+        ),
     )
-    out.keep(
-        "completion_time",
-        "last_report",
-        "progress",
-        "checkpoint",
-        "probe",
-        "kueue",
-        "elastic",  # an elastic job's size and resizes (decide.resize), kept once the Job has finished
-        "selector",
-        "restarts_in_place",
-        "last_restart",
-    )
-    if preemptions := count(last.preemptions):
-        out.set(preemptions=preemptions)
-    if isinstance(sync := out.stored("sync"), dict):
-        out.set(sync=dict(sync))
+    kept: dict[str, Any] = dict(preemptions=preemptions) if preemptions else {}
+    sync = dict(stored) if isinstance(stored := out.stored("sync"), dict) else None
+    if sync is not None:
+        kept = {**kept, **dict(sync=sync)}
     if report is not None:
-        # The report is the last word; what the live readings said beyond it (last check's time) stays.
-        sync = {**(out.stored("sync", written=True) or {}), **sync_check.from_report(report)}
-        out.set(sync=sync_check.job_sync(sync, report, attempt), last_report=last_report(report, attempt))
-        if checkpoint := checkpoints.from_report(report):
-            out.set(checkpoint=checkpoint)
-        if probe := compute_probe.from_report(out.stored("probe", written=True) or {}, report, attempt):
-            out.set(probe=probe)
-    checkpoints.durable_condition(out, spec)
+        kept = {**kept, **_reported(report, attempt, sync or {}, out.stored("probe") or {})}
+    out.say(every, Said(kept, conditions=(checkpoints.durable(spec),)))
     return out
+
+
+def _reported(
+    report: contract.Report, attempt: int, sync: Mapping[str, Any], probe: Mapping[str, Any]
+) -> dict[str, Any]:
+    """What the status says of rank 0's report: ``status.sync`` (``sync``: as written before it),
+    ``status.lastReport``, the checkpoint restored, the compute probe's finding (``probe``: as kept)."""
+    # The report is the last word; what the live readings said beyond it (last check's time) stays.
+    said = {**sync, **sync_check.from_report(report)}
+    fields = dict(sync=sync_check.job_sync(said, report, attempt), last_report=last_report(report, attempt))
+    if checkpoint := checkpoints.from_report(report):
+        fields = {**fields, **dict(checkpoint=checkpoint)}
+    if found := compute_probe.from_report(probe, report, attempt):
+        fields = {**fields, **dict(probe=found)}
+    return fields
 
 
 LAST_FAILURES = 16

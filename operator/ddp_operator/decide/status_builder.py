@@ -60,18 +60,46 @@ def parse_time(text: Any) -> dt.datetime | None:
         return None
 
 
+def _written(value: Any) -> Any:
+    """A field's value as the status holds it: a section's dataclass as its mapping, a time as
+    :func:`stamp` writes it."""
+    if is_dataclass(value):
+        return typed_status.write(value)
+    return stamp(value) if isinstance(value, dt.datetime) else value
+
+
 def count(value: Any) -> int:
     """A count from the status: a non-negative integer (anything else, hand-written, counts as 0)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+@dataclass(frozen=True)
+class Said:
+    """What a room says of the status, as one value: :meth:`StatusBuilder.say` applies it in this order (the
+    fields set, by their names in :class:`Status` and in this order; the fields dropped; the previous
+    status's conditions kept; the conditions said; the phase; the events), so a room enters the builder
+    once."""
+
+    fields: Mapping[str, Any] = field(default_factory=dict)
+    keep: tuple[str, ...] = ()
+    """Fields of the previous status kept as they were stored, when they have a value (after ``fields``)."""
+    drop: tuple[str, ...] = ()
+    keep_conditions: tuple[str, ...] = ()
+    conditions: tuple[tuple[str, bool | None, str, str], ...] = ()
+    """(kind, status, reason, message) of each, as :meth:`StatusBuilder.condition` takes them."""
+    phase: tuple[str, str, str, bool] | None = None
+    """(phase, reason, message, warning), as :meth:`StatusBuilder.phase` takes them."""
+    events: tuple[Event, ...] = ()
 
 
 @dataclass
 class StatusBuilder:
     """The status under construction, with the conditions and events that go with it: the one place
     that writes the status's mapping. Its fields are named as :class:`~ddp_operator.api.typed_status.Status`
-    names them (:meth:`set`, :meth:`keep`, :meth:`drop`); what it read and what it wrote so far are typed
-    (:attr:`last`, :meth:`current`). A section kept from the previous status is copied as stored, its keys
-    in their order, so the status written is the same JSON for the same inputs."""
+    names them (:meth:`set`, :meth:`keep`, :meth:`drop`; a time is written as :func:`stamp` writes it);
+    what it read and what it wrote so far are typed (:attr:`last`, :meth:`current`). A section kept from
+    the previous status is copied as stored, its keys in their order, so the status written is the same
+    JSON for the same inputs."""
 
     previous: Mapping[str, Any]
     now: str
@@ -79,10 +107,20 @@ class StatusBuilder:
     conditions: dict[str, Obj] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
 
+    @classmethod
+    def for_body(cls, body: Mapping[str, Any], now: dt.datetime) -> StatusBuilder:
+        """The builder of DDPJob ``body``'s next status (:func:`of`), at ``now``."""
+        return cls(of(body), stamp(now))
+
     @functools.cached_property
     def last(self) -> Status:
         """The previous status, typed."""
         return typed_status.read(self.previous)
+
+    @functools.cached_property
+    def counted(self) -> tuple[int, int]:
+        """The previous status's preemptions and restarts in place (:func:`count`)."""
+        return count(self.last.preemptions), count(self.last.restarts_in_place)
 
     @functools.cached_property
     def _said(self) -> dict[str | None, Condition]:
@@ -98,10 +136,25 @@ class StatusBuilder:
 
     def set(self, **fields: Any) -> None:
         """Write status fields by their names in :class:`Status` (``ready_nodes=2`` is ``readyNodes``), in
-        this order; a section given as its dataclass is written as its mapping."""
+        this order; a section given as its dataclass is written as its mapping, a time (``datetime``) as
+        :func:`stamp` writes it."""
         for name, value in fields.items():
-            written = typed_status.write(value) if is_dataclass(value) else value
-            self.values[KEYS[name]] = written
+            self.values[KEYS[name]] = _written(value)
+
+    def say(self, *saids: Said) -> None:
+        """Write what each room said (:class:`Said`), in this order."""
+        for said in saids:
+            self.set(**said.fields)
+            self.keep(*said.keep)
+            for name in said.drop:
+                self.drop(name)
+            if said.keep_conditions:
+                self.keep_conditions(*said.keep_conditions)
+            for kind, status, reason, message in said.conditions:
+                self.condition(kind, status, reason, message)
+            if said.phase is not None:
+                self.phase(*said.phase)
+            self.events.extend(said.events)
 
     def drop(self, name: str) -> None:
         """Leave field ``name`` out of the status."""
@@ -124,10 +177,14 @@ class StatusBuilder:
         self.values.update({k: v for k, v in self.previous.items() if k != "conditions"})
 
     def condition(self, kind: str, status: bool | None, reason: str, message: str) -> None:
+        self.conditions[kind] = self._condition(kind, status, reason, message)
+
+    def _condition(self, kind: str, status: bool | None, reason: str, message: str) -> Obj:
+        """Condition ``kind`` as written: its transition time kept while its status stays."""
         value = "Unknown" if status is None else str(status)
         old = self.said(kind)
         since = old.last_transition_time if old is not None and old.status == value else self.now
-        self.conditions[kind] = {
+        return {
             "type": kind,
             "status": value,
             "reason": reason,
@@ -146,22 +203,31 @@ class StatusBuilder:
         """When condition ``kind``, as written, took its status."""
         return str(self.conditions[kind]["lastTransitionTime"])
 
+    def changed_at(self, kind: str) -> dt.datetime | None:
+        """:meth:`since`, read as a time (None: unreadable)."""
+        return parse_time(self.since(kind))
+
     def phase(self, phase: str, reason: str, message: str, warning: bool = False) -> None:
         self.values["phase"] = phase
         ready = self.said(reasons.READY)
         if self.last.phase != phase or (ready.reason if ready is not None else None) != reason:
             self.events.append(Event("Warning" if warning else "Normal", reason, message))
 
-    def plan(self, **steps: Any) -> Plan:
+    def plan(self, *saids: Said, **steps: Any) -> Plan:
+        """The plan: what the rooms said last (:meth:`say`), then this status, its events and ``steps``."""
+        self.say(*saids)
         status = {**self.values, "conditions": [self.conditions[k] for k in sorted(self.conditions)]}
         return Plan(status, events=tuple(self.events), **steps)
 
-    def add_to(self, plan: Plan) -> Plan:
-        """``plan`` with these conditions (in place of its own of the same kinds) and events added."""
-        kept = [c for c in plan.status.get("conditions", []) if c.get("type") not in self.conditions]
-        conditions = sorted([*kept, *self.conditions.values()], key=lambda c: str(c.get("type")))
+    def add_to(self, plan: Plan, said: Said) -> Plan:
+        """``plan`` (this builder's) with the conditions ``said`` (in place of its own of the same kinds,
+        said as :meth:`condition` says them) and its events added: a room that speaks once the plan is
+        made."""
+        said_now = {c[0]: self._condition(*c) for c in said.conditions}
+        kept = [c for c in plan.status.get("conditions", []) if c.get("type") not in said_now]
+        conditions = sorted([*kept, *said_now.values()], key=lambda c: str(c.get("type")))
         status = {**plan.status, "conditions": conditions}
-        return dataclasses.replace(plan, status=status, events=(*plan.events, *self.events))
+        return dataclasses.replace(plan, status=status, events=(*plan.events, *said.events))
 
 
 @dataclass
@@ -173,11 +239,19 @@ class Section:
     kind: type
     values: Obj = field(default_factory=dict)
 
+    @classmethod
+    def of(cls, kind: type, *parts: Mapping[str, Any], stored: Mapping[str, Any] | None = None) -> Obj:
+        """Section ``kind`` written at once: ``stored`` (as stored, its keys in their order), then each of
+        ``parts``' fields by name, in order."""
+        section = cls(kind, dict(stored or {}))
+        for fields in parts:
+            section.set(**fields)
+        return section.values
+
     def set(self, **fields: Any) -> None:
-        """Write fields by name; a dataclass is written as its mapping."""
+        """Write fields by name; a dataclass is written as its mapping, a time as :func:`stamp` writes it."""
         for name, value in fields.items():
-            written = typed_status.write(value) if is_dataclass(value) else value
-            self.values[SECTION_KEYS[self.kind][name]] = written
+            self.values[SECTION_KEYS[self.kind][name]] = _written(value)
 
     def typed(self) -> Any:
         """What is written so far, typed."""
@@ -212,10 +286,10 @@ class Section:
         self.values[SECTION_KEYS[self.kind][name]] = kept
 
 
-def finished(status: Mapping[str, Any]) -> bool:
+def finished(status: Mapping[str, Any] | Status) -> bool:
     """A terminal phase, with what this operator writes along with one: a completionTime and a True
     Complete or Failed condition. A phase without them (a hand-edited status) is not believed: the next
-    decision repairs it from the children."""
-    typed = typed_status.read(status)
+    decision repairs it from the children. ``status``: as stored, or typed."""
+    typed = status if isinstance(status, Status) else typed_status.read(status)
     said = [c for c in typed.conditions or () if c.type in ("Complete", "Failed") and c.status == "True"]
     return typed.phase in TERMINAL and bool(typed.completion_time) and bool(said)

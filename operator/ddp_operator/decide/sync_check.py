@@ -5,7 +5,7 @@ pods' metrics count the checks while the job runs, rank 0's report tells them at
 
 - :func:`from_report` and :func:`job_sync`: ``status.sync`` after a report, each attempt's checks kept in
   ``status.sync.attempts`` and summed over the whole job;
-- :func:`write_live` (:func:`live_sync` and :func:`events`): ``status.sync`` from a running attempt's
+- :func:`live` (:func:`live_sync` and :func:`events`): ``status.sync`` from a running attempt's
   metrics reading, and the events of what changed since the last one written (the first good check, a
   divergence, a repair);
 - :func:`condition`: the ``SyncVerified`` condition, from what ``status.sync`` and ``status.lastReport``
@@ -24,9 +24,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ddp_operator.api import reasons, typed_status
-from ddp_operator.api.typed_status import LastReport, Sync
+from ddp_operator.api.typed_status import LastReport, Status, Sync
 from ddp_operator.decide.plan import Event
-from ddp_operator.decide.status_builder import Section, StatusBuilder, count, stamp
+from ddp_operator.decide.status_builder import Said, Section, StatusBuilder, count
 from ddp_operator.observe.metrics import Progress
 from ddp_operator.observe.sync_report import attempt_checks, job_checks, with_attempt
 from ddp_trainer import contract
@@ -66,69 +66,72 @@ def _earlier_attempts(sync: Mapping[str, Any], attempt: int) -> dict[str, int]:
 
 
 def condition(out: StatusBuilder) -> None:
-    """``SyncVerified``: every rank bit-identical (repairs said), ranks that diverged, or why nothing was
-    compared yet."""
-    now = out.current()
+    """``SyncVerified`` (:func:`verified`) of the status written so far."""
+    out.say(Said(conditions=(verified(out.current()),)))
+
+
+def verified(now: Status) -> tuple[str, bool | None, str, str]:
+    """``SyncVerified`` of status ``now``: every rank bit-identical (repairs said), ranks that diverged, or
+    why nothing was compared yet."""
     sync, last = now.sync, now.last_report or LastReport()
     said = str(last.message or "")
     if sync is None or sync == Sync():  # no check written
         if last.reason in contract.NOTHING_TO_COMPARE:
-            out.condition(reasons.SYNC_VERIFIED, None, str(last.reason), said)
-        elif last.reason == contract.SYNC_HOOK_OFF:
-            out.condition(reasons.SYNC_VERIFIED, None, contract.SYNC_HOOK_OFF, said)
-        else:
-            message = "no sync check reported yet (read from the pods' metrics, and rank 0's final report)"
-            out.condition(reasons.SYNC_VERIFIED, None, "NotYetReported", message)
-        return
+            return reasons.SYNC_VERIFIED, None, str(last.reason), said
+        if last.reason == contract.SYNC_HOOK_OFF:
+            return reasons.SYNC_VERIFIED, None, contract.SYNC_HOOK_OFF, said
+        message = "no sync check reported yet (read from the pods' metrics, and rank 0's final report)"
+        return reasons.SYNC_VERIFIED, None, "NotYetReported", message
     checks, mismatches = sync.checks or 0, sync.mismatches or 0
-    if sync.verified:
-        attempts = len(sync.attempts or ())
-        over = f" over {attempts} attempts" if attempts > 1 else ""
-        out.condition(
+    if not sync.verified:
+        return (
             reasons.SYNC_VERIFIED,
-            True,
-            "BitIdentical",
-            f"{mismatches} of {checks} checks found ranks differing; {sync.repairs} repair(s) re-broadcast "
-            "rank 0's model and the last check found every rank bit-identical"
-            if sync.repairs
-            else f"{checks} checks{over} found every rank bit-identical",
+            False,
+            "Diverged",
+            f"{mismatches} of {checks} checks found ranks differing",
         )
-    else:
-        out.condition(
-            reasons.SYNC_VERIFIED, False, "Diverged", f"{mismatches} of {checks} checks found ranks differing"
-        )
+    attempts = len(sync.attempts or ())
+    over = f" over {attempts} attempts" if attempts > 1 else ""
+    message = (
+        f"{mismatches} of {checks} checks found ranks differing; {sync.repairs} repair(s) re-broadcast "
+        "rank 0's model and the last check found every rank bit-identical"
+        if sync.repairs
+        else f"{checks} checks{over} found every rank bit-identical"
+    )
+    return reasons.SYNC_VERIFIED, True, "BitIdentical", message
 
 
-def write_live(out: StatusBuilder, now: Progress, attempt: int) -> None:
-    """``status.sync`` from a running attempt's reading (:func:`live_sync`), when it says anything, and the
-    events of what changed since the last one written (:func:`events`)."""
-    old_sync = out.stored("sync", written=True) or {}
+def live(old_sync: Mapping[str, Any], now: Progress, attempt: int) -> Said:
+    """``status.sync`` from a running attempt's reading (:func:`live_sync`; ``old_sync``: as written so
+    far), when it says anything, and the events of what changed since the last one written
+    (:func:`events`)."""
     new_sync = live_sync(old_sync, now, attempt)
-    if new_sync:
-        out.set(sync=new_sync)
-    out.events.extend(events(old_sync, new_sync, now))
+    return Said(dict(sync=new_sync) if new_sync else {}, events=tuple(events(old_sync, new_sync, now)))
 
 
 def live_sync(previous: Mapping[str, Any], now: Progress, attempt: int = 0) -> dict[str, Any]:
     """``status.sync`` while the job runs: the live count of checks (the running world's, after the earlier
     attempts' of ``status.sync.attempts``), the last one's step, time and verdict."""
     checks = now.checks_ok + now.checks_mismatch
-    out = Section(Sync, dict(previous))
     if not checks:
-        return out.values
+        return dict(previous)
     earlier = _earlier_attempts(previous, attempt)
     mismatches, repairs = now.checks_mismatch + earlier["mismatches"], now.repairs + earlier["repairs"]
-    out.set(checks=checks + earlier["checks"], mismatches=mismatches, repairs=repairs)
+    parts: list[dict[str, Any]] = [
+        dict(checks=checks + earlier["checks"], mismatches=mismatches, repairs=repairs)
+    ]
     if now.last_check_ok is not None:
-        out.set(
-            last_check_result="BitIdentical" if now.last_check_ok else "Diverged",
-            verified=now.last_check_ok and mismatches <= repairs,
+        parts.append(
+            dict(
+                last_check_result="BitIdentical" if now.last_check_ok else "Diverged",
+                verified=now.last_check_ok and mismatches <= repairs,
+            )
         )
     if now.last_check_time is not None:
-        out.set(last_check_time=stamp(dt.datetime.fromtimestamp(now.last_check_time, dt.UTC)))
+        parts.append(dict(last_check_time=dt.datetime.fromtimestamp(now.last_check_time, dt.UTC)))
     if now.last_check_step is not None:
-        out.set(last_check_step=now.last_check_step)
-    return out.values
+        parts.append(dict(last_check_step=now.last_check_step))
+    return Section.of(Sync, *parts, stored=previous)
 
 
 def events(old: Mapping[str, Any], new: Mapping[str, Any], now: Progress) -> list[Event]:

@@ -220,10 +220,13 @@ def _pull(reason: str, message: str, image: str, field: str, refs: Sequence[Refe
     )
 
 
-def absent(spec: Spec, missing: Collection[tuple[str, str]], job: str) -> StartupFailure | None:
+def absent(
+    spec: Spec, missing: Collection[tuple[str, str]], job: str, refs: Sequence[Reference] | None = None
+) -> StartupFailure | None:
     """The references ``missing`` from the namespace (what the operator's look-up found absent:
-    :func:`~.observe.references.to_look_up`) as the start-up failure of Job ``job``, or None."""
-    refs = references(spec)
+    :func:`~.observe.references.to_look_up`) as the start-up failure of Job ``job``, or None. ``refs``: the
+    spec's references where the caller has them already (:func:`~.observe.references.references`)."""
+    refs = references(spec) if refs is None else refs
     needed = dict.fromkeys((r.kind, r.name) for r in refs if not r.optional)
     wanted = [key for key in needed if key in missing]
     if not wanted:

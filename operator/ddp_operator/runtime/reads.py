@@ -20,6 +20,20 @@ from ddp_operator.api.spec import Spec, SpecError
 from ddp_operator.observe import claims, mounts, podsecurity, references
 
 
+def read_all(
+    body: Mapping[str, Any],
+    jobs: list[dict[str, Any]],
+    pods: list[dict[str, Any]],
+    now: dt.datetime,
+    spec: Spec | SpecError,
+) -> tuple[claims.ClaimReading | None, tuple[dict[str, Any], ...], frozenset[tuple[str, str]]]:
+    """What a reconcile reads beyond the indexes, in one call and in this order: the checkpoint claim
+    (:func:`read_claim`), the events about the pods and Jobs that wait (:func:`read_events`) and the
+    Secrets and ConfigMaps ``spec`` (as the reconcile parsed it) needs that are missing
+    (:func:`read_missing`)."""
+    return read_claim(body, pods), read_events(body, jobs, pods, now), read_missing(body, spec)
+
+
 def read_claim(body: Mapping[str, Any], pods: list[dict[str, Any]]) -> claims.ClaimReading | None:
     """The checkpoint claim and the events about it (or, once it is bound, the ``FailedAttachVolume``
     events of the DDPJob's pods), when :func:`claims.claim_to_read` says the decision needs them: two

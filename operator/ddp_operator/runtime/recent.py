@@ -151,3 +151,18 @@ class Recent:
         """The DDPJob is gone."""
         with self._lock:
             self._written.pop(key, None)
+
+
+def views(
+    recent: Recent | None,
+    key: Key,
+    body: Mapping[str, Any],
+    jobs: list[dict[str, Any]],
+    pods: list[dict[str, Any]],
+    now: float,
+) -> tuple[Recent, Mapping[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    """A reconcile's one entrance: ``recent`` (a new one where None: nothing written yet) and what it makes of
+    the index's ``body``, ``jobs`` and ``pods`` (:meth:`Recent.body`, :meth:`Recent.jobs`,
+    :meth:`Recent.pods`, in that order)."""
+    recent = recent if recent is not None else Recent()
+    return recent, recent.body(key, body), recent.jobs(key, jobs, now), recent.pods(key, pods, now)

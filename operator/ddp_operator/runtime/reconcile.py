@@ -25,8 +25,8 @@ from ddp_operator.decide.decision import decide, refused
 from ddp_operator.decide.plan import Plan
 from ddp_operator.observe.observation import Observation
 from ddp_operator.runtime import nodes, opmetrics
-from ddp_operator.runtime.reads import api_client, ignore, read_claim, read_events, read_missing
-from ddp_operator.runtime.recent import Recent
+from ddp_operator.runtime.reads import api_client, ignore, read_all
+from ddp_operator.runtime.recent import Recent, views
 from ddp_operator.runtime.scraper import Scraper
 from ddp_operator.runtime.slim import slim_job
 
@@ -55,18 +55,15 @@ def reconcile(
     started = time.monotonic()
     result = "error"
     key = (body["metadata"].get("namespace") or "", body["metadata"]["name"])
-    recent = recent if recent is not None else Recent()
     try:
-        body, jobs = recent.body(key, body), recent.jobs(key, jobs, started)
-        pods = recent.pods(key, pods, started)
+        recent, body, jobs, pods = views(recent, key, body, jobs, pods, started)
         snapshot = scraper.latest(key) if scraper else None
         now = dt.datetime.now(dt.UTC)
-        claim = read_claim(body, pods)
-        events = read_events(body, jobs, pods, now)
         try:  # once per reconcile: the spec that reads and the decision go by
             spec: Spec | SpecError = parse(body, admitted=True)
         except SpecError as exc:
             spec = exc  # the decision fails the DDPJob, saying why (InvalidSpec)
+        claim, events, missing = read_all(body, jobs, pods, now, spec)
         observed = Observation(
             body=body,
             spec=spec,
@@ -77,7 +74,7 @@ def reconcile(
             claim=claim,
             workloads=workloads,
             mount_events=events,
-            missing=read_missing(body, spec),
+            missing=missing,
             unhealthy=unhealthy or {},
             store_pods=store_pods,
         )

@@ -29,8 +29,8 @@ def _each_status_built_reads_typed_and_writes_back(monkeypatch: pytest.MonkeyPat
 
     build = StatusBuilder.plan
 
-    def checked(self: StatusBuilder, **steps: Any) -> Any:
-        plan = build(self, **steps)
+    def checked(self: StatusBuilder, *saids: Any, **steps: Any) -> Any:
+        plan = build(self, *saids, **steps)
         assert typed_status.write(typed_status.read(plan.status)) == plan.status, plan.status
         return plan
 

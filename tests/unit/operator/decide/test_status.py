@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 
-from ddp_operator.decide import compute_probe, progress, status, sync_check
+from ddp_operator.decide import compute_probe, progress, restarts, status, sync_check
 from ddp_operator.decide.status import StatusBuilder
+from ddp_operator.decide.status_builder import stamp
 from ddp_operator.observe import live
 from ddp_operator.observe.metrics import Progress
 
@@ -224,15 +225,19 @@ def test_status_sync_counts_every_attempt_and_world_of_the_job() -> None:
             "attempt": attempt,
         }
 
-    first = status.begin({}, now, 1, 1, report(1, 3, 0, result="Failed"), spec).values
+    first = status.begin(
+        StatusBuilder({}, stamp(now)), 1, 1, restarts.shown(1, 0), report(1, 3, 0, result="Failed"), spec
+    ).values
     assert first["sync"]["checks"] == 3
     # attempt 2 runs: the live reading of its world adds to attempt 1's
     live_now = _reading(30, 0.0, checks_ok=1, last_check_ok=True, last_check_step=30)
     assert sync_check.live_sync(first["sync"], live_now, 2)["checks"] == 4
     worlds = {"worlds": 1, "checks": 2, "mismatches": 0, "repairs": 0, "resumedFromStep": 24}
     last = report(2, 3, 40, **{contract.REPORT_EARLIER_WORLDS: worlds})
-    second = status.begin(first, now, 1, 2, last, spec)
-    again = status.begin(second.values, now, 1, 2, last, spec).values
+    second = status.begin(StatusBuilder(first, stamp(now)), 1, 2, restarts.shown(2, 0), last, spec)
+    again = status.begin(
+        StatusBuilder(second.values, stamp(now)), 1, 2, restarts.shown(2, 0), last, spec
+    ).values
     for sync in (second.values["sync"], again["sync"]):
         assert (sync["checks"], sync["mismatches"], sync["repairs"], sync["verified"]) == (8, 0, 0, True)
         assert sync["attempts"] == [
