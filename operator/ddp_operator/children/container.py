@@ -3,8 +3,8 @@ the environment contract, resources, securityContext and volume mounts, with the
 and the sync hook's init container. Pure: no I/O.
 
 :mod:`ddp_operator.children.render` asks for the trainer container once per Job
-(:func:`trainer_container`), handing down the attempt's names it worked out (:class:`AttemptNames`), so
-that nothing here reads them again.
+(:func:`trainer_container`), handing down the attempt's names it worked out (:class:`AttemptNames`): nothing
+here asks ``render`` for them (it could not: ``render`` imports this module).
 
 Long because the environment contract, the command and what the container mounts read best beside the
 container they make: every function here is a small pure piece of one container.
@@ -40,6 +40,7 @@ class AttemptNames(NamedTuple):
     :func:`ddp_operator.children.render.attempt_names`."""
 
     attempt: int
+    """The attempt's number (``contract.ATTEMPT_ENV``)."""
     master_addr: str
     """Node rank 0's DNS name (:func:`ddp_operator.children.render.master_addr`)."""
     local_addr: str

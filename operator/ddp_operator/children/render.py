@@ -94,6 +94,11 @@ def rendezvous_endpoint(spec: Spec, attempt: int, external: bool | None = None) 
     return f"$({contract.PET_MASTER_ADDR}):$({contract.PET_MASTER_PORT})"
 
 
+def rendezvous_id(spec: Spec, attempt: int) -> str:
+    """torchrun's ``--rdzv-id``: one rendezvous per attempt."""
+    return f"{spec.uid or spec.name}-{attempt}"
+
+
 def master_addr(spec: Spec, attempt: int) -> str:
     """Node rank 0's DNS name, `<name>-<attempt>-0.<service>`, published before it is Ready."""
     return f"{pod_hostname(spec, attempt, 0)}.{service_name(spec)}"
@@ -161,11 +166,6 @@ def render_checkpoint_claim(spec: Spec) -> Obj | None:
     if claim.storage_class_name is not None:
         pvc_spec["storageClassName"] = claim.storage_class_name
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata, "spec": pvc_spec}
-
-
-def rendezvous_id(spec: Spec, attempt: int) -> str:
-    """torchrun's ``--rdzv-id``: one rendezvous per attempt."""
-    return f"{spec.uid or spec.name}-{attempt}"
 
 
 def attempt_names(spec: Spec, attempt: int) -> container.AttemptNames:
