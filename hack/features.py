@@ -34,8 +34,10 @@ imports or names:
 Why this count and not another: it is the path a person takes, not the modules that mention a word (an
 earlier count of modules naming the feature caught a Lease's "identity" and mixed the two packages); it
 follows each side from where that side begins the feature, so a feature is not charged with the whole
-reconcile or the whole training step around it; and every rule above is the walk's, reused from
-``hack/walk.py`` (``module_of``, ``follow``), so both figures mean the same thing.
+reconcile or the whole training step around it; and its stops are the walk's, from the same profiler
+(``hack/walk.py``'s ``module_of`` and ``follow``), so a stop, a module and a corridor mean the same in both;
+only "entered twice" is new, and ``follow`` marks it (``again``) from the frames really open, not guessed
+from the order of the stops.
 
 Usage: ``.venv/bin/python hack/features.py [-q] [FEATURE]``: without ``-q``, each feature's entrances
 and its stops in order, the modules entered twice marked; with ``-q``, one line per feature,
