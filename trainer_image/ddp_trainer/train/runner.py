@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_trainer import contract
-from ddp_trainer.checkpoint import checkpoints, provenance
+from ddp_trainer.checkpoint import checkpoints, payload, provenance
 from ddp_trainer.core import inplace
 from ddp_trainer.core.config import PodEnv, TrainerConfig
 from ddp_trainer.core.distributed import LaunchEnv
@@ -135,11 +135,11 @@ class Session:
         if choice.action == "refuse":
             raise checkpoints.CheckpointRefused(choice.reason, choice.message)
         if choice.action == "resume" and choice.payload is not None:
-            checkpoints.load_into(state, choice.payload, self.device)
+            payload.load_into(state, choice.payload, self.device)
             self.resumed_from = choice.step
             log.info("restored %s (step %d; read by rank 0, loaded by every rank)", choice.file, choice.step)
         elif choice.action == "warm" and choice.payload is not None:
-            checkpoints.load_weights(state, choice.payload, self.device)
+            payload.load_weights(state, choice.payload, self.device)
             self.warm_from = choice.warm_from
             log.info(
                 "warm start: the model weights of %s's %s (step %d); this job starts at step 0 with a "
