@@ -28,8 +28,8 @@ imports or names:
   below: what the import layers promise), nor a generator started or resumed by the code that iterates it
   (a value being read: its code is read where it is written, so the frames below it are not its
   reader's path either). These are the cycles import-linter cannot see, because callbacks and
-  inheritance make them without an import; the issue's example (``health.py`` ↔ ``verify.py``, today
-  ``sync/checking`` ↔ ``sync/verify``) is such a cycle.
+  inheritance make them without an import; the issue's example (``health.py`` ↔ ``verify.py``, later
+  ``sync/checking`` ↔ ``sync/verify``, one module since) was such a cycle.
 
 Why this count and not another: it is the path a person takes, not the modules that mention a word (an
 earlier count of modules naming the feature caught a Lease's "identity" and mixed the two packages); it

@@ -98,11 +98,6 @@ def test_the_table_holds_what_the_script_counts_today(counted: dict[str, Figures
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 56's goal is not met yet (docs/architecture.md says which features are over it); once it "
-    "is, this test passes, and strict xfail fails until this marker is removed",
-)
 def test_each_feature_is_at_home_in_at_most_8_files_none_entered_twice(counted: dict[str, Figures]) -> None:
     over = {name: (home, twice) for name, (*_, home, twice) in counted.items() if home > GOAL_FILES or twice}
     assert not over, f"over issue 56's goal (home, entered twice): {over}"

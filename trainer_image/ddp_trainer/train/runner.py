@@ -25,8 +25,9 @@ from ddp_trainer.core.state import TrainState
 from ddp_trainer.reporting import report
 from ddp_trainer.reporting.metrics import TrainerMetrics
 from ddp_trainer.sync import boundary, fingerprints, probe, replicas
+from ddp_trainer.sync.boundary import CheckKind
+from ddp_trainer.sync.checking import DivergenceError, Tally, model_digest
 from ddp_trainer.sync.health import SyncHealth
-from ddp_trainer.sync.verify import CheckKind, DivergenceError, Tally, model_digest
 from ddp_trainer.train.data import build_dataset, elastic_batches, global_batch, micro_batches
 from ddp_trainer.train.loop import Batches, Precision, StepResult, train
 from ddp_trainer.train.model import build_model, compute_loss
