@@ -163,7 +163,7 @@ def test_restarts_in_place_round_trip_from_the_trainers_report_to_the_status() -
     through the termination message) are what the operator's status counts: one key on both sides,
     contract.REPORT_RESTARTS_IN_PLACE (the metric, contract.RESTARTS_IN_PLACE, is another name)."""
     from ddp_trainer.reporting import report as trainer_report
-    from ddp_trainer.sync.verify import Tally
+    from ddp_trainer.sync.checking import Tally
 
     cause = "rank 1 exited 1: RuntimeError: boom"
     facts = trainer_report.RunFacts(4, 2, 2, contract.FIRST_ATTEMPT, restarts_in_place=2, last_restart=cause)
