@@ -94,19 +94,19 @@ def decide(observation: Observation) -> Plan:
     generation = int(body.get("metadata", {}).get("generation") or 0)
     if isinstance(observation.spec, SpecError):
         return invalid_spec(observation.spec, previous, generation, now)
-    counted, last = out.counted, out.last  # the previous status, typed, and its counts
+    last = out.last  # the previous status, typed
     spec, mount_events = observation.spec, observation.mount_events
     refs, elastic = references.references(spec), spec.elastic is not None
     facts = observe(
         previous, observation.jobs, observation.pods, spec.metrics_port, refs, mount_events, elastic
     )
-    shown, left = restarts.budget(spec.max_restarts, facts.attempt, *counted)
+    budget = restarts.budget(out, spec.max_restarts, facts, observation.snapshot)
     avoid = []  # the compute probe's room applies once it found a faulty node, or nodes are unhealthy
     if last.probe is not None or observation.unhealthy:
         avoid = compute_probe.nodes_to_avoid(last, observation.unhealthy)
     # the attempt's objects in one call: the Service only for an attempt without its Job
     service, job, rendered = render.render_attempt(
-        spec, facts.attempt, left, avoid, service=facts.job is None
+        spec, facts.attempt, budget.left, avoid, service=facts.job is None
     )
     # the starting room applies where there is a failure to find: Pod Security's events, a missing reference
     if facts.startup is None and (mount_events or observation.missing):
@@ -123,7 +123,7 @@ def decide(observation: Observation) -> Plan:
     inputs = Inputs(
         spec, generation, previous, facts, now, service, rendered, job, snapshot, why, workload, store
     )
-    plan = _decide(inputs, out, shown)
+    plan = _decide(inputs, out, budget)
     return rendezvous_store.with_stores(plan, out, facts.job, store) if stored else plan
 
 
@@ -142,12 +142,13 @@ def refused(previous: Mapping[str, Any], generation: int, now: dt.datetime, mess
     return _finish(out, False, reasons.INVALID_SPEC, message[:1024])
 
 
-def _decide(inputs: Inputs, out: StatusBuilder, shown: int) -> Plan:
-    """The status to write (``out``: its builder; ``shown``: its ``restarts``) and the next step: exactly one
-    branch applies, checked in this order."""
+def _decide(inputs: Inputs, out: StatusBuilder, budget: restarts.Budget) -> Plan:
+    """The status to write (``out``: its builder; ``budget``: its ``restarts``, and the restarts in place
+    it does not count yet) and the next step: exactly one branch applies, checked in this order."""
     facts, job = inputs.facts, inputs.facts.job
-    status.begin(out, inputs.generation, facts.attempt, shown, facts.report, inputs.spec)
-    restarts.count_in_place(out, facts.attempt, facts.report, inputs.snapshot, inputs.spec.max_restarts)
+    status.begin(
+        out, inputs.generation, facts.attempt, budget.shown, facts.report, inputs.spec, budget.in_place
+    )
     if out.last.phase in reasons.TERMINAL and finished(out.last):  # a terminal phase, and believed
         return _finished(inputs, out)
     if (deadline := _deadline_passed(inputs, out)) is not None:
