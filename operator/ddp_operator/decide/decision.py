@@ -70,8 +70,8 @@ class Inputs:
     """The headless Service, rendered when the attempt has no Job yet (created with it)."""
     claim: dict[str, Any] | None
     """The checkpoint PersistentVolumeClaim, rendered, when spec.checkpoint.volumeClaimTemplate asks."""
-    job: dict[str, Any]
-    """The Job of ``facts.attempt``, rendered."""
+    job: dict[str, Any] | None
+    """The Job of ``facts.attempt``, rendered where it is needed (no Job yet, the starting room, a claim)."""
     snapshot: live.Snapshot | None = None
     """The latest reading of the pods' metrics (:mod:`ddp_operator.runtime.scraper`), if any."""
     storage: claims.Diagnosis | None = None
@@ -85,7 +85,7 @@ class Inputs:
 def decide(observation: Observation) -> Plan:
     """The plan for one DDPJob, one pure function of what the reconcile observed (:class:`Observation`):
     the spec as parsed (an unreadable one fails the DDPJob: :func:`invalid_spec`), the Jobs and pods read
-    into :class:`Facts`, the current attempt's objects rendered, the readings (the checkpoint claim, Kueue's
+    into :class:`Facts`, the attempt's objects rendered where needed, the readings (the claim, Kueue's
     Workload, an elastic job's rendezvous store) interpreted, then exactly one branch (:func:`_decide`),
     with an elastic job's rendezvous stores (:mod:`~ddp_operator.decide.rendezvous_store`)."""
     body, now = observation.body, observation.now
@@ -101,15 +101,18 @@ def decide(observation: Observation) -> Plan:
         previous, observation.jobs, observation.pods, spec.metrics_port, refs, mount_events, elastic
     )
     budget = restarts.budget(out, spec.max_restarts, facts, observation.snapshot)
-    avoid = []  # the compute probe's room applies once it found a faulty node, or nodes are unhealthy
-    if last.probe is not None or observation.unhealthy:
-        avoid = compute_probe.nodes_to_avoid(last, observation.unhealthy)
-    # the attempt's objects in one call: the Service only for an attempt without its Job
-    service, job, rendered = render.render_attempt(
-        spec, facts.attempt, budget.left, avoid, service=facts.job is None
-    )
     # the starting room applies where there is a failure to find: Pod Security's events, a missing reference
-    if facts.startup is None and (mount_events or observation.missing):
+    to_find = facts.startup is None and bool(mount_events or observation.missing)
+    service, job, rendered = None, None, None
+    # the attempt's objects, where needed: to create them (no Job yet), for the starting room, a claim read
+    if facts.job is None or to_find or observation.claim is not None:
+        avoid = []  # the compute probe's room applies once it found a faulty node, or nodes are unhealthy
+        if last.probe is not None or observation.unhealthy:
+            avoid = compute_probe.nodes_to_avoid(last, observation.unhealthy)
+        service, job, rendered = render.render_attempt(
+            spec, facts.attempt, budget.left, avoid, service=facts.job is None
+        )
+    if to_find and job is not None:
         facts = starting.refused_or_absent(facts, spec, job, mount_events, observation.missing, refs)
     why = None  # a claim read: what keeps the pods from it
     if observation.claim is not None:
@@ -254,11 +257,12 @@ SUSPENDED_READY = "spec.suspend is true"
 
 
 def _create(inputs: Inputs, out: StatusBuilder) -> Plan:
-    spec, attempt = inputs.spec, inputs.facts.attempt
+    spec, attempt, job = inputs.spec, inputs.facts.attempt, inputs.job
+    assert job is not None  # rendered: the attempt has no Job
     out.phase(
         reasons.SUSPENDED if spec.suspend else reasons.PENDING,
         reasons.SUSPENDED if spec.suspend else "Created",
-        f"created Job {inputs.job['metadata']['name']} (attempt {attempt})",
+        f"created Job {job['metadata']['name']} (attempt {attempt})",
     )
     # Suspended from the start: the status says at once what the next reconcile (the Job there, suspended)
     # would, so that one writes nothing: one event and one status write for a suspended DDPJob's creation.
@@ -271,7 +275,7 @@ def _create(inputs: Inputs, out: StatusBuilder) -> Plan:
     sync_check.condition(out)
     store = rendezvous_store.to_create(spec, attempt) if render.external_store(spec) else None
     return out.plan(
-        create_claim=inputs.claim, create_service=inputs.service, create_job=inputs.job, create_store=store
+        create_claim=inputs.claim, create_service=inputs.service, create_job=job, create_store=store
     )
 
 
