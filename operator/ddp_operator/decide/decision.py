@@ -50,7 +50,6 @@ from ddp_operator.decide.status_builder import Said, StatusBuilder, count, finis
 from ddp_operator.observe import claims, live, references, store_health
 from ddp_operator.observe.facts import STOP_MARGIN_SECONDS, Facts, JobFacts, observe
 from ddp_operator.observe.observation import Observation
-from ddp_operator.observe.workloads import Workload
 from ddp_trainer import contract
 
 STALLED = reasons.STALLED
@@ -76,8 +75,8 @@ class Inputs:
     """The latest reading of the pods' metrics (:mod:`ddp_operator.runtime.scraper`), if any."""
     storage: claims.Diagnosis | None = None
     """Why the checkpoint claim keeps the pods from starting, when the claim was read and something does."""
-    workload: Workload | None = None
-    """Kueue's Workload of the attempt's Job (``spec.queueName``), once Kueue made one."""
+    workloads: Mapping[str, Mapping[str, Any]] | None = None
+    """Kueue's Workloads of the DDPJob's Jobs, by Job name (read by Kueue's room: :func:`kueue.said`)."""
     store: store_health.StoreReading | None = None
     """An elastic job's rendezvous store, as its pods say (None: the job has none, or no attempt yet)."""
 
@@ -85,9 +84,9 @@ class Inputs:
 def decide(observation: Observation) -> Plan:
     """The plan for one DDPJob, one pure function of what the reconcile observed (:class:`Observation`):
     the spec as parsed (an unreadable one fails the DDPJob: :func:`invalid_spec`), the Jobs and pods read
-    into :class:`Facts`, the attempt's objects rendered where needed, the readings (the claim, Kueue's
-    Workload, an elastic job's rendezvous store) interpreted, then exactly one branch (:func:`_decide`),
-    with an elastic job's rendezvous stores (:mod:`~ddp_operator.decide.rendezvous_store`)."""
+    into :class:`Facts`, the attempt's objects rendered where needed, the readings (the claim, an elastic
+    job's rendezvous store; Kueue's Workload, in its room) interpreted, then exactly one branch
+    (:func:`_decide`), with an elastic job's rendezvous stores (:mod:`~.rendezvous_store`)."""
     body, now = observation.body, observation.now
     out = StatusBuilder.for_body(body, now)
     previous = out.previous
@@ -117,14 +116,12 @@ def decide(observation: Observation) -> Plan:
     why = None  # a claim read: what keeps the pods from it
     if observation.claim is not None:
         why = claims.diagnose(observation.claim, owned=rendered is not None, nodes=spec.nodes)
-    # Kueue's room applies to a job that names a queue
-    workload = kueue.workload(spec, facts.job, observation.workloads) if spec.queue_name else None
     # an elastic job's own rendezvous store: its room applies
     stored = elastic and render.external_store(spec)
     store = rendezvous_store.reading(facts.job, facts.attempt, observation.store_pods) if stored else None
-    snapshot = observation.snapshot
+    snapshot, workloads = observation.snapshot, observation.workloads
     inputs = Inputs(
-        spec, generation, previous, facts, now, service, rendered, job, snapshot, why, workload, store
+        spec, generation, previous, facts, now, service, rendered, job, snapshot, why, workloads, store
     )
     plan = _decide(inputs, out, budget)
     return rendezvous_store.with_stores(plan, out, facts.job, store) if stored else plan
@@ -330,23 +327,23 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
     elif not spec.suspend and job.suspended and spec.queue_name is None:
         toggle = (job.name, False)
     ready, attempt = facts.ready_nodes, facts.attempt
-    # Kueue's room applies to a job that names a queue; any other has no status.kueue
-    queued = kueue.workload_status(inputs.workload) if spec.queue_name else Said(drop=("kueue",))
-    said = [Said(dict(ready_nodes=ready)), queued]
+    # Kueue's room applies to a job that names a queue, entered once; any other has no status.kueue
+    queue = kueue.said(spec, job, inputs.workloads) if spec.queue_name else None
+    said = [Said(dict(ready_nodes=ready)), queue.status if queue is not None else Said(drop=("kueue",))]
     if spec.suspend:
         message = "suspended: the pods are stopped and the checkpoint is kept"
         said.append(_said(reasons.SUSPENDED, reasons.SUSPENDED, message, False, SUSPENDED_READY))
     elif job.suspended and spec.queue_name is None:
         message = f"Job {job.name} is still suspended"
         said.append(_said(reasons.PENDING, "Resuming", f"resuming Job {job.name}", False, message))
-    elif job.suspended:
-        said.append(kueue.queued(spec.queue_name or "", job.name, inputs.workload))
+    elif queue is not None and queue.waiting is not None:  # the Job suspended for Kueue
+        said.append(queue.waiting)
     elif ready == spec.nodes:
         message = f"all {spec.nodes} pods of attempt {attempt} are running"
         ready_message = f"{ready}/{spec.nodes} pods ready"
         said.append(_said(reasons.RUNNING, reasons.ALL_NODES_READY, message, True, ready_message))
     elif spec.elastic is not None and ready >= spec.elastic.min_nodes:
-        gated = kueue.slice_waiting(spec.queue_name, inputs.workload) if spec.queue_name else ""
+        gated = queue.gate if queue is not None else ""
         message = (
             f"training at {ready} of {spec.nodes} desired nodes (elastic: "
             f"{spec.elastic.min_nodes}-{spec.elastic.max_nodes}); the others join at a step boundary{gated}"
