@@ -272,7 +272,7 @@ def restart_in_place() -> list[Entrance]:
     book.rendezvoused(2, 1)
     env = {contract.LAUNCH_STATE_ENV: str(folder / "state.json")}
     health = _health()
-    _, _, out = _operator("rigid")
+    _, found, out = _operator("rigid")
     cause = "rank 1 failed (exit 1)"
     reading = _snapshot(Progress(step=10, ranks=2, restarts_in_place=1, restart_cause=cause))
     seen: list[inplace.LaunchState] = []
@@ -285,8 +285,8 @@ def restart_in_place() -> list[Entrance]:
             _quietly(lambda: seen.append(health._restarts(env))),
             lambda: health.metrics.restarted(seen[-1].restarts, seen[-1].cause),
         )),
-        Entrance("operator", "decide.restarts.count_in_place", (
-            lambda: restarts.count_in_place(out, 1, None, reading, 1),
+        Entrance("operator", "decide.restarts.budget, then said", (
+            lambda: out.say(restarts.budget(out, 1, found, reading).in_place),
         )),
     ]  # fmt: skip
 

@@ -7,6 +7,7 @@ Workload, pods not all ready in time under ``waitForPodsReady``, a stopped queue
 DDPJob: no attempt ends, no restart is counted, and when Kueue admits the Workload again the same Job's
 pods start from the latest checkpoint. Here:
 
+- :func:`said`: the room's one entrance, for a running attempt's Job: the below at once (:class:`Queued`);
 - :func:`workload`: the current Job's Workload, when the spec names a queue and Kueue made one;
 - :func:`workload_status`: ``status.kueue`` (:func:`summary`: the Workload, where it is admitted, how often
   Kueue evicted it), or none for a new attempt's Job (the earlier Job's Workload is gone with it);
@@ -19,6 +20,7 @@ pods start from the latest checkpoint. Here:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from ddp_operator.api import reasons, typed_status
@@ -42,6 +44,28 @@ _EVICTIONS: Final = {
     "PodsReadyTimeout": (REQUEUED, "requeued by Kueue"),
 }
 """Kueue's eviction reasons this operator names, and how its message begins; any other is ``EVICTED``."""
+
+
+@dataclass(frozen=True)
+class Queued:
+    """What Kueue's room says of a running attempt's Job (:func:`said`)."""
+
+    status: Said
+    """``status.kueue`` (:func:`workload_status`)."""
+    waiting: Said | None
+    """The phase and ``Ready`` while Kueue keeps the Job suspended (:func:`queued`); None otherwise."""
+    gate: str
+    """Why an elastic job's new pods wait for their Workload slice (:func:`slice_waiting`); '' otherwise."""
+
+
+def said(spec: Spec, job: JobFacts, observed: Mapping[str, Mapping[str, Any]] | None) -> Queued:
+    """The room entered once for a running attempt's Job ``job``, when the spec names a queue: its Workload
+    read from ``observed`` (:func:`workload`), and what the status says of it (:class:`Queued`)."""
+    found, queue = workload(spec, job, observed), spec.queue_name or ""
+    waiting = queued(queue, job.name, found) if job.suspended else None
+    return Queued(
+        workload_status(found), waiting, slice_waiting(queue, found) if spec.elastic is not None else ""
+    )
 
 
 def workload(

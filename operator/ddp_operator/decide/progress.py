@@ -66,36 +66,38 @@ def write_reading(
 ) -> None:
     """Write a fresh reading into the status, at most every :data:`STATUS_SECONDS`; keep the last one
     otherwise. Posts the events of what changed since (:func:`reading`)."""
-    kept, sync = out.stored("progress"), out.stored("sync", written=True)
-    out.say(reading(kept, sync, out.last.progress, snapshot, attempt, total_steps, speed))
+    out.say(reading(out, snapshot, attempt, total_steps, speed))
 
 
 def reading(
-    kept: Any,
-    sync: Any,
-    progress: typed_status.Progress | None,
-    snapshot: Snapshot | None,
-    attempt: int,
-    total_steps: int,
-    speed: Rates | None = None,
+    out: StatusBuilder, snapshot: Snapshot | None, attempt: int, total_steps: int, speed: Rates | None = None
 ) -> Said:
-    """What the status says of a running attempt's reading: ``kept``, the previous ``status.progress`` as
-    stored, until a fresh reading (none written within :data:`STATUS_SECONDS` of ``progress``, the previous
-    one typed) replaces it, with the ``MetricsScraped`` condition and the live ``status.sync`` (``sync``: as
-    written so far) and its events."""
-    kept_fields = dict(progress=dict(kept)) if isinstance(kept, dict) else {}
+    """What the status (``out``: its builder) says of a running attempt's reading: the previous
+    ``status.progress``, as stored, until a fresh reading (none written within :data:`STATUS_SECONDS` of the
+    previous one) replaces it, with the ``MetricsScraped`` condition and the live ``status.sync`` (going on
+    from the one written so far) and its events. Each case reads from the builder what it needs."""
+    progress = out.last.progress
     if snapshot is None or snapshot.attempt != attempt:
-        return Said(kept_fields, keep_conditions=(METRICS_SCRAPED,))
+        return _kept(out)
     written = parse_time(progress.computed_at) if progress is not None else None
     if written is not None and snapshot.at - written.timestamp() < STATUS_SECONDS:
-        return Said(kept_fields, keep_conditions=(METRICS_SCRAPED,))
+        return _kept(out)
     fresh = dict(progress=progress_status(snapshot, total_steps, speed))
+    sync = out.stored("sync", written=True)
     live = sync_check.live(sync or {}, snapshot.latest, attempt) if snapshot.latest is not None else Said()
     return Said(
-        {**kept_fields, **fresh, **live.fields},
+        {**fresh, **live.fields},
         keep_conditions=(METRICS_SCRAPED,),
         conditions=(_scraped(snapshot),),
         events=live.events,
+    )
+
+
+def _kept(out: StatusBuilder) -> Said:
+    """The previous ``status.progress`` kept as stored (a mapping), with the ``MetricsScraped`` condition."""
+    kept = out.stored("progress")
+    return Said(
+        dict(progress=dict(kept)) if isinstance(kept, dict) else {}, keep_conditions=(METRICS_SCRAPED,)
     )
 
 

@@ -106,21 +106,19 @@ class StatusBuilder:
     values: Obj = field(default_factory=dict)
     conditions: dict[str, Obj] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
+    last: Status = field(init=False, repr=False)
+    """The previous status, typed: read once, as the builder is made."""
+    counted: tuple[int, int] = field(init=False, repr=False)
+    """The previous status's preemptions and restarts in place (:func:`count`)."""
+
+    def __post_init__(self) -> None:
+        self.last = typed_status.read(self.previous)
+        self.counted = count(self.last.preemptions), count(self.last.restarts_in_place)
 
     @classmethod
     def for_body(cls, body: Mapping[str, Any], now: dt.datetime) -> StatusBuilder:
         """The builder of DDPJob ``body``'s next status (:func:`of`), at ``now``."""
         return cls(of(body), stamp(now))
-
-    @functools.cached_property
-    def last(self) -> Status:
-        """The previous status, typed."""
-        return typed_status.read(self.previous)
-
-    @functools.cached_property
-    def counted(self) -> tuple[int, int]:
-        """The previous status's preemptions and restarts in place (:func:`count`)."""
-        return count(self.last.preemptions), count(self.last.restarts_in_place)
 
     @functools.cached_property
     def _said(self) -> dict[str | None, Condition]:
