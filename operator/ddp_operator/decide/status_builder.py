@@ -170,6 +170,12 @@ class StatusBuilder:
         section the builder goes on from, keeping its keys' order."""
         return (self.values if written else self.previous).get(KEYS[name])
 
+    def section(self, name: str, kind: type, fields: Mapping[str, Any], keep: tuple[str, ...] = ()) -> Obj:
+        """Section ``name`` (of ``kind``) begun at once: ``fields``, then those of ``keep`` as stored."""
+        stored, props = self.stored(name), SECTION_KEYS[kind]
+        kept = {k: stored[props[k]] for k in keep if isinstance(stored, Mapping) and props[k] in stored}
+        return Section.of(kind, fields, kept)
+
     def keep_all_but_conditions(self) -> None:
         """Every field of the previous status as stored, but its conditions (a refused spec's)."""
         self.values.update({k: v for k, v in self.previous.items() if k != "conditions"})

@@ -12,7 +12,7 @@ serving and a Normal one when it serves again.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ddp_operator.observe import startup
@@ -35,11 +35,11 @@ class StoreReading:
     serving: bool
     reason: str
     message: str
+    fault: bool = field(init=False)
+    """Something the user may need to act on (not a store that is merely starting): known as it is read."""
 
-    @property
-    def fault(self) -> bool:
-        """Something the user may need to act on (not a store that is merely starting)."""
-        return self.reason in FAULTS
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fault", self.reason in FAULTS)
 
 
 FAULTS = (UNSCHEDULABLE, CANNOT_START, LOST)
