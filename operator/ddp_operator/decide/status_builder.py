@@ -1,8 +1,8 @@
 """The one builder of a DDPJob's status: :class:`StatusBuilder` writes the status's mapping, with stable
 condition transition times and the events that go with it, naming each field as
 :class:`~ddp_operator.api.typed_status.Status` does and reading the status before (and what it wrote so far)
-typed; :func:`finished` says whether a status is a finished job's; :func:`stamp`, :func:`parse_time`
-and :func:`count` read and write its times and counts.
+typed; :func:`stamp`, :func:`parse_time` and :func:`count` read and write its times and counts (whether a
+status is a finished job's, :func:`~ddp_operator.api.typed_status.finished`, is read where it is typed).
 
 :mod:`ddp_operator.decide.status` (the beginning and the end of the status) and the rooms of
 ``decide/`` (each feature's part) say what each source writes through it; no other module of ``decide/``
@@ -20,6 +20,7 @@ from typing import Any
 
 from ddp_operator.api import reasons, typed_status
 from ddp_operator.api.typed_status import Condition, Status
+from ddp_operator.api.typed_status import finished as finished
 from ddp_operator.decide.plan import Event, Obj, Plan
 
 TERMINAL = reasons.TERMINAL
@@ -288,12 +289,3 @@ class Section:
         kept = dict(current) if isinstance(current, Mapping) else {}
         kept[SECTION_KEYS[section][field_name]] = value
         self.values[SECTION_KEYS[self.kind][name]] = kept
-
-
-def finished(status: Mapping[str, Any] | Status) -> bool:
-    """A terminal phase, with what this operator writes along with one: a completionTime and a True
-    Complete or Failed condition. A phase without them (a hand-edited status) is not believed: the next
-    decision repairs it from the children. ``status``: as stored, or typed."""
-    typed = status if isinstance(status, Status) else typed_status.read(status)
-    said = [c for c in typed.conditions or () if c.type in ("Complete", "Failed") and c.status == "True"]
-    return typed.phase in TERMINAL and bool(typed.completion_time) and bool(said)
