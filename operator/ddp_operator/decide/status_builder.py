@@ -7,6 +7,9 @@ status is a finished job's, :func:`~ddp_operator.api.typed_status.finished`, is 
 :mod:`ddp_operator.decide.status` (the beginning and the end of the status) and the rooms of
 ``decide/`` (each feature's part) say what each source writes through it; no other module of ``decide/``
 spells a status key (tests/contract/test_status_keys.py).
+
+Long because the builder, what a room says to it (:class:`Said`, a section as its :class:`Parts`) and the
+sections it writes (:class:`Section`) are one vocabulary, read best in one place.
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from ddp_operator.api.typed_status import Condition, Status
 from ddp_operator.api.typed_status import finished as finished
 from ddp_operator.decide.plan import Event, Obj, Plan
 
-TERMINAL = reasons.TERMINAL
 KEYS = typed_status.keys(Status)
 """Each field of the status by its name in :class:`Status` → its key in the mapping."""
 SECTION_KEYS: dict[type, Mapping[str, str]] = {
@@ -62,8 +64,10 @@ def parse_time(text: Any) -> dt.datetime | None:
 
 
 def _written(value: Any) -> Any:
-    """A field's value as the status holds it: a section's dataclass as its mapping, a time as
-    :func:`stamp` writes it."""
+    """A field's value as the status holds it: a section's dataclass as its mapping, a section said as its
+    parts (:class:`Parts`) as :meth:`Section.of` writes them, a time as :func:`stamp` writes it."""
+    if isinstance(value, Parts):
+        return Section.of(value.kind, *value.parts, stored=value.stored)
     if is_dataclass(value):
         return typed_status.write(value)
     return stamp(value) if isinstance(value, dt.datetime) else value
@@ -72,6 +76,17 @@ def _written(value: Any) -> Any:
 def count(value: Any) -> int:
     """A count from the status: a non-negative integer (anything else, hand-written, counts as 0)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+@dataclass(frozen=True)
+class Parts:
+    """A section a room says as its parts (``kind``: its dataclass; each part its fields by name, in order;
+    ``stored``: the section as stored, gone on from), which the builder writes as :meth:`Section.of` does,
+    when it writes what the room said: the room hands it over in the value it says."""
+
+    kind: type
+    parts: tuple[Mapping[str, Any], ...]
+    stored: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
