@@ -92,13 +92,17 @@ class Parts:
 @dataclass(frozen=True)
 class Said:
     """What a room says of the status, as one value: :meth:`StatusBuilder.say` applies it in this order (the
-    fields set, by their names in :class:`Status` and in this order; the fields dropped; the previous
+    fields set, by their names in :class:`Status` and in this order; the fields kept, the sections gone on
+    from; the fields dropped; the previous
     status's conditions kept; the conditions said; the phase; the events), so a room enters the builder
     once."""
 
     fields: Mapping[str, Any] = field(default_factory=dict)
     keep: tuple[str, ...] = ()
     """Fields of the previous status kept as they were stored, when they have a value (after ``fields``)."""
+    go_on: tuple[str, ...] = ()
+    """Sections of the previous status gone on from: each copied, when it is stored as a mapping (even an
+    empty one; after ``keep``)."""
     drop: tuple[str, ...] = ()
     keep_conditions: tuple[str, ...] = ()
     conditions: tuple[tuple[str, bool | None, str, str], ...] = ()
@@ -160,6 +164,9 @@ class StatusBuilder:
         for said in saids:
             self.set(**said.fields)
             self.keep(*said.keep)
+            for name in said.go_on:
+                if isinstance(stored := self.stored(name), dict):
+                    self.values[KEYS[name]] = dict(stored)
             for name in said.drop:
                 self.drop(name)
             if said.keep_conditions:
