@@ -118,7 +118,7 @@ def decide(observation: Observation) -> Plan:
         why = claims.diagnose(observation.claim, owned=rendered is not None, nodes=spec.nodes)
     # an elastic job's own rendezvous store: its room applies
     stored = elastic and render.external_store(spec)
-    store = rendezvous_store.reading(facts.job, facts.attempt, observation.store_pods) if stored else None
+    store = rendezvous_store.reading(facts, observation.store_pods, last) if stored else None
     snapshot, workloads = observation.snapshot, observation.workloads
     inputs = Inputs(
         spec, generation, previous, facts, now, service, rendered, job, snapshot, why, workloads, store

@@ -25,7 +25,7 @@ from typing import Any, Final
 
 from ddp_operator.api import reasons, typed_status
 from ddp_operator.api.spec import Spec
-from ddp_operator.decide.status_builder import Said, Section
+from ddp_operator.decide.status_builder import Parts, Said
 from ddp_operator.observe import workloads
 from ddp_operator.observe.facts import JobFacts
 from ddp_operator.observe.workloads import Workload
@@ -127,8 +127,9 @@ def slice_waiting(queue: str, workload: Workload | None) -> str:
     )
 
 
-def summary(found: Workload | None) -> dict[str, Any] | None:
-    """``status.kueue``: the Workload, where it is admitted, how often Kueue evicted it."""
+def summary(found: Workload | None) -> Parts | None:
+    """``status.kueue``: the Workload, where it is admitted, how often Kueue evicted it, said as its parts
+    for the builder to write."""
     if found is None:
         return None
     parts: list[dict[str, Any]] = [
@@ -136,4 +137,4 @@ def summary(found: Workload | None) -> dict[str, Any] | None:
     ]
     if found.cluster_queue:
         parts.append(dict(cluster_queue=found.cluster_queue))
-    return Section.of(typed_status.Kueue, *parts)
+    return Parts(typed_status.Kueue, tuple(parts))

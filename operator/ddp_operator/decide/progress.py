@@ -17,6 +17,8 @@ the gang stopped stepping. Pure.
   that stopped answering their metrics (a frozen local rank 0 serves no metrics) and the ranks whose step
   count lags the others'. A gang that never stepped within ``spec.startTimeoutSeconds`` of running has
   stalled too (:func:`never_started`).
+
+Long because the reading and the stall go on from the same snapshot and its rates, read best side by side.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from ddp_operator.api import reasons, typed_status
 from ddp_operator.api.spec import Spec, known_total_steps
 from ddp_operator.api.typed_status import Status
 from ddp_operator.decide import sync_check
-from ddp_operator.decide.status_builder import Said, Section, StatusBuilder, parse_time
+from ddp_operator.decide.status_builder import Parts, Said, Section, StatusBuilder, parse_time
 from ddp_operator.observe.live import Snapshot, rates
 from ddp_operator.observe.metrics import duration, slowest
 
@@ -82,7 +84,7 @@ def reading(
     written = parse_time(progress.computed_at) if progress is not None else None
     if written is not None and snapshot.at - written.timestamp() < STATUS_SECONDS:
         return _kept(out)
-    fresh = dict(progress=progress_status(snapshot, total_steps, speed))
+    fresh = dict(progress=Parts(typed_status.Progress, progress_parts(snapshot, total_steps, speed)))
     sync = out.stored("sync", written=True)
     live = sync_check.live(sync or {}, snapshot.latest, attempt) if snapshot.latest is not None else Said()
     return Said(
@@ -102,14 +104,21 @@ def _kept(out: StatusBuilder) -> Said:
 
 
 def progress_status(snapshot: Snapshot, total_steps: int, speed: Rates | None = None) -> dict[str, Any]:
-    """``status.progress`` from a snapshot (only the fields the metrics tell)."""
+    """``status.progress`` from a snapshot (only the fields the metrics tell), as the builder writes it."""
+    return Section.of(typed_status.Progress, *progress_parts(snapshot, total_steps, speed))
+
+
+def progress_parts(
+    snapshot: Snapshot, total_steps: int, speed: Rates | None = None
+) -> tuple[dict[str, Any], ...]:
+    """:func:`progress_status`'s parts, in order, as the room says them (:class:`Parts`)."""
     parts: list[dict[str, Any]] = [dict(computed_at=dt.datetime.fromtimestamp(snapshot.at, dt.UTC))]
     if snapshot.refused or snapshot.unreachable:
         pods = [*snapshot.refused, *(u.split(":")[0] for u in snapshot.unreachable)]
         parts.append(dict(unreachable=sorted(pods)[:64]))
     now = snapshot.latest
     if now is None:
-        return Section.of(typed_status.Progress, *parts)
+        return tuple(parts)
     total_steps = now.total_steps or total_steps  # the code's own total where it says (a Trainer's max_steps)
     if total_steps:
         percent = min(100, int(100 * now.step / total_steps))
@@ -138,7 +147,7 @@ def progress_status(snapshot: Snapshot, total_steps: int, speed: Rates | None = 
         parts.append(dict(slowest_rank=found[0], slowest_step_seconds=round(found[1], 6)))
     if now.skew is not None:
         parts.append(dict(step_time_skew=round(now.skew, 4)))
-    return Section.of(typed_status.Progress, *parts)
+    return tuple(parts)
 
 
 def _scraped(snapshot: Snapshot) -> tuple[str, bool | None, str, str]:

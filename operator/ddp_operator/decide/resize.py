@@ -22,7 +22,7 @@ from ddp_operator.api import reasons, typed_status
 from ddp_operator.api.spec import Spec
 from ddp_operator.api.typed_status import Counted, Elastic, Status
 from ddp_operator.decide.plan import Event
-from ddp_operator.decide.status_builder import Section, StatusBuilder, parse_time, stamp
+from ddp_operator.decide.status_builder import Parts, Section, StatusBuilder, parse_time, stamp
 from ddp_operator.observe.facts import JobFacts
 from ddp_operator.observe.live import Snapshot
 from ddp_operator.observe.metrics import LastResize, Progress
@@ -38,7 +38,8 @@ class Resize:
     ``elastic``, and the events to post."""
 
     job: tuple[str, int] | None
-    status: dict[str, Any]
+    status: Parts
+    """``status.elastic`` said as its parts, going on from the section begun (the builder writes it)."""
     events: tuple[Event, ...] = ()
 
 
@@ -100,7 +101,7 @@ def decide(
         events.extend(_count_changes(status, later, written, counted, job.name, reading))
     size = job.parallelism
     if size is None or size == spec.nodes:
-        return Resize(None, Section.of(Elastic, *later, stored=status.values), tuple(events))
+        return Resize(None, Parts(Elastic, tuple(later), stored=status.values), tuple(events))
     record = typed_status.LastResize(size, spec.nodes, reasons.SCALED, out.now)
     later.append(dict(resizes=written.resizes + 1, last_resize=record))
     message = (
@@ -109,7 +110,7 @@ def decide(
         "step; no new attempt, no restart spent"
     )
     events.append(Event("Normal", reasons.RESIZED, message))
-    return Resize((job.name, spec.nodes), Section.of(Elastic, *later, stored=status.values), tuple(events))
+    return Resize((job.name, spec.nodes), Parts(Elastic, tuple(later), stored=status.values), tuple(events))
 
 
 @dataclass

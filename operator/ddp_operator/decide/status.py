@@ -70,11 +70,13 @@ def begin(
         ),
     )
     kept: dict[str, Any] = dict(preemptions=preemptions) if preemptions else {}
+    if report is None:  # status.sync goes on as stored
+        out.say(every, Said(kept, go_on=("sync",), conditions=(checkpoints.durable(spec),)), *more)
+        return out
     sync = dict(stored) if isinstance(stored := out.stored("sync"), dict) else None
     if sync is not None:
         kept = {**kept, **dict(sync=sync)}
-    if report is not None:
-        kept = {**kept, **_reported(report, attempt, sync or {}, out.stored("probe") or {})}
+    kept = {**kept, **_reported(report, attempt, sync or {}, out.stored("probe") or {})}
     out.say(every, Said(kept, conditions=(checkpoints.durable(spec),)), *more)
     return out
 
