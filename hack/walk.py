@@ -122,8 +122,14 @@ class _Scraper:
     """Holds one reading of the pods' metrics, as :class:`ddp_operator.runtime.scraper.Scraper` would."""
 
     def __init__(self) -> None:
-        reading = Progress(
-            step=10, samples=320.0, ranks=2, checks_ok=2, last_check_ok=True, last_check_step=10
+        reading = Progress(  # total_steps: as the built-in trainer says its spec.trainer.steps
+            step=10,
+            samples=320.0,
+            ranks=2,
+            checks_ok=2,
+            last_check_ok=True,
+            last_check_step=10,
+            total_steps=1000,
         )
         answers = [live.Answer(f"walk-1-{i}-x", "text") for i in range(2)]
         self.snapshot = live.record(None, 1, 9400, answers, time.time(), reading)

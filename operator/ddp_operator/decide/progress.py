@@ -50,14 +50,22 @@ def stall_or_reading(
 ) -> str | None:
     """Why a ``running`` gang has stalled (:func:`stalled`), or never stepped since its pods all ran
     (:func:`never_stepped`); else None, once the attempt's reading is written (:func:`write_reading`). The
-    reading's rates are computed once, when the first of the two asks."""
+    reading's rates are computed once, when the first of the two asks; the spec's total steps only where the
+    reading does not say them (:func:`_total_steps`)."""
     speed = functools.cache(functools.partial(rates, snapshot)) if snapshot is not None else None
     if running and (why := stalled(snapshot, attempt, spec.stall_timeout_seconds, speed)):
         return why
     if running and (why := never_stepped(out, spec, snapshot, attempt, now)):
         return why
-    write_reading(out, snapshot, attempt, known_total_steps(spec), speed)
+    write_reading(out, snapshot, attempt, _total_steps(spec, snapshot), speed)
     return None
+
+
+def _total_steps(spec: Spec, snapshot: Snapshot | None) -> int:
+    """The run's total steps for the reading: as its code says it in its metrics (``ddp_total_steps``, which
+    the reading prefers, :func:`progress_parts`), else as the spec knows it, asked only then."""
+    said = snapshot.latest.total_steps if snapshot is not None and snapshot.latest is not None else None
+    return said or known_total_steps(spec)
 
 
 # -- a running attempt's readings ---------------------------------------------------------------------
