@@ -47,6 +47,16 @@ Each private name, who reads it, and what is checked of it:
 - ``OptimizedModule._orig_mod`` (core/wrappers.py, matched by class name): the class and the attribute,
   read from torch's source without importing ``torch._dynamo`` (a real compile:
   tests/integration/trainer/test_health.py).
+- ``rendezvous._create_c10d_store`` (core/reform.py ``bootstrap_store`` mirrors it, never calls it: a healed
+  survivor and a worker started fresh by ``env://`` must meet on one store): without the agent's store, rank
+  0 hosts a multi-tenant libuv TCPStore and the others connect; and ``init_process_group`` prefixes an
+  ``env://`` store ``"default_pg"`` (``reform.DEFAULT_PREFIX``); read from their source. The meeting itself:
+  tests/integration/trainer/test_heal_multiprocess.py.
+- ``DistributedDataParallel``'s ``device_ids``, ``forward_sync_buffers``, ``find_unused_parameters``,
+  ``gradient_as_bucket_view`` (sync/heal.py wraps a healed module again with the old wrapper's options;
+  a wrapper without forward buffer sync again with ``broadcast_buffers=False``, deprecated in 2.15 but the
+  one switch that also skips the sync at start): attributes of a wrapper, not underscored but not
+  documented either.
 """
 
 from __future__ import annotations
@@ -517,3 +527,26 @@ def test_the_trainers_private_torch_calls() -> None:
         and target.value.id == "self"
     }
     assert "_orig_mod" in assigned, "OptimizedModule no longer keeps the compiled module in _orig_mod"
+
+
+def test_the_env_store_a_heal_mirrors_and_the_ddp_options_it_copies() -> None:
+    """core/reform.py ``bootstrap_store`` and sync/heal.py ``_options``."""
+    from torch.distributed import distributed_c10d
+    from torch.nn.parallel import DistributedDataParallel
+
+    from ddp_trainer.core import reform
+
+    rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the package's name is a function
+    params = list(inspect.signature(rendezvous._create_c10d_store).parameters)
+    assert params[:5] == ["hostname", "port", "rank", "world_size", "timeout"], params
+    made = inspect.getsource(rendezvous._create_c10d_store).replace(" ", "")
+    said_by_torch = ("start_daemon=rank==0", "is_master=start_daemon", "multi_tenant=True", "use_libuv=")
+    for said in said_by_torch:
+        assert said in made, f"rendezvous._create_c10d_store no longer says {said}"
+    assert f'PrefixStore("{reform.DEFAULT_PREFIX}",store)' in inspect.getsource(
+        distributed_c10d.init_process_group
+    ).replace(" ", ""), "init_process_group's env:// prefix"
+    init = inspect.getsource(DistributedDataParallel.__init__)
+    for name in ("device_ids", "forward_sync_buffers", "find_unused_parameters", "gradient_as_bucket_view"):
+        assert f"self.{name} =" in init, f"DistributedDataParallel no longer keeps self.{name}"
+    assert "broadcast_buffers" in inspect.signature(DistributedDataParallel).parameters
