@@ -184,3 +184,94 @@ def test_heal_figures(run: dict[str, Any]) -> None:
             f"lost {h['lost']}, "
             f"heal {h['seconds']:.2f} s (kill to healed {h['t'] - run['killed']:.2f} s), bytes {h['bytes']}"
         )
+
+
+TRAINER = [
+    "-m",
+    "ddp_trainer",
+    "--device=cpu",
+    "--backend=gloo",
+    "--seed=7",
+    "--batch-size=16",
+    "--steps=60",
+    "--sync-every=10",
+    "--elastic-max-nodes=3",
+    "--model=slow_factories:slow_mlp",
+    "--timeout-seconds=60",
+]
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The built-in trainer (``python -m ddp_trainer``) as 3 workers of launchers that heal
+    (``DDPJOB_HEAL=1``): rank 1 is SIGKILLed mid-run, the test writes the notices."""
+    out = tmp_path_factory.mktemp("healtrainer")
+    port, victim, survivors = _port(), 1, [0, 2]
+    procs = []
+    for rank in range(3):
+        pod = out / f"pod{rank}"
+        pod.mkdir()
+        env = os.environ | {
+            "RANK": str(rank),
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "3",
+            "LOCAL_WORLD_SIZE": "1",
+            "GROUP_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "DDPJOB_LAUNCH_STATE": str(pod / "launch-state.json"),
+            "DDPJOB_METRICS_PORT": "0",
+            "DDPJOB_TERMINATION_LOG": str(pod / "report.json"),
+            "DDPJOB_HEAL": "1",
+            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        }
+        log = (out / f"rank{rank}.log").open("wb")
+        argv = [sys.executable, *TRAINER, f"--checkpoint-dir={out / 'checkpoints'}"]
+        procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env))
+    try:
+        _until("the first step", lambda: "first optimizer step" in (out / "rank0.log").read_text(), procs, -1)
+        time.sleep(2)
+        os.kill(procs[victim].pid, signal.SIGKILL)
+        killed = time.time()
+        procs[victim].wait(10)
+        wanted = lambda: all(_mark(out, r, procs[r].pid) == notice.HEAL_WANTED for r in survivors)  # noqa: E731
+        _until("heal-wanted marks", wanted, procs, victim)
+        new_port = _port()
+        for new_rank, r in enumerate(survivors):
+            note = notice.Notice(1, {0: new_rank}, 2, new_rank, 2, "127.0.0.1", new_port, "test", killed)
+            notice.write_notice(out / f"pod{r}" / notice.NOTICE_FILE, note)
+        codes = {r: procs[r].wait(WAIT * 2) for r in survivors}
+    except Exception as e:
+        raise AssertionError(f"{type(e).__name__}: {e}\n{_logs(out)}") from e
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert codes == dict.fromkeys(survivors, 0), _logs(out)
+    reports = {r: json.loads((out / f"pod{r}" / "report.json").read_text()) for r in survivors}
+    marks = {r: _mark(out, r, procs[r].pid) for r in survivors}
+    yield {
+        "logs": {r: (out / f"rank{r}.log").read_text() for r in range(3)},
+        "reports": reports,
+        "marks": marks,
+    }
+
+
+def test_the_built_in_trainer_heals_in_its_own_processes_and_trains_to_the_end(
+    trainer: dict[str, Any],
+) -> None:
+    for r in (0, 2):
+        note = notice.read_note(trainer["marks"][r])
+        assert note is not None and note.kind == notice.HEALED and note.round == 1, trainer["marks"][r]
+        assert note.report["lost"] <= 1, note
+        report = trainer["reports"][r]
+        assert report["reason"] == "AllChecksPassed", report
+        assert report["step"] == 60 and report["worldSize"] == 2, report
+    logs = trainer["logs"]
+    healed = [line for line in logs[0].splitlines() if "(healed in place: " in line]
+    assert len(healed) == 1 and "elastic: world size 2 verified at step" in healed[0], logs[0][-3000:]
+    step = int(healed[0].split("verified at step ")[1].split(",")[0])
+    assert f"first optimizer step of this run: step {step + 1} (resumed from {step})" in logs[0]
+    assert not any("restored" in logs[r] for r in (0, 2))
+    print(healed[0])

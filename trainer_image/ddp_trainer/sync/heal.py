@@ -32,7 +32,7 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -55,6 +55,16 @@ HEAL_WAIT_SECONDS = 60.0
 """How long a worker that marked itself heal-wanted waits for its launcher's notice before it gives up (and
 its error ends it, as before heals)."""
 POLL_SECONDS = 0.1
+
+
+HEAL_ENV = "DDPJOB_HEAL"
+"""Set to ``1`` by a launcher that heals (:mod:`ddp_trainer.launch.heal`) for its workers."""
+
+
+def armed_here(env: Mapping[str, str]) -> bool:
+    """Whether this worker heals: its launcher said so, and its default group is gloo's (an NCCL group's
+    heal needs its abort from a watch thread: a later stage)."""
+    return env.get(HEAL_ENV, "") == "1" and dist.is_initialized() and dist.get_backend() == "gloo"
 
 
 class HealFailed(RuntimeError):
