@@ -47,6 +47,11 @@ Each private name, who reads it, and what is checked of it:
 - ``OptimizedModule._orig_mod`` (core/wrappers.py, matched by class name): the class and the attribute,
   read from torch's source without importing ``torch._dynamo`` (a real compile:
   tests/integration/trainer/test_health.py).
+- A heal's rendezvous without a restart (launch/heal.py): ``SimpleElasticAgent._rendezvous`` replaces
+  ``worker_group.workers`` with new ``Worker`` objects (``id`` None; ``local_rank``, ``global_rank``,
+  ``world_size`` set by ``_assign_worker_ranks``) and sets ``group_rank``, ``group_world_size``,
+  ``master_addr``, ``master_port``; ``LocalElasticAgent._monitor_workers`` says UNKNOWN when the workers' ids
+  differ from its process context's pids (so the heal puts the ids back). Read from their source.
 - ``rendezvous._create_c10d_store`` (core/reform.py ``bootstrap_store`` mirrors it, never calls it: a healed
   survivor and a worker started fresh by ``env://`` must meet on one store): without the agent's store, rank
   0 hosts a multi-tenant libuv TCPStore and the others connect; and ``init_process_group`` prefixes an
@@ -550,3 +555,25 @@ def test_the_env_store_a_heal_mirrors_and_the_ddp_options_it_copies() -> None:
     for name in ("device_ids", "forward_sync_buffers", "find_unused_parameters", "gradient_as_bucket_view"):
         assert f"self.{name} =" in init, f"DistributedDataParallel no longer keeps self.{name}"
     assert "broadcast_buffers" in inspect.signature(DistributedDataParallel).parameters
+
+
+def test_the_rendezvous_a_heal_runs_without_a_restart_leaves_what_it_reads() -> None:
+    """launch/heal.py: the workers torch's rendezvous makes anew, and why their ids must be put back."""
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent, Worker
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    rendezvous = inspect.getsource(SimpleElasticAgent._rendezvous)
+    for said in (
+        "worker_group.workers = workers",
+        "worker_group.group_rank =",
+        "worker_group.master_addr =",
+        "worker_group.master_port =",
+        "self._assign_worker_ranks(",
+    ):
+        assert said in rendezvous, f"SimpleElasticAgent._rendezvous no longer says {said}"
+    worker = Worker(local_rank=1, global_rank=5, role_rank=5, world_size=6, role_world_size=6)
+    assert (worker.id, worker.local_rank, worker.global_rank, worker.world_size) == (None, 1, 5, 6), "Worker"
+    monitor = inspect.getsource(LocalElasticAgent._monitor_workers)
+    assert "{w.id for w in worker_group.workers}" in monitor and "WorkerState.UNKNOWN" in monitor, (
+        "LocalElasticAgent._monitor_workers no longer compares the workers' ids with its processes' pids"
+    )
