@@ -51,7 +51,10 @@ Each private name, who reads it, and what is checked of it:
   ``worker_group.workers`` with new ``Worker`` objects (``id`` None; ``local_rank``, ``global_rank``,
   ``world_size`` set by ``_assign_worker_ranks``) and sets ``group_rank``, ``group_world_size``,
   ``master_addr``, ``master_port``; ``LocalElasticAgent._monitor_workers`` says UNKNOWN when the workers' ids
-  differ from its process context's pids (so the heal puts the ids back). Read from their source.
+  differ from its process context's pids (so the heal puts the ids back); ``SimpleElasticAgent.
+  _restart_workers(self, worker_group)`` (wrapped where heals are armed: ``heal.restart_or_heal``) is what
+  ``_invoke_run`` calls, positionally, both for failed workers and, the group's state still healthy, for a
+  node waiting to join. Read from their source.
 - ``rendezvous._create_c10d_store`` (core/reform.py ``bootstrap_store`` mirrors it, never calls it: a healed
   survivor and a worker started fresh by ``env://`` must meet on one store): without the agent's store, rank
   0 hosts a multi-tenant libuv TCPStore and the others connect; and ``init_process_group`` prefixes an
@@ -573,6 +576,14 @@ def test_the_rendezvous_a_heal_runs_without_a_restart_leaves_what_it_reads() -> 
         assert said in rendezvous, f"SimpleElasticAgent._rendezvous no longer says {said}"
     worker = Worker(local_rank=1, global_rank=5, role_rank=5, world_size=6, role_world_size=6)
     assert (worker.id, worker.local_rank, worker.global_rank, worker.world_size) == (None, 1, 5, 6), "Worker"
+    assert list(inspect.signature(SimpleElasticAgent._restart_workers).parameters) == ["self", "worker_group"]
+    assert "_restart_workers" not in vars(LocalElasticAgent), "LocalElasticAgent overrides _restart_workers"
+    run = inspect.getsource(SimpleElasticAgent._invoke_run)
+    healthy = run.split("elif state == WorkerState.HEALTHY:", 1)[-1]
+    assert "num_nodes_waiting()" in healthy and "self._restart_workers(self._worker_group)" in healthy, (
+        "_invoke_run's healthy branch no longer restarts the workers for a waiting node"
+    )
+    assert "_remaining_restarts -= 1" not in healthy.split("else:", 1)[0], "a waiting node spends a restart"
     monitor = inspect.getsource(LocalElasticAgent._monitor_workers)
     assert "{w.id for w in worker_group.workers}" in monitor and "WorkerState.UNKNOWN" in monitor, (
         "LocalElasticAgent._monitor_workers no longer compares the workers' ids with its processes' pids"

@@ -28,7 +28,10 @@ notice says (:func:`bootstrap_store`, torch's own ``env://`` store, so a joiner 
 the survivors there), decides who sends the state (:func:`resume_plan`) and tells a peer's loss from other
 errors (:func:`is_peer_loss`). Measured for the heal (torch 2.15, gloo, 3 processes, one SIGKILLed mid-run,
 rank 0 or not): the survivors' DDP all-reduce raised a plain ``RuntimeError`` ("Connection reset by peer")
-within 0.1 s, and ``abort()`` plus ``destroy_process_group()`` then returned at once (nothing pending).
+within 0.1 s, and ``abort()`` plus ``destroy_process_group()`` then returned at once (nothing pending). But
+a survivor need not fail at all: one blocked on another survivor (not on the lost peer) waits until that one
+closes its connections, which leaving the group does not do once DDP was built on it
+(:func:`sever_connections` does).
 
 The rank plans (:func:`survivor_world`, :func:`joiner_world`, :func:`resume_plan`) and the classifier are
 pure; the rest calls torch. Long because the state copy's layout helpers live beside the copy.
@@ -38,10 +41,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import socket
 import time
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -100,6 +106,39 @@ def abandon_group() -> bool:
         group.abort()
     dist.destroy_process_group()
     return True
+
+
+def sever_connections() -> int:
+    """Shut down every established TCP connection of this process (``/proc``; none elsewhere); how many.
+    For a worker that left its group after a peer's loss (:func:`abandon_group`): once a DDP wrapper was
+    built on a gloo group, ``abort()`` and ``destroy_process_group()`` leave the group's connections open
+    (measured, torch 2.15: a peer blocked on this process then failed only at the group's timeout, with or
+    without the wrapper deleted; without DDP it failed within a second), so a survivor blocked on this one
+    would wait out that timeout before it could heal. Its other connections (the old world's store, a
+    scrape, a checkpoint bucket's pooled one) are dropped too: a client reconnects."""
+    established: set[str] = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        established |= {row.split()[9] for row in rows if row.split()[3] == "01"}  # TCP_ESTABLISHED
+    severed = 0
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return 0
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if not (target.startswith("socket:[") and target[8:-1] in established):
+                continue
+            with socket.socket(fileno=os.dup(int(fd))) as dup:  # closing the copy leaves the owner's fd
+                dup.shutdown(socket.SHUT_RDWR)
+            severed += 1
+        except OSError:  # gone meanwhile, or not a socket any more
+            continue
+    return severed
 
 
 def reform(

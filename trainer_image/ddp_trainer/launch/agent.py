@@ -329,6 +329,11 @@ def _install(book: Book, marks: workers.Marks, healing: Path | None = None) -> N
                 self._ddpjob_silence = RoundWatch(handler, not external and not host, presence=external)
             self._ddpjob_silence.begin()
 
+    if healing is not None:  # a node waiting while this one's workers lost a peer: heal (launch/heal.py)
+        restart = heal.restart_or_heal(
+            SimpleElasticAgent._restart_workers, monitor, marks, book, healing, round_of
+        )
+        SimpleElasticAgent._restart_workers = restart  # type: ignore[method-assign]
     LocalElasticAgent._monitor_workers = monitor_workers  # type: ignore[method-assign]
     SimpleElasticAgent._rendezvous = rendezvous_  # type: ignore[method-assign]
     waiting = DynamicRendezvousHandler.num_nodes_waiting

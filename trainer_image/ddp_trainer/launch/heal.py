@@ -18,8 +18,14 @@ bounded), the agent (:func:`heal`):
    checkpoint) and the agent takes the path it took before heals (a restart of this pod's workers; the
    other nodes follow through the rendezvous).
 
-Not here yet (the design's later stages): a node that joins (a grow still restarts), a member's loss seen
-by the round's watch before any worker failed, the fallback told to the other nodes through the store.
+torch's agent restarts its workers when a node waits to join while its own look healthy (``_invoke_run``'s
+healthy branch): after a loss, another node's agent that healed first waits in the rendezvous, maybe before
+this node's workers failed. So, armed, that restart waits up to :data:`GRACE_SECONDS` for a worker's
+heal-wanted mark and heals instead (:func:`restart_or_heal`); a node that joins (a grow) still restarts,
+that much later.
+
+Not here yet (the design's later stages): a grow by heal, a member's loss seen by the round's watch before
+any worker failed, the fallback told to the other nodes through the store.
 """
 
 from __future__ import annotations
@@ -44,6 +50,9 @@ HEAL_SECONDS = 90.0
 """How long the agent waits for its workers' healed marks after it wrote the notice: their new group's
 connect (the worker's timeout, 60 s) and more."""
 POLL_SECONDS = 0.1
+GRACE_SECONDS = 3.0
+"""How long torch's restart for a waiting node waits, when armed, for a worker's heal-wanted mark: a worker
+that lost a peer leaves its group at once, so the others fail within a second (measured for the design)."""
 LOST_PEER = "a worker lost a peer (its collective failed): healed in place"
 """The cause the launcher books for a heal's world change."""
 
@@ -154,3 +163,33 @@ def when_wanted(
     book.failed({}, stopped=True, why=LOST_PEER, silent=False)
     trigger = "a worker of this pod lost a peer"
     return heal(agent, group, monitor=monitor, marks=marks, path=path, round_of=round_of, trigger=trigger)
+
+
+def restart_or_heal(
+    restart: Callable[[Any, Any], Any],
+    monitor: Callable[[Any, Any], Any],
+    marks: Marks,
+    book: Book,
+    path: Path,
+    round_of: Callable[[Any], int],
+) -> Callable[[Any, Any], Any]:
+    """torch's ``_restart_workers``, which heals instead where the workers looked healthy (a node waits to
+    join) and one of them marks itself heal-wanted within :data:`GRACE_SECONDS`."""
+    from torch.distributed.elastic.agent.server.api import WorkerState
+
+    def restart_workers(agent: Any, group: Any) -> Any:
+        if group.state == WorkerState.HEALTHY:
+            deadline = time.monotonic() + GRACE_SECONDS
+            while time.monotonic() < deadline:
+                result = monitor(agent, group)
+                if result.state != WorkerState.HEALTHY:
+                    break
+                healed = when_wanted(agent, group, result, monitor, marks, book, path, round_of)
+                if healed is not result:  # a heal ran: done, or its workers stopped for the restart
+                    if healed.state == WorkerState.HEALTHY:
+                        return None
+                    break
+                time.sleep(POLL_SECONDS)
+        return restart(agent, group)
+
+    return restart_workers

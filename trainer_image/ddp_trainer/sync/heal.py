@@ -141,15 +141,16 @@ class Healer:
         """Whether ``error`` is one to heal from: a peer's loss, under a launcher that writes notices."""
         return self.path is not None and reform.is_peer_loss(error)
 
-    def await_notice(self) -> Notice | None:
-        """Mark heal-wanted and wait up to ``wait_seconds`` for a notice newer than this worker's world."""
+    def await_notice(self, stopped: Callable[[], bool] | None = None) -> Notice | None:
+        """Mark heal-wanted and wait up to ``wait_seconds`` for a notice newer than this worker's world; None
+        at the deadline, or once ``stopped()`` (its launcher stops it: SIGTERM)."""
         inplace.mark_worker(self.mark, notice.HEAL_WANTED)
         deadline = time.monotonic() + self.wait_seconds
         while True:
             found = notice.read_notice(self.path)
             if found is not None and found.round > self.round:
                 return found
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or (stopped is not None and stopped()):
                 return None
             time.sleep(POLL_SECONDS)
 
@@ -167,25 +168,32 @@ class Healer:
         dropped: bool,
         health: SyncHealth | None = None,
         fence: Callable[[int], int] | None = None,
+        stopped: Callable[[], bool] | None = None,
     ) -> Healed | None:
         """Heal from ``error`` (raised by a collective of ``subject``'s step: a train state with ``model``
         (DDP-wrapped), ``optimizer``, ``scaler``, ``step``, ``epoch``; ``dropped``: the step in flight was
-        dropped). None when it is not one to heal from or no notice came: the caller raises ``error``.
+        dropped). None when it is not one to heal from or no notice came (``stopped()``: the wait ends early)
+        the caller raises ``error`` (the old group is left then).
         Otherwise ``subject.model`` is the new DDP wrapper and ``subject`` holds the healed world's state;
         :class:`HealFailed` when the heal started and cannot finish."""
         if not self.wanted(error):
             return None
         caught = time.perf_counter()
         subject.optimizer.zero_grad(set_to_none=True)  # the step in flight is dropped
+        # leave the old group now, with nothing pending (fast), and close its connections: a survivor still
+        # blocked on this one fails at once and asks its launcher too, instead of waiting out the timeout
+        reform.abandon_group()
+        reform.sever_connections()
         log.warning(
-            "a peer is gone (%s): step %d in flight dropped; waiting up to %.0f s for the launcher's notice",
+            "a peer is gone (%s): step %d in flight dropped, the old group left; waiting up to %.0f s for "
+            "the launcher's notice",
             str(error).splitlines()[0][:160] if str(error) else type(error).__name__,
             subject.step + 1,
             self.wait_seconds,
         )
-        found = self.await_notice()
+        found = self.await_notice(stopped)
         if found is None:
-            log.error("no notice of a new world within %.0f s: this worker ends", self.wait_seconds)
+            log.error("no notice of a new world (waited up to %.0f s): this worker ends", self.wait_seconds)
             return None
         try:
             return self._into(found, subject, caught, dropped=dropped, health=health, fence=fence)

@@ -239,7 +239,15 @@ class Session:
         state = self.state
         assert state is not None and self.writer is not None
         fence = heal.checkpoint_fence(self.store, self.writer) if self.store is not None else None
-        done = healer.heal(err, state, dropped=not self.at_boundary, health=self.health, fence=fence)
+        stopped = self.stop
+        done = healer.heal(
+            err,
+            state,
+            dropped=not self.at_boundary,
+            health=self.health,
+            fence=fence,
+            stopped=lambda: stopped.requested,
+        )
         if done is None:
             return False
         self.launch, self.resumed_from, self.stepped, self.at_boundary = (
