@@ -85,7 +85,8 @@ def test_a_lost_pod_is_healed_in_place_by_the_others_without_restarting_them(tmp
     step = int(match[2])
     restored = [int(s) for s in re.findall(r"restored step-(\d+)\.", logs())]
     assert all(s > step for s in restored), (restored, step)  # only the grow's, after the heal
-    assert "healed in place into round" in said and "gang restart in place" not in said, said[-5000:]
+    final = logs()
+    assert "healed in place into round" in final and "gang restart in place" not in final, final[-5000:]
     summary = next(line for line in out.splitlines() if "elastic: ran at world sizes" in line)
     assert "3 → 2" in summary, summary
     print(match[0], summary, sep="\n")

@@ -174,7 +174,8 @@ def restart_or_heal(
     round_of: Callable[[Any], int],
 ) -> Callable[[Any, Any], Any]:
     """torch's ``_restart_workers``, which heals instead where the workers looked healthy (a node waits to
-    join) and one of them marks itself heal-wanted within :data:`GRACE_SECONDS`."""
+    join) and one of them marks itself heal-wanted within :data:`GRACE_SECONDS`, and leaves them be when they
+    end within it (workers that finished are not started again for the joiner)."""
     from torch.distributed.elastic.agent.server.api import WorkerState
 
     def restart_workers(agent: Any, group: Any) -> Any:
@@ -182,8 +183,8 @@ def restart_or_heal(
             deadline = time.monotonic() + GRACE_SECONDS
             while time.monotonic() < deadline:
                 result = monitor(agent, group)
-                if result.state != WorkerState.HEALTHY:
-                    break
+                if result.state != WorkerState.HEALTHY:  # they ended meanwhile (done, or failed): the agent's
+                    return None  # next look acts on it (its exit barrier, or its restart, counted), not this
                 healed = when_wanted(agent, group, result, monitor, marks, book, path, round_of)
                 if healed is not result:  # a heal ran: done, or its workers stopped for the restart
                     if healed.state == WorkerState.HEALTHY:
