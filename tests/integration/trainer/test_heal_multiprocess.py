@@ -299,7 +299,9 @@ def _workers(pod: Path) -> set[int]:
     return {int(p.name.removeprefix(WORKER_MARK_PREFIX)) for p in pod.glob(f"{WORKER_MARK_PREFIX}*")}
 
 
-@pytest.fixture(scope="module", params=[1, 0], ids=["pod1-lost", "pod0-lost"])
+@pytest.fixture(
+    scope="module", params=[(1, 1), (0, 1), (1, 2)], ids=["pod1-lost", "pod0-lost", "2-procs-pod1-lost"]
+)
 def launched(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Any]]:
@@ -307,9 +309,9 @@ def launched(
     elastic job (1-3 nodes) of the built-in trainer with ``DDPJOB_HEAL=1``, on a rendezvous store of its
     own, as ``ddpjob local`` runs them (no replacement pod: the world of 2 trains to the end). Once they
     train at 3, every process of pod 1 (or pod 0: rank 0's) is SIGKILLed, as a lost node; the others heal."""
-    victim: int = request.param
+    victim, procs_per_pod = request.param
     survivors = [r for r in range(3) if r != victim]
-    out = tmp_path_factory.mktemp(f"healagents{victim}")
+    out = tmp_path_factory.mktemp(f"healagents{victim}x{procs_per_pod}")
     port = _port()
     server = subprocess.Popen(
         [sys.executable, "-m", "ddp_trainer.launch.store", str(port)],
@@ -331,7 +333,7 @@ def launched(
                 "PET_RDZV_ID": "attempt-1",
                 "PET_NNODES": "1:3",
                 "NNODES": "3",
-                "PET_NPROC_PER_NODE": "1",
+                "PET_NPROC_PER_NODE": str(procs_per_pod),
                 "PET_NODE_RANK": str(rank),
                 "NODE_RANK": str(rank),
                 "PET_LOCAL_ADDR": f"127.0.0.{rank + 1}",
@@ -356,9 +358,8 @@ def launched(
 
         def training() -> bool:  # at 3 (under load the first world may be 2, grown when the late pod joins)
             said = "".join((out / f"rank{r}.log").read_text() for r in range(3))
-            return (
-                "world size 3 verified" in said and "first optimizer step" in said.split("world size 3")[-1]
-            )
+            full = f"world size {3 * procs_per_pod} verified"
+            return full in said and "first optimizer step" in said.split(full)[-1]
 
         _until("the first step", training, procs, -1)
         time.sleep(2)
@@ -378,7 +379,15 @@ def launched(
                         os.kill(pid, signal.SIGKILL)
                 p.wait()
     logs = {r: (out / f"rank{r}.log").read_text() for r in range(3)}
-    yield {"codes": codes, "before": before, "after": after, "logs": logs, "out": out, "survivors": survivors}
+    yield {
+        "codes": codes,
+        "before": before,
+        "after": after,
+        "logs": logs,
+        "out": out,
+        "survivors": survivors,
+        "procs": procs_per_pod,
+    }
 
 
 def test_the_launchers_heal_a_lost_pod_without_restarting_their_workers(launched: dict[str, Any]) -> None:
@@ -387,14 +396,16 @@ def test_the_launchers_heal_a_lost_pod_without_restarting_their_workers(launched
     assert launched["codes"] == dict.fromkeys(survivors, 0), logs[-8000:]
     assert launched["before"] == launched["after"] and all(launched["before"].values()), launched
     for r in survivors:
-        (pid,) = launched["after"][r]
-        note = notice.read_note(_mark(launched["out"], r, pid))
-        assert note is not None and note.kind == notice.HEALED and note.report["lost"] <= 1, note
+        assert len(launched["after"][r]) == launched["procs"], launched["after"]
+        for pid in launched["after"][r]:
+            note = notice.read_note(_mark(launched["out"], r, pid))
+            assert note is not None and note.kind == notice.HEALED and note.report["lost"] <= 1, note
         report = json.loads((launched["out"] / f"pod{r}" / "report.json").read_text())
-        assert report["worldSize"] == 2 and report["step"] == 80, report
+        assert report["worldSize"] == 2 * launched["procs"] and report["step"] == 80, report
     assert "healed in place into round" in logs and "gang restart in place" not in logs, logs[-8000:]
     healed = [line for line in logs.splitlines() if "(healed in place: " in line]
-    assert len(healed) == 1 and "elastic: world size 2 verified at step" in healed[0], logs[-8000:]
+    world = 2 * launched["procs"]
+    assert len(healed) == 1 and f"elastic: world size {world} verified at step" in healed[0], logs[-8000:]
     after = [log.split("lost a peer: healing", 1)[-1] for log in launched["logs"].values()]
     assert not any("restored" in text for text in after), after  # a grow at the start may restore
     print(healed[0])
