@@ -257,6 +257,7 @@ class Session:
             False,
         )
         self.writer = dataclasses.replace(self.writer, world=done.checkpoint_world)
+        self.metrics.describe(world_size=str(done.world_size))  # the rank label stays the first world's
         self.agreement = boundary.StopAgreement()
         heal.reseed(self.config.seed, done.rank)
         return True
