@@ -20,8 +20,10 @@ suspended and its Workload waiting for quota (issue 56's three bodies).
 
 from __future__ import annotations
 
+import inspect
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -40,12 +42,19 @@ ROOTS = {Path(ddp_operator.__file__).parent: "ddp_operator", Path(ddp_trainer.__
 def module_of(frame: FrameType | None) -> str | None:
     """The project module of the nearest project frame at or above ``frame``."""
     while frame is not None:
-        path = Path(frame.f_code.co_filename)
-        for root, package in ROOTS.items():
-            if path.is_relative_to(root):
-                parts = path.relative_to(root).with_suffix("").parts
-                return ".".join((package, *parts)).removesuffix(".__init__")
+        if (module := _own_module(frame)) is not None:
+            return module
         frame = frame.f_back
+    return None
+
+
+def _own_module(frame: FrameType) -> str | None:
+    """The project module whose code ``frame`` runs; None for any other code."""
+    path = Path(frame.f_code.co_filename)
+    for root, package in ROOTS.items():
+        if path.is_relative_to(root):
+            parts = path.relative_to(root).with_suffix("").parts
+            return ".".join((package, *parts)).removesuffix(".__init__")
     return None
 
 
@@ -138,24 +147,59 @@ def walk(kind: str = "rigid") -> list[str]:
     logger = __import__("logging").getLogger("walk")
     # warm the caches
     reconcile.reconcile(body, jobs, pods, logger, _Scraper(), None, workloads)  # type: ignore[arg-type]
-    scraper, stops = _Scraper(), list[str]()
+    scraper = _Scraper()
+
+    def counted() -> None:
+        reconcile.reconcile(body, jobs, pods, logger, scraper, None, workloads)  # type: ignore[arg-type]
+
+    return [module for module, _ in follow(counted)]
+
+
+GENERATOR = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
+def follow(run: Callable[[], object]) -> list[tuple[str, str]]:
+    """The stops of ``run()``, in order: (the project module, how it was reached). A stop is recorded,
+    with ``sys.setprofile``, each time the module of the nearest project frame changes, at a call or a
+    return. How: ``return`` (a return came back to it), ``call`` (a call entered it), ``again`` (a call
+    entered it while a frame of it is still open below, the reader sent back into a file they have not
+    finished), ``resume`` (a generator it wrote, started or resumed by the code that iterates it: a value
+    being read, read where it is written; and so the frames below a generator's are not its reader's).
+    ``hack/features.py`` follows its features with it."""
+    stops: list[tuple[str, str]] = []
 
     def profile(frame: FrameType, event: str, arg: object) -> None:
         if event == "call":
             here = module_of(frame)
+            how = "resume" if frame.f_code.co_flags & GENERATOR else "call"
+            if how == "call" and here is not None and here != module_of(frame.f_back):
+                how = "again" if here in _open_below(frame.f_back) else "call"
         elif event == "return":
-            here = module_of(frame.f_back)
+            here, how = module_of(frame.f_back), "return"
         else:
             return
-        if here is not None and (not stops or stops[-1] != here):
-            stops.append(here)
+        if here is not None and (not stops or stops[-1][0] != here):
+            stops.append((here, how))
 
     sys.setprofile(profile)
     try:
-        reconcile.reconcile(body, jobs, pods, logger, scraper, None, workloads)  # type: ignore[arg-type]
+        run()
     finally:
         sys.setprofile(None)
     return stops
+
+
+def _open_below(frame: FrameType | None) -> set[str]:
+    """The project modules with a frame open at or below ``frame`` (its callers), up to the first
+    generator's frame."""
+    found: set[str] = set()
+    while frame is not None:
+        if (module := _own_module(frame)) is not None:
+            found.add(module)
+        if frame.f_code.co_flags & GENERATOR:
+            break
+        frame = frame.f_back
+    return found
 
 
 def main() -> None:

@@ -95,5 +95,13 @@ def test_torchrun_rendezvous_by_pod_dns_name(cluster: Cluster, namespace: str) -
     cluster.kubectl("wait", "-n", namespace, "job/train", "--for=condition=Complete", "--timeout=300s")
     pods = cluster.kubectl_json("get", "pods", "-n", namespace, "-l", "job-name=train")["items"]
     assert len({p["spec"]["nodeName"] for p in pods}) == 2
-    logs = sorted(cluster.logs(namespace, p["metadata"]["name"]).strip() for p in pods)
-    assert logs == ["rank 0/2 sum 3.0", "rank 1/2 sum 3.0"]
+    # The workers' own lines, one per pod: torchrun's agents log beside them, and the agent on node 1 may
+    # log that node 0's store closed during the exit barrier (node 0's agent leaves once its own barrier
+    # passes; torch's known race, harmless: both pods Complete), so the log is not compared whole.
+    said = sorted(
+        line
+        for p in pods
+        for line in cluster.logs(namespace, p["metadata"]["name"]).splitlines()
+        if line.startswith("rank ")
+    )
+    assert said == ["rank 0/2 sum 3.0", "rank 1/2 sum 3.0"]

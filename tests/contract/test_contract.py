@@ -19,7 +19,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from ddp_operator.api import names
 from ddp_operator.api.spec import parse, parse_file
-from ddp_operator.children import render
+from ddp_operator.children import container, render
 from ddp_operator.decide import decision, restarts, sync_check
 from ddp_operator.local import host, processes
 from ddp_trainer import contract
@@ -53,8 +53,8 @@ def test_divergence_exit_code_is_the_policys_signal() -> None:
 
 def test_rendered_trainer_flags_are_the_trainers() -> None:
     (spec,) = parse_file(REPO / "examples" / "multinode-gpu.yaml")
-    config = parse_args(render.trainer_args(spec))
-    for field, value in render.trainer_values(spec).items():
+    config = parse_args(container.trainer_args(spec))
+    for field, value in container.trainer_values(spec).items():
         assert getattr(config, field) == value, field
     assert (config.device, config.backend, config.checkpoint_dir) == ("cuda", "nccl", "/checkpoints")
 
@@ -163,7 +163,7 @@ def test_restarts_in_place_round_trip_from_the_trainers_report_to_the_status() -
     through the termination message) are what the operator's status counts: one key on both sides,
     contract.REPORT_RESTARTS_IN_PLACE (the metric, contract.RESTARTS_IN_PLACE, is another name)."""
     from ddp_trainer.reporting import report as trainer_report
-    from ddp_trainer.sync.verify import Tally
+    from ddp_trainer.sync.checking import Tally
 
     cause = "rank 1 exited 1: RuntimeError: boom"
     facts = trainer_report.RunFacts(4, 2, 2, contract.FIRST_ATTEMPT, restarts_in_place=2, last_restart=cause)
@@ -203,11 +203,11 @@ def test_parse_report(text: str | None, expected: dict[str, Any] | None) -> None
 
 def test_crd_defaults_are_the_trainers_defaults() -> None:
     """A DDPJob that sets nothing trains exactly as `torchrun --module ddp_trainer` with no flags: the CRD's
-    defaults, mapped to trainer flags by render.trainer_values (the one mapping), equal TrainerConfig's."""
+    defaults, mapped to trainer flags by container.trainer_values (the one mapping), equal TrainerConfig's."""
     import dataclasses
 
     from ddp_operator.api.spec import parse
-    from ddp_operator.children import render
+    from ddp_operator.children import container
     from ddp_trainer.core.config import TrainerConfig
 
     doc = {
@@ -216,7 +216,7 @@ def test_crd_defaults_are_the_trainers_defaults() -> None:
         "metadata": {"name": "d"},
         "spec": {"nodes": 1},
     }
-    values = render.trainer_values(parse(doc))
+    values = container.trainer_values(parse(doc))
     defaults = {f.name: f.default for f in dataclasses.fields(TrainerConfig)}
     # where the pod differs on purpose: the device the spec asks for, and the checkpoint volume's path
     for own in ("device", "backend", "checkpoint_dir"):

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from ddp_operator.api import crd, spec
-from ddp_operator.children import render
+from ddp_operator.children import container
 from ddp_trainer import contract
 from ddp_trainer.checkpoint import provenance
 from ddp_trainer.core.config import TrainerConfig
@@ -74,7 +74,7 @@ def test_the_docs_list_exactly_the_declared_fields() -> None:
 
 def test_every_rendered_trainer_flag_is_recorded_or_declared_changeable() -> None:
     """A new spec field rendered as a trainer flag must say which: recorded (and then fixed) or free."""
-    values = render.trainer_values(spec.parse(yaml.safe_load(EXAMPLE.read_text())))
+    values = container.trainer_values(spec.parse(yaml.safe_load(EXAMPLE.read_text())))
     recorded = {contract.RECORDED_FROM_FLAG.get(flag, flag) for flag in values} - set(
         contract.CHANGEABLE_TRAINER_SETTINGS
     )

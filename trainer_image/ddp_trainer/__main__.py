@@ -41,8 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ddp_trainer.core.distributed import pick_device, process_group
     from ddp_trainer.reporting import metrics
     from ddp_trainer.reporting.report import failed, termination_message, write_termination_message
+    from ddp_trainer.sync.checking import DivergenceError
     from ddp_trainer.sync.probe import FaultyRankError
-    from ddp_trainer.sync.verify import DivergenceError
     from ddp_trainer.train import runner
 
     pod = read_pod_env(os.environ)

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
-from ddp_operator.api import crd
+from ddp_operator.api import crd, reasons
 from ddp_operator.api.crd_fields import crd_key
 
 
@@ -210,6 +210,15 @@ def read(mapping: Mapping[str, Any] | None) -> Status:
     """The typed status of ``mapping`` (a DDPJob's ``status``; None or a non-mapping: an empty one)."""
     typed: Status = _read(Status, mapping if isinstance(mapping, Mapping) else {}, schema())
     return typed
+
+
+def finished(status: Mapping[str, Any] | Status) -> bool:
+    """A terminal phase, with what this operator writes along with one: a completionTime and a True
+    Complete or Failed condition. A phase without them (a hand-edited status) is not believed: the next
+    decision repairs it from the children. ``status``: as stored (read typed here), or typed."""
+    typed = status if isinstance(status, Status) else read(status)
+    said = [c for c in typed.conditions or () if c.type in ("Complete", "Failed") and c.status == "True"]
+    return typed.phase in reasons.TERMINAL and bool(typed.completion_time) and bool(said)
 
 
 def read_as(cls: type, mapping: Any) -> Any:

@@ -26,6 +26,7 @@ from typing import Any
 from ddp_operator.api.names import ATTEMPT_LABEL, JOB_NAME_LABEL, STORE_LABEL, STORE_SUFFIX
 from ddp_operator.api.spec import Spec
 from ddp_operator.children import render
+from ddp_operator.children.container import secure_container
 
 Obj = dict[str, Any]
 
@@ -62,7 +63,7 @@ def render_store(spec: Spec, attempt: int) -> Obj:
         "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
         "ports": [{"name": "rendezvous", "containerPort": spec.master_port, "protocol": "TCP"}],
         "resources": {"requests": dict(STORE_REQUESTS)},
-        "securityContext": {**render.secure_container(), **template.container_security_context},
+        "securityContext": {**secure_container(), **template.container_security_context},
     }
     pod: Obj = {
         "hostname": render.store_hostname(spec, attempt),

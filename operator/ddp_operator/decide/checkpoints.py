@@ -42,7 +42,7 @@ def durable(spec: Spec) -> tuple[str, bool | None, str, str]:
     if s3 is not None:
         message = f"checkpoints go to object storage ({s3.url}): restarts resume"
         return reasons.CHECKPOINTS_DURABLE, True, "ObjectStorage", message
-    if checkpoints_durable(spec):
+    if spec.checkpoint is not None and checkpoints_durable(spec):  # none given: a pod-local emptyDir
         return reasons.CHECKPOINTS_DURABLE, True, "Volume", "checkpoints outlive the pods: restarts resume"
     if spec.max_restarts > 0:
         message = (

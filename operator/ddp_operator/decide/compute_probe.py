@@ -6,9 +6,10 @@ rank 0's report names the faulty ranks it found and its last verdict. Here:
 
 - :func:`from_report`: ``status.probe`` after a report (:func:`finding`: the faulty ranks, the attempt, the
   message; the last verdict and why);
-- :func:`faulty_rank_found`: an attempt ended on a faulty rank under ``onFaultyRank: Fail``: its nodes go
-  into ``status.probe.faultyNodes`` (:func:`avoid_nodes`), and the (node, device, why) the operator marks
-  with ``--node-health`` (:mod:`ddp_operator.observe.nodehealth`);
+- :func:`faulty_rank_found`: an attempt ended on a faulty rank under ``onFaultyRank: Fail``: the
+  (node, device) of each faulty rank the report names (:func:`faulty_devices`); the nodes go into
+  ``status.probe.faultyNodes`` (:func:`avoid_nodes`), and the operator marks each with ``--node-health``
+  (:mod:`ddp_operator.observe.nodehealth` says how);
 - :func:`nodes_to_avoid`: the nodes the next attempt's pods stay off: those of ``status.probe.faultyNodes``
   (:func:`avoided_nodes`), then those whose GPUs are marked unhealthy.
 
@@ -23,9 +24,8 @@ from typing import Any
 
 from ddp_operator.api import typed_status
 from ddp_operator.api.typed_status import Status
-from ddp_operator.decide import restarts
 from ddp_operator.decide.status_builder import Section, StatusBuilder
-from ddp_operator.observe import nodehealth
+from ddp_operator.observe.outcome import Outcome
 from ddp_trainer import contract
 
 
@@ -69,9 +69,24 @@ def nodes_to_avoid(last: Status, unhealthy: Iterable[str] | None) -> list[str]:
     return list(dict.fromkeys([*avoided_nodes(last), *sorted(unhealthy or {})]))
 
 
-def faulty_rank_found(out: StatusBuilder, outcome: restarts.Outcome) -> tuple[tuple[str, str, str], ...]:
-    """An attempt that ended on a faulty rank: its nodes avoided from now on (``status.probe.faultyNodes``),
-    and (node, device, why) of each, for the operator to mark (``Plan.mark_faulty``)."""
-    avoid_nodes(out, restarts.faulty_nodes(outcome))
+def faulty_devices(report: Mapping[str, Any] | None) -> tuple[tuple[str, str], ...]:
+    """(node, device) of each faulty rank a report names, each node once (its first device; empty names,
+    from outside a pod, left out)."""
+    report = report or {}
+    nodes, devices = report.get("faultyNodes") or [], report.get("faultyDevices") or []
+    found: dict[str, str] = {}
+    for i, node in enumerate(nodes):
+        if isinstance(node, str) and node and node not in found:
+            device = devices[i] if i < len(devices) and isinstance(devices[i], str) else "unknown"
+            found[node] = device
+    return tuple(found.items())
+
+
+def faulty_rank_found(out: StatusBuilder, outcome: Outcome) -> tuple[tuple[str, str, str], ...]:
+    """An attempt that ended on a faulty rank: its nodes (:func:`faulty_devices`) avoided from now on
+    (``status.probe.faultyNodes``), and (node, device, why) of each, for the operator to mark
+    (``Plan.mark_faulty``)."""
+    found = faulty_devices(outcome.report)
+    avoid_nodes(out, tuple(node for node, _ in found))
     why = (outcome.report or {}).get("message") or "the compute probe named a faulty rank"
-    return tuple((node, device, why) for node, device in nodehealth.faulty_devices(outcome.report))
+    return tuple((node, device, why) for node, device in found)

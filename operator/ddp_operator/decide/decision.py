@@ -50,7 +50,6 @@ from ddp_operator.decide.status_builder import Said, StatusBuilder, count, finis
 from ddp_operator.observe import claims, live, references, store_health
 from ddp_operator.observe.facts import STOP_MARGIN_SECONDS, Facts, JobFacts, observe
 from ddp_operator.observe.observation import Observation
-from ddp_operator.observe.workloads import Workload
 from ddp_trainer import contract
 
 STALLED = reasons.STALLED
@@ -70,14 +69,14 @@ class Inputs:
     """The headless Service, rendered when the attempt has no Job yet (created with it)."""
     claim: dict[str, Any] | None
     """The checkpoint PersistentVolumeClaim, rendered, when spec.checkpoint.volumeClaimTemplate asks."""
-    job: dict[str, Any]
-    """The Job of ``facts.attempt``, rendered."""
+    job: dict[str, Any] | None
+    """The Job of ``facts.attempt``, rendered where it is needed (no Job yet, the starting room, a claim)."""
     snapshot: live.Snapshot | None = None
     """The latest reading of the pods' metrics (:mod:`ddp_operator.runtime.scraper`), if any."""
     storage: claims.Diagnosis | None = None
     """Why the checkpoint claim keeps the pods from starting, when the claim was read and something does."""
-    workload: Workload | None = None
-    """Kueue's Workload of the attempt's Job (``spec.queueName``), once Kueue made one."""
+    workloads: Mapping[str, Mapping[str, Any]] | None = None
+    """Kueue's Workloads of the DDPJob's Jobs, by Job name (read by Kueue's room: :func:`kueue.said`)."""
     store: store_health.StoreReading | None = None
     """An elastic job's rendezvous store, as its pods say (None: the job has none, or no attempt yet)."""
 
@@ -85,45 +84,46 @@ class Inputs:
 def decide(observation: Observation) -> Plan:
     """The plan for one DDPJob, one pure function of what the reconcile observed (:class:`Observation`):
     the spec as parsed (an unreadable one fails the DDPJob: :func:`invalid_spec`), the Jobs and pods read
-    into :class:`Facts`, the current attempt's objects rendered, the readings (the checkpoint claim, Kueue's
-    Workload, an elastic job's rendezvous store) interpreted, then exactly one branch (:func:`_decide`),
-    with an elastic job's rendezvous stores (:mod:`~ddp_operator.decide.rendezvous_store`)."""
+    into :class:`Facts`, the attempt's objects rendered where needed, the readings (the claim, an elastic
+    job's rendezvous store; Kueue's Workload, in its room) interpreted, then exactly one branch
+    (:func:`_decide`), with an elastic job's rendezvous stores (:mod:`~.rendezvous_store`)."""
     body, now = observation.body, observation.now
     out = StatusBuilder.for_body(body, now)
     previous = out.previous
     generation = int(body.get("metadata", {}).get("generation") or 0)
     if isinstance(observation.spec, SpecError):
         return invalid_spec(observation.spec, previous, generation, now)
-    counted, last = out.counted, out.last  # the previous status, typed, and its counts
+    last = out.last  # the previous status, typed
     spec, mount_events = observation.spec, observation.mount_events
     refs, elastic = references.references(spec), spec.elastic is not None
     facts = observe(
         previous, observation.jobs, observation.pods, spec.metrics_port, refs, mount_events, elastic
     )
-    shown, left = restarts.budget(spec.max_restarts, facts.attempt, *counted)
-    avoid = []  # the compute probe's room applies once it found a faulty node, or nodes are unhealthy
-    if last.probe is not None or observation.unhealthy:
-        avoid = compute_probe.nodes_to_avoid(last, observation.unhealthy)
-    # the attempt's objects in one call: the Service only for an attempt without its Job
-    service, job, rendered = render.render_attempt(
-        spec, facts.attempt, left, avoid, service=facts.job is None
-    )
+    budget = restarts.budget(out, spec.max_restarts, facts, observation.snapshot)
     # the starting room applies where there is a failure to find: Pod Security's events, a missing reference
-    if facts.startup is None and (mount_events or observation.missing):
+    to_find = facts.startup is None and bool(mount_events or observation.missing)
+    service, job, rendered = None, None, None
+    # the attempt's objects, where needed: to create them (no Job yet), for the starting room, a claim read
+    if facts.job is None or to_find or observation.claim is not None:
+        avoid = []  # the compute probe's room applies once it found a faulty node, or nodes are unhealthy
+        if last.probe is not None or observation.unhealthy:
+            avoid = compute_probe.nodes_to_avoid(last, observation.unhealthy)
+        service, job, rendered = render.render_attempt(
+            spec, facts.attempt, budget.left, avoid, service=facts.job is None
+        )
+    if to_find and job is not None:
         facts = starting.refused_or_absent(facts, spec, job, mount_events, observation.missing, refs)
     why = None  # a claim read: what keeps the pods from it
     if observation.claim is not None:
         why = claims.diagnose(observation.claim, owned=rendered is not None, nodes=spec.nodes)
-    # Kueue's room applies to a job that names a queue
-    workload = kueue.workload(spec, facts.job, observation.workloads) if spec.queue_name else None
     # an elastic job's own rendezvous store: its room applies
     stored = elastic and render.external_store(spec)
-    store = rendezvous_store.reading(facts.job, facts.attempt, observation.store_pods) if stored else None
-    snapshot = observation.snapshot
+    store = rendezvous_store.reading(facts, observation.store_pods, last) if stored else None
+    snapshot, workloads = observation.snapshot, observation.workloads
     inputs = Inputs(
-        spec, generation, previous, facts, now, service, rendered, job, snapshot, why, workload, store
+        spec, generation, previous, facts, now, service, rendered, job, snapshot, why, workloads, store
     )
-    plan = _decide(inputs, out, shown)
+    plan = _decide(inputs, out, budget)
     return rendezvous_store.with_stores(plan, out, facts.job, store) if stored else plan
 
 
@@ -142,12 +142,13 @@ def refused(previous: Mapping[str, Any], generation: int, now: dt.datetime, mess
     return _finish(out, False, reasons.INVALID_SPEC, message[:1024])
 
 
-def _decide(inputs: Inputs, out: StatusBuilder, shown: int) -> Plan:
-    """The status to write (``out``: its builder; ``shown``: its ``restarts``) and the next step: exactly one
-    branch applies, checked in this order."""
+def _decide(inputs: Inputs, out: StatusBuilder, budget: restarts.Budget) -> Plan:
+    """The status to write (``out``: its builder; ``budget``: its ``restarts``, and the restarts in place
+    it does not count yet) and the next step: exactly one branch applies, checked in this order."""
     facts, job = inputs.facts, inputs.facts.job
-    status.begin(out, inputs.generation, facts.attempt, shown, facts.report, inputs.spec)
-    restarts.count_in_place(out, facts.attempt, facts.report, inputs.snapshot, inputs.spec.max_restarts)
+    status.begin(
+        out, inputs.generation, facts.attempt, budget.shown, facts.report, inputs.spec, budget.in_place
+    )
     if out.last.phase in reasons.TERMINAL and finished(out.last):  # a terminal phase, and believed
         return _finished(inputs, out)
     if (deadline := _deadline_passed(inputs, out)) is not None:
@@ -253,11 +254,12 @@ SUSPENDED_READY = "spec.suspend is true"
 
 
 def _create(inputs: Inputs, out: StatusBuilder) -> Plan:
-    spec, attempt = inputs.spec, inputs.facts.attempt
+    spec, attempt, job = inputs.spec, inputs.facts.attempt, inputs.job
+    assert job is not None  # rendered: the attempt has no Job
     out.phase(
         reasons.SUSPENDED if spec.suspend else reasons.PENDING,
         reasons.SUSPENDED if spec.suspend else "Created",
-        f"created Job {inputs.job['metadata']['name']} (attempt {attempt})",
+        f"created Job {job['metadata']['name']} (attempt {attempt})",
     )
     # Suspended from the start: the status says at once what the next reconcile (the Job there, suspended)
     # would, so that one writes nothing: one event and one status write for a suspended DDPJob's creation.
@@ -270,7 +272,7 @@ def _create(inputs: Inputs, out: StatusBuilder) -> Plan:
     sync_check.condition(out)
     store = rendezvous_store.to_create(spec, attempt) if render.external_store(spec) else None
     return out.plan(
-        create_claim=inputs.claim, create_service=inputs.service, create_job=inputs.job, create_store=store
+        create_claim=inputs.claim, create_service=inputs.service, create_job=job, create_store=store
     )
 
 
@@ -325,23 +327,23 @@ def _running(inputs: Inputs, out: StatusBuilder, job: JobFacts) -> Plan:
     elif not spec.suspend and job.suspended and spec.queue_name is None:
         toggle = (job.name, False)
     ready, attempt = facts.ready_nodes, facts.attempt
-    # Kueue's room applies to a job that names a queue; any other has no status.kueue
-    queued = kueue.workload_status(inputs.workload) if spec.queue_name else Said(drop=("kueue",))
-    said = [Said(dict(ready_nodes=ready)), queued]
+    # Kueue's room applies to a job that names a queue, entered once; any other has no status.kueue
+    queue = kueue.said(spec, job, inputs.workloads) if spec.queue_name else None
+    said = [Said(dict(ready_nodes=ready)), queue.status if queue is not None else Said(drop=("kueue",))]
     if spec.suspend:
         message = "suspended: the pods are stopped and the checkpoint is kept"
         said.append(_said(reasons.SUSPENDED, reasons.SUSPENDED, message, False, SUSPENDED_READY))
     elif job.suspended and spec.queue_name is None:
         message = f"Job {job.name} is still suspended"
         said.append(_said(reasons.PENDING, "Resuming", f"resuming Job {job.name}", False, message))
-    elif job.suspended:
-        said.append(kueue.queued(spec.queue_name or "", job.name, inputs.workload))
+    elif queue is not None and queue.waiting is not None:  # the Job suspended for Kueue
+        said.append(queue.waiting)
     elif ready == spec.nodes:
         message = f"all {spec.nodes} pods of attempt {attempt} are running"
         ready_message = f"{ready}/{spec.nodes} pods ready"
         said.append(_said(reasons.RUNNING, reasons.ALL_NODES_READY, message, True, ready_message))
     elif spec.elastic is not None and ready >= spec.elastic.min_nodes:
-        gated = kueue.slice_waiting(spec.queue_name, inputs.workload) if spec.queue_name else ""
+        gated = queue.gate if queue is not None else ""
         message = (
             f"training at {ready} of {spec.nodes} desired nodes (elastic: "
             f"{spec.elastic.min_nodes}-{spec.elastic.max_nodes}); the others join at a step boundary{gated}"

@@ -125,18 +125,22 @@ def elastic_end(
     of the attempt not stopped never started, or have run on :data:`FINISH_WAIT_SECONDS` since rank 0
     finished (``now``). Pods still running before that (the last world's peers finishing, a late joiner
     about to find the rendezvous closed) are waited for: they end by themselves within seconds."""
-    if job.failed:
+    if not may_have_ended(job):
         return None
     if job.complete:
         return End(verdict(report, total_steps, expected, warn))
-    if job.finished_index is None or not job.stopping_pods:
-        return None
     running = job.stopping_pods - job.never_started
     if running and not waited_out(job.finished_at, now):
         return None
     found = verdict(report, total_steps, warn=warn)  # ahead of the Job: only on rank 0's own word
     keep = 1 if job.finished_index == 0 else 0  # pod 0 left the world: no index of the Job is kept
     return End(found, (job.name, keep), job.stopping_pods, running) if found.done else None
+
+
+def may_have_ended(job: JobFacts) -> bool:
+    """Whether an elastic attempt's Job may have ended, for its report to judge: complete, or the pod at
+    index 0 finished while others stop (a failed Job is the policy's)."""
+    return not job.failed and (job.complete or (job.finished_index is not None and bool(job.stopping_pods)))
 
 
 def waited_out(finished_at: dt.datetime | None, now: dt.datetime | None) -> bool:
@@ -182,8 +186,8 @@ def attempt_end(
     """An elastic attempt's end (:func:`elastic_end`): its Job complete, or rank 0 finished verified while
     pods that never started, or that left the world (silent), keep the Job from completing; None for a
     rigid job, or before the Job."""
-    if spec.elastic is None or job is None:
-        return None
+    if spec.elastic is None or job is None or not may_have_ended(job):
+        return None  # the spec's total steps are read only where a report may judge the end
     expected = writes_report(spec)
     warn = spec.sync_check.on_divergence == "Warn"
     return elastic_end(job, report, known_total_steps(spec), expected, warn, now)

@@ -7,6 +7,7 @@ Workload, pods not all ready in time under ``waitForPodsReady``, a stopped queue
 DDPJob: no attempt ends, no restart is counted, and when Kueue admits the Workload again the same Job's
 pods start from the latest checkpoint. Here:
 
+- :func:`said`: the room's one entrance, for a running attempt's Job: the below at once (:class:`Queued`);
 - :func:`workload`: the current Job's Workload, when the spec names a queue and Kueue made one;
 - :func:`workload_status`: ``status.kueue`` (:func:`summary`: the Workload, where it is admitted, how often
   Kueue evicted it), or none for a new attempt's Job (the earlier Job's Workload is gone with it);
@@ -19,11 +20,12 @@ pods start from the latest checkpoint. Here:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from ddp_operator.api import reasons, typed_status
 from ddp_operator.api.spec import Spec
-from ddp_operator.decide.status_builder import Said, Section
+from ddp_operator.decide.status_builder import Parts, Said
 from ddp_operator.observe import workloads
 from ddp_operator.observe.facts import JobFacts
 from ddp_operator.observe.workloads import Workload
@@ -42,6 +44,28 @@ _EVICTIONS: Final = {
     "PodsReadyTimeout": (REQUEUED, "requeued by Kueue"),
 }
 """Kueue's eviction reasons this operator names, and how its message begins; any other is ``EVICTED``."""
+
+
+@dataclass(frozen=True)
+class Queued:
+    """What Kueue's room says of a running attempt's Job (:func:`said`)."""
+
+    status: Said
+    """``status.kueue`` (:func:`workload_status`)."""
+    waiting: Said | None
+    """The phase and ``Ready`` while Kueue keeps the Job suspended (:func:`queued`); None otherwise."""
+    gate: str
+    """Why an elastic job's new pods wait for their Workload slice (:func:`slice_waiting`); '' otherwise."""
+
+
+def said(spec: Spec, job: JobFacts, observed: Mapping[str, Mapping[str, Any]] | None) -> Queued:
+    """The room entered once for a running attempt's Job ``job``, when the spec names a queue: its Workload
+    read from ``observed`` (:func:`workload`), and what the status says of it (:class:`Queued`)."""
+    found, queue = workload(spec, job, observed), spec.queue_name or ""
+    waiting = queued(queue, job.name, found) if job.suspended else None
+    return Queued(
+        workload_status(found), waiting, slice_waiting(queue, found) if spec.elastic is not None else ""
+    )
 
 
 def workload(
@@ -103,8 +127,9 @@ def slice_waiting(queue: str, workload: Workload | None) -> str:
     )
 
 
-def summary(found: Workload | None) -> dict[str, Any] | None:
-    """``status.kueue``: the Workload, where it is admitted, how often Kueue evicted it."""
+def summary(found: Workload | None) -> Parts | None:
+    """``status.kueue``: the Workload, where it is admitted, how often Kueue evicted it, said as its parts
+    for the builder to write."""
     if found is None:
         return None
     parts: list[dict[str, Any]] = [
@@ -112,4 +137,4 @@ def summary(found: Workload | None) -> dict[str, Any] | None:
     ]
     if found.cluster_queue:
         parts.append(dict(cluster_queue=found.cluster_queue))
-    return Section.of(typed_status.Kueue, *parts)
+    return Parts(typed_status.Kueue, tuple(parts))

@@ -17,6 +17,8 @@ the gang stopped stepping. Pure.
   that stopped answering their metrics (a frozen local rank 0 serves no metrics) and the ranks whose step
   count lags the others'. A gang that never stepped within ``spec.startTimeoutSeconds`` of running has
   stalled too (:func:`never_started`).
+
+Long because the reading and the stall go on from the same snapshot and its rates, read best side by side.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from ddp_operator.api import reasons, typed_status
 from ddp_operator.api.spec import Spec, known_total_steps
 from ddp_operator.api.typed_status import Status
 from ddp_operator.decide import sync_check
-from ddp_operator.decide.status_builder import Said, Section, StatusBuilder, parse_time
+from ddp_operator.decide.status_builder import Parts, Said, Section, StatusBuilder, parse_time
 from ddp_operator.observe.live import Snapshot, rates
 from ddp_operator.observe.metrics import duration, slowest
 
@@ -66,48 +68,57 @@ def write_reading(
 ) -> None:
     """Write a fresh reading into the status, at most every :data:`STATUS_SECONDS`; keep the last one
     otherwise. Posts the events of what changed since (:func:`reading`)."""
-    kept, sync = out.stored("progress"), out.stored("sync", written=True)
-    out.say(reading(kept, sync, out.last.progress, snapshot, attempt, total_steps, speed))
+    out.say(reading(out, snapshot, attempt, total_steps, speed))
 
 
 def reading(
-    kept: Any,
-    sync: Any,
-    progress: typed_status.Progress | None,
-    snapshot: Snapshot | None,
-    attempt: int,
-    total_steps: int,
-    speed: Rates | None = None,
+    out: StatusBuilder, snapshot: Snapshot | None, attempt: int, total_steps: int, speed: Rates | None = None
 ) -> Said:
-    """What the status says of a running attempt's reading: ``kept``, the previous ``status.progress`` as
-    stored, until a fresh reading (none written within :data:`STATUS_SECONDS` of ``progress``, the previous
-    one typed) replaces it, with the ``MetricsScraped`` condition and the live ``status.sync`` (``sync``: as
-    written so far) and its events."""
-    kept_fields = dict(progress=dict(kept)) if isinstance(kept, dict) else {}
+    """What the status (``out``: its builder) says of a running attempt's reading: the previous
+    ``status.progress``, as stored, until a fresh reading (none written within :data:`STATUS_SECONDS` of the
+    previous one) replaces it, with the ``MetricsScraped`` condition and the live ``status.sync`` (going on
+    from the one written so far) and its events. Each case reads from the builder what it needs."""
+    progress = out.last.progress
     if snapshot is None or snapshot.attempt != attempt:
-        return Said(kept_fields, keep_conditions=(METRICS_SCRAPED,))
+        return _kept(out)
     written = parse_time(progress.computed_at) if progress is not None else None
     if written is not None and snapshot.at - written.timestamp() < STATUS_SECONDS:
-        return Said(kept_fields, keep_conditions=(METRICS_SCRAPED,))
-    fresh = dict(progress=progress_status(snapshot, total_steps, speed))
+        return _kept(out)
+    fresh = dict(progress=Parts(typed_status.Progress, progress_parts(snapshot, total_steps, speed)))
+    sync = out.stored("sync", written=True)
     live = sync_check.live(sync or {}, snapshot.latest, attempt) if snapshot.latest is not None else Said()
     return Said(
-        {**kept_fields, **fresh, **live.fields},
+        {**fresh, **live.fields},
         keep_conditions=(METRICS_SCRAPED,),
         conditions=(_scraped(snapshot),),
         events=live.events,
     )
 
 
+def _kept(out: StatusBuilder) -> Said:
+    """The previous ``status.progress`` kept as stored (a mapping), with the ``MetricsScraped`` condition."""
+    kept = out.stored("progress")
+    return Said(
+        dict(progress=dict(kept)) if isinstance(kept, dict) else {}, keep_conditions=(METRICS_SCRAPED,)
+    )
+
+
 def progress_status(snapshot: Snapshot, total_steps: int, speed: Rates | None = None) -> dict[str, Any]:
-    """``status.progress`` from a snapshot (only the fields the metrics tell)."""
+    """``status.progress`` from a snapshot (only the fields the metrics tell), as the builder writes it."""
+    return Section.of(typed_status.Progress, *progress_parts(snapshot, total_steps, speed))
+
+
+def progress_parts(
+    snapshot: Snapshot, total_steps: int, speed: Rates | None = None
+) -> tuple[dict[str, Any], ...]:
+    """:func:`progress_status`'s parts, in order, as the room says them (:class:`Parts`)."""
     parts: list[dict[str, Any]] = [dict(computed_at=dt.datetime.fromtimestamp(snapshot.at, dt.UTC))]
     if snapshot.refused or snapshot.unreachable:
         pods = [*snapshot.refused, *(u.split(":")[0] for u in snapshot.unreachable)]
         parts.append(dict(unreachable=sorted(pods)[:64]))
     now = snapshot.latest
     if now is None:
-        return Section.of(typed_status.Progress, *parts)
+        return tuple(parts)
     total_steps = now.total_steps or total_steps  # the code's own total where it says (a Trainer's max_steps)
     if total_steps:
         percent = min(100, int(100 * now.step / total_steps))
@@ -136,7 +147,7 @@ def progress_status(snapshot: Snapshot, total_steps: int, speed: Rates | None = 
         parts.append(dict(slowest_rank=found[0], slowest_step_seconds=round(found[1], 6)))
     if now.skew is not None:
         parts.append(dict(step_time_skew=round(now.skew, 4)))
-    return Section.of(typed_status.Progress, *parts)
+    return tuple(parts)
 
 
 def _scraped(snapshot: Snapshot) -> tuple[str, bool | None, str, str]:

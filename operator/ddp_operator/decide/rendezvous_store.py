@@ -27,14 +27,19 @@ from ddp_operator.children.store import render_store, store_of
 from ddp_operator.decide.plan import Event, Obj, Plan
 from ddp_operator.decide.status_builder import Said, StatusBuilder, finished
 from ddp_operator.observe import store_health
-from ddp_operator.observe.facts import JobFacts
+from ddp_operator.observe.facts import Facts, JobFacts
 
 
 def reading(
-    job: JobFacts | None, attempt: int, store_pods: Sequence[Mapping[str, Any]]
+    facts: Facts, store_pods: Sequence[Mapping[str, Any]], last: Status
 ) -> store_health.StoreReading | None:
-    """Whether the store of ``attempt`` serves, as its pods say; None before the attempt's Job."""
-    return store_health.read(store_pods, attempt, store_of(job.name)) if job is not None else None
+    """Whether the store of the attempt (``facts.attempt``) serves, as its pods say and as the condition says
+    it after the one the previous status (``last``) said; None before the attempt's Job."""
+    if facts.job is None:
+        return None
+    before = last.condition(reasons.RENDEZVOUS_STORE_READY)
+    store = store_of(facts.job.name)
+    return store_health.read(store_pods, facts.attempt, store, before.reason if before else None)
 
 
 def to_create(spec: Spec, attempt: int) -> Obj:
@@ -53,7 +58,7 @@ def with_stores(
     one's when the DDPJob finishes now."""
     done = finished(plan.status)
     if store is not None and not done:
-        plan = out.add_to(plan, said(out.last, store))
+        plan = out.add_to(plan, said(store))
     ending = [*plan.delete_jobs, *plan.abandon_jobs]
     if job is not None and done and not finished(out.last):  # finishing now
         ending.append(job.name)
@@ -61,17 +66,15 @@ def with_stores(
     return dataclasses.replace(plan, delete_jobs=(*plan.delete_jobs, *stores)) if stores else plan
 
 
-def said(last: Status, reading: store_health.StoreReading) -> Said:
-    """The store's condition on a job that has not finished (``last``: its previous status), a Warning
-    event when it stops serving for a fault of its pod (lost, unschedulable, a container that cannot start;
-    once per cause), and a Normal one when it serves again after one."""
-    kind = reasons.RENDEZVOUS_STORE_READY
-    before_said = last.condition(kind)
-    before = before_said.reason if before_said is not None else None
-    reading = store_health.since(reading, before)
+def said(reading: store_health.StoreReading) -> Said:
+    """The store's condition on a job that has not finished, a Warning event when it stops serving for a
+    fault of its pod (lost, unschedulable, a container that cannot start; once per cause), and a Normal one
+    when it serves again after one (``reading.before``: the reason the previous status said)."""
+    before = reading.before
     events: tuple[Event, ...] = ()
     if reading.fault and before != reading.reason:
         events = (Event("Warning", reading.reason, reading.message),)
     elif reading.serving and before in store_health.FAULTS:
         events = (Event("Normal", reading.reason, f"the rendezvous store serves again: {reading.message}"),)
+    kind = reasons.RENDEZVOUS_STORE_READY
     return Said(conditions=((kind, reading.serving, reading.reason, reading.message),), events=events)

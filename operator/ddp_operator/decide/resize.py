@@ -22,7 +22,7 @@ from ddp_operator.api import reasons, typed_status
 from ddp_operator.api.spec import Spec
 from ddp_operator.api.typed_status import Counted, Elastic, Status
 from ddp_operator.decide.plan import Event
-from ddp_operator.decide.status_builder import Section, StatusBuilder, parse_time, stamp
+from ddp_operator.decide.status_builder import Parts, Section, StatusBuilder, parse_time, stamp
 from ddp_operator.observe.facts import JobFacts
 from ddp_operator.observe.live import Snapshot
 from ddp_operator.observe.metrics import LastResize, Progress
@@ -38,7 +38,8 @@ class Resize:
     ``elastic``, and the events to post."""
 
     job: tuple[str, int] | None
-    status: dict[str, Any]
+    status: Parts
+    """``status.elastic`` said as its parts, going on from the section begun (the builder writes it)."""
     events: tuple[Event, ...] = ()
 
 
@@ -76,8 +77,8 @@ def decide(
         nodes, source = was, TRAINER
     else:
         nodes, source = ready, PODS_READY
-    status = Section(Elastic)
-    status.set(
+    # begun in one call; what follows is said in ``later``'s parts, written at once in their order
+    first = dict(
         nodes=nodes,
         nodes_from=source,
         desired=spec.nodes,
@@ -85,30 +86,39 @@ def decide(
         max_nodes=spec.elastic.max_nodes,
         resizes=before.resizes or 0,
     )
-    status.keep(out.stored("elastic"), "last_resize")  # as stored, its keys in their order
+    status = Section(Elastic, out.section("elastic", Elastic, first, keep=("last_resize",)))  # kept as stored
+    written = Written(before.resizes or 0, before.last_resize or typed_status.LastResize())
+    later: list[dict[str, Any]] = []
     if (since := below_min_since(spec, out.last, ready, now)) is not None:
-        status.set(below_min_since=stamp(since))
-    status.set(summary=f"{nodes}/{spec.nodes} ({spec.elastic.min_nodes}-{spec.elastic.max_nodes})")
+        later.append(dict(below_min_since=since))
+    summary = f"{nodes}/{spec.nodes} ({spec.elastic.min_nodes}-{spec.elastic.max_nodes})"
+    later.append(dict(summary=summary))
     events: list[Event] = []
     counted = _counted(before, job.name)
     if counted is not None:
-        status.set(counted=counted)
+        later.append(dict(counted=counted))
     if reading is not None and reading.changes:
-        events.extend(_count_changes(status, job.name, reading))
+        events.extend(_count_changes(status, later, written, counted, job.name, reading))
     size = job.parallelism
     if size is None or size == spec.nodes:
-        return Resize(None, status.values, tuple(events))
-    status.set(
-        resizes=(status.typed().resizes or 0) + 1,
-        last_resize=typed_status.LastResize(size, spec.nodes, reasons.SCALED, stamp(now)),
-    )
+        return Resize(None, Parts(Elastic, tuple(later), stored=status.values), tuple(events))
+    record = typed_status.LastResize(size, spec.nodes, reasons.SCALED, out.now)
+    later.append(dict(resizes=written.resizes + 1, last_resize=record))
     message = (
         f"Job {job.name} resized in place from {size} to {spec.nodes} nodes (spec.nodes changed: kubectl "
         "scale, or an edit); the running world re-rendezvous at a step boundary, verified before its first "
         "step; no new attempt, no restart spent"
     )
     events.append(Event("Normal", reasons.RESIZED, message))
-    return Resize((job.name, spec.nodes), status.values, tuple(events))
+    return Resize((job.name, spec.nodes), Parts(Elastic, tuple(later), stored=status.values), tuple(events))
+
+
+@dataclass
+class Written:
+    """What ``status.elastic`` says so far of the resizes: how many, and the last (typed)."""
+
+    resizes: int
+    last_resize: typed_status.LastResize
 
 
 def _counted(before: Elastic, job: str) -> Counted | None:
@@ -121,11 +131,18 @@ def _counted(before: Elastic, job: str) -> Counted | None:
     return None
 
 
-def _count_changes(status: Section, job: str, reading: Progress) -> list[Event]:
-    """Every world change the launchers recorded in a round past the watermark, oldest first: each once,
-    though the operator may have read none of the worlds between (a world that lived between two readings,
-    a reading that failed while a node was lost)."""
-    mark = status.typed().counted
+def _count_changes(
+    status: Section,
+    later: list[dict[str, Any]],
+    written: Written,
+    mark: Counted | None,
+    job: str,
+    reading: Progress,
+) -> list[Event]:
+    """Every world change the launchers recorded in a round past the watermark ``mark``, oldest first: each
+    once, though the operator may have read none of the worlds between (a world that lived between two
+    readings, a reading that failed while a node was lost). What it says goes in ``later`` (and
+    ``written``), but a scale's cost, written into its record as stored (``status``)."""
     counted = mark.round if mark is not None and mark.round is not None else -1
     events: list[Event] = []
     for change in reading.changes:
@@ -133,26 +150,28 @@ def _count_changes(status: Section, job: str, reading: Progress) -> list[Event]:
             continue
         last = reading.last_resize
         cost = last.seconds_lost if last is not None and last.round == change.round else None
-        events.extend(_world_changed(status, dataclasses.replace(change, seconds_lost=cost)))
+        events.extend(_world_changed(status, later, written, dataclasses.replace(change, seconds_lost=cost)))
         counted = change.round
     if counted >= 0:
-        status.set(counted=Counted(job, counted))
+        later.append(dict(counted=Counted(job, counted)))
     return events
 
 
-def _world_changed(status: Section, change: LastResize) -> list[Event]:
+def _world_changed(
+    status: Section, later: list[dict[str, Any]], written: Written, change: LastResize
+) -> list[Event]:
     """The trainer's world went from ``change.before`` to ``change.after`` nodes. A step of a scale the
     operator made (toward its size) is that scale, counted when the Job was resized: its cost is written
     when the world reaches it. Any other change is a resize of its own, with the launcher's reason:
     counted, said."""
     was, now = change.before, change.after
-    written = status.typed()
-    last = written.last_resize or typed_status.LastResize()
+    last = written.last_resize
     if last.reason == reasons.SCALED and last.seconds_lost is None and _toward(last, was, now):
         if now == last.to_nodes and change.seconds_lost is not None:
             cost = round(change.seconds_lost, 1)
-            # the scale's record as written, its keys in their order, with what it cost
+            # the scale's record as stored (kept), its keys in their order, with what it cost
             status.with_field("last_resize", typed_status.LastResize, "seconds_lost", cost)
+            written.last_resize = dataclasses.replace(last, seconds_lost=cost)
         return []
     if change.reason not in reasons.RESIZE_REASONS:
         return []  # not a reason of ddpjob's launcher: not guessed
@@ -163,7 +182,8 @@ def _world_changed(status: Section, change: LastResize) -> list[Event]:
         stamp(dt.datetime.fromtimestamp(change.at, dt.UTC)),
         round(change.seconds_lost, 1) if change.seconds_lost is not None else None,
     )
-    status.set(resizes=(written.resizes or 0) + 1, last_resize=record)
+    written.resizes, written.last_resize = written.resizes + 1, record
+    later.append(dict(resizes=written.resizes, last_resize=record))
     lost = (
         f", {change.seconds_lost:.1f} s from the stop to the new world verified"
         if change.seconds_lost

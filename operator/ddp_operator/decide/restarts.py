@@ -22,9 +22,9 @@ An attempt is one Indexed Job: all pods start together and one failed pod fails 
   against the same ``maxRestarts`` (:func:`restarts_used`), and the next Job's agents get what is left.
 
 And what the operator's status says of gang restarts: ``status.restarts`` (:func:`shown`), the restarts
-done in place that the pods report (:func:`count_in_place`: :func:`in_place_seen`, counted into
-``status.restartsInPlace`` and ``status.lastRestart`` by :func:`restarted_in_place`), and a new
-attempt's (:func:`recreated`).
+done in place that the pods report (:func:`in_place_seen`, counted into ``status.restartsInPlace`` and
+``status.lastRestart`` by :func:`restarted_in_place`), both asked once per reconcile (:func:`budget`), and a
+new attempt's (:func:`recreated`).
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ from dataclasses import dataclass
 from ddp_operator.api import exits, reasons, typed_status
 from ddp_operator.api.typed_status import LastRestart, Status
 from ddp_operator.decide.plan import Event
-from ddp_operator.decide.status_builder import StatusBuilder, count
+from ddp_operator.decide.status_builder import Said, StatusBuilder, count
 from ddp_operator.observe import failures
+from ddp_operator.observe.facts import Facts
 from ddp_operator.observe.live import Snapshot
 from ddp_operator.observe.outcome import Outcome as Outcome
 from ddp_trainer import contract
@@ -128,10 +129,24 @@ def left(max_restarts: int, used: int) -> int:
     return max(0, max_restarts - used)
 
 
-def budget(max_restarts: int, attempt: int, preemptions: int = 0, in_place: int = 0) -> tuple[int, int]:
-    """:func:`shown` and :func:`left` (after :func:`restarts_used`) of ``attempt``, at once."""
+@dataclass(frozen=True)
+class Budget:
+    """:func:`budget`: ``status.restarts`` (:func:`shown`), what is left of ``maxRestarts`` (:func:`left`),
+    and the restarts in place the status does not count yet (:func:`restarted_in_place`)."""
+
+    shown: int
+    left: int
+    in_place: Said
+
+
+def budget(out: StatusBuilder, max_restarts: int, facts: Facts, snapshot: Snapshot | None) -> Budget:
+    """:func:`shown` and :func:`left` (after :func:`restarts_used`) of the ``facts``' attempt from the
+    previous status's counts (``out``'s), and the restarts in place its pods reported, at once."""
+    attempt, (preemptions, in_place) = facts.attempt, out.counted
     before = contract.restarts_before(attempt)
-    return before + in_place, left(max_restarts, before - preemptions + in_place)
+    seen, cause = in_place_seen(attempt, facts.report, snapshot)
+    said = restarted_in_place(out, attempt, seen, cause, max_restarts, before + in_place)
+    return Budget(before + in_place, left(max_restarts, before - preemptions + in_place), said)
 
 
 def restarts_used(attempt: int, preemptions: int = 0, in_place: int = 0) -> int:
@@ -247,23 +262,24 @@ def in_place_so_far(previous: Status, attempt: int) -> int:
     return 0
 
 
-def restarted_in_place(out: StatusBuilder, attempt: int, seen: int, cause: str, max_restarts: int) -> None:
-    """Count the restarts in place the pods of ``attempt`` reported (``seen`` so far in the attempt; the
-    cause of the last) beyond what the status counts: ``restarts``, ``restartsInPlace``, ``lastRestart``
-    and a Warning event."""
+def restarted_in_place(
+    out: StatusBuilder, attempt: int, seen: int, cause: str, max_restarts: int, shown: int
+) -> Said:
+    """The restarts in place the pods of ``attempt`` reported (``seen`` so far in the attempt; the cause of
+    the last) beyond what the previous status (``out``'s) counts, counted: ``restarts`` (``shown`` before
+    them), ``restartsInPlace``, ``lastRestart`` and a Warning event."""
     known = in_place_so_far(out.last, attempt)
     if seen <= known:
-        return
-    now = out.current()
-    total = count(now.restarts) + seen - known
-    out.set(restarts_in_place=count(now.restarts_in_place) + seen - known, restarts=total)
+        return Said()
+    total = shown + seen - known
     why = cause or "a process failed"
     message = (
         f"attempt {attempt}: gang restarted in place ({seen} in this attempt, {total} of "
         f"maxRestarts {max_restarts} used): {why}; same pods, resuming from the last checkpoint"
     )
-    out.set(last_restart=LastRestart(IN_PLACE, attempt, seen, RESTARTED_IN_PLACE, message[:1024], out.now))
-    out.events.append(Event("Warning", RESTARTED_IN_PLACE, message))
+    last = LastRestart(IN_PLACE, attempt, seen, RESTARTED_IN_PLACE, message[:1024], out.now)
+    fields = dict(restarts_in_place=out.counted[1] + seen - known, restarts=total, last_restart=last)
+    return Said(fields, events=(Event("Warning", RESTARTED_IN_PLACE, message),))
 
 
 def recreated(out: StatusBuilder, attempt: int, reason: str, message: str) -> None:
@@ -282,16 +298,3 @@ def in_place_seen(attempt: int, report: contract.Report | None, snapshot: Snapsh
     if report.get("attempt") == attempt and isinstance(said, int) and said > seen:
         seen, cause = said, str(report.get(contract.REPORT_LAST_RESTART) or cause)
     return seen, cause
-
-
-def count_in_place(
-    out: StatusBuilder,
-    attempt: int,
-    report: contract.Report | None,
-    snapshot: Snapshot | None,
-    max_restarts: int,
-) -> None:
-    """The restarts in place the pods of ``attempt`` reported (:func:`in_place_seen`), counted into the
-    status beyond what it counts already (:func:`restarted_in_place`)."""
-    seen, cause = in_place_seen(attempt, report, snapshot)
-    restarted_in_place(out, attempt, seen, cause, max_restarts)

@@ -41,10 +41,11 @@ def begin(
     shown: int,
     report: contract.Report | None,
     spec: Spec,
+    *more: Said,
 ) -> StatusBuilder:
-    """The status fields every branch writes (``shown``: ``status.restarts``,
-    :func:`~ddp_operator.decide.restarts.budget`), and the sync report when rank 0 has written one
-    (``out``, the builder of the DDPJob's next status, returned)."""
+    """The status fields every branch writes (``shown``: ``status.restarts``, and ``more``: what the rooms
+    add, the restarts in place it does not count yet, :func:`~ddp_operator.decide.restarts.budget`), and the
+    sync report when rank 0 has written one (``out``, the builder of the DDPJob's next status, returned)."""
     last, (preemptions, _) = out.last, out.counted
     every = Said(
         dict(
@@ -69,12 +70,14 @@ def begin(
         ),
     )
     kept: dict[str, Any] = dict(preemptions=preemptions) if preemptions else {}
+    if report is None:  # status.sync goes on as stored
+        out.say(every, Said(kept, go_on=("sync",), conditions=(checkpoints.durable(spec),)), *more)
+        return out
     sync = dict(stored) if isinstance(stored := out.stored("sync"), dict) else None
     if sync is not None:
         kept = {**kept, **dict(sync=sync)}
-    if report is not None:
-        kept = {**kept, **_reported(report, attempt, sync or {}, out.stored("probe") or {})}
-    out.say(every, Said(kept, conditions=(checkpoints.durable(spec),)))
+    kept = {**kept, **_reported(report, attempt, sync or {}, out.stored("probe") or {})}
+    out.say(every, Said(kept, conditions=(checkpoints.durable(spec),)), *more)
     return out
 
 

@@ -1,12 +1,15 @@
 """The one builder of a DDPJob's status: :class:`StatusBuilder` writes the status's mapping, with stable
 condition transition times and the events that go with it, naming each field as
 :class:`~ddp_operator.api.typed_status.Status` does and reading the status before (and what it wrote so far)
-typed; :func:`finished` says whether a status is a finished job's; :func:`stamp`, :func:`parse_time`
-and :func:`count` read and write its times and counts.
+typed; :func:`stamp`, :func:`parse_time` and :func:`count` read and write its times and counts (whether a
+status is a finished job's, :func:`~ddp_operator.api.typed_status.finished`, is read where it is typed).
 
 :mod:`ddp_operator.decide.status` (the beginning and the end of the status) and the rooms of
 ``decide/`` (each feature's part) say what each source writes through it; no other module of ``decide/``
 spells a status key (tests/contract/test_status_keys.py).
+
+Long because the builder, what a room says to it (:class:`Said`, a section as its :class:`Parts`) and the
+sections it writes (:class:`Section`) are one vocabulary, read best in one place.
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ from typing import Any
 
 from ddp_operator.api import reasons, typed_status
 from ddp_operator.api.typed_status import Condition, Status
+from ddp_operator.api.typed_status import finished as finished
 from ddp_operator.decide.plan import Event, Obj, Plan
 
-TERMINAL = reasons.TERMINAL
 KEYS = typed_status.keys(Status)
 """Each field of the status by its name in :class:`Status` → its key in the mapping."""
 SECTION_KEYS: dict[type, Mapping[str, str]] = {
@@ -61,8 +64,10 @@ def parse_time(text: Any) -> dt.datetime | None:
 
 
 def _written(value: Any) -> Any:
-    """A field's value as the status holds it: a section's dataclass as its mapping, a time as
-    :func:`stamp` writes it."""
+    """A field's value as the status holds it: a section's dataclass as its mapping, a section said as its
+    parts (:class:`Parts`) as :meth:`Section.of` writes them, a time as :func:`stamp` writes it."""
+    if isinstance(value, Parts):
+        return Section.of(value.kind, *value.parts, stored=value.stored)
     if is_dataclass(value):
         return typed_status.write(value)
     return stamp(value) if isinstance(value, dt.datetime) else value
@@ -74,15 +79,30 @@ def count(value: Any) -> int:
 
 
 @dataclass(frozen=True)
+class Parts:
+    """A section a room says as its parts (``kind``: its dataclass; each part its fields by name, in order;
+    ``stored``: the section as stored, gone on from), which the builder writes as :meth:`Section.of` does,
+    when it writes what the room said: the room hands it over in the value it says."""
+
+    kind: type
+    parts: tuple[Mapping[str, Any], ...]
+    stored: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
 class Said:
     """What a room says of the status, as one value: :meth:`StatusBuilder.say` applies it in this order (the
-    fields set, by their names in :class:`Status` and in this order; the fields dropped; the previous
+    fields set, by their names in :class:`Status` and in this order; the fields kept, the sections gone on
+    from; the fields dropped; the previous
     status's conditions kept; the conditions said; the phase; the events), so a room enters the builder
     once."""
 
     fields: Mapping[str, Any] = field(default_factory=dict)
     keep: tuple[str, ...] = ()
     """Fields of the previous status kept as they were stored, when they have a value (after ``fields``)."""
+    go_on: tuple[str, ...] = ()
+    """Sections of the previous status gone on from: each copied, when it is stored as a mapping (even an
+    empty one; after ``keep``)."""
     drop: tuple[str, ...] = ()
     keep_conditions: tuple[str, ...] = ()
     conditions: tuple[tuple[str, bool | None, str, str], ...] = ()
@@ -106,21 +126,19 @@ class StatusBuilder:
     values: Obj = field(default_factory=dict)
     conditions: dict[str, Obj] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
+    last: Status = field(init=False, repr=False)
+    """The previous status, typed: read once, as the builder is made."""
+    counted: tuple[int, int] = field(init=False, repr=False)
+    """The previous status's preemptions and restarts in place (:func:`count`)."""
+
+    def __post_init__(self) -> None:
+        self.last = typed_status.read(self.previous)
+        self.counted = count(self.last.preemptions), count(self.last.restarts_in_place)
 
     @classmethod
     def for_body(cls, body: Mapping[str, Any], now: dt.datetime) -> StatusBuilder:
         """The builder of DDPJob ``body``'s next status (:func:`of`), at ``now``."""
         return cls(of(body), stamp(now))
-
-    @functools.cached_property
-    def last(self) -> Status:
-        """The previous status, typed."""
-        return typed_status.read(self.previous)
-
-    @functools.cached_property
-    def counted(self) -> tuple[int, int]:
-        """The previous status's preemptions and restarts in place (:func:`count`)."""
-        return count(self.last.preemptions), count(self.last.restarts_in_place)
 
     @functools.cached_property
     def _said(self) -> dict[str | None, Condition]:
@@ -146,6 +164,9 @@ class StatusBuilder:
         for said in saids:
             self.set(**said.fields)
             self.keep(*said.keep)
+            for name in said.go_on:
+                if isinstance(stored := self.stored(name), dict):
+                    self.values[KEYS[name]] = dict(stored)
             for name in said.drop:
                 self.drop(name)
             if said.keep_conditions:
@@ -171,6 +192,12 @@ class StatusBuilder:
         """Field ``name`` as the previous status stores it (``written``: as written so far), untyped: a
         section the builder goes on from, keeping its keys' order."""
         return (self.values if written else self.previous).get(KEYS[name])
+
+    def section(self, name: str, kind: type, fields: Mapping[str, Any], keep: tuple[str, ...] = ()) -> Obj:
+        """Section ``name`` (of ``kind``) begun at once: ``fields``, then those of ``keep`` as stored."""
+        stored, props = self.stored(name), SECTION_KEYS[kind]
+        kept = {k: stored[props[k]] for k in keep if isinstance(stored, Mapping) and props[k] in stored}
+        return Section.of(kind, fields, kept)
 
     def keep_all_but_conditions(self) -> None:
         """Every field of the previous status as stored, but its conditions (a refused spec's)."""
@@ -284,12 +311,3 @@ class Section:
         kept = dict(current) if isinstance(current, Mapping) else {}
         kept[SECTION_KEYS[section][field_name]] = value
         self.values[SECTION_KEYS[self.kind][name]] = kept
-
-
-def finished(status: Mapping[str, Any] | Status) -> bool:
-    """A terminal phase, with what this operator writes along with one: a completionTime and a True
-    Complete or Failed condition. A phase without them (a hand-edited status) is not believed: the next
-    decision repairs it from the children. ``status``: as stored, or typed."""
-    typed = status if isinstance(status, Status) else typed_status.read(status)
-    said = [c for c in typed.conditions or () if c.type in ("Complete", "Failed") and c.status == "True"]
-    return typed.phase in TERMINAL and bool(typed.completion_time) and bool(said)

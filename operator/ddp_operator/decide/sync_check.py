@@ -26,7 +26,7 @@ from typing import Any
 from ddp_operator.api import reasons, typed_status
 from ddp_operator.api.typed_status import LastReport, Status, Sync
 from ddp_operator.decide.plan import Event
-from ddp_operator.decide.status_builder import Said, Section, StatusBuilder, count
+from ddp_operator.decide.status_builder import Parts, Said, Section, StatusBuilder, count
 from ddp_operator.observe.metrics import Progress
 from ddp_operator.observe.sync_report import attempt_checks, job_checks, with_attempt
 from ddp_trainer import contract
@@ -59,10 +59,15 @@ def job_sync(sync: Mapping[str, Any], report: contract.Report, attempt: int) -> 
     return out.values
 
 
-def _earlier_attempts(sync: Mapping[str, Any], attempt: int) -> dict[str, int]:
-    """The checks, mismatches and repairs of the attempts before ``attempt``."""
-    kept = typed_status.read_as(Sync, sync).attempts or ()
-    return job_checks([typed_status.write(a) for a in kept if count(a.attempt) < attempt])
+def _earlier_attempts(sync: Sync, attempt: int) -> dict[str, int]:
+    """The checks, mismatches and repairs of the attempts before ``attempt``, summed as
+    :func:`~ddp_operator.observe.sync_report.job_checks` sums them, from ``sync`` typed."""
+    earlier = [a for a in sync.attempts or () if count(a.attempt) < attempt]
+    return dict(
+        checks=sum(count(a.checks) for a in earlier),
+        mismatches=sum(count(a.mismatches) for a in earlier),
+        repairs=sum(count(a.repairs) for a in earlier),
+    )
 
 
 def condition(out: StatusBuilder) -> None:
@@ -102,20 +107,34 @@ def verified(now: Status) -> tuple[str, bool | None, str, str]:
 
 
 def live(old_sync: Mapping[str, Any], now: Progress, attempt: int) -> Said:
-    """``status.sync`` from a running attempt's reading (:func:`live_sync`; ``old_sync``: as written so
-    far), when it says anything, and the events of what changed since the last one written
-    (:func:`events`)."""
-    new_sync = live_sync(old_sync, now, attempt)
-    return Said(dict(sync=new_sync) if new_sync else {}, events=tuple(events(old_sync, new_sync, now)))
+    """``status.sync`` from a running attempt's reading (:func:`live_sync`, said as its parts for the builder
+    to write; ``old_sync``: as written so far), when it says anything, and the events of what changed since
+    the last one written (:func:`events`). ``old_sync`` is read typed once, for both; what the reading
+    changed is known as it is said (:func:`_counted`), where the section written was read back typed."""
+    before = typed_status.read_as(Sync, old_sync)
+    parts, after = _counted(now, attempt, before)
+    new_sync = Parts(Sync, parts, stored=old_sync) if parts else dict(old_sync)
+    return Said(dict(sync=new_sync) if new_sync else {}, events=tuple(events(before, after, now)))
 
 
-def live_sync(previous: Mapping[str, Any], now: Progress, attempt: int = 0) -> dict[str, Any]:
+def live_sync(
+    previous: Mapping[str, Any], now: Progress, attempt: int = 0, typed: Sync | None = None
+) -> dict[str, Any]:
     """``status.sync`` while the job runs: the live count of checks (the running world's, after the earlier
-    attempts' of ``status.sync.attempts``), the last one's step, time and verdict."""
+    attempts' of ``status.sync.attempts``), the last one's step, time and verdict (``typed``: ``previous``
+    read typed, where the caller has it)."""
+    parts, _ = _counted(now, attempt, typed if typed is not None else typed_status.read_as(Sync, previous))
+    return Section.of(Sync, *parts, stored=previous) if parts else dict(previous)
+
+
+def _counted(now: Progress, attempt: int, typed: Sync) -> tuple[tuple[dict[str, Any], ...], Sync]:
+    """:func:`live_sync`'s parts, in order (none when the reading counts no check), after ``typed``
+    (``status.sync`` written so far, typed), and the counts they write and the last check's step, typed (as
+    :func:`events` reads them; ``typed`` itself when the reading counts no check)."""
     checks = now.checks_ok + now.checks_mismatch
     if not checks:
-        return dict(previous)
-    earlier = _earlier_attempts(previous, attempt)
+        return (), typed
+    earlier = _earlier_attempts(typed, attempt)
     mismatches, repairs = now.checks_mismatch + earlier["mismatches"], now.repairs + earlier["repairs"]
     parts: list[dict[str, Any]] = [
         dict(checks=checks + earlier["checks"], mismatches=mismatches, repairs=repairs)
@@ -129,15 +148,20 @@ def live_sync(previous: Mapping[str, Any], now: Progress, attempt: int = 0) -> d
         )
     if now.last_check_time is not None:
         parts.append(dict(last_check_time=dt.datetime.fromtimestamp(now.last_check_time, dt.UTC)))
+    step = typed.last_check_step
     if now.last_check_step is not None:
-        parts.append(dict(last_check_step=now.last_check_step))
-    return Section.of(Sync, *parts, stored=previous)
+        step = now.last_check_step
+        parts.append(dict(last_check_step=step))
+    counted = Sync(
+        checks=checks + earlier["checks"], mismatches=mismatches, repairs=repairs, last_check_step=step
+    )
+    return tuple(parts), counted
 
 
-def events(old: Mapping[str, Any], new: Mapping[str, Any], now: Progress) -> list[Event]:
-    """What changed since the last written reading (the gauges describe the last check only)."""
+def events(before: Sync, after: Sync, now: Progress) -> list[Event]:
+    """What changed since the last written reading (``before``: ``status.sync`` typed; ``after``: its counts
+    and last check's step once the reading is written; the gauges describe the last check only)."""
     events = []
-    before, after = typed_status.read_as(Sync, old), typed_status.read_as(Sync, new)
     step = after.last_check_step if after.last_check_step is not None else now.step
     if not before.checks and now.checks_ok and now.last_check_ok:
         message = (

@@ -44,13 +44,11 @@ class JobFacts:
     rank 0 writes its report, and its SIGTERM checkpoint, on the way out), except pods evicted from a
     node that does not answer: the decision does not wait for them."""
     finished_index: int | None = None
-    """The completion index of the pod that succeeded with the attempt's report (:func:`finisher`); None
-    before one did."""
+    """The completion index of the pod that succeeded with the attempt's report (:func:`finisher`)."""
     finished_at: dt.datetime | None = None
     """When that pod's trainer container ended (its terminated state's ``finishedAt``)."""
     never_started: int = 0
-    """Pods of the attempt still Pending: never scheduled (no capacity), gated (Kueue), or not started yet.
-    They count among :attr:`stopping_pods` too."""
+    """Pods of the attempt still Pending (unscheduled, Kueue-gated, not started); in :attr:`stopping_pods`."""
 
 
 @dataclass(frozen=True)
@@ -72,8 +70,7 @@ class Facts:
     targets: tuple[Target, ...] = ()
     """The running pods of ``attempt`` and where each serves its metrics."""
     stale_deadlines: tuple[tuple[str, dt.datetime], ...] = ()
-    """Stale Jobs going away whose pods are all being deleted too, with the time after which waiting for
-    those pods is pointless (:func:`stale_deadlines`)."""
+    """Stale Jobs whose pods all go too, and when to stop waiting for those pods (:func:`stale_deadlines`)."""
     startup: StartupFailure | None = None
     """The first container of ``attempt`` the kubelet cannot start (an image, a Secret), in its words."""
 
@@ -320,7 +317,7 @@ def observe(
     own = rank0_report(mine) or (
         contract.parse_report((terminated(ended) or {}).get("message")) if ended else None
     )
-    merged = failures.with_failures(own, pod_reports)
+    merged = failures.with_failures(own, pod_reports) if pod_reports else own  # the ended pods' failures
     report = cast(contract.Report | None, merged) or remembered_report(previous, attempt)
     job_facts = None
     if current:
@@ -341,6 +338,9 @@ def observe(
             finished_at=_time((terminated(ended) or {}).get("finishedAt")) if ended else None,
             never_started=sum(1 for pod in mine if _phase(pod) in ("Pending", "") and _stopping(pod)),
         )
+    startup = first_failure(mine, references)
+    if startup is None and mount_events:  # else why a volume waits, where the kubelet said it
+        startup = mounts.failure(mount_events, mine, references)
     return Facts(
         attempt=attempt,
         job=job_facts,
@@ -350,7 +350,7 @@ def observe(
         report=report,
         targets=metrics_targets(mine, attempt, metrics_port),
         stale_deadlines=stale_deadlines(jobs, pods, attempt),
-        startup=first_failure(mine, references) or mounts.failure(mount_events, mine, references),
+        startup=startup,
     )
 
 

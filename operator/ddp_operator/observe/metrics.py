@@ -12,6 +12,7 @@ last resize, the checks by result), next to the progress line that shows it.
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import math
 import urllib.request
 from collections.abc import Iterable, Mapping
@@ -133,9 +134,13 @@ SIZE_LIMIT = 1 << 20  # bytes: a trainer's exposition is a few KiB; anything lar
 
 
 def fetch(url: str, timeout: float = 2.0, limit: int = SIZE_LIMIT) -> str:
-    """The text at ``url`` (at most ``limit`` bytes: OSError past that); OSError when nothing answers."""
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        body: bytes = response.read(limit + 1)
+    """The text at ``url`` (at most ``limit`` bytes: OSError past that); OSError when nothing answers, or
+    when what answers does not speak HTTP (another process on the port: ``http.client.BadStatusLine``)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            body: bytes = response.read(limit + 1)
+    except http.client.HTTPException as exc:
+        raise OSError(f"{url} answered, but not in HTTP: {type(exc).__name__} {exc}") from exc
     if len(body) > limit:
         raise OSError(f"more than {limit} bytes")
     return body.decode(errors="replace")

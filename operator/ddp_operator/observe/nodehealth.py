@@ -116,18 +116,6 @@ def faulty_condition(message: str, now: str) -> dict[str, str]:
     }
 
 
-def faulty_devices(report: Mapping[str, Any] | None) -> tuple[tuple[str, str], ...]:
-    """(node, device) of each faulty rank a report names, each node once (its first device)."""
-    report = report or {}
-    nodes, devices = report.get("faultyNodes") or [], report.get("faultyDevices") or []
-    found: dict[str, str] = {}
-    for i, node in enumerate(nodes):
-        if isinstance(node, str) and node and node not in found:
-            device = devices[i] if i < len(devices) and isinstance(devices[i], str) else "unknown"
-            found[node] = device
-    return tuple(found.items())
-
-
 def stale_condition(node: Mapping[str, Any]) -> bool:
     """Our condition says True but our taint is gone: a person let the node back (its condition follows)."""
     taints = (node.get("spec") or {}).get("taints") or []

@@ -12,7 +12,7 @@ serving and a Normal one when it serves again.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ddp_operator.observe import startup
@@ -35,11 +35,13 @@ class StoreReading:
     serving: bool
     reason: str
     message: str
+    fault: bool = field(init=False)
+    """Something the user may need to act on (not a store that is merely starting): known as it is read."""
+    before: str | None = None
+    """The reason the condition said before this reading (the previous status's; None: none said)."""
 
-    @property
-    def fault(self) -> bool:
-        """Something the user may need to act on (not a store that is merely starting)."""
-        return self.reason in FAULTS
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fault", self.reason in FAULTS)
 
 
 FAULTS = (UNSCHEDULABLE, CANNOT_START, LOST)
@@ -50,11 +52,19 @@ def since(reading: StoreReading, before: str | None) -> StoreReading:
     fault keeps the fault's reason until it serves (the lost pod is gone from the API by then, and its
     replacement only starts), so that serving again follows a fault, and is said as such."""
     if reading.reason == STARTING and before in FAULTS:
-        return StoreReading(False, str(before), reading.message)
-    return reading
+        return StoreReading(False, str(before), reading.message, before)
+    return replace(reading, before=before)
 
 
-def read(pods: Sequence[Mapping[str, Any]], attempt: int, job_name: str) -> StoreReading:
+def read(
+    pods: Sequence[Mapping[str, Any]], attempt: int, job_name: str, before: str | None = None
+) -> StoreReading:
+    """The store of ``attempt`` (its Job ``job_name``), from its pods, as the condition says it after reason
+    ``before`` (:func:`since`; the previous status's, where the caller has it)."""
+    return since(_read(pods, attempt, job_name), before)
+
+
+def _read(pods: Sequence[Mapping[str, Any]], attempt: int, job_name: str) -> StoreReading:
     """The store of ``attempt`` (its Job ``job_name``), from its pods as the API server returns them: the
     newest one that is not being deleted speaks (the Job controller's replacement of a lost one); while it
     does not serve yet, an earlier pod of the attempt that failed or is being deleted: a lost store."""

@@ -185,7 +185,25 @@ def serve(port: int) -> None:
     start_http_server(port)
 
 
+def observe_reconcile(
+    result: str, seconds: float, body: Mapping[str, Any] | None = None, plan: Plan | None = None
+) -> None:
+    """Count one reconcile by its ``result`` (ok, error) and time it; given the plan it carried out for
+    DDPJob ``body``, the gang restarts and resizes that plan made first (:func:`observe_plan`: a plan that
+    cannot be counted makes the reconcile an error). The reconcile's one entrance here."""
+    try:
+        if body is not None and plan is not None:
+            observe_plan(body, plan)
+    except Exception:
+        result = "error"
+        raise
+    finally:
+        RECONCILES.labels(result).inc()
+        RECONCILE_SECONDS.observe(seconds)
+
+
 def observe_plan(body: Mapping[str, Any], plan: Plan) -> None:
+    """The gang restarts (in place too) and elastic resizes ``plan`` made, beyond what ``body`` said."""
     before = int((body.get("status") or {}).get("restarts") or 0)
     after = int(plan.status.get("restarts") or 0)
     if after > before:
@@ -200,8 +218,3 @@ def observe_plan(body: Mapping[str, Any], plan: Plan) -> None:
     if grown > 0:
         reason = str((new.get("lastResize") or {}).get("reason") or reasons.SCALED)
         ELASTIC_RESIZES.labels(body["metadata"]["namespace"], reason).inc(grown)
-
-
-def observe_reconcile(result: str, seconds: float) -> None:
-    RECONCILES.labels(result).inc()
-    RECONCILE_SECONDS.observe(seconds)

@@ -53,7 +53,7 @@ def reconcile(
     lack; ``unhealthy``: the nodes whose GPUs are marked unhealthy (``--node-health``), which new attempts
     avoid; ``store_pods``: an elastic job's rendezvous store pods."""
     started = time.monotonic()
-    result = "error"
+    done: Plan | None = None  # the plan carried out, counted with the reconcile
     key = (body["metadata"].get("namespace") or "", body["metadata"]["name"])
     try:
         recent, body, jobs, pods = views(recent, key, body, jobs, pods, started)
@@ -93,10 +93,10 @@ def reconcile(
             reason = f"the API server refused a step of the plan: {exc.status} {exc.reason}"
             _event(body, "Warning", reasons.RECONCILE_FAILED, reason)
             raise
-        opmetrics.observe_plan(body, plan)
-        result = "ok"
+        done = plan
     finally:
-        opmetrics.observe_reconcile(result, time.monotonic() - started)
+        result = "ok" if done is not None else "error"
+        opmetrics.observe_reconcile(result, time.monotonic() - started, body, done)
 
 
 def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:

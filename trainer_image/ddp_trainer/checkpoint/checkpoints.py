@@ -5,8 +5,8 @@ volume or a bucket prefix (:mod:`ddp_trainer.checkpoint.objectstore`); every gua
 * Only global rank 0 writes, and only right after a sync check passed at that very step, so a
   checkpoint is never a diverged model; a divergence stops all saving until a check passes again.
 * A file is a header line (the writing DDPJob's namespace, name and uid, the settings that shape the
-  model and its digest, the step, and a sha256 over all of it) and the torch payload: see
-  :mod:`ddp_trainer.checkpoint.provenance`.
+  model and its digest, the step, and a sha256 over all of it: see
+  :mod:`ddp_trainer.checkpoint.provenance`) and the torch payload (:mod:`ddp_trainer.checkpoint.payload`).
 * A save writes ``.step-XXXXXXXX.<job>.pt.tmp-<pid>``, fsyncs it and renames it to ``step-XXXXXXXX.<job>.pt``
   (``<job>`` is the DDPJob's name; none outside a DDPJob), atomic on POSIX: a crash mid-save leaves the
   previous checkpoints untouched (object storage: one PUT, visible only whole). Each step has its own file; a
@@ -15,38 +15,35 @@ volume or a bucket prefix (:mod:`ddp_trainer.checkpoint.objectstore`); every gua
   files that this one passed over as corrupt) and an earlier world's file of the same step. Another job's
   files are never overwritten or removed.
 * Restore: rank 0 reads the files newest first, verifies each, and :func:`provenance.choose` decides
-  (resume, warm start, refuse, or start fresh); the decision and the payload's bytes are broadcast, so
-  every rank loads the same bytes. Pods that see a different (or empty) checkpoint volume still end with
-  the same model AND optimizer state, which the trainer then verifies before step 1.
+  (resume, warm start, refuse, or start fresh; a file is passed over if one of this job's fences rules it
+  out, :func:`fences.staleness`, or if torch cannot load it, :func:`payload.loadable`); the decision and
+  the payload's bytes are broadcast, so every rank loads the same bytes. Pods that see a different (or
+  empty) checkpoint volume still end with the same model AND optimizer state, which the trainer then
+  verifies before step 1.
 * Fences (:mod:`ddp_trainer.checkpoint.fences`): before its first step, rank 0 of each world publishes
   ``world W started from step S`` and stamps W on its checkpoints (``step-XXXXXXXX.<job>.w<W>.pt`` from
   world 2 on, so that two worlds never share a name). A checkpoint an older world published after a newer
   one started, at a step past where it started, is never restored, and a newer world's next save removes
   it. Whatever a stale world still does, it never replaces, nor prunes, a newer world's file: a save checks
   the fences first (and does not publish past a newer one), and the pruning skips newer worlds' files.
-
-Long because each guarantee's I/O (publication, pruning, fences, the restore) meets the others in
-:func:`save` and :func:`choose_on_rank0`, and reads best beside them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import io
 import logging
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from ddp_trainer import contract
-from ddp_trainer.checkpoint import fences, provenance
+from ddp_trainer.checkpoint import fences, payload, provenance
 from ddp_trainer.checkpoint.fences import Fence
-from ddp_trainer.checkpoint.provenance import Candidate, Choice, Header, Identity, Writer
+from ddp_trainer.checkpoint.provenance import Candidate, Choice, Identity, Writer
 from ddp_trainer.checkpoint.stores import DirectoryStore, Store, StoreRefused
 from ddp_trainer.checkpoint.stores import write_atomic as write_atomic
 from ddp_trainer.core.state import TrainState
@@ -57,7 +54,6 @@ _NAME = re.compile(r"^step-(\d{8})(?:\.[^/]+)?\.pt$")
 _WORLD = re.compile(r"\.w(\d+)\.pt$")
 FENCES_KEPT = 4
 """This job's newest fence objects kept (each carries the earlier ones that still rule something out)."""
-_PAYLOAD_KEYS = frozenset({"model", "optimizer", "scaler", "step", "epoch"})
 
 
 class CheckpointRefused(Exception):
@@ -108,28 +104,6 @@ def list_checkpoints(where: Where) -> list[tuple[int, str]]:
     first; temp files ignored)."""
     found = [(int(m[1]), name) for name in _store(where).names() if (m := _NAME.match(name))]
     return sorted(found, key=lambda found: (found[0], _world_in(found[1]), found[1]))
-
-
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    inner = getattr(model, "module", model)
-    assert isinstance(inner, torch.nn.Module)
-    return inner
-
-
-def serialize(state: TrainState) -> bytes:
-    """The torch payload: model, optimizer and scaler state, step and epoch."""
-    buffer = io.BytesIO()
-    torch.save(
-        {
-            "model": _unwrap(state.model).state_dict(),
-            "optimizer": state.optimizer.state_dict(),
-            "scaler": state.scaler.state_dict(),
-            "step": state.step,
-            "epoch": state.epoch,
-        },
-        buffer,
-    )
-    return buffer.getvalue()
 
 
 def written_by(store: Store, name: str) -> tuple[Identity | None, int]:
@@ -202,7 +176,7 @@ def save(where: Where, state: TrainState, writer: Writer, keep: int) -> str | No
     if theirs is not None and theirs != writer.identity:
         log.warning("step %d: not saving: %s belongs to %s", state.step, store.location(name), theirs)
         return None
-    store.publish(name, provenance.encode(writer, state.step, serialize(state)))
+    store.publish(name, provenance.encode(writer, state.step, payload.serialize(state)))
     prune(store, writer.identity, state.step, keep, world=writer.world, saved=name)
     return store.location(name)
 
@@ -243,27 +217,14 @@ def scan(where: Where) -> Iterator[Candidate]:
     store = _store(where)
     for step, name in reversed(list_checkpoints(store)):
         try:
-            header, payload = provenance.decode(store.read(name))
+            header, body = provenance.decode(store.read(name))
         except (OSError, ValueError) as err:
             yield Candidate(name, step, problem=str(err))
             continue
         if header.step != step:
             yield Candidate(name, step, problem=f"the header says step {header.step}")
             continue
-        yield Candidate(name, step, header, payload)
-
-
-def loadable(candidate: Candidate) -> str:
-    """Why ``torch.load`` cannot use a candidate's payload (``""``: it can)."""
-    assert candidate.payload is not None
-    try:
-        data = torch.load(io.BytesIO(candidate.payload), map_location="cpu", weights_only=True)
-    except Exception as err:
-        return f"torch.load failed: {type(err).__name__}: {err}"
-    keys = set(data) if isinstance(data, dict) else set()
-    if not keys >= _PAYLOAD_KEYS:
-        return f"torch.load found no train state (missing {sorted(_PAYLOAD_KEYS - keys)})"
-    return ""
+        yield Candidate(name, step, header, body)
 
 
 def choose_on_rank0(where: Where, writer: Writer, warm_start_from: str) -> Choice:
@@ -279,8 +240,8 @@ def choose_on_rank0(where: Where, writer: Writer, warm_start_from: str) -> Choic
             writer,
             warm_start_from=warm_start_from,
             where=store.where,
-            loadable=loadable,
-            stale=_stale_by(known),
+            loadable=payload.loadable,
+            stale=fences.staleness(known),
         )
         if choice.action == "refuse":
             return choice
@@ -289,22 +250,6 @@ def choose_on_rank0(where: Where, writer: Writer, warm_start_from: str) -> Choic
     except StoreRefused as err:
         message = f"the checkpoint storage refused the trainer: {err}"
         return Choice("refuse", reason=contract.CHECKPOINT_STORAGE_REFUSED, message=message)
-
-
-def _stale_by(known: list[Fence]) -> Callable[[Header], str]:
-    """:func:`provenance.choose`'s ``stale``: why one of this job's fences rules a checkpoint out (``""``:
-    none does)."""
-
-    def why(header: Header) -> str:
-        ruling = fences.stale(header.identity, header.world, header.step, known)
-        if ruling is None:
-            return ""
-        return (
-            f"written by world {header.world} after {ruling} (a stale world's late checkpoint: the job "
-            "went on without it)"
-        )
-
-    return why
 
 
 def restore_on_rank0(where: Where | None, writer: Writer, warm_start_from: str) -> Choice:
@@ -317,18 +262,3 @@ def restore_on_rank0(where: Where | None, writer: Writer, warm_start_from: str) 
     dist.broadcast_object_list(box, src=0)  # an opaque blob: the right tool here, unlike for parameters
     choice: Choice = box[0]
     return choice
-
-
-def load_into(state: TrainState, payload: bytes, device: torch.device) -> None:
-    """Resume: load a payload from :func:`serialize` into ``state`` (before DDP wrapping)."""
-    data = torch.load(io.BytesIO(payload), map_location=device, weights_only=True)
-    _unwrap(state.model).load_state_dict(data["model"])
-    state.optimizer.load_state_dict(data["optimizer"])
-    state.scaler.load_state_dict(data["scaler"])
-    state.step, state.epoch = int(data["step"]), int(data["epoch"])
-
-
-def load_weights(state: TrainState, payload: bytes, device: torch.device) -> None:
-    """Warm start: only the model's weights; the optimizer, scaler, step and epoch stay fresh."""
-    data = torch.load(io.BytesIO(payload), map_location=device, weights_only=True)
-    _unwrap(state.model).load_state_dict(data["model"])

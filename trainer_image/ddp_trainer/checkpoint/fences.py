@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ddp_trainer.checkpoint.provenance import Identity
+from ddp_trainer.checkpoint.provenance import Header, Identity
 
 FORMAT = "ddpjob-fence/1"
 _NAME = re.compile(r"^fence-(\d{8})(?:\.([^/]+))?\.json$")
@@ -73,6 +73,22 @@ def stale(identity: Identity, world: int, step: int, fences: Iterable[Fence]) ->
     none does."""
     ruling = [f for f in fences if f.identity == identity and f.world > world and f.step < step]
     return min(ruling, key=lambda f: f.world, default=None)
+
+
+def staleness(known: list[Fence]) -> Callable[[Header], str]:
+    """:func:`provenance.choose <ddp_trainer.checkpoint.provenance.choose>`'s ``stale``: why one of this
+    job's ``known`` fences rules a checkpoint out (:func:`stale`; ``""``: none does)."""
+
+    def why(header: Header) -> str:
+        ruling = stale(header.identity, header.world, header.step, known)
+        if ruling is None:
+            return ""
+        return (
+            f"written by world {header.world} after {ruling} (a stale world's late checkpoint: the job "
+            "went on without it)"
+        )
+
+    return why
 
 
 def carried(fences: Iterable[Fence], identity: Identity) -> list[Fence]:

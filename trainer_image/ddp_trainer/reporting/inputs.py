@@ -1,6 +1,6 @@
 """What a report reads of the sync check's tally and of the compute probe's finding, named here as
 ``Protocol`` s: ``sync`` sits above ``reporting`` in the layers, so :mod:`ddp_trainer.reporting.report`
-does not import the classes themselves (:class:`ddp_trainer.sync.verify.Tally`,
+does not import the classes themselves (:class:`ddp_trainer.sync.checking.Tally`,
 :class:`ddp_trainer.sync.probe.ProbeResult`), and stays torch-free."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Protocol
 
 
 class SyncTally(Protocol):
-    """The sync checks counted so far (:class:`ddp_trainer.sync.verify.Tally` is one)."""
+    """The sync checks counted so far (:class:`ddp_trainer.sync.checking.Tally` is one)."""
 
     checks: int
     mismatches: int

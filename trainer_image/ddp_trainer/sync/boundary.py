@@ -1,5 +1,5 @@
 """What happens at a step boundary, besides metrics: the fire drill, the stop agreement, the step-time
-skew, and the decision whether a check (and a checkpoint) is due.
+skew, and the decision whether a check (and a checkpoint) is due, and which (:data:`CheckKind`).
 
 :func:`check_due` (the one rule for when a check is due, also :class:`ddp_trainer.sync.SyncHealth`'s)
 and :func:`due_at` are pure. :func:`agree_stop` and :meth:`SkewMeter.publish` are collectives: every rank
@@ -12,6 +12,7 @@ import logging
 import signal
 from dataclasses import dataclass
 from types import FrameType
+from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -20,9 +21,12 @@ from torch import nn
 from ddp_trainer.core.config import ChaosSpec, TrainerConfig
 from ddp_trainer.core.lossread import LateRead
 from ddp_trainer.sync import replicas
-from ddp_trainer.sync.verify import CheckKind
 
 log = logging.getLogger("ddp_trainer")
+
+CheckKind = Literal["initial", "periodic", "final", "repair"]
+"""Why a check runs (the ``kind`` label of ``ddp_sync_checks_total``): before step 1, every
+``--sync-every`` steps or before a checkpoint, at the end or when stopping, after a repair."""
 
 CHAOS_NUDGE = 1e-3
 """How far the fire drill moves one parameter element."""

@@ -21,9 +21,9 @@ from ddp_trainer.core import inplace
 from ddp_trainer.core.distributed import LaunchEnv
 from ddp_trainer.reporting import report
 from ddp_trainer.sync import probe
+from ddp_trainer.sync.checking import DivergenceError
+from ddp_trainer.sync.checking import model_digest as digest_of
 from ddp_trainer.sync.probing import Probing
-from ddp_trainer.sync.verify import DivergenceError
-from ddp_trainer.sync.verify import model_digest as digest_of
 
 log = logging.getLogger("ddp_trainer")
 

@@ -50,11 +50,11 @@ from ddp_trainer.core.config import PodEnv, read_pod_env
 from ddp_trainer.core.distributed import LaunchEnv, metrics_dir, read_launch_env, settle_gloo_at_exit
 from ddp_trainer.core.lossread import LossReader
 from ddp_trainer.sync import boundary, fingerprints, probe, replicas, sharded
-from ddp_trainer.sync.checking import Tracked
+from ddp_trainer.sync.boundary import CheckKind
+from ddp_trainer.sync.checking import DivergenceError, Tracked, Verifier
 from ddp_trainer.sync.closing import Closing, verdict_exit
 from ddp_trainer.sync.settings import SyncConfig
 from ddp_trainer.sync.settings import SyncHealthError as SyncHealthError
-from ddp_trainer.sync.verify import CheckKind, DivergenceError, Verifier
 
 if TYPE_CHECKING:  # prometheus_client loads only after PROMETHEUS_MULTIPROC_DIR is set (see _metrics)
     from ddp_trainer.reporting.metrics import TrainerMetrics

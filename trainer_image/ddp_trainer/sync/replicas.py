@@ -185,6 +185,19 @@ def check_in_sync(
     for a DDP model whose buffers are re-broadcast at each forward (see the module docstring).
     """
     settle_gloo_at_exit()  # a script that checks with no SyncHealth must not abort at exit either
+    return compare_replicas(module, group, buffers=buffers, extra=extra)
+
+
+def compare_replicas(
+    module: nn.Module,
+    group: dist.ProcessGroup | None = None,
+    *,
+    buffers: bool = True,
+    extra: Mapping[str, torch.Tensor | float | int | bool] | None = None,
+) -> SyncReport:
+    """:func:`check_in_sync` for a caller that has its process wait for gloo at exit already
+    (:func:`~ddp_trainer.core.distributed.settle_gloo_at_exit`: ``SyncHealth`` does when it is built, before
+    its first check), so its checks do not ask again."""
     named = named_tensors(module, buffers=buffers)
     named += [(k, _as_tensor(v)) for k, v in (extra or {}).items()]
     device = comm_device(group)

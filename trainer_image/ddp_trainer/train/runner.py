@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_trainer import contract
-from ddp_trainer.checkpoint import checkpoints, provenance
+from ddp_trainer.checkpoint import checkpoints, payload, provenance
 from ddp_trainer.core import inplace
 from ddp_trainer.core.config import PodEnv, TrainerConfig
 from ddp_trainer.core.distributed import LaunchEnv, read_launch_env
@@ -27,8 +27,9 @@ from ddp_trainer.core.state import TrainState
 from ddp_trainer.reporting import report
 from ddp_trainer.reporting.metrics import TrainerMetrics
 from ddp_trainer.sync import boundary, fingerprints, heal, probe, replicas
+from ddp_trainer.sync.boundary import CheckKind
+from ddp_trainer.sync.checking import DivergenceError, Tally, model_digest
 from ddp_trainer.sync.health import SyncHealth
-from ddp_trainer.sync.verify import CheckKind, DivergenceError, Tally, model_digest
 from ddp_trainer.train.data import build_dataset, elastic_batches, global_batch, micro_batches
 from ddp_trainer.train.loop import Batches, Precision, StepResult, train
 from ddp_trainer.train.model import build_model, compute_loss
@@ -139,11 +140,11 @@ class Session:
         if choice.action == "refuse":
             raise checkpoints.CheckpointRefused(choice.reason, choice.message)
         if choice.action == "resume" and choice.payload is not None:
-            checkpoints.load_into(state, choice.payload, self.device)
+            payload.load_into(state, choice.payload, self.device)
             self.resumed_from = choice.step
             log.info("restored %s (step %d; read by rank 0, loaded by every rank)", choice.file, choice.step)
         elif choice.action == "warm" and choice.payload is not None:
-            checkpoints.load_weights(state, choice.payload, self.device)
+            payload.load_weights(state, choice.payload, self.device)
             self.warm_from = choice.warm_from
             log.info(
                 "warm start: the model weights of %s's %s (step %d); this job starts at step 0 with a "

@@ -15,7 +15,7 @@ import yaml
 from ddp_operator import cli
 from ddp_operator.api import names
 from ddp_operator.api.spec import Spec, parse, parse_file
-from ddp_operator.children import objects, render
+from ddp_operator.children import container, objects, render
 from ddp_trainer import contract
 from helpers import REPO
 
@@ -372,7 +372,7 @@ def test_a_custom_command_gets_the_sync_hook() -> None:
     job = render.render_job(_custom(env=[{"name": "PYTHONPATH", "value": "/app/src"}]), 1)
     pod = job["spec"]["template"]["spec"]
     (init,) = pod["initContainers"]
-    assert init["name"] == names.SYNC_HOOK_INIT_CONTAINER and init["image"] == render.trainer_image()
+    assert init["name"] == names.SYNC_HOOK_INIT_CONTAINER and init["image"] == container.trainer_image()
     assert init["command"] == ["python", "-m", "ddp_trainer.inject", contract.SYNC_HOOK_DIR]
     assert init["volumeMounts"] == [{"name": names.SYNC_HOOK_VOLUME, "mountPath": contract.SYNC_HOOK_DIR}]
     assert {"name": names.SYNC_HOOK_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}} in pod["volumes"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ddp_operator.children import render
+from ddp_operator.children import container, render
 from ddp_operator.decide import restarts
 from ddp_trainer import contract
 from helpers.reconciling import job_object, pod_object, reconcile_once, spec_of
@@ -88,7 +88,8 @@ def test_the_avoidance_joins_every_term_of_the_users_affinity() -> None:
 
 
 def test_the_pods_learn_their_node_and_the_probe_settings() -> None:
-    env = {e["name"]: e for e in render.injected_env(spec_of(syncCheck={"probeEverySteps": 0}), 1)}
+    spec = spec_of(syncCheck={"probeEverySteps": 0})
+    env = {e["name"]: e for e in container.injected_env(spec, render.attempt_names(spec, 1))}
     assert env[contract.NODE_NAME_ENV]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env[contract.PROBE_EVERY_ENV]["value"] == "0"
     assert env[contract.ON_FAULTY_RANK_ENV]["value"] == "Fail"

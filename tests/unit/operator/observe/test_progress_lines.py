@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import threading
 from typing import Any
 
 import pytest
@@ -186,6 +188,30 @@ def test_fetch_refuses_what_is_too_large(tmp_path: Any) -> None:
     assert metrics.fetch(big.as_uri(), limit=4096) == "x" * 2048
     with pytest.raises(OSError, match="more than 1024 bytes"):
         metrics.fetch(big.as_uri(), limit=1024)
+
+
+def test_a_port_that_answers_but_not_in_http_is_nothing_answering() -> None:
+    """Another process on a pod's metrics port (two `ddpjob local` runs on one host; a port reused) answers
+    with bytes that are not HTTP: the scrape says nothing answers, as for a closed port, and never raises
+    (``http.client.BadStatusLine`` ended a whole `ddpjob local` run in the full run of 2026-12-05 10:46)."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+        port = server.getsockname()[1]
+
+        def answer_garbage() -> None:
+            for _ in range(2):
+                conn, _ = server.accept()
+                with conn:
+                    conn.recv(1024)
+                    conn.sendall(b"\x00\x01not http\r\n")
+
+        thread = threading.Thread(target=answer_garbage, daemon=True)
+        thread.start()
+        with pytest.raises(OSError, match="answered, but not in HTTP: BadStatusLine"):
+            metrics.fetch(f"http://127.0.0.1:{port}/metrics", timeout=5)
+        assert metrics.scrape(port, timeout=5) is None
+        thread.join(5)
 
 
 def test_the_codes_own_total_wins_over_the_spec() -> None:

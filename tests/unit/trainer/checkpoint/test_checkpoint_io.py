@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ddp_trainer import contract
-from ddp_trainer.checkpoint import checkpoints, provenance
+from ddp_trainer.checkpoint import checkpoints, payload, provenance
 from ddp_trainer.checkpoint.provenance import Identity, Writer
 from ddp_trainer.core.state import TrainState
 from ddp_trainer.train.loop import Precision
@@ -33,7 +33,7 @@ def _save_steps(directory: Path, steps: list[int], writer: Writer = ME, keep: in
 
 
 def _choose(directory: Path, **kwargs: str) -> provenance.Choice:
-    return provenance.choose(checkpoints.scan(directory), ME, loadable=checkpoints.loadable, **kwargs)
+    return provenance.choose(checkpoints.scan(directory), ME, loadable=payload.loadable, **kwargs)
 
 
 def _steps(directory: Path) -> list[int]:
@@ -51,7 +51,7 @@ def test_a_checkpoint_records_its_writer_and_restores_model_and_optimizer(tmp_pa
     assert (choice.action, choice.step, choice.skipped) == ("resume", 12, ())
     fresh = _fresh_state()
     assert choice.payload is not None
-    checkpoints.load_into(fresh, choice.payload, torch.device("cpu"))
+    payload.load_into(fresh, choice.payload, torch.device("cpu"))
     assert (fresh.step, fresh.epoch) == (12, 1)
     for a, b in zip(state.model.state_dict().values(), fresh.model.state_dict().values(), strict=True):
         assert torch.equal(a, b)
@@ -99,7 +99,7 @@ def test_another_jobs_folder_is_refused_and_warm_start_loads_weights_only(tmp_pa
     assert (choice.action, choice.step, choice.warm_from) == ("warm", 1500, "team/other")
     fresh = _fresh_state()
     assert choice.payload is not None
-    checkpoints.load_weights(fresh, choice.payload, torch.device("cpu"))
+    payload.load_weights(fresh, choice.payload, torch.device("cpu"))
     assert (fresh.step, fresh.epoch, fresh.optimizer.state_dict()["state"]) == (0, 0, {})
     for a, b in zip(theirs.model.state_dict().values(), fresh.model.state_dict().values(), strict=True):
         assert torch.equal(a, b)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ddp_trainer.checkpoint import checkpoints, fences, provenance
+from ddp_trainer.checkpoint import checkpoints, fences, payload, provenance
 from ddp_trainer.checkpoint.fences import Fence
 from ddp_trainer.checkpoint.objectstore import S3Store
 from ddp_trainer.checkpoint.provenance import Candidate, Identity, Writer
@@ -84,7 +84,7 @@ def _file(step: int, writer: Writer, world: int) -> Candidate:
 
 def test_the_restore_passes_over_a_stale_worlds_late_checkpoint_and_says_so() -> None:
     known = [_fence(1, 0), _fence(2, 20)]
-    stale = checkpoints._stale_by(known)
+    stale = fences.staleness(known)
     found = [_file(40, ME, 1), _file(30, ME, 2), _file(30, ME, 1), _file(20, ME, 1)]
     choice = provenance.choose(found, ME, stale=stale)
     assert (choice.action, choice.file) == ("resume", "step-00000030.mine.w2.pt")
@@ -95,7 +95,7 @@ def test_the_restore_passes_over_a_stale_worlds_late_checkpoint_and_says_so() ->
     # with nothing of world 2 yet, world 2's own start point, never the late one
     assert provenance.choose([_file(30, ME, 1), _file(20, ME, 1)], ME, stale=stale).step == 20
     # a checkpoint from before fences existed (no world) still restores
-    legacy = provenance.choose([_file(20, ME, 0)], ME, stale=checkpoints._stale_by([_fence(1, 20)]))
+    legacy = provenance.choose([_file(20, ME, 0)], ME, stale=fences.staleness([_fence(1, 20)]))
     assert (legacy.action, legacy.step) == ("resume", 20)
 
 
@@ -120,7 +120,7 @@ def _save(store: Store, writer: Writer, step: int, keep: int = 2) -> str | None:
 def _late(store: Store, writer: Writer, step: int) -> str:
     """The stale world's late write: its check passed before its node froze; it publishes on waking."""
     name = checkpoints.checkpoint_name(step, writer.identity.name, writer.world)
-    store.publish(name, provenance.encode(writer, step, checkpoints.serialize(trained_state(step=step))))
+    store.publish(name, provenance.encode(writer, step, payload.serialize(trained_state(step=step))))
     return name
 
 

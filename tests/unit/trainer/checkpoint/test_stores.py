@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from ddp_trainer import contract
-from ddp_trainer.checkpoint import checkpoints, provenance, stores
+from ddp_trainer.checkpoint import checkpoints, payload, provenance, stores
 from ddp_trainer.checkpoint.objectstore import S3Store
 from helpers.s3server import S3Server
 from helpers.trained import ME, OTHER, trained_state
@@ -51,7 +51,7 @@ def test_checkpoints_in_a_bucket_keep_every_guarantee(s3_server: S3Server) -> No
     assert (choice.action, choice.step, choice.file) == ("resume", 30, "step-00000030.mine.pt")
     restored, saved = trained_state(seed=1), trained_state()
     assert choice.payload is not None
-    checkpoints.load_into(restored, choice.payload, torch.device("cpu"))
+    payload.load_into(restored, choice.payload, torch.device("cpu"))
     assert restored.step == 30
     for mine, theirs in zip(restored.model.parameters(), saved.model.parameters(), strict=True):
         assert torch.equal(mine, theirs)

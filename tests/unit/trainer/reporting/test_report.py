@@ -11,7 +11,7 @@ import pytest
 from ddp_operator.decide import checkpoints
 from ddp_trainer import contract
 from ddp_trainer.reporting import report
-from ddp_trainer.sync.verify import Tally
+from ddp_trainer.sync.checking import Tally
 
 FACTS = report.RunFacts(step=20, world_size=4, resumed_from=10, attempt=2)
 PASSED = Tally(checks=4, last_check_step=20, last_check_ok=True)

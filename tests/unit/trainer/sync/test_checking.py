@@ -1,5 +1,5 @@
-"""Verification's policy and tally (:mod:`ddp_trainer.sync.verify`) driven by made-up sync reports: no process
-group. The real collective check runs in the ``slow`` multi-process tests."""
+"""Verification's policy and tally (:mod:`ddp_trainer.sync.checking`) driven by made-up sync reports: no
+process group. The real collective check runs in the ``slow`` multi-process tests."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from ddp_trainer import sync
 from ddp_trainer.core.state import TrainState
 from ddp_trainer.reporting.metrics import TrainerMetrics
-from ddp_trainer.sync.verify import DivergenceError, Tally, Verifier, control_state
+from ddp_trainer.sync.checking import DivergenceError, Tally, Verifier, control_state
 from ddp_trainer.train.loop import Precision
 from ddp_trainer.train.model import MLP
 
