@@ -47,6 +47,24 @@ Each private name, who reads it, and what is checked of it:
 - ``OptimizedModule._orig_mod`` (core/wrappers.py, matched by class name): the class and the attribute,
   read from torch's source without importing ``torch._dynamo`` (a real compile:
   tests/integration/trainer/test_health.py).
+- A heal's rendezvous without a restart (launch/heal.py): ``SimpleElasticAgent._rendezvous`` replaces
+  ``worker_group.workers`` with new ``Worker`` objects (``id`` None; ``local_rank``, ``global_rank``,
+  ``world_size`` set by ``_assign_worker_ranks``) and sets ``group_rank``, ``group_world_size``,
+  ``master_addr``, ``master_port``; ``LocalElasticAgent._monitor_workers`` says UNKNOWN when the workers' ids
+  differ from its process context's pids (so the heal puts the ids back); ``SimpleElasticAgent.
+  _restart_workers(self, worker_group)`` (wrapped where heals are armed: ``heal.restart_or_heal``) is what
+  ``_invoke_run`` calls, positionally, both for failed workers and, the group's state still healthy, for a
+  node waiting to join. Read from their source.
+- ``rendezvous._create_c10d_store`` (core/reform.py ``bootstrap_store`` mirrors it, never calls it: a healed
+  survivor and a worker started fresh by ``env://`` must meet on one store): without the agent's store, rank
+  0 hosts a multi-tenant libuv TCPStore and the others connect; and ``init_process_group`` prefixes an
+  ``env://`` store ``"default_pg"`` (``reform.DEFAULT_PREFIX``); read from their source. The meeting itself:
+  tests/integration/trainer/test_heal_multiprocess.py.
+- ``DistributedDataParallel``'s ``device_ids``, ``forward_sync_buffers``, ``find_unused_parameters``,
+  ``gradient_as_bucket_view`` (sync/heal.py wraps a healed module again with the old wrapper's options;
+  a wrapper without forward buffer sync again with ``broadcast_buffers=False``, deprecated in 2.15 but the
+  one switch that also skips the sync at start): attributes of a wrapper, not underscored but not
+  documented either.
 """
 
 from __future__ import annotations
@@ -517,3 +535,56 @@ def test_the_trainers_private_torch_calls() -> None:
         and target.value.id == "self"
     }
     assert "_orig_mod" in assigned, "OptimizedModule no longer keeps the compiled module in _orig_mod"
+
+
+def test_the_env_store_a_heal_mirrors_and_the_ddp_options_it_copies() -> None:
+    """core/reform.py ``bootstrap_store`` and sync/heal.py ``_options``."""
+    from torch.distributed import distributed_c10d
+    from torch.nn.parallel import DistributedDataParallel
+
+    from ddp_trainer.core import reform
+
+    rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the package's name is a function
+    params = list(inspect.signature(rendezvous._create_c10d_store).parameters)
+    assert params[:5] == ["hostname", "port", "rank", "world_size", "timeout"], params
+    made = inspect.getsource(rendezvous._create_c10d_store).replace(" ", "")
+    said_by_torch = ("start_daemon=rank==0", "is_master=start_daemon", "multi_tenant=True", "use_libuv=")
+    for said in said_by_torch:
+        assert said in made, f"rendezvous._create_c10d_store no longer says {said}"
+    assert f'PrefixStore("{reform.DEFAULT_PREFIX}",store)' in inspect.getsource(
+        distributed_c10d.init_process_group
+    ).replace(" ", ""), "init_process_group's env:// prefix"
+    init = inspect.getsource(DistributedDataParallel.__init__)
+    for name in ("device_ids", "forward_sync_buffers", "find_unused_parameters", "gradient_as_bucket_view"):
+        assert f"self.{name} =" in init, f"DistributedDataParallel no longer keeps self.{name}"
+    assert "broadcast_buffers" in inspect.signature(DistributedDataParallel).parameters
+
+
+def test_the_rendezvous_a_heal_runs_without_a_restart_leaves_what_it_reads() -> None:
+    """launch/heal.py: the workers torch's rendezvous makes anew, and why their ids must be put back."""
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent, Worker
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    rendezvous = inspect.getsource(SimpleElasticAgent._rendezvous)
+    for said in (
+        "worker_group.workers = workers",
+        "worker_group.group_rank =",
+        "worker_group.master_addr =",
+        "worker_group.master_port =",
+        "self._assign_worker_ranks(",
+    ):
+        assert said in rendezvous, f"SimpleElasticAgent._rendezvous no longer says {said}"
+    worker = Worker(local_rank=1, global_rank=5, role_rank=5, world_size=6, role_world_size=6)
+    assert (worker.id, worker.local_rank, worker.global_rank, worker.world_size) == (None, 1, 5, 6), "Worker"
+    assert list(inspect.signature(SimpleElasticAgent._restart_workers).parameters) == ["self", "worker_group"]
+    assert "_restart_workers" not in vars(LocalElasticAgent), "LocalElasticAgent overrides _restart_workers"
+    run = inspect.getsource(SimpleElasticAgent._invoke_run)
+    healthy = run.split("elif state == WorkerState.HEALTHY:", 1)[-1]
+    assert "num_nodes_waiting()" in healthy and "self._restart_workers(self._worker_group)" in healthy, (
+        "_invoke_run's healthy branch no longer restarts the workers for a waiting node"
+    )
+    assert "_remaining_restarts -= 1" not in healthy.split("else:", 1)[0], "a waiting node spends a restart"
+    monitor = inspect.getsource(LocalElasticAgent._monitor_workers)
+    assert "{w.id for w in worker_group.workers}" in monitor and "WorkerState.UNKNOWN" in monitor, (
+        "LocalElasticAgent._monitor_workers no longer compares the workers' ids with its processes' pids"
+    )

@@ -9,6 +9,7 @@ import os
 import time
 
 import torch
+import torch.distributed as dist
 
 from ddp_trainer.core.config import TrainerConfig
 from ddp_trainer.train.model import MLP
@@ -46,11 +47,22 @@ def slow_mlp(config: TrainerConfig) -> torch.nn.Module:
     return SlowMLP(fast_after=os.environ.get(FAST_AFTER_ENV, ""))
 
 
+class SlowUntilFull(MLP):
+    """The built-in MLP, each forward :data:`BELOW_FULL_SLEEP_SECONDS` slower while the process group is
+    smaller than :data:`FULL_WORLD`: asked at each forward, since a world healed in place (issue 57) keeps
+    the model it built in a larger one."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "3"))
+        if world < FULL_WORLD:
+            time.sleep(BELOW_FULL_SLEEP_SECONDS)
+        return super().forward(x)
+
+
 def slow_until_full(config: TrainerConfig) -> torch.nn.Module:
     """The built-in MLP at full speed in a world of :data:`FULL_WORLD`, and each forward
-    :data:`BELOW_FULL_SLEEP_SECONDS` slower in a smaller one (each world builds its model anew)."""
-    world = int(os.environ.get("WORLD_SIZE", str(FULL_WORLD)))
-    return SlowMLP(BELOW_FULL_SLEEP_SECONDS) if world < FULL_WORLD else MLP()
+    :data:`BELOW_FULL_SLEEP_SECONDS` slower in a smaller one (:class:`SlowUntilFull`)."""
+    return SlowUntilFull()
 
 
 PACED_SECONDS = 0.2

@@ -139,7 +139,8 @@ def process_group(
     try:
         yield
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():  # a worker that lost a peer left its group (ddp_trainer.sync.heal)
+            dist.destroy_process_group()
 
 
 GLOO_SETTLE_SECONDS: float = 0.2

@@ -12,25 +12,42 @@ group in place"):
 - ``torch.distributed.shrink_group``: ``TypeError`` on gloo (its backend has ``supports_shrinking`` false),
   with or without ``SHRINK_ABORT``; it cannot grow a group either.
 - On gloo, ``abort()`` (of the group, of its backend, or ``_abort_process_group``) from another thread does
-  not end a collective blocked on a silent peer: it returns at the group's timeout. A caller that waits on
-  an async collective with ``Work.wait(timeout)`` can give up sooner and re-form while the old collective
-  is still pending in the old group's threads (it ends at its own timeout).
+  not end a collective blocked on a silent peer: it returns at the group's timeout. Nor does giving up
+  sooner help: after ``Work.wait(timeout)`` gave up on a pending gloo collective, ``abort()`` plus
+  ``destroy_process_group()`` returned only at the group's timeout (8.01 s of an 8 s one, measured for
+  issue 57's design). A heal waits for its own collectives to end (succeed or raise) and re-forms with
+  nothing pending, which returns at once and fails a survivor still blocked on the old group at once.
 - Survivors need not fail the same collective: after a SIGKILL, a gloo broadcast from rank 0 completed on
   rank 1 and failed on rank 0; rank 1 then waited out the group's timeout in the next collective, rank 0
   having left for the new world. A heal tells the survivors of a loss; it does not wait for each to fail.
 - ``distributed_c10d._reconfigure`` (experimental, private, "subject to change or removal") re-forms a gloo
   group made with ``enable_reconfigure=True`` in place, from the peers' handles; not used here.
 
-The rank plan (:func:`survivor_world`, :func:`joiner_world`) is pure; the rest calls torch.
+A heal (:mod:`ddp_trainer.sync.heal`) meets on the store the new world's rank 0 hosts where the launcher's
+notice says (:func:`bootstrap_store`, torch's own ``env://`` store, so a joiner started by the launcher meets
+the survivors there), decides who sends the state (:func:`resume_plan`) and tells a peer's loss from other
+errors (:func:`is_peer_loss`). Measured for the heal (torch 2.15, gloo, 3 processes, one SIGKILLed mid-run,
+rank 0 or not): the survivors' DDP all-reduce raised a plain ``RuntimeError`` ("Connection reset by peer")
+within 0.1 s, and ``abort()`` plus ``destroy_process_group()`` then returned at once (nothing pending). But
+a survivor need not fail at all: one blocked on another survivor (not on the lost peer) waits until that one
+closes its connections, which leaving the group does not do once DDP was built on it
+(:func:`sever_connections` does).
+
+The rank plans (:func:`survivor_world`, :func:`joiner_world`, :func:`resume_plan`) and the classifier are
+pure; the rest calls torch. Long because the state copy's layout helpers live beside the copy.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
+import socket
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -91,6 +108,39 @@ def abandon_group() -> bool:
     return True
 
 
+def sever_connections() -> int:
+    """Shut down every established TCP connection of this process (``/proc``; none elsewhere); how many.
+    For a worker that left its group after a peer's loss (:func:`abandon_group`): once a DDP wrapper was
+    built on a gloo group, ``abort()`` and ``destroy_process_group()`` leave the group's connections open
+    (measured, torch 2.15: a peer blocked on this process then failed only at the group's timeout, with or
+    without the wrapper deleted; without DDP it failed within a second), so a survivor blocked on this one
+    would wait out that timeout before it could heal. Its other connections (the old world's store, a
+    scrape, a checkpoint bucket's pooled one) are dropped too: a client reconnects."""
+    established: set[str] = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        established |= {row.split()[9] for row in rows if row.split()[3] == "01"}  # TCP_ESTABLISHED
+    severed = 0
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return 0
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if not (target.startswith("socket:[") and target[8:-1] in established):
+                continue
+            with socket.socket(fileno=os.dup(int(fd))) as dup:  # closing the copy leaves the owner's fd
+                dup.shutdown(socket.SHUT_RDWR)
+            severed += 1
+        except OSError:  # gone meanwhile, or not a socket any more
+            continue
+    return severed
+
+
 def reform(
     store: Store,
     world: World,
@@ -130,6 +180,101 @@ def reform(
     return group
 
 
+def bootstrap_store(addr: str, port: int, rank: int, size: int, timeout: timedelta) -> Store:
+    """The store of a new world as torch's ``env://`` start makes it (``rendezvous._create_c10d_store``
+    without the agent's store): rank 0 hosts a multi-tenant libuv TCPStore at ``addr:port``, the others
+    connect. Pair it with the prefix ``"default_pg"`` (:data:`DEFAULT_PREFIX`) and survivors that re-form
+    and workers the launcher starts fresh in that world meet on one group, whoever is rank 0."""
+    return dist.TCPStore(  # type: ignore[attr-defined]
+        host_name=addr,
+        port=port,
+        world_size=size,
+        is_master=rank == 0,
+        timeout=timeout,
+        multi_tenant=True,
+        use_libuv=True,
+    )
+
+
+DEFAULT_PREFIX = "default_pg"
+"""The prefix ``init_process_group`` puts on an ``env://`` store (distributed_c10d.py, "backward compatible
+API")."""
+
+PEER_LOSS = ("connection closed by peer", "connection reset by peer", "broken pipe", "connection refused")
+"""What gloo says (its ``pair.cc``) when a peer's process is gone: its sockets were closed."""
+
+
+def is_peer_loss(error: BaseException) -> bool:
+    """Whether ``error`` (or one it was raised from or during) says a peer of a collective is gone: gloo's
+    closed or reset connection (a plain ``RuntimeError``), or torch's ``DistNetworkError``. A timeout is not
+    one (a silent peer: the heal cannot end a gloo collective blocked on it sooner, see above)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, dist.DistNetworkError):
+            return True
+        text = str(current).lower()
+        if isinstance(current, RuntimeError) and any(words in text for words in PEER_LOSS):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+SURVIVOR, FRESH = "survivor", "fresh"
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """What one rank brings to a new world's meeting (its first collective): whether it trained in an
+    earlier world (a survivor) or starts fresh, the last step it completed, its module's layout
+    (:func:`layout_digest`), and whether it dropped a step in flight."""
+
+    role: str
+    step: int
+    layout: str
+    dropped: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where a new world resumes and who sends the state: ``step`` None when no rank survived (start as
+    before heals: from the checkpoint); ``refused`` says why the state cannot come from a live rank."""
+
+    step: int | None
+    src: int | None = None
+    receivers: tuple[int, ...] = ()
+    lost: int = 0
+    """Steps begun and not kept: the step in flight (when a rank dropped one) and the steps any survivor
+    completed beyond ``step``."""
+    refused: str = ""
+
+
+def resume_plan(arrivals: Sequence[Arrival]) -> Plan:
+    """The plan from every rank's arrival (index = rank): resume at the lowest step a survivor completed;
+    the lowest such rank sends; fresh ranks and survivors that got further receive. Refused when the layouts
+    differ or the survivors are more than one step apart (no state both can reach)."""
+    layouts = {a.layout for a in arrivals}
+    if len(layouts) > 1:
+        ranks = [r for r, a in enumerate(arrivals) if a.layout != arrivals[0].layout]
+        return Plan(None, refused=f"rank(s) {ranks} hold a module of another layout than rank 0's")
+    survivors = [(a.step, r) for r, a in enumerate(arrivals) if a.role == SURVIVOR]
+    if not survivors:
+        return Plan(None)
+    low, src = min(survivors)
+    high = max(step for step, _ in survivors)
+    if high - low > 1:
+        return Plan(None, refused=f"the survivors are at steps {low} to {high}: more than one step apart")
+    receivers = tuple(r for r, a in enumerate(arrivals) if a.role != SURVIVOR or a.step != low)
+    dropped = any(a.dropped for a in arrivals)
+    return Plan(low, src, receivers, high - low + int(dropped))
+
+
+def layout_digest(module: nn.Module) -> str:
+    """A short digest of :func:`module_layout`: equal on ranks whose modules can exchange state."""
+    return hashlib.sha256(repr(module_layout(module)).encode()).hexdigest()[:16]
+
+
 @dataclass(frozen=True)
 class _Slot:
     """Where a tensor of the optimizer's state sits in its layout: sent apart, or held here by value."""
@@ -145,6 +290,8 @@ class Copied:
 
     tensors: int
     bytes: int
+    extra: Any = None
+    """``src``'s ``extra`` (:func:`copy_state_`), on every rank."""
 
 
 def _strip(obj: Any, sent: list[torch.Tensor]) -> Any:
@@ -197,18 +344,20 @@ def copy_state_(
     *,
     src: int = 0,
     group: dist.ProcessGroup | None = None,
+    extra: Any = None,
 ) -> Copied:
     """Make every rank of ``group`` (the default one if ``None``) hold rank ``src``'s parameters, buffers
     and optimizer state, bit for bit: broadcast in place into the module's tensors; the optimizer's state
     rebuilt from ``src``'s layout (a joiner's empty state gets its tensors) and loaded. Every rank calls it
-    with a module of the same layout (refused otherwise, before any tensor is sent)."""
+    with a module of the same layout (refused otherwise, before any tensor is sent). ``extra``, any picklable
+    of ``src``'s (its step, its scaler's state), travels with the layout and comes back in the result."""
     rank = dist.get_rank(group)
     ours = module_layout(module)
     sent: list[torch.Tensor] = []
     skeleton = _strip(optimizer.state_dict(), sent) if optimizer is not None and rank == src else None
-    shared: list[Any] = [ours, skeleton, optimizer is not None]
+    shared: list[Any] = [ours, skeleton, optimizer is not None, extra if rank == src else None]
     dist.broadcast_object_list(shared, src=src, group=group)
-    theirs, skeleton, has_optimizer = shared
+    theirs, skeleton, has_optimizer, extra = shared
     if theirs != ours:
         diff = next((a, b) for a, b in zip([*ours, None], [*theirs, None], strict=False) if a != b)
         raise ValueError(f"rank {rank}'s module differs from rank {src}'s: {diff[0]} here, {diff[1]} there")
@@ -224,4 +373,4 @@ def copy_state_(
     if optimizer is not None and rank != src:
         optimizer.load_state_dict(_fill(skeleton, iter(sent)))
     moved = [*tensors, *sent]
-    return Copied(len(moved), sum(t.numel() * t.element_size() for t in moved))
+    return Copied(len(moved), sum(t.numel() * t.element_size() for t in moved), extra)

@@ -57,9 +57,10 @@ from pathlib import Path
 from typing import Any
 
 from ddp_trainer import contract
+from ddp_trainer.core import notice
 from ddp_trainer.core.config import termination_log
 from ddp_trainer.core.inplace import SAME, exit_code_of, not_retried
-from ddp_trainer.launch import silence, store, workers
+from ddp_trainer.launch import heal, silence, store, workers
 from ddp_trainer.launch.book import Book
 from ddp_trainer.launch.outage import POLL_SECONDS, StoreWait, reach
 from ddp_trainer.launch.rounds import InFlight, RoundWatch, bounded_waiting, patient, stop_now
@@ -178,7 +179,7 @@ def _pids(group: Any) -> list[int]:
     return [int(worker.id) for worker in group.workers if isinstance(worker.id, int)]
 
 
-def _install(book: Book, marks: workers.Marks) -> None:
+def _install(book: Book, marks: workers.Marks, healing: Path | None = None) -> None:
     from torch.distributed import DistNetworkError, DistStoreError
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent, WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
@@ -192,8 +193,16 @@ def _install(book: Book, marks: workers.Marks) -> None:
         if book.elastic and self._remaining_restarts == 0:
             self._remaining_restarts, book.borrowed = 1, True  # see Book.borrowed
 
+    def round_of(group: Any) -> int:
+        handler = group.spec.rdzv_handler
+        return handler._state_holder.state.round if isinstance(handler, DynamicRendezvousHandler) else -1
+
     def monitor_workers(self: Any, group: Any) -> Any:
         result = monitor(self, group)
+        if healing is not None and result.state == WorkerState.HEALTHY:  # issue 57's heal (launch/heal.py)
+            result = heal.when_wanted(self, group, result, monitor, marks, book, healing, round_of)
+            if result.state == WorkerState.HEALTHY:
+                return result
         quiet: RoundWatch | None = getattr(self, "_ddpjob_silence", None)
         verdict = None
         if quiet is not None and result.state in (
@@ -301,13 +310,15 @@ def _install(book: Book, marks: workers.Marks) -> None:
         waiting.reached()
         return waiting
 
-    def rendezvous_(self: Any, group: Any) -> None:
+    def rendezvous_(self: Any, group: Any, healing: bool = False) -> None:
+        """torch's rendezvous, met (:func:`meet`) and booked; ``healing`` (:mod:`.heal`): the workers were
+        not stopped, so their marks stay and no restart was spent."""
         borrowed = book.borrowed
         meet(self, group)
-        marks.clear()  # the last round's workers ended; this round's start after it
+        if not healing:
+            marks.clear()  # the last round's workers ended; this round's start after it
         handler = group.spec.rdzv_handler
-        formed = handler._state_holder.state.round if isinstance(handler, DynamicRendezvousHandler) else -1
-        change, refund = book.rendezvoused(int(group.group_world_size), formed)
+        change, refund = book.rendezvoused(int(group.group_world_size), round_of(group), healing=healing)
         self._remaining_restarts += refund
         if change == SAME and borrowed:  # a failure of this gang's own, and no restart was left
             raise RuntimeError("a worker failed and no gang restart in place is left (spec.maxRestarts)")
@@ -318,6 +329,11 @@ def _install(book: Book, marks: workers.Marks) -> None:
                 self._ddpjob_silence = RoundWatch(handler, not external and not host, presence=external)
             self._ddpjob_silence.begin()
 
+    if healing is not None:  # a node waiting while this one's workers lost a peer: heal (launch/heal.py)
+        restart = heal.restart_or_heal(
+            SimpleElasticAgent._restart_workers, monitor, marks, book, healing, round_of
+        )
+        SimpleElasticAgent._restart_workers = restart  # type: ignore[method-assign]
     LocalElasticAgent._monitor_workers = monitor_workers  # type: ignore[method-assign]
     SimpleElasticAgent._rendezvous = rendezvous_  # type: ignore[method-assign]
     waiting = DynamicRendezvousHandler.num_nodes_waiting
@@ -339,13 +355,18 @@ def main(argv: Sequence[str]) -> int:
         return contract.FAILURE_EXIT_CODE  # a crash: the next attempt gets a new store pod
     book = Book(Path(state), elastic=":" in os.environ.get("PET_NNODES", ""))
     marks = workers.Marks(Path(state).parent)
-    _install(book, marks)
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 
     args = torchrun.parse_args(list(argv))  # type: ignore[no-untyped-call]
+    healing = (
+        notice.notice_path(os.environ) if heal.armed(os.environ, runs_builtin(args), book.elastic) else None
+    )
+    if healing is None:
+        os.environ.pop(heal.HEAL_ENV, None)  # the workers inherit it: they heal only where this launcher does
+    _install(book, marks, healing)
     if runs_builtin(args):
         torchrun.config_from_args = warm_config_from_args(torchrun.config_from_args)
         marks.builtin = True  # its workers leave marks (SyncHealth)

@@ -59,10 +59,14 @@ class Book:
         self.pending = (why or cause(failures), time.time())
         self.stopped, self.silent = stopped, bool(why) and silent
 
-    def rendezvoused(self, nodes: int, round_number: int = -1) -> tuple[str, int]:
+    def rendezvoused(self, nodes: int, round_number: int = -1, healing: bool = False) -> tuple[str, int]:
         """Records a rendezvous of ``nodes`` nodes (in rendezvous round ``round_number``): the change
         (:func:`world_change`) and how many restarts to give back to the agent (1 when a failure it counted
-        turned out to be a resize)."""
+        turned out to be a resize; none when ``healing``: the workers were not stopped, no restart spent)."""
+        change, refund = self._rendezvoused(nodes, round_number, healing)
+        return change, 0 if healing else refund
+
+    def _rendezvoused(self, nodes: int, round_number: int, healing: bool) -> tuple[str, int]:
         change, before, failure, borrowed = (
             world_change(self.nodes, nodes),
             self.nodes,
@@ -91,10 +95,10 @@ class Book:
             self.pending = None
             at = failure[1] if failure is not None else time.time()
             self.resized(before, nodes, at, silent, round_number)
+            how = "heal in place" if healing else "resume from the last checkpoint"
             print(
                 f"{contract.log_stamp(time.time())} [launcher] the world changed from {before} to {nodes} "
-                "node(s) (elastic): no restart spent; this pod's workers resume from the last checkpoint "
-                f"(why: {self.state.resize})",
+                f"node(s) (elastic): no restart spent; this pod's workers {how} (why: {self.state.resize})",
                 file=sys.stderr,
                 flush=True,
             )

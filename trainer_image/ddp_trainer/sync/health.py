@@ -49,7 +49,7 @@ from ddp_trainer.core import inplace, wrappers
 from ddp_trainer.core.config import PodEnv, read_pod_env
 from ddp_trainer.core.distributed import LaunchEnv, metrics_dir, read_launch_env, settle_gloo_at_exit
 from ddp_trainer.core.lossread import LossReader
-from ddp_trainer.sync import boundary, fingerprints, probe, sharded
+from ddp_trainer.sync import boundary, fingerprints, probe, replicas, sharded
 from ddp_trainer.sync.boundary import CheckKind
 from ddp_trainer.sync.checking import DivergenceError, Tracked, Verifier
 from ddp_trainer.sync.closing import Closing, verdict_exit
@@ -67,14 +67,18 @@ _PRECISIONS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp
 _SERVED: set[int] = set()  # ports this process serves metrics on
 
 
-def say_world(world_size: int, step: int) -> None:
+def say_world(world_size: int, step: int, healed: tuple[int, int, float] | None = None) -> None:
     """An elastic job's new world, verified before its first step, on stderr as the built-in trainer logs
     it (``ddpjob local`` lists each world from these lines: :data:`ddp_trainer.contract.ELASTIC_WORLD_LOG`).
-    Every resize restarts the workers, so a script's ``SyncHealth`` (or the hook's) is built anew in each
-    world and says it once."""
+    A resize that restarts the workers builds a script's ``SyncHealth`` (or the hook's) anew in each world,
+    which says it once; a world healed in place (``healed``: steps lost, bytes sent, seconds) says so."""
+    how = ""
+    if healed is not None:
+        lost, sent, seconds = healed
+        how = f" (healed in place: {lost} step(s) lost, {sent} bytes sent, {seconds:.2f} s)"
     print(
         f"{contract.log_stamp(time.time())} [rank 0] {contract.ELASTIC_WORLD_LOG} world size {world_size} "
-        f"verified at step {step}, before its first step",
+        f"verified at step {step}, before its first step{how}",
         file=sys.stderr,
         flush=True,
     )
@@ -225,8 +229,22 @@ class SyncHealth(Closing):
         self._losses = LossReader()
         self.closed = False
         self.last_report: contract.Report | None = None
+        self._probe_with = (probe_batch, probe_loss, probe_step)
+        checked = self._enter_world(environ, model, first=True) is not None
+        if checked and self._owns_steps and ":" in environ.get(contract.PET_NNODES, "") and self.rank == 0:
+            say_world(self.world_size, self.current_step)
+        # an elastic world that changed: why, and what it cost (the launcher's record)
+        self.metrics.resized(inplace.read_state(environ), time.time())
+
+    def _enter_world(
+        self, environ: Mapping[str, str], model: nn.Module, *, first: bool
+    ) -> replicas.SyncReport | None:
+        """The collectives of a world's start, after the model is wrapped: the header's group, the restarts
+        gather, the compute probe's start, the initial check (its report; None when off). One sequence for
+        the constructor and :meth:`rejoin`, so a healed survivor and a fresh rank of one world run the same
+        collectives in the same order."""
         # The header's own group: gloo (CPU) with a short timeout, so a peer that never comes is noticed.
-        ranks = None if group is None else dist.get_process_group_ranks(group)
+        ranks = None if self.group is None else dist.get_process_group_ranks(self.group)
         peers = dist.new_group(ranks=ranks, backend="gloo", timeout=timedelta(seconds=self.peer_timeout))
         settle_gloo_at_exit()  # the check's collectives, and the script's, end before the interpreter
         self.peers = peers if isinstance(peers, dist.ProcessGroup) else None
@@ -237,14 +255,24 @@ class SyncHealth(Closing):
         inplace.mark_worker(inplace.worker_mark(environ, os.getpid()), inplace.FORMED)
         self.metrics.restarts.set(contract.restarts_before(self.pod.attempt) + self.restart.restarts)
         self.metrics.restarted(self.restart.restarts, self.restart.cause)
-        self._start_probe(model, probe_batch, probe_loss, probe_step)
+        self._start_probe(model, *self._probe_with, drill=first)
         self._last = time.perf_counter()
-        if config.initial_check:
-            self.check("initial")
-            if self._owns_steps and ":" in environ.get(contract.PET_NNODES, "") and self.rank == 0:
-                say_world(self.world_size, self.current_step)
-        # an elastic world that changed: why, and what it cost (the launcher's record)
-        self.metrics.resized(inplace.read_state(environ), time.time())
+        return self.check("initial") if self.config.initial_check else None
+
+    def rejoin(self, model: nn.Module) -> bool:
+        """After a heal re-formed the default group (:mod:`ddp_trainer.sync.heal`): take this process's
+        place in the new world (rank, size, launcher variables, ``model``: the new DDP wrapper) and run what
+        the constructor runs there (:meth:`_enter_world`). Whether the initial check found every replica
+        the same (under ``Fail`` a divergence raises). Only a DDP model on the default group heals."""
+        if self.group is not None or self.layout is not None:
+            raise SyncHealthError("a heal re-forms the default group of a DDP model; this one is not")
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.launch = read_launch_env(os.environ)
+        if self._owns_steps:
+            self.subject.model = model  # a state given (the trainer's) holds the caller's wrapper already
+        self.skew = boundary.SkewMeter()
+        found = self._enter_world(os.environ, model, first=False)
+        return found is None or found.in_sync
 
     # -- setup ----------------------------------------------------------------------------------------
 

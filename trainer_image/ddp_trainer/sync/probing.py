@@ -37,9 +37,11 @@ class Probing(Checking):
         batch: Any,
         loss: Callable[[nn.Module], torch.Tensor] | None,
         step: probe.StepFn | None,
+        *,
+        drill: bool = True,
     ) -> None:
-        """The compute probe (:mod:`ddp_trainer.sync.probe`) when on, and the SDC fire drill when it names
-        this rank."""
+        """The compute probe (:mod:`ddp_trainer.sync.probe`) when on, and (``drill``: not again in a healed
+        world) the SDC fire drill when it names this rank."""
         self.probe_every, self.on_faulty_rank = self.config.probe_every, self.config.on_faulty_rank
         self.probes = 0
         self.last_probe: probe.ProbeResult | None = None
@@ -61,7 +63,7 @@ class Probing(Checking):
             )
             self.metrics.start_probe(self.probe_every, self.pod.node, self.prober.pod)
         sdc = self.pod.sdc
-        if sdc is not None and sdc.rank == self.rank:
+        if drill and sdc is not None and sdc.rank == self.rank:
             install_sdc_drill(model, lambda: self.current_step >= sdc.step)
             log.warning(
                 "fire drill: rank %d computes wrong after step %d (%s)",

@@ -3,7 +3,9 @@
 :class:`Session` only assembles: the checks, their policy, the step metrics and the fire drill are the
 same :class:`ddp_trainer.sync.health.SyncHealth` users put in their own loops, what else happens between steps
 :mod:`ddp_trainer.sync.boundary`, the loop :mod:`ddp_trainer.train.loop`, the report
-:mod:`ddp_trainer.reporting.report`; :meth:`Session.on_step` plugs them into the loop.
+:mod:`ddp_trainer.reporting.report`; :meth:`Session.on_step` plugs them into the loop. Where the launcher
+heals (``DDPJOB_HEAL=1``, gloo), a lost peer's error is healed in place (:mod:`ddp_trainer.sync.heal`) and
+the loop re-entered at the healed world's step. Long because that loop sits beside the run it re-enters.
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ from ddp_trainer import contract
 from ddp_trainer.checkpoint import checkpoints, payload, provenance
 from ddp_trainer.core import inplace
 from ddp_trainer.core.config import PodEnv, TrainerConfig
-from ddp_trainer.core.distributed import LaunchEnv
+from ddp_trainer.core.distributed import LaunchEnv, read_launch_env
 from ddp_trainer.core.state import TrainState
 from ddp_trainer.reporting import report
 from ddp_trainer.reporting.metrics import TrainerMetrics
-from ddp_trainer.sync import boundary, fingerprints, probe, replicas
+from ddp_trainer.sync import boundary, fingerprints, heal, probe, replicas
 from ddp_trainer.sync.boundary import CheckKind
 from ddp_trainer.sync.checking import DivergenceError, Tally, model_digest
 from ddp_trainer.sync.health import SyncHealth
@@ -83,6 +85,8 @@ class Session:
         self.skipped: tuple[str, ...] = ()
         self.writer: provenance.Writer | None = None
         self.state: TrainState | None = None
+        self.at_boundary = False
+        """Inside :meth:`on_step`: the step that raised there was completed (a heal drops none)."""
 
     def build(self) -> TrainState:
         """Same-seed model, optimizer, restore (identical bytes on every rank), DDP, initial verify."""
@@ -168,6 +172,7 @@ class Session:
         to go on."""
         state, health = self.state, self.health
         assert state is not None and health is not None
+        self.at_boundary = True
         health.observe(result.duration_seconds, result.samples, result.loss)
         if not self.stepped:
             self.stepped = True
@@ -189,6 +194,7 @@ class Session:
                 health.run_probe()  # under onFaultyRank Fail, raises FaultyRankError naming the rank
             if due.save and verified:
                 self.save(state)
+        self.at_boundary = False
         return not stop
 
     def save(self, state: TrainState) -> None:
@@ -204,29 +210,68 @@ class Session:
         self.stop.install()
         state = self.build()
         config = self.config
+        healer = heal.Healer() if heal.armed_here(os.environ) else None
         accumulation, batches = self.batches(state.step)
-        train(
-            state,
-            batches,
-            total_steps=config.steps,
-            grad_accumulation=accumulation,
-            precision=self.precision,
-            device=self.device,
-            loss_fn=compute_loss,
-            on_step=self.on_step,
-        )
+        while True:
+            try:
+                train(
+                    state,
+                    batches,
+                    total_steps=config.steps,
+                    grad_accumulation=accumulation,
+                    precision=self.precision,
+                    device=self.device,
+                    loss_fn=compute_loss,
+                    on_step=self.on_step,
+                )
+                break
+            except Exception as err:
+                if healer is None or not self.healed(healer, err):
+                    raise
+                accumulation, batches = self.batches(state.step, say=False)
         if self.tally.last_check_step != state.step:  # e.g. resumed at or past the last step
             self.check(state, "final")
         code, rep = report.finished(self.tally, self.facts(), config.steps, model_digest(state.model))
         return code, self.health.probe_summary(rep) if self.health is not None else rep
 
-    def batches(self, step: int) -> tuple[int, Batches]:
+    def healed(self, healer: heal.Healer, err: Exception) -> bool:
+        """Heal from ``err`` in place (:meth:`heal.Healer.heal`); whether it did (else the caller raises
+        ``err``). This rank's new place, randomness, resume step and checkpoint world follow."""
+        state = self.state
+        assert state is not None and self.writer is not None
+        fence = heal.checkpoint_fence(self.store, self.writer) if self.store is not None else None
+        stopped = self.stop
+        done = healer.heal(
+            err,
+            state,
+            dropped=not self.at_boundary,
+            health=self.health,
+            fence=fence,
+            stopped=lambda: stopped.requested,
+        )
+        if done is None:
+            return False
+        self.launch, self.resumed_from, self.stepped, self.at_boundary = (
+            read_launch_env(os.environ),
+            done.step,
+            False,
+            False,
+        )
+        self.writer = dataclasses.replace(self.writer, world=done.checkpoint_world)
+        self.metrics.describe(world_size=str(done.world_size))  # the rank label stays the first world's
+        self.agreement = boundary.StopAgreement()
+        heal.reseed(self.config.seed, done.rank)
+        return True
+
+    def batches(self, step: int, say: bool = True) -> tuple[int, Batches]:
         """Micro-batches per step and the micro-batches from ``step`` on: this rank's shard, or an elastic
-        job's share of the global batch at this world size (``data.elastic_batches``)."""
+        job's share of the global batch at this world size (``data.elastic_batches``); ``say``: log the
+        elastic world's line (a healed world's is the heal's)."""
         config, launch = self.config, self.launch
         if config.elastic_max_nodes:
             size = global_batch(config, launch.local_world_size)
-            log.info(
+            log.log(
+                logging.INFO if say else logging.DEBUG,
                 "%s world size %d verified at step %d, before its first step; global batch %d samples",
                 contract.ELASTIC_WORLD_LOG,
                 launch.world_size,

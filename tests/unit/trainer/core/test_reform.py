@@ -74,3 +74,85 @@ def test_a_world_of_one_re_forms_in_place_and_copies_from_itself() -> None:
             assert torch.equal(module.weight, before) and copied.tensors == 2
     finally:
         reform.abandon_group()
+
+
+def test_copy_state_carries_the_sources_extra() -> None:
+    store = reform.bootstrap_store("127.0.0.1", 0, 0, 1, timedelta(seconds=10))
+    try:
+        reform.reform(store, World(0, 1, reform.DEFAULT_PREFIX), timeout=timedelta(seconds=10))
+        module = nn.Linear(3, 3)
+        copied = reform.copy_state_(module, None, extra={"step": 7, "scaler": {"scale": 2.0}})
+        assert copied.extra == {"step": 7, "scaler": {"scale": 2.0}}
+    finally:
+        reform.abandon_group()
+
+
+def _gloo(message: str) -> RuntimeError:
+    return RuntimeError(f"[gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:1: {message}")
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        _gloo("Connection reset by peer. This is typically caused by a remote worker hanging"),
+        _gloo("Connection closed by peer [127.0.0.1]:2"),
+        _gloo("Broken pipe"),
+        dist.DistNetworkError("connect() timed out"),
+    ],
+)
+def test_a_gone_peer_is_a_peer_loss(error: BaseException) -> None:
+    assert reform.is_peer_loss(error)
+
+
+def test_a_peer_loss_is_found_under_the_error_raised_from_it() -> None:
+    try:
+        try:
+            raise _gloo("Connection reset by peer")
+        except RuntimeError:
+            raise ValueError("the sync check was not joined by the other ranks") from None
+    except ValueError as wrapped:
+        assert reform.is_peer_loss(wrapped)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        RuntimeError("[pair.cc:598] Timed out waiting 1800000ms for recv operation to complete"),
+        ValueError("Connection reset by peer"),  # not from a collective
+        dist.DistStoreError("wait timeout after 30000ms"),
+        KeyboardInterrupt(),
+    ],
+)
+def test_other_errors_are_not(error: BaseException) -> None:
+    assert not reform.is_peer_loss(error)
+
+
+def _arrive(*entries: tuple[str, int]) -> list[reform.Arrival]:
+    return [reform.Arrival(role, step, "L") for role, step in entries]
+
+
+def test_survivors_at_one_step_resume_there_and_send_nothing() -> None:
+    plan = reform.resume_plan(_arrive(("survivor", 10), ("survivor", 10)))
+    assert plan == reform.Plan(10, src=0, receivers=(), lost=0)
+    dropped = [reform.Arrival("survivor", 10, "L", dropped=True), reform.Arrival("survivor", 10, "L")]
+    assert reform.resume_plan(dropped).lost == 1
+
+
+def test_the_lowest_survivor_at_the_lowest_step_sends_to_fresh_ranks_and_those_further() -> None:
+    plan = reform.resume_plan(_arrive(("fresh", 0), ("survivor", 11), ("survivor", 10), ("survivor", 10)))
+    assert (plan.step, plan.src, plan.receivers, plan.lost) == (10, 2, (0, 1), 1)
+
+
+def test_no_survivor_starts_as_before_heals() -> None:
+    assert reform.resume_plan(_arrive(("fresh", 0), ("fresh", 0))) == reform.Plan(None)
+
+
+def test_a_plan_is_refused_for_survivors_apart_or_layouts_that_differ() -> None:
+    assert "apart" in reform.resume_plan(_arrive(("survivor", 10), ("survivor", 12))).refused
+    mixed = [reform.Arrival("survivor", 1, "L"), reform.Arrival("fresh", 0, "M")]
+    assert "[1]" in reform.resume_plan(mixed).refused
+
+
+def test_the_layout_digest_tells_modules_apart() -> None:
+    assert reform.layout_digest(nn.Linear(3, 3)) == reform.layout_digest(nn.Linear(3, 3))
+    assert reform.layout_digest(nn.Linear(3, 3)) != reform.layout_digest(nn.Linear(3, 4))

@@ -129,3 +129,14 @@ def test_a_workers_structured_error_is_read_for_its_message() -> None:
     # rank 0's node lost as the workers of a world of 3 start
     error = {"message": "Traceback (most recent call last):\n  x\nDistNetworkError: closed", "extraInfo": {}}
     assert inplace.cause({2: (1, error)}) == "rank 2 exited 1: DistNetworkError: closed"  # type: ignore[dict-item]
+
+
+def test_a_heal_books_the_lost_peers_world_change_and_gives_back_no_restart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    book = Book(tmp_path / "state.json", elastic=True)
+    book.rendezvoused(3, 0)
+    book.failed({}, stopped=True, why="a worker lost a peer", silent=False)  # launch/heal.py: no worker ended
+    assert book.rendezvoused(2, 1, healing=True) == (inplace.RESIZED, 0)  # torch spent no restart
+    assert book.state.restarts == 0 and book.state.history[-1].reason == contract.RESIZE_LOST
+    assert "this pod's workers heal in place (why: NodeLost)" in capsys.readouterr().err

@@ -1,0 +1,196 @@
+"""The launcher's side of a heal without a restart (issue 57, stage 1: a lost peer; the worker's side is
+:mod:`ddp_trainer.sync.heal`).
+
+Armed (:func:`armed`) for an elastic job of the built-in trainer that asks for it (``DDPJOB_HEAL=1``; the
+design's default, on unless ``DDPJOB_HEAL=0``, waits for the heal's proof under ``ddpjob local``); the
+launcher takes the variable away from its workers otherwise, and they heal only under it. When one of this
+launcher's workers marks itself heal-wanted (a collective failed with a peer's loss; the worker waits,
+bounded), the agent (:func:`heal`):
+
+1. runs the next rendezvous *without stopping its workers* (ddpjob's wrapped ``_rendezvous``, told it
+   heals: the workers' marks stay, no restart is counted or given back), so the world is the one torch
+   assigns, as a restart's would be;
+2. puts its workers' process ids back on the group torch's rendezvous rebuilt (else its monitor finds the
+   ids differ from its processes' and says the group's state is unknown);
+3. writes the notice of the new world beside the launch state (:mod:`ddp_trainer.core.notice`);
+4. waits up to :data:`HEAL_SECONDS` for every local worker's healed mark of that round. A worker that
+   ends, a heal-failed mark or the deadline: the workers are stopped (SIGKILL; the restore point is the last
+   checkpoint) and the agent takes the path it took before heals (a restart of this pod's workers; the
+   other nodes follow through the rendezvous).
+
+torch's agent restarts its workers when a node waits to join while its own look healthy (``_invoke_run``'s
+healthy branch): after a loss, another node's agent that healed first waits in the rendezvous, maybe before
+this node's workers failed. So, armed, that restart waits up to :data:`GRACE_SECONDS` for a worker's
+heal-wanted mark and heals instead (:func:`restart_or_heal`); a node that joins (a grow) still restarts,
+that much later.
+
+Not here yet (the design's later stages): a grow by heal, a member's loss seen by the round's watch before
+any worker failed, the fallback told to the other nodes through the store.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ddp_trainer import contract
+from ddp_trainer.core import notice
+from ddp_trainer.core.notice import Note, Notice
+from ddp_trainer.launch.book import Book
+from ddp_trainer.launch.rounds import stop_now
+from ddp_trainer.launch.workers import Marks
+from ddp_trainer.sync import heal as sync_heal
+
+HEAL_ENV = sync_heal.HEAL_ENV
+"""``1``: this pod's launcher heals (where it can: :func:`armed`), and so do its workers."""
+HEAL_SECONDS = 90.0
+"""How long the agent waits for its workers' healed marks after it wrote the notice: their new group's
+connect (the worker's timeout, 60 s) and more."""
+POLL_SECONDS = 0.1
+GRACE_SECONDS = 3.0
+"""How long torch's restart for a waiting node waits, when armed, for a worker's heal-wanted mark: a worker
+that lost a peer leaves its group at once, so the others fail within a second (measured for the design)."""
+LOST_PEER = "a worker lost a peer (its collective failed): healed in place"
+"""The cause the launcher books for a heal's world change."""
+
+
+def armed(env: Mapping[str, str], builtin: bool, elastic: bool) -> bool:
+    """Whether this launcher heals: asked to (``DDPJOB_HEAL=1``), for an elastic job (a lost node leaves a
+    smaller world to heal into) of the built-in trainer (which heals; a user's script does not yet)."""
+    return builtin and elastic and env.get(HEAL_ENV, "").strip() == "1"
+
+
+def wanting(notes: Sequence[Note | None]) -> bool:
+    """Whether a worker's mark asks for a heal."""
+    return any(note is not None and note.kind == notice.HEAL_WANTED for note in notes)
+
+
+def outcome(notes: Sequence[Note | None], round_: int) -> str | None:
+    """``"healed"`` when every worker healed into round ``round_``, why the heal failed when one says it
+    did, None while they heal."""
+    for note in notes:
+        if note is not None and note.kind == notice.HEAL_FAILED and note.round == round_:
+            return note.why or "a worker's heal failed"
+    if notes and all(n is not None and n.kind == notice.HEALED and n.round == round_ for n in notes):
+        return notice.HEALED
+    return None
+
+
+def notice_of(group: Any, round_: int, trigger: str, at: float) -> Notice:
+    """The notice of the world torch's rendezvous just assigned ``group``'s workers."""
+    return Notice(
+        round=round_,
+        ranks={int(w.local_rank): int(w.global_rank) for w in group.workers},
+        world_size=int(group.workers[0].world_size),
+        group_rank=int(group.group_rank),
+        group_world_size=int(group.group_world_size),
+        master_addr=str(group.master_addr),
+        master_port=int(group.master_port),
+        trigger=trigger,
+        at=at,
+    )
+
+
+def say(line: str) -> None:
+    print(f"{contract.log_stamp(time.time())} [launcher] {line}", file=sys.stderr, flush=True)
+
+
+def heal(
+    agent: Any,
+    group: Any,
+    *,
+    monitor: Callable[[Any, Any], Any],
+    marks: Marks,
+    path: Path,
+    round_of: Callable[[Any], int],
+    trigger: str,
+    seconds: float = HEAL_SECONDS,
+) -> Any:
+    """Heal ``group``'s workers in place (the module's docstring); the agent's view of them after: healthy
+    when they healed, else what :func:`stop_now` left (failed), for the caller's path before heals."""
+    from torch.distributed.elastic.agent.server.api import WorkerState
+
+    started = time.time()
+    ids = {int(w.local_rank): w.id for w in group.workers}
+    say(f"{trigger}: healing this pod's workers in place (no restart): meeting the next round")
+    agent._rendezvous(group, healing=True)
+    for worker in group.workers:
+        worker.id = ids[int(worker.local_rank)]
+    round_ = round_of(group)
+    notice.write_notice(path, notice_of(group, round_, trigger, started))
+    deadline = time.monotonic() + seconds
+    while True:
+        result = monitor(agent, group)
+        if result.state != WorkerState.HEALTHY:
+            say(f"a worker ended while healing into round {round_}: restarting as before heals")
+            return result
+        pids = [int(w.id) for w in group.workers]
+        done = outcome([notice.read_note(marks.read(pid) or "") for pid in pids], round_)
+        if done == notice.HEALED:
+            ranks = sorted(int(w.global_rank) for w in group.workers)
+            say(
+                f"healed in place into round {round_} (world size {group.workers[0].world_size}, ranks "
+                f"{ranks} here) in {time.time() - started:.1f} s"
+            )
+            group.state = WorkerState.HEALTHY
+            return result
+        if done is None and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+            continue
+        why = done if done is not None else f"no healed mark within {seconds:.0f} s"
+        say(f"the heal into round {round_} failed ({why}): its workers restart from the last checkpoint")
+        return stop_now(agent, group, monitor)
+
+
+def when_wanted(
+    agent: Any,
+    group: Any,
+    result: Any,
+    monitor: Callable[[Any, Any], Any],
+    marks: Marks,
+    book: Book,
+    path: Path,
+    round_of: Callable[[Any], int],
+) -> Any:
+    """The agent's look at healthy workers (``result``), healed first when one of them marked itself
+    heal-wanted (:func:`heal`, booked as a lost peer's world change); else ``result``."""
+    pids = [int(w.id) for w in group.workers if isinstance(w.id, int)]
+    if not wanting([notice.read_note(marks.read(pid) or "") for pid in pids]):
+        return result
+    book.failed({}, stopped=True, why=LOST_PEER, silent=False)
+    trigger = "a worker of this pod lost a peer"
+    return heal(agent, group, monitor=monitor, marks=marks, path=path, round_of=round_of, trigger=trigger)
+
+
+def restart_or_heal(
+    restart: Callable[[Any, Any], Any],
+    monitor: Callable[[Any, Any], Any],
+    marks: Marks,
+    book: Book,
+    path: Path,
+    round_of: Callable[[Any], int],
+) -> Callable[[Any, Any], Any]:
+    """torch's ``_restart_workers``, which heals instead where the workers looked healthy (a node waits to
+    join) and one of them marks itself heal-wanted within :data:`GRACE_SECONDS`, and leaves them be when they
+    end within it (workers that finished are not started again for the joiner)."""
+    from torch.distributed.elastic.agent.server.api import WorkerState
+
+    def restart_workers(agent: Any, group: Any) -> Any:
+        if group.state == WorkerState.HEALTHY:
+            deadline = time.monotonic() + GRACE_SECONDS
+            while time.monotonic() < deadline:
+                result = monitor(agent, group)
+                if result.state != WorkerState.HEALTHY:  # they ended meanwhile (done, or failed): the agent's
+                    return None  # next look acts on it (its exit barrier, or its restart, counted), not this
+                healed = when_wanted(agent, group, result, monitor, marks, book, path, round_of)
+                if healed is not result:  # a heal ran: done, or its workers stopped for the restart
+                    if healed.state == WorkerState.HEALTHY:
+                        return None
+                    break
+                time.sleep(POLL_SECONDS)
+        return restart(agent, group)
+
+    return restart_workers

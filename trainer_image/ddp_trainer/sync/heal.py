@@ -1,0 +1,268 @@
+"""A worker's heal without a restart (issue 57, stage 1: a lost peer). A collective that raises because a peer
+is gone (:func:`ddp_trainer.core.reform.is_peer_loss`) no longer ends the worker when its launcher can heal:
+the worker drops the step in flight, marks itself heal-wanted (:data:`ddp_trainer.core.notice.HEAL_WANTED`),
+and waits, bounded, for the launcher's notice of a newer world (:mod:`ddp_trainer.core.notice`: torch's
+rank assignment of the next rendezvous, which the launcher ran without stopping its workers). Then, in the
+same process, with the same module and optimizer:
+
+1. re-form the default group at the notice's rank and size, on the store the new rank 0 hosts at the
+   notice's address (:func:`~ddp_trainer.core.reform.bootstrap_store`: torch's own ``env://`` store, so
+   workers the launcher starts fresh in that world meet the survivors there);
+2. meet: the first collective of the new world, every rank's :class:`~ddp_trainer.core.reform.Arrival`
+   (survivor or fresh, last step completed, module layout), from which every rank computes the same
+   :func:`~ddp_trainer.core.reform.resume_plan`;
+3. copy the state (parameters, buffers, optimizer state, with the step, epoch and loss scaler's state) from
+   the plan's source to its receivers (fresh ranks, survivors that got further), bit for bit;
+4. wrap DDP again around the same module (the old wrapper's reducer belongs to the old group), with the
+   old wrapper's options;
+5. :meth:`SyncHealth.rejoin <ddp_trainer.sync.health.SyncHealth.rejoin>`: the collectives ``SyncHealth``'s
+   constructor runs, the initial replica check among them; a mismatch fails the heal whatever the
+   divergence policy says;
+6. rank 0 begins the world's fence (``fence``: :func:`checkpoint_fence`), whose number every rank takes;
+7. marks itself healed (the round and what it cost) and rank 0 says the world, as a verified elastic world
+   is said, with ``(healed in place: ...)``.
+
+Without a launcher's notice path (no launcher, plain torchrun) nothing here is armed: the error is the
+caller's to raise, as before heals. No checkpoint is read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import warnings
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from ddp_trainer.checkpoint import checkpoints
+from ddp_trainer.checkpoint.provenance import Writer
+from ddp_trainer.checkpoint.stores import Store as CheckpointStore
+from ddp_trainer.core import inplace, notice, reform
+from ddp_trainer.core.notice import Notice
+from ddp_trainer.sync.health import SyncHealth, say_world
+
+log = logging.getLogger("ddp_trainer")
+
+HEAL_WAIT_SECONDS = 60.0
+"""How long a worker that marked itself heal-wanted waits for its launcher's notice before it gives up (and
+its error ends it, as before heals)."""
+POLL_SECONDS = 0.1
+
+
+HEAL_ENV = "DDPJOB_HEAL"
+"""Set to ``1`` by a launcher that heals (:mod:`ddp_trainer.launch.heal`) for its workers."""
+
+
+def armed_here(env: Mapping[str, str]) -> bool:
+    """Whether this worker heals: its launcher said so, and its default group is gloo's (an NCCL group's
+    heal needs its abort from a watch thread: a later stage)."""
+    return env.get(HEAL_ENV, "") == "1" and dist.is_initialized() and dist.get_backend() == "gloo"
+
+
+class HealFailed(RuntimeError):
+    """The heal started and cannot finish: the worker's mark says why; it exits, and its launcher restarts
+    it as before heals."""
+
+
+@dataclass(frozen=True)
+class Healed:
+    """What a heal did, on this rank."""
+
+    round: int
+    rank: int
+    world_size: int
+    step: int
+    """The step the healed world resumes after: its first step is ``step + 1``."""
+    lost: int
+    bytes: int
+    """Bytes of state sent by the source (0 when no rank needed the state)."""
+    seconds: float
+    """From the failure caught to the healed world verified."""
+    src: int | None
+    received: bool
+    checkpoint_world: int = 0
+    """The number the healed world stamps on its checkpoints (its fence's), 0 without a fence."""
+
+
+def checkpoint_fence(store: CheckpointStore, writer: Writer) -> Callable[[int], int]:
+    """Rank 0's fence for a healed world starting from a step: :func:`checkpoints.begin_world`."""
+    return lambda step: checkpoints.begin_world(
+        store, writer, step, checkpoints.read_fences(store, writer.identity)
+    )
+
+
+def _wrap(module: nn.Module, old: nn.Module) -> DistributedDataParallel:
+    """``module`` in a new DDP wrapper with the options of the ``old`` one (none when it was no wrapper). A
+    wrapper without forward buffer sync is made again with ``broadcast_buffers=False``, deprecated in torch
+    2.15 (a ``FutureWarning``, muted here) but the one switch that also skips the buffers' sync at start,
+    which rank-local buffers need."""
+    if not isinstance(old, DistributedDataParallel):
+        return DistributedDataParallel(module)
+    options: dict[str, Any] = {
+        "device_ids": old.device_ids,
+        "find_unused_parameters": old.find_unused_parameters,
+        "gradient_as_bucket_view": old.gradient_as_bucket_view,
+    }
+    if not getattr(old, "forward_sync_buffers", True):
+        options["broadcast_buffers"] = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return DistributedDataParallel(module, **options)
+
+
+class Healer:
+    """One worker's heals: where its launcher's notice lies, the newest round it has healed into."""
+
+    def __init__(
+        self,
+        env: MutableMapping[str, str] | None = None,
+        *,
+        wait_seconds: float = HEAL_WAIT_SECONDS,
+        timeout: timedelta = timedelta(seconds=60),
+    ) -> None:
+        self.env: MutableMapping[str, str] = os.environ if env is None else env
+        self.path = notice.notice_path(self.env)
+        self.mark = inplace.worker_mark(self.env, os.getpid())
+        self.wait_seconds, self.timeout = wait_seconds, timeout
+        known = notice.read_notice(self.path)
+        self.round = known.round if known is not None else -1
+        """The round of the newest notice this worker's world is past (one there before it started is)."""
+        self.local_rank = int(self.env.get("LOCAL_RANK", "0") or 0)
+
+    def wanted(self, error: BaseException) -> bool:
+        """Whether ``error`` is one to heal from: a peer's loss, under a launcher that writes notices."""
+        return self.path is not None and reform.is_peer_loss(error)
+
+    def await_notice(self, stopped: Callable[[], bool] | None = None) -> Notice | None:
+        """Mark heal-wanted and wait up to ``wait_seconds`` for a notice newer than this worker's world; None
+        at the deadline, or once ``stopped()`` (its launcher stops it: SIGTERM)."""
+        inplace.mark_worker(self.mark, notice.HEAL_WANTED)
+        deadline = time.monotonic() + self.wait_seconds
+        while True:
+            found = notice.read_notice(self.path)
+            if found is not None and found.round > self.round:
+                return found
+            if time.monotonic() >= deadline or (stopped is not None and stopped()):
+                return None
+            time.sleep(POLL_SECONDS)
+
+    def fail(self, round_: int, why: str) -> HealFailed:
+        """Mark the heal of ``round_`` failed; the error to raise."""
+        inplace.mark_worker(self.mark, notice.heal_failed_note(round_, why))
+        log.error("heal into round %d failed: %s", round_, why)
+        return HealFailed(why)
+
+    def heal(
+        self,
+        error: BaseException,
+        subject: Any,
+        *,
+        dropped: bool,
+        health: SyncHealth | None = None,
+        fence: Callable[[int], int] | None = None,
+        stopped: Callable[[], bool] | None = None,
+    ) -> Healed | None:
+        """Heal from ``error`` (raised by a collective of ``subject``'s step: a train state with ``model``
+        (DDP-wrapped), ``optimizer``, ``scaler``, ``step``, ``epoch``; ``dropped``: the step in flight was
+        dropped). None when it is not one to heal from or no notice came (``stopped()``: the wait ends early)
+        the caller raises ``error`` (the old group is left then).
+        Otherwise ``subject.model`` is the new DDP wrapper and ``subject`` holds the healed world's state;
+        :class:`HealFailed` when the heal started and cannot finish."""
+        if not self.wanted(error):
+            return None
+        caught = time.perf_counter()
+        subject.optimizer.zero_grad(set_to_none=True)  # the step in flight is dropped
+        # leave the old group now, with nothing pending (fast), and close its connections: a survivor still
+        # blocked on this one fails at once and asks its launcher too, instead of waiting out the timeout
+        reform.abandon_group()
+        reform.sever_connections()
+        log.warning(
+            "a peer is gone (%s): step %d in flight dropped, the old group left; waiting up to %.0f s for "
+            "the launcher's notice",
+            str(error).splitlines()[0][:160] if str(error) else type(error).__name__,
+            subject.step + 1,
+            self.wait_seconds,
+        )
+        found = self.await_notice(stopped)
+        if found is None:
+            log.error("no notice of a new world (waited up to %.0f s): this worker ends", self.wait_seconds)
+            return None
+        try:
+            return self._into(found, subject, caught, dropped=dropped, health=health, fence=fence)
+        except HealFailed:
+            raise
+        except Exception as err:  # a store that never came, a collective of the new world
+            raise self.fail(found.round, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}") from err
+
+    def _into(
+        self,
+        found: Notice,
+        subject: Any,
+        caught: float,
+        *,
+        dropped: bool,
+        health: SyncHealth | None,
+        fence: Callable[[int], int] | None,
+    ) -> Healed:
+        old = subject.model
+        module = old.module if isinstance(old, DistributedDataParallel) else old
+        subject.model = module  # the old wrapper goes with the old group
+        rank, size = found.rank_of(self.local_rank), found.world_size
+        self.env.update(found.env(self.local_rank))
+        store = reform.bootstrap_store(found.master_addr, found.master_port, rank, size, self.timeout)
+        reform.reform(store, reform.World(rank, size, reform.DEFAULT_PREFIX), timeout=self.timeout)
+        mine = reform.Arrival(reform.SURVIVOR, int(subject.step), reform.layout_digest(module), dropped)
+        arrivals: list[Any] = [None] * size
+        dist.all_gather_object(arrivals, mine)  # the meeting: the new world's first collective
+        plan = reform.resume_plan(arrivals)
+        if plan.refused or plan.step is None:
+            raise self.fail(found.round, plan.refused or "no survivor in the new world")
+        sent = 0
+        if plan.receivers:
+            assert plan.src is not None
+            extra = {"step": subject.step, "epoch": subject.epoch, "scaler": subject.scaler.state_dict()}
+            copied = reform.copy_state_(module, subject.optimizer, src=plan.src, extra=extra)
+            if rank in plan.receivers:
+                subject.step, subject.epoch = copied.extra["step"], copied.extra["epoch"]
+                subject.scaler.load_state_dict(copied.extra["scaler"])
+            sent = copied.bytes
+        subject.model = _wrap(module, old)
+        del old
+        if health is not None:
+            verified = health.rejoin(subject.model)
+            if not verified:
+                raise self.fail(found.round, f"the healed world's replica check failed at step {plan.step}")
+        world_number: list[Any] = [fence(plan.step) if fence is not None and rank == 0 else 0]
+        dist.broadcast_object_list(world_number, src=0)
+        seconds = time.perf_counter() - caught
+        healed = Healed(
+            found.round,
+            rank,
+            size,
+            plan.step,
+            plan.lost,
+            sent,
+            seconds,
+            plan.src,
+            rank in plan.receivers,
+            int(world_number[0]),
+        )
+        self.round = found.round
+        report = {"step": plan.step, "lost": plan.lost, "bytes": sent, "seconds": round(seconds, 3)}
+        inplace.mark_worker(self.mark, notice.healed_note(found.round, report))
+        if rank == 0:
+            say_world(size, plan.step, healed=(plan.lost, sent, seconds))
+        return healed
+
+
+def reseed(seed: int, rank: int) -> None:
+    """A healed rank's own randomness (dropout), as a restarted one's: ``seed + rank``, its new rank."""
+    torch.manual_seed(seed + rank)
