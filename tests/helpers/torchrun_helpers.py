@@ -20,6 +20,31 @@ from prometheus_client.parser import text_string_to_metric_families
 HERE = Path(__file__).resolve().parent
 
 
+@contextlib.contextmanager
+def reaped(
+    procs: list[subprocess.Popen[bytes]],
+    logs: Any,
+    *,
+    trees: bool = False,
+    beside: tuple[subprocess.Popen[bytes], ...] = (),
+) -> Any:
+    """Run a scenario of real processes: an error in it is an AssertionError with ``logs()`` (their logs),
+    and every process still running at the end, of ``procs`` (as the scenario left the list) and
+    ``beside`` (a store server), is killed (``trees``: with its descendants, a launcher's workers) and
+    reaped, whatever happened."""
+    try:
+        yield
+    except Exception as e:
+        raise AssertionError(f"{type(e).__name__}: {e}\n{logs()}") from e
+    finally:
+        for p in [*procs, *beside]:
+            if p.poll() is None:
+                for pid in process_tree(p.pid) if trees else [p.pid]:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                p.wait()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -57,7 +82,7 @@ class Launch:
     def kill(self) -> None:
         """SIGKILL every process of every node, as when a pod's containers are killed (torchrun starts
         each worker in a session of its own, so the launcher's process group is not enough)."""
-        pids = [pid for node in self.nodes if node.proc.poll() is None for pid in _tree(node.proc.pid)]
+        pids = [pid for node in self.nodes if node.proc.poll() is None for pid in process_tree(node.proc.pid)]
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -81,15 +106,15 @@ class Launch:
         )
 
 
-def _tree(root: int) -> list[int]:
-    """``root`` and all its descendants, from /proc."""
+def process_tree(root: int) -> list[int]:
+    """``root`` and all its descendants, from /proc (a launcher, its fork server, its workers)."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        children.setdefault(parent, []).append(int(stat.parent.name))
     found, todo = [], [root]
     while todo:
         pid = todo.pop()

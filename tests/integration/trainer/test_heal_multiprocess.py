@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ import pytest
 
 from ddp_trainer.core import notice
 from ddp_trainer.core.inplace import WORKER_MARK_PREFIX
-from helpers.torchrun_helpers import HERE
+from helpers.torchrun_helpers import HERE, free_port, process_tree, reaped
 
 pytestmark = pytest.mark.slow
 
@@ -33,16 +32,18 @@ STEPS = 40
 KILL_AT = 10
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _spawn(out: Path, rank: int, port: int) -> subprocess.Popen[bytes]:
+    log = (out / f"rank{rank}.log").open("wb")
+    argv = [sys.executable, str(HERE / "heal_scenarios.py"), str(out), str(STEPS)]
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=_worker_env(out, rank, port))
+
+
+def _worker_env(out: Path, rank: int, port: int) -> dict[str, str]:
+    """A launcher's worker of one process per pod, in a world of 3: its pod's folder made, its launch state
+    there (where its launcher's notice goes)."""
     pod = out / f"pod{rank}"
     pod.mkdir()
-    env = os.environ | {
+    return os.environ | {
         "RANK": str(rank),
         "LOCAL_RANK": "0",
         "WORLD_SIZE": "3",
@@ -53,9 +54,6 @@ def _spawn(out: Path, rank: int, port: int) -> subprocess.Popen[bytes]:
         "DDPJOB_LAUNCH_STATE": str(pod / "launch-state.json"),
         "DDPJOB_METRICS_PORT": "0",
     }
-    log = (out / f"rank{rank}.log").open("wb")
-    argv = [sys.executable, str(HERE / "heal_scenarios.py"), str(out), str(STEPS)]
-    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
 def _records(out: Path) -> dict[int, list[dict[str, Any]]]:
@@ -78,6 +76,24 @@ def _mark(out: Path, rank: int, pid: int) -> str:
         return ""
 
 
+def _lose_and_notify(
+    out: Path, procs: list[subprocess.Popen[bytes]], victim: int, survivors: list[int]
+) -> float:
+    """SIGKILL ``victim``; once every survivor marked itself heal-wanted, write each survivor's notice of the
+    new world of 2 as its launcher would (torch's order: the survivors keep theirs, on a new store port).
+    The time of the kill."""
+    os.kill(procs[victim].pid, signal.SIGKILL)
+    killed = time.time()
+    procs[victim].wait(10)
+    wanted = lambda: all(_mark(out, r, procs[r].pid) == notice.HEAL_WANTED for r in survivors)  # noqa: E731
+    _until("heal-wanted marks", wanted, procs, victim)
+    new_port = free_port()
+    for new_rank, r in enumerate(survivors):
+        note = notice.Notice(1, {0: new_rank}, 2, new_rank, 2, "127.0.0.1", new_port, "test", killed)
+        notice.write_notice(out / f"pod{r}" / notice.NOTICE_FILE, note)
+    return killed
+
+
 def _until(what: str, ready: Any, procs: list[subprocess.Popen[bytes]], victim: int) -> None:
     deadline = time.monotonic() + WAIT
     while not ready():
@@ -90,28 +106,13 @@ def _until(what: str, ready: Any, procs: list[subprocess.Popen[bytes]], victim: 
 def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     victim: int = request.param
     out = tmp_path_factory.mktemp(f"heal{victim}")
-    port = _port()
+    port = free_port()
     procs = [_spawn(out, rank, port) for rank in range(3)]
     survivors = [r for r in range(3) if r != victim]
-    try:
+    with reaped(procs, lambda: _logs(out)):
         _until("steps", lambda: all(len(v) >= KILL_AT for v in _records(out).values()), procs, -1)
-        os.kill(procs[victim].pid, signal.SIGKILL)
-        killed = time.time()
-        procs[victim].wait(10)
-        wanted = lambda: all(_mark(out, r, procs[r].pid) == notice.HEAL_WANTED for r in survivors)  # noqa: E731
-        _until("heal-wanted marks", wanted, procs, victim)
-        new_port = _port()
-        for new_rank, r in enumerate(survivors):  # torch's order: the survivors keep theirs
-            note = notice.Notice(1, {0: new_rank}, 2, new_rank, 2, "127.0.0.1", new_port, "test", killed)
-            notice.write_notice(out / f"pod{r}" / notice.NOTICE_FILE, note)
+        killed = _lose_and_notify(out, procs, victim, survivors)
         codes = {r: procs[r].wait(WAIT) for r in survivors}
-    except Exception as e:
-        raise AssertionError(f"{type(e).__name__}: {e}\n{_logs(out)}") from e
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
     assert codes == dict.fromkeys(survivors, 0), _logs(out)
     marks = {r: _mark(out, r, procs[r].pid) for r in survivors}
     yield {
@@ -207,21 +208,11 @@ def trainer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     """The built-in trainer (``python -m ddp_trainer``) as 3 workers of launchers that heal
     (``DDPJOB_HEAL=1``): rank 1 is SIGKILLed mid-run, the test writes the notices."""
     out = tmp_path_factory.mktemp("healtrainer")
-    port, victim, survivors = _port(), 1, [0, 2]
+    port, victim, survivors = free_port(), 1, [0, 2]
     procs = []
     for rank in range(3):
         pod = out / f"pod{rank}"
-        pod.mkdir()
-        env = os.environ | {
-            "RANK": str(rank),
-            "LOCAL_RANK": "0",
-            "WORLD_SIZE": "3",
-            "LOCAL_WORLD_SIZE": "1",
-            "GROUP_RANK": str(rank),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "DDPJOB_LAUNCH_STATE": str(pod / "launch-state.json"),
-            "DDPJOB_METRICS_PORT": "0",
+        env = _worker_env(out, rank, port) | {
             "DDPJOB_TERMINATION_LOG": str(pod / "report.json"),
             "DDPJOB_HEAL": "1",
             "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
@@ -229,26 +220,11 @@ def trainer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         log = (out / f"rank{rank}.log").open("wb")
         argv = [sys.executable, *TRAINER, f"--checkpoint-dir={out / 'checkpoints'}"]
         procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env))
-    try:
+    with reaped(procs, lambda: _logs(out)):
         _until("the first step", lambda: "first optimizer step" in (out / "rank0.log").read_text(), procs, -1)
         time.sleep(2)
-        os.kill(procs[victim].pid, signal.SIGKILL)
-        killed = time.time()
-        procs[victim].wait(10)
-        wanted = lambda: all(_mark(out, r, procs[r].pid) == notice.HEAL_WANTED for r in survivors)  # noqa: E731
-        _until("heal-wanted marks", wanted, procs, victim)
-        new_port = _port()
-        for new_rank, r in enumerate(survivors):
-            note = notice.Notice(1, {0: new_rank}, 2, new_rank, 2, "127.0.0.1", new_port, "test", killed)
-            notice.write_notice(out / f"pod{r}" / notice.NOTICE_FILE, note)
+        _lose_and_notify(out, procs, victim, survivors)
         codes = {r: procs[r].wait(WAIT * 2) for r in survivors}
-    except Exception as e:
-        raise AssertionError(f"{type(e).__name__}: {e}\n{_logs(out)}") from e
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
     assert codes == dict.fromkeys(survivors, 0), _logs(out)
     reports = {r: json.loads((out / f"pod{r}" / "report.json").read_text()) for r in survivors}
     marks = {r: _mark(out, r, procs[r].pid) for r in survivors}
@@ -278,23 +254,6 @@ def test_the_built_in_trainer_heals_in_its_own_processes_and_trains_to_the_end(
     print(healed[0])
 
 
-def _tree(root: int) -> list[int]:
-    """``root`` and its descendants (a launcher, its fork server, its workers)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(parent, []).append(int(stat.parent.name))
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(children.get(pid, []))
-    return found
-
-
 def _workers(pod: Path) -> set[int]:
     return {int(p.name.removeprefix(WORKER_MARK_PREFIX)) for p in pod.glob(f"{WORKER_MARK_PREFIX}*")}
 
@@ -312,14 +271,14 @@ def launched(
     victim, procs_per_pod = request.param
     survivors = [r for r in range(3) if r != victim]
     out = tmp_path_factory.mktemp(f"healagents{victim}x{procs_per_pod}")
-    port = _port()
+    port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "ddp_trainer.launch.store", str(port)],
         stdout=(out / "store.log").open("wb"),
         stderr=subprocess.STDOUT,
     )
     procs: list[subprocess.Popen[bytes]] = []
-    try:
+    with reaped(procs, lambda: _logs(out), trees=True, beside=(server,)):
         for rank in range(3):
             pod = out / f"pod{rank}"
             (pod / "tmp").mkdir(parents=True)
@@ -364,20 +323,11 @@ def launched(
         _until("the first step", training, procs, -1)
         time.sleep(2)
         before = {r: _workers(out / f"pod{r}") for r in survivors}
-        for pid in _tree(procs[victim].pid):
+        for pid in process_tree(procs[victim].pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         codes = {r: procs[r].wait(WAIT * 2) for r in survivors}
         after = {r: _workers(out / f"pod{r}") for r in survivors}
-    except Exception as e:
-        raise AssertionError(f"{type(e).__name__}: {e}\n{_logs(out)}") from e
-    finally:
-        for p in [*procs, server]:
-            if p.poll() is None:
-                for pid in _tree(p.pid):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                p.wait()
     logs = {r: (out / f"rank{r}.log").read_text() for r in range(3)}
     yield {
         "codes": codes,
@@ -420,7 +370,7 @@ def test_a_process_that_leaves_a_gloo_group_fails_a_peer_blocked_on_it_only_if_i
     fail at once, unless a DDP wrapper was built on the group, which keeps its connections open (the
     peer then fails at the group's 6 s timeout) until ``reform.sever_connections`` closes them. The
     design's measurement (no DDP) was the first case only."""
-    port = _port()
+    port = free_port()
     argv = [sys.executable, str(HERE / "gloo_leave.py")]
     procs = [
         subprocess.Popen(

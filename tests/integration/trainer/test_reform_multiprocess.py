@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from helpers.torchrun_helpers import HERE
+from helpers.torchrun_helpers import HERE, reaped
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +50,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     out = tmp_path_factory.mktemp("reform")
     store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False, timeout=WAIT)  # type: ignore[attr-defined]
     procs = [_spawn(out, store.port, "first", rank) for rank in range(3)]
-    try:
+    with reaped(procs, lambda: _logs(out)):
         _wait(store, [f"trained{r}" for r in range(3)], procs)
         os.kill(procs[2].pid, signal.SIGKILL)
         procs[2].wait(10)
@@ -59,13 +59,6 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         procs.append(_spawn(out, store.port, "joiner", 0))
         store.set("grow", "1")
         codes = [p.wait(WAIT.total_seconds()) for p in procs]
-    except Exception as e:
-        raise AssertionError(f"{type(e).__name__}: {e}\n{_logs(out)}") from e
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
     assert codes == [0, 0, -signal.SIGKILL, 0], _logs(out)
     records: dict[str, dict[str, Any]] = {}
     for path in out.glob("*.jsonl"):

@@ -245,8 +245,10 @@ class Plan:
     src: int | None = None
     receivers: tuple[int, ...] = ()
     lost: int = 0
-    """Steps begun and not kept: the step in flight (when a rank dropped one) and the steps any survivor
-    completed beyond ``step``."""
+    """The world's steps trained again: the step in flight (``step + 1``, begun by some rank and not
+    completed by every survivor: a rank dropped it, or completed it while another did not), 0 or 1. A
+    survivor that got one step further (a ring all-reduce the lost peer left half done) may have begun the
+    step after that too; no world completed it, so it is not counted."""
     refused: str = ""
 
 
@@ -267,7 +269,7 @@ def resume_plan(arrivals: Sequence[Arrival]) -> Plan:
         return Plan(None, refused=f"the survivors are at steps {low} to {high}: more than one step apart")
     receivers = tuple(r for r, a in enumerate(arrivals) if a.role != SURVIVOR or a.step != low)
     dropped = any(a.dropped for a in arrivals)
-    return Plan(low, src, receivers, high - low + int(dropped))
+    return Plan(low, src, receivers, int(high > low or dropped))
 
 
 def layout_digest(module: nn.Module) -> str:

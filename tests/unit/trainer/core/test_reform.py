@@ -143,6 +143,16 @@ def test_the_lowest_survivor_at_the_lowest_step_sends_to_fresh_ranks_and_those_f
     assert (plan.step, plan.src, plan.receivers, plan.lost) == (10, 2, (0, 1), 1)
 
 
+def test_a_survivor_a_step_further_that_dropped_the_next_loses_the_world_one_step() -> None:
+    """Rank 1 completed step 11 (the lost peer's all-reduce half done: rank 2's never ended) and dropped step
+    12; rank 2 dropped step 11. The world trains step 11 again, once: one step lost, not two."""
+    further = reform.Arrival("survivor", 11, "L", dropped=True)
+    plan = reform.resume_plan(
+        [reform.Arrival("fresh", 0, "L"), further, reform.Arrival("survivor", 10, "L", dropped=True)]
+    )
+    assert (plan.step, plan.src, plan.receivers, plan.lost) == (10, 2, (0, 1), 1)
+
+
 def test_no_survivor_starts_as_before_heals() -> None:
     assert reform.resume_plan(_arrive(("fresh", 0), ("fresh", 0))) == reform.Plan(None)
 
