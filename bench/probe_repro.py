@@ -10,8 +10,8 @@ different one. So:
 2. process B, fresh, loads that state and digests: it must equal A's; B then trains ``--steps`` more
    steps, saves, and digests again;
 3. process C, fresh, loads B's state and digests: it must equal B's second digest;
-4. process D, fresh, loads B's state with the SDC fire drill on (:mod:`ddp_trainer.sync.sdc`: one element
-   of the last layer's output moved as a flipped mantissa bit would) and digests: it must differ.
+4. process D, fresh, loads B's state with the SDC fire drill on (:mod:`ddp_trainer.sync.corruption_drill`: one
+   element of the last layer's output moved as a flipped mantissa bit would) and digests: it must differ.
 
 ``--device cuda`` runs the four processes one after another on the same GPU (a one-GPU machine: no
 collective, so no NCCL); ``--device cpu`` is the same on CPU, which the tests run. ``--model gpt2`` is
@@ -63,7 +63,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     """One fresh process: load (or seed), digest, maybe train and digest again, save."""
     import torch
 
-    from ddp_trainer.sync import probe, sdc
+    from ddp_trainer.sync import corruption_drill, probe
 
     dtype = getattr(torch, args.dtype)
     model, loss = _model(args.model, args.device, dtype)
@@ -73,7 +73,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
     if args.drill:
-        sdc.install_sdc_drill(model, lambda: True)
+        corruption_drill.install_sdc_drill(model, lambda: True)
     prober = probe.Probe(model, group=None, loss=loss)
     out: dict[str, Any] = {"device": probe.device_id(next(model.parameters()).device)}
     if args.load:

@@ -47,7 +47,7 @@ Each private name, who reads it, and what is checked of it:
 - ``OptimizedModule._orig_mod`` (core/wrappers.py, matched by class name): the class and the attribute,
   read from torch's source without importing ``torch._dynamo`` (a real compile:
   tests/integration/trainer/test_health.py).
-- A heal's rendezvous without a restart (launch/heal.py): ``SimpleElasticAgent._rendezvous`` replaces
+- A heal's rendezvous without a restart (launch/heal_round.py): ``SimpleElasticAgent._rendezvous`` replaces
   ``worker_group.workers`` with new ``Worker`` objects (``id`` None; ``local_rank``, ``global_rank``,
   ``world_size`` set by ``_assign_worker_ranks``) and sets ``group_rank``, ``group_world_size``,
   ``master_addr``, ``master_port``; ``LocalElasticAgent._monitor_workers`` says UNKNOWN when the workers' ids
@@ -561,7 +561,7 @@ def test_the_env_store_a_heal_mirrors_and_the_ddp_options_it_copies() -> None:
 
 
 def test_the_rendezvous_a_heal_runs_without_a_restart_leaves_what_it_reads() -> None:
-    """launch/heal.py: the workers torch's rendezvous makes anew, and why their ids must be put back."""
+    """launch/heal_round.py: the workers torch's rendezvous makes anew, and why their ids must be put back."""
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent, Worker
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 

@@ -168,7 +168,7 @@ def children(cluster: Cluster, namespace: str, kind: str, name: str) -> list[dic
 
 
 def stores(cluster: Cluster, namespace: str, kind: str, name: str) -> list[dict[str, Any]]:
-    """An elastic DDPJob's rendezvous store Jobs or pods (children/store.py)."""
+    """An elastic DDPJob's rendezvous store Jobs or pods (children/store_job.py)."""
     selector = f"ddpjob.io/job-name={name},ddpjob.io/rendezvous-store=true"
     items: list[dict[str, Any]] = cluster.kubectl_json("get", kind, "-n", namespace, "-l", selector)["items"]
     return items

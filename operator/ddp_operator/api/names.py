@@ -18,8 +18,8 @@ JOB_NAME_LABEL: Final = "ddpjob.io/job-name"
 ATTEMPT_LABEL: Final = "ddpjob.io/attempt"
 """The attempt a Job and its pods belong to."""
 STORE_LABEL: Final = "ddpjob.io/rendezvous-store"
-"""``"true"`` on an elastic job's rendezvous store Job and its pod (:mod:`ddp_operator.children.store`): not
-an attempt's Job nor a worker, so the operator's indexes leave them out."""
+"""``"true"`` on an elastic job's rendezvous store Job and its pod (:mod:`ddp_operator.children.store_job`):
+not an attempt's Job nor a worker, so the operator's indexes leave them out."""
 STORE_SUFFIX: Final = "-rdzv"
 """An elastic job's rendezvous store Job is ``<name>-<attempt>-rdzv``."""
 KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"

@@ -58,7 +58,7 @@ BELOW_DESIRED: Final = "BelowDesired"
 """An elastic job training with fewer nodes than ``spec.nodes`` (and at least ``minNodes``)."""
 POD_SECURITY: Final = "PodSecurity"
 """The API server refused the attempt's pods under Pod Security admission (the namespace's enforced level):
-final for this spec; the fields are named (``observe.podsecurity``)."""
+final for this spec; the fields are named (``observe.refused_pods``)."""
 BELOW_MIN_NODES: Final = "BelowMinNodes"
 """An elastic job that trained and now has fewer than ``minNodes`` nodes: it waits (Ready False), and after
 ``belowMinTimeoutSeconds`` fails with this reason, naming the shortfall."""

@@ -1,6 +1,6 @@
 """Everything the operator creates for one attempt, assembled from the modules that render each part:
 the checkpoint claim, the Service and the Indexed Job (:mod:`ddp_operator.children.render`) and an elastic
-job's rendezvous store Job (:mod:`ddp_operator.children.store`, which renders with ``render``'s parts, so
+job's rendezvous store Job (:mod:`ddp_operator.children.store_job`, which renders with ``render``'s parts, so
 the assembly sits above both). Pure: no I/O."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 from ddp_operator.api.spec import Spec
 from ddp_operator.children.render import external_store, render_checkpoint_claim, render_job, render_service
-from ddp_operator.children.store import render_store
+from ddp_operator.children.store_job import render_store
 from ddp_trainer import contract
 
 Obj = dict[str, Any]

@@ -68,7 +68,7 @@ def pod_hostname(spec: Spec, attempt: int, index: int) -> str:
 
 
 def store_name(spec: Spec, attempt: int) -> str:
-    """An elastic job's rendezvous store Job (:mod:`ddp_operator.children.store`)."""
+    """An elastic job's rendezvous store Job (:mod:`ddp_operator.children.store_job`)."""
     return f"{job_name(spec, attempt)}{STORE_SUFFIX}"
 
 

@@ -1,7 +1,7 @@
 """An elastic job's rendezvous store, one room of the decision: what the DDPJob says of it, and when its
 Job goes. Pure.
 
-An elastic job whose pods rendezvous through a store of its own (``children/store.py``: one pod, one Job
+An elastic job whose pods rendezvous through a store of its own (``children/store_job.py``: one pod, one Job
 per attempt) needs it while the attempt runs. Here:
 
 - :func:`reading`: whether the store serves, as its pods say (:mod:`ddp_operator.observe.store_health`);
@@ -23,7 +23,7 @@ from typing import Any
 from ddp_operator.api import reasons
 from ddp_operator.api.spec import Spec
 from ddp_operator.api.typed_status import Status
-from ddp_operator.children.store import render_store, store_of
+from ddp_operator.children.store_job import render_store, store_of
 from ddp_operator.decide.plan import Event, Obj, Plan
 from ddp_operator.decide.status_builder import Said, StatusBuilder, finished
 from ddp_operator.observe import store_health

@@ -1,7 +1,7 @@
 """Starting, one room of the decision: what a DDPJob says while its attempt's pods start, or cannot. Pure.
 
 - :func:`refused_or_absent`: a start-up failure said before a pod could say it: pods that Pod Security
-  admission refused, named from the rendered template (:mod:`ddp_operator.observe.podsecurity`), or a
+  admission refused, named from the rendered template (:mod:`ddp_operator.observe.refused_pods`), or a
   Secret or ConfigMap the spec names that is absent (:mod:`ddp_operator.observe.startup`);
 - :func:`say_starting`: the phase and ``Ready`` of an attempt whose pods are not all running yet: the
   checkpoint claim that keeps them waiting (before the scheduler's message, which says only "pod has
@@ -22,7 +22,7 @@ from ddp_operator.api import reasons
 from ddp_operator.api.spec import Spec
 from ddp_operator.decide.plan import Event
 from ddp_operator.decide.status_builder import StatusBuilder
-from ddp_operator.observe import claims, podsecurity, startup
+from ddp_operator.observe import claims, refused_pods, startup
 from ddp_operator.observe.facts import Facts
 from ddp_operator.observe.references import Reference
 
@@ -41,7 +41,7 @@ def refused_or_absent(
     them) that the look-up found ``missing`` (said now, before a pod could say it)."""
     if facts.job is not None and mount_events:  # pods refused: named from the rendered template
         pod = job["spec"]["template"]["spec"]
-        if refusal := podsecurity.failure(mount_events, facts.job.name, spec.namespace, pod):
+        if refusal := refused_pods.failure(mount_events, facts.job.name, spec.namespace, pod):
             return dataclasses.replace(facts, startup=refusal)
     if missing and (absent := startup.absent(spec, missing, job["metadata"]["name"], refs)):
         return dataclasses.replace(facts, startup=absent)

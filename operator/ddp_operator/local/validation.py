@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from ddp_operator.api import podsecurity
+from ddp_operator.api import pod_security_standards
 from ddp_operator.api.spec import Spec
 from ddp_operator.children import render
 from ddp_operator.local import scripts
@@ -26,7 +26,7 @@ def pod_security(spec: Spec, level: str | None) -> list[str]:
     if level is None:
         return []
     pod = render.render_job(spec, 1)["spec"]["template"]["spec"]
-    return podsecurity.violations(pod, level)
+    return pod_security_standards.violations(pod, level)
 
 
 def script_warnings(spec: Spec, dirs: Sequence[Path]) -> list[str]:

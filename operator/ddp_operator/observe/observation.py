@@ -39,7 +39,7 @@ class Observation:
     mount_events: Sequence[Mapping[str, Any]] = ()
     """The events read for the DDPJob: the kubelet's ``FailedMount`` on its pods
     (:func:`~ddp_operator.observe.mounts.pods_to_read`), the Job controller's ``FailedCreate`` on a Job
-    without pods (:func:`~ddp_operator.observe.podsecurity.jobs_to_read`)."""
+    without pods (:func:`~ddp_operator.observe.refused_pods.jobs_to_read`)."""
     missing: Collection[tuple[str, str]] = ()
     """The (kind, name) of the Secrets and ConfigMaps the spec names that the operator looked up and found
     absent (:func:`~ddp_operator.observe.references.to_look_up`)."""

@@ -1,7 +1,7 @@
 """Whether an elastic job's rendezvous store serves, from its pods: the ``RendezvousStoreReady`` condition.
 Pure.
 
-The store is a Job of its own (:mod:`ddp_operator.children.store`), left out of the workers' indexes; the
+The store is a Job of its own (:mod:`ddp_operator.children.store_job`), left out of the workers' indexes; the
 runtime keeps its pods in an index of their own and hands the current attempt's here. While the store does
 not serve, no node can join or leave the world (the running ones train on), and a new attempt's workers wait
 for it: so the condition says which of the kubelet's, the scheduler's or the Job controller's states keeps it

@@ -33,7 +33,7 @@ ATTEMPTS: dict[str, Any] = {names.MANAGED_BY_LABEL: names.MANAGED_BY, names.STOR
 STORES: dict[str, Any] = {names.MANAGED_BY_LABEL: names.MANAGED_BY, names.STORE_LABEL: "true"}
 """An elastic job's rendezvous store pods: an index of their own, not the workers'."""
 """The Jobs and pods the operator follows: the attempts' and their workers, not an elastic job's rendezvous
-store (children/store.py), which it creates and deletes with them and whose state no decision reads."""
+store (children/store_job.py), which it creates and deletes with them and whose state no decision reads."""
 Key = tuple[str, str]
 # One reconcile at a time per DDPJob: child events, the timer and the DDPJob's own events run in threads.
 _LOCKS: collections.defaultdict[Key, threading.Lock] = collections.defaultdict(threading.Lock)

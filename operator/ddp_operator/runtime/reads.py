@@ -17,7 +17,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from ddp_operator.api.spec import Spec, SpecError
-from ddp_operator.observe import claims, mounts, podsecurity, references
+from ddp_operator.observe import claims, mounts, references, refused_pods
 
 
 def read_all(
@@ -58,13 +58,13 @@ def read_events(
 ) -> tuple[dict[str, Any], ...]:
     """The events the decision needs beside the indexes: the kubelet's ``FailedMount`` on the pods whose
     volumes wait (:func:`mounts.pods_to_read`) and the Job controller's ``FailedCreate`` on a Job without
-    pods (:func:`podsecurity.jobs_to_read`: Pod Security may have refused them). One LIST for each that
+    pods (:func:`refused_pods.jobs_to_read`: Pod Security may have refused them). One LIST for each that
     waits, none once the pods run."""
     if (body.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Suspended"):
         return ()
     wanted = (
         ("Pod", mounts.FAILED_MOUNT, set(mounts.pods_to_read(pods, now))),
-        ("Job", podsecurity.FAILED_CREATE, set(podsecurity.jobs_to_read(jobs, pods, now))),
+        ("Job", refused_pods.FAILED_CREATE, set(refused_pods.jobs_to_read(jobs, pods, now))),
     )
     core, namespace = kubernetes.client.CoreV1Api(api_client()), body["metadata"]["namespace"]
     found: list[dict[str, Any]] = []

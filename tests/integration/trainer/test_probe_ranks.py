@@ -12,7 +12,7 @@ from torch import nn
 
 from ddp_trainer import contract
 from ddp_trainer.core.config import parse_chaos, read_pod_env
-from ddp_trainer.sync import probe, sdc
+from ddp_trainer.sync import corruption_drill, probe
 from ddp_trainer.sync.health import SyncHealth, SyncHealthError
 from ddp_trainer.sync.settings import DEFAULT_PROBE_EVERY, SyncConfig
 from helpers.torchrun_helpers import HERE, launch
@@ -103,9 +103,9 @@ def test_the_sdc_drill_is_parsed_beside_the_divergence_drill() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 def test_flip_bit_changes_one_bit_of_one_element(dtype: torch.dtype) -> None:
     x = torch.linspace(1, 2, 6, dtype=dtype)
-    y = sdc.flip_bit(x)
+    y = corruption_drill.flip_bit(x)
     assert torch.equal(x[1:], y[1:]) and x[0] != y[0] and torch.isfinite(y).all()
-    assert sdc.corrupt(x)[0] == y[0]
+    assert corruption_drill.corrupt(x)[0] == y[0]
 
 
 def net() -> nn.Module:
@@ -146,7 +146,7 @@ def test_the_drill_corrupts_the_probe_on_its_rank_only_from_its_step(single_rank
     step = [0]
     prober = probe.Probe(model, group=None, batch=torch.randn(5, 4))
     clean = prober.digest()
-    sdc.install_sdc_drill(model, lambda: step[0] >= 3)
+    corruption_drill.install_sdc_drill(model, lambda: step[0] >= 3)
     assert prober.digest() == clean
     step[0] = 3
     assert prober.digest() != clean

@@ -60,7 +60,7 @@ from ddp_trainer import contract
 from ddp_trainer.core import notice
 from ddp_trainer.core.config import termination_log
 from ddp_trainer.core.inplace import SAME, exit_code_of, not_retried
-from ddp_trainer.launch import heal, silence, store, workers
+from ddp_trainer.launch import heal_round, silence, store, workers
 from ddp_trainer.launch.book import Book
 from ddp_trainer.launch.outage import POLL_SECONDS, StoreWait, reach
 from ddp_trainer.launch.rounds import InFlight, RoundWatch, bounded_waiting, patient, stop_now
@@ -199,8 +199,10 @@ def _install(book: Book, marks: workers.Marks, healing: Path | None = None) -> N
 
     def monitor_workers(self: Any, group: Any) -> Any:
         result = monitor(self, group)
-        if healing is not None and result.state == WorkerState.HEALTHY:  # issue 57's heal (launch/heal.py)
-            result = heal.when_wanted(self, group, result, monitor, marks, book, healing, round_of)
+        if (
+            healing is not None and result.state == WorkerState.HEALTHY
+        ):  # issue 57's heal (launch/heal_round.py)
+            result = heal_round.when_wanted(self, group, result, monitor, marks, book, healing, round_of)
             if result.state == WorkerState.HEALTHY:
                 return result
         quiet: RoundWatch | None = getattr(self, "_ddpjob_silence", None)
@@ -311,8 +313,8 @@ def _install(book: Book, marks: workers.Marks, healing: Path | None = None) -> N
         return waiting
 
     def rendezvous_(self: Any, group: Any, healing: bool = False) -> None:
-        """torch's rendezvous, met (:func:`meet`) and booked; ``healing`` (:mod:`.heal`): the workers were
-        not stopped, so their marks stay and no restart was spent."""
+        """torch's rendezvous, met (:func:`meet`) and booked; ``healing`` (:mod:`.heal_round`): the workers
+        were not stopped, so their marks stay and no restart was spent."""
         borrowed = book.borrowed
         meet(self, group)
         if not healing:
@@ -329,8 +331,10 @@ def _install(book: Book, marks: workers.Marks, healing: Path | None = None) -> N
                 self._ddpjob_silence = RoundWatch(handler, not external and not host, presence=external)
             self._ddpjob_silence.begin()
 
-    if healing is not None:  # a node waiting while this one's workers lost a peer: heal (launch/heal.py)
-        restart = heal.restart_or_heal(
+    if (
+        healing is not None
+    ):  # a node waiting while this one's workers lost a peer: heal (launch/heal_round.py)
+        restart = heal_round.restart_or_heal(
             SimpleElasticAgent._restart_workers, monitor, marks, book, healing, round_of
         )
         SimpleElasticAgent._restart_workers = restart  # type: ignore[method-assign]
@@ -362,10 +366,14 @@ def main(argv: Sequence[str]) -> int:
 
     args = torchrun.parse_args(list(argv))  # type: ignore[no-untyped-call]
     healing = (
-        notice.notice_path(os.environ) if heal.armed(os.environ, runs_builtin(args), book.elastic) else None
+        notice.notice_path(os.environ)
+        if heal_round.armed(os.environ, runs_builtin(args), book.elastic)
+        else None
     )
     if healing is None:
-        os.environ.pop(heal.HEAL_ENV, None)  # the workers inherit it: they heal only where this launcher does
+        os.environ.pop(
+            heal_round.HEAL_ENV, None
+        )  # the workers inherit it: they heal only where this launcher does
     _install(book, marks, healing)
     if runs_builtin(args):
         torchrun.config_from_args = warm_config_from_args(torchrun.config_from_args)

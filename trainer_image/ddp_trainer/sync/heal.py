@@ -58,7 +58,7 @@ POLL_SECONDS = 0.1
 
 
 HEAL_ENV = "DDPJOB_HEAL"
-"""Set to ``1`` by a launcher that heals (:mod:`ddp_trainer.launch.heal`) for its workers."""
+"""Set to ``1`` by a launcher that heals (:mod:`ddp_trainer.launch.heal_round`) for its workers."""
 
 
 def armed_here(env: Mapping[str, str]) -> bool:

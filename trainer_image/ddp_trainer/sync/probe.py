@@ -36,7 +36,7 @@ to every rank once. The scalar is the output's
 ``loss`` where the model computes one (Hugging Face models given labels), else the mean square of the
 first output tensor: any fixed function of the output serves, it only has to be the same everywhere.
 
-The fire drill that proves it works is :mod:`ddp_trainer.sync.sdc`.
+The fire drill that proves it works is :mod:`ddp_trainer.sync.corruption_drill`.
 
 Long because the decision and the collective that feeds it read best side by side.
 """

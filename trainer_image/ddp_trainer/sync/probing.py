@@ -19,7 +19,7 @@ from ddp_trainer.core.config import PodEnv
 from ddp_trainer.reporting import report
 from ddp_trainer.sync import probe
 from ddp_trainer.sync.checking import Checking
-from ddp_trainer.sync.sdc import install_sdc_drill
+from ddp_trainer.sync.corruption_drill import install_sdc_drill
 from ddp_trainer.sync.settings import SyncConfig
 
 log = logging.getLogger("ddp_trainer")

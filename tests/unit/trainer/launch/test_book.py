@@ -136,7 +136,9 @@ def test_a_heal_books_the_lost_peers_world_change_and_gives_back_no_restart(
 ) -> None:
     book = Book(tmp_path / "state.json", elastic=True)
     book.rendezvoused(3, 0)
-    book.failed({}, stopped=True, why="a worker lost a peer", silent=False)  # launch/heal.py: no worker ended
+    book.failed(
+        {}, stopped=True, why="a worker lost a peer", silent=False
+    )  # launch/heal_round.py: no worker ended
     assert book.rendezvoused(2, 1, healing=True) == (inplace.RESIZED, 0)  # torch spent no restart
     assert book.state.restarts == 0 and book.state.history[-1].reason == contract.RESIZE_LOST
     assert "this pod's workers heal in place (why: NodeLost)" in capsys.readouterr().err

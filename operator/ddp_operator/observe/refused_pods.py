@@ -7,8 +7,8 @@ controller says why only in a ``FailedCreate`` event (``Error creating: pods "â€
 PodSecurity "restricted:latest": host namespaces (hostNetwork=true), â€¦``). :func:`jobs_to_read` says when that
 is worth a read (:mod:`ddp_operator.runtime.reconcile` lists the events: the ``list`` on events the chart
 already grants); :func:`failure` quotes the API server and names each field with
-:func:`ddp_operator.api.podsecurity.violations`. The refusal is final for this spec: nothing of the gang
-exists (no pod was created), and the job starts by itself if the namespace's level changes.
+:func:`ddp_operator.api.pod_security_standards.violations`. The refusal is final for this spec: nothing of the
+gang exists (no pod was created), and the job starts by itself if the namespace's level changes.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ddp_operator.api import names, podsecurity, reasons
+from ddp_operator.api import names, pod_security_standards, reasons
 from ddp_operator.observe.startup import APPLY_AGAIN, MESSAGE_CHARS, StartupFailure
 
 FAILED_CREATE = "FailedCreate"
@@ -77,11 +77,11 @@ def failure(
     newest = max(refusals, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
     message = str(newest.get("message") or "").strip()
     match = _LEVEL.search(message)
-    level = match.group(1) if match and match.group(1) in podsecurity.LEVELS else "restricted"
-    fields = podsecurity.violations(pod, level)
+    level = match.group(1) if match and match.group(1) in pod_security_standards.LEVELS else "restricted"
+    fields = pod_security_standards.violations(pod, level)
     fix = (
         "; ".join(fields) if fields else f'the namespace {namespace} enforces Pod Security "{level}"'
-    ) + f" ({podsecurity.ENFORCE_LABEL}={level} on namespace {namespace}): {APPLY_AGAIN}"
+    ) + f" ({pod_security_standards.ENFORCE_LABEL}={level} on namespace {namespace}): {APPLY_AGAIN}"
     return StartupFailure(
         job, "", False, FAILED_CREATE, message[:MESSAGE_CHARS], reasons.POD_SECURITY, True, fix, "PodSecurity"
     )

@@ -10,8 +10,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from ddp_operator.api import names, podsecurity
-from ddp_operator.children import render, store
+from ddp_operator.api import names, pod_security_standards
+from ddp_operator.children import render, store_job
 from ddp_operator.decide import decision
 from ddp_trainer import contract
 from helpers.reconciling import NOW, ddpjob_body, job_object, observed, pod_object, spec_of
@@ -37,7 +37,7 @@ def _pod(job: dict[str, Any]) -> dict[str, Any]:
 
 def test_the_workers_of_an_elastic_job_connect_to_the_store_pod_by_its_dns_name() -> None:
     spec = spec_of(**ELASTIC)
-    job, rdzv = render.render_job(spec, 2), store.render_store(spec, 2)
+    job, rdzv = render.render_job(spec, 2), store_job.render_store(spec, 2)
     env, pod = _env(job), _pod(rdzv)
     host = f"{pod['hostname']}.{pod['subdomain']}"
     assert env[contract.PET_RDZV_ENDPOINT] == f"{host}:{spec.master_port}" == "job-2-r.job:29500"
@@ -47,7 +47,7 @@ def test_the_workers_of_an_elastic_job_connect_to_the_store_pod_by_its_dns_name(
     assert service["spec"]["selector"].items() <= rdzv["spec"]["template"]["metadata"]["labels"].items()
     assert rdzv["metadata"]["labels"][names.STORE_LABEL] == "true"
     assert rdzv["spec"]["template"]["metadata"]["labels"][names.STORE_LABEL] == "true"
-    assert rdzv["metadata"]["name"] == store.store_of(job["metadata"]["name"]) == "job-2-rdzv"
+    assert rdzv["metadata"]["name"] == store_job.store_of(job["metadata"]["name"]) == "job-2-rdzv"
     assert rdzv["metadata"]["ownerReferences"] == job["metadata"]["ownerReferences"]  # the DDPJob's
     assert pod["containers"][0]["command"] == ["python", "-m", "ddp_trainer.launch.store", "29500"]
 
@@ -63,7 +63,7 @@ def test_a_rigid_job_keeps_its_store_on_node_rank_0() -> None:
 
 def test_the_store_keeps_off_the_workers_placement_but_not_their_security() -> None:
     spec = spec_of(**ELASTIC, podTemplate=GPU_PLACEMENT)
-    pod = _pod(store.render_store(spec, 1))
+    pod = _pod(store_job.render_store(spec, 1))
     assert "nodeSelector" not in pod and "tolerations" not in pod  # the GPU nodes' taint keeps it off them
     anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert anti[0]["podAffinityTerm"]["labelSelector"]["matchLabels"] == {
@@ -72,18 +72,18 @@ def test_the_store_keeps_off_the_workers_placement_but_not_their_security() -> N
     }
     assert pod["securityContext"]["runAsUser"] == 2000 and pod["priorityClassName"] == "training"
     assert "nvidia.com/gpu" not in pod["containers"][0]["resources"]["requests"]
-    assert podsecurity.violations(pod, "restricted") == []
+    assert pod_security_standards.violations(pod, "restricted") == []
 
 
 def test_a_store_pod_that_breaks_restricted_is_caught_as_the_workers_are() -> None:
     """The check above can fail: a template that opens the containers up opens the store's too."""
     spec = spec_of(**ELASTIC, podTemplate={"containerSecurityContext": {"allowPrivilegeEscalation": True}})
-    assert podsecurity.violations(_pod(store.render_store(spec, 1)), "restricted")
+    assert pod_security_standards.violations(_pod(store_job.render_store(spec, 1)), "restricted")
 
 
 @pytest.mark.parametrize("release", ["1.31.0", "1.37.0"])
 def test_the_store_job_passes_the_official_schema_strictly(release: str) -> None:
-    kubernetes_validate.validate(store.render_store(spec_of(**ELASTIC), 1), release, strict=True)
+    kubernetes_validate.validate(store_job.render_store(spec_of(**ELASTIC), 1), release, strict=True)
 
 
 def test_its_hostname_fits_wherever_the_workers_do() -> None:

@@ -1,5 +1,6 @@
-"""Pod Security Standards offline (``api.podsecurity``: what `ddpjob validate --pod-security` says) and the
-API server's refusal read back (``observe.podsecurity``): each finding names the DDPJob field."""
+"""Pod Security Standards offline (``api.pod_security_standards``: what `ddpjob validate --pod-security`
+says) and the API server's refusal read back (``observe.refused_pods``): each finding names the DDPJob
+field."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
-from ddp_operator.api import podsecurity
+from ddp_operator.api import pod_security_standards
 from ddp_operator.api.spec import parse, parse_file
 from ddp_operator.children import render
 from ddp_operator.decide import decision
-from ddp_operator.observe.podsecurity import failure, jobs_to_read
+from ddp_operator.observe.refused_pods import failure, jobs_to_read
 from helpers.reconciling import observed
 
 REPO = Path(__file__).resolve().parents[4]
@@ -58,12 +59,12 @@ def test_every_example_passes_restricted(example: Path) -> None:
     init container included, passes the strictest level."""
     for spec in parse_file(example):
         pod = render.render_job(spec, 1)["spec"]["template"]["spec"]
-        assert podsecurity.violations(pod, "restricted") == [], example
+        assert pod_security_standards.violations(pod, "restricted") == [], example
 
 
 def test_each_control_a_field_breaks_names_the_field() -> None:
     pod = _pod(_doc(command=["torchrun"], args=["t.py"], podTemplate=BREAKS))
-    baseline = podsecurity.violations(pod, "baseline")
+    baseline = pod_security_standards.violations(pod, "baseline")
     assert baseline == [
         'spec.podTemplate.hostNetwork: true is not allowed under Pod Security "baseline" (host namespaces)',
         "spec.podTemplate.containerSecurityContext.capabilities.add: IPC_LOCK is not allowed under Pod "
@@ -72,7 +73,7 @@ def test_each_control_a_field_breaks_names_the_field() -> None:
         "spec.podTemplate.volumes (data): hostPath is not allowed under Pod Security "
         '"baseline" (use a claim)',
     ]
-    restricted = podsecurity.violations(pod, "restricted")
+    restricted = pod_security_standards.violations(pod, "restricted")
     fields = [line.split(":")[0].split(" ")[0] for line in restricted]
     assert fields == [
         "spec.podTemplate.hostNetwork",
@@ -82,11 +83,11 @@ def test_each_control_a_field_breaks_names_the_field() -> None:
         "spec.podTemplate.containerSecurityContext.capabilities.drop",
         "spec.podTemplate.containerSecurityContext.capabilities.add",
     ], restricted
-    assert podsecurity.violations(pod, "privileged") == []
+    assert pod_security_standards.violations(pod, "privileged") == []
     with pytest.raises(ValueError, match="expected one of privileged, baseline, restricted"):
-        podsecurity.violations(pod, "strict")
+        pod_security_standards.violations(pod, "strict")
     root = _pod(_doc(podTemplate={"securityContext": {"runAsUser": 0, "runAsNonRoot": False}}))
-    said = podsecurity.violations(root, "restricted")
+    said = pod_security_standards.violations(root, "restricted")
     assert [line.split(":")[0] for line in said] == [
         "spec.podTemplate.securityContext.runAsUser",
         "spec.podTemplate.securityContext.runAsNonRoot",

@@ -5,7 +5,7 @@ Where a namespace is labelled ``pod-security.kubernetes.io/enforce: baseline`` (
 server's PodSecurity admission refuses each pod that breaks the level: the Job is created, its pods never
 are, and the Job controller says so only in ``FailedCreate`` events. ``ddpjob validate --pod-security
 LEVEL`` says it before anything is applied (:func:`violations`), and the operator names the fields when the
-API server has refused the pods (:mod:`ddp_operator.observe.podsecurity`).
+API server has refused the pods (:mod:`ddp_operator.observe.refused_pods`).
 
 The checks follow the standards' published controls (kubernetes.io/docs/concepts/security/
 pod-security-standards), those a DDPJob's fields can break: host namespaces, privileged containers, added
