@@ -39,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from ddp_trainer.checkpoint.checkpoints import CheckpointRefused
     from ddp_trainer.core.distributed import pick_device, process_group
-    from ddp_trainer.reporting import metrics
+    from ddp_trainer.reporting import serving
     from ddp_trainer.reporting.report import failed, termination_message, write_termination_message
     from ddp_trainer.sync.checking import DivergenceError
     from ddp_trainer.sync.probe import FaultyRankError
@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     apply_env_defaults(os.environ, kind)
     device = pick_device(kind, launch)
     if launch.local_rank == 0 and pod.metrics_port:
-        metrics.serve(pod.metrics_port, directory)
+        serving.serve(pod.metrics_port, directory)
     if pod.chaos is not None and pod.chaos.rank >= launch.world_size:
         log.warning(
             "DDPJOB_CHAOS_DIVERGE names rank %d but the world has %d", pod.chaos.rank, launch.world_size

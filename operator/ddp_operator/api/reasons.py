@@ -78,6 +78,10 @@ NODE_SILENT: Final = contract.RESIZE_SILENT
 NODE_REJOINED: Final = contract.RESIZE_REJOINED
 """``lastResize.reason`` when the world grew without ``spec.nodes`` changing (a replacement, a woken node)."""
 RESIZE_REASONS: Final = contract.RESIZE_REASONS
+HEALED: Final = contract.RESIZE_HEALED
+"""``status.elastic.lastResize.mode``: the survivors healed in place (``contract.RESIZE_MODES``)."""
+RESTARTED: Final = contract.RESIZE_RESTARTED
+"""``status.elastic.lastResize.mode``: the new world's workers restarted from the last checkpoint."""
 """Every reason of a resize: the status, the ``Resized`` event, ``ddpjob_elastic_resizes_total{reason}``."""
 
 # -- Kueue (``observe.workloads``): the phase's reason while the Job is suspended for Kueue -----------------

@@ -56,6 +56,7 @@ class LastResize:
     reason: str | None = None
     time: str | None = None
     seconds_lost: float | None = None
+    mode: str | None = None
 
 
 @dataclass(frozen=True)

@@ -171,7 +171,8 @@ def _world_changed(
             cost = round(change.seconds_lost, 1)
             # the scale's record as stored (kept), its keys in their order, with what it cost
             status.with_field("last_resize", typed_status.LastResize, "seconds_lost", cost)
-            written.last_resize = dataclasses.replace(last, seconds_lost=cost)
+            status.with_field("last_resize", typed_status.LastResize, "mode", change.mode)
+            written.last_resize = dataclasses.replace(last, seconds_lost=cost, mode=change.mode)
         return []
     if change.reason not in reasons.RESIZE_REASONS:
         return []  # not a reason of ddpjob's launcher: not guessed
@@ -181,6 +182,7 @@ def _world_changed(
         change.reason,
         stamp(dt.datetime.fromtimestamp(change.at, dt.UTC)),
         round(change.seconds_lost, 1) if change.seconds_lost is not None else None,
+        change.mode,
     )
     written.resizes, written.last_resize = written.resizes + 1, record
     later.append(dict(resizes=written.resizes, last_resize=record))
@@ -189,9 +191,14 @@ def _world_changed(
         if change.seconds_lost
         else ""
     )
+    how = (
+        "healed in place: the survivors kept their processes and state"
+        if change.mode == reasons.HEALED
+        else "its workers restarted from the last checkpoint"
+    )
     message = (
         f"the world that trains went from {change.before} to {change.after} nodes ({change.reason}: "
-        f"{WHY[change.reason]}){lost}; no new attempt, no restart spent"
+        f"{WHY[change.reason]}), {how}{lost}; no new attempt, no restart spent"
     )
     kind = "Normal" if change.reason == reasons.NODE_REJOINED else "Warning"
     return [Event(kind, reasons.RESIZED, message)]

@@ -154,22 +154,29 @@ def replaceable(spec: Spec, codes: list[int | None], index: int, replaced: int) 
     return running >= spec.elastic.min_nodes and replaced < max(3, spec.max_restarts)
 
 
-def worlds(logs: Iterable[Path]) -> list[tuple[int, int]]:
-    """``(world size, step)`` of every new world, in time order, from rank 0's log lines."""
+def worlds(logs: Iterable[Path], healed: set[tuple[int, int]] | None = None) -> list[tuple[int, int]]:
+    """``(world size, step)`` of every new world, in time order, from rank 0's log lines; those healed in
+    place (rank 0's line says so) also go in ``healed``, where given."""
     found = []
     for path in logs:
         try:
             lines = path.read_text(errors="replace").splitlines()
         except OSError:
             continue
-        found += [(m[1], int(m[2]), int(m[3])) for line in lines if (m := _WORLD.match(line))]
+        for line in lines:
+            if m := _WORLD.match(line):
+                found.append((m[1], int(m[2]), int(m[3])))
+                if healed is not None and contract.HEALED_WORLD_LOG in line:
+                    healed.add((int(m[2]), int(m[3])))
     return [(world, step) for _, world, step in sorted(found)]
 
 
-def summary(found: list[tuple[int, int]]) -> str:
-    """One line: each world size the job ran at, each verified before its first step."""
+def summary(found: list[tuple[int, int]], healed: set[tuple[int, int]] | None = None) -> str:
+    """One line: each world size the job ran at, each verified before its first step; ``healed``: the
+    worlds healed in place (the others' workers started anew)."""
     if not found:
         return "elastic: no world reported its size (a command of your own: see docs/your-code.md)"
-    sizes = " → ".join(str(world) for world, _ in found)
+    marked = healed or set()
+    sizes = " → ".join(f"{world}{' (healed)' if (world, step) in marked else ''}" for world, step in found)
     steps = ", ".join(str(step) for _, step in found)
     return f"elastic: ran at world sizes {sizes} (ranks), each verified before its first step (steps {steps})"

@@ -99,7 +99,9 @@ def run(
             attempts = attempt - first_attempt + 1
             _summary(console, spec, run_dir, attempts, decision, outcome, time.monotonic() - started, checked)
             if spec.elastic is not None:
-                console.say("  " + elastic.summary(elastic.worlds(sorted(run_dir.glob("attempt-*/*.log")))))
+                healed: set[tuple[int, int]] = set()
+                found = elastic.worlds(sorted(run_dir.glob("attempt-*/*.log")), healed)
+                console.say("  " + elastic.summary(found, healed))
             return EXIT_OK if succeeded else EXIT_FAILED
 
 

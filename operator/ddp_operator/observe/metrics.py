@@ -38,6 +38,8 @@ class LastResize:
     """From then to the new world verified (``ddp_last_resize_seconds_lost``; the last change's only)."""
     round: int = -1
     """The rendezvous round the new world formed in: one change, whichever pods say it (-1: not known)."""
+    mode: str = contract.RESIZE_RESTARTED
+    """How the new world was made (``contract.RESIZE_MODES``; an older trainer says none: restarted)."""
 
 
 @dataclass(frozen=True)
@@ -272,12 +274,20 @@ def _change(labels: Mapping[str, str], at: float) -> LastResize | None:
     if before is None or after is None:
         return None
     number = _count(labels.get("round"))
-    return LastResize(labels.get("reason", ""), before, after, at, None, -1 if number is None else number)
+    mode = labels.get("mode", contract.RESIZE_RESTARTED)
+    reason = labels.get("reason", "")
+    return LastResize(reason, before, after, at, None, -1 if number is None else number, mode)
 
 
 def _earliest(known: LastResize | None, change: LastResize) -> LastResize:
-    """One round as two pods say it: the earlier stop (each pod's launcher saw it at its own moment)."""
-    return change if known is None or change.at < known.at else known
+    """One round as two pods say it: the earlier stop (each pod's launcher saw it at its own moment);
+    restarted where either pod says so (a pod whose heal failed restarted its workers, and the world with
+    them)."""
+    if known is None:
+        return change
+    first = change if change.at < known.at else known
+    restarted = contract.RESIZE_RESTARTED in (known.mode, change.mode)
+    return dataclasses.replace(first, mode=contract.RESIZE_RESTARTED) if restarted else first
 
 
 def _last_resize(

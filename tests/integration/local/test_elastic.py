@@ -64,11 +64,19 @@ def test_the_worlds_come_from_rank_0s_lines_in_time_order(tmp_path: Path) -> Non
     (tmp_path / "a.log").write_text(
         line.format("2026-11-27 10:00:00,000", 3, 0) + "\n" + line.format("2026-11-27 10:00:30,500", 3, 40)
     )
-    (tmp_path / "b.log").write_text("noise\n" + line.format("2026-11-27 10:00:10,000", 2, 20) + "\n")
-    found = elastic.worlds(sorted(tmp_path.glob("*.log")))
-    assert found == [(3, 0), (2, 20), (3, 40)]
+    healed_line = line.format("2026-11-27 10:00:10,000", 2, 20).replace(
+        "; x", " (healed in place: 1 step(s) lost"
+    )
+    (tmp_path / "b.log").write_text("noise\n" + healed_line + "\n")
+    healed: set[tuple[int, int]] = set()
+    found = elastic.worlds(sorted(tmp_path.glob("*.log")), healed)
+    assert found == [(3, 0), (2, 20), (3, 40)] and healed == {(2, 20)}
     assert elastic.summary(found) == (
         "elastic: ran at world sizes 3 → 2 → 3 (ranks), each verified before its first step (steps 0, 20, 40)"
+    )
+    assert elastic.summary(found, healed) == (
+        "elastic: ran at world sizes 3 → 2 (healed) → 3 (ranks), each verified before its first step "
+        "(steps 0, 20, 40)"
     )
     assert "no world reported its size" in elastic.summary([])
 

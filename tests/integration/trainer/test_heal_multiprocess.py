@@ -9,6 +9,7 @@ completed + 1, rank 0 says it and begins the world's fence; no checkpoint is rea
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import signal
@@ -16,12 +17,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.multiprocess import MultiProcessCollector
 
-from ddp_trainer.core import notice
+from ddp_trainer import contract
+from ddp_trainer.core import inplace, notice
 from ddp_trainer.core.inplace import WORKER_MARK_PREFIX
 from helpers.torchrun_helpers import HERE, free_port, process_tree, reaped
 
@@ -206,7 +210,8 @@ TRAINER = [
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The built-in trainer (``python -m ddp_trainer``) as 3 workers of launchers that heal
-    (``DDPJOB_HEAL=1``): rank 1 is SIGKILLed mid-run, the test writes the notices."""
+    (``DDPJOB_HEAL=1``): rank 1 is SIGKILLed mid-run, the test writes the notices and, first, the world
+    change each survivor's launcher books (healed) in its launch state."""
     out = tmp_path_factory.mktemp("healtrainer")
     port, victim, survivors = free_port(), 1, [0, 2]
     procs = []
@@ -216,13 +221,19 @@ def trainer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
             "DDPJOB_TERMINATION_LOG": str(pod / "report.json"),
             "DDPJOB_HEAL": "1",
             "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+            "TMPDIR": str(pod / "tmp"),  # its metrics directories, kept to be read after
         }
+        (pod / "tmp").mkdir()
         log = (out / f"rank{rank}.log").open("wb")
         argv = [sys.executable, *TRAINER, f"--checkpoint-dir={out / 'checkpoints'}"]
         procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env))
     with reaped(procs, lambda: _logs(out)):
         _until("the first step", lambda: "first optimizer step" in (out / "rank0.log").read_text(), procs, -1)
         time.sleep(2)
+        change = inplace.Change(1, contract.RESIZE_LOST, 3, 2, time.time(), contract.RESIZE_HEALED)
+        for r in survivors:  # as each survivor's launcher books the heal's round before its notice
+            state = inplace.LaunchState(resizes=1, resize=change.reason, resize_from=3, resize_to=2)
+            inplace.write_state(out / f"pod{r}" / "launch-state.json", replace(state, history=(change,)))
         _lose_and_notify(out, procs, victim, survivors)
         codes = {r: procs[r].wait(WAIT * 2) for r in survivors}
     assert codes == dict.fromkeys(survivors, 0), _logs(out)
@@ -232,7 +243,37 @@ def trainer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         "logs": {r: (out / f"rank{r}.log").read_text() for r in range(3)},
         "reports": reports,
         "marks": marks,
+        "series": {r: _series(out / f"pod{r}" / "tmp") for r in survivors},
     }
+
+
+def _series(tmp: Path) -> dict[str, list[tuple[str, dict[str, str], float]]]:
+    """Each metrics directory a worker made (by name: its last part, the world changes it was made for),
+    its series as local rank 0 serves them (name, labels, value)."""
+    found = {}
+    for directory in tmp.glob("ddpjob-metrics-*"):
+        families = MultiProcessCollector.merge(sorted(glob.glob(str(directory / "*.db"))), accumulate=True)
+        samples = [(s.name, s.labels, s.value) for family in families for s in family.samples]
+        found[directory.name.rsplit("-", 1)[1]] = samples
+    return found
+
+
+def test_a_healed_world_serves_its_series_anew_with_the_new_ranks_and_the_heal_it_was_made_by(
+    trainer: dict[str, Any],
+) -> None:
+    """Old rank 2 (pod 2) is rank 1 of the healed world: its series of the first world (directory "0") say
+    rank 2 in a world of 3; those it serves after the heal (directory "1", the launcher's world changes)
+    say rank 1 in a world of 2, and the world change, healed; nothing of rank 2 is served there."""
+    series = trainer["series"][2]
+    assert sorted(series) == ["0", "1"], sorted(series)
+    first = {(name, labels.get("rank"), labels.get("world_size")) for name, labels, _ in series["0"]}
+    assert (contract.INFO, "2", "3") in first, sorted(first)
+    after = series["1"]
+    assert {labels["rank"] for _, labels, _ in after} == {"1"}, after
+    info = [labels for name, labels, value in after if name == contract.INFO and value == 1]
+    assert [labels["world_size"] for labels in info] == ["2"], info
+    resize = [labels for name, labels, _ in after if name == contract.RESIZE_INFO]
+    assert [(labels["reason"], labels["mode"]) for labels in resize] == [("NodeLost", "healed")], resize
 
 
 def test_the_built_in_trainer_heals_in_its_own_processes_and_trains_to_the_end(

@@ -135,6 +135,10 @@ def log_stamp(at: float) -> str:
 ELASTIC_WORLD_LOG: Final = "elastic:"
 """How rank 0 of each world of an elastic job starts its log line ``elastic: world size W verified at step
 S, ...``, once the new world holds its state and has passed its check (``ddpjob local`` lists them)."""
+HEALED_WORLD_LOG: Final = "(healed in place: "
+"""What rank 0's :data:`ELASTIC_WORLD_LOG` line of a world healed in place says after ``before its first
+step``, then the steps lost, the bytes sent and the seconds (``ddpjob local``'s summary marks the world
+healed by it)."""
 
 SYNC_HOOK_DIR: Final = "/ddpjob-sync"
 """Where the trainer container of a DDPJob with its own command finds the no-code-change hook

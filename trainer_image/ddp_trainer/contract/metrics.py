@@ -93,15 +93,24 @@ RESIZE_REASONS: Final = (RESIZE_SCALED, RESIZE_LOST, RESIZE_SILENT, RESIZE_REJOI
 """Every reason of an elastic resize: ``status.elastic.lastResize.reason``, the ``Resized`` event, the
 operator's ``ddpjob_elastic_resizes_total{reason}`` and the launcher's :data:`RESIZE_INFO` (which never
 says :data:`RESIZE_SCALED`)."""
+RESIZE_HEALED: Final = "healed"
+"""How an elastic world changed: its survivors kept their processes and re-formed their group in place
+(``DDPJOB_HEAL=1``), the state in memory, verified before the first healed step."""
+RESIZE_RESTARTED: Final = "restarted"
+"""How an elastic world changed: its workers were started anew and resumed from the last checkpoint (a grow,
+a heal refused or not asked for)."""
+RESIZE_MODES: Final = (RESIZE_HEALED, RESIZE_RESTARTED)
+"""How a world change was made: ``status.elastic.lastResize.mode``, the ``Resized`` event and the
+launcher's :data:`RESIZE_INFO` ``mode`` label (absent from an older trainer's: restarted)."""
 ELASTIC_RESIZES: Final = "ddp_elastic_resizes"
 """The world changes this pod's launcher saw in this attempt (an elastic job's; every pod of the world
 says its own count, so the highest is the best)."""
 RESIZE_INFO: Final = "ddp_resize_info"
 """One series per world change this pod's launcher saw in this attempt (its last ``inplace.HISTORY``):
-labels ``reason`` (:data:`RESIZE_REASONS`), ``from_nodes``, ``to_nodes`` and ``round`` (the rendezvous round
-the new world formed in, the same on every pod of it; the highest is the last change); value: the Unix time
-the earlier world stopped (the loss seen, the stop asked). The operator counts each round once, so a world
-that lived between two of its readings is counted too."""
+labels ``reason`` (:data:`RESIZE_REASONS`), ``from_nodes``, ``to_nodes``, ``round`` (the rendezvous round
+the new world formed in, the same on every pod of it; the highest is the last change) and ``mode``
+(:data:`RESIZE_MODES`); value: the Unix time the earlier world stopped (the loss seen, the stop asked). The
+operator counts each round once, so a world that lived between two of its readings is counted too."""
 LAST_RESIZE_SECONDS_LOST: Final = "ddp_last_resize_seconds_lost"
 """Seconds from the earlier world's stop to the new world verified, before its first step."""
 LAST_RESTART_INFO: Final = "ddp_last_restart_info"

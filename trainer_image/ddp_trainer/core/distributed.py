@@ -85,7 +85,11 @@ def process_start(pid: int) -> str:
     return stat[stat.rfind(")") + 2 :].split()[19]  # field 22; fields after the name start at 3
 
 
-def metrics_dir(env: MutableMapping[str, str], launch: LaunchEnv) -> Path:
+METRICS_DIR_PREFIX = "ddpjob-metrics-"
+"""The start of the name of a metrics directory :func:`metrics_dir` made."""
+
+
+def metrics_dir(env: MutableMapping[str, str], launch: LaunchEnv, anew: bool = False) -> Path:
     """Prepare ``PROMETHEUS_MULTIPROC_DIR``, shared by the local ranks of one torchrun agent.
 
     Must run before ``prometheus_client`` is imported. The directory is new for every agent process,
@@ -95,13 +99,16 @@ def metrics_dir(env: MutableMapping[str, str], launch: LaunchEnv) -> Path:
     directory keyed on the pid alone would serve the series a dead process left there as this run's. The
     world matters because a world change starts new workers without a new restart count, and the files
     keep every series a dead worker wrote: ``ddp_info`` at 1 for the old world's size beside the new one,
-    which a reader could not tell apart (the operator saw a world of 3 after it shrank to 1).
+    which a reader could not tell apart (the operator saw a world of 3 after it shrank to 1). ``anew``: a
+    world healed in place (the same processes): the directory of the new world, where it was one of these
+    (a directory the user set stays).
     """
-    if "PROMETHEUS_MULTIPROC_DIR" not in env:
+    ours = Path(env.get("PROMETHEUS_MULTIPROC_DIR", "")).name.startswith(METRICS_DIR_PREFIX)
+    if "PROMETHEUS_MULTIPROC_DIR" not in env or (anew and ours):
         # the worker's parent: torchrun's agent, or the agent's one fork server (the built-in trainer)
         agent = os.getppid() if launch.launched else os.getpid()
         world = inplace.read_state(env).resizes
-        name = f"ddpjob-metrics-{agent}-{process_start(agent)}-{launch.restart_count}-{world}"
+        name = f"{METRICS_DIR_PREFIX}{agent}-{process_start(agent)}-{launch.restart_count}-{world}"
         env["PROMETHEUS_MULTIPROC_DIR"] = str(Path(tempfile.gettempdir()) / name)
     path = Path(env["PROMETHEUS_MULTIPROC_DIR"])
     path.mkdir(parents=True, exist_ok=True)

@@ -63,6 +63,8 @@ class Change:
     before: int
     after: int
     at: float
+    mode: str = contract.RESIZE_RESTARTED
+    """How the new world was made (``contract.RESIZE_MODES``): healed in place, or its workers restarted."""
 
 
 def read_state(env: Mapping[str, str]) -> LaunchState:
@@ -82,8 +84,8 @@ def read_state(env: Mapping[str, str]) -> LaunchState:
             int(data.get("resize_to", 0)),
             float(data.get("resize_at", 0.0)),
             tuple(
-                Change(int(r), str(why), int(b), int(a), float(t))
-                for r, why, b, a, t in data.get("history", ())
+                Change(int(r), str(why), int(b), int(a), float(t), *map(str, how))
+                for r, why, b, a, t, *how in data.get("history", ())
             ),
         )
     except (OSError, ValueError, KeyError, TypeError):
@@ -93,7 +95,7 @@ def read_state(env: Mapping[str, str]) -> LaunchState:
 def write_state(path: Path, state: LaunchState) -> None:
     tmp = path.with_suffix(".tmp")
     data = asdict(state)
-    data["history"] = [[c.round, c.reason, c.before, c.after, c.at] for c in state.history]
+    data["history"] = [[c.round, c.reason, c.before, c.after, c.at, c.mode] for c in state.history]
     tmp.write_text(json.dumps(data))
     tmp.replace(path)
 

@@ -94,7 +94,8 @@ class Book:
         if change == RESIZED:
             self.pending = None
             at = failure[1] if failure is not None else time.time()
-            self.resized(before, nodes, at, silent, round_number)
+            mode = contract.RESIZE_HEALED if healing else contract.RESIZE_RESTARTED
+            self.resized(before, nodes, at, silent, round_number, mode)
             how = "heal in place" if healing else "resume from the last checkpoint"
             print(
                 f"{contract.log_stamp(time.time())} [launcher] the world changed from {before} to {nodes} "
@@ -108,11 +109,18 @@ class Book:
         return change, 0
 
     def resized(
-        self, before: int, nodes: int, at: float, silent: bool = False, round_number: int = -1
+        self,
+        before: int,
+        nodes: int,
+        at: float,
+        silent: bool = False,
+        round_number: int = -1,
+        mode: str = contract.RESIZE_RESTARTED,
     ) -> None:
         """Records a world change for the workers to report: a larger world is a node that (re)joined; a
-        smaller one lost a node that went silent (:mod:`~ddp_trainer.launch.silence` said so) or ended.
-        The operator names a change it made by ``spec.nodes`` itself (``contract.RESIZE_SCALED``)."""
+        smaller one lost a node that went silent (:mod:`~ddp_trainer.launch.silence` said so) or ended;
+        ``mode``: healed in place (the heal under way) or its workers restarted. The operator names a change
+        it made by ``spec.nodes`` itself (``contract.RESIZE_SCALED``)."""
         reason = contract.RESIZE_REJOINED
         if nodes < before:
             reason = contract.RESIZE_SILENT if silent else contract.RESIZE_LOST
@@ -123,9 +131,17 @@ class Book:
             resize_from=before,
             resize_to=nodes,
             resize_at=at,
-            history=(*self.state.history, Change(round_number, reason, before, nodes, at))[-HISTORY:],
+            history=(*self.state.history, Change(round_number, reason, before, nodes, at, mode))[-HISTORY:],
         )
         write_state(self.path, self.state)
+
+    def heal_refused(self) -> None:
+        """The heal of the last world change failed (:mod:`~ddp_trainer.launch.heal_round`): its workers
+        restart from the last checkpoint, so the change is said as restarted."""
+        if self.state.history and self.state.history[-1].mode == contract.RESIZE_HEALED:
+            last = dataclasses.replace(self.state.history[-1], mode=contract.RESIZE_RESTARTED)
+            self.state = dataclasses.replace(self.state, history=(*self.state.history[:-1], last))
+            write_state(self.path, self.state)
 
     def restarting(self) -> None:
         why, at = self.pending or (OTHER_NODE, time.time())

@@ -107,10 +107,12 @@ def heal(
     path: Path,
     round_of: Callable[[Any], int],
     trigger: str,
+    book: Book | None = None,
     seconds: float = HEAL_SECONDS,
 ) -> Any:
     """Heal ``group``'s workers in place (the module's docstring); the agent's view of them after: healthy
-    when they healed, else what :func:`stop_now` left (failed), for the caller's path before heals."""
+    when they healed, else what :func:`stop_now` left (failed), for the caller's path before heals (the
+    world change ``book`` recorded then said as restarted)."""
     from torch.distributed.elastic.agent.server.api import WorkerState
 
     started = time.time()
@@ -126,6 +128,8 @@ def heal(
         result = monitor(agent, group)
         if result.state != WorkerState.HEALTHY:
             say(f"a worker ended while healing into round {round_}: restarting as before heals")
+            if book is not None:
+                book.heal_refused()
             return result
         pids = [int(w.id) for w in group.workers]
         done = outcome([notice.read_note(marks.read(pid) or "") for pid in pids], round_)
@@ -142,6 +146,8 @@ def heal(
             continue
         why = done if done is not None else f"no healed mark within {seconds:.0f} s"
         say(f"the heal into round {round_} failed ({why}): its workers restart from the last checkpoint")
+        if book is not None:
+            book.heal_refused()
         return stop_now(agent, group, monitor)
 
 
@@ -162,7 +168,9 @@ def when_wanted(
         return result
     book.failed({}, stopped=True, why=LOST_PEER, silent=False)
     trigger = "a worker of this pod lost a peer"
-    return heal(agent, group, monitor=monitor, marks=marks, path=path, round_of=round_of, trigger=trigger)
+    return heal(
+        agent, group, monitor=monitor, marks=marks, path=path, round_of=round_of, trigger=trigger, book=book
+    )
 
 
 def restart_or_heal(

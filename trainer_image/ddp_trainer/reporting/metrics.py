@@ -12,16 +12,10 @@ a restarted rank's value replaces the dead process's.
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
-
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ddp_trainer import contract
 from ddp_trainer.core.inplace import LaunchState
-
-log = logging.getLogger(__name__)
 
 LABELS = contract.METRIC_LABELS
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -131,7 +125,7 @@ class TrainerMetrics:
             contract.RESIZE_INFO,
             "Each world change this pod's launcher saw (why, nodes before and after, the round it formed "
             "in); value: when the world before stopped.",
-            ("reason", "from_nodes", "to_nodes", "round"),
+            ("reason", "from_nodes", "to_nodes", "round", "mode"),
         )
         self.resize_lost = gauge(
             contract.LAST_RESIZE_SECONDS_LOST,
@@ -160,6 +154,7 @@ class TrainerMetrics:
                 "from_nodes": str(change.before),
                 "to_nodes": str(change.after),
                 "round": str(change.round),
+                "mode": change.mode,
             }
             self._resize.labels(**self.labels, **labels).set(change.at)
         self.resize_lost.set(max(0.0, now - state.resize_at))
@@ -283,18 +278,3 @@ class ProbeSeries:
         self.flaky.set(1 if this_rank_named and result == "flaky" else 0)
         self.duration.observe(seconds)
         self.last.set(now)
-
-
-def serve(port: int, directory: Path) -> bool:
-    """Serve every local rank's series from ``directory`` on ``port`` (call on local rank 0 only).
-
-    A port that cannot be bound is logged, not fatal: training matters more than its metrics.
-    """
-    registry = CollectorRegistry()
-    MultiProcessCollector(registry, path=str(directory))  # type: ignore[no-untyped-call]
-    try:
-        start_http_server(port, registry=registry)
-    except OSError as err:
-        log.warning("metrics: cannot serve on port %d (%s); continuing without a metrics endpoint", port, err)
-        return False
-    return True

@@ -35,7 +35,7 @@ import warnings
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -48,6 +48,9 @@ from ddp_trainer.checkpoint.stores import Store as CheckpointStore
 from ddp_trainer.core import inplace, notice, reform
 from ddp_trainer.core.notice import Notice
 from ddp_trainer.sync.health import SyncHealth, say_world
+
+if TYPE_CHECKING:  # prometheus_client loads only after PROMETHEUS_MULTIPROC_DIR is set
+    from ddp_trainer.reporting.metrics import TrainerMetrics
 
 log = logging.getLogger("ddp_trainer")
 
@@ -169,11 +172,13 @@ class Healer:
         health: SyncHealth | None = None,
         fence: Callable[[int], int] | None = None,
         stopped: Callable[[], bool] | None = None,
+        metrics: Callable[[], TrainerMetrics] | None = None,
     ) -> Healed | None:
         """Heal from ``error`` (raised by a collective of ``subject``'s step: a train state with ``model``
         (DDP-wrapped), ``optimizer``, ``scaler``, ``step``, ``epoch``; ``dropped``: the step in flight was
-        dropped). None when it is not one to heal from or no notice came (``stopped()``: the wait ends early)
-        the caller raises ``error`` (the old group is left then).
+        dropped; ``metrics()``: the rank's series made anew once its new rank is known, for ``health``). None
+        when it is not one to heal from or no notice came (``stopped()``: the wait ends early) the caller
+        raises ``error`` (the old group is left then).
         Otherwise ``subject.model`` is the new DDP wrapper and ``subject`` holds the healed world's state;
         :class:`HealFailed` when the heal started and cannot finish."""
         if not self.wanted(error):
@@ -196,7 +201,9 @@ class Healer:
             log.error("no notice of a new world (waited up to %.0f s): this worker ends", self.wait_seconds)
             return None
         try:
-            return self._into(found, subject, caught, dropped=dropped, health=health, fence=fence)
+            return self._into(
+                found, subject, caught, dropped=dropped, health=health, fence=fence, metrics=metrics
+            )
         except HealFailed:
             raise
         except Exception as err:  # a store that never came, a collective of the new world
@@ -211,6 +218,7 @@ class Healer:
         dropped: bool,
         health: SyncHealth | None,
         fence: Callable[[int], int] | None,
+        metrics: Callable[[], TrainerMetrics] | None = None,
     ) -> Healed:
         old = subject.model
         module = old.module if isinstance(old, DistributedDataParallel) else old
@@ -237,7 +245,7 @@ class Healer:
         subject.model = _wrap(module, old)
         del old
         if health is not None:
-            verified = health.rejoin(subject.model)
+            verified = health.rejoin(subject.model, metrics() if metrics is not None else None)
             if not verified:
                 raise self.fail(found.round, f"the healed world's replica check failed at step {plan.step}")
         world_number: list[Any] = [fence(plan.step) if fence is not None and rank == 0 else 0]

@@ -75,7 +75,7 @@ def say_world(world_size: int, step: int, healed: tuple[int, int, float] | None 
     how = ""
     if healed is not None:
         lost, sent, seconds = healed
-        how = f" (healed in place: {lost} step(s) lost, {sent} bytes sent, {seconds:.2f} s)"
+        how = f" {contract.HEALED_WORLD_LOG}{lost} step(s) lost, {sent} bytes sent, {seconds:.2f} s)"
     print(
         f"{contract.log_stamp(time.time())} [rank 0] {contract.ELASTIC_WORLD_LOG} world size {world_size} "
         f"verified at step {step}, before its first step{how}",
@@ -221,9 +221,6 @@ class SyncHealth(Closing):
         """The step this run (this world, in an elastic job) started from: 0, or the resumed state's."""
         self.write_report = config.write_report
         self.metrics = metrics if metrics is not None else self._metrics(environ, model)
-        self.metrics.sync_every.set(self.every)
-        if self.total_steps is not None:
-            self.metrics.total_steps.set(self.total_steps)
         self.verifier = Verifier(self.policy, self.metrics, check=self._check, repair=self._repair)
         self.skew = boundary.SkewMeter()
         self._losses = LossReader()
@@ -253,17 +250,22 @@ class SyncHealth(Closing):
         # every rank took part in this rank's start-up gather: a lost peer now fails a collective at once,
         # where before it left the workers waiting in the workers' store (launch.silence, launch.workers)
         inplace.mark_worker(inplace.worker_mark(environ, os.getpid()), inplace.FORMED)
+        self.metrics.sync_every.set(self.every)
+        if self.total_steps is not None:
+            self.metrics.total_steps.set(self.total_steps)
         self.metrics.restarts.set(contract.restarts_before(self.pod.attempt) + self.restart.restarts)
         self.metrics.restarted(self.restart.restarts, self.restart.cause)
         self._start_probe(model, *self._probe_with, drill=first)
         self._last = time.perf_counter()
         return self.check("initial") if self.config.initial_check else None
 
-    def rejoin(self, model: nn.Module) -> bool:
+    def rejoin(self, model: nn.Module, metrics: TrainerMetrics | None = None) -> bool:
         """After a heal re-formed the default group (:mod:`ddp_trainer.sync.heal`): take this process's
-        place in the new world (rank, size, launcher variables, ``model``: the new DDP wrapper) and run what
-        the constructor runs there (:meth:`_enter_world`). Whether the initial check found every replica
-        the same (under ``Fail`` a divergence raises). Only a DDP model on the default group heals."""
+        place in the new world (rank, size, launcher variables, ``model``: the new DDP wrapper; ``metrics``:
+        this rank's series made anew for it, its new rank and world) and run what the constructor runs there
+        (:meth:`_enter_world`), then report the world change as the launcher recorded it. Whether the
+        initial check found every replica the same (under ``Fail`` a divergence raises). Only a DDP model
+        on the default group heals."""
         if self.group is not None or self.layout is not None:
             raise SyncHealthError("a heal re-forms the default group of a DDP model; this one is not")
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
@@ -271,7 +273,10 @@ class SyncHealth(Closing):
         if self._owns_steps:
             self.subject.model = model  # a state given (the trainer's) holds the caller's wrapper already
         self.skew = boundary.SkewMeter()
+        if metrics is not None:
+            self.metrics = self.verifier.metrics = metrics
         found = self._enter_world(os.environ, model, first=False)
+        self.metrics.resized(inplace.read_state(os.environ), time.time())
         return found is None or found.in_sync
 
     # -- setup ----------------------------------------------------------------------------------------
@@ -283,6 +288,7 @@ class SyncHealth(Closing):
         if values is not None and "PROMETHEUS_MULTIPROC_DIR" in os.environ:  # loaded earlier by the user
             values.ValueClass = values.get_value_class()  # type: ignore[attr-defined]
         from ddp_trainer.reporting import metrics as metrics_module
+        from ddp_trainer.reporting import serving
 
         first = next(model.parameters(), None)
         labels = {
@@ -304,12 +310,7 @@ class SyncHealth(Closing):
         series = metrics_module.TrainerMetrics(labels, info)
         series.restarts.set(contract.restarts_before(self.pod.attempt))
         port = self.pod.metrics_port
-        if (
-            self.launch.local_rank == 0
-            and port
-            and port not in _SERVED
-            and metrics_module.serve(port, directory)
-        ):
+        if self.launch.local_rank == 0 and port and port not in _SERVED and serving.serve(port, directory):
             _SERVED.add(port)
         return series
 

@@ -16,16 +16,18 @@ import os
 
 import torch
 import torch.distributed as dist
+from prometheus_client import values
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_trainer import contract
 from ddp_trainer.checkpoint import checkpoints, payload, provenance
 from ddp_trainer.core import inplace
 from ddp_trainer.core.config import PodEnv, TrainerConfig
-from ddp_trainer.core.distributed import LaunchEnv, read_launch_env
+from ddp_trainer.core.distributed import LaunchEnv, metrics_dir, read_launch_env
 from ddp_trainer.core.state import TrainState
 from ddp_trainer.reporting import report
 from ddp_trainer.reporting.metrics import TrainerMetrics
+from ddp_trainer.reporting.serving import serve_anew
 from ddp_trainer.sync import boundary, fingerprints, heal, probe, replicas
 from ddp_trainer.sync.boundary import CheckKind
 from ddp_trainer.sync.checking import DivergenceError, Tally, model_digest
@@ -248,6 +250,7 @@ class Session:
             health=self.health,
             fence=fence,
             stopped=lambda: stopped.requested,
+            metrics=self.world_metrics,
         )
         if done is None:
             return False
@@ -258,10 +261,21 @@ class Session:
             False,
         )
         self.writer = dataclasses.replace(self.writer, world=done.checkpoint_world)
-        self.metrics.describe(world_size=str(done.world_size))  # the rank label stays the first world's
         self.agreement = boundary.StopAgreement()
         heal.reseed(self.config.seed, done.rank)
         return True
+
+    def world_metrics(self) -> TrainerMetrics:
+        """This rank's series made anew for a world healed in place (its new rank and size, in the new
+        world's metrics directory, which local rank 0 serves from then on): the old world's series, with
+        the old ranks, are no longer served."""
+        self.launch = read_launch_env(os.environ)
+        directory = metrics_dir(os.environ, self.launch, anew=True)
+        values.ValueClass = values.get_value_class()  # type: ignore[attr-defined,no-untyped-call]
+        if self.launch.local_rank == 0:
+            serve_anew(directory)
+        self.metrics = rank_metrics(self.config, self.pod, self.launch, self.device, self.precision_name)
+        return self.metrics
 
     def batches(self, step: int, say: bool = True) -> tuple[int, Batches]:
         """Micro-batches per step and the micro-batches from ``step`` on: this rank's shard, or an elastic

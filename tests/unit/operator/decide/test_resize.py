@@ -61,7 +61,7 @@ def test_a_silent_peer_then_its_rejoin_are_each_counted_with_their_reason() -> N
         "elastic": {"nodes": 3, "nodesFrom": "Trainer", "resizes": 0},
     }
     stopped = NOW.timestamp() - 12.0
-    silent = LastResize(reasons.NODE_SILENT, 3, 2, stopped, 9.46, round=1)
+    silent = LastResize(reasons.NODE_SILENT, 3, 2, stopped, 9.46, round=1, mode=reasons.HEALED)
     plan = _reconcile(previous, 3, 3, 3, _reading(2, silent, 1))
     elastic = plan.status["elastic"]
     assert (elastic["nodes"], elastic["nodesFrom"], elastic["resizes"]) == (2, "Trainer", 1), elastic
@@ -71,11 +71,13 @@ def test_a_silent_peer_then_its_rejoin_are_each_counted_with_their_reason() -> N
         "reason": "NodeSilent",
         "time": (NOW - dt.timedelta(seconds=12)).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "secondsLost": 9.5,
+        "mode": "healed",
     }
     assert elastic["summary"] == "2/3 (1-4)"
     resized = [e for e in plan.events if e.reason == reasons.RESIZED]
     assert [e.type for e in resized] == ["Warning"], plan.events
     assert "from 3 to 2 nodes (NodeSilent: a node went silent" in resized[0].message
+    assert "), healed in place: the survivors kept their processes and state, " in resized[0].message
     assert plan.resize_job is None  # the Job keeps spec.nodes: the dropped pod's place is kept
     again = _reconcile({**previous, **plan.status}, 3, 3, 3, _reading(2, silent, 1))
     assert again.status["elastic"]["resizes"] == 1
@@ -84,6 +86,9 @@ def test_a_silent_peer_then_its_rejoin_are_each_counted_with_their_reason() -> N
     grown = _reconcile({**previous, **plan.status}, 3, 3, 3, _reading(3, back, 2, (silent,)))
     elastic = grown.status["elastic"]
     assert (elastic["nodes"], elastic["resizes"], elastic["lastResize"]["reason"]) == (3, 2, "NodeRejoined")
+    assert elastic["lastResize"]["mode"] == "restarted"  # a grow restarts (an older trainer says no mode)
+    grew = [e.message for e in grown.events if e.reason == reasons.RESIZED]
+    assert len(grew) == 1 and "its workers restarted from the last checkpoint" in grew[0], grown.events
     assert [e.type for e in grown.events if e.reason == reasons.RESIZED] == ["Normal"]
 
 
@@ -118,7 +123,11 @@ def test_a_scale_counts_once_and_gets_its_cost_when_the_world_reaches_it() -> No
     after = _reconcile({**previous, **plan.status}, 3, 3, 3, _reading(3, joined, 1))
     elastic = after.status["elastic"]
     assert (elastic["nodes"], elastic["resizes"]) == (3, 1), elastic
-    assert elastic["lastResize"] == {**plan.status["elastic"]["lastResize"], "secondsLost": 3.2}
+    assert elastic["lastResize"] == {
+        **plan.status["elastic"]["lastResize"],
+        "secondsLost": 3.2,
+        "mode": "restarted",
+    }
     assert not [e for e in after.events if e.reason == reasons.RESIZED]
 
 
@@ -231,7 +240,14 @@ def test_two_scales_count_two_resizes_on_statuses_as_the_api_server_serves_them(
         status = _served(status, _reconcile(status, nodes, size, pods, snapshot).status)
     elastic = status["elastic"]
     assert (elastic["resizes"], elastic["counted"]) == (2, {"job": "job-1", "round": 2}), elastic
-    assert elastic["lastResize"] == {"from": 3, "reason": "Scaled", "secondsLost": 3, "time": STAMP, "to": 1}
+    assert elastic["lastResize"] == {
+        "from": 3,
+        "reason": "Scaled",
+        "secondsLost": 3,
+        "time": STAMP,
+        "to": 1,
+        "mode": "restarted",
+    }
     typed = typed_status.read(status).elastic  # an integral number served as an int is still a number
     assert typed is not None and typed.last_resize is not None and typed.last_resize.seconds_lost == 3
 

@@ -108,16 +108,18 @@ def test_the_spec_knows_the_total_only_for_the_built_in_trainer() -> None:
 
 def test_the_world_and_its_last_resize_are_read_from_the_pods_metrics() -> None:
     """Rank 0's ddp_info says the world (a replaced description, at 0, does not); the last resize is the
-    highest round's; every change once per round, whichever pods say it (at the earliest stop said)."""
+    highest round's; every change once per round, whichever pods say it (at the earliest stop said), and
+    restarted where any pod says so (round 4: pod 0 healed, pod 1's workers restarted; an older trainer
+    says no mode: restarted)."""
     labels = 'ddpjob="j",ddpjob_namespace="ns"'
     pod0 = (
         f'ddp_info{{{labels},rank="0",node_rank="0",world_size="6"}} 0.0\n'
         f'ddp_info{{{labels},rank="0",node_rank="0",world_size="4"}} 1.0\n'
         f'ddp_elastic_resizes{{{labels},rank="0",node_rank="0"}} 2.0\n'
         f'ddp_resize_info{{{labels},rank="0",node_rank="0",reason="NodeRejoined",from_nodes="1",'
-        'to_nodes="3",round="4"} 900.5\n'
+        'to_nodes="3",round="4",mode="healed"} 899.5\n'
         f'ddp_resize_info{{{labels},rank="0",node_rank="0",reason="NodeSilent",from_nodes="3",'
-        'to_nodes="2",round="6"} 1000.5\n'
+        'to_nodes="2",round="6",mode="healed"} 1000.5\n'
         f'ddp_last_resize_seconds_lost{{{labels},rank="0",node_rank="0"}} 8.25\n'
     )
     pod1 = (
@@ -128,9 +130,9 @@ def test_the_world_and_its_last_resize_are_read_from_the_pods_metrics() -> None:
     )
     read = metrics.parse([pod1, pod0])
     assert (read.world_size, read.resizes) == (4, 2)
-    assert read.last_resize == metrics.LastResize("NodeSilent", 3, 2, 1000.5, 8.25, round=6)
-    assert [(c.round, c.reason, c.at) for c in read.changes] == [
-        (4, "NodeRejoined", 900.0),
-        (6, "NodeSilent", 1000.5),
+    assert read.last_resize == metrics.LastResize("NodeSilent", 3, 2, 1000.5, 8.25, round=6, mode="healed")
+    assert [(c.round, c.reason, c.at, c.mode) for c in read.changes] == [
+        (4, "NodeRejoined", 899.5, "restarted"),
+        (6, "NodeSilent", 1000.5, "healed"),
     ]
     assert metrics.parse([f'ddp_step{{{labels},rank="0",node_rank="0"}} 3.0\n']).world_size is None

@@ -4,6 +4,7 @@ the restart torch spent on the failure that led to it is given back."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,31 @@ def test_a_heal_books_the_lost_peers_world_change_and_gives_back_no_restart(
     assert book.rendezvoused(2, 1, healing=True) == (inplace.RESIZED, 0)  # torch spent no restart
     assert book.state.restarts == 0 and book.state.history[-1].reason == contract.RESIZE_LOST
     assert "this pod's workers heal in place (why: NodeLost)" in capsys.readouterr().err
+
+
+def test_a_heal_is_recorded_as_healed_until_it_is_refused_and_an_older_record_reads_as_restarted(
+    tmp_path: Path,
+) -> None:
+    """The world change a heal books says healed, for the workers to report (``ddp_resize_info{mode}``);
+    a heal refused (its workers stopped for the restart) says restarted, as does a grow; a launch state an
+    older launcher wrote (changes without a mode) reads as restarted."""
+    path = tmp_path / "state.json"
+    env = {contract.LAUNCH_STATE_ENV: str(path)}
+    book = Book(path, elastic=True)
+    book.rendezvoused(3, 0)
+    book.failed({}, stopped=True, why="a worker lost a peer", silent=False)
+    book.rendezvoused(2, 1, healing=True)
+    assert [c.mode for c in inplace.read_state(env).history] == [contract.RESIZE_HEALED]
+    book.rendezvoused(3, 2)  # a grow: the workers restart
+    book.failed({}, stopped=True, why="a worker lost a peer", silent=False)
+    book.rendezvoused(2, 3, healing=True)
+    book.heal_refused()
+    modes = [c.mode for c in inplace.read_state(env).history]
+    assert modes == [contract.RESIZE_HEALED, contract.RESIZE_RESTARTED, contract.RESIZE_RESTARTED]
+    book.heal_refused()  # nothing healed is left to refuse: unchanged
+    assert [c.mode for c in inplace.read_state(env).history] == modes
+    older = {"restarts": 0, "cause": "", "at": 0.0, "resizes": 1, "history": [[1, "NodeLost", 3, 2, 5.0]]}
+    path.write_text(json.dumps(older))
+    assert inplace.read_state(env).history == (
+        inplace.Change(1, "NodeLost", 3, 2, 5.0, contract.RESIZE_RESTARTED),
+    )

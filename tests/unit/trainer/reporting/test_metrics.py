@@ -67,7 +67,7 @@ def test_a_changed_description_replaces_the_info_series() -> None:
     assert metrics.info == {"device": "cuda", "fingerprint": "torch"}
 
 
-def test_every_world_change_is_shown_with_its_round_reason_and_the_seconds_the_last_cost() -> None:
+def test_every_world_change_is_shown_with_its_round_reason_mode_and_the_seconds_the_last_cost() -> None:
     labels = {"ddpjob": "j", "ddpjob_namespace": "ns", "rank": "0", "node_rank": "0"}
     registry = CollectorRegistry()
     metrics = TrainerMetrics(labels, {}, registry)
@@ -75,7 +75,7 @@ def test_every_world_change_is_shown_with_its_round_reason_and_the_seconds_the_l
     assert registry.get_sample_value(contract.ELASTIC_RESIZES, labels) == 0
     history = (
         Change(4, contract.RESIZE_LOST, 3, 2, 900.0),
-        Change(7, contract.RESIZE_SILENT, 3, 2, 990.0),
+        Change(7, contract.RESIZE_SILENT, 3, 2, 990.0, contract.RESIZE_HEALED),
     )
     state = LaunchState(
         resizes=2, resize=contract.RESIZE_SILENT, resize_from=3, resize_to=2, resize_at=990.0, history=history
@@ -88,6 +88,7 @@ def test_every_world_change_is_shown_with_its_round_reason_and_the_seconds_the_l
             "from_nodes": str(change.before),
             "to_nodes": str(change.after),
             "round": str(change.round),
+            "mode": change.mode,
         }
         assert registry.get_sample_value(contract.RESIZE_INFO, info) == change.at
     assert registry.get_sample_value(contract.LAST_RESIZE_SECONDS_LOST, labels) == 12.5
