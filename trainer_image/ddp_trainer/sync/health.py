@@ -263,7 +263,8 @@ class SyncHealth(Closing):
         """After a heal re-formed the default group (:mod:`ddp_trainer.sync.heal`): take this process's
         place in the new world (rank, size, launcher variables, ``model``: the new DDP wrapper) and run what
         the constructor runs there (:meth:`_enter_world`). Whether the initial check found every replica
-        the same (under ``Fail`` a divergence raises). Only a DDP model on the default group heals."""
+        the same: the heal refuses a mismatch whatever the policy, which neither raises nor repairs here.
+        Only a DDP model on the default group heals."""
         if self.group is not None or self.layout is not None:
             raise SyncHealthError("a heal re-forms the default group of a DDP model; this one is not")
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
@@ -271,7 +272,11 @@ class SyncHealth(Closing):
         if self._owns_steps:
             self.subject.model = model  # a state given (the trainer's) holds the caller's wrapper already
         self.skew = boundary.SkewMeter()
-        found = self._enter_world(os.environ, model, first=False)
+        policy, self.verifier.policy = self.verifier.policy, "Warn"
+        try:
+            found = self._enter_world(os.environ, model, first=False)
+        finally:
+            self.verifier.policy = policy
         return found is None or found.in_sync
 
     # -- setup ----------------------------------------------------------------------------------------
