@@ -34,6 +34,7 @@ HEALED = re.compile(
     r"elastic: world size (\d+) verified at step (\d+), before its first step \(healed in place: (\d+)"
 )
 RESTORED = re.compile(r".* restored step-\d+\..*")
+SAVED = re.compile(r"step (\d+): checkpoint saved to ")
 REFUSED = "the healed world's replica check failed at step"
 
 
@@ -87,6 +88,10 @@ class HealRun:
 
     def restored(self) -> list[str]:
         return RESTORED.findall(self.logs())
+
+    def saved(self) -> list[int]:
+        """The steps of the checkpoints saved in a world of 3."""
+        return [int(step) for step in SAVED.findall(self.logs().split("world size 3")[-1])]
 
     def finish(self) -> str:
         """What the run printed, once it ended, Succeeded in one attempt."""
@@ -145,12 +150,9 @@ def test_a_heal_the_replica_check_refuses_falls_back_to_a_restart_in_place_from_
     tmp_path: Path,
 ) -> None:
     run = HealRun(tmp_path, checkpoint_every=10, env={"DDPJOB_CHAOS_HEAL_NUDGE": "rank=1"})
-    run.until(
-        "a world of 3 training, a checkpoint saved",
-        lambda: run.at_three() and "checkpoint saved" in run.logs(),
-    )
+    run.until("a world of 3 training, a checkpoint saved", lambda: run.at_three() and bool(run.saved()))
     time.sleep(1)
-    earlier = set(run.restored())
+    earlier, saved = set(run.restored()), max(run.saved())
     signal_pod(run.name, 1, signal.SIGKILL)
     out = run.finish()
     final = run.logs()
@@ -161,7 +163,7 @@ def test_a_heal_the_replica_check_refuses_falls_back_to_a_restart_in_place_from_
     cause = f"{FELL_BACK}: {REFUSED} {step}"
     assert f"[launcher] gang restart in place 1: {cause}; restarting" in final, final[-5000:]
     restored = _steps([line for line in run.restored() if line not in earlier])
-    assert restored and 10 <= restored[0] <= step, (restored, step)  # the last checkpoint before the loss
+    assert restored and saved <= restored[0] <= step, (restored, saved, step)  # the last before the loss
     assert f"restarted its gang in place 1 time(s) in the same pods (last: {cause}" in out, out
     report = run.report(0)
     assert report["verified"] is True and report["step"] == 240, report
