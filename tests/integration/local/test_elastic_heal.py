@@ -3,7 +3,12 @@ one-process pods; once the world of 3 trains, every process of pod 1 (in a secon
 SIGKILLed, as a lost node. The other two heal in place, in the same processes: their pods' processes
 unchanged from before the loss to the healed world of 2, verified before its first step, at most one step
 lost, nothing restored; the replacement pod grows the world back (a grow still restarts: the design's
-stage 2), and the job Succeeds in one attempt."""
+stage 2), and the job Succeeds in one attempt.
+
+A heal that must fall back (``DDPJOB_CHAOS_HEAL_NUDGE``: rank 1 of the healed world nudges a parameter
+during the heal): the healed world's replica check refuses it, the launchers say why and restart their
+workers in place from the last checkpoint, the restart's cause names the refused heal, and the job
+Succeeds in one attempt, verified."""
 
 from __future__ import annotations
 
@@ -12,12 +17,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from ddp_operator.local import elastic
+from ddp_trainer.launch.heal_round import FELL_BACK
 from helpers import REPO
 from helpers.local_jobs import RUN_SECONDS, job, pod_pids, pods_pythonpath, signal_pod, stop_job, unique_name
 
@@ -25,6 +33,87 @@ HELPERS = REPO / "tests" / "helpers"
 HEALED = re.compile(
     r"elastic: world size (\d+) verified at step (\d+), before its first step \(healed in place: (\d+)"
 )
+RESTORED = re.compile(r".* restored step-\d+\..*")
+SAVED = re.compile(r"step (\d+): checkpoint saved to ")
+REFUSED = "the healed world's replica check failed at step"
+
+
+class HealRun:
+    """One `ddpjob local` run of the elastic job of 3 one-process pods that heals, in ``tmp_path``: its
+    ``checkpointEvery`` and more ``env``."""
+
+    def __init__(self, tmp_path: Path, checkpoint_every: int, env: dict[str, str] | None = None) -> None:
+        self.name = name = unique_name()
+        trainer = {
+            "steps": 240,
+            "batchSize": 16,
+            "checkpointEvery": checkpoint_every,
+            "model": "slow_factories:slow_until_full",
+        }
+        doc = job(name, nodes=3, procsPerNode=1, elastic={"minNodes": 1, "maxNodes": 3}, trainer=trainer)
+        doc["spec"]["syncCheck"] = {"everySteps": 20}
+        doc["spec"]["env"] = [
+            {"name": "PYTHONPATH", "value": pods_pythonpath(HELPERS)},
+            {"name": "DDPJOB_HEAL", "value": "1"},
+            *({"name": key, "value": value} for key, value in (env or {}).items()),
+        ]
+        (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+        self.attempt = tmp_path / "runs" / name / "attempt-1"
+        argv = [sys.executable, "-m", "ddp_operator", "local", "job.yaml", "--workdir", "runs"]
+        self.process = subprocess.Popen(
+            argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        self.started = time.monotonic()
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in sorted(self.attempt.glob("*.log")))
+
+    def until(self, what: str, ready: Callable[[], bool]) -> None:
+        while not ready():
+            if self.process.poll() is not None or time.monotonic() - self.started > RUN_SECONDS:
+                took = time.monotonic() - self.started
+                raise AssertionError(
+                    f"{what}: not in {took:.0f} s; printed:\n{stop_job(self.process, self.name)}"
+                )
+            time.sleep(0.1)
+
+    def at_three(self) -> bool:
+        """A world of 3 trains (under load the first world may be 2, grown to 3 when the late pod joins)."""
+        found = elastic.worlds(sorted(self.attempt.glob("*.log")))
+        return (
+            bool(found)
+            and found[-1][0] == 3
+            and "first optimizer step" in self.logs().split("world size 3")[-1]
+        )
+
+    def restored(self) -> list[str]:
+        return RESTORED.findall(self.logs())
+
+    def saved(self) -> list[int]:
+        """The steps of the checkpoints saved in a world of 3."""
+        return [int(step) for step in SAVED.findall(self.logs().split("world size 3")[-1])]
+
+    def finish(self) -> str:
+        """What the run printed, once it ended, Succeeded in one attempt."""
+        try:
+            out, _ = self.process.communicate(timeout=max(1.0, self.started + RUN_SECONDS - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"the run did not end in time:\n{stop_job(self.process, self.name)}"
+            ) from None
+        succeeded = f"ddpjob local: {self.name}: Succeeded" in out and "after 1 attempt(s)" in out
+        assert self.process.returncode == 0 and succeeded, out
+        return out
+
+    def report(self, pod: int) -> dict[str, Any]:
+        """Pod ``pod``'s final report."""
+        text = (self.attempt / f"{self.name}-1-{pod}.termination-log").read_text()
+        found: dict[str, Any] = yaml.safe_load(text)
+        return found
+
+
+def _steps(lines: list[str]) -> list[int]:
+    return [int(re.findall(r"restored step-(\d+)\.", line)[0]) for line in lines]
 
 
 @pytest.mark.slow
@@ -33,67 +122,50 @@ def test_a_lost_pod_is_healed_in_place_by_the_others_without_restarting_them(
     tmp_path: Path, lost: int
 ) -> None:
     survivors = [node for node in range(3) if node != lost]
-    name = unique_name()
-    trainer = {
-        "steps": 240,
-        "batchSize": 16,
-        "checkpointEvery": 1000,
-        "model": "slow_factories:slow_until_full",
-    }
-    doc = job(name, nodes=3, procsPerNode=1, elastic={"minNodes": 1, "maxNodes": 3}, trainer=trainer)
-    doc["spec"]["syncCheck"] = {"everySteps": 20}
-    doc["spec"]["env"] = [
-        {"name": "PYTHONPATH", "value": pods_pythonpath(HELPERS)},
-        {"name": "DDPJOB_HEAL", "value": "1"},
-    ]
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
-    attempt = tmp_path / "runs" / name / "attempt-1"
-    argv = [sys.executable, "-m", "ddp_operator", "local", "job.yaml", "--workdir", "runs"]
-    process = subprocess.Popen(
-        argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    started = time.monotonic()
-
-    def logs() -> str:
-        return "\n".join(p.read_text(errors="replace") for p in sorted(attempt.glob("*.log")))
-
-    def until(what: str, ready: object) -> None:
-        while not ready():  # type: ignore[operator]
-            if process.poll() is not None or time.monotonic() - started > RUN_SECONDS:
-                took = time.monotonic() - started
-                raise AssertionError(f"{what}: not in {took:.0f} s; printed:\n{stop_job(process, name)}")
-            time.sleep(0.1)
-
-    def at_three() -> bool:  # under load the first world may be 2, grown to 3 when the late pod joins
-        found = elastic.worlds(sorted(attempt.glob("*.log")))
-        return (
-            bool(found) and found[-1][0] == 3 and "first optimizer step" in logs().split("world size 3")[-1]
-        )
-
-    until("a world of 3 training", at_three)
+    run = HealRun(tmp_path, checkpoint_every=1000)
+    run.until("a world of 3 training", run.at_three)
     time.sleep(1)
-    before = {node: sorted(pod_pids(name, node)) for node in survivors}
-    earlier = set(re.findall(r".* restored step-\d+\..*", logs()))  # a grow at the start (a late pod's)
-    signal_pod(name, lost, signal.SIGKILL)
-    until("the healed world", lambda: HEALED.search(logs()) is not None)
-    healed = {node: sorted(pod_pids(name, node)) for node in survivors}
-    said = logs()
-    try:
-        out, _ = process.communicate(timeout=max(1.0, started + RUN_SECONDS - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        raise AssertionError(f"the run did not end in time:\n{stop_job(process, name)}") from None
-    assert (
-        process.returncode == 0 and f"ddpjob local: {name}: Succeeded" in out and "after 1 attempt(s)" in out
-    ), out
+    before = {node: sorted(pod_pids(run.name, node)) for node in survivors}
+    earlier = set(run.restored())  # a grow at the start (a late pod's)
+    signal_pod(run.name, lost, signal.SIGKILL)
+    run.until("the healed world", lambda: HEALED.search(run.logs()) is not None)
+    healed = {node: sorted(pod_pids(run.name, node)) for node in survivors}
+    said = run.logs()
+    out = run.finish()
     assert before == healed and all(before.values()), (before, healed)
     match = HEALED.search(said)
     assert match is not None and match[1] == "2" and int(match[3]) <= 1, said[-5000:]
     step = int(match[2])
-    final = logs()
-    later = [line for line in re.findall(r".* restored step-\d+\..*", final) if line not in earlier]
-    restored = [int(re.findall(r"restored step-(\d+)\.", line)[0]) for line in later]
+    final = run.logs()
+    restored = _steps([line for line in run.restored() if line not in earlier])
     assert all(s > step for s in restored), (restored, step)  # only the grow's, after the heal
     assert "healed in place into round" in final and "gang restart in place" not in final, final[-5000:]
     summary = next(line for line in out.splitlines() if "elastic: ran at world sizes" in line)
     assert "3 → 2 (healed) → 3 (ranks)" in summary, summary  # the grow back restarts
     print(match[0], summary, sep="\n")
+
+
+@pytest.mark.slow
+def test_a_heal_the_replica_check_refuses_falls_back_to_a_restart_in_place_from_the_last_checkpoint(
+    tmp_path: Path,
+) -> None:
+    run = HealRun(tmp_path, checkpoint_every=10, env={"DDPJOB_CHAOS_HEAL_NUDGE": "rank=1"})
+    run.until("a world of 3 training, a checkpoint saved", lambda: run.at_three() and bool(run.saved()))
+    time.sleep(1)
+    earlier, saved = set(run.restored()), max(run.saved())
+    signal_pod(run.name, 1, signal.SIGKILL)
+    out = run.finish()
+    final = run.logs()
+    assert "fire drill: rank 1 nudges its parameters during the heal" in final, final[-5000:]
+    refused = re.search(rf"\[launcher\] the heal into round \d+ failed \({REFUSED} (\d+)\)", final)
+    assert refused is not None and HEALED.search(final) is None, final[-5000:]  # refused, never healed
+    step = int(refused[1])
+    cause = f"{FELL_BACK}: {REFUSED} {step}"
+    assert f"[launcher] gang restart in place 1: {cause}; restarting" in final, final[-5000:]
+    restored = _steps([line for line in run.restored() if line not in earlier])
+    assert restored and saved <= restored[0] <= step, (restored, saved, step)  # the last before the loss
+    assert f"restarted its gang in place 1 time(s) in the same pods (last: {cause}" in out, out
+    report = run.report(0)
+    assert report["verified"] is True and report["step"] == 240, report
+    assert report["restartsInPlace"] == 1 and report["lastRestart"] == cause, report
+    print(refused[0], cause, sep="\n")

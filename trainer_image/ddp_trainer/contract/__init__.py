@@ -77,6 +77,11 @@ CHAOS_SDC_ENV: Final = "DDPJOB_CHAOS_SDC"
 """The silent-data-corruption fire drill, ``rank=R,step=S``: rank R corrupts its local forward output
 (one bit of one element, before the all-reduce) after step S; the replica check cannot see it, the compute
 probe must name rank R."""
+CHAOS_HEAL_NUDGE_ENV: Final = "DDPJOB_CHAOS_HEAL_NUDGE"
+"""The fire drill of a heal in place (``DDPJOB_HEAL=1``), ``rank=R``: rank R of the healed world nudges one
+parameter after the heal's state copy, before the healed world's replica check, at the first heal of the
+first run of attempt 1 only: the check must refuse the heal, and the job restart in place from the last
+checkpoint."""
 
 LAUNCH_STATE_ENV: Final = "DDPJOB_LAUNCH_STATE"
 """Set by the launcher (:mod:`ddp_trainer.launch`) for its workers: a JSON file in which it keeps the gang

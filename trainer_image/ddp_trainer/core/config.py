@@ -5,7 +5,8 @@ The operator renders ``torchrun --module ddp_trainer --device=… --backend=… 
 --batch-size=… --learning-rate=… --grad-accumulation=… --checkpoint-every=… --checkpoint-dir=…
 --checkpoint-keep=… [--warm-start-from=…] --model=… --sync-every=… --on-divergence=…
 --timeout-seconds=…``; every argument has a default, so
-``torchrun --nproc-per-node 2 --module ddp_trainer --device=cpu`` runs on its own.
+``torchrun --nproc-per-node 2 --module ddp_trainer --device=cpu`` runs on its own. Long because each flag
+and each variable carries its docstring (``--help`` prints the flags').
 """
 
 from __future__ import annotations
@@ -152,6 +153,9 @@ class PodEnv:
     sdc: ChaosSpec | None = None
     """``DDPJOB_CHAOS_SDC="rank=R,step=S"``: the silent-data-corruption drill (rank R computes wrong from
     step S on); unset in normal runs."""
+    heal_nudge: int | None = None
+    """``DDPJOB_CHAOS_HEAL_NUDGE="rank=R"``: the heal's drill (rank R of the healed world nudges one
+    parameter before the healed world's check, which must refuse the heal); unset in normal runs."""
     node: str = ""
     """``DDPJOB_NODE_NAME``: the pod's node (the downward API's ``spec.nodeName``); empty outside a pod."""
 
@@ -248,6 +252,15 @@ def parse_chaos(value: str, name: str = contract.CHAOS_ENV) -> ChaosSpec | None:
     return ChaosSpec(rank=int(match[1]), step=int(match[2]))
 
 
+def parse_rank_drill(value: str, name: str = contract.CHAOS_HEAL_NUDGE_ENV) -> int | None:
+    """Parse ``"rank=R"`` into R (empty: no drill); a ``ValueError`` names the variable ``name``."""
+    if not value.strip():
+        return None
+    if not (match := re.match(r"^\s*rank\s*=\s*(\d+)\s*$", value)):
+        raise ValueError(f'{name}={value!r}: expected "rank=R", e.g. "rank=1"')
+    return int(match[1])
+
+
 def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name, "").strip()
     if not raw:
@@ -286,5 +299,6 @@ def read_pod_env(env: Mapping[str, str]) -> PodEnv:
         chaos=parse_chaos(env.get(contract.CHAOS_ENV, "")),
         crash=parse_chaos(env.get(contract.CHAOS_CRASH_ENV, ""), contract.CHAOS_CRASH_ENV),
         sdc=parse_chaos(env.get(contract.CHAOS_SDC_ENV, ""), contract.CHAOS_SDC_ENV),
+        heal_nudge=parse_rank_drill(env.get(contract.CHAOS_HEAL_NUDGE_ENV, "")),
         node=env.get(contract.NODE_NAME_ENV, ""),
     )

@@ -43,6 +43,9 @@ class Book:
         """The last stop of this pod's workers was asked by another node (see :meth:`failed`)."""
         self.silent = False
         """The last stop was for a silent peer (or this node was dropped as one)."""
+        self.fallen = ""
+        """Why this pod's workers' heal in place failed, when the launcher stopped them for it
+        (:meth:`fell_back`), until the next rendezvous."""
         write_state(path, self.state)
 
     def failed(
@@ -55,9 +58,21 @@ class Book:
         """This pod's workers ended: they failed, or (``stopped``, an elastic job's) they were stopped for
         another node: at a step boundary because it asked (it leaves, or one joins), or at once because it
         went silent (``why`` says so: :mod:`ddp_trainer.launch.silence`), or, ``silent`` False, because it
-        was lost while they started (they waited for its store)."""
+        was lost while they started (they waited for its store). After :meth:`fell_back` their exits (the
+        launcher's SIGKILL) are booked as the failed heal."""
+        if self.fallen and not why:
+            why, silent = self.fallen, False
+        self.fallen = ""
         self.pending = (why or cause(failures), time.time())
         self.stopped, self.silent = stopped, bool(why) and silent
+
+    def fell_back(self, why: str) -> None:
+        """This pod's workers' heal in place failed (``why``, the cause of the restart in place that follows)
+        and the launcher stops them: booked now, whether the agent sees them ended first or restarts them
+        for a waiting node; the world change the heal booked is said as restarted (:meth:`heal_refused`)."""
+        self.failed({}, why=why, silent=False)
+        self.fallen = why
+        self.heal_refused()
 
     def rendezvoused(self, nodes: int, round_number: int = -1, healing: bool = False) -> tuple[str, int]:
         """Records a rendezvous of ``nodes`` nodes (in rendezvous round ``round_number``): the change
@@ -75,7 +90,7 @@ class Book:
         )
         own = failure is not None and not self.stopped
         silent = self.silent
-        self.nodes, self.borrowed, self.stopped, self.silent = nodes, False, False, False
+        self.nodes, self.borrowed, self.stopped, self.silent, self.fallen = nodes, False, False, False, ""
         if change == SAME and self.elastic and not own:
             # An elastic job's world met again at the same size, and no worker of this pod failed: its agent
             # stopped them for a node that waited to join (which then missed this round's 2 s last call

@@ -16,7 +16,8 @@ bounded), the agent (:func:`heal`):
 4. waits up to :data:`HEAL_SECONDS` for every local worker's healed mark of that round. A worker that
    ends, a heal-failed mark or the deadline: the workers are stopped (SIGKILL; the restore point is the last
    checkpoint) and the agent takes the path it took before heals (a restart of this pod's workers; the
-   other nodes follow through the rendezvous).
+   other nodes follow through the rendezvous), booked with the heal's failure as its cause
+   (:data:`FELL_BACK`: a worker's mark says why, e.g. the healed world's replica check), not the SIGKILL.
 
 torch's agent restarts its workers when a node waits to join while its own look healthy (``_invoke_run``'s
 healthy branch): after a loss, another node's agent that healed first waits in the rendezvous, maybe before
@@ -55,6 +56,8 @@ GRACE_SECONDS = 3.0
 that lost a peer leaves its group at once, so the others fail within a second (measured for the design)."""
 LOST_PEER = "a worker lost a peer (its collective failed): healed in place"
 """The cause the launcher books for a heal's world change."""
+FELL_BACK = "the heal in place failed"
+"""The cause the launcher books for the restart in place after a failed heal, before the worker's why."""
 
 
 def armed(env: Mapping[str, str], builtin: bool, elastic: bool) -> bool:
@@ -104,15 +107,15 @@ def heal(
     *,
     monitor: Callable[[Any, Any], Any],
     marks: Marks,
+    book: Book,
     path: Path,
     round_of: Callable[[Any], int],
     trigger: str,
-    book: Book | None = None,
     seconds: float = HEAL_SECONDS,
 ) -> Any:
     """Heal ``group``'s workers in place (the module's docstring); the agent's view of them after: healthy
-    when they healed, else what :func:`stop_now` left (failed), for the caller's path before heals (the
-    world change ``book`` recorded then said as restarted)."""
+    when they healed, else what :func:`stop_now` left (failed), for the caller's path before heals, its
+    cause booked (:meth:`Book.fell_back`)."""
     from torch.distributed.elastic.agent.server.api import WorkerState
 
     started = time.time()
@@ -126,14 +129,10 @@ def heal(
     deadline = time.monotonic() + seconds
     while True:
         result = monitor(agent, group)
-        if result.state != WorkerState.HEALTHY:
-            say(f"a worker ended while healing into round {round_}: restarting as before heals")
-            if book is not None:
-                book.heal_refused()
-            return result
+        ended = result.state != WorkerState.HEALTHY
         pids = [int(w.id) for w in group.workers]
         done = outcome([notice.read_note(marks.read(pid) or "") for pid in pids], round_)
-        if done == notice.HEALED:
+        if done == notice.HEALED and not ended:
             ranks = sorted(int(w.global_rank) for w in group.workers)
             say(
                 f"healed in place into round {round_} (world size {group.workers[0].world_size}, ranks "
@@ -141,14 +140,17 @@ def heal(
             )
             group.state = WorkerState.HEALTHY
             return result
-        if done is None and time.monotonic() < deadline:
+        if done is None and not ended and time.monotonic() < deadline:
             time.sleep(POLL_SECONDS)
             continue
-        why = done if done is not None else f"no healed mark within {seconds:.0f} s"
+        why = f"no healed mark within {seconds:.0f} s"
+        if done not in (None, notice.HEALED):  # a worker's mark says why (it may have ended since)
+            why = str(done)
+        elif ended:
+            why = f"a worker ended while healing into round {round_}"
         say(f"the heal into round {round_} failed ({why}): its workers restart from the last checkpoint")
-        if book is not None:
-            book.heal_refused()
-        return stop_now(agent, group, monitor)
+        book.fell_back(f"{FELL_BACK}: {why}")
+        return result if ended else stop_now(agent, group, monitor)
 
 
 def when_wanted(
@@ -169,7 +171,7 @@ def when_wanted(
     book.failed({}, stopped=True, why=LOST_PEER, silent=False)
     trigger = "a worker of this pod lost a peer"
     return heal(
-        agent, group, monitor=monitor, marks=marks, path=path, round_of=round_of, trigger=trigger, book=book
+        agent, group, monitor=monitor, marks=marks, book=book, path=path, round_of=round_of, trigger=trigger
     )
 
 

@@ -17,7 +17,7 @@ same process, with the same module and optimizer:
    old wrapper's options;
 5. :meth:`SyncHealth.rejoin <ddp_trainer.sync.health.SyncHealth.rejoin>`: the collectives ``SyncHealth``'s
    constructor runs, the initial replica check among them; a mismatch fails the heal whatever the
-   divergence policy says;
+   divergence policy says (its fire drill, ``DDPJOB_CHAOS_HEAL_NUDGE``: :meth:`Healer.drill`, just before);
 6. rank 0 begins the world's fence (``fence``: :func:`checkpoint_fence`), whose number every rank takes;
 7. marks itself healed (the round and what it cost) and rank 0 says the world, as a verified elastic world
    is said, with ``(healed in place: ...)``.
@@ -42,11 +42,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ddp_trainer import contract
 from ddp_trainer.checkpoint import checkpoints
 from ddp_trainer.checkpoint.provenance import Writer
 from ddp_trainer.checkpoint.stores import Store as CheckpointStore
 from ddp_trainer.core import inplace, notice, reform
+from ddp_trainer.core.config import read_pod_env
 from ddp_trainer.core.notice import Notice
+from ddp_trainer.sync import boundary
 from ddp_trainer.sync.health import SyncHealth, say_world
 
 if TYPE_CHECKING:  # prometheus_client loads only after PROMETHEUS_MULTIPROC_DIR is set
@@ -139,6 +142,12 @@ class Healer:
         self.round = known.round if known is not None else -1
         """The round of the newest notice this worker's world is past (one there before it started is)."""
         self.local_rank = int(self.env.get("LOCAL_RANK", "0") or 0)
+        pod = read_pod_env(self.env)
+        first_run = pod.attempt == contract.FIRST_ATTEMPT and not inplace.read_state(self.env).restarts
+        self.nudge = pod.heal_nudge if first_run else None
+        """The heal's fire drill (``DDPJOB_CHAOS_HEAL_NUDGE``): the rank of the healed world that nudges
+        its parameters, in the first run of attempt 1 only (as the recovery drill), until it did
+        (:meth:`drill`)."""
 
     def wanted(self, error: BaseException) -> bool:
         """Whether ``error`` is one to heal from: a peer's loss, under a launcher that writes notices."""
@@ -156,6 +165,16 @@ class Healer:
             if time.monotonic() >= deadline or (stopped is not None and stopped()):
                 return None
             time.sleep(POLL_SECONDS)
+
+    def drill(self, model: nn.Module, rank: int) -> None:
+        """The heal's fire drill: where it names ``rank`` (this worker's in the healed world), nudge one
+        parameter of ``model``, once (the restart in place the refused heal causes does not repeat it)."""
+        if self.nudge is None or self.nudge != rank:
+            return
+        self.nudge = None
+        log.warning("fire drill: rank %d nudges its parameters during the heal", rank)
+        name = boundary.nudge(model)
+        log.warning("fire drill: rank %d nudged %s by %g", rank, name, boundary.CHAOS_NUDGE)
 
     def fail(self, round_: int, why: str) -> HealFailed:
         """Mark the heal of ``round_`` failed; the error to raise."""
@@ -242,8 +261,9 @@ class Healer:
                 subject.step, subject.epoch = copied.extra["step"], copied.extra["epoch"]
                 subject.scaler.load_state_dict(copied.extra["scaler"])
             sent = copied.bytes
-        subject.model = _wrap(module, old)
+        subject.model = _wrap(module, old)  # its constructor broadcasts rank 0's parameters: the drill after
         del old
+        self.drill(module, rank)
         if health is not None:
             verified = health.rejoin(subject.model, metrics() if metrics is not None else None)
             if not verified:

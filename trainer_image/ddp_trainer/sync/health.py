@@ -264,8 +264,8 @@ class SyncHealth(Closing):
         place in the new world (rank, size, launcher variables, ``model``: the new DDP wrapper; ``metrics``:
         this rank's series made anew for it, its new rank and world) and run what the constructor runs there
         (:meth:`_enter_world`), then report the world change as the launcher recorded it. Whether the
-        initial check found every replica the same (under ``Fail`` a divergence raises). Only a DDP model
-        on the default group heals."""
+        initial check found every replica the same: the heal refuses a mismatch whatever the policy, which
+        neither raises nor repairs here. Only a DDP model on the default group heals."""
         if self.group is not None or self.layout is not None:
             raise SyncHealthError("a heal re-forms the default group of a DDP model; this one is not")
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
@@ -275,7 +275,11 @@ class SyncHealth(Closing):
         self.skew = boundary.SkewMeter()
         if metrics is not None:
             self.metrics = self.verifier.metrics = metrics
-        found = self._enter_world(os.environ, model, first=False)
+        policy, self.verifier.policy = self.verifier.policy, "Warn"
+        try:
+            found = self._enter_world(os.environ, model, first=False)
+        finally:
+            self.verifier.policy = policy
         self.metrics.resized(inplace.read_state(os.environ), time.time())
         return found is None or found.in_sync
 

@@ -83,6 +83,14 @@ def test_pod_environment() -> None:
         config.parse_chaos("rank=1")
 
 
+def test_the_heal_drill_names_one_rank() -> None:
+    assert config.read_pod_env({"DDPJOB_CHAOS_HEAL_NUDGE": " rank = 2 "}).heal_nudge == 2
+    assert config.read_pod_env({}).heal_nudge is None and config.parse_rank_drill(" ") is None
+    for bad in ("rank=1,step=5", "2", "rank=-1"):
+        with pytest.raises(ValueError, match="DDPJOB_CHAOS_HEAL_NUDGE"):
+            config.read_pod_env({"DDPJOB_CHAOS_HEAL_NUDGE": bad})
+
+
 def test_help_opens_with_what_the_trainer_is() -> None:
     text = config.build_parser().format_help()
     description = text.split("\n\n")[1]

@@ -171,3 +171,23 @@ def test_a_heal_is_recorded_as_healed_until_it_is_refused_and_an_older_record_re
     assert inplace.read_state(env).history == (
         inplace.Change(1, "NodeLost", 3, 2, 5.0, contract.RESIZE_RESTARTED),
     )
+
+
+def test_a_failed_heal_is_the_cause_of_the_restart_in_place_that_follows(tmp_path: Path) -> None:
+    """launch/heal_round.py stops workers whose heal failed (SIGKILL): the restart is booked with the heal's
+    failure, whether the agent sees them ended first or restarts them at once for a waiting node."""
+    book = Book(tmp_path / "state.json", elastic=True)
+    book.rendezvoused(3, 0)
+    book.failed({}, stopped=True, why="a worker lost a peer", silent=False)
+    book.rendezvoused(2, 1, healing=True)
+    why = "the heal in place failed: the healed world's replica check failed at step 40"
+    book.fell_back(why)
+    book.failed({0: (-9, "Signal 9 (SIGKILL) received by PID 12")})  # the agent sees them ended
+    assert book.rendezvoused(2, 2) == (inplace.SAME, 0)
+    assert (book.state.restarts, book.state.cause) == (1, why)
+    book.fell_back(why)  # a waiting node's restart: no failure seen
+    book.rendezvoused(2, 3)
+    assert (book.state.restarts, book.state.cause) == (2, why)
+    book.failed({1: (-9, "")})  # the next failure is its own again
+    book.rendezvoused(2, 4)
+    assert (book.state.restarts, book.state.cause) == (3, "rank 1 killed by signal 9")

@@ -4,10 +4,17 @@ tests/integration/trainer/test_heal_multiprocess.py plays the launchers)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
+
+import pytest
 
 from ddp_trainer.core import notice
 from ddp_trainer.launch import heal_round
+from ddp_trainer.launch.book import Book
+from ddp_trainer.launch.workers import Marks
 
 WANTED = notice.read_note(notice.HEAL_WANTED)
 HEALED = notice.read_note(notice.healed_note(4, {"step": 10}))
@@ -45,3 +52,50 @@ def test_the_notice_says_the_world_torch_assigned() -> None:
     assert said == notice.Notice(
         7, {0: 2, 1: 3}, 4, 1, 2, "pod-0", 29500, "a worker of this pod lost a peer", 12.5
     )
+
+
+@pytest.mark.parametrize("ended", [False, True], ids=["stopped", "ended"])
+def test_a_refused_heal_stops_the_workers_and_books_why_as_the_restarts_cause(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], ended: bool
+) -> None:
+    """A worker's heal-failed mark: the launcher says why, SIGKILLs its workers (or finds one ended
+    already) and books the heal's failure, not their exits, as the cause of the restart in place."""
+    from torch.distributed.elastic.agent.server.api import WorkerState
+
+    code = "pass" if ended else "import time; time.sleep(60)"
+    worker = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        if ended:
+            worker.wait(30)
+        why = "the healed world's replica check failed at step 40"
+        (tmp_path / f"worker-{worker.pid}").write_text(notice.heal_failed_note(5, why))
+        member = SimpleNamespace(local_rank=0, global_rank=1, world_size=2, id=worker.pid)
+        group = SimpleNamespace(
+            workers=[member], group_rank=1, group_world_size=2, master_addr="pod-0", master_port=29500
+        )
+        met: list[bool] = []
+        agent = SimpleNamespace(_rendezvous=lambda _group, healing: met.append(healing))
+        book = Book(tmp_path / "state.json", elastic=True)
+
+        def monitor(_agent: object, _group: object) -> SimpleNamespace:
+            alive = worker.poll() is None
+            return SimpleNamespace(state=WorkerState.HEALTHY if alive else WorkerState.FAILED)
+
+        result = heal_round.heal(
+            agent,
+            group,
+            monitor=monitor,
+            marks=Marks(tmp_path),
+            book=book,
+            path=tmp_path / notice.NOTICE_FILE,
+            round_of=lambda _group: 5,
+            trigger="a worker of this pod lost a peer",
+        )
+        assert met == [True] and result.state == WorkerState.FAILED
+        assert worker.wait(10) == (0 if ended else -9)
+        assert book.pending is not None and book.pending[0] == f"{heal_round.FELL_BACK}: {why}"
+        said = capsys.readouterr().err
+        assert f"the heal into round 5 failed ({why}): its workers restart from the last checkpoint" in said
+    finally:
+        worker.kill()
+        worker.wait()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -10,10 +11,12 @@ import warnings
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
+import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_trainer.core import notice, reform
+from ddp_trainer.core import inplace, notice, reform
 from ddp_trainer.sync import heal
 from ddp_trainer.sync.heal import Healer
 
@@ -83,3 +86,32 @@ def test_a_healed_module_is_wrapped_again_with_the_old_wrappers_options() -> Non
         assert isinstance(heal._wrap(module, module), DistributedDataParallel)
     finally:
         reform.abandon_group()
+
+
+def test_the_heal_drill_nudges_the_named_rank_of_the_healed_world_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    healer = Healer(_env(tmp_path) | {"DDPJOB_CHAOS_HEAL_NUDGE": "rank=1"})
+    module = nn.Linear(3, 2)
+    before = [p.detach().clone() for p in module.parameters()]
+    healer.drill(module, 0)  # another rank: nothing
+    assert all(torch.equal(a, b) for a, b in zip(before, module.parameters(), strict=True))
+    with caplog.at_level(logging.WARNING, logger="ddp_trainer"):
+        healer.drill(module, 1)
+    assert "fire drill: rank 1 nudges its parameters during the heal" in caplog.text
+    nudged = [p.detach().clone() for p in module.parameters()]
+    changed = [int((a != b).sum()) for a, b in zip(before, nudged, strict=True)]
+    assert changed == [1, 0], changed  # one element of one parameter
+    healer.drill(module, 1)  # once: the restart in place the refused heal causes does not repeat it
+    assert all(torch.equal(a, b) for a, b in zip(nudged, module.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("later", [{"DDPJOB_ATTEMPT": "2"}, {}], ids=["attempt-2", "restarted-in-place"])
+def test_the_heal_drill_fires_in_the_first_run_of_attempt_1_only(
+    tmp_path: Path, later: dict[str, str]
+) -> None:
+    env = _env(tmp_path) | {"DDPJOB_CHAOS_HEAL_NUDGE": "rank=0"}
+    assert Healer(env).nudge == 0 and Healer(_env(tmp_path)).nudge is None
+    if not later:  # the launcher restarted this pod's workers in place once
+        inplace.write_state(tmp_path / "launch-state.json", inplace.LaunchState(restarts=1, cause="x"))
+    assert Healer(env | later).nudge is None
