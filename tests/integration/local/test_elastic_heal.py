@@ -169,3 +169,39 @@ def test_a_heal_the_replica_check_refuses_falls_back_to_a_restart_in_place_from_
     assert report["verified"] is True and report["step"] == 240, report
     assert report["restartsInPlace"] == 1 and report["lastRestart"] == cause, report
     print(refused[0], cause, sep="\n")
+
+
+SILENT_BOUND_SECONDS = 30.0
+"""From the freeze to the smaller world verified: the keep-alive bound (5 s), the round, the restore."""
+
+
+@pytest.mark.slow
+def test_a_frozen_pod_of_a_job_that_heals_is_still_dropped_as_silent_and_rejoins_when_it_wakes(
+    tmp_path: Path,
+) -> None:
+    """Pod 1 frozen (SIGSTOP: its sockets stay open, no collective fails, so nothing asks to heal): the heal's
+    watch must not hide the silent peer from the launchers' keep-alive watch (it did: a launcher that heals
+    returned before its silence watch looked, and the survivors waited in their collective for the group's
+    timeout). They drop it within the bound and resume at 2 from the last checkpoint (a silent loss is not
+    healed yet); woken, it rejoins, and the job Succeeds in one attempt."""
+    run = HealRun(tmp_path, checkpoint_every=10)
+    run.until("a world of 3 training, a checkpoint saved", lambda: run.at_three() and bool(run.saved()))
+    seen = len(elastic.worlds(sorted(run.attempt.glob("*.log"))))
+    frozen_at = time.monotonic()
+    signal_pod(run.name, 1, signal.SIGSTOP)
+    try:
+        while len(worlds := elastic.worlds(sorted(run.attempt.glob("*.log")))) <= seen:
+            took = time.monotonic() - frozen_at
+            assert took < SILENT_BOUND_SECONDS, f"no smaller world {took:.0f} s after freezing:\n{run.logs()}"
+            time.sleep(0.1)
+        shrunk = time.monotonic() - frozen_at
+    finally:
+        signal_pod(run.name, 1, signal.SIGCONT)
+    out = run.finish()
+    final = run.logs()
+    assert worlds[seen][0] == 2 and "went silent: no keep-alive for" in final, (worlds, final[-5000:])
+    assert "(why: NodeSilent)" in final and HEALED.search(final) is None, final[-5000:]
+    summary = next(line for line in out.splitlines() if "elastic: ran at world sizes" in line)
+    assert "3 → 2 → 3 (ranks)" in summary, summary
+    print(f"frozen → world of 2 verified: {shrunk:.1f} s (bound {SILENT_BOUND_SECONDS:.0f} s)")
+    print(summary)

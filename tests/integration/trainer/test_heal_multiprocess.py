@@ -295,6 +295,10 @@ def test_the_built_in_trainer_heals_in_its_own_processes_and_trains_to_the_end(
     print(healed[0])
 
 
+AGENT_STEPS = 160
+"""The launchers' run's steps (see where it is set)."""
+
+
 def _workers(pod: Path) -> set[int]:
     return {int(p.name.removeprefix(WORKER_MARK_PREFIX)) for p in pod.glob(f"{WORKER_MARK_PREFIX}*")}
 
@@ -348,7 +352,12 @@ def launched(
                 "TMPDIR": str(pod / "tmp"),
                 "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
             }
-            trainer = [arg if not arg.startswith("--steps=") else "--steps=80" for arg in TRAINER[2:]]
+            # AGENT_STEPS: enough that a world of 3 formed late (the first world 2, a pod joining at step ~40
+            # under load) still trains for seconds, so the kill below comes before the run's end (it came
+            # after, at 80 steps, in one run of four under -n 2)
+            trainer = [
+                arg if not arg.startswith("--steps=") else f"--steps={AGENT_STEPS}" for arg in TRAINER[2:]
+            ]
             argv = [sys.executable, "-m", "ddp_trainer.launch", "--module", "ddp_trainer", *trainer]
             argv.append(f"--checkpoint-dir={out / 'checkpoints'}")
             log = (out / f"rank{rank}.log").open("wb")
@@ -392,7 +401,7 @@ def test_the_launchers_heal_a_lost_pod_without_restarting_their_workers(launched
             note = notice.read_note(_mark(launched["out"], r, pid))
             assert note is not None and note.kind == notice.HEALED and note.report["lost"] <= 1, note
         report = json.loads((launched["out"] / f"pod{r}" / "report.json").read_text())
-        assert report["worldSize"] == 2 * launched["procs"] and report["step"] == 80, report
+        assert report["worldSize"] == 2 * launched["procs"] and report["step"] == AGENT_STEPS, report
     assert "healed in place into round" in logs and "gang restart in place" not in logs, logs[-8000:]
     healed = [line for line in logs.splitlines() if "(healed in place: " in line]
     world = 2 * launched["procs"]

@@ -199,12 +199,11 @@ def _install(book: Book, marks: workers.Marks, healing: Path | None = None) -> N
 
     def monitor_workers(self: Any, group: Any) -> Any:
         result = monitor(self, group)
-        if (
-            healing is not None and result.state == WorkerState.HEALTHY
-        ):  # issue 57's heal (launch/heal_round.py)
-            result = heal_round.when_wanted(self, group, result, monitor, marks, book, healing, round_of)
-            if result.state == WorkerState.HEALTHY:
-                return result
+        if healing is not None and result.state == WorkerState.HEALTHY:  # issue 57's heal (heal_round)
+            healed = heal_round.when_wanted(self, group, result, monitor, marks, book, healing, round_of)
+            if healed is not result and healed.state == WorkerState.HEALTHY:
+                return healed  # healed in place; else the silence watch below still looks at them
+            result = healed
         quiet: RoundWatch | None = getattr(self, "_ddpjob_silence", None)
         verdict = None
         if quiet is not None and result.state in (
