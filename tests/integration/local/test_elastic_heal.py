@@ -8,7 +8,9 @@ stage 2), and the job Succeeds in one attempt.
 A heal that must fall back (``DDPJOB_CHAOS_HEAL_NUDGE``: rank 1 of the healed world nudges a parameter
 during the heal): the healed world's replica check refuses it, the launchers say why and restart their
 workers in place from the last checkpoint, the restart's cause names the refused heal, and the job
-Succeeds in one attempt, verified."""
+Succeeds in one attempt, verified. A worker crashed in one pod (the recovery drill): that pod starts its
+workers afresh, and the others, which lost a peer, fall back from their heal at once.
+A frozen pod (SIGSTOP): dropped as silent within the bound, the world of 2 from the last checkpoint."""
 
 from __future__ import annotations
 
@@ -169,6 +171,30 @@ def test_a_heal_the_replica_check_refuses_falls_back_to_a_restart_in_place_from_
     assert report["verified"] is True and report["step"] == 240, report
     assert report["restartsInPlace"] == 1 and report["lastRestart"] == cause, report
     print(refused[0], cause, sep="\n")
+
+
+@pytest.mark.slow
+def test_a_crashed_worker_starts_afresh_and_the_others_fall_back_from_their_heal_at_once(
+    tmp_path: Path,
+) -> None:
+    """The recovery drill SIGKILLs rank 1's worker after step 30: its own launcher starts its workers afresh
+    (a heal covers a lost peer, not a crash of one's own, yet), while the others' workers lost a peer and
+    heal into the same round. A round's members heal or start afresh together: the healers read in the
+    store that a member started afresh and fall back at once (they waited a minute for ranks that never
+    re-formed with them, then fell back on their own group's timeout), and the job Succeeds in one attempt,
+    verified, from the last checkpoint."""
+    run = HealRun(tmp_path, checkpoint_every=10, env={"DDPJOB_CHAOS_CRASH": "rank=1,step=30"})
+    run.finish()
+    final = run.logs()
+    afresh = re.findall(
+        r"\[launcher\] the heal into round (\d+) failed \((.+?) started its workers afresh in round (\d+)",
+        final,
+    )
+    assert afresh and all(heal == fresh for heal, _, fresh in afresh), final[-5000:]
+    assert HEALED.search(final) is None and "no healed mark within" not in final, final[-5000:]
+    report = run.report(0)
+    assert report["verified"] is True and report["step"] == 240, report
+    print(*afresh, sep="\n")
 
 
 SILENT_BOUND_SECONDS = 30.0

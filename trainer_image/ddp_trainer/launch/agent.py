@@ -186,8 +186,8 @@ def _install(book: Book, marks: workers.Marks, healing: Path | None = None) -> N
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
-    monitor = LocalElasticAgent._monitor_workers
-    rendezvous = SimpleElasticAgent._rendezvous
+    monitor, rendezvous = LocalElasticAgent._monitor_workers, SimpleElasticAgent._rendezvous
+    armed = healing is not None  # issue 57's heal (heal_round)
 
     def lend(self: Any) -> None:
         if book.elastic and self._remaining_restarts == 0:
@@ -199,7 +199,7 @@ def _install(book: Book, marks: workers.Marks, healing: Path | None = None) -> N
 
     def monitor_workers(self: Any, group: Any) -> Any:
         result = monitor(self, group)
-        if healing is not None and result.state == WorkerState.HEALTHY:  # issue 57's heal (heal_round)
+        if healing is not None and result.state == WorkerState.HEALTHY:
             healed = heal_round.when_wanted(self, group, result, monitor, marks, book, healing, round_of)
             if healed is not result and healed.state == WorkerState.HEALTHY:
                 return healed  # healed in place; else the silence watch below still looks at them
@@ -329,10 +329,10 @@ def _install(book: Book, marks: workers.Marks, healing: Path | None = None) -> N
                 external = store.endpoint(os.environ) is not None
                 self._ddpjob_silence = RoundWatch(handler, not external and not host, presence=external)
             self._ddpjob_silence.begin()
+            if armed and not healing:  # fresh workers: a heal into this round falls back at once
+                heal_round.say_restarting(self._ddpjob_silence)
 
-    if (
-        healing is not None
-    ):  # a node waiting while this one's workers lost a peer: heal (launch/heal_round.py)
+    if healing is not None:  # a node waiting while this one's workers lost a peer: heal
         restart = heal_round.restart_or_heal(
             SimpleElasticAgent._restart_workers, monitor, marks, book, healing, round_of
         )
@@ -364,16 +364,10 @@ def main(argv: Sequence[str]) -> int:
     from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 
     args = torchrun.parse_args(list(argv))  # type: ignore[no-untyped-call]
-    healing = (
-        notice.notice_path(os.environ)
-        if heal_round.armed(os.environ, runs_builtin(args), book.elastic)
-        else None
-    )
-    if healing is None:
-        os.environ.pop(
-            heal_round.HEAL_ENV, None
-        )  # the workers inherit it: they heal only where this launcher does
-    _install(book, marks, healing)
+    armed = heal_round.armed(os.environ, runs_builtin(args), book.elastic)
+    if not armed:  # the workers inherit it: they heal only where this launcher does
+        os.environ.pop(heal_round.HEAL_ENV, None)
+    _install(book, marks, notice.notice_path(os.environ) if armed else None)
     if runs_builtin(args):
         torchrun.config_from_args = warm_config_from_args(torchrun.config_from_args)
         marks.builtin = True  # its workers leave marks (SyncHealth)

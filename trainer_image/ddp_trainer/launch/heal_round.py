@@ -25,12 +25,18 @@ this node's workers failed. So, armed, that restart waits up to :data:`GRACE_SEC
 heal-wanted mark and heals instead (:func:`restart_or_heal`); a node that joins (a grow) still restarts,
 that much later.
 
+A round's members heal or start their workers afresh together: an agent whose workers start afresh in a
+round says so in the store (:func:`say_restarting`), and a heal into that round falls back at once
+(:func:`restarted`).
+
 Not here yet (the design's later stages): a grow by heal, a member's loss seen by the round's watch before
-any worker failed, the fallback told to the other nodes through the store.
+any worker failed (it stops its workers, so the round's others fall back), the fallback told to the other
+nodes through the store.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -41,7 +47,7 @@ from ddp_trainer import contract
 from ddp_trainer.core import notice
 from ddp_trainer.core.notice import Note, Notice
 from ddp_trainer.launch.book import Book
-from ddp_trainer.launch.rounds import stop_now
+from ddp_trainer.launch.rounds import InFlight, stop_now
 from ddp_trainer.launch.workers import Marks
 from ddp_trainer.sync import heal as sync_heal
 
@@ -58,6 +64,8 @@ LOST_PEER = "a worker lost a peer (its collective failed): healed in place"
 """The cause the launcher books for a heal's world change."""
 FELL_BACK = "the heal in place failed"
 """The cause the launcher books for the restart in place after a failed heal, before the worker's why."""
+LOOK_SECONDS = 0.5
+"""How often a heal looks in the store for a member of its round that started its workers afresh."""
 
 
 def armed(env: Mapping[str, str], builtin: bool, elastic: bool) -> bool:
@@ -97,6 +105,42 @@ def notice_of(group: Any, round_: int, trigger: str, at: float) -> Notice:
     )
 
 
+def restart_key(run_id: str, round_: int) -> str:
+    """The store key under which an agent whose workers start afresh in round ``round_`` says so."""
+    return f"ddpjob/restarted/{run_id}/{round_}"
+
+
+def say_restarting(watch: Any) -> None:
+    """This agent joined its round (``watch``'s, a :class:`~ddp_trainer.launch.rounds.RoundWatch`) with
+    workers that start afresh (the first start, a restart, a grow): said in the store, so that an agent whose
+    workers heal into the same round falls back at once (:func:`restarted`). A round's members heal or start
+    afresh together: a healed rank re-forms its group with the healed ones only, and a fresh one waits for
+    the others' fresh ones (seen: a frozen pod dropped by one node, which stopped its workers, while another's
+    worker lost a peer in that stop and healed; each waited a minute for the other)."""
+    key = restart_key(watch.run_id, int(watch.handler._state_holder.state.round))
+    with contextlib.suppress(
+        Exception
+    ):  # bounded as the watch's reads; not said: the heal's deadline still holds
+        InFlight(watch.reading.seconds).ask(
+            lambda: watch.store.set(key, watch.name(watch.handler._this_node))
+        )
+
+
+def restarted(watch: Any | None, round_: int) -> str | None:
+    """The member of round ``round_`` whose workers started afresh in it (:func:`say_restarting`), if one
+    said so; None also when the store cannot tell."""
+    if watch is None:
+        return None
+    key = restart_key(watch.run_id, round_)
+    try:
+        done, got = InFlight(watch.reading.seconds).ask(
+            lambda: watch.store.get(key).decode() if watch.store.check([key]) else None
+        )
+    except Exception:
+        return None
+    return str(got) if done and got else None
+
+
 def say(line: str) -> None:
     print(f"{contract.log_stamp(time.time())} [launcher] {line}", file=sys.stderr, flush=True)
 
@@ -126,12 +170,17 @@ def heal(
         worker.id = ids[int(worker.local_rank)]
     round_ = round_of(group)
     notice.write_notice(path, notice_of(group, round_, trigger, started))
-    deadline = time.monotonic() + seconds
+    deadline, looked = time.monotonic() + seconds, 0.0
+    watch = getattr(agent, "_ddpjob_silence", None)
     while True:
         result = monitor(agent, group)
         ended = result.state != WorkerState.HEALTHY
         pids = [int(w.id) for w in group.workers]
         done = outcome([notice.read_note(marks.read(pid) or "") for pid in pids], round_)
+        if done is None and not ended and time.monotonic() - looked >= LOOK_SECONDS:
+            looked = time.monotonic()
+            if who := restarted(watch, round_):
+                done = f"{who} started its workers afresh in round {round_}, which healed ones cannot meet"
         if done == notice.HEALED and not ended:
             ranks = sorted(int(w.global_rank) for w in group.workers)
             say(

@@ -14,6 +14,8 @@ import json
 import logging
 import math
 import os
+import signal
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -268,7 +270,27 @@ def _locked(path: str) -> Iterator[Any]:
 
 
 def _rewrite(file: Any, text: str) -> None:
-    file.seek(0)
-    file.truncate()
-    file.write(text)
-    file.flush()
+    with _termination_held():
+        file.seek(0)
+        file.truncate()
+        file.write(text)
+        file.flush()
+
+
+@contextlib.contextmanager
+def _termination_held() -> Iterator[None]:
+    """SIGTERM held off until the block ends, then delivered as it would have been. A pod's ranks share one
+    report, and the launcher SIGTERMs a pod's other ranks as soon as one fails: a rank stopped between the
+    truncation and the write left the report empty, and the failure another rank had recorded in it (the
+    crash itself) was lost. Only the main thread may change a signal's handler: elsewhere, nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: pending.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        if pending:
+            signal.raise_signal(signal.SIGTERM)

@@ -149,6 +149,55 @@ def test_every_failed_rank_of_a_pod_records_itself_in_the_one_report(tmp_path: P
     assert later is not None and [f["rank"] for f in later["failures"]] == [3], later
 
 
+_STOPPED_WHILE_RECORDING = """
+import contextlib, os, signal, sys
+from ddp_trainer.reporting import report
+path = sys.argv[1]
+real = report._locked
+
+
+@contextlib.contextmanager
+def locked(at):  # the launcher's SIGTERM arrives just after the report was truncated, before the write
+    with real(at) as file:
+        class Stopped:
+            def __getattr__(self, name):
+                return getattr(file, name)
+
+            def truncate(self, *size):
+                done = file.truncate(*size)
+                os.kill(os.getpid(), signal.SIGTERM)
+                return done
+
+        yield Stopped()
+
+
+report._locked = locked
+report.record_failure(path, 3, "RuntimeError: Connection closed by peer", at=101.0)
+print("not stopped", flush=True)
+"""
+
+
+def test_a_rank_stopped_while_it_records_its_failure_leaves_the_crash_recorded(tmp_path: Path) -> None:
+    """Rank 2 crashed and recorded it; rank 3, failing through the collective, is SIGTERMed by the launcher
+    between truncating the pod's report and writing it back (seen in CI: the report was left empty and no
+    one named the crash). The stop waits for the write, then ends the rank as a SIGTERM does."""
+    import signal
+    import subprocess
+    import sys
+
+    path = str(tmp_path / "termination-log")
+    report.record_failure(path, 2, "RuntimeError: injected crash", at=100.0)
+    done = subprocess.run(
+        [sys.executable, "-c", _STOPPED_WHILE_RECORDING, path], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == -signal.SIGTERM and "not stopped" not in done.stdout, done
+    written = contract.parse_report(Path(path).read_text())
+    assert written is not None and [(f["rank"], f["at"]) for f in written["failures"]] == [
+        (2, 100.0),
+        (3, 101.0),
+    ]
+
+
 _WRITE = """
 import json, sys
 from ddp_trainer.reporting import report
