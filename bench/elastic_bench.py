@@ -3,6 +3,7 @@ job (``--mode rigid``, the default), or a silent loss against a process death (`
 
     python bench/elastic_bench.py [--nodes 3] [--steps 400] [--kill-after-step 40]
     python bench/elastic_bench.py --mode silent [--rounds 5] [--release-after 30] [--steps 400] ...
+    python bench/elastic_bench.py --mode heal [--rounds 5] [--steps 400] ...
 
 The same DDPJob (``--nodes`` pods × 1 process on the CPU, the built-in trainer, a checkpoint every 5
 steps) runs several times; in each, once rank 0 has passed ``--kill-after-step``, pod 1 is lost:
@@ -27,6 +28,18 @@ steps) runs several times; in each, once rank 0 has passed ``--kill-after-step``
     the pod as after a death, the world grows back, and the run ends as the death's does. (SIGCONT would
     do as well, a woken pod rejoins by itself, but a kill makes both sides end by the same path.)
 
+* ``--mode heal``, elastic both times, every process of pod 1 SIGKILLed, in ``--rounds`` paired rounds
+  (ABBA, restart = A, heal = B, no warm-up run):
+
+  * restart: today's default path: the survivors' launchers stop their workers and start new ones in the
+    smaller world, which restore the last checkpoint;
+  * heal: the same job with ``DDPJOB_HEAL=1`` in its env (the heal in place, docs/trainer.md): the survivors'
+    workers keep their processes and state, re-form their group at the smaller world, verify it and step
+    on. Its first step is taken just after rank 0's ``verified at step S, before its first step (healed in
+    place: K step(s) lost, ...)`` line: the shrink is measured to it and its steps lost are K, the trainer's
+    own count (rank 0's step at the loss, scraped up to 0.2 s before the kill, can lag it by steps). The
+    grow back still restarts both ways.
+
 Measured from the trainer's own log timestamps (rank 0's "first optimizer step of this run" lines, which
 each new world writes) and the loss's own clock (the kill's, or the freeze's):
 
@@ -40,7 +53,9 @@ Goals on the 2-core machine: (issue 42) shrink <= 0.5 of the rigid recovery, a g
 4.5 s, plus the keep-alive bound). ``--mode silent`` prints each side's shrink and steps lost with their
 spread (median [min-max] over the rounds), the silent/death ratio of each round with its spread
 (``paired.judge``, no goal), and the 15 s goal's verdict over every round's silent shrink (``paired.verdict``:
-met only if every round clears it). Fewer than ``paired.MIN_ROUNDS`` rounds are allowed (each sample is a
+met only if every round clears it); ``--mode heal`` the same for restart and heal, the heal/restart ratio
+against issue 57's goal (<= 0.5, the whole spread below it) and its steps lost against <= 1 per loss. Fewer
+than ``paired.MIN_ROUNDS`` rounds are allowed (each sample is a
 whole job, minutes on 2 cores) and said so beside the figures. Prints figures, never asserts.
 """
 
@@ -75,17 +90,27 @@ FIRST_STEP = re.compile(
 SIGTERM = re.compile(r"^(\S+ \S+) \[rank \d+\] WARNING received SIGTERM")
 """Any rank's: a world's stop for a grow reaches rank 0 through the step-boundary agreement, which it does not
 always log as a signal of its own."""
+HEALED = re.compile(
+    r"^(\S+ \S+) \[rank 0\] (?:INFO )?elastic: world size \d+ verified at step (\d+), before its first step "
+    r"\(healed in place: (\d+) step"
+)
+"""Rank 0's line of a world healed in place: its first step follows at once (no "first optimizer step of this
+run" line: the process is not new)."""
 STEP = re.compile(r"^(\S+ \S+) \[rank 0\] INFO step (\d+):")
 METRICS = re.compile(r"metrics (\S+) :(\d+)")
 SILENT_GOAL_S = 15.0
 """Issue 54: from the freeze to the first step at the smaller world."""
+HEAL_GOAL_RATIO = 0.5
+"""Issue 57: a heal's shrink at most half of the restart's, round by round."""
+HEAL_GOAL_STEPS = 1
+"""Issue 57: steps lost per loss by a heal."""
 
 
 def _when(stamp: str) -> float:
     return dt.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
-def _doc(name: str, nodes: int, steps: int, elastic: bool) -> dict[str, Any]:
+def _doc(name: str, nodes: int, steps: int, elastic: bool, heal: bool = False) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "nodes": nodes,
         "procsPerNode": 1,
@@ -96,6 +121,8 @@ def _doc(name: str, nodes: int, steps: int, elastic: bool) -> dict[str, Any]:
     }
     if elastic:
         spec["elastic"] = {"minNodes": 1, "maxNodes": nodes}
+    if heal:
+        spec["env"] = [{"name": "DDPJOB_HEAL", "value": "1"}]
     return {"apiVersion": "ddpjob.io/v1alpha1", "kind": "DDPJob", "metadata": {"name": name}, "spec": spec}
 
 
@@ -118,18 +145,23 @@ def figures_from(lines: Sequence[str], lost_at: float, reached: int, elastic: bo
     """The figures of one run from its log lines (every pod's, every attempt's), the loss's clock
     (``time.time()``) and the step rank 0 had reached at the loss: ``recover_s``/``recover_steps`` (the
     loss to the first step after it) and, elastic, ``grow_s``/``grow_steps`` (the running world's first
-    SIGTERM, any rank's, to the next world's first step); a figure the logs do not hold is absent."""
+    SIGTERM, any rank's, to the next world's first step); a figure the logs do not hold is absent. A
+    world healed in place (:data:`HEALED`) starts at its line, its steps lost its own count (``healed``)."""
     firsts = sorted(
-        (_when(m[1]), int(m[2]), int(m[3] or 0)) for line in lines if (m := FIRST_STEP.match(line))
+        [(_when(m[1]), int(m[3] or 0), None) for line in lines if (m := FIRST_STEP.match(line))]
+        + [(_when(m[1]), int(m[2]), int(m[3])) for line in lines if (m := HEALED.match(line))],
+        key=lambda first: first[0],
     )
     terms = sorted(_when(m[1]) for line in lines if (m := SIGTERM.match(line)))
     after = [f for f in firsts if f[0] > lost_at]
     figures: dict[str, Any] = {"reached": reached}
     if after:
-        at, _, resumed = after[0]
-        figures.update(recover_s=at - lost_at, recover_steps=reached - resumed)
+        at, resumed, lost = after[0]
+        figures.update(recover_s=at - lost_at, recover_steps=reached - resumed if lost is None else lost)
+        if lost is not None:
+            figures["healed"] = True
     if elastic and len(after) > 1:
-        at, _, resumed = after[1]
+        at, resumed, _ = after[1]
         stop = min((t for t in terms if after[0][0] < t < at), default=None)
         if stop is not None:
             figures.update(grow_s=at - stop, grow_steps=max(0, _step_before(lines, stop) - resumed))
@@ -156,11 +188,13 @@ def run(
     *,
     silent: bool = False,
     release_after: float = 30.0,
+    heal: bool = False,
 ) -> dict[str, Any]:
     """One job; pod 1 lost once rank 0 passed ``kill_after``: SIGKILLed, or (``silent``) frozen, then
-    SIGKILLed at the smaller world's first step or ``release_after`` seconds after the freeze."""
+    SIGKILLed at the smaller world's first step or ``release_after`` seconds after the freeze. ``heal``: the
+    job heals in place (``DDPJOB_HEAL=1``)."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "job.yaml").write_text(yaml.safe_dump(_doc(name, nodes, steps, elastic)))
+    (folder / "job.yaml").write_text(yaml.safe_dump(_doc(name, nodes, steps, elastic, heal)))
     argv = [sys.executable, "-m", "ddp_operator", "local", "job.yaml", "--workdir", "runs"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "operator"), str(REPO / "trainer_image")])}
     out_path = folder / "out.log"
@@ -212,39 +246,74 @@ def spread_said(values: Sequence[float], unit: str = "s", digits: int = 1) -> st
 
 
 def silent_report(death: Sequence[dict[str, Any]], silent: Sequence[dict[str, Any]]) -> list[str]:
-    """The lines ``--mode silent`` prints after its rounds, from each round's figures (death = A, silent = B,
-    round by round): per round, then each side's spread, the ratio silent/death and the 15 s goal. Rounds
-    where either side has no shrink figure are shown and left out of the spreads."""
+    """The lines ``--mode silent`` prints after its rounds (:func:`paired_report`, death = A, silent = B):
+    the ratio silent/death without a goal, and issue 54's 15 s over every round's silent shrink."""
+    lines, whole = paired_report(("death", "silent"), death, silent, ratio_goal=None)
+    if whole:
+        b = [pair[1]["recover_s"] for pair in whole]
+        goal = paired.verdict(min(b), max(b), SILENT_GOAL_S, "at most")
+        lines.append(f"silent <= {SILENT_GOAL_S:.0f} s in every round: {goal} (max {max(b):.1f} s)")
+    return lines
+
+
+def heal_report(restart: Sequence[dict[str, Any]], heal: Sequence[dict[str, Any]]) -> list[str]:
+    """The lines ``--mode heal`` prints after its rounds (:func:`paired_report`, restart = A, heal = B): the
+    ratio heal/restart against issue 57's 0.5, and the heal's steps lost against 1 per loss, over every round;
+    a heal round that restarted instead (no healed world) is said."""
+    lines, whole = paired_report(("restart", "heal"), restart, heal, ratio_goal=HEAL_GOAL_RATIO)
+    if whole:
+        unhealed = sum(1 for pair in whole if not pair[1].get("healed"))
+        if unhealed:
+            lines.append(
+                f"  {unhealed} heal round(s) restarted instead of healing: their figures are a restart's"
+            )
+        lost = [pair[1]["recover_steps"] for pair in whole]
+        goal = paired.verdict(min(lost), max(lost), HEAL_GOAL_STEPS, "at most")
+        lines.append(
+            f"heal steps lost <= {HEAL_GOAL_STEPS} per loss in every round: {goal} (max {max(lost)})"
+        )
+    return lines
+
+
+def paired_report(
+    names: tuple[str, str],
+    a_side: Sequence[dict[str, Any]],
+    b_side: Sequence[dict[str, Any]],
+    ratio_goal: float | None,
+) -> tuple[list[str], list[tuple[dict[str, Any], dict[str, Any]]]]:
+    """The lines after paired rounds (``names``: A's and B's, round by round): per round, then each side's
+    spread and the ratio B/A (against ``ratio_goal``, at most); and the complete rounds. Rounds where either
+    side has no shrink figure are shown and left out of the spreads."""
     lines = []
-    for number, (order, a, b) in enumerate(zip(paired.abba(len(death)), death, silent, strict=True), 1):
-        lines.append(f"  round {number} ({' '.join('death' if s == 'A' else 'silent' for s in order)}):")
-        for side, got in (("death", a), ("silent", b)):
-            lines.append(f"    {side:6}: {got}")
-    whole = [(a, b) for a, b in zip(death, silent, strict=True) if "recover_s" in a and "recover_s" in b]
-    if len(whole) < len(death):
-        lines.append(f"  {len(death) - len(whole)} round(s) without a shrink figure on a side: left out")
+    for number, (order, a, b) in enumerate(zip(paired.abba(len(a_side)), a_side, b_side, strict=True), 1):
+        lines.append(f"  round {number} ({' '.join(names[0] if s == 'A' else names[1] for s in order)}):")
+        for side, got in zip(names, (a, b), strict=True):
+            lines.append(f"    {side:7}: {got}")
+    whole = [(a, b) for a, b in zip(a_side, b_side, strict=True) if "recover_s" in a and "recover_s" in b]
+    if len(whole) < len(a_side):
+        lines.append(f"  {len(a_side) - len(whole)} round(s) without a shrink figure on a side: left out")
     if not whole:
         lines.append("no complete round: no figure")
-        return lines
-    for side, index in (("death", 0), ("silent", 1)):
+        return lines, whole
+    width = max(len(n) for n in names)
+    for side, index in zip(names, (0, 1), strict=True):
         got = [pair[index] for pair in whole]
         grows = [g["grow_s"] for g in got if "grow_s" in g]
         lines.append(
-            f"{side:6} loss → first step at the smaller world: {spread_said([g['recover_s'] for g in got])}, "
+            f"{side:{width}} loss → first step at the smaller world: "
+            f"{spread_said([g['recover_s'] for g in got])}, "
             f"steps lost {spread_said([g['recover_steps'] for g in got], 'steps', 0)}; "
             f"grow {spread_said(grows)} ({len(grows)} of {len(got)})"
         )
     a, b = [p[0]["recover_s"] for p in whole], [p[1]["recover_s"] for p in whole]
-    ratio = paired.judge(a, b, over="b/a", goal=None, direction="at most")
-    goal = paired.verdict(min(b), max(b), SILENT_GOAL_S, "at most")
+    ratio = paired.judge(a, b, over="b/a", goal=ratio_goal, direction="at most")
     few = (
         f" (fewer than {paired.MIN_ROUNDS} rounds: a rough spread)"
         if ratio.rounds < paired.MIN_ROUNDS
         else ""
     )
-    lines.append(f"ratio silent/death: {ratio.said(2)}{few}")
-    lines.append(f"silent <= {SILENT_GOAL_S:.0f} s in every round: {goal} (max {max(b):.1f} s)")
-    return lines
+    lines.append(f"ratio {names[1]}/{names[0]}: {ratio.said(2)}{few}")
+    return lines, whole
 
 
 def rigid_mode(args: argparse.Namespace, where: Path) -> None:
@@ -266,11 +335,16 @@ def rigid_mode(args: argparse.Namespace, where: Path) -> None:
         )
 
 
-def silent_mode(args: argparse.Namespace, where: Path) -> None:
+def rounds(
+    args: argparse.Namespace, where: Path, kinds: str, **b_side: Any
+) -> dict[str, list[dict[str, Any]]]:
+    """``args.rounds`` paired rounds (ABBA) of the elastic job, A's runs named by ``kinds[0]``, B's by
+    ``kinds[1]`` with ``b_side`` given to :func:`run`; each side's figures, round by round."""
     got: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
     for number, order in enumerate(paired.abba(args.rounds), 1):
         for side in order:
-            kind = "d" if side == "A" else "s"
+            kind = kinds[0] if side == "A" else kinds[1]
+            more = b_side if side == "B" else {}
             got[side].append(
                 run(
                     where / f"{kind}{number}",
@@ -279,10 +353,25 @@ def silent_mode(args: argparse.Namespace, where: Path) -> None:
                     args.steps,
                     args.kill_after_step,
                     True,
-                    silent=side == "B",
                     release_after=args.release_after,
+                    **more,
                 )
             )
+    return got
+
+
+def heal_mode(args: argparse.Namespace, where: Path) -> None:
+    got = rounds(args, where, "rh", heal=True)
+    print(
+        f"{args.nodes} pods x 1 process (cpu/gloo), elastic (minNodes 1), pod 1 SIGKILLed after step "
+        f"{args.kill_after_step}: restart (today's default) vs heal in place (DDPJOB_HEAL=1); {args.rounds} "
+        "paired rounds (ABBA, restart = A)"
+    )
+    print("\n".join(heal_report(got["A"], got["B"])))
+
+
+def silent_mode(args: argparse.Namespace, where: Path) -> None:
+    got = rounds(args, where, "ds", silent=True)
     print(
         f"{args.nodes} pods x 1 process (cpu/gloo), elastic (minNodes 1), pod 1 lost after step "
         f"{args.kill_after_step}: SIGKILL (death) vs SIGSTOP (silent; SIGKILLed at the smaller world's first "
@@ -294,12 +383,17 @@ def silent_mode(args: argparse.Namespace, where: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument(
-        "--mode", choices=("rigid", "silent"), default="rigid", help="elastic vs rigid, or silent vs death"
+        "--mode",
+        choices=("rigid", "silent", "heal"),
+        default="rigid",
+        help="elastic vs rigid, silent vs death, or heal vs restart",
     )
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--kill-after-step", type=int, default=40)
-    parser.add_argument("--rounds", type=int, default=paired.MIN_ROUNDS, help="--mode silent: paired rounds")
+    parser.add_argument(
+        "--rounds", type=int, default=paired.MIN_ROUNDS, help="--mode silent or heal: paired rounds"
+    )
     parser.add_argument(
         "--release-after",
         type=float,
@@ -314,7 +408,7 @@ def main() -> None:
         parser.error("--rounds: at least 1")
     with tempfile.TemporaryDirectory(prefix="elastic-bench-") as tmp:
         where = args.keep or Path(tmp)
-        (rigid_mode if args.mode == "rigid" else silent_mode)(args, where)
+        {"rigid": rigid_mode, "silent": silent_mode, "heal": heal_mode}[args.mode](args, where)
 
 
 if __name__ == "__main__":

@@ -67,3 +67,40 @@ def test_a_round_without_a_figure_is_shown_and_left_out_of_the_spread() -> None:
     assert "1 round(s) without a shrink figure on a side: left out" in said
     assert "silent <= 15 s in every round: met (max 11.0 s)" in said
     assert "no complete round" in "\n".join(elastic_bench.silent_report(death[1:], silent[1:]))
+
+
+HEALED_LINES = [
+    f"{DAY} 10:00:01,000 [rank 0] INFO first optimizer step of this run: step 1 (resumed from 0)",
+    # the loss at 10:00:11 (rank 0 scraped at step 42, then stepped on to 47 before the kill)
+    f"{DAY} 10:00:13,250 [rank 0] elastic: world size 2 verified at step 47, before its first step "
+    "(healed in place: 1 step(s) lost, 0 bytes sent, 2.10 s)",
+    f"{DAY} 10:00:31,000 [rank 1] WARNING received SIGTERM: stopping at the next step boundary",
+    f"{DAY} 10:00:35,000 [rank 0] INFO first optimizer step of this run: step 81 (resumed from 80)",
+]
+
+
+def test_a_healed_world_starts_at_its_verified_line_and_loses_the_steps_it_says() -> None:
+    """No "first optimizer step" line for a heal (same processes): its line is the start, its count the steps
+    lost (rank 0's scraped step lags the kill); the grow back after it is measured as a restart's."""
+    got = elastic_bench.figures_from(HEALED_LINES, at("10:00:11"), reached=42, elastic=True)
+    assert got["recover_s"] == 2.25 and got["recover_steps"] == 1 and got["healed"] is True, got
+    assert got["grow_s"] == 4.0, got
+    restarted = elastic_bench.figures_from(LINES, at("10:00:11"), reached=42, elastic=True)
+    assert "healed" not in restarted
+
+
+def test_the_heal_report_judges_the_ratio_and_the_steps_lost_over_every_round() -> None:
+    restart = [{"recover_s": 4.0, "recover_steps": 3}, {"recover_s": 5.0, "recover_steps": 2}]
+    heal = [
+        {"recover_s": 1.6, "recover_steps": 1, "healed": True},
+        {"recover_s": 2.0, "recover_steps": 0, "healed": True},
+    ]
+    said = "\n".join(elastic_bench.heal_report(restart, heal))
+    assert "round 1 (restart heal)" in said and "round 2 (heal restart)" in said, said
+    assert "heal    loss → first step at the smaller world: 1.8 s [1.6-2.0]" in said, said
+    assert "ratio heal/restart: 0.40 [0.40-0.40], 2 rounds" in said and "met" in said, said
+    assert "heal steps lost <= 1 per loss in every round: met (max 1)" in said, said
+    slow = [{"recover_s": 3.0, "recover_steps": 2}, heal[1]]  # round 1 restarted instead of healing
+    said = "\n".join(elastic_bench.heal_report(restart, slow))
+    assert "1 heal round(s) restarted instead of healing" in said, said
+    assert "heal steps lost <= 1 per loss in every round: unresolved (max 2)" in said, said
