@@ -10,7 +10,8 @@ during the heal): the healed world's replica check refuses it, the launchers say
 workers in place from the last checkpoint, the restart's cause names the refused heal, and the job
 Succeeds in one attempt, verified. A worker crashed in one pod (the recovery drill): that pod starts its
 workers afresh, and the others, which lost a peer, fall back from their heal at once.
-A frozen pod (SIGSTOP): dropped as silent within the bound, the world of 2 from the last checkpoint."""
+A frozen pod (SIGSTOP): judged silent within the bound, its peers' workers shut their connections down
+and heal in place."""
 
 from __future__ import annotations
 
@@ -198,36 +199,43 @@ def test_a_crashed_worker_starts_afresh_and_the_others_fall_back_from_their_heal
 
 
 SILENT_BOUND_SECONDS = 30.0
-"""From the freeze to the smaller world verified: the keep-alive bound (5 s), the round, the restore."""
+"""From the freeze to the smaller world verified: the keep-alive bound (5 s), the round, the heal."""
 
 
 @pytest.mark.slow
-def test_a_frozen_pod_of_a_job_that_heals_is_still_dropped_as_silent_and_rejoins_when_it_wakes(
+def test_a_frozen_pod_is_judged_silent_and_the_others_heal_in_place_then_it_rejoins_when_it_wakes(
     tmp_path: Path,
 ) -> None:
-    """Pod 1 frozen (SIGSTOP: its sockets stay open, no collective fails, so nothing asks to heal): the heal's
-    watch must not hide the silent peer from the launchers' keep-alive watch (it did: a launcher that heals
-    returned before its silence watch looked, and the survivors waited in their collective for the group's
-    timeout). They drop it within the bound and resume at 2 from the last checkpoint (a silent loss is not
-    healed yet); woken, it rejoins, and the job Succeeds in one attempt."""
+    """Pod 1 frozen (SIGSTOP: its sockets stay open, so no collective fails by itself; gloo's abort does not
+    end one blocked on it either). The launchers' keep-alive watch judges it silent within the bound and
+    asks their workers to shut their connections down: the collective with it fails as after a peer's loss,
+    and they heal in place, in the same processes: the world of 2 verified, at most one step lost, nothing
+    restored. Woken, it rejoins (a grow: the world restarts), and the job Succeeds in one attempt."""
+    survivors = (0, 2)
     run = HealRun(tmp_path, checkpoint_every=10)
     run.until("a world of 3 training, a checkpoint saved", lambda: run.at_three() and bool(run.saved()))
-    seen = len(elastic.worlds(sorted(run.attempt.glob("*.log"))))
+    before = {node: sorted(pod_pids(run.name, node)) for node in survivors}
+    earlier = set(run.restored())
     frozen_at = time.monotonic()
     signal_pod(run.name, 1, signal.SIGSTOP)
     try:
-        while len(worlds := elastic.worlds(sorted(run.attempt.glob("*.log")))) <= seen:
+        while (match := HEALED.search(run.logs())) is None:
             took = time.monotonic() - frozen_at
-            assert took < SILENT_BOUND_SECONDS, f"no smaller world {took:.0f} s after freezing:\n{run.logs()}"
+            assert took < SILENT_BOUND_SECONDS, f"no healed world {took:.0f} s after freezing:\n{run.logs()}"
             time.sleep(0.1)
-        shrunk = time.monotonic() - frozen_at
+        healed_in = time.monotonic() - frozen_at
+        healed = {node: sorted(pod_pids(run.name, node)) for node in survivors}
     finally:
         signal_pod(run.name, 1, signal.SIGCONT)
     out = run.finish()
     final = run.logs()
-    assert worlds[seen][0] == 2 and "went silent: no keep-alive for" in final, (worlds, final[-5000:])
-    assert "(why: NodeSilent)" in final and HEALED.search(final) is None, final[-5000:]
+    assert before == healed and all(before.values()), (before, healed)
+    assert match[1] == "2" and int(match[3]) <= 1, match[0]
+    assert "went silent: no keep-alive for" in final and "shut their connections down" in final, final[-5000:]
+    assert "(why: NodeSilent)" in final, final[-5000:]
+    restored = _steps([line for line in run.restored() if line not in earlier])
+    assert all(s > int(match[2]) for s in restored), (restored, match[0])  # only the grow's, after the heal
     summary = next(line for line in out.splitlines() if "elastic: ran at world sizes" in line)
-    assert "3 → 2 → 3 (ranks)" in summary, summary
-    print(f"frozen → world of 2 verified: {shrunk:.1f} s (bound {SILENT_BOUND_SECONDS:.0f} s)")
-    print(summary)
+    assert "3 → 2 (healed) → 3 (ranks)" in summary, summary
+    print(f"frozen → world of 2 healed and verified: {healed_in:.1f} s (bound {SILENT_BOUND_SECONDS:.0f} s)")
+    print(match[0], summary, sep="\n")

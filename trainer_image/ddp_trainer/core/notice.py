@@ -7,14 +7,18 @@ worker that lost a peer and marked itself heal-wanted (:data:`HEAL_WANTED`, in i
 filesystem, as the launch state and the marks already do, and the workers need no rendezvous store.
 
 Also the notes a worker leaves in its mark about a heal (:func:`healed_note`, :func:`heal_failed_note`,
-:func:`read_note`). Pure but for the file's read and atomic write; no torch: the launcher imports it.
+:func:`read_note`), and the launcher's request that its workers sever their connections when a member of
+their round went silent (:func:`request_sever`, :class:`SeverWatch`). Pure but for the files' reads and
+atomic writes and the watch's thread; no torch: the launcher imports it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +27,8 @@ from ddp_trainer import contract
 
 NOTICE_FILE = "heal-notice.json"
 """The notice's name, in the launch state's folder."""
+SEVER_FILE = "heal-sever"
+"""The launcher's sever request's name, beside the notice (:func:`request_sever`)."""
 HEAL_WANTED = "heal-wanted"
 """A worker's mark: a collective failed with a peer's loss; it waits for a notice (bounded) before it exits
 as it did before heals."""
@@ -124,6 +130,60 @@ def read_notice(path: Path | None) -> Notice | None:
         return decode(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def request_sever(path: Path, round_: int) -> None:
+    """Ask the workers beside the notice at ``path`` whose world formed in round ``round_`` (or later) to shut
+    their connections down (:class:`SeverWatch`): a member of the round went silent (frozen, cut off), and a
+    collective blocked on it never ends by itself (its sockets stay open; gloo's abort does not end it
+    either), while one whose sockets are shut fails at once, as after a peer's loss, and the worker heals."""
+    target = path.with_name(SEVER_FILE)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(f"{round_} {time.time():.6f}")
+    tmp.replace(target)
+
+
+def clear_sever(path: Path) -> None:
+    """Take the sever request beside the notice at ``path`` away (workers start afresh: it is not theirs)."""
+    path.with_name(SEVER_FILE).unlink(missing_ok=True)
+
+
+class SeverWatch:
+    """A worker's daemon thread that reads the launcher's sever request beside the notice at ``path`` every
+    ``poll`` seconds and calls ``sever()`` once for each new request of a round at or past ``current()`` (the
+    round of the newest notice this worker's world is past). A request there when the watch begins counts:
+    the launcher takes an earlier world's away before it starts workers afresh (:func:`clear_sever`), and
+    one written before the worker's watch began (its group just formed) is this world's."""
+
+    def __init__(
+        self, path: Path, sever: Callable[[], object], current: Callable[[], int], poll: float = 0.1
+    ) -> None:
+        self.path, self.sever, self.current, self.poll = path.with_name(SEVER_FILE), sever, current, poll
+        self.seen: str | None = None
+        self.severed = 0
+        """Requests acted on."""
+        threading.Thread(target=self._run, name="ddpjob-sever-watch", daemon=True).start()
+
+    def _read(self) -> str | None:
+        try:
+            return self.path.read_text()
+        except OSError:
+            return None
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.poll)
+            text = self._read()
+            if text is None or text == self.seen:
+                continue
+            self.seen = text
+            try:
+                round_ = int(text.split()[0])
+            except (IndexError, ValueError):
+                continue
+            if round_ >= self.current():
+                self.severed += 1
+                self.sever()
 
 
 def healed_note(round_: int, report: Mapping[str, Any]) -> str:

@@ -17,6 +17,10 @@ group in place"):
   ``destroy_process_group()`` returned only at the group's timeout (8.01 s of an 8 s one, measured for
   issue 57's design). A heal waits for its own collectives to end (succeed or raise) and re-forms with
   nothing pending, which returns at once and fails a survivor still blocked on the old group at once.
+  What does end a collective blocked on a silent peer: shutting the process's connections down from
+  another thread (:func:`sever_connections`): with one of 3 ranks SIGSTOPped mid-run, the other two's DDP
+  all-reduce raised "Connection closed by peer" within 10 ms of it (torch 2.15, gloo, CPU), which
+  :func:`is_peer_loss` reads as a peer's loss, so a silent peer is healed like a lost one.
 - Survivors need not fail the same collective: after a SIGKILL, a gloo broadcast from rank 0 completed on
   rank 1 and failed on rank 0; rank 1 then waited out the group's timeout in the next collective, rank 0
   having left for the new world. A heal tells the survivors of a loss; it does not wait for each to fail.
@@ -207,7 +211,8 @@ PEER_LOSS = ("connection closed by peer", "connection reset by peer", "broken pi
 def is_peer_loss(error: BaseException) -> bool:
     """Whether ``error`` (or one it was raised from or during) says a peer of a collective is gone: gloo's
     closed or reset connection (a plain ``RuntimeError``), or torch's ``DistNetworkError``. A timeout is not
-    one (a silent peer: the heal cannot end a gloo collective blocked on it sooner, see above)."""
+    one (a silent peer is healed once its launcher asks the workers to sever their connections, which fails
+    the collective with a closed connection, see above)."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:

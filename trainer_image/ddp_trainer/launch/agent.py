@@ -174,11 +174,6 @@ ROUND_TRIES = 5
 while the round formed) before it gives up."""
 
 
-def _pids(group: Any) -> list[int]:
-    """The process ids of ``group``'s workers (none before they started)."""
-    return [int(worker.id) for worker in group.workers if isinstance(worker.id, int)]
-
-
 def _install(book: Book, marks: workers.Marks, healing: Path | None = None) -> None:
     from torch.distributed import DistNetworkError, DistStoreError
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent, WorkerState
@@ -187,7 +182,7 @@ def _install(book: Book, marks: workers.Marks, healing: Path | None = None) -> N
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
     monitor, rendezvous = LocalElasticAgent._monitor_workers, SimpleElasticAgent._rendezvous
-    armed = healing is not None  # issue 57's heal (heal_round)
+    armed, healing_at = healing is not None, healing  # issue 57's heal (heal_round), its notice's path
 
     def lend(self: Any) -> None:
         if book.elastic and self._remaining_restarts == 0:
@@ -212,7 +207,8 @@ def _install(book: Book, marks: workers.Marks, healing: Path | None = None) -> N
             WorkerState.UNHEALTHY,
         ):
             verdict = quiet.poll(
-                force=result.state != WorkerState.HEALTHY, starting=lambda: marks.starting(_pids(group))
+                force=result.state != WorkerState.HEALTHY,
+                starting=lambda: marks.starting(workers.pids(group)),
             )
             if quiet.reconnects != getattr(self, "_ddpjob_reconnects", 0):
                 # the handler's client was renewed: the agent's own store (its exit barrier's) wraps it too,
@@ -221,6 +217,12 @@ def _install(book: Book, marks: workers.Marks, healing: Path | None = None) -> N
                 self._store = group.spec.rdzv_handler._get_store()
         if verdict is not None:
             lost = verdict.kind == silence.LOST  # the host's process ended: a lost node, not a silent one
+            if silenced := heal_round.when_silent(
+                self, group, result, verdict, monitor, marks, book, healing, round_of
+            ):
+                if silenced.state != WorkerState.HEALTHY:
+                    lend(self)  # the heal fell back: its workers stopped, the restart's cause booked
+                return silenced
             if result.state == WorkerState.HEALTHY:
                 stuck = "a collective with a silent peer cannot end"
                 if lost:
@@ -330,7 +332,7 @@ def _install(book: Book, marks: workers.Marks, healing: Path | None = None) -> N
                 self._ddpjob_silence = RoundWatch(handler, not external and not host, presence=external)
             self._ddpjob_silence.begin()
             if armed and not healing:  # fresh workers: a heal into this round falls back at once
-                heal_round.say_restarting(self._ddpjob_silence)
+                heal_round.say_restarting(self._ddpjob_silence, healing_at)
 
     if healing is not None:  # a node waiting while this one's workers lost a peer: heal
         restart = heal_round.restart_or_heal(

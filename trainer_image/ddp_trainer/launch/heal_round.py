@@ -29,9 +29,14 @@ A round's members heal or start their workers afresh together: an agent whose wo
 round says so in the store (:func:`say_restarting`), and a heal into that round falls back at once
 (:func:`restarted`).
 
-Not here yet (the design's later stages): a grow by heal, a member's loss seen by the round's watch before
-any worker failed (it stops its workers, so the round's others fall back), the fallback told to the other
-nodes through the store.
+A member that goes silent (frozen, cut off: its sockets stay open, so no collective fails by itself) is
+healed too (:func:`when_silent`): once the round's keep-alive watch judges it silent, the launcher asks its
+workers to shut their connections down (:class:`~ddp_trainer.core.notice.SeverWatch`: their blocked
+collective then fails within milliseconds, measured on gloo, where ``abort()`` does not end it) and heals
+them. A store's host gone is not healed (the workers wait for a store no one serves).
+
+Not here yet (the design's later stages): a grow by heal, the fallback told to the other nodes through the
+store.
 """
 
 from __future__ import annotations
@@ -46,9 +51,10 @@ from typing import Any
 from ddp_trainer import contract
 from ddp_trainer.core import notice
 from ddp_trainer.core.notice import Note, Notice
+from ddp_trainer.launch import silence
 from ddp_trainer.launch.book import Book
 from ddp_trainer.launch.rounds import InFlight, stop_now
-from ddp_trainer.launch.workers import Marks
+from ddp_trainer.launch.workers import Marks, pids
 from ddp_trainer.sync import heal as sync_heal
 
 HEAL_ENV = sync_heal.HEAL_ENV
@@ -110,13 +116,16 @@ def restart_key(run_id: str, round_: int) -> str:
     return f"ddpjob/restarted/{run_id}/{round_}"
 
 
-def say_restarting(watch: Any) -> None:
+def say_restarting(watch: Any, path: Path | None = None) -> None:
     """This agent joined its round (``watch``'s, a :class:`~ddp_trainer.launch.rounds.RoundWatch`) with
     workers that start afresh (the first start, a restart, a grow): said in the store, so that an agent whose
     workers heal into the same round falls back at once (:func:`restarted`). A round's members heal or start
     afresh together: a healed rank re-forms its group with the healed ones only, and a fresh one waits for
     the others' fresh ones (seen: a frozen pod dropped by one node, which stopped its workers, while another's
-    worker lost a peer in that stop and healed; each waited a minute for the other)."""
+    worker lost a peer in that stop and healed; each waited a minute for the other). The launcher's sever
+    request of an earlier world, if any, is taken away (``path``: the notice's)."""
+    if path is not None:  # a sever request of an earlier world is not theirs (notice.SeverWatch)
+        notice.clear_sever(path)
     key = restart_key(watch.run_id, int(watch.handler._state_holder.state.round))
     with contextlib.suppress(
         Exception
@@ -175,8 +184,8 @@ def heal(
     while True:
         result = monitor(agent, group)
         ended = result.state != WorkerState.HEALTHY
-        pids = [int(w.id) for w in group.workers]
-        done = outcome([notice.read_note(marks.read(pid) or "") for pid in pids], round_)
+        running = [int(w.id) for w in group.workers]
+        done = outcome([notice.read_note(marks.read(pid) or "") for pid in running], round_)
         if done is None and not ended and time.monotonic() - looked >= LOOK_SECONDS:
             looked = time.monotonic()
             if who := restarted(watch, round_):
@@ -214,11 +223,43 @@ def when_wanted(
 ) -> Any:
     """The agent's look at healthy workers (``result``), healed first when one of them marked itself
     heal-wanted (:func:`heal`, booked as a lost peer's world change); else ``result``."""
-    pids = [int(w.id) for w in group.workers if isinstance(w.id, int)]
-    if not wanting([notice.read_note(marks.read(pid) or "") for pid in pids]):
+    if not wanting([notice.read_note(marks.read(pid) or "") for pid in pids(group)]):
         return result
     book.failed({}, stopped=True, why=LOST_PEER, silent=False)
     trigger = "a worker of this pod lost a peer"
+    return heal(
+        agent, group, monitor=monitor, marks=marks, book=book, path=path, round_of=round_of, trigger=trigger
+    )
+
+
+def when_silent(
+    agent: Any,
+    group: Any,
+    result: Any,
+    verdict: silence.Verdict,
+    monitor: Callable[[Any, Any], Any],
+    marks: Marks,
+    book: Book,
+    path: Path | None,
+    round_of: Callable[[Any], int],
+) -> Any:
+    """A member of the round went silent (``verdict``: frozen, powered off, cut off; its sockets stay open, so
+    ``group``'s workers, healthy in ``result`` and past forming their group, wait in a collective with it
+    that cannot end): they are asked to shut their connections down (:func:`notice.request_sever`; each
+    fails its collective as after a peer's loss) and healed (:func:`heal`), booked as the silent member's
+    world change; the agent's view of them after. Where the heal falls back, its workers are stopped and the
+    restart's cause booked (:meth:`Book.fell_back`), as before heals. None where this launcher does not heal
+    (``path`` None), the verdict is another (this node dropped, a member lost) or the workers have not
+    formed their group yet: the caller stops them, as before heals."""
+    from torch.distributed.elastic.agent.server.api import WorkerState
+
+    healthy = result.state == WorkerState.HEALTHY
+    if path is None or verdict.kind != silence.SILENT or not healthy or marks.starting(pids(group)):
+        return None
+    notice.request_sever(path, round_of(group))
+    cause = verdict.cause()
+    book.failed({}, stopped=True, why=cause, silent=True)
+    trigger = f"{cause}; this pod's workers shut their connections down"
     return heal(
         agent, group, monitor=monitor, marks=marks, book=book, path=path, round_of=round_of, trigger=trigger
     )

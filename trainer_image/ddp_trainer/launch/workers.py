@@ -17,8 +17,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from ddp_trainer.core.inplace import WORKER_MARK_PREFIX
+
+
+def pids(group: Any) -> list[int]:
+    """The process ids of torch's worker ``group``'s workers (none before they started)."""
+    return [int(worker.id) for worker in group.workers if isinstance(worker.id, int)]
 
 
 class Marks:

@@ -1,4 +1,5 @@
-"""A worker's heal without a restart (issue 57, stage 1: a lost peer). A collective that raises because a peer
+"""A worker's heal without a restart (issue 57, stage 1: a lost peer, or a silent one, whose connections the
+worker shuts down at its launcher's request: :meth:`Healer.sever`). A collective that raises because a peer
 is gone (:func:`ddp_trainer.core.reform.is_peer_loss`) no longer ends the worker when its launcher can heal:
 the worker drops the step in flight, marks itself heal-wanted (:data:`ddp_trainer.core.notice.HEAL_WANTED`),
 and waits, bounded, for the launcher's notice of a newer world (:mod:`ddp_trainer.core.notice`: torch's
@@ -148,6 +149,20 @@ class Healer:
         """The heal's fire drill (``DDPJOB_CHAOS_HEAL_NUDGE``): the rank of the healed world that nudges
         its parameters, in the first run of attempt 1 only (as the recovery drill), until it did
         (:meth:`drill`)."""
+        self.severs = (
+            None if self.path is None else notice.SeverWatch(self.path, self.sever, lambda: self.round)
+        )
+        """The watch for the launcher's sever request (a member of the world went silent)."""
+
+    def sever(self) -> None:
+        """Shut this worker's connections down (the launcher's request: a member of its world went silent),
+        so that its collective with the silent member fails as after a peer's loss, and it heals."""
+        severed = reform.sever_connections()
+        log.warning(
+            "a member of this world went silent (its launcher says): %d connection(s) of this worker shut "
+            "down, so that its collective with it ends and it heals",
+            severed,
+        )
 
     def wanted(self, error: BaseException) -> bool:
         """Whether ``error`` is one to heal from: a peer's loss, under a launcher that writes notices."""

@@ -3,6 +3,8 @@ file's atomic write)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -61,3 +63,34 @@ def test_the_heal_notes_read_back() -> None:
     assert notice.read_note("formed") is None
     assert notice.read_note("healed x {}") is None
     assert notice.read_note("healed 2 [1]") is None
+
+
+def _until(ready: Callable[[], bool], seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not ready() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return ready()
+
+
+def test_a_worker_severs_once_per_request_of_its_world_and_not_for_an_earlier_one(tmp_path: Path) -> None:
+    """The launcher's sever request (a member of the round went silent): the worker's watch acts once per
+    new request of its world's round or a later one, including one written before the watch began (its
+    group had just formed), never for an earlier world's; a fresh start takes the old request away."""
+    path = tmp_path / notice.NOTICE_FILE
+    current = [3]
+    severed: list[int] = []
+    notice.request_sever(path, 3)  # written before the watch began: this world's
+    watch = notice.SeverWatch(path, lambda: severed.append(current[0]), lambda: current[0], poll=0.01)
+    assert _until(lambda: severed == [3]), severed
+    time.sleep(0.05)
+    assert severed == [3] and watch.severed == 1  # once per request
+    current[0] = 5  # healed into round 5
+    notice.request_sever(path, 4)  # the world before the heal's: not this one's
+    time.sleep(0.1)
+    assert severed == [3]
+    notice.request_sever(path, 5)
+    assert _until(lambda: severed == [3, 5]), severed
+    notice.clear_sever(path)
+    notice.clear_sever(path)  # none left: nothing to take away
+    assert not (tmp_path / notice.SEVER_FILE).exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no temporary file left

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -96,6 +97,80 @@ def test_a_refused_heal_stops_the_workers_and_books_why_as_the_restarts_cause(
         assert book.pending is not None and book.pending[0] == f"{heal_round.FELL_BACK}: {why}"
         said = capsys.readouterr().err
         assert f"the heal into round 5 failed ({why}): its workers restart from the last checkpoint" in said
+    finally:
+        worker.kill()
+        worker.wait()
+
+
+_SEVERED_THEN_HEALED = """
+import sys, time
+from pathlib import Path
+from ddp_trainer.core import notice
+folder = Path(sys.argv[1])
+mark = folder / f"worker-{__import__('os').getpid()}"
+mark.write_text("formed")
+while not (folder / notice.SEVER_FILE).exists():  # its collective with the silent member never ends
+    time.sleep(0.01)
+mark.write_text(notice.healed_note(5, {"step": 40, "lost": 1}))  # severed: it failed, and healed
+time.sleep(60)
+"""
+
+
+def test_a_silent_member_makes_the_launcher_ask_its_workers_to_sever_and_heal_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A member of the round judged silent while this pod's workers train: the launcher writes the sever
+    request (a worker's watch shuts its connections down, so its blocked collective fails as after a peer's
+    loss), books the silent member's cause and heals them in place. Nothing of that for another verdict, for
+    workers that have not formed their group or that failed, or where the launcher does not heal."""
+    from torch.distributed.elastic.agent.server.api import WorkerState
+
+    from ddp_trainer.launch import silence
+
+    worker = subprocess.Popen([sys.executable, "-c", _SEVERED_THEN_HEALED, str(tmp_path)])
+    try:
+        member = SimpleNamespace(local_rank=0, global_rank=1, world_size=2, id=worker.pid)
+        group = SimpleNamespace(
+            workers=[member], group_rank=1, group_world_size=2, master_addr="pod-0", master_port=29500
+        )
+        met: list[bool] = []
+        agent = SimpleNamespace(_rendezvous=lambda _group, healing: met.append(healing))
+        book = Book(tmp_path / "state.json", elastic=True)
+        marks = Marks(tmp_path, builtin=True)
+        path = tmp_path / notice.NOTICE_FILE
+        silent = silence.Verdict(silence.SILENT, ("127.0.0.2 (pid 9)",), 5.5)
+        healthy = SimpleNamespace(state=WorkerState.HEALTHY)
+
+        def monitor(_agent: object, _group: object) -> SimpleNamespace:
+            return healthy
+
+        def silenced(verdict: silence.Verdict, result: object, at: Path | None = path) -> object:
+            return heal_round.when_silent(
+                agent,
+                group,
+                result,
+                verdict,
+                monitor,
+                marks,
+                book,
+                at,
+                round_of=lambda _group: 5 if met else 4,
+            )
+
+        while marks.starting([worker.pid]):  # its group formed (its mark)
+            time.sleep(0.01)
+        failed = SimpleNamespace(state=WorkerState.FAILED)
+        dropped = silence.Verdict(silence.DROPPED, (), 0.0)
+        assert silenced(dropped, healthy) is None and silenced(silent, failed) is None
+        assert silenced(silent, healthy, None) is None and met == []
+        assert not (tmp_path / notice.SEVER_FILE).exists()
+        result = silenced(silent, healthy)
+        assert result is healthy and met == [True], capsys.readouterr().err
+        assert (tmp_path / notice.SEVER_FILE).read_text().split()[0] == "4"  # the round of their world
+        assert book.pending is not None and book.pending[0] == silent.cause() and book.silent
+        said = capsys.readouterr().err
+        assert "this pod's workers shut their connections down: healing this pod's workers in place" in said
+        assert "healed in place into round 5" in said, said
     finally:
         worker.kill()
         worker.wait()
