@@ -25,6 +25,9 @@ same process, with the same module and optimizer:
 
 Without a launcher's notice path (no launcher, plain torchrun) nothing here is armed: the error is the
 caller's to raise, as before heals. No checkpoint is read.
+
+Long because the heal's steps run in one sequence of collectives that every rank of the new world must
+run in the same order: split across modules, one rank's order could drift from another's.
 """
 
 from __future__ import annotations
