@@ -55,6 +55,16 @@ def test_the_notice_says_the_world_torch_assigned() -> None:
     )
 
 
+def _one_worker_agent(pid: int) -> tuple[SimpleNamespace, SimpleNamespace, list[bool]]:
+    """An agent whose rendezvous records whether it heals; its group: one worker (``pid``), rank 1 of 2."""
+    member = SimpleNamespace(local_rank=0, global_rank=1, world_size=2, id=pid)
+    group = SimpleNamespace(
+        workers=[member], group_rank=1, group_world_size=2, master_addr="pod-0", master_port=29500
+    )
+    met: list[bool] = []
+    return SimpleNamespace(_rendezvous=lambda _group, healing: met.append(healing)), group, met
+
+
 @pytest.mark.parametrize("ended", [False, True], ids=["stopped", "ended"])
 def test_a_refused_heal_stops_the_workers_and_books_why_as_the_restarts_cause(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], ended: bool
@@ -70,12 +80,7 @@ def test_a_refused_heal_stops_the_workers_and_books_why_as_the_restarts_cause(
             worker.wait(30)
         why = "the healed world's replica check failed at step 40"
         (tmp_path / f"worker-{worker.pid}").write_text(notice.heal_failed_note(5, why))
-        member = SimpleNamespace(local_rank=0, global_rank=1, world_size=2, id=worker.pid)
-        group = SimpleNamespace(
-            workers=[member], group_rank=1, group_world_size=2, master_addr="pod-0", master_port=29500
-        )
-        met: list[bool] = []
-        agent = SimpleNamespace(_rendezvous=lambda _group, healing: met.append(healing))
+        agent, group, met = _one_worker_agent(worker.pid)
         book = Book(tmp_path / "state.json", elastic=True)
 
         def monitor(_agent: object, _group: object) -> SimpleNamespace:
@@ -129,12 +134,7 @@ def test_a_silent_member_makes_the_launcher_ask_its_workers_to_sever_and_heal_th
 
     worker = subprocess.Popen([sys.executable, "-c", _SEVERED_THEN_HEALED, str(tmp_path)])
     try:
-        member = SimpleNamespace(local_rank=0, global_rank=1, world_size=2, id=worker.pid)
-        group = SimpleNamespace(
-            workers=[member], group_rank=1, group_world_size=2, master_addr="pod-0", master_port=29500
-        )
-        met: list[bool] = []
-        agent = SimpleNamespace(_rendezvous=lambda _group, healing: met.append(healing))
+        agent, group, met = _one_worker_agent(worker.pid)
         book = Book(tmp_path / "state.json", elastic=True)
         marks = Marks(tmp_path, builtin=True)
         path = tmp_path / notice.NOTICE_FILE
