@@ -37,8 +37,8 @@ steps) runs several times; in each, once rank 0 has passed ``--kill-after-step``
     workers keep their processes and state, re-form their group at the smaller world, verify it and step
     on. Its first step is taken just after rank 0's ``verified at step S, before its first step (healed in
     place: K step(s) lost, ...)`` line: the shrink is measured to it and its steps lost are K, the trainer's
-    own count (rank 0's step at the loss, scraped up to 0.2 s before the kill, can lag it by steps). The
-    grow back still restarts both ways.
+    own count (rank 0's step at the loss, scraped up to 0.2 s before the kill, can lag it by steps: a
+    restart's steps lost can read negative for it). The grow back still restarts both ways.
 
 Measured from the trainer's own log timestamps (rank 0's "first optimizer step of this run" lines, which
 each new world writes) and the loss's own clock (the kill's, or the freeze's):
@@ -94,8 +94,8 @@ HEALED = re.compile(
     r"^(\S+ \S+) \[rank 0\] (?:INFO )?elastic: world size \d+ verified at step (\d+), before its first step "
     r"\(healed in place: (\d+) step"
 )
-"""Rank 0's line of a world healed in place: its first step follows at once (no "first optimizer step of this
-run" line: the process is not new)."""
+"""Rank 0's line of a world healed in place, just before that world's "first optimizer step of this run"
+(resumed from the step it names)."""
 STEP = re.compile(r"^(\S+ \S+) \[rank 0\] INFO step (\d+):")
 METRICS = re.compile(r"metrics (\S+) :(\d+)")
 SILENT_GOAL_S = 15.0
@@ -146,12 +146,11 @@ def figures_from(lines: Sequence[str], lost_at: float, reached: int, elastic: bo
     (``time.time()``) and the step rank 0 had reached at the loss: ``recover_s``/``recover_steps`` (the
     loss to the first step after it) and, elastic, ``grow_s``/``grow_steps`` (the running world's first
     SIGTERM, any rank's, to the next world's first step); a figure the logs do not hold is absent. A
-    world healed in place (:data:`HEALED`) starts at its line, its steps lost its own count (``healed``)."""
-    firsts = sorted(
-        [(_when(m[1]), int(m[3] or 0), None) for line in lines if (m := FIRST_STEP.match(line))]
-        + [(_when(m[1]), int(m[2]), int(m[3])) for line in lines if (m := HEALED.match(line))],
-        key=lambda first: first[0],
-    )
+    world healed in place (its :data:`HEALED` line, then the first step after the step it names) loses
+    the steps it says it lost (``healed``)."""
+    healed = {int(m[2]): int(m[3]) for line in lines if (m := HEALED.match(line))}  # resumed after → lost
+    starts = [(_when(m[1]), int(m[3] or 0)) for line in lines if (m := FIRST_STEP.match(line))]
+    firsts = [(at, resumed, healed.get(resumed)) for at, resumed in sorted(starts)]
     terms = sorted(_when(m[1]) for line in lines if (m := SIGTERM.match(line)))
     after = [f for f in firsts if f[0] > lost_at]
     figures: dict[str, Any] = {"reached": reached}

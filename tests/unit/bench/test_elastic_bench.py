@@ -74,16 +74,17 @@ HEALED_LINES = [
     # the loss at 10:00:11 (rank 0 scraped at step 42, then stepped on to 47 before the kill)
     f"{DAY} 10:00:13,250 [rank 0] elastic: world size 2 verified at step 47, before its first step "
     "(healed in place: 1 step(s) lost, 0 bytes sent, 2.10 s)",
+    f"{DAY} 10:00:13,500 [rank 0] INFO first optimizer step of this run: step 48 (resumed from 47)",
     f"{DAY} 10:00:31,000 [rank 1] WARNING received SIGTERM: stopping at the next step boundary",
     f"{DAY} 10:00:35,000 [rank 0] INFO first optimizer step of this run: step 81 (resumed from 80)",
 ]
 
 
 def test_a_healed_world_starts_at_its_verified_line_and_loses_the_steps_it_says() -> None:
-    """No "first optimizer step" line for a heal (same processes): its line is the start, its count the steps
+    """A healed world's first step (after its healed line) ends the shrink, and its own count is the steps
     lost (rank 0's scraped step lags the kill); the grow back after it is measured as a restart's."""
     got = elastic_bench.figures_from(HEALED_LINES, at("10:00:11"), reached=42, elastic=True)
-    assert got["recover_s"] == 2.25 and got["recover_steps"] == 1 and got["healed"] is True, got
+    assert got["recover_s"] == 2.5 and got["recover_steps"] == 1 and got["healed"] is True, got
     assert got["grow_s"] == 4.0, got
     restarted = elastic_bench.figures_from(LINES, at("10:00:11"), reached=42, elastic=True)
     assert "healed" not in restarted
