@@ -117,8 +117,12 @@ def decode(text: str) -> Notice:
 
 def write_notice(path: Path, notice: Notice) -> None:
     """Write ``notice`` at ``path`` atomically (a reader sees the old one or the new one, never half)."""
+    _write_whole(path, encode(notice))
+
+
+def _write_whole(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(encode(notice))
+    tmp.write_text(text)
     tmp.replace(path)
 
 
@@ -137,10 +141,7 @@ def request_sever(path: Path, round_: int) -> None:
     their connections down (:class:`SeverWatch`): a member of the round went silent (frozen, cut off), and a
     collective blocked on it never ends by itself (its sockets stay open; gloo's abort does not end it
     either), while one whose sockets are shut fails at once, as after a peer's loss, and the worker heals."""
-    target = path.with_name(SEVER_FILE)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(f"{round_} {time.time():.6f}")
-    tmp.replace(target)
+    _write_whole(path.with_name(SEVER_FILE), f"{round_} {time.time():.6f}")
 
 
 def clear_sever(path: Path) -> None:

@@ -182,7 +182,7 @@ def _install(book: Book, marks: workers.Marks, healing: Path | None = None) -> N
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
     monitor, rendezvous = LocalElasticAgent._monitor_workers, SimpleElasticAgent._rendezvous
-    armed, healing_at = healing is not None, healing  # issue 57's heal (heal_round), its notice's path
+    notice_at = healing  # issue 57's heal (heal_round): its notice's path; rendezvous_'s `healing` is a flag
 
     def lend(self: Any) -> None:
         if book.elastic and self._remaining_restarts == 0:
@@ -331,8 +331,8 @@ def _install(book: Book, marks: workers.Marks, healing: Path | None = None) -> N
                 external = store.endpoint(os.environ) is not None
                 self._ddpjob_silence = RoundWatch(handler, not external and not host, presence=external)
             self._ddpjob_silence.begin()
-            if armed and not healing:  # fresh workers: a heal into this round falls back at once
-                heal_round.say_restarting(self._ddpjob_silence, healing_at)
+            if notice_at is not None and not healing:  # fresh workers: a heal into this round falls back
+                heal_round.say_restarting(self._ddpjob_silence, notice_at)
 
     if healing is not None:  # a node waiting while this one's workers lost a peer: heal
         restart = heal_round.restart_or_heal(
