@@ -78,3 +78,35 @@ def test_the_trainer_entrypoint_is_the_contracts() -> None:
     trainer = re.split(r"^FROM ", (REPO / "Dockerfile").read_text(), flags=re.M)[-1]
     (line,) = [line for line in trainer.splitlines() if line.startswith("ENTRYPOINT ")]
     assert tuple(json.loads(line.removeprefix("ENTRYPOINT "))) == contract.IMAGE_ENTRYPOINT
+
+
+def test_the_trainers_dependency_layer_installs_what_its_wheel_asks(tmp_path: Path) -> None:
+    """The trainer's dependencies are installed from pyproject.toml alone, before the wheel, so that the
+    ~6 GB layer is cached across edits of the code: the step's own command, run here on pyproject.toml,
+    lists exactly the base dependencies and those of the extras the wheel's install names, in order."""
+    import shlex
+
+    trainer = re.split(r"^FROM ", (REPO / "Dockerfile").read_text(), flags=re.M)[-1]
+    joined = trainer.replace("\\\n", " ")
+    (step,) = [line for line in joined.splitlines() if line.startswith("RUN python -c ")]
+    words = shlex.split(step.removeprefix("RUN ").split(" > ")[0])
+    script, source, *extras = words[2], words[3], *words[4:]
+    (wheel_extras,) = re.findall(r'pip install --no-cache-dir "/wheels/[^"\[]+\[([\w,]+)\]"', trainer)
+    assert extras == wheel_extras.split(","), (extras, wheel_extras)
+    assert source.endswith("/pyproject.toml") and re.search(
+        rf"^COPY pyproject.toml {Path(source).parent}/$", trainer, re.M
+    )
+    listed = subprocess.run(
+        [sys.executable, "-c", script, str(REPO / "pyproject.toml"), *extras],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.split("\n")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    expected = project["dependencies"] + [d for e in extras for d in project["optional-dependencies"][e]]
+    assert listed[:-1] == expected and listed[-1] == "", listed
+    assert any(line.startswith("torch") for line in listed), "the layer no longer carries torch"
+    assert trainer.index("requirements.txt") < trainer.index("COPY --from=build /wheels"), (
+        "the wheel comes after the dependency layer, or every edit of the code rebuilds the 6 GB"
+    )
