@@ -154,9 +154,11 @@ def restarted(watch: Any | None, round_: int) -> str | None:
 
 
 def members_alive(watch: Any | None) -> int | None:
-    """How many members of this agent's round still renew their keep-alive (``watch``'s read of torch's
-    rendezvous state: a member whose process ended was marked expired by the store at once, a silent one
-    expired by the bound), or None when the state cannot be read."""
+    """How many agents of the rendezvous still renew their keep-alive (``watch``'s read of torch's state: one
+    whose process ended was marked expired by the store at once, a silent one expired by the bound), whether
+    still in the last round's participants or already waiting for the next (a survivor that began its heal's
+    rendezvous first left the participants: counting those alone closed a round of one), or None when the
+    state cannot be read."""
     if watch is None:
         return None
     try:
@@ -167,10 +169,7 @@ def members_alive(watch: Any | None) -> int | None:
     if state is None:
         return None
     now, bound = datetime.now(UTC), watch.watch.bound
-    beats = state.last_heartbeats
-    return sum(
-        1 for node in state.participants if node in beats and (now - beats[node]).total_seconds() < bound
-    )
+    return sum(1 for beat in state.last_heartbeats.values() if (now - beat).total_seconds() < bound)
 
 
 @contextlib.contextmanager
