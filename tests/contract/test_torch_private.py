@@ -359,6 +359,33 @@ def test_a_member_that_starts_afresh_says_so_where_a_heal_into_its_round_reads_i
     assert heal_round.restarted(watch, round_ + 1) is None and heal_round.restarted(None, round_) is None
 
 
+def test_a_heals_round_closes_once_the_survivors_joined_not_after_the_last_call(rendezvous: Any) -> None:
+    """launch/heal_round.closing_at on the real handler (min 1, max 2 nodes): the round a lone survivor
+    joins under it closes at once, where torch would wait its last call for a second node; the settings
+    (the handler's and its op executor's copy) are put back after; members_alive reads torch's state."""
+    import time
+
+    from ddp_trainer.launch import heal_round
+    from ddp_trainer.launch.rounds import RoundWatch
+
+    settings = rendezvous._settings
+    assert rendezvous._op_executor._settings is settings, "_DistributedRendezvousOpExecutor._settings"
+    last_call = settings.timeout.last_call.total_seconds()
+    assert last_call >= 1.0, settings.timeout
+    started = time.monotonic()
+    with heal_round.closing_at(rendezvous, 1):
+        assert rendezvous._settings.max_nodes == rendezvous._op_executor._settings.max_nodes == 1
+        info = rendezvous.next_rendezvous()
+    took = time.monotonic() - started
+    assert rendezvous._settings is settings and rendezvous._op_executor._settings is settings
+    assert info.world_size == 1 and took < last_call, (took, last_call)
+    watch = RoundWatch(rendezvous)
+    watch.begin()
+    assert heal_round.members_alive(watch) == 1
+    with heal_round.closing_at(rendezvous, 2):  # not below max_nodes: nothing changes
+        assert rendezvous._settings is settings
+
+
 def test_num_nodes_waiting_keeps_the_shape_the_launcher_wraps(rendezvous: Any) -> None:
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler

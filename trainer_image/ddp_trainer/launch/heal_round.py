@@ -42,9 +42,12 @@ store.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import pickle
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +153,51 @@ def restarted(watch: Any | None, round_: int) -> str | None:
     return str(got) if done and got else None
 
 
+def members_alive(watch: Any | None) -> int | None:
+    """How many agents of the rendezvous still renew their keep-alive (``watch``'s read of torch's state: one
+    whose process ended was marked expired by the store at once, a silent one expired by the bound), whether
+    still in the last round's participants or already waiting for the next (a survivor that began its heal's
+    rendezvous first left the participants: counting those alone closed a round of one), or None when the
+    state cannot be read."""
+    if watch is None:
+        return None
+    try:
+        got = watch.read_state()
+        state = pickle.loads(got[0]) if got else None
+    except Exception:
+        return None
+    if state is None:
+        return None
+    now, bound = datetime.now(UTC), watch.watch.bound
+    return sum(1 for beat in state.last_heartbeats.values() if (now - beat).total_seconds() < bound)
+
+
+@contextlib.contextmanager
+def closing_at(handler: Any, nodes: int | None) -> Iterator[None]:
+    """torch's rendezvous ``handler`` closing its next round as soon as ``nodes`` nodes joined (its
+    ``max_nodes`` for that round: the survivors of a loss know how many they are), not after the last call
+    (2 s) that waits for more; put back after. Fewer join: the last call closes the round, as before; more:
+    the first ``nodes`` make it, the others wait for the next (a grow). Outside ``[min_nodes, max_nodes)``,
+    or another handler, nothing changes."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    settings = getattr(handler, "_settings", None)
+    if (
+        not isinstance(handler, DynamicRendezvousHandler)
+        or settings is None
+        or nodes is None
+        or not settings.min_nodes <= nodes < settings.max_nodes
+    ):
+        yield
+        return
+    executor: Any = handler._op_executor  # torch's _DistributedRendezvousOpExecutor reads its own copy
+    handler._settings = executor._settings = dataclasses.replace(settings, max_nodes=nodes)
+    try:
+        yield
+    finally:
+        handler._settings = executor._settings = settings
+
+
 def say(line: str) -> None:
     print(f"{contract.log_stamp(time.time())} [launcher] {line}", file=sys.stderr, flush=True)
 
@@ -174,7 +222,9 @@ def heal(
     started = time.time()
     ids = {int(w.local_rank): w.id for w in group.workers}
     say(f"{trigger}: healing this pod's workers in place (no restart): meeting the next round")
-    agent._rendezvous(group, healing=True)
+    handler = getattr(getattr(group, "spec", None), "rdzv_handler", None)
+    with closing_at(handler, members_alive(getattr(agent, "_ddpjob_silence", None))):
+        agent._rendezvous(group, healing=True)
     for worker in group.workers:
         worker.id = ids[int(worker.local_rank)]
     round_ = round_of(group)
