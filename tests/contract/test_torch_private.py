@@ -342,23 +342,6 @@ def test_a_store_that_comes_back_empty_gets_the_round_back_through_torchs_backen
     )
 
 
-def test_a_member_that_starts_afresh_says_so_where_a_heal_into_its_round_reads_it(rendezvous: Any) -> None:
-    """launch/heal_round.say_restarting and restarted on the real handler: the round number and the node
-    read from torch's handler, the key on its store."""
-    from ddp_trainer.launch import heal_round
-    from ddp_trainer.launch.rounds import RoundWatch
-
-    _enter(rendezvous)
-    watch = RoundWatch(rendezvous)
-    watch.begin()
-    round_ = rendezvous._state_holder.state.round
-    assert heal_round.restarted(watch, round_) is None
-    heal_round.say_restarting(watch)
-    said = heal_round.restarted(watch, round_)
-    assert said is not None and said.startswith(f"{rendezvous._this_node.addr} (pid "), said
-    assert heal_round.restarted(watch, round_ + 1) is None and heal_round.restarted(None, round_) is None
-
-
 def test_a_heals_round_closes_once_the_survivors_joined_not_after_the_last_call(rendezvous: Any) -> None:
     """launch/heal_round.closing_at on the real handler (min 1, max 2 nodes): the round a lone survivor
     joins under it closes at once, where torch would wait its last call for a second node; the settings

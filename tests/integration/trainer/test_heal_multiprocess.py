@@ -12,6 +12,7 @@ import contextlib
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -42,10 +43,10 @@ def _spawn(out: Path, rank: int, port: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=_worker_env(out, rank, port))
 
 
-def _worker_env(out: Path, rank: int, port: int) -> dict[str, str]:
-    """A launcher's worker of one process per pod, in a world of 3: its pod's folder made, its launch state
-    there (where its launcher's notice goes)."""
-    pod = out / f"pod{rank}"
+def _worker_env(out: Path, rank: int, port: int, pod_number: int | None = None) -> dict[str, str]:
+    """A launcher's worker of one process per pod, in a world of 3: its pod's folder made (``pod<rank>``, or
+    ``pod<pod_number>``), its launch state there (where its launcher's notice goes)."""
+    pod = out / f"pod{rank if pod_number is None else pod_number}"
     pod.mkdir()
     return os.environ | {
         "RANK": str(rank),
@@ -192,6 +193,8 @@ def test_heal_figures(run: dict[str, Any]) -> None:
         )
 
 
+STEPS_GROWN = 200
+"""The built-in trainer's steps: a loss at ~2 s, a grow after its heal, and steps after both (0.03 s each)."""
 TRAINER = [
     "-m",
     "ddp_trainer",
@@ -199,7 +202,7 @@ TRAINER = [
     "--backend=gloo",
     "--seed=7",
     "--batch-size=16",
-    "--steps=60",
+    f"--steps={STEPS_GROWN}",
     "--sync-every=10",
     "--elastic-max-nodes=3",
     "--model=slow_factories:slow_mlp",
@@ -207,40 +210,72 @@ TRAINER = [
 ]
 
 
+def _trainer(out: Path, rank: int, port: int, pod_number: int | None = None) -> subprocess.Popen[bytes]:
+    """The built-in trainer as rank ``rank`` of a world of 3, a worker of a launcher that heals."""
+    number = rank if pod_number is None else pod_number
+    pod = out / f"pod{number}"
+    env = _worker_env(out, rank, port, number) | {
+        "DDPJOB_TERMINATION_LOG": str(pod / "report.json"),
+        "DDPJOB_HEAL": "1",
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        "TMPDIR": str(pod / "tmp"),  # its metrics directories, kept to be read after
+    }
+    (pod / "tmp").mkdir()
+    log = (out / f"rank{number}.log").open("wb")
+    argv = [sys.executable, *TRAINER, f"--checkpoint-dir={out / 'checkpoints'}"]
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def _book(out: Path, survivors: list[int], *changes: inplace.Change) -> None:
+    """The world changes each survivor's launcher books (healed) before it writes the heal's notice."""
+    last = changes[-1]
+    state = inplace.LaunchState(
+        resizes=len(changes), resize=last.reason, resize_from=last.before, resize_to=last.after
+    )
+    for r in survivors:
+        inplace.write_state(out / f"pod{r}" / "launch-state.json", replace(state, history=changes))
+
+
+def _healed_into(out: Path, procs: list[subprocess.Popen[bytes]], ranks: list[int], round_: int) -> bool:
+    notes = [notice.read_note(_mark(out, r, procs[r].pid)) for r in ranks]
+    return all(n is not None and n.kind == notice.HEALED and n.round == round_ for n in notes)
+
+
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The built-in trainer (``python -m ddp_trainer``) as 3 workers of launchers that heal
     (``DDPJOB_HEAL=1``): rank 1 is SIGKILLed mid-run, the test writes the notices and, first, the world
-    change each survivor's launcher books (healed) in its launch state."""
+    change each survivor's launcher books (healed) in its launch state. Once the world of 2 healed, a fresh
+    worker joins (pod 3, rank 2 of a world of 3, as a replacement node's): the test asks the survivors to
+    shut their connections down (their launchers' request for a node that waits to join) and writes their
+    notices of the world of 3; the joiner takes its state from a survivor."""
     out = tmp_path_factory.mktemp("healtrainer")
     port, victim, survivors = free_port(), 1, [0, 2]
-    procs = []
-    for rank in range(3):
-        pod = out / f"pod{rank}"
-        env = _worker_env(out, rank, port) | {
-            "DDPJOB_TERMINATION_LOG": str(pod / "report.json"),
-            "DDPJOB_HEAL": "1",
-            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-            "TMPDIR": str(pod / "tmp"),  # its metrics directories, kept to be read after
-        }
-        (pod / "tmp").mkdir()
-        log = (out / f"rank{rank}.log").open("wb")
-        argv = [sys.executable, *TRAINER, f"--checkpoint-dir={out / 'checkpoints'}"]
-        procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env))
+    procs = [_trainer(out, rank, port) for rank in range(3)]
     with reaped(procs, lambda: _logs(out)):
         _until("the first step", lambda: "first optimizer step" in (out / "rank0.log").read_text(), procs, -1)
         time.sleep(2)
-        change = inplace.Change(1, contract.RESIZE_LOST, 3, 2, time.time(), contract.RESIZE_HEALED)
-        for r in survivors:  # as each survivor's launcher books the heal's round before its notice
-            state = inplace.LaunchState(resizes=1, resize=change.reason, resize_from=3, resize_to=2)
-            inplace.write_state(out / f"pod{r}" / "launch-state.json", replace(state, history=(change,)))
+        lost = inplace.Change(1, contract.RESIZE_LOST, 3, 2, time.time(), contract.RESIZE_HEALED)
+        _book(out, survivors, lost)
         _lose_and_notify(out, procs, victim, survivors)
-        codes = {r: procs[r].wait(WAIT * 2) for r in survivors}
-    assert codes == dict.fromkeys(survivors, 0), _logs(out)
-    reports = {r: json.loads((out / f"pod{r}" / "report.json").read_text()) for r in survivors}
+        _until("the world of 2 healed", lambda: _healed_into(out, procs, survivors, 1), procs, victim)
+        grown = inplace.Change(2, contract.RESIZE_REJOINED, 2, 3, time.time(), contract.RESIZE_HEALED)
+        _book(out, survivors, lost, grown)
+        for r in survivors:
+            notice.request_sever(out / f"pod{r}" / notice.NOTICE_FILE, 1)
+        wanted = lambda: all(_mark(out, r, procs[r].pid) == notice.HEAL_WANTED for r in survivors)  # noqa: E731
+        _until("heal-wanted marks, severed", wanted, procs, victim)
+        new_port = free_port()
+        for new_rank, r in enumerate(survivors):
+            note = notice.Notice(2, {0: new_rank}, 3, new_rank, 3, "127.0.0.1", new_port, "test", time.time())
+            notice.write_notice(out / f"pod{r}" / notice.NOTICE_FILE, note)
+        procs.append(_trainer(out, 2, new_port, pod_number=3))
+        codes = {r: procs[r].wait(WAIT * 2) for r in (*survivors, 3)}
+    assert codes == dict.fromkeys((*survivors, 3), 0), _logs(out)
+    reports = {r: json.loads((out / f"pod{r}" / "report.json").read_text()) for r in (*survivors, 3)}
     marks = {r: _mark(out, r, procs[r].pid) for r in survivors}
     yield {
-        "logs": {r: (out / f"rank{r}.log").read_text() for r in range(3)},
+        "logs": {r: (out / f"rank{r}.log").read_text() for r in range(4)},
         "reports": reports,
         "marks": marks,
         "series": {r: _series(out / f"pod{r}" / "tmp") for r in survivors},
@@ -263,9 +298,20 @@ def test_a_healed_world_serves_its_series_anew_with_the_new_ranks_and_the_heal_i
 ) -> None:
     """Old rank 2 (pod 2) is rank 1 of the healed world: its series of the first world (directory "0") say
     rank 2 in a world of 3; those it serves after the heal (directory "1", the launcher's world changes)
-    say rank 1 in a world of 2, and the world change, healed; nothing of rank 2 is served there."""
+    say rank 1 in a world of 2, and the world change, healed; nothing of rank 2 is served there. After the
+    grow (directory "2") it is rank 1 of 3, and the change says the node rejoined, healed."""
     series = trainer["series"][2]
-    assert sorted(series) == ["0", "1"], sorted(series)
+    assert sorted(series) == ["0", "1", "2"], sorted(series)
+    grown = series["2"]
+    assert {labels["rank"] for _, labels, _ in grown} == {"1"}, grown
+    info = [labels for name, labels, value in grown if name == contract.INFO and value == 1]
+    assert [labels["world_size"] for labels in info] == ["3"], info
+    resize = sorted(
+        (int(labels["round"]), labels["reason"], labels["mode"])
+        for name, labels, _ in grown
+        if name == contract.RESIZE_INFO
+    )
+    assert resize == [(1, "NodeLost", "healed"), (2, "NodeRejoined", "healed")], resize
     first = {(name, labels.get("rank"), labels.get("world_size")) for name, labels, _ in series["0"]}
     assert (contract.INFO, "2", "3") in first, sorted(first)
     after = series["1"]
@@ -281,18 +327,36 @@ def test_the_built_in_trainer_heals_in_its_own_processes_and_trains_to_the_end(
 ) -> None:
     for r in (0, 2):
         note = notice.read_note(trainer["marks"][r])
-        assert note is not None and note.kind == notice.HEALED and note.round == 1, trainer["marks"][r]
+        assert note is not None and note.kind == notice.HEALED and note.round == 2, trainer["marks"][r]
         assert note.report["lost"] <= 1, note
+    for r in (0, 2, 3):
         report = trainer["reports"][r]
         assert report["reason"] == "AllChecksPassed", report
-        assert report["step"] == 60 and report["worldSize"] == 2, report
+        assert report["step"] == STEPS_GROWN and report["worldSize"] == 3, report
     logs = trainer["logs"]
     healed = [line for line in logs[0].splitlines() if "(healed in place: " in line]
-    assert len(healed) == 1 and "elastic: world size 2 verified at step" in healed[0], logs[0][-3000:]
+    worlds = [line.split("elastic: world size ")[1].split()[0] for line in healed]
+    assert worlds == ["2", "3"], logs[0][-3000:]
     step = int(healed[0].split("verified at step ")[1].split(",")[0])
     assert f"first optimizer step of this run: step {step + 1} (resumed from {step})" in logs[0]
-    assert not any("restored" in logs[r] for r in (0, 2))
-    print(healed[0])
+    assert not any("restored" in logs[r] for r in (0, 2, 3))
+    print(*healed, sep="\n")
+
+
+def test_a_joiner_takes_its_state_from_a_survivor_not_from_storage(trainer: dict[str, Any]) -> None:
+    """The fresh worker of the grow met the healed survivors, took their state over the process group
+    (bytes counted), resumed after the step they completed, and ended bit-identical with them (the final
+    check passed on every rank: the reports above); no checkpoint read."""
+    joiner, rank0 = trainer["logs"][3], trainer["logs"][0]
+    said = re.search(r"state of step (\d+) from rank (\d+) over the process group \((\d+) bytes\)", joiner)
+    assert said is not None, joiner[-3000:]
+    step, src, sent = (int(g) for g in said.groups())
+    assert src == 0 and sent > 0, said[0]
+    assert trainer["reports"][3]["resumedFromStep"] == step, trainer["reports"][3]
+    grown = [line for line in rank0.splitlines() if "elastic: world size 3 verified at step" in line]
+    assert grown and f"at step {step}, before its first step (healed in place: " in grown[-1], grown
+    assert f"{sent} bytes sent" in grown[-1], (grown[-1], sent)
+    print(said[0], grown[-1], sep="\n")
 
 
 AGENT_STEPS = 160
@@ -403,9 +467,10 @@ def test_the_launchers_heal_a_lost_pod_without_restarting_their_workers(launched
         report = json.loads((launched["out"] / f"pod{r}" / "report.json").read_text())
         assert report["worldSize"] == 2 * launched["procs"] and report["step"] == AGENT_STEPS, report
     assert "healed in place into round" in logs and "gang restart in place" not in logs, logs[-8000:]
-    healed = [line for line in logs.splitlines() if "(healed in place: " in line]
     world = 2 * launched["procs"]
-    assert len(healed) == 1 and f"elastic: world size {world} verified at step" in healed[0], logs[-8000:]
+    healed = [line for line in logs.splitlines() if "(healed in place: " in line]
+    healed = [line for line in healed if f"elastic: world size {world} verified at step" in line]
+    assert len(healed) == 1, logs[-8000:]  # (a late pod at the start grows a world of 3 by a heal too)
     # the survivors' logs after the loss (a grow at the start may restore, the victim's too: not read)
     heal = "healing this pod's workers in place"
     assert all(heal in launched["logs"][r] for r in survivors), logs[-8000:]

@@ -192,10 +192,12 @@ def _install(book: Book, marks: workers.Marks, healing: Path | None = None) -> N
         handler = group.spec.rdzv_handler
         return handler._state_holder.state.round if isinstance(handler, DynamicRendezvousHandler) else -1
 
+    ways = None if healing is None else heal_round.Healing(monitor, marks, book, healing, round_of)
+
     def monitor_workers(self: Any, group: Any) -> Any:
         result = monitor(self, group)
-        if healing is not None and result.state == WorkerState.HEALTHY:
-            healed = heal_round.when_wanted(self, group, result, monitor, marks, book, healing, round_of)
+        if ways is not None and result.state == WorkerState.HEALTHY:
+            healed = heal_round.when_wanted(self, group, result, ways)
             if healed is not result and healed.state == WorkerState.HEALTHY:
                 return healed  # healed in place; else the silence watch below still looks at them
             result = healed
@@ -217,9 +219,7 @@ def _install(book: Book, marks: workers.Marks, healing: Path | None = None) -> N
                 self._store = group.spec.rdzv_handler._get_store()
         if verdict is not None:
             lost = verdict.kind == silence.LOST  # the host's process ended: a lost node, not a silent one
-            if silenced := heal_round.when_silent(
-                self, group, result, verdict, monitor, marks, book, healing, round_of
-            ):
+            if silenced := heal_round.when_silent(self, group, result, verdict, ways):
                 if silenced.state != WorkerState.HEALTHY:
                     lend(self)  # the heal fell back: its workers stopped, the restart's cause booked
                 return silenced
@@ -331,13 +331,11 @@ def _install(book: Book, marks: workers.Marks, healing: Path | None = None) -> N
                 external = store.endpoint(os.environ) is not None
                 self._ddpjob_silence = RoundWatch(handler, not external and not host, presence=external)
             self._ddpjob_silence.begin()
-            if notice_at is not None and not healing:  # fresh workers: a heal into this round falls back
-                heal_round.say_restarting(self._ddpjob_silence, notice_at)
+        if notice_at is not None and not healing:  # fresh workers: an earlier world's sever is not theirs
+            notice.clear_sever(notice_at)
 
-    if healing is not None:  # a node waiting while this one's workers lost a peer: heal
-        restart = heal_round.restart_or_heal(
-            SimpleElasticAgent._restart_workers, monitor, marks, book, healing, round_of
-        )
+    if ways is not None:  # a node waits (one joins, or a survivor healed first): heal, not restart
+        restart = heal_round.restart_or_heal(SimpleElasticAgent._restart_workers, ways)
         SimpleElasticAgent._restart_workers = restart  # type: ignore[method-assign]
     LocalElasticAgent._monitor_workers = monitor_workers  # type: ignore[method-assign]
     SimpleElasticAgent._rendezvous = rendezvous_  # type: ignore[method-assign]

@@ -20,14 +20,16 @@ bounded), the agent (:func:`heal`):
    (:data:`FELL_BACK`: a worker's mark says why, e.g. the healed world's replica check), not the SIGKILL.
 
 torch's agent restarts its workers when a node waits to join while its own look healthy (``_invoke_run``'s
-healthy branch): after a loss, another node's agent that healed first waits in the rendezvous, maybe before
-this node's workers failed. So, armed, that restart waits up to :data:`GRACE_SECONDS` for a worker's
-heal-wanted mark and heals instead (:func:`restart_or_heal`); a node that joins (a grow) still restarts,
-that much later.
+healthy branch): a node that joins (a grow), or, after a loss, another node's agent that healed first and
+waits in the rendezvous, maybe before this node's workers failed. Armed, that restart heals instead
+(:func:`restart_or_heal`): workers that marked themselves heal-wanted are healed; workers that formed their
+group and train are asked to shut their connections down first (as for a silent member, below), so that
+their step in flight fails at once and they heal with the others; workers still forming theirs are given
+:data:`GRACE_SECONDS` to mark, then restarted.
 
-A round's members heal or start their workers afresh together: an agent whose workers start afresh in a
-round says so in the store (:func:`say_restarting`), and a heal into that round falls back at once
-(:func:`restarted`).
+Workers that start fresh in a round whose other members heal (the joiner of a grow, a crashed worker's
+replacement, the workers a fallback restarted) meet the healers there (:func:`ddp_trainer.sync.heal.join`):
+their state is copied from a live replica, not read from storage.
 
 A member that goes silent (frozen, cut off: its sockets stay open, so no collective fails by itself) is
 healed too (:func:`when_silent`): once the round's keep-alive watch judges it silent, the launcher asks its
@@ -35,8 +37,8 @@ workers to shut their connections down (:class:`~ddp_trainer.core.notice.SeverWa
 collective then fails within milliseconds, measured on gloo, where ``abort()`` does not end it) and heals
 them. A store's host gone is not healed (the workers wait for a store no one serves).
 
-Not here yet (the design's later stages): a grow by heal, the fallback told to the other nodes through the
-store.
+Not here yet (the design's later stages): a grow that waits for a step boundary (it drops the step in flight,
+as a loss does), the fallback told to the other nodes through the store.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from ddp_trainer.core import notice
 from ddp_trainer.core.notice import Note, Notice
 from ddp_trainer.launch import silence
 from ddp_trainer.launch.book import Book
-from ddp_trainer.launch.rounds import InFlight, stop_now
+from ddp_trainer.launch.rounds import stop_now
 from ddp_trainer.launch.workers import Marks, pids
 from ddp_trainer.sync import heal as sync_heal
 
@@ -73,8 +75,6 @@ LOST_PEER = "a worker lost a peer (its collective failed): healed in place"
 """The cause the launcher books for a heal's world change."""
 FELL_BACK = "the heal in place failed"
 """The cause the launcher books for the restart in place after a failed heal, before the worker's why."""
-LOOK_SECONDS = 0.5
-"""How often a heal looks in the store for a member of its round that started its workers afresh."""
 
 
 def armed(env: Mapping[str, str], builtin: bool, elastic: bool) -> bool:
@@ -112,45 +112,6 @@ def notice_of(group: Any, round_: int, trigger: str, at: float) -> Notice:
         trigger=trigger,
         at=at,
     )
-
-
-def restart_key(run_id: str, round_: int) -> str:
-    """The store key under which an agent whose workers start afresh in round ``round_`` says so."""
-    return f"ddpjob/restarted/{run_id}/{round_}"
-
-
-def say_restarting(watch: Any, path: Path | None = None) -> None:
-    """This agent joined its round (``watch``'s, a :class:`~ddp_trainer.launch.rounds.RoundWatch`) with
-    workers that start afresh (the first start, a restart, a grow): said in the store, so that an agent whose
-    workers heal into the same round falls back at once (:func:`restarted`). A round's members heal or start
-    afresh together: a healed rank re-forms its group with the healed ones only, and a fresh one waits for
-    the others' fresh ones (seen: a frozen pod dropped by one node, which stopped its workers, while another's
-    worker lost a peer in that stop and healed; each waited a minute for the other). The launcher's sever
-    request of an earlier world, if any, is taken away (``path``: the notice's)."""
-    if path is not None:  # a sever request of an earlier world is not theirs (notice.SeverWatch)
-        notice.clear_sever(path)
-    key = restart_key(watch.run_id, int(watch.handler._state_holder.state.round))
-    with contextlib.suppress(
-        Exception
-    ):  # bounded as the watch's reads; not said: the heal's deadline still holds
-        InFlight(watch.reading.seconds).ask(
-            lambda: watch.store.set(key, watch.name(watch.handler._this_node))
-        )
-
-
-def restarted(watch: Any | None, round_: int) -> str | None:
-    """The member of round ``round_`` whose workers started afresh in it (:func:`say_restarting`), if one
-    said so; None also when the store cannot tell."""
-    if watch is None:
-        return None
-    key = restart_key(watch.run_id, round_)
-    try:
-        done, got = InFlight(watch.reading.seconds).ask(
-            lambda: watch.store.get(key).decode() if watch.store.check([key]) else None
-        )
-    except Exception:
-        return None
-    return str(got) if done and got else None
 
 
 def members_alive(watch: Any | None) -> int | None:
@@ -198,26 +159,30 @@ def closing_at(handler: Any, nodes: int | None) -> Iterator[None]:
         handler._settings = executor._settings = settings
 
 
+@dataclasses.dataclass(frozen=True)
+class Healing:
+    """What every way into a heal needs of its launcher: its look at the workers (``monitor``: torch's
+    ``_monitor_workers``, ddpjob's wrapper), their marks, its book, the notice's ``path`` and the round
+    torch's rendezvous gave the group (``round_of``)."""
+
+    monitor: Callable[[Any, Any], Any]
+    marks: Marks
+    book: Book
+    path: Path
+    round_of: Callable[[Any], int]
+
+
 def say(line: str) -> None:
     print(f"{contract.log_stamp(time.time())} [launcher] {line}", file=sys.stderr, flush=True)
 
 
-def heal(
-    agent: Any,
-    group: Any,
-    *,
-    monitor: Callable[[Any, Any], Any],
-    marks: Marks,
-    book: Book,
-    path: Path,
-    round_of: Callable[[Any], int],
-    trigger: str,
-    seconds: float = HEAL_SECONDS,
-) -> Any:
+def heal(agent: Any, group: Any, ways: Healing, trigger: str, seconds: float = HEAL_SECONDS) -> Any:
     """Heal ``group``'s workers in place (the module's docstring); the agent's view of them after: healthy
     when they healed, else what :func:`stop_now` left (failed), for the caller's path before heals, its
     cause booked (:meth:`Book.fell_back`)."""
     from torch.distributed.elastic.agent.server.api import WorkerState
+
+    monitor, marks, path = ways.monitor, ways.marks, ways.path
 
     started = time.time()
     ids = {int(w.local_rank): w.id for w in group.workers}
@@ -227,19 +192,14 @@ def heal(
         agent._rendezvous(group, healing=True)
     for worker in group.workers:
         worker.id = ids[int(worker.local_rank)]
-    round_ = round_of(group)
+    round_ = ways.round_of(group)
     notice.write_notice(path, notice_of(group, round_, trigger, started))
-    deadline, looked = time.monotonic() + seconds, 0.0
-    watch = getattr(agent, "_ddpjob_silence", None)
+    deadline = time.monotonic() + seconds
     while True:
         result = monitor(agent, group)
         ended = result.state != WorkerState.HEALTHY
         running = [int(w.id) for w in group.workers]
         done = outcome([notice.read_note(marks.read(pid) or "") for pid in running], round_)
-        if done is None and not ended and time.monotonic() - looked >= LOOK_SECONDS:
-            looked = time.monotonic()
-            if who := restarted(watch, round_):
-                done = f"{who} started its workers afresh in round {round_}, which healed ones cannot meet"
         if done == notice.HEALED and not ended:
             ranks = sorted(int(w.global_rank) for w in group.workers)
             say(
@@ -257,90 +217,79 @@ def heal(
         elif ended:
             why = f"a worker ended while healing into round {round_}"
         say(f"the heal into round {round_} failed ({why}): its workers restart from the last checkpoint")
-        book.fell_back(f"{FELL_BACK}: {why}")
+        ways.book.fell_back(f"{FELL_BACK}: {why}")
         return result if ended else stop_now(agent, group, monitor)
 
 
-def when_wanted(
-    agent: Any,
-    group: Any,
-    result: Any,
-    monitor: Callable[[Any, Any], Any],
-    marks: Marks,
-    book: Book,
-    path: Path,
-    round_of: Callable[[Any], int],
-) -> Any:
+def when_wanted(agent: Any, group: Any, result: Any, ways: Healing) -> Any:
     """The agent's look at healthy workers (``result``), healed first when one of them marked itself
     heal-wanted (:func:`heal`, booked as a lost peer's world change); else ``result``."""
-    if not wanting([notice.read_note(marks.read(pid) or "") for pid in pids(group)]):
+    if not wanting([notice.read_note(ways.marks.read(pid) or "") for pid in pids(group)]):
         return result
-    book.failed({}, stopped=True, why=LOST_PEER, silent=False)
-    trigger = "a worker of this pod lost a peer"
-    return heal(
-        agent, group, monitor=monitor, marks=marks, book=book, path=path, round_of=round_of, trigger=trigger
-    )
+    ways.book.failed({}, stopped=True, why=LOST_PEER, silent=False)
+    return heal(agent, group, ways, "a worker of this pod lost a peer")
 
 
-def when_silent(
-    agent: Any,
-    group: Any,
-    result: Any,
-    verdict: silence.Verdict,
-    monitor: Callable[[Any, Any], Any],
-    marks: Marks,
-    book: Book,
-    path: Path | None,
-    round_of: Callable[[Any], int],
-) -> Any:
+def when_silent(agent: Any, group: Any, result: Any, verdict: silence.Verdict, ways: Healing | None) -> Any:
     """A member of the round went silent (``verdict``: frozen, powered off, cut off; its sockets stay open, so
     ``group``'s workers, healthy in ``result`` and past forming their group, wait in a collective with it
     that cannot end): they are asked to shut their connections down (:func:`notice.request_sever`; each
     fails its collective as after a peer's loss) and healed (:func:`heal`), booked as the silent member's
     world change; the agent's view of them after. Where the heal falls back, its workers are stopped and the
     restart's cause booked (:meth:`Book.fell_back`), as before heals. None where this launcher does not heal
-    (``path`` None), the verdict is another (this node dropped, a member lost) or the workers have not
+    (``ways`` None), the verdict is another (this node dropped, a member lost) or the workers have not
     formed their group yet: the caller stops them, as before heals."""
     from torch.distributed.elastic.agent.server.api import WorkerState
 
     healthy = result.state == WorkerState.HEALTHY
-    if path is None or verdict.kind != silence.SILENT or not healthy or marks.starting(pids(group)):
+    if ways is None or verdict.kind != silence.SILENT or not healthy or ways.marks.starting(pids(group)):
         return None
-    notice.request_sever(path, round_of(group))
+    notice.request_sever(ways.path, ways.round_of(group))
     cause = verdict.cause()
-    book.failed({}, stopped=True, why=cause, silent=True)
-    trigger = f"{cause}; this pod's workers shut their connections down"
+    ways.book.failed({}, stopped=True, why=cause, silent=True)
+    return heal(agent, group, ways, f"{cause}; this pod's workers shut their connections down")
+
+
+def when_waited(agent: Any, group: Any, ways: Healing) -> Any:
+    """A node waits in the rendezvous (one joins; or, after a loss, a survivor that healed first) while
+    ``group``'s workers, healthy, train in a world they formed: they are asked to shut their
+    connections down (their step in flight fails at once, as after a peer's loss) and healed into the next
+    round, where a joiner takes its state from one of them (:func:`ddp_trainer.sync.heal.join`); the agent's
+    view of them after. None while they still form their group (they cannot heal yet)."""
+    if ways.marks.starting(pids(group)):
+        return None
+    notice.request_sever(ways.path, ways.round_of(group))
     return heal(
-        agent, group, monitor=monitor, marks=marks, book=book, path=path, round_of=round_of, trigger=trigger
+        agent, group, ways, "a node waits to join the world; this pod's workers shut their connections down"
     )
 
 
-def restart_or_heal(
-    restart: Callable[[Any, Any], Any],
-    monitor: Callable[[Any, Any], Any],
-    marks: Marks,
-    book: Book,
-    path: Path,
-    round_of: Callable[[Any], int],
-) -> Callable[[Any, Any], Any]:
+def restart_or_heal(restart: Callable[[Any, Any], Any], ways: Healing) -> Callable[[Any, Any], Any]:
     """torch's ``_restart_workers``, which heals instead where the workers looked healthy (a node waits to
-    join) and one of them marks itself heal-wanted within :data:`GRACE_SECONDS`, and leaves them be when they
-    end within it (workers that finished are not started again for the joiner)."""
+    join): those that marked themselves heal-wanted (:func:`when_wanted`), or that formed their group
+    (:func:`when_waited`), or that form it and mark within :data:`GRACE_SECONDS`; and leaves them be when
+    they end meanwhile (workers that finished are not started again for the joiner). A heal that fell back
+    restarts them."""
     from torch.distributed.elastic.agent.server.api import WorkerState
 
     def restart_workers(agent: Any, group: Any) -> Any:
         if group.state == WorkerState.HEALTHY:
             deadline = time.monotonic() + GRACE_SECONDS
             while time.monotonic() < deadline:
-                result = monitor(agent, group)
+                result = ways.monitor(agent, group)
                 if result.state != WorkerState.HEALTHY:  # they ended meanwhile (done, or failed): the agent's
                     return None  # next look acts on it (its exit barrier, or its restart, counted), not this
-                healed = when_wanted(agent, group, result, monitor, marks, book, path, round_of)
-                if healed is not result:  # a heal ran: done, or its workers stopped for the restart
-                    if healed.state == WorkerState.HEALTHY:
-                        return None
-                    break
-                time.sleep(POLL_SECONDS)
+                running = pids(group)
+                if wanting([notice.read_note(ways.marks.read(pid) or "") for pid in running]):
+                    healed = when_wanted(agent, group, result, ways)
+                elif not ways.marks.starting(running):
+                    healed = when_waited(agent, group, ways)
+                else:
+                    time.sleep(POLL_SECONDS)
+                    continue
+                if healed.state == WorkerState.HEALTHY:  # healed; else stopped, for the restart
+                    return None
+                break
         return restart(agent, group)
 
     return restart_workers

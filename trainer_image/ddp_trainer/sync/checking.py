@@ -287,6 +287,9 @@ class Checking:
     broadcast_buffers: bool | None
     check_buffers: bool
     skew: boundary.SkewMeter
+    world_checks_from: int = 0
+    """The tally's checks when this world began (set by ``SyncHealth`` at each world's start): the world's
+    first check is the one after them."""
 
     @property
     def checks(self) -> int:
@@ -321,8 +324,9 @@ class Checking:
         named = replicas.named_tensors(self.subject.model)
         mine = header(self.current_step, named)
         reduced = mine.clone()
-        # The first check may wait for slow starters (the job's own timeout); later ones need no such wait.
-        first = self.tally.checks == 0
+        # A world's first check may wait for slow starters (the job's own timeout), on the default group:
+        # a healed world's too, where a fresh joiner's first is its very first; later ones need no such wait.
+        first = self.tally.checks == self.world_checks_from
         group = self.group if first else self.peers
         device = replicas.comm_device(group) if first else torch.device("cpu")
         reduced = reduced.to(device)

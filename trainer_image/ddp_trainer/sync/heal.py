@@ -184,10 +184,11 @@ class Healer:
                 return None
             time.sleep(POLL_SECONDS)
 
-    def drill(self, model: nn.Module, rank: int) -> None:
-        """The heal's fire drill: where it names ``rank`` (this worker's in the healed world), nudge one
-        parameter of ``model``, once (the restart in place the refused heal causes does not repeat it)."""
-        if self.nudge is None or self.nudge != rank:
+    def drill(self, model: nn.Module, rank: int, shrank: bool) -> None:
+        """The heal's fire drill: in a heal after a loss (``shrank``: the world is smaller; not a grow's,
+        which may come first at the start) where it names ``rank`` (this worker's in the healed world), nudge
+        one parameter of ``model``, once (the restart in place the refused heal causes does not repeat it)."""
+        if self.nudge is None or self.nudge != rank or not shrank:
             return
         self.nudge = None
         log.warning("fire drill: rank %d nudges its parameters during the heal", rank)
@@ -261,6 +262,7 @@ class Healer:
         module = old.module if isinstance(old, DistributedDataParallel) else old
         subject.model = module  # the old wrapper goes with the old group
         rank, size = found.rank_of(self.local_rank), found.world_size
+        shrank = size < int(self.env.get("WORLD_SIZE", "0") or 0)  # the old world's, until updated below
         self.env.update(found.env(self.local_rank))
         store = reform.bootstrap_store(found.master_addr, found.master_port, rank, size, self.timeout)
         reform.reform(store, reform.World(rank, size, reform.DEFAULT_PREFIX), timeout=self.timeout)
@@ -281,13 +283,12 @@ class Healer:
             sent = copied.bytes
         subject.model = _wrap(module, old)  # its constructor broadcasts rank 0's parameters: the drill after
         del old
-        self.drill(module, rank)
+        self.drill(module, rank, shrank)
         if health is not None:
             verified = health.rejoin(subject.model, metrics() if metrics is not None else None)
             if not verified:
                 raise self.fail(found.round, f"the healed world's replica check failed at step {plan.step}")
-        world_number: list[Any] = [fence(plan.step) if fence is not None and rank == 0 else 0]
-        dist.broadcast_object_list(world_number, src=0)
+        number = begin_world(fence, plan.step, rank)
         seconds = time.perf_counter() - caught
         healed = Healed(
             found.round,
@@ -299,7 +300,7 @@ class Healer:
             seconds,
             plan.src,
             rank in plan.receivers,
-            int(world_number[0]),
+            number,
         )
         self.round = found.round
         report = {"step": plan.step, "lost": plan.lost, "bytes": sent, "seconds": round(seconds, 3)}
@@ -307,6 +308,79 @@ class Healer:
         if rank == 0:
             say_world(size, plan.step, healed=(plan.lost, sent, seconds))
         return healed
+
+
+def begin_world(fence: Callable[[int], int] | None, step: int, rank: int) -> int:
+    """Collective, the last of a healed world's start on survivors and joiners alike: rank 0 begins the
+    world's checkpoint fence from ``step`` (``fence``; none without checkpoints), and every rank takes its
+    number."""
+    number: list[Any] = [fence(step) if fence is not None and rank == 0 else 0]
+    dist.broadcast_object_list(number, src=0)
+    return int(number[0])
+
+
+@dataclass(frozen=True)
+class Joined:
+    """A fresh worker's place in a world whose survivors heal into it (:func:`join`)."""
+
+    plan: reform.Plan
+    bytes: int
+    """Bytes of state the source sent (every rank counts the same tensors)."""
+    started: float
+    """``time.perf_counter()`` when the worker began to meet."""
+
+
+def join(subject: Any) -> Joined | None:
+    """Collective, a fresh worker's first in a world of workers that heal (``DDPJOB_HEAL``:
+    :func:`armed_here`), before it restores anything: the meeting the survivors of a heal hold in the new
+    world (their :meth:`Healer.heal`), with ``subject`` (a train state: ``model``, not yet wrapped in DDP,
+    ``optimizer``, ``scaler``, ``step``, ``epoch``) as this rank's arrival. None when no rank survived (every
+    worker starts fresh: the caller restores from the checkpoint, as before heals). Otherwise the state came
+    from the plan's source, a live replica, over the process group, not from storage: the caller then wraps
+    the model in DDP, builds its ``SyncHealth`` (the survivors' :meth:`SyncHealth.rejoin` runs the same
+    collectives) with a check that only reports (:func:`joined`), and begins the world
+    (:func:`begin_world`), as the survivors do. :class:`HealFailed` when the plan refuses (layouts differ,
+    survivors too far apart: every rank computes the same plan, and the survivors fail their heal too)."""
+    started = time.perf_counter()
+    module = subject.model
+    arrivals: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(arrivals, reform.Arrival(reform.FRESH, 0, reform.layout_digest(module)))
+    plan = reform.resume_plan(arrivals)
+    if plan.refused:
+        raise HealFailed(plan.refused)
+    if plan.step is None:
+        return None
+    assert plan.src is not None
+    copied = reform.copy_state_(module, subject.optimizer, src=plan.src)
+    subject.step, subject.epoch = copied.extra["step"], copied.extra["epoch"]
+    subject.scaler.load_state_dict(copied.extra["scaler"])
+    log.warning(  # every joiner says it (its rank's lines below WARNING are not printed)
+        "joined a world that heals in place: state of step %d from rank %d over the process group "
+        "(%d bytes), not from storage",
+        plan.step,
+        plan.src,
+        copied.bytes,
+    )
+    return Joined(plan, copied.bytes, started)
+
+
+def joined(done: Joined, health: SyncHealth, fence: Callable[[int], int] | None) -> int:
+    """A joiner's end of the heal, once its ``health`` was built (its initial check with a policy that only
+    reports, as the survivors' :meth:`SyncHealth.rejoin`): refused (:class:`HealFailed`) when that check
+    found the replicas differ; else the world begun (:func:`begin_world`), said by rank 0 as a healed
+    world, and its checkpoint number returned."""
+    plan, rank = done.plan, dist.get_rank()
+    assert plan.step is not None
+    if health.tally.checks and not health.tally.last_check_ok:
+        raise HealFailed(f"the healed world's replica check failed at step {plan.step}")
+    number = begin_world(fence, plan.step, rank)
+    if rank == 0:
+        say_world(
+            dist.get_world_size(),
+            plan.step,
+            healed=(plan.lost, done.bytes, time.perf_counter() - done.started),
+        )
+    return number
 
 
 def reseed(seed: int, rank: int) -> None:

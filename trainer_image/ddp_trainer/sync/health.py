@@ -257,6 +257,7 @@ class SyncHealth(Closing):
         self.metrics.restarted(self.restart.restarts, self.restart.cause)
         self._start_probe(model, *self._probe_with, drill=first)
         self._last = time.perf_counter()
+        self.world_checks_from = self.tally.checks
         return self.check("initial") if self.config.initial_check else None
 
     def rejoin(self, model: nn.Module, metrics: TrainerMetrics | None = None) -> bool:

@@ -89,6 +89,8 @@ class Session:
         self.state: TrainState | None = None
         self.at_boundary = False
         """Inside :meth:`on_step`: the step that raised there was completed (a heal drops none)."""
+        self.joined: heal.Joined | None = None
+        """This fresh worker's state came from a live replica of a world that heals (:func:`heal.join`)."""
 
     def build(self) -> TrainState:
         """Same-seed model, optimizer, restore (identical bytes on every rank), DDP, initial verify."""
@@ -97,7 +99,13 @@ class Session:
         optimizer = torch.optim.AdamW(model.parameters(), lr=self.config.learning_rate)
         state = TrainState(model, optimizer, self.precision.scaler())
         self.writer = self.writer_for(type(optimizer).__name__)
-        self.restore(state)
+        # under a launcher that heals, a fresh worker first meets the world: survivors of a heal there send
+        # their state (a live replica's, not the checkpoint's); none, and it restores as before heals
+        self.joined = heal.join(state) if heal.armed_here(os.environ) else None
+        if self.joined is None:
+            self.restore(state)
+        else:
+            self.resumed_from = state.step
         torch.manual_seed(self.config.seed + self.launch.rank)  # per-rank randomness (dropout) from here
         device_ids = [self.device] if self.device.type == "cuda" else None
         state.model = DistributedDataParallel(model, device_ids=device_ids)  # broadcasts rank 0's tensors
@@ -105,7 +113,8 @@ class Session:
         settings = SyncHealth.Config.from_env(  # the rest (the compute probe's) from the DDPJob's environment
             total_steps=self.config.steps,
             every=self.config.sync_every,
-            on_divergence=self.config.on_divergence,
+            # a joiner's first check only reports, as the survivors' (heal.joined refuses a mismatch)
+            on_divergence="Warn" if self.joined is not None else self.config.on_divergence,
             write_report=False,  # the runner writes the report (its run() returns it)
         )
         self.health = SyncHealth(  # trust DDP's silent broadcast, then verify (the initial check)
@@ -117,6 +126,10 @@ class Session:
             pod=self.pod,
             metrics=self.metrics,
         )
+        if self.joined is not None:
+            self.health.policy = self.health.verifier.policy = self.config.on_divergence
+            fence = heal.checkpoint_fence(self.store, self.writer) if self.store is not None else None
+            self.writer = dataclasses.replace(self.writer, world=heal.joined(self.joined, self.health, fence))
         return state
 
     @property
@@ -213,7 +226,7 @@ class Session:
         state = self.build()
         config = self.config
         healer = heal.Healer() if heal.armed_here(os.environ) else None
-        accumulation, batches = self.batches(state.step)
+        accumulation, batches = self.batches(state.step, say=self.joined is None)  # a joined world's is said
         while True:
             try:
                 train(

@@ -87,16 +87,8 @@ def test_a_refused_heal_stops_the_workers_and_books_why_as_the_restarts_cause(
             alive = worker.poll() is None
             return SimpleNamespace(state=WorkerState.HEALTHY if alive else WorkerState.FAILED)
 
-        result = heal_round.heal(
-            agent,
-            group,
-            monitor=monitor,
-            marks=Marks(tmp_path),
-            book=book,
-            path=tmp_path / notice.NOTICE_FILE,
-            round_of=lambda _group: 5,
-            trigger="a worker of this pod lost a peer",
-        )
+        ways = heal_round.Healing(monitor, Marks(tmp_path), book, tmp_path / notice.NOTICE_FILE, lambda _: 5)
+        result = heal_round.heal(agent, group, ways, "a worker of this pod lost a peer")
         assert met == [True] and result.state == WorkerState.FAILED
         assert worker.wait(10) == (0 if ended else -9)
         assert book.pending is not None and book.pending[0] == f"{heal_round.FELL_BACK}: {why}"
@@ -144,25 +136,17 @@ def test_a_silent_member_makes_the_launcher_ask_its_workers_to_sever_and_heal_th
         def monitor(_agent: object, _group: object) -> SimpleNamespace:
             return healthy
 
-        def silenced(verdict: silence.Verdict, result: object, at: Path | None = path) -> object:
-            return heal_round.when_silent(
-                agent,
-                group,
-                result,
-                verdict,
-                monitor,
-                marks,
-                book,
-                at,
-                round_of=lambda _group: 5 if met else 4,
-            )
+        ways = heal_round.Healing(monitor, marks, book, path, lambda _group: 5 if met else 4)
+
+        def silenced(verdict: silence.Verdict, result: object, heals: bool = True) -> object:
+            return heal_round.when_silent(agent, group, result, verdict, ways if heals else None)
 
         while marks.starting([worker.pid]):  # its group formed (its mark)
             time.sleep(0.01)
         failed = SimpleNamespace(state=WorkerState.FAILED)
         dropped = silence.Verdict(silence.DROPPED, (), 0.0)
         assert silenced(dropped, healthy) is None and silenced(silent, failed) is None
-        assert silenced(silent, healthy, None) is None and met == []
+        assert silenced(silent, healthy, heals=False) is None and met == []
         assert not (tmp_path / notice.SEVER_FILE).exists()
         result = silenced(silent, healthy)
         assert result is healthy and met == [True], capsys.readouterr().err
@@ -174,3 +158,46 @@ def test_a_silent_member_makes_the_launcher_ask_its_workers_to_sever_and_heal_th
     finally:
         worker.kill()
         worker.wait()
+
+
+def test_a_node_waiting_to_join_heals_the_workers_that_train_and_restarts_those_still_forming(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch's restart for a node that waits in the rendezvous (a grow), armed: workers that formed their
+    group are asked to shut their connections down and healed (no restart: the joiner takes its state from
+    them); workers still forming theirs get the grace to form and mark, then are restarted as before heals."""
+    from torch.distributed.elastic.agent.server.api import WorkerState
+
+    monkeypatch.setattr(heal_round, "GRACE_SECONDS", 0.5)
+    forming = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # no mark: forming
+    worker = subprocess.Popen([sys.executable, "-c", _SEVERED_THEN_HEALED, str(tmp_path)])
+    try:
+        agent, group, met = _one_worker_agent(forming.pid)
+        group.state = WorkerState.HEALTHY
+        book = Book(tmp_path / "state.json", elastic=True)
+        marks = Marks(tmp_path, builtin=True)
+        restarted: list[object] = []
+        healthy = SimpleNamespace(state=WorkerState.HEALTHY)
+        ways = heal_round.Healing(
+            lambda _agent, _group: healthy,
+            marks,
+            book,
+            tmp_path / notice.NOTICE_FILE,
+            lambda _: 5 if met else 4,
+        )
+        restart = heal_round.restart_or_heal(lambda _agent, g: restarted.append(g), ways)
+        started = time.monotonic()
+        assert restart(agent, group) is None and restarted == [group] and met == []  # still forming
+        assert time.monotonic() - started >= 0.5 and not (tmp_path / notice.SEVER_FILE).exists()
+        group.workers[0].id = worker.pid
+        while marks.starting([worker.pid]):  # its group formed (its mark)
+            time.sleep(0.01)
+        assert restart(agent, group) is None and restarted == [group] and met == [True]  # healed
+        assert (tmp_path / notice.SEVER_FILE).read_text().split()[0] == "4"  # the round of their world
+        said = capsys.readouterr().err
+        assert "a node waits to join the world; this pod's workers shut their connections down" in said
+        assert "healed in place into round 5" in said, said
+    finally:
+        for process in (forming, worker):
+            process.kill()
+            process.wait()

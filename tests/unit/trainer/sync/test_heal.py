@@ -94,15 +94,16 @@ def test_the_heal_drill_nudges_the_named_rank_of_the_healed_world_once(
     healer = Healer(_env(tmp_path) | {"DDPJOB_CHAOS_HEAL_NUDGE": "rank=1"})
     module = nn.Linear(3, 2)
     before = [p.detach().clone() for p in module.parameters()]
-    healer.drill(module, 0)  # another rank: nothing
+    healer.drill(module, 0, True)  # another rank: nothing
+    healer.drill(module, 1, False)  # a grow's heal (it may come first, at the start): nothing
     assert all(torch.equal(a, b) for a, b in zip(before, module.parameters(), strict=True))
     with caplog.at_level(logging.WARNING, logger="ddp_trainer"):
-        healer.drill(module, 1)
+        healer.drill(module, 1, True)
     assert "fire drill: rank 1 nudges its parameters during the heal" in caplog.text
     nudged = [p.detach().clone() for p in module.parameters()]
     changed = [int((a != b).sum()) for a, b in zip(before, nudged, strict=True)]
     assert changed == [1, 0], changed  # one element of one parameter
-    healer.drill(module, 1)  # once: the restart in place the refused heal causes does not repeat it
+    healer.drill(module, 1, True)  # once: the restart in place the refused heal causes does not repeat it
     assert all(torch.equal(a, b) for a, b in zip(nudged, module.parameters(), strict=True))
 
 
