@@ -132,6 +132,13 @@ class HealRun:
         return found
 
 
+def _last_worlds(summary: str) -> list[str]:
+    """The last three worlds of ``ddpjob local``'s summary line, the first without its mark (a world of 3
+    at the start may have been healed: a late pod's grow)."""
+    worlds = summary.split("world sizes ", 1)[1].split(" (ranks)", 1)[0].split(" → ")[-3:]
+    return [worlds[0].removesuffix(" (healed)"), *worlds[1:]]
+
+
 def _steps(lines: list[str]) -> list[int]:
     return [int(re.findall(r"restored step-(\d+)\.", line)[0]) for line in lines]
 
@@ -154,14 +161,14 @@ def test_a_lost_pod_is_healed_in_place_by_the_others_without_restarting_them(
     out = run.finish()
     assert before == healed and all(before.values()), (before, healed)  # across the shrink and the grow
     shrunk, grown = run.healed()[-2:]
-    assert int(shrunk[3]) <= 1 and int(grown[3]) <= 1, said[-5000:]
+    assert int(shrunk[3]) <= 1 and int(grown[3]) == 0, said[-5000:]  # the grow: none lost
     joined = [m for m in JOINED.finditer(said) if int(m[1]) == int(grown[2])]
     assert joined and int(joined[0][3]) > 0, said[-5000:]
     final = run.logs()
     assert set(run.restored()) == earlier, run.restored()  # nothing restored since the loss
     assert "healed in place into round" in final and "gang restart in place" not in final, final[-5000:]
     summary = next(line for line in out.splitlines() if "elastic: ran at world sizes" in line)
-    assert "3 → 2 (healed) → 3 (healed) (ranks)" in summary, summary
+    assert _last_worlds(summary) == ["3", "2 (healed)", "3 (healed)"], summary
     print(shrunk[0], grown[0], joined[0][0], summary, sep="\n")
 
 
@@ -235,7 +242,7 @@ def test_a_frozen_pod_is_judged_silent_and_the_others_heal_in_place_then_it_rejo
     frozen_at = time.monotonic()
     signal_pod(run.name, 1, signal.SIGSTOP)
     try:
-        while (match := HEALED.search(run.logs())) is None:
+        while (match := next((m for m in run.healed() if m[1] == "2"), None)) is None:
             took = time.monotonic() - frozen_at
             assert took < SILENT_BOUND_SECONDS, f"no healed world {took:.0f} s after freezing:\n{run.logs()}"
             time.sleep(0.1)
@@ -251,6 +258,6 @@ def test_a_frozen_pod_is_judged_silent_and_the_others_heal_in_place_then_it_rejo
     assert "(why: NodeSilent)" in final, final[-5000:]
     assert set(run.restored()) == earlier, run.restored()  # nothing restored since the freeze
     summary = next(line for line in out.splitlines() if "elastic: ran at world sizes" in line)
-    assert "3 → 2 (healed) → 3 (healed) (ranks)" in summary, summary
+    assert _last_worlds(summary) == ["3", "2 (healed)", "3 (healed)"], summary
     print(f"frozen → world of 2 healed and verified: {healed_in:.1f} s (bound {SILENT_BOUND_SECONDS:.0f} s)")
     print(match[0], summary, sep="\n")

@@ -8,8 +8,9 @@ filesystem, as the launch state and the marks already do, and the workers need n
 
 Also the notes a worker leaves in its mark about a heal (:func:`healed_note`, :func:`heal_failed_note`,
 :func:`read_note`), and the launcher's request that its workers sever their connections when a member of
-their round went silent (:func:`request_sever`, :class:`SeverWatch`). Pure but for the files' reads and
-atomic writes and the watch's thread; no torch: the launcher imports it.
+their round went silent (:func:`request_sever`, :class:`SeverWatch`), and its request that they leave their
+group together at the next step boundary when a node waits to join (:func:`request_grow`). Pure but for the
+files' reads and atomic writes and the watch's thread; no torch: the launcher imports it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ NOTICE_FILE = "heal-notice.json"
 """The notice's name, in the launch state's folder."""
 SEVER_FILE = "heal-sever"
 """The launcher's sever request's name, beside the notice (:func:`request_sever`)."""
+GROW_FILE = "heal-grow"
+"""The launcher's grow request's name, beside the notice (:func:`request_grow`)."""
 HEAL_WANTED = "heal-wanted"
 """A worker's mark: a collective failed with a peer's loss; it waits for a notice (bounded) before it exits
 as it did before heals."""
@@ -144,9 +147,29 @@ def request_sever(path: Path, round_: int) -> None:
     _write_whole(path.with_name(SEVER_FILE), f"{round_} {time.time():.6f}")
 
 
+def request_grow(path: Path, round_: int) -> None:
+    """Ask the workers beside the notice at ``path`` whose world formed in round ``round_`` (or earlier) to
+    leave their group together at the next step boundary, the step done and nothing in flight, and heal (a
+    node waits to join): they read it there (:func:`grow_requested`) and agree on it with the other ranks."""
+    _write_whole(path.with_name(GROW_FILE), f"{round_} {time.time():.6f}")
+
+
+def grow_requested(path: Path | None, current: int) -> bool:
+    """Whether a grow request beside the notice at ``path`` is for a world at or past round ``current`` (the
+    round of the newest notice the worker's world is past: a request of an earlier world is not its)."""
+    if path is None:
+        return False
+    try:
+        return int(path.with_name(GROW_FILE).read_text().split()[0]) >= current
+    except (OSError, IndexError, ValueError):
+        return False
+
+
 def clear_sever(path: Path) -> None:
-    """Take the sever request beside the notice at ``path`` away (workers start afresh: it is not theirs)."""
+    """Take the sever and grow requests beside the notice at ``path`` away (workers start afresh: they are
+    not theirs)."""
     path.with_name(SEVER_FILE).unlink(missing_ok=True)
+    path.with_name(GROW_FILE).unlink(missing_ok=True)
 
 
 class SeverWatch:

@@ -23,12 +23,13 @@ torch's agent restarts its workers when a node waits to join while its own look 
 healthy branch): a node that joins (a grow), or, after a loss, another node's agent that healed first and
 waits in the rendezvous, maybe before this node's workers failed. Armed, that restart heals instead
 (:func:`restart_or_heal`): workers that marked themselves heal-wanted are healed; workers that formed their
-group and train are asked to shut their connections down first (as for a silent member, below), so that
-their step in flight fails at once and they heal with the others; workers still forming theirs are given
+group and train are asked to leave it together at the next step boundary (:func:`when_waited`: the ranks
+agree on it, no step lost), or, where no step ends in time, to shut their connections down (as for a
+silent member, below); workers still forming theirs are given
 :data:`GRACE_SECONDS` to mark, then restarted.
 
 Workers that start fresh in a round whose other members heal (the joiner of a grow, a crashed worker's
-replacement, the workers a fallback restarted) meet the healers there (:func:`ddp_trainer.sync.heal.join`):
+replacement, the workers a fallback restarted) meet the healers there (:func:`ddp_trainer.sync.join.join`):
 their state is copied from a live replica, not read from storage.
 
 A member that goes silent (frozen, cut off: its sockets stay open, so no collective fails by itself) is
@@ -37,8 +38,11 @@ workers to shut their connections down (:class:`~ddp_trainer.core.notice.SeverWa
 collective then fails within milliseconds, measured on gloo, where ``abort()`` does not end it) and heals
 them. A store's host gone is not healed (the workers wait for a store no one serves).
 
-Not here yet (the design's later stages): a grow that waits for a step boundary (it drops the step in flight,
-as a loss does), the fallback told to the other nodes through the store.
+Not here yet (the design's later stages): the fallback told to the other nodes through the store.
+
+Long because the heal's one sequence (:func:`heal`) sits beside its ways in (a worker's mark, a silent
+member, a node waiting to join) and the round it meets (:func:`closing_at`): split, a way in could drift
+from what the sequence expects of the workers' marks.
 """
 
 from __future__ import annotations
@@ -71,6 +75,9 @@ POLL_SECONDS = 0.1
 GRACE_SECONDS = 3.0
 """How long torch's restart for a waiting node waits, when armed, for a worker's heal-wanted mark: a worker
 that lost a peer leaves its group at once, so the others fail within a second (measured for the design)."""
+GROW_BOUNDARY_SECONDS = 10.0
+"""How long a grow waits for the workers to leave their group at a step boundary before it asks them to
+shut their connections down (their step in flight is then dropped, as after a loss)."""
 LOST_PEER = "a worker lost a peer (its collective failed): healed in place"
 """The cause the launcher books for a heal's world change."""
 FELL_BACK = "the heal in place failed"
@@ -176,13 +183,23 @@ def say(line: str) -> None:
     print(f"{contract.log_stamp(time.time())} [launcher] {line}", file=sys.stderr, flush=True)
 
 
-def heal(agent: Any, group: Any, ways: Healing, trigger: str, seconds: float = HEAL_SECONDS) -> Any:
+def heal(
+    agent: Any,
+    group: Any,
+    ways: Healing,
+    trigger: str,
+    seconds: float = HEAL_SECONDS,
+    sever_after: float | None = None,
+) -> Any:
     """Heal ``group``'s workers in place (the module's docstring); the agent's view of them after: healthy
     when they healed, else what :func:`stop_now` left (failed), for the caller's path before heals, its
-    cause booked (:meth:`Book.fell_back`)."""
+    cause booked (:meth:`Book.fell_back`). ``sever_after``: the workers were asked to leave at a step
+    boundary (a grow); none left within that many seconds (a step that does not end), they are asked to
+    shut their connections down."""
     from torch.distributed.elastic.agent.server.api import WorkerState
 
     monitor, marks, path = ways.monitor, ways.marks, ways.path
+    before = ways.round_of(group)
 
     started = time.time()
     ids = {int(w.local_rank): w.id for w in group.workers}
@@ -199,7 +216,13 @@ def heal(agent: Any, group: Any, ways: Healing, trigger: str, seconds: float = H
         result = monitor(agent, group)
         ended = result.state != WorkerState.HEALTHY
         running = [int(w.id) for w in group.workers]
-        done = outcome([notice.read_note(marks.read(pid) or "") for pid in running], round_)
+        notes = [notice.read_note(marks.read(pid) or "") for pid in running]
+        done = outcome(notes, round_)
+        if sever_after is not None and time.time() - started > sever_after and not any(notes):
+            sever_after = None  # once
+            waited = time.time() - started
+            say(f"no worker left its group at a step boundary in {waited:.0f} s: asking them to sever")
+            notice.request_sever(path, before)
         if done == notice.HEALED and not ended:
             ranks = sorted(int(w.global_rank) for w in group.workers)
             say(
@@ -252,16 +275,16 @@ def when_silent(agent: Any, group: Any, result: Any, verdict: silence.Verdict, w
 
 def when_waited(agent: Any, group: Any, ways: Healing) -> Any:
     """A node waits in the rendezvous (one joins; or, after a loss, a survivor that healed first) while
-    ``group``'s workers, healthy, train in a world they formed: they are asked to shut their
-    connections down (their step in flight fails at once, as after a peer's loss) and healed into the next
-    round, where a joiner takes its state from one of them (:func:`ddp_trainer.sync.heal.join`); the agent's
-    view of them after. None while they still form their group (they cannot heal yet)."""
+    ``group``'s workers, healthy, train in a world they formed: they are asked to leave their group
+    together at the next step boundary (:func:`notice.request_grow`; the ranks agree on it, so no step is
+    lost; where none left within :data:`GROW_BOUNDARY_SECONDS`, to shut their connections down) and healed
+    into the next round, where a joiner takes its state from one of them (:func:`ddp_trainer.sync.join`);
+    the agent's view of them after. None while they still form their group (they cannot heal yet)."""
     if ways.marks.starting(pids(group)):
         return None
-    notice.request_sever(ways.path, ways.round_of(group))
-    return heal(
-        agent, group, ways, "a node waits to join the world; this pod's workers shut their connections down"
-    )
+    notice.request_grow(ways.path, ways.round_of(group))
+    trigger = "a node waits to join the world; this pod's workers leave their group at the next step boundary"
+    return heal(agent, group, ways, trigger, sever_after=GROW_BOUNDARY_SECONDS)
 
 
 def restart_or_heal(restart: Callable[[Any, Any], Any], ways: Healing) -> Callable[[Any, Any], Any]:

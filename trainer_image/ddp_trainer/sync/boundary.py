@@ -78,12 +78,24 @@ def nudge(model: nn.Module, amount: float = CHAOS_NUDGE) -> str:
     return name
 
 
-def agree_stop(requested: bool) -> bool:
-    """Collective (one 4-byte all_reduce): stop if any rank was asked to, so all stop at the same step.
-    Reading the result waits for the device: on CUDA use :class:`StopAgreement`, which does not."""
-    flag = torch.tensor([int(requested)], dtype=torch.int32, device=replicas.comm_device(None))
+GROW, STOP = 1, 2
+"""The step boundary's agreement is one flag reduced with MAX: a stop (SIGTERM or SIGINT on any rank)
+outranks a grow (a node waits to join: the ranks leave their group together at that boundary and heal,
+:mod:`ddp_trainer.sync.heal`)."""
+
+
+def flag_of(stop: bool, grow: bool) -> int:
+    """This rank's flag for the agreement: :data:`STOP`, :data:`GROW` or 0."""
+    return STOP if stop else GROW if grow else 0
+
+
+def agree_stop(requested: bool, grow: bool = False) -> int:
+    """Collective (one 4-byte all_reduce): stop if any rank was asked to, so all stop at the same step; else
+    grow if any rank's launcher asked for it. The reduced flag (:data:`STOP`, :data:`GROW`, 0). Reading
+    it waits for the device: on CUDA use :class:`StopAgreement`, which does not."""
+    flag = torch.tensor([flag_of(requested, grow)], dtype=torch.int32, device=replicas.comm_device(None))
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
+    return int(flag.item())
 
 
 class StopAgreement:
@@ -97,12 +109,20 @@ class StopAgreement:
         self._late = LateRead()
 
     def __call__(self, requested: bool) -> bool:
+        """Whether the ranks stop (:meth:`agree`, no grow asked)."""
+        return self.agree(requested)[0]
+
+    def agree(self, requested: bool, grow: bool = False) -> tuple[bool, bool]:
+        """Whether the ranks stop, and (when they do not) whether they grow, at this boundary."""
         device = replicas.comm_device(None)
         if device.type != "cuda":
-            return agree_stop(requested)
-        flag = torch.full((1,), int(requested), dtype=torch.int32, device=device)  # a fill, not a copy
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(self._late.put(flag))
+            flag = agree_stop(requested, grow)
+        else:
+            mine = flag_of(requested, grow)
+            reduced = torch.full((1,), mine, dtype=torch.int32, device=device)  # a fill, not a copy
+            dist.all_reduce(reduced, op=dist.ReduceOp.MAX)
+            flag = int(self._late.put(reduced) or 0)
+        return flag >= STOP, flag == GROW
 
 
 class StopRequest:

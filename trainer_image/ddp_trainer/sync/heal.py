@@ -77,6 +77,16 @@ def armed_here(env: Mapping[str, str]) -> bool:
     return env.get(HEAL_ENV, "") == "1" and dist.is_initialized() and dist.get_backend() == "gloo"
 
 
+class WorldGrows(Exception):
+    """Raised at a step boundary where the ranks agreed to grow (a node waits to join; the launcher's
+    request, :func:`ddp_trainer.core.notice.request_grow`): they leave their group together, the step done
+    and nothing in flight, and heal into the larger world (no step lost)."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"a node waits to join: the ranks leave their group together after step {step}")
+        self.step = step
+
+
 class HealFailed(RuntimeError):
     """The heal started and cannot finish: the worker's mark says why; it exits, and its launcher restarts
     it as before heals."""
@@ -152,14 +162,24 @@ class Healer:
         """The heal's fire drill (``DDPJOB_CHAOS_HEAL_NUDGE``): the rank of the healed world that nudges
         its parameters, in the first run of attempt 1 only (as the recovery drill), until it did
         (:meth:`drill`)."""
+        self.healing = False
+        """Between leaving the old group and the healed world's end: a sever request then is not acted on
+        (the old group's connections are shut already; the new one's must stay)."""
         self.severs = (
             None if self.path is None else notice.SeverWatch(self.path, self.sever, lambda: self.round)
         )
         """The watch for the launcher's sever request (a member of the world went silent)."""
 
+    def grow_requested(self) -> bool:
+        """Whether this worker's launcher asks its world to grow at the next step boundary."""
+        return notice.grow_requested(self.path, self.round)
+
     def sever(self) -> None:
-        """Shut this worker's connections down (the launcher's request: a member of its world went silent),
-        so that its collective with the silent member fails as after a peer's loss, and it heals."""
+        """Shut this worker's connections down (the launcher's request: a member of its world went silent, or
+        its step did not end in time for a grow), so that its collective with the silent member fails as
+        after a peer's loss, and it heals. Not while it heals already."""
+        if self.healing:
+            return
         severed = reform.sever_connections()
         log.warning(
             "a member of this world went silent (its launcher says): %d connection(s) of this worker shut "
@@ -168,8 +188,9 @@ class Healer:
         )
 
     def wanted(self, error: BaseException) -> bool:
-        """Whether ``error`` is one to heal from: a peer's loss, under a launcher that writes notices."""
-        return self.path is not None and reform.is_peer_loss(error)
+        """Whether ``error`` is one to heal from, under a launcher that writes notices: a peer's loss, or the
+        ranks' agreement to grow."""
+        return self.path is not None and (isinstance(error, WorldGrows) or reform.is_peer_loss(error))
 
     def await_notice(self, stopped: Callable[[], bool] | None = None) -> Notice | None:
         """Mark heal-wanted and wait up to ``wait_seconds`` for a notice newer than this worker's world; None
@@ -225,27 +246,37 @@ class Healer:
         subject.optimizer.zero_grad(set_to_none=True)  # the step in flight is dropped
         # leave the old group now, with nothing pending (fast), and close its connections: a survivor still
         # blocked on this one fails at once and asks its launcher too, instead of waiting out the timeout
+        self.healing = True
         reform.abandon_group()
         reform.sever_connections()
-        log.warning(
-            "a peer is gone (%s): step %d in flight dropped, the old group left; waiting up to %.0f s for "
-            "the launcher's notice",
-            str(error).splitlines()[0][:160] if str(error) else type(error).__name__,
-            subject.step + 1,
-            self.wait_seconds,
-        )
-        found = self.await_notice(stopped)
-        if found is None:
-            log.error("no notice of a new world (waited up to %.0f s): this worker ends", self.wait_seconds)
-            return None
-        try:
-            return self._into(
-                found, subject, caught, dropped=dropped, health=health, fence=fence, metrics=metrics
+        if isinstance(error, WorldGrows):
+            log.warning("%s; waiting up to %.0f s for the launcher's notice", error, self.wait_seconds)
+        else:
+            log.warning(
+                "a peer is gone (%s): step %d in flight dropped, the old group left; waiting up to %.0f s "
+                "for the launcher's notice",
+                str(error).splitlines()[0][:160] if str(error) else type(error).__name__,
+                subject.step + 1,
+                self.wait_seconds,
             )
-        except HealFailed:
-            raise
-        except Exception as err:  # a store that never came, a collective of the new world
-            raise self.fail(found.round, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}") from err
+        try:
+            found = self.await_notice(stopped)
+            if found is None:
+                log.error(
+                    "no notice of a new world (waited up to %.0f s): this worker ends", self.wait_seconds
+                )
+                return None
+            try:
+                return self._into(
+                    found, subject, caught, dropped=dropped, health=health, fence=fence, metrics=metrics
+                )
+            except HealFailed:
+                raise
+            except Exception as err:  # a store that never came, a collective of the new world
+                why = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+                raise self.fail(found.round, why) from err
+        finally:
+            self.healing = False
 
     def _into(
         self,
@@ -317,70 +348,6 @@ def begin_world(fence: Callable[[int], int] | None, step: int, rank: int) -> int
     number: list[Any] = [fence(step) if fence is not None and rank == 0 else 0]
     dist.broadcast_object_list(number, src=0)
     return int(number[0])
-
-
-@dataclass(frozen=True)
-class Joined:
-    """A fresh worker's place in a world whose survivors heal into it (:func:`join`)."""
-
-    plan: reform.Plan
-    bytes: int
-    """Bytes of state the source sent (every rank counts the same tensors)."""
-    started: float
-    """``time.perf_counter()`` when the worker began to meet."""
-
-
-def join(subject: Any) -> Joined | None:
-    """Collective, a fresh worker's first in a world of workers that heal (``DDPJOB_HEAL``:
-    :func:`armed_here`), before it restores anything: the meeting the survivors of a heal hold in the new
-    world (their :meth:`Healer.heal`), with ``subject`` (a train state: ``model``, not yet wrapped in DDP,
-    ``optimizer``, ``scaler``, ``step``, ``epoch``) as this rank's arrival. None when no rank survived (every
-    worker starts fresh: the caller restores from the checkpoint, as before heals). Otherwise the state came
-    from the plan's source, a live replica, over the process group, not from storage: the caller then wraps
-    the model in DDP, builds its ``SyncHealth`` (the survivors' :meth:`SyncHealth.rejoin` runs the same
-    collectives) with a check that only reports (:func:`joined`), and begins the world
-    (:func:`begin_world`), as the survivors do. :class:`HealFailed` when the plan refuses (layouts differ,
-    survivors too far apart: every rank computes the same plan, and the survivors fail their heal too)."""
-    started = time.perf_counter()
-    module = subject.model
-    arrivals: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(arrivals, reform.Arrival(reform.FRESH, 0, reform.layout_digest(module)))
-    plan = reform.resume_plan(arrivals)
-    if plan.refused:
-        raise HealFailed(plan.refused)
-    if plan.step is None:
-        return None
-    assert plan.src is not None
-    copied = reform.copy_state_(module, subject.optimizer, src=plan.src)
-    subject.step, subject.epoch = copied.extra["step"], copied.extra["epoch"]
-    subject.scaler.load_state_dict(copied.extra["scaler"])
-    log.warning(  # every joiner says it (its rank's lines below WARNING are not printed)
-        "joined a world that heals in place: state of step %d from rank %d over the process group "
-        "(%d bytes), not from storage",
-        plan.step,
-        plan.src,
-        copied.bytes,
-    )
-    return Joined(plan, copied.bytes, started)
-
-
-def joined(done: Joined, health: SyncHealth, fence: Callable[[int], int] | None) -> int:
-    """A joiner's end of the heal, once its ``health`` was built (its initial check with a policy that only
-    reports, as the survivors' :meth:`SyncHealth.rejoin`): refused (:class:`HealFailed`) when that check
-    found the replicas differ; else the world begun (:func:`begin_world`), said by rank 0 as a healed
-    world, and its checkpoint number returned."""
-    plan, rank = done.plan, dist.get_rank()
-    assert plan.step is not None
-    if health.tally.checks and not health.tally.last_check_ok:
-        raise HealFailed(f"the healed world's replica check failed at step {plan.step}")
-    number = begin_world(fence, plan.step, rank)
-    if rank == 0:
-        say_world(
-            dist.get_world_size(),
-            plan.step,
-            healed=(plan.lost, done.bytes, time.perf_counter() - done.started),
-        )
-    return number
 
 
 def reseed(seed: int, rank: int) -> None:

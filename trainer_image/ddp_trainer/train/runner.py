@@ -28,7 +28,7 @@ from ddp_trainer.core.state import TrainState
 from ddp_trainer.reporting import report
 from ddp_trainer.reporting.metrics import TrainerMetrics
 from ddp_trainer.reporting.serving import serve_anew
-from ddp_trainer.sync import boundary, fingerprints, heal, probe, replicas
+from ddp_trainer.sync import boundary, fingerprints, heal, join, probe, replicas
 from ddp_trainer.sync.boundary import CheckKind
 from ddp_trainer.sync.checking import DivergenceError, Tally, model_digest
 from ddp_trainer.sync.health import SyncHealth
@@ -89,8 +89,10 @@ class Session:
         self.state: TrainState | None = None
         self.at_boundary = False
         """Inside :meth:`on_step`: the step that raised there was completed (a heal drops none)."""
-        self.joined: heal.Joined | None = None
-        """This fresh worker's state came from a live replica of a world that heals (:func:`heal.join`)."""
+        self.healer: heal.Healer | None = None
+        """This worker's heals, where its launcher heals (:func:`heal.armed_here`)."""
+        self.joined: join.Joined | None = None
+        """This fresh worker's state came from a live replica of a world that heals (:func:`join.join`)."""
 
     def build(self) -> TrainState:
         """Same-seed model, optimizer, restore (identical bytes on every rank), DDP, initial verify."""
@@ -101,7 +103,7 @@ class Session:
         self.writer = self.writer_for(type(optimizer).__name__)
         # under a launcher that heals, a fresh worker first meets the world: survivors of a heal there send
         # their state (a live replica's, not the checkpoint's); none, and it restores as before heals
-        self.joined = heal.join(state) if heal.armed_here(os.environ) else None
+        self.joined = join.join(state) if heal.armed_here(os.environ) else None
         if self.joined is None:
             self.restore(state)
         else:
@@ -129,7 +131,7 @@ class Session:
         if self.joined is not None:
             self.health.policy = self.health.verifier.policy = self.config.on_divergence
             fence = heal.checkpoint_fence(self.store, self.writer) if self.store is not None else None
-            self.writer = dataclasses.replace(self.writer, world=heal.joined(self.joined, self.health, fence))
+            self.writer = dataclasses.replace(self.writer, world=join.joined(self.joined, self.health, fence))
         return state
 
     @property
@@ -198,7 +200,8 @@ class Session:
                     self.resumed_from,
                 )
         health.drill()
-        stop = self.agreement(self.stop.requested)
+        grow = self.healer is not None and self.healer.grow_requested()
+        stop, grow = self.agreement.agree(self.stop.requested, grow)
         probing = health.probe_due()  # the compute probe needs just-verified parameters: a check first
         due = boundary.due_at(
             result.step, self.config, saving=self.store is not None, stop=stop, probe=probing
@@ -209,6 +212,8 @@ class Session:
                 health.run_probe()  # under onFaultyRank Fail, raises FaultyRankError naming the rank
             if due.save and verified:
                 self.save(state)
+        if grow and not stop:  # every rank leaves its group here, the step done (heal.Healer.heal)
+            raise heal.WorldGrows(result.step)
         self.at_boundary = False
         return not stop
 
@@ -225,7 +230,7 @@ class Session:
         self.stop.install()
         state = self.build()
         config = self.config
-        healer = heal.Healer() if heal.armed_here(os.environ) else None
+        self.healer = healer = heal.Healer() if heal.armed_here(os.environ) else None
         accumulation, batches = self.batches(state.step, say=self.joined is None)  # a joined world's is said
         while True:
             try:

@@ -94,3 +94,19 @@ def test_a_worker_severs_once_per_request_of_its_world_and_not_for_an_earlier_on
     notice.clear_sever(path)  # none left: nothing to take away
     assert not (tmp_path / notice.SEVER_FILE).exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no temporary file left
+
+
+def test_a_grow_request_is_for_the_world_it_was_written_in_and_a_fresh_start_takes_it_away(
+    tmp_path: Path,
+) -> None:
+    """The launcher's grow request (a node waits to join): the workers whose world is the request's round,
+    or an earlier one, read it at their step boundary; a world healed past it (into a later round) does not;
+    a fresh start takes it away with the sever request."""
+    path = tmp_path / notice.NOTICE_FILE
+    assert not notice.grow_requested(path, 3) and not notice.grow_requested(None, 3)
+    notice.request_grow(path, 4)
+    assert notice.grow_requested(path, 3) and notice.grow_requested(path, 4)
+    assert not notice.grow_requested(path, 5)  # healed into round 5: the request was the world before
+    notice.request_sever(path, 4)
+    notice.clear_sever(path)
+    assert not notice.grow_requested(path, 3) and sorted(p.name for p in tmp_path.iterdir()) == []

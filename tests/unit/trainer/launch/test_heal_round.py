@@ -160,17 +160,37 @@ def test_a_silent_member_makes_the_launcher_ask_its_workers_to_sever_and_heal_th
         worker.wait()
 
 
+_LEAVES_ON = """
+import sys, time
+from pathlib import Path
+from ddp_trainer.core import notice
+folder, request = Path(sys.argv[1]), sys.argv[2]
+mark = folder / f"worker-{__import__('os').getpid()}"
+mark.write_text("formed")
+while not (folder / request).exists():  # it trains; only this request makes it leave its group
+    time.sleep(0.01)
+mark.write_text(notice.HEAL_WANTED)
+mark.write_text(notice.healed_note(5, {"step": 40, "lost": 0}))
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("leaves_on", ["grow", "sever"])
 def test_a_node_waiting_to_join_heals_the_workers_that_train_and_restarts_those_still_forming(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, leaves_on: str
 ) -> None:
     """torch's restart for a node that waits in the rendezvous (a grow), armed: workers that formed their
-    group are asked to shut their connections down and healed (no restart: the joiner takes its state from
-    them); workers still forming theirs get the grace to form and mark, then are restarted as before heals."""
+    group are asked to leave it together at the next step boundary and healed (no restart: the joiner takes
+    its state from them); where none left in time (a step that does not end: ``sever``), they are asked to
+    shut their connections down; workers still forming theirs get the grace to form and mark, then are
+    restarted as before heals."""
     from torch.distributed.elastic.agent.server.api import WorkerState
 
     monkeypatch.setattr(heal_round, "GRACE_SECONDS", 0.5)
+    monkeypatch.setattr(heal_round, "GROW_BOUNDARY_SECONDS", 0.5)
+    request = notice.GROW_FILE if leaves_on == "grow" else notice.SEVER_FILE
     forming = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # no mark: forming
-    worker = subprocess.Popen([sys.executable, "-c", _SEVERED_THEN_HEALED, str(tmp_path)])
+    worker = subprocess.Popen([sys.executable, "-c", _LEAVES_ON, str(tmp_path), request])
     try:
         agent, group, met = _one_worker_agent(forming.pid)
         group.state = WorkerState.HEALTHY
@@ -188,14 +208,17 @@ def test_a_node_waiting_to_join_heals_the_workers_that_train_and_restarts_those_
         restart = heal_round.restart_or_heal(lambda _agent, g: restarted.append(g), ways)
         started = time.monotonic()
         assert restart(agent, group) is None and restarted == [group] and met == []  # still forming
-        assert time.monotonic() - started >= 0.5 and not (tmp_path / notice.SEVER_FILE).exists()
+        assert time.monotonic() - started >= 0.5 and not (tmp_path / notice.GROW_FILE).exists()
         group.workers[0].id = worker.pid
         while marks.starting([worker.pid]):  # its group formed (its mark)
             time.sleep(0.01)
         assert restart(agent, group) is None and restarted == [group] and met == [True]  # healed
-        assert (tmp_path / notice.SEVER_FILE).read_text().split()[0] == "4"  # the round of their world
+        assert (tmp_path / notice.GROW_FILE).read_text().split()[0] == "4"  # the round of their world
+        severed = (tmp_path / notice.SEVER_FILE).exists()
+        assert severed == (leaves_on == "sever"), severed  # asked only where none left at a boundary
         said = capsys.readouterr().err
-        assert "a node waits to join the world; this pod's workers shut their connections down" in said
+        assert "a node waits to join the world; this pod's workers leave their group at the next step" in said
+        assert ("no worker left its group at a step boundary" in said) == severed, said
         assert "healed in place into round 5" in said, said
     finally:
         for process in (forming, worker):

@@ -1,5 +1,6 @@
 """The step boundary (:mod:`ddp_trainer.sync.boundary`): when checks and checkpoints are due, the fire drill,
-the skew ratio, the stop flag. The two collectives run in the ``slow`` multi-process tests."""
+the skew ratio, the stop flag and its agreement (a gloo group of one here; three ranks in the ``slow``
+multi-process tests)."""
 
 from __future__ import annotations
 
@@ -142,3 +143,39 @@ def test_sigterm_only_sets_the_stop_flag() -> None:
     assert not stop.requested
     os.kill(os.getpid(), signal.SIGTERM)
     assert stop.requested
+
+
+@pytest.mark.parametrize(
+    ("flags", "agreed"),
+    [
+        ([(False, False), (False, False)], (False, False)),
+        ([(False, True), (False, False)], (False, True)),  # one rank's launcher asked: every rank grows
+        ([(False, True), (True, False)], (True, False)),  # a stop outranks a grow
+        ([(True, True), (False, False)], (True, False)),
+    ],
+)
+def test_the_boundarys_agreement_grows_where_a_rank_asked_and_none_stops(
+    flags: list[tuple[bool, bool]], agreed: tuple[bool, bool]
+) -> None:
+    """The flag each rank sends (:func:`flag_of`) reduced with MAX, as the collective does, read back: a
+    grow where any rank asked and none stops."""
+    from ddp_trainer.sync.boundary import GROW, STOP, flag_of
+
+    reduced = max(flag_of(stop, grow) for stop, grow in flags)
+    assert (reduced >= STOP, reduced == GROW) == agreed
+
+
+def test_the_agreement_on_a_real_group_returns_the_stop_and_the_grow() -> None:
+    """:class:`StopAgreement` on a gloo group of one: its call says the stop, its ``agree`` the pair."""
+    import torch.distributed as dist
+
+    from ddp_trainer.sync.boundary import StopAgreement
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # type: ignore[attr-defined]
+    try:
+        agreement = StopAgreement()
+        assert agreement.agree(False, True) == (False, True)
+        assert agreement.agree(True, True) == (True, False)
+        assert agreement(True) is True and agreement(False) is False
+    finally:
+        dist.destroy_process_group()
