@@ -38,7 +38,8 @@ steps) runs several times; in each, once rank 0 has passed ``--kill-after-step``
     on. Its first step is taken just after rank 0's ``verified at step S, before its first step (healed in
     place: K step(s) lost, ...)`` line: the shrink is measured to it and its steps lost are K, the trainer's
     own count (rank 0's step at the loss, scraped up to 0.2 s before the kill, can lag it by steps: a
-    restart's steps lost can read negative for it). The grow back still restarts both ways.
+    restart's steps lost can read negative for it). The grow back heals too: the launchers ask their
+    workers to leave their group at the next step boundary, and the joiner takes its state from a survivor.
 
 Measured from the trainer's own log timestamps (rank 0's "first optimizer step of this run" lines, which
 each new world writes) and the loss's own clock (the kill's, or the freeze's):
@@ -46,7 +47,8 @@ each new world writes) and the loss's own clock (the kill's, or the freeze's):
 * shrink (elastic) and recovery (rigid): seconds from the loss to the first step after it; steps lost: the
   step rank 0 had reached at the loss (its ``ddp_step`` metric) less the step it resumed from;
 * grow (elastic): seconds of training lost to the replacement joining: from the running world's stop
-  (its first SIGTERM line, any rank's) to the grown world's first step; steps lost the same way.
+  (its first SIGTERM line, any rank's; for a heal, the first launcher's request, :data:`GROW_ASKED`) to the
+  grown world's first step; steps lost the same way (a healed grow's: its line's count).
 
 Goals on the 2-core machine: (issue 42) shrink <= 0.5 of the rigid recovery, a grow loses <= 15 s;
 (issue 54) a silent loss <= 15 s from the freeze to the first step at the smaller world (a death's shrink,
@@ -54,7 +56,8 @@ Goals on the 2-core machine: (issue 42) shrink <= 0.5 of the rigid recovery, a g
 spread (median [min-max] over the rounds), the silent/death ratio of each round with its spread
 (``paired.judge``, no goal), and the 15 s goal's verdict over every round's silent shrink (``paired.verdict``:
 met only if every round clears it); ``--mode heal`` the same for restart and heal, the heal/restart ratio
-against issue 57's goal (<= 0.5, the whole spread below it) and its steps lost against <= 1 per loss. Fewer
+against issue 57's goal (<= 0.5, the whole spread below it), its steps lost against <= 1 per loss, and
+its healed grows' steps lost against 0 with their pause. Fewer
 than ``paired.MIN_ROUNDS`` rounds are allowed (each sample is a
 whole job, minutes on 2 cores) and said so beside the figures. Prints figures, never asserts.
 """
@@ -90,6 +93,9 @@ FIRST_STEP = re.compile(
 SIGTERM = re.compile(r"^(\S+ \S+) \[rank \d+\] WARNING received SIGTERM")
 """Any rank's: a world's stop for a grow reaches rank 0 through the step-boundary agreement, which it does not
 always log as a signal of its own."""
+GROW_ASKED = re.compile(r"^(\S+ \S+) \[launcher\] a node waits to join the world")
+"""A launcher that heals, asking its workers to leave their group at the next step boundary for a joiner:
+where a healed grow's pause begins (a restart's begins at its SIGTERM)."""
 HEALED = re.compile(
     r"^(\S+ \S+) \[rank 0\] (?:INFO )?elastic: world size \d+ verified at step (\d+), before its first step "
     r"\(healed in place: (\d+) step"
@@ -104,6 +110,8 @@ HEAL_GOAL_RATIO = 0.5
 """Issue 57: a heal's shrink at most half of the restart's, round by round."""
 HEAL_GOAL_STEPS = 1
 """Issue 57: steps lost per loss by a heal."""
+HEAL_GOAL_GROW_STEPS = 0
+"""Issue 57: steps lost per grow by a heal."""
 
 
 def _when(stamp: str) -> float:
@@ -145,13 +153,14 @@ def figures_from(lines: Sequence[str], lost_at: float, reached: int, elastic: bo
     """The figures of one run from its log lines (every pod's, every attempt's), the loss's clock
     (``time.time()``) and the step rank 0 had reached at the loss: ``recover_s``/``recover_steps`` (the
     loss to the first step after it) and, elastic, ``grow_s``/``grow_steps`` (the running world's first
-    SIGTERM, any rank's, to the next world's first step); a figure the logs do not hold is absent. A
-    world healed in place (its :data:`HEALED` line, then the first step after the step it names) loses
-    the steps it says it lost (``healed``)."""
+    SIGTERM, any rank's, or a healing launcher's request (:data:`GROW_ASKED`), to the next world's first
+    step); a figure the logs do not hold is absent. A world healed in place (its :data:`HEALED` line, then
+    the first step after the step it names) loses the steps it says it lost (``healed``, and for the grow
+    ``grow_healed``)."""
     healed = {int(m[2]): int(m[3]) for line in lines if (m := HEALED.match(line))}  # resumed after → lost
     starts = [(_when(m[1]), int(m[3] or 0)) for line in lines if (m := FIRST_STEP.match(line))]
     firsts = [(at, resumed, healed.get(resumed)) for at, resumed in sorted(starts)]
-    terms = sorted(_when(m[1]) for line in lines if (m := SIGTERM.match(line)))
+    terms = sorted(_when(m[1]) for line in lines if (m := SIGTERM.match(line) or GROW_ASKED.match(line)))
     after = [f for f in firsts if f[0] > lost_at]
     figures: dict[str, Any] = {"reached": reached}
     if after:
@@ -160,10 +169,13 @@ def figures_from(lines: Sequence[str], lost_at: float, reached: int, elastic: bo
         if lost is not None:
             figures["healed"] = True
     if elastic and len(after) > 1:
-        at, resumed, _ = after[1]
+        at, resumed, lost = after[1]
         stop = min((t for t in terms if after[0][0] < t < at), default=None)
         if stop is not None:
-            figures.update(grow_s=at - stop, grow_steps=max(0, _step_before(lines, stop) - resumed))
+            steps = max(0, _step_before(lines, stop) - resumed) if lost is None else lost
+            figures.update(grow_s=at - stop, grow_steps=steps)
+            if lost is not None:
+                figures["grow_healed"] = True
     return figures
 
 
@@ -271,6 +283,15 @@ def heal_report(restart: Sequence[dict[str, Any]], heal: Sequence[dict[str, Any]
         lines.append(
             f"heal steps lost <= {HEAL_GOAL_STEPS} per loss in every round: {goal} (max {max(lost)})"
         )
+        grows = [pair[1] for pair in whole if pair[1].get("grow_healed")]
+        if grows:
+            lost = [g["grow_steps"] for g in grows]
+            goal = paired.verdict(min(lost), max(lost), HEAL_GOAL_GROW_STEPS, "at most")
+            pause = spread_said([g["grow_s"] for g in grows])
+            lines.append(
+                f"heal steps lost <= {HEAL_GOAL_GROW_STEPS} per grow in every healed grow ({len(grows)} of "
+                f"{len(whole)}): {goal} (max {max(lost)}); its pause {pause}"
+            )
     return lines
 
 

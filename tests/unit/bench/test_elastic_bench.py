@@ -105,3 +105,38 @@ def test_the_heal_report_judges_the_ratio_and_the_steps_lost_over_every_round() 
     said = "\n".join(elastic_bench.heal_report(restart, slow))
     assert "1 heal round(s) restarted instead of healing" in said, said
     assert "heal steps lost <= 1 per loss in every round: unresolved (max 2)" in said, said
+
+
+GROWN_LINES = [
+    *HEALED_LINES[:3],
+    f"{DAY} 10:00:30,000 [launcher] a node waits to join the world; this pod's workers leave their group at "
+    "the next step boundary: healing this pod's workers in place (no restart): meeting the next round",
+    f"{DAY} 10:00:30,100 [launcher] a node waits to join the world; this pod's workers leave their group at "
+    "the next step boundary: healing this pod's workers in place (no restart): meeting the next round",
+    f"{DAY} 10:00:31,900 [rank 0] elastic: world size 3 verified at step 80, before its first step "
+    "(healed in place: 0 step(s) lost, 82992 bytes sent, 1.80 s)",
+    f"{DAY} 10:00:32,000 [rank 0] INFO first optimizer step of this run: step 81 (resumed from 80)",
+]
+
+
+def test_a_healed_grow_pauses_from_the_first_launchers_request_and_loses_what_its_line_says() -> None:
+    got = elastic_bench.figures_from(GROWN_LINES, at("10:00:11"), reached=42, elastic=True)
+    assert got["grow_s"] == 2.0 and got["grow_steps"] == 0 and got["grow_healed"] is True, got
+    restart = [{"recover_s": 4.0, "recover_steps": 3, "grow_s": 5.0, "grow_steps": 0}]
+    heal = [
+        {
+            "recover_s": 1.6,
+            "recover_steps": 1,
+            "healed": True,
+            "grow_s": 2.0,
+            "grow_steps": 0,
+            "grow_healed": True,
+        }
+    ]
+    said = "\n".join(elastic_bench.heal_report(restart * 2, heal * 2))
+    assert (
+        "heal steps lost <= 0 per grow in every healed grow (2 of 2): met (max 0); its pause 2.0 s" in said
+    ), said
+    lost = [{**heal[0], "grow_steps": 1}, heal[0]]
+    said = "\n".join(elastic_bench.heal_report(restart * 2, lost))
+    assert "per grow in every healed grow (2 of 2): unresolved (max 1)" in said, said
