@@ -57,6 +57,8 @@ class LastResize:
     time: str | None = None
     seconds_lost: float | None = None
     mode: str | None = None
+    steps_lost: int | None = None
+    bytes_sent: int | None = None
 
 
 @dataclass(frozen=True)

@@ -149,8 +149,11 @@ def _count_changes(
         if change.round <= counted:
             continue
         last = reading.last_resize
-        cost = last.seconds_lost if last is not None and last.round == change.round else None
-        events.extend(_world_changed(status, later, written, dataclasses.replace(change, seconds_lost=cost)))
+        if last is not None and last.round == change.round:  # the cost is said for the last change only
+            change = dataclasses.replace(
+                change, seconds_lost=last.seconds_lost, steps_lost=last.steps_lost, bytes_sent=last.bytes_sent
+            )
+        events.extend(_world_changed(status, later, written, change))
         counted = change.round
     if counted >= 0:
         later.append(dict(counted=Counted(job, counted)))
@@ -183,6 +186,8 @@ def _world_changed(
         stamp(dt.datetime.fromtimestamp(change.at, dt.UTC)),
         round(change.seconds_lost, 1) if change.seconds_lost is not None else None,
         change.mode,
+        change.steps_lost,
+        change.bytes_sent,
     )
     written.resizes, written.last_resize = written.resizes + 1, record
     later.append(dict(resizes=written.resizes, last_resize=record))
@@ -196,6 +201,8 @@ def _world_changed(
         if change.mode == reasons.HEALED
         else "its workers restarted from the last checkpoint"
     )
+    if change.mode == reasons.HEALED and change.steps_lost is not None and change.bytes_sent is not None:
+        how += f" ({change.steps_lost} step(s) lost, {change.bytes_sent} bytes of state sent)"
     message = (
         f"the world that trains went from {change.before} to {change.after} nodes ({change.reason}: "
         f"{WHY[change.reason]}), {how}{lost}; no new attempt, no restart spent"

@@ -29,6 +29,7 @@ REPLACE_AFTER_SECONDS = 10.0
 _WORLD = re.compile(
     rf"^(\S+ \S+) .*{re.escape(contract.ELASTIC_WORLD_LOG)} world size (\d+) verified at step (\d+)"
 )
+_HEAL_COST = re.compile(rf"{re.escape(contract.HEALED_WORLD_LOG)}(\d+) step\(s\) lost, (\d+) bytes sent")
 
 
 def start_store(
@@ -154,9 +155,14 @@ def replaceable(spec: Spec, codes: list[int | None], index: int, replaced: int) 
     return running >= spec.elastic.min_nodes and replaced < max(3, spec.max_restarts)
 
 
-def worlds(logs: Iterable[Path], healed: set[tuple[int, int]] | None = None) -> list[tuple[int, int]]:
+Healed = dict[tuple[int, int], tuple[int, int]]
+"""The worlds healed in place, ``(world size, step)``, with what each heal cost: steps lost, bytes sent."""
+
+
+def worlds(logs: Iterable[Path], healed: Healed | None = None) -> list[tuple[int, int]]:
     """``(world size, step)`` of every new world, in time order, from rank 0's log lines; those healed in
-    place (rank 0's line says so) also go in ``healed``, where given."""
+    place (rank 0's line says so, with the steps lost and the bytes sent) also go in ``healed``, where
+    given."""
     found = []
     for path in logs:
         try:
@@ -166,17 +172,21 @@ def worlds(logs: Iterable[Path], healed: set[tuple[int, int]] | None = None) -> 
         for line in lines:
             if m := _WORLD.match(line):
                 found.append((m[1], int(m[2]), int(m[3])))
-                if healed is not None and contract.HEALED_WORLD_LOG in line:
-                    healed.add((int(m[2]), int(m[3])))
+                if healed is not None and (cost := _HEAL_COST.search(line)):
+                    healed[(int(m[2]), int(m[3]))] = (int(cost[1]), int(cost[2]))
     return [(world, step) for _, world, step in sorted(found)]
 
 
-def summary(found: list[tuple[int, int]], healed: set[tuple[int, int]] | None = None) -> str:
+def summary(found: list[tuple[int, int]], healed: Healed | None = None) -> str:
     """One line: each world size the job ran at, each verified before its first step; ``healed``: the
-    worlds healed in place (the others' workers started anew)."""
+    worlds healed in place (the others' workers started anew), and what those heals cost in all."""
     if not found:
         return "elastic: no world reported its size (a command of your own: see docs/your-code.md)"
-    marked = healed or set()
+    marked = {key: cost for key, cost in (healed or {}).items() if key in found}
     sizes = " → ".join(f"{world}{' (healed)' if (world, step) in marked else ''}" for world, step in found)
     steps = ", ".join(str(step) for _, step in found)
-    return f"elastic: ran at world sizes {sizes} (ranks), each verified before its first step (steps {steps})"
+    line = f"elastic: ran at world sizes {sizes} (ranks), each verified before its first step (steps {steps})"
+    if marked:
+        lost, sent = (sum(cost[i] for cost in marked.values()) for i in (0, 1))
+        line += f"; {len(marked)} healed in place: {lost} step(s) lost, {sent} bytes of state sent in all"
+    return line

@@ -99,7 +99,7 @@ def run(
             attempts = attempt - first_attempt + 1
             _summary(console, spec, run_dir, attempts, decision, outcome, time.monotonic() - started, checked)
             if spec.elastic is not None:
-                healed: set[tuple[int, int]] = set()
+                healed: elastic.Healed = {}
                 found = elastic.worlds(sorted(run_dir.glob("attempt-*/*.log")), healed)
                 console.say("  " + elastic.summary(found, healed))
             return EXIT_OK if succeeded else EXIT_FAILED

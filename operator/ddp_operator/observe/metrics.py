@@ -40,6 +40,11 @@ class LastResize:
     """The rendezvous round the new world formed in: one change, whichever pods say it (-1: not known)."""
     mode: str = contract.RESIZE_RESTARTED
     """How the new world was made (``contract.RESIZE_MODES``; an older trainer says none: restarted)."""
+    steps_lost: int | None = None
+    """A world healed in place: steps its survivors trained that no rank kept (``ddp_last_resize_steps_lost``;
+    the last change's only)."""
+    bytes_sent: int | None = None
+    """A world healed in place: bytes of state a live replica sent (``ddp_last_resize_bytes_sent``)."""
 
 
 @dataclass(frozen=True)
@@ -193,7 +198,10 @@ def parse(texts: Iterable[str]) -> Progress:
                     key = (rank, sample.labels.get("kind", ""), sample.labels.get("result", ""))
                     checks[key] = sample.value
     last_resize = _last_resize(
-        resizes, gauges[contract.ELASTIC_RESIZES], gauges[contract.LAST_RESIZE_SECONDS_LOST]
+        resizes,
+        gauges[contract.ELASTIC_RESIZES],
+        gauges[contract.LAST_RESIZE_SECONDS_LOST],
+        (gauges[contract.LAST_RESIZE_STEPS_LOST], gauges[contract.LAST_RESIZE_BYTES_SENT]),
     )
     world_size = _rank0({rank: float(size) for rank, size in worlds.items()})
     by_result = _sum_by_result(checks)
@@ -248,6 +256,8 @@ _GAUGES = (
     contract.RESTARTS_IN_PLACE,
     contract.ELASTIC_RESIZES,
     contract.LAST_RESIZE_SECONDS_LOST,
+    contract.LAST_RESIZE_STEPS_LOST,
+    contract.LAST_RESIZE_BYTES_SENT,
 )
 _DURATION_SUM = contract.STEP_DURATION + "_sum"
 _DURATION_COUNT = contract.STEP_DURATION + "_count"
@@ -294,14 +304,19 @@ def _last_resize(
     changes: Mapping[str, LastResize],
     counts: Mapping[str, float],
     lost: Mapping[str, float],
+    healed: tuple[Mapping[str, float], Mapping[str, float]] = ({}, {}),
 ) -> LastResize | None:
     """The last world change: the highest round any rank says, and among equals as the rank whose
-    launcher counted the most says it (rank 0 among equals): a pod that joined late saw fewer."""
+    launcher counted the most says it (rank 0 among equals): a pod that joined late saw fewer. A healed
+    one with what its heal cost that rank (``healed``: steps lost, bytes sent, by rank)."""
     if not changes:
         return None
     rank = max(changes, key=lambda r: (changes[r].round, counts.get(r, 0.0), r == "0", -_rank_number(r)))
-    seconds = _finite(lost.get(rank))
-    return dataclasses.replace(changes[rank], seconds_lost=seconds)
+    change = dataclasses.replace(changes[rank], seconds_lost=_finite(lost.get(rank)))
+    steps, sent = (_finite(values.get(rank)) for values in healed)
+    if change.mode != contract.RESIZE_HEALED or steps is None or sent is None:
+        return change
+    return dataclasses.replace(change, steps_lost=int(steps), bytes_sent=int(sent))
 
 
 def _finite(value: float | None) -> float | None:

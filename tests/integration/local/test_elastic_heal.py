@@ -169,6 +169,7 @@ def test_a_lost_pod_is_healed_in_place_by_the_others_without_restarting_them(
     assert "healed in place into round" in final and "gang restart in place" not in final, final[-5000:]
     summary = next(line for line in out.splitlines() if "elastic: ran at world sizes" in line)
     assert _last_worlds(summary) == ["3", "2 (healed)", "3 (healed)"], summary
+    assert re.search(r"healed in place: \d+ step\(s\) lost, [1-9]\d* bytes of state sent in all$", summary)
     print(shrunk[0], grown[0], joined[0][0], summary, sep="\n")
 
 

@@ -312,6 +312,14 @@ def test_a_healed_world_serves_its_series_anew_with_the_new_ranks_and_the_heal_i
         if name == contract.RESIZE_INFO
     )
     assert resize == [(1, "NodeLost", "healed"), (2, "NodeRejoined", "healed")], resize
+    cost = {
+        name: value
+        for name, _, value in grown
+        if name in (contract.LAST_RESIZE_STEPS_LOST, contract.LAST_RESIZE_BYTES_SENT)
+    }
+    assert cost[contract.LAST_RESIZE_STEPS_LOST] == 0 and cost[contract.LAST_RESIZE_BYTES_SENT] > 0, cost
+    shrunk = {name: value for name, _, value in series["1"] if name == contract.LAST_RESIZE_BYTES_SENT}
+    assert shrunk == {contract.LAST_RESIZE_BYTES_SENT: 0}, shrunk  # no rank needed a copy
     first = {(name, labels.get("rank"), labels.get("world_size")) for name, labels, _ in series["0"]}
     assert (contract.INFO, "2", "3") in first, sorted(first)
     after = series["1"]

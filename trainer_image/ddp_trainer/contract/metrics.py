@@ -113,6 +113,12 @@ the new world formed in, the same on every pod of it; the highest is the last ch
 operator counts each round once, so a world that lived between two of its readings is counted too."""
 LAST_RESIZE_SECONDS_LOST: Final = "ddp_last_resize_seconds_lost"
 """Seconds from the earlier world's stop to the new world verified, before its first step."""
+LAST_RESIZE_STEPS_LOST: Final = "ddp_last_resize_steps_lost"
+"""A world healed in place (issue 57): the steps its survivors trained that no rank kept (the step in flight
+at a loss, 0 for a grow agreed at a step boundary). Absent for a world whose workers restarted."""
+LAST_RESIZE_BYTES_SENT: Final = "ddp_last_resize_bytes_sent"
+"""A world healed in place: the bytes of state a live replica sent over the process group to the ranks that
+needed it (a joiner, a survivor a step ahead; 0 when none did). Absent for a world whose workers restarted."""
 LAST_RESTART_INFO: Final = "ddp_last_restart_info"
 """Value: the in-place restart it describes; label ``cause``: the failing rank, exit code and first error, as
 the pod whose agent saw it says (other pods say ``a rank on another node failed``)."""

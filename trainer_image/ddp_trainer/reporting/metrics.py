@@ -131,6 +131,13 @@ class TrainerMetrics:
             contract.LAST_RESIZE_SECONDS_LOST,
             "Seconds from the earlier world's stop to this world verified, before its first step.",
         ).labels(**labels)
+        # a healed world's only (no series until healed(): a restarted world's would read 0, not absent)
+        self._heal_lost = gauge(
+            contract.LAST_RESIZE_STEPS_LOST, "A world healed in place: steps its survivors trained, lost."
+        )
+        self._heal_sent = gauge(
+            contract.LAST_RESIZE_BYTES_SENT, "A world healed in place: bytes of state a live replica sent."
+        )
         self._registry = registry
         self.probe: ProbeSeries | None = None
 
@@ -158,6 +165,11 @@ class TrainerMetrics:
             }
             self._resize.labels(**self.labels, **labels).set(change.at)
         self.resize_lost.set(max(0.0, now - state.resize_at))
+
+    def healed(self, lost: int, sent: int) -> None:
+        """What the heal that made this world cost: steps lost and bytes of state sent."""
+        self._heal_lost.labels(**self.labels).set(lost)
+        self._heal_sent.labels(**self.labels).set(sent)
 
     def start_probe(self, every: int, node: str, pod: str) -> ProbeSeries:
         """The ``ddp_probe_*`` series of this rank, at 0 (only when the compute probe is on)."""

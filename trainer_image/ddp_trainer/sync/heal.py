@@ -319,6 +319,7 @@ class Healer:
             verified = health.rejoin(subject.model, metrics() if metrics is not None else None)
             if not verified:
                 raise self.fail(found.round, f"the healed world's replica check failed at step {plan.step}")
+            health.metrics.healed(plan.lost, sent)
         number = begin_world(fence, plan.step, rank)
         seconds = time.perf_counter() - caught
         healed = Healed(

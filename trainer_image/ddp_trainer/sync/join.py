@@ -75,6 +75,7 @@ def joined(done: Joined, health: SyncHealth, fence: Callable[[int], int] | None)
     assert plan.step is not None
     if health.tally.checks and not health.tally.last_check_ok:
         raise HealFailed(f"the healed world's replica check failed at step {plan.step}")
+    health.metrics.healed(plan.lost, done.bytes)
     number = begin_world(fence, plan.step, rank)
     if rank == 0:
         say_world(

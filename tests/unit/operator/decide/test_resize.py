@@ -285,3 +285,41 @@ def test_a_scale_seen_again_before_the_jobs_index_shows_the_resized_job_counts_o
     assert memory.jobs(key, [stale], now=2.0) == [stale]  # forgotten once the index showed it
     up = reconcile({**previous, **down.status}, 3, stale, 2)
     assert (down.status["elastic"]["resizes"], up.status["elastic"]["resizes"]) == (2, 3)
+
+
+def test_a_healed_grow_says_the_steps_it_lost_and_the_bytes_a_live_replica_sent() -> None:
+    """The launchers' record of a world healed in place with what the heal cost (the trainer's gauges): the
+    status's lastResize and the Resized event say the steps lost and the bytes sent; a restarted change
+    says neither."""
+    previous = {
+        "phase": "Running",
+        "attempt": 1,
+        "elastic": {"nodes": 2, "nodesFrom": "Trainer", "resizes": 1},
+    }
+    grow = LastResize(
+        reasons.NODE_REJOINED,
+        2,
+        3,
+        NOW.timestamp() - 3.0,
+        1.84,
+        round=5,
+        mode=reasons.HEALED,
+        steps_lost=0,
+        bytes_sent=82992,
+    )
+    plan = _reconcile(previous, 3, 3, 3, _reading(3, grow, 2))
+    last = plan.status["elastic"]["lastResize"]
+    assert (last["mode"], last["stepsLost"], last["bytesSent"], last["secondsLost"]) == (
+        "healed",
+        0,
+        82992,
+        1.8,
+    )
+    (event,) = [e for e in plan.events if e.reason == reasons.RESIZED]
+    assert (
+        "healed in place: the survivors kept their processes and state (0 step(s) lost, 82992 bytes of "
+        "state sent)" in event.message
+    ), event.message
+    restarted = LastResize(reasons.NODE_REJOINED, 2, 3, NOW.timestamp() - 3.0, 4.0, round=5)
+    plan = _reconcile(previous, 3, 3, 3, _reading(3, restarted, 2))
+    assert not {"stepsLost", "bytesSent"} & set(plan.status["elastic"]["lastResize"]), plan.status

@@ -129,7 +129,8 @@ def _elastic_resizing_below_its_minimum() -> Status:
 
 def _elastic_world_shrunk_by_a_silent_peer() -> Status:
     """Three pods ready, the trainer's world at 2 (a node went silent): ``nodes`` and ``nodesFrom`` from
-    its metrics, the resize counted with its reason and the seconds it cost."""
+    its metrics, the resize counted with its reason and the seconds it cost, healed in place: the steps it
+    lost and the bytes a live replica sent."""
     previous = {
         "phase": "Running",
         "attempt": 1,
@@ -138,11 +139,14 @@ def _elastic_world_shrunk_by_a_silent_peer() -> Status:
     body = ddpjob_body(previous, nodes=3, elastic={"minNodes": 2, "maxNodes": 4})
     job = job_object(1)
     job["spec"]["completions"] = job["spec"]["parallelism"] = 3
-    change = LastResize(contract.RESIZE_SILENT, 3, 2, NOW.timestamp() - 9.0, 7.5, round=1)
+    change = LastResize(
+        contract.RESIZE_SILENT, 3, 2, NOW.timestamp() - 9.0, 7.5, 1, contract.RESIZE_HEALED, 1, 0
+    )
     latest = Progress(step=40, world_size=4, resizes=1, last_resize=change, changes=(change,))
     snapshot = live.record(None, 1, 9400, [], NOW.timestamp(), latest)
     plan = decision.decide(observed(body, [job], _pods_running(nodes=3), NOW, snapshot))
-    assert plan.status["elastic"]["lastResize"]["secondsLost"] == 7.5, plan.status
+    last = plan.status["elastic"]["lastResize"]
+    assert (last["secondsLost"], last["stepsLost"], last["bytesSent"]) == (7.5, 1, 0), plan.status
     return plan.status
 
 

@@ -136,3 +136,12 @@ def test_the_world_and_its_last_resize_are_read_from_the_pods_metrics() -> None:
         (6, "NodeSilent", 1000.5, "healed"),
     ]
     assert metrics.parse([f'ddp_step{{{labels},rank="0",node_rank="0"}} 3.0\n']).world_size is None
+    healed = (
+        f'ddp_last_resize_steps_lost{{{labels},rank="0",node_rank="0"}} 1.0\n'
+        f'ddp_last_resize_bytes_sent{{{labels},rank="0",node_rank="0"}} 82992.0\n'
+    )
+    cost = metrics.parse([pod1, pod0 + healed]).last_resize
+    assert cost is not None and (cost.steps_lost, cost.bytes_sent) == (1, 82992), cost
+    restarted = pod0.replace('round="6",mode="healed"', 'round="6",mode="restarted"')
+    cost = metrics.parse([pod1, restarted + healed]).last_resize  # a restarted world's heal gauges: not its
+    assert cost is not None and (cost.steps_lost, cost.bytes_sent) == (None, None), cost

@@ -92,3 +92,14 @@ def test_every_world_change_is_shown_with_its_round_reason_mode_and_the_seconds_
         }
         assert registry.get_sample_value(contract.RESIZE_INFO, info) == change.at
     assert registry.get_sample_value(contract.LAST_RESIZE_SECONDS_LOST, labels) == 12.5
+
+
+def test_a_healed_world_says_its_steps_lost_and_bytes_sent_and_a_restarted_one_says_none() -> None:
+    labels = {"ddpjob": "j", "ddpjob_namespace": "ns", "rank": "1", "node_rank": "1"}
+    registry = CollectorRegistry()
+    metrics = TrainerMetrics(labels, {}, registry)
+    assert registry.get_sample_value(contract.LAST_RESIZE_STEPS_LOST, labels) is None  # absent, not 0
+    assert registry.get_sample_value(contract.LAST_RESIZE_BYTES_SENT, labels) is None
+    metrics.healed(0, 82992)
+    assert registry.get_sample_value(contract.LAST_RESIZE_STEPS_LOST, labels) == 0
+    assert registry.get_sample_value(contract.LAST_RESIZE_BYTES_SENT, labels) == 82992
