@@ -29,7 +29,7 @@ REPLACE_AFTER_SECONDS = 10.0
 _WORLD = re.compile(
     rf"^(\S+ \S+) .*{re.escape(contract.ELASTIC_WORLD_LOG)} world size (\d+) verified at step (\d+)"
 )
-_HEAL_COST = re.compile(rf"{re.escape(contract.HEALED_WORLD_LOG)}(\d+) step\(s\) lost, (\d+) bytes sent")
+_HEAL_COST = re.compile(rf"{re.escape(contract.HEALED_WORLD_LOG)}(\d+) step\(s\) lost(?:, (\d+) bytes sent)?")
 
 
 def start_store(
@@ -173,7 +173,7 @@ def worlds(logs: Iterable[Path], healed: Healed | None = None) -> list[tuple[int
             if m := _WORLD.match(line):
                 found.append((m[1], int(m[2]), int(m[3])))
                 if healed is not None and (cost := _HEAL_COST.search(line)):
-                    healed[(int(m[2]), int(m[3]))] = (int(cost[1]), int(cost[2]))
+                    healed[(int(m[2]), int(m[3]))] = (int(cost[1]), int(cost[2] or 0))
     return [(world, step) for _, world, step in sorted(found)]
 
 

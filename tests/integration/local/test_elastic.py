@@ -68,15 +68,15 @@ def test_the_worlds_come_from_rank_0s_lines_in_time_order(tmp_path: Path) -> Non
         "; x", " (healed in place: 1 step(s) lost"
     )
     (tmp_path / "b.log").write_text("noise\n" + healed_line + "\n")
-    healed: set[tuple[int, int]] = set()
+    healed: elastic.Healed = {}
     found = elastic.worlds(sorted(tmp_path.glob("*.log")), healed)
-    assert found == [(3, 0), (2, 20), (3, 40)] and healed == {(2, 20)}
+    assert found == [(3, 0), (2, 20), (3, 40)] and healed == {(2, 20): (1, 0)}
     assert elastic.summary(found) == (
         "elastic: ran at world sizes 3 → 2 → 3 (ranks), each verified before its first step (steps 0, 20, 40)"
     )
     assert elastic.summary(found, healed) == (
         "elastic: ran at world sizes 3 → 2 (healed) → 3 (ranks), each verified before its first step "
-        "(steps 0, 20, 40)"
+        "(steps 0, 20, 40); 1 healed in place: 1 step(s) lost, 0 bytes of state sent in all"
     )
     assert "no world reported its size" in elastic.summary([])
 
