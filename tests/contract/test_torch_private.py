@@ -344,8 +344,9 @@ def test_a_store_that_comes_back_empty_gets_the_round_back_through_torchs_backen
 
 def test_a_heals_round_closes_once_the_survivors_joined_not_after_the_last_call(rendezvous: Any) -> None:
     """launch/heal_round.closing_at on the real handler (min 1, max 2 nodes): the round a lone survivor
-    joins under it closes at once, where torch would wait its last call for a second node; the settings
-    (the handler's and its op executor's copy) are put back after; members_alive reads torch's state."""
+    joins under it closes at once, where torch would wait its last call for a second node; a longer last
+    call reaches both copies of the settings (the handler's and its op executor's), which are put back
+    after; members_alive reads torch's state."""
     import dataclasses
     import time
 
@@ -364,7 +365,7 @@ def test_a_heals_round_closes_once_the_survivors_joined_not_after_the_last_call(
     rendezvous._settings = rendezvous._op_executor._settings = settings
     last_call = settings.timeout.last_call.total_seconds()
     started = time.monotonic()
-    with heal_round.closing_at(rendezvous, 1):
+    with heal_round.closing_at(rendezvous, heal_round.Meeting(1, joining=False)):
         assert rendezvous._settings.max_nodes == rendezvous._op_executor._settings.max_nodes == 1
         info = rendezvous.next_rendezvous()
     took = time.monotonic() - started
@@ -372,9 +373,26 @@ def test_a_heals_round_closes_once_the_survivors_joined_not_after_the_last_call(
     assert info.world_size == 1 and took < last_call, (took, last_call)
     watch = RoundWatch(rendezvous)
     watch.begin()
-    assert heal_round.members_alive(watch) == 1
-    with heal_round.closing_at(rendezvous, 2):  # not below max_nodes: nothing changes
-        assert rendezvous._settings is settings
+    assert heal_round.members_alive(watch) == heal_round.Meeting(1, joining=False)
+    # a node on its way between rounds (torch's exit took its keep-alive away) counts once it named itself
+    heal_round.say_healing(watch, 7)
+    watch.store.append(heal_round.healers_key(watch.run_id, 7), "127.0.0.9_4242_0;")
+    assert heal_round.members_alive(watch, 7) == heal_round.Meeting(2, joining=False), "this node once"
+    assert heal_round.members_alive(watch, 8) == heal_round.Meeting(1, joining=False), "another round's"
+
+    def meets(nodes: int, joining: bool) -> Any:
+        return heal_round.closing_at(rendezvous, heal_round.Meeting(nodes, joining), last_call=40.0)
+
+    with heal_round.closing_at(rendezvous, heal_round.Meeting(2, joining=False)), meets(3, joining=True):
+        assert rendezvous._settings is settings, "max_nodes already and no longer last call; above max_nodes"
+    with meets(2, joining=False):
+        assert rendezvous._settings is settings, "a round of max_nodes that no node joins waits no longer"
+    for meeting in (meets(2, joining=True), meets(1, joining=False)):  # a grow; fewer than max_nodes
+        with meeting:
+            for held in (rendezvous._settings, rendezvous._op_executor._settings):
+                assert held.timeout.last_call == timedelta(seconds=40), held
+                assert held.timeout.join == was.join and held.timeout.heartbeat == was.heartbeat, held
+        assert rendezvous._settings is settings and rendezvous._op_executor._settings is settings
 
 
 def test_num_nodes_waiting_keeps_the_shape_the_launcher_wraps(rendezvous: Any) -> None:

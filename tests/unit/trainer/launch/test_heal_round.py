@@ -224,3 +224,52 @@ def test_a_node_waiting_to_join_heals_the_workers_that_train_and_restarts_those_
         for process in (forming, worker):
             process.kill()
             process.wait()
+
+
+class _Store:
+    """A store of plain keys (the healers' names), as torch's TCPStore answers check and get."""
+
+    def __init__(self, keys: dict[str, bytes]) -> None:
+        self.keys = keys
+
+    def check(self, keys: list[str]) -> bool:
+        return all(key in self.keys for key in keys)
+
+    def get(self, key: str) -> bytes:
+        return self.keys[key]
+
+
+def _watch(beats: dict[str, float], waiting: set[str], healers: dict[int, str]) -> SimpleNamespace:
+    """A round's watch whose read of torch's state holds ``beats`` (each node's keep-alive, seconds ago) and
+    ``waiting`` (its wait list), beside the store's named ``healers`` (by round)."""
+    import pickle
+    from datetime import UTC, datetime, timedelta
+
+    now = datetime.now(UTC)
+    state = SimpleNamespace(
+        last_heartbeats={node: now - timedelta(seconds=ago) for node, ago in beats.items()}, wait_list=waiting
+    )
+    keys = {heal_round.healers_key("run", round_): names.encode() for round_, names in healers.items()}
+
+    def ask(call: object) -> tuple[bool, object]:
+        return True, call()  # type: ignore[operator]
+
+    return SimpleNamespace(
+        read_state=lambda: (pickle.dumps(state), None),
+        watch=SimpleNamespace(bound=5.0),
+        run_id="run",
+        store=_Store(keys),
+        reading=SimpleNamespace(ask=ask),
+    )
+
+
+def test_the_round_a_heal_meets_counts_the_nodes_alive_those_between_rounds_and_a_joiner() -> None:
+    # a, b survivors (b between rounds: its keep-alive taken away, named a healer of round 4); c lost (its
+    # keep-alive expired); j waits to join
+    watch = _watch({"a": 0.5, "c": 30.0, "j": 1.0}, {"j"}, {4: "b;a;"})
+    assert heal_round.members_alive(watch, 4) == heal_round.Meeting(3, joining=True)
+    assert heal_round.members_alive(watch, 3) == heal_round.Meeting(2, joining=True), "round 3 named none"
+    # a shrink: a survivor that joined the wait list first waits there, and it joins no world of its own
+    watch = _watch({"a": 0.5, "b": 0.2}, {"b"}, {4: "b;a;"})
+    assert heal_round.members_alive(watch, 4) == heal_round.Meeting(2, joining=False)
+    assert heal_round.members_alive(None, 4) is None
