@@ -157,12 +157,18 @@ def request_grow(path: Path, round_: int) -> None:
 def grow_requested(path: Path | None, current: int) -> bool:
     """Whether a grow request beside the notice at ``path`` is for a world at or past round ``current`` (the
     round of the newest notice the worker's world is past: a request of an earlier world is not its)."""
+    round_ = grow_round(path)
+    return round_ is not None and round_ >= current
+
+
+def grow_round(path: Path | None) -> int | None:
+    """The round of the grow request beside the notice at ``path``; None where there is none."""
     if path is None:
-        return False
+        return None
     try:
-        return int(path.with_name(GROW_FILE).read_text().split()[0]) >= current
+        return int(path.with_name(GROW_FILE).read_text().split()[0])
     except (OSError, IndexError, ValueError):
-        return False
+        return None
 
 
 def clear_sever(path: Path) -> None:
@@ -177,7 +183,10 @@ class SeverWatch:
     ``poll`` seconds and calls ``sever()`` once for each new request of a round at or past ``current()`` (the
     round of the newest notice this worker's world is past). A request there when the watch begins counts:
     the launcher takes an earlier world's away before it starts workers afresh (:func:`clear_sever`), and
-    one written before the worker's watch began (its group just formed) is this world's."""
+    one written before the worker's watch began (its group just formed) is this world's.
+
+    It reads the grow request too (:meth:`grow_requested`), so that a step boundary asks memory, not the
+    file system, whether its world grows."""
 
     def __init__(
         self, path: Path, sever: Callable[[], object], current: Callable[[], int], poll: float = 0.1
@@ -186,6 +195,8 @@ class SeverWatch:
         self.seen: str | None = None
         self.severed = 0
         """Requests acted on."""
+        self.grow_path, self.grow = path, grow_round(path)
+        """The round of the launcher's grow request as last read (None: none)."""
         threading.Thread(target=self._run, name="ddpjob-sever-watch", daemon=True).start()
 
     def _read(self) -> str | None:
@@ -194,9 +205,15 @@ class SeverWatch:
         except OSError:
             return None
 
+    def grow_requested(self) -> bool:
+        """Whether the launcher asks this worker's world to grow at its next step boundary (read within
+        ``poll`` seconds of the request)."""
+        return self.grow is not None and self.grow >= self.current()
+
     def _run(self) -> None:
         while True:
             time.sleep(self.poll)
+            self.grow = grow_round(self.grow_path)
             text = self._read()
             if text is None or text == self.seen:
                 continue

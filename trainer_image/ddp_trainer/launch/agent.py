@@ -64,7 +64,7 @@ from ddp_trainer.launch import heal_round, silence, store, workers
 from ddp_trainer.launch.book import Book
 from ddp_trainer.launch.outage import POLL_SECONDS, StoreWait, reach
 from ddp_trainer.launch.rounds import InFlight, RoundWatch, bounded_waiting, patient, stop_now
-from ddp_trainer.launch.warm import runs_builtin, warm_config_from_args
+from ddp_trainer.launch.warm import runs_builtin, warm_config_from_args, warm_failure_path
 from ddp_trainer.reporting.report import record_failure
 
 log = logging.getLogger("ddp_trainer.launch")
@@ -318,6 +318,7 @@ def _install(book: Book, marks: workers.Marks, healing: Path | None = None) -> N
         were not stopped, so their marks stay and no restart was spent."""
         borrowed = book.borrowed
         meet(self, group)
+        warm_failure_path()  # once, the built-in trainer's
         if not healing:
             marks.clear()  # the last round's workers ended; this round's start after it
         handler = group.spec.rdzv_handler

@@ -188,10 +188,10 @@ def closing_at(handler: Any, meeting: Meeting | None, last_call: float | None = 
     torch's 2 s: each of a node's writes of torch's state is a compare-and-set, and every member of a round
     not closed yet rewrites its keep-alive each second, so on a loaded machine the node that joins last
     can lose that race for seconds (measured: a grow's joiner lost it four times in 1.6 s, the 2 s last
-    call closed the round without it, and it joined the next: a heal more). Bounded by the keep-alive
-    bound: a node that wrote nothing for that long is dropped by torch anyway. Not for a round of
-    ``max_nodes`` that no node joins (a loss whose node the store had not dropped yet when counted): it
-    waits for no one longer than before."""
+    call closed the round without it, and it joined the next: a heal more). The heal asks twice the
+    keep-alive bound: a node that wrote nothing for the bound is dropped by torch, and adds itself again
+    at its next write that succeeds. Not for a round of ``max_nodes`` that no node joins (a loss whose node
+    the store had not dropped yet when counted): it waits for no one longer than before."""
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
         DynamicRendezvousHandler,
         RendezvousTimeout,
@@ -267,7 +267,7 @@ def heal(
         f" of {meeting.nodes} node(s) alive{', a node joining' if meeting.joining else ''}" if meeting else ""
     )
     say(f"{trigger}: healing this pod's workers in place (no restart): meeting the next round{alive}")
-    last_call = watch.watch.bound + silence.MARGIN_SECONDS if watch is not None else None
+    last_call = 2 * watch.watch.bound + silence.MARGIN_SECONDS if watch is not None else None
     with closing_at(handler, meeting, last_call):
         agent._rendezvous(group, healing=True)
     for worker in group.workers:

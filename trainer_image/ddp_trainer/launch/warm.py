@@ -90,10 +90,21 @@ def name_process(name: str) -> None:
         pass
 
 
+_FAILURE_PATH: list[bool] = []
+"""Whether the agent warms torch's failure path (the built-in trainer's), and whether it began (once)."""
+
+
 def warm_failure_path() -> None:
-    """Import ``torch._dynamo`` now, in the background, while the agent waits at the rendezvous: torch's log
-    formatter imports it the first time the agent logs a worker's failure with its traceback (torch's
-    multiprocessing context does), which took 0.9-1.3 s of every first restart in place on two busy cores."""
+    """Import ``torch._dynamo`` now, in the background, once the agent's first rendezvous returned (asked by
+    :func:`warm_config_from_args`): torch's log formatter imports it the first time the agent logs a
+    worker's failure with its traceback (torch's multiprocessing context does), which took 0.9-1.3 s of
+    every first restart in place on two busy cores. Not while the agent meets its first round: the import
+    holds the interpreter's lock for seconds of CPU, and each of the agent's writes of torch's rendezvous
+    state is a compare-and-set that it lost, slowed, to the others' keep-alives again and again (a node
+    joining a world that heals missed its round under a build's load)."""
+    if _FAILURE_PATH != [True]:
+        return
+    _FAILURE_PATH.append(True)
 
     def load() -> None:
         with contextlib.suppress(Exception):
@@ -110,7 +121,7 @@ def warm_config_from_args(config_from_args: Any) -> Any:
         config, _, _ = config_from_args(args)  # sets OMP_NUM_THREADS=1 (more than one worker per node)...
         config.start_method = "forkserver"
         start_fork_server()  # ...which torch reads when it loads: the fork server must see it
-        warm_failure_path()
+        _FAILURE_PATH[:] = [True]  # warmed after the first rendezvous (warm_failure_path)
         return config, builtin_worker, list(args.training_script_args)
 
     return warm

@@ -171,8 +171,9 @@ class Healer:
         """The watch for the launcher's sever request (a member of the world went silent)."""
 
     def grow_requested(self) -> bool:
-        """Whether this worker's launcher asks its world to grow at the next step boundary."""
-        return notice.grow_requested(self.path, self.round)
+        """Whether this worker's launcher asks its world to grow at the next step boundary (the watch's last
+        read: no file read per step)."""
+        return self.severs is not None and self.severs.grow_requested()
 
     def sever(self) -> None:
         """Shut this worker's connections down (the launcher's request: a member of its world went silent, or

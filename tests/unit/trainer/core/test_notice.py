@@ -107,6 +107,14 @@ def test_a_grow_request_is_for_the_world_it_was_written_in_and_a_fresh_start_tak
     notice.request_grow(path, 4)
     assert notice.grow_requested(path, 3) and notice.grow_requested(path, 4)
     assert not notice.grow_requested(path, 5)  # healed into round 5: the request was the world before
+    current = [4]
+    watch = notice.SeverWatch(path, lambda: None, lambda: current[0], poll=0.01)
+    assert watch.grow_requested(), "a request there when the watch begins is read at once"
+    current[0] = 5
+    assert not watch.grow_requested()  # healed into round 5
+    notice.request_grow(path, 5)
+    assert _until(watch.grow_requested), "a new request is read by the watch's thread"
     notice.request_sever(path, 4)
     notice.clear_sever(path)
     assert not notice.grow_requested(path, 3) and sorted(p.name for p in tmp_path.iterdir()) == []
+    assert _until(lambda: not watch.grow_requested()), "taken away: the watch reads none"
