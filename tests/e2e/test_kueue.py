@@ -422,6 +422,25 @@ def _world_of(cluster: Cluster, namespace: str, name: str, nodes: int) -> dict[s
     return status if (status.get("elastic") or {}).get("nodes") == nodes else None
 
 
+def _pods_said(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
+    """Each pod of the DDPJob ``name`` as a failure should name it: its phase, node, scheduling gates and
+    conditions that are not true (why it waits)."""
+    return [
+        {
+            "pod": pod["metadata"]["name"],
+            "phase": pod.get("status", {}).get("phase"),
+            "node": pod["spec"].get("nodeName"),
+            "gates": [gate["name"] for gate in pod["spec"].get("schedulingGates") or []],
+            "waiting": [
+                f"{c['type']}: {c.get('reason', '')} {c.get('message', '')}".strip()
+                for c in pod.get("status", {}).get("conditions") or []
+                if c.get("status") != "True"
+            ],
+        }
+        for pod in children(cluster, namespace, "pods", name)
+    ]
+
+
 def _cpu_reserved(cluster: Cluster, queue: str) -> str:
     """The CPU the ClusterQueue ``queue`` has reserved now (its ``status.flavorsReservation``)."""
     status = cluster.kubectl_json("get", "clusterqueue", queue).get("status", {})
@@ -455,11 +474,14 @@ def test_an_elastic_scale_up_waits_for_its_slice_while_the_world_trains_on_and_a
         syncCheck={"everySteps": 50},
     )
     _apply(cluster, namespace, doc)
-    wait_for(
-        lambda: _world_of(cluster, namespace, "elastic", 2),
-        what="the elastic job admitted and training at 2 nodes",
-        timeout=180,
-    )
+    try:
+        wait_for(
+            lambda: _world_of(cluster, namespace, "elastic", 2),
+            what="the elastic job admitted and training at 2 nodes",
+            timeout=180,
+        )
+    except AssertionError as exc:  # once (a full run): admitted, unsuspended, its pods never scheduled
+        raise AssertionError(f"{exc}; its pods: {_pods_said(cluster, namespace, 'elastic')}") from None
     (job,) = children(cluster, namespace, "jobs", "elastic")
     assert job["metadata"]["annotations"][SLICE_GATE] == "true"
 
