@@ -150,15 +150,9 @@ def request_sever(path: Path, round_: int) -> None:
 def request_grow(path: Path, round_: int) -> None:
     """Ask the workers beside the notice at ``path`` whose world formed in round ``round_`` (or earlier) to
     leave their group together at the next step boundary, the step done and nothing in flight, and heal (a
-    node waits to join): they read it there (:func:`grow_requested`) and agree on it with the other ranks."""
+    node waits to join): their watch reads it there (:meth:`SeverWatch.grow_requested`) and they agree on it
+    with the other ranks."""
     _write_whole(path.with_name(GROW_FILE), f"{round_} {time.time():.6f}")
-
-
-def grow_requested(path: Path | None, current: int) -> bool:
-    """Whether a grow request beside the notice at ``path`` is for a world at or past round ``current`` (the
-    round of the newest notice the worker's world is past: a request of an earlier world is not its)."""
-    round_ = grow_round(path)
-    return round_ is not None and round_ >= current
 
 
 def grow_round(path: Path | None) -> int | None:

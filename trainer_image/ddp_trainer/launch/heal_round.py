@@ -172,7 +172,7 @@ def members_alive(watch: Any | None, round_: int | None = None) -> Meeting | Non
         key = healers_key(watch.run_id, round_)
         with contextlib.suppress(Exception):
             done, named = watch.reading.ask(lambda: watch.store.get(key) if watch.store.check([key]) else b"")
-            healers = {node for node in bytes(named or b"").decode().split(";") if done and node}
+            healers = set(bytes(named).decode().split(";")) - {""} if done else set()
     waiting = {str(node) for node in state.wait_list} & alive
     return Meeting(len(alive | healers), bool(waiting - healers))
 

@@ -90,8 +90,11 @@ def name_process(name: str) -> None:
         pass
 
 
-_FAILURE_PATH: list[bool] = []
-"""Whether the agent warms torch's failure path (the built-in trainer's), and whether it began (once)."""
+class _FailurePath:
+    """Whether this agent warms torch's failure path (the built-in trainer's), and whether it began."""
+
+    wanted = False
+    began = False
 
 
 def warm_failure_path() -> None:
@@ -102,9 +105,9 @@ def warm_failure_path() -> None:
     holds the interpreter's lock for seconds of CPU, and each of the agent's writes of torch's rendezvous
     state is a compare-and-set that it lost, slowed, to the others' keep-alives again and again (a node
     joining a world that heals missed its round under a build's load)."""
-    if _FAILURE_PATH != [True]:
+    if not _FailurePath.wanted or _FailurePath.began:
         return
-    _FAILURE_PATH.append(True)
+    _FailurePath.began = True
 
     def load() -> None:
         with contextlib.suppress(Exception):
@@ -121,7 +124,7 @@ def warm_config_from_args(config_from_args: Any) -> Any:
         config, _, _ = config_from_args(args)  # sets OMP_NUM_THREADS=1 (more than one worker per node)...
         config.start_method = "forkserver"
         start_fork_server()  # ...which torch reads when it loads: the fork server must see it
-        _FAILURE_PATH[:] = [True]  # warmed after the first rendezvous (warm_failure_path)
+        _FailurePath.wanted = True  # warmed after the first rendezvous (warm_failure_path)
         return config, builtin_worker, list(args.training_script_args)
 
     return warm

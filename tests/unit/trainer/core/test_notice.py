@@ -103,18 +103,21 @@ def test_a_grow_request_is_for_the_world_it_was_written_in_and_a_fresh_start_tak
     or an earlier one, read it at their step boundary; a world healed past it (into a later round) does not;
     a fresh start takes it away with the sever request."""
     path = tmp_path / notice.NOTICE_FILE
-    assert not notice.grow_requested(path, 3) and not notice.grow_requested(None, 3)
+    assert notice.grow_round(path) is None and notice.grow_round(None) is None
     notice.request_grow(path, 4)
-    assert notice.grow_requested(path, 3) and notice.grow_requested(path, 4)
-    assert not notice.grow_requested(path, 5)  # healed into round 5: the request was the world before
-    current = [4]
+    assert notice.grow_round(path) == 4
+    current = [3]
     watch = notice.SeverWatch(path, lambda: None, lambda: current[0], poll=0.01)
-    assert watch.grow_requested(), "a request there when the watch begins is read at once"
+    assert watch.grow_requested(), (
+        "a request there when the watch begins is read at once (an earlier world's)"
+    )
+    current[0] = 4
+    assert watch.grow_requested()  # the request's own round
     current[0] = 5
-    assert not watch.grow_requested()  # healed into round 5
+    assert not watch.grow_requested()  # healed into round 5: the request was the world before
     notice.request_grow(path, 5)
     assert _until(watch.grow_requested), "a new request is read by the watch's thread"
     notice.request_sever(path, 4)
     notice.clear_sever(path)
-    assert not notice.grow_requested(path, 3) and sorted(p.name for p in tmp_path.iterdir()) == []
+    assert notice.grow_round(path) is None and sorted(p.name for p in tmp_path.iterdir()) == []
     assert _until(lambda: not watch.grow_requested()), "taken away: the watch reads none"
