@@ -42,25 +42,39 @@ SAVED = re.compile(r"step (\d+): checkpoint saved to ")
 REFUSED = "the healed world's replica check failed at step"
 
 
-class HealRun:
-    """One `ddpjob local` run of the elastic job of 3 one-process pods that heals, in ``tmp_path``: its
-    ``checkpointEvery`` and more ``env``."""
+def builtin_job(name: str, checkpoint_every: int, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The elastic job of 3 one-process pods of the built-in trainer that heals: its ``checkpointEvery`` and
+    more ``env``."""
+    trainer = {
+        "steps": 240,
+        "batchSize": 16,
+        "checkpointEvery": checkpoint_every,
+        "model": "slow_factories:slow_until_full",
+    }
+    doc = job(name, nodes=3, procsPerNode=1, elastic={"minNodes": 1, "maxNodes": 3}, trainer=trainer)
+    doc["spec"]["syncCheck"] = {"everySteps": 20}
+    doc["spec"]["env"] = [
+        {"name": "PYTHONPATH", "value": pods_pythonpath(HELPERS)},
+        {"name": "DDPJOB_HEAL", "value": "1"},
+        *({"name": key, "value": value} for key, value in (env or {}).items()),
+    ]
+    return doc
 
-    def __init__(self, tmp_path: Path, checkpoint_every: int, env: dict[str, str] | None = None) -> None:
+
+class HealRun:
+    """One `ddpjob local` run of an elastic job of 3 one-process pods that heals, in ``tmp_path``: the
+    built-in trainer's (:func:`builtin_job`) with its ``checkpointEvery`` and more ``env``, or ``doc``."""
+
+    def __init__(
+        self,
+        tmp_path: Path,
+        checkpoint_every: int = 10,
+        env: dict[str, str] | None = None,
+        doc: dict[str, Any] | None = None,
+    ) -> None:
         self.name = name = unique_name()
-        trainer = {
-            "steps": 240,
-            "batchSize": 16,
-            "checkpointEvery": checkpoint_every,
-            "model": "slow_factories:slow_until_full",
-        }
-        doc = job(name, nodes=3, procsPerNode=1, elastic={"minNodes": 1, "maxNodes": 3}, trainer=trainer)
-        doc["spec"]["syncCheck"] = {"everySteps": 20}
-        doc["spec"]["env"] = [
-            {"name": "PYTHONPATH", "value": pods_pythonpath(HELPERS)},
-            {"name": "DDPJOB_HEAL", "value": "1"},
-            *({"name": key, "value": value} for key, value in (env or {}).items()),
-        ]
+        doc = builtin_job(name, checkpoint_every, env) if doc is None else doc
+        doc["metadata"]["name"] = name
         (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
         self.attempt = tmp_path / "runs" / name / "attempt-1"
         argv = [sys.executable, "-m", "ddp_operator", "local", "job.yaml", "--workdir", "runs"]
@@ -262,3 +276,46 @@ def test_a_frozen_pod_is_judged_silent_and_the_others_heal_in_place_then_it_rejo
     assert _last_worlds(summary) == ["3", "2 (healed)", "3 (healed)"], summary
     print(f"frozen → world of 2 healed and verified: {healed_in:.1f} s (bound {SILENT_BOUND_SECONDS:.0f} s)")
     print(match[0], summary, sep="\n")
+
+
+@pytest.mark.slow
+def test_a_users_loop_heals_in_place_through_its_one_call(tmp_path: Path) -> None:
+    """examples/elastic-loop.yaml as shipped, with ``DDPJOB_HEAL=1``: a hand-written loop
+    (examples/elastic_loop.py) whose steps run through ``HealingSyncHealth.train_step``. Pod 1 lost while the
+    world of 3 trains: the other two heal in the same processes (at most one step lost), the replacement's
+    fresh worker takes its state from a survivor when its object is built, and the script goes on to its
+    last step: no restart, each world verified. The script runs under tests/helpers/slowed_until.py, slowed
+    until the test saw the world of 3 healed back."""
+    doc = yaml.safe_load((REPO / "examples" / "elastic-loop.yaml").read_text())
+    example, *arguments = doc["spec"]["args"]
+    assert example == "examples/elastic_loop.py", doc["spec"]["args"]
+    doc["spec"]["args"] = [str(HELPERS / "slowed_until.py"), str(REPO / example), *arguments]
+    flag = tmp_path / "regrown"
+    env = {"STEPS": "1500", "DDPJOB_HEAL": "1", "SLOWED_UNTIL": str(flag)}
+    doc["spec"]["env"] = [{"name": key, "value": value} for key, value in env.items()]
+    run = HealRun(tmp_path, doc=doc)
+    three = lambda: (found := elastic.worlds(sorted(run.attempt.glob("*.log")))) and found[-1][0] == 3  # noqa: E731
+    run.until("a world of 3 training", three)
+    time.sleep(2)
+    before = {node: sorted(pod_pids(run.name, node)) for node in (0, 2)}
+    signal_pod(run.name, 1, signal.SIGKILL)
+    try:
+        run.until("the healed world of 3", lambda: [m[1] for m in run.healed()][-2:] == ["2", "3"])
+        healed = {node: sorted(pod_pids(run.name, node)) for node in (0, 2)}
+    finally:
+        flag.touch()
+    said = run.logs()
+    out = run.finish()
+    assert before == healed and all(before.values()), (before, healed)  # across the shrink and the grow
+    shrunk, grown = run.healed()[-2:]
+    assert int(shrunk[3]) <= 1 and int(grown[3]) == 0, said[-5000:]
+    joined = [m for m in JOINED.finditer(said) if int(m[1]) == int(grown[2])]
+    assert joined and int(joined[0][3]) > 0, said[-5000:]
+    final = run.logs()
+    assert "healed in place into round" in final and "gang restart in place" not in final, final[-5000:]
+    assert re.search(r"world size 2: healed in place, going on from step \d+", final), final[-5000:]
+    assert "trained to step 1500 at world size 3" in final, final[-5000:]
+    summary = next(line for line in out.splitlines() if "elastic: ran at world sizes" in line)
+    assert _last_worlds(summary) == ["3", "2 (healed)", "3 (healed)"], summary
+    assert "replicas verified bit-identical" in out, out
+    print(shrunk[0], grown[0], joined[0][0], summary, sep="\n")

@@ -1,7 +1,8 @@
 """The launcher's side of a heal without a restart (issue 57, stage 1: a lost peer; the worker's side is
 :mod:`ddp_trainer.sync.heal`).
 
-Armed (:func:`armed`) for an elastic job of the built-in trainer that asks for it (``DDPJOB_HEAL=1``; the
+Armed (:func:`armed`) for an elastic job that asks for it (``DDPJOB_HEAL=1``: the built-in trainer, or a
+user's loop through :class:`~ddp_trainer.sync.healing.HealingSyncHealth`; the
 design's default, on unless ``DDPJOB_HEAL=0``, waits for the heal's proof under ``ddpjob local``); the
 launcher takes the variable away from its workers otherwise, and they heal only under it. When one of this
 launcher's workers marks itself heal-wanted (a collective failed with a peer's loss; the worker waits,
@@ -84,10 +85,12 @@ FELL_BACK = "the heal in place failed"
 """The cause the launcher books for the restart in place after a failed heal, before the worker's why."""
 
 
-def armed(env: Mapping[str, str], builtin: bool, elastic: bool) -> bool:
+def armed(env: Mapping[str, str], elastic: bool) -> bool:
     """Whether this launcher heals: asked to (``DDPJOB_HEAL=1``), for an elastic job (a lost node leaves a
-    smaller world to heal into) of the built-in trainer (which heals; a user's script does not yet)."""
-    return builtin and elastic and env.get(HEAL_ENV, "").strip() == "1"
+    smaller world to heal into). The built-in trainer heals; a user's script does when it runs its steps
+    through :class:`ddp_trainer.sync.healing.HealingSyncHealth` (one that does not is restarted, as before:
+    its worker ends with the error, or, for a grow, once it has not left its group in time)."""
+    return elastic and env.get(HEAL_ENV, "").strip() == "1"
 
 
 def wanting(notes: Sequence[Note | None]) -> bool:

@@ -8,6 +8,9 @@ This module is the public library; use it from your own training code.
   reads (``docs/your-code.md``). Its settings are one :class:`SyncConfig` (``SyncHealth.Config``), with
   ``SyncConfig.from_env()``: ``SyncHealth(model, optimizer, SyncConfig.from_env(every=50))``; the settings as
   keywords of ``SyncHealth`` itself still work, deprecated (a ``DeprecationWarning`` names the config).
+* :class:`HealingSyncHealth` — the same for a loop that heals in place in an elastic job: it wraps the model
+  in DDP and runs each step through one call, ``train_step(fn)``, which answers "go on" or "the world
+  changed" (:mod:`ddp_trainer.sync.healing`).
 * :func:`fingerprint` — one int64 per tensor, a pure function of the tensor's raw bits;
   :func:`structure_fingerprint` — one int64 for the tensors' names, shapes and dtypes.
 * :func:`check_in_sync` — do all ranks hold the same tensors? Two tiny collectives in the common case.
@@ -22,6 +25,7 @@ The functions are documented where they live, :mod:`ddp_trainer.sync.replicas` (
 
 from __future__ import annotations
 
+from ddp_trainer.sync.healing import HealingSyncHealth, World
 from ddp_trainer.sync.health import SyncHealth
 from ddp_trainer.sync.replicas import (
     SyncReport,
@@ -41,11 +45,13 @@ from ddp_trainer.sync.replicas import (
 from ddp_trainer.sync.settings import SyncConfig, SyncHealthError
 
 __all__ = [
+    "HealingSyncHealth",
     "SyncConfig",
     "SyncHealth",
     "SyncHealthError",
     "SyncReport",
     "TensorMismatch",
+    "World",
     "average_module_",
     "broadcast_buffers_",
     "broadcast_module_",

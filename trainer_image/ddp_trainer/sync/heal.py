@@ -307,11 +307,11 @@ class Healer:
         sent = 0
         if plan.receivers:
             assert plan.src is not None
-            extra = {"step": subject.step, "epoch": subject.epoch, "scaler": subject.scaler.state_dict()}
+            scaler = subject.scaler  # None in a user's loop without one
+            extra = {"step": subject.step, "epoch": subject.epoch, "scaler": scaler and scaler.state_dict()}
             copied = reform.copy_state_(module, subject.optimizer, src=plan.src, extra=extra)
             if rank in plan.receivers:
-                subject.step, subject.epoch = copied.extra["step"], copied.extra["epoch"]
-                subject.scaler.load_state_dict(copied.extra["scaler"])
+                take_extra(subject, copied.extra)
             sent = copied.bytes
         subject.model = _wrap(module, old)  # its constructor broadcasts rank 0's parameters: the drill after
         del old
@@ -341,6 +341,14 @@ class Healer:
         if rank == 0:
             say_world(size, plan.step, healed=(plan.lost, sent, seconds))
         return healed
+
+
+def take_extra(subject: Any, extra: Mapping[str, Any]) -> None:
+    """A receiver's control state copied from the source: step, epoch, the loss scaler's (where either
+    side has one)."""
+    subject.step, subject.epoch = extra["step"], extra["epoch"]
+    if subject.scaler is not None and extra.get("scaler") is not None:
+        subject.scaler.load_state_dict(extra["scaler"])
 
 
 def begin_world(fence: Callable[[int], int] | None, step: int, rank: int) -> int:

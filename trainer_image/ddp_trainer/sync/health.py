@@ -53,7 +53,7 @@ from ddp_trainer.sync import boundary, fingerprints, probe, replicas, sharded
 from ddp_trainer.sync.boundary import CheckKind
 from ddp_trainer.sync.checking import DivergenceError, Tracked, Verifier
 from ddp_trainer.sync.closing import Closing, verdict_exit
-from ddp_trainer.sync.settings import SyncConfig
+from ddp_trainer.sync.settings import SyncConfig, deprecated_settings
 from ddp_trainer.sync.settings import SyncHealthError as SyncHealthError
 
 if TYPE_CHECKING:  # prometheus_client loads only after PROMETHEUS_MULTIPROC_DIR is set (see _metrics)
@@ -102,22 +102,6 @@ def config_of(options: Mapping[str, Any]) -> tuple[SyncConfig, dict[str, Any]]:
     return SyncConfig.from_env(others.get("env"), **settings), others
 
 
-def deprecated_settings(settings: Mapping[str, Any], with_config: bool) -> str:
-    """The warning for settings given as keywords of ``SyncHealth``, naming the one config that says the
-    same: ``SyncHealth.Config.from_env(...)`` (what ``SyncHealth`` builds from them), or, beside a config,
-    that config's ``replace(...)``."""
-    given = ", ".join(f"{name}=..." for name in sorted(settings))
-    if with_config:
-        return (
-            f"SyncHealth(model, optimizer, config, {given}) is deprecated: pass "
-            f"SyncHealth(model, optimizer, config.replace({given})) (docs/your-code.md)"
-        )
-    return (
-        f"SyncHealth(model, optimizer, {given}) is deprecated: pass the settings as one config, "
-        f"SyncHealth(model, optimizer, SyncHealth.Config.from_env({given})) (docs/your-code.md)"
-    )
-
-
 class SyncHealth(Closing):
     """Sync health of one DDP model: checks, policy, metrics, progress and the termination report.
 
@@ -145,6 +129,9 @@ class SyncHealth(Closing):
 
     Config: ClassVar[type[SyncConfig]] = SyncConfig
     """The settings as one value: :class:`ddp_trainer.sync.settings.SyncConfig`."""
+
+    joining = False
+    """A fresh rank joining a world healed in place (:mod:`ddp_trainer.sync.healing`): the heal says it."""
 
     built: ClassVar[int] = 0
     """How many were built in this process (the no-code-change hook stands down when the script builds
@@ -228,7 +215,8 @@ class SyncHealth(Closing):
         self.last_report: contract.Report | None = None
         self._probe_with = (probe_batch, probe_loss, probe_step)
         checked = self._enter_world(environ, model, first=True) is not None
-        if checked and self._owns_steps and ":" in environ.get(contract.PET_NNODES, "") and self.rank == 0:
+        elastic = ":" in environ.get(contract.PET_NNODES, "")
+        if checked and self._owns_steps and elastic and not self.joining and self.rank == 0:
             say_world(self.world_size, self.current_step)
         # an elastic world that changed: why, and what it cost (the launcher's record)
         self.metrics.resized(inplace.read_state(environ), time.time())
@@ -286,9 +274,10 @@ class SyncHealth(Closing):
 
     # -- setup ----------------------------------------------------------------------------------------
 
-    def _metrics(self, environ: Mapping[str, str], model: nn.Module) -> TrainerMetrics:
-        """This rank's ``ddp_*`` series; local rank 0 serves its pod's on ``DDPJOB_METRICS_PORT``."""
-        directory = metrics_dir(os.environ, self.launch)  # before prometheus_client loads
+    def _metrics(self, environ: Mapping[str, str], model: nn.Module, anew: bool = False) -> TrainerMetrics:
+        """This rank's ``ddp_*`` series; local rank 0 serves its pod's on ``DDPJOB_METRICS_PORT``. ``anew``:
+        for a world healed in place (its new rank and size, in the new world's directory, served instead)."""
+        directory = metrics_dir(os.environ, self.launch, anew=anew)  # before prometheus_client loads
         values = sys.modules.get("prometheus_client.values")
         if values is not None and "PROMETHEUS_MULTIPROC_DIR" in os.environ:  # loaded earlier by the user
             values.ValueClass = values.get_value_class()  # type: ignore[attr-defined]
@@ -315,7 +304,9 @@ class SyncHealth(Closing):
         series = metrics_module.TrainerMetrics(labels, info)
         series.restarts.set(contract.restarts_before(self.pod.attempt))
         port = self.pod.metrics_port
-        if self.launch.local_rank == 0 and port and port not in _SERVED and serving.serve(port, directory):
+        if self.launch.local_rank == 0 and anew:
+            serving.serve_anew(directory)
+        elif self.launch.local_rank == 0 and port and port not in _SERVED and serving.serve(port, directory):
             _SERVED.add(port)
         return series
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ddp_trainer.core import reform
-from ddp_trainer.sync.heal import HealFailed, begin_world
+from ddp_trainer.sync.heal import HealFailed, begin_world, take_extra
 from ddp_trainer.sync.health import SyncHealth, say_world
 
 log = logging.getLogger("ddp_trainer")
@@ -54,8 +54,7 @@ def join(subject: Any) -> Joined | None:
         return None
     assert plan.src is not None
     copied = reform.copy_state_(module, subject.optimizer, src=plan.src)
-    subject.step, subject.epoch = copied.extra["step"], copied.extra["epoch"]
-    subject.scaler.load_state_dict(copied.extra["scaler"])
+    take_extra(subject, copied.extra)
     log.warning(  # every joiner says it (its rank's lines below WARNING are not printed)
         "joined a world that heals in place: state of step %d from rank %d over the process group "
         "(%d bytes), not from storage",

@@ -182,3 +182,19 @@ class SyncConfig:
         if unknown:
             raise TypeError(f"SyncConfig.replace() got an unexpected keyword argument {unknown[0]!r}")
         return dataclasses.replace(self, **{k: v for k, v in settings.items() if v is not None})
+
+
+def deprecated_settings(settings: Mapping[str, Any], with_config: bool) -> str:
+    """The warning for settings given as keywords of ``SyncHealth``, naming the one config that says the
+    same: ``SyncHealth.Config.from_env(...)`` (what ``SyncHealth`` builds from them), or, beside a config,
+    that config's ``replace(...)``."""
+    given = ", ".join(f"{name}=..." for name in sorted(settings))
+    if with_config:
+        return (
+            f"SyncHealth(model, optimizer, config, {given}) is deprecated: pass "
+            f"SyncHealth(model, optimizer, config.replace({given})) (docs/your-code.md)"
+        )
+    return (
+        f"SyncHealth(model, optimizer, {given}) is deprecated: pass the settings as one config, "
+        f"SyncHealth(model, optimizer, SyncHealth.Config.from_env({given})) (docs/your-code.md)"
+    )
