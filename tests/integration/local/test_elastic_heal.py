@@ -42,16 +42,19 @@ SAVED = re.compile(r"step (\d+): checkpoint saved to ")
 REFUSED = "the healed world's replica check failed at step"
 
 
-def builtin_job(name: str, checkpoint_every: int, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """The elastic job of 3 one-process pods of the built-in trainer that heals: its ``checkpointEvery`` and
-    more ``env``."""
+def builtin_job(
+    name: str, checkpoint_every: int, env: dict[str, str] | None = None, elastic: bool = True
+) -> dict[str, Any]:
+    """The elastic job (a rigid one: ``elastic`` False) of 3 one-process pods of the built-in trainer that
+    heals: its ``checkpointEvery`` and more ``env``."""
     trainer = {
         "steps": 240,
         "batchSize": 16,
         "checkpointEvery": checkpoint_every,
         "model": "slow_factories:slow_until_full",
     }
-    doc = job(name, nodes=3, procsPerNode=1, elastic={"minNodes": 1, "maxNodes": 3}, trainer=trainer)
+    bounds = {"elastic": {"minNodes": 1, "maxNodes": 3}} if elastic else {}
+    doc = job(name, nodes=3, procsPerNode=1, trainer=trainer, **bounds)
     doc["spec"]["syncCheck"] = {"everySteps": 20}
     doc["spec"]["env"] = [
         {"name": "PYTHONPATH", "value": pods_pythonpath(HELPERS)},
@@ -233,6 +236,36 @@ def test_a_crashed_worker_starts_afresh_and_joins_the_others_which_heal_in_place
     report = run.report(0)
     assert report["verified"] is True and report["step"] == 240, report
     print(joined[0], healed[0][0], sep="\n")
+
+
+@pytest.mark.slow
+def test_a_rigid_jobs_crashed_rank_starts_afresh_and_joins_the_others_which_heal_in_place(
+    tmp_path: Path,
+) -> None:
+    """A rigid job (3 nodes, no ``elastic``) with ``DDPJOB_HEAL=1``: the recovery drill SIGKILLs rank 1's
+    worker after step 30. Its launcher starts it afresh (counted: a restart in place of that node), the
+    other two nodes' workers keep their processes and heal into the same world of 3, whose fresh rank takes
+    its state from a survivor; nothing is restored from the checkpoint, and the job Succeeds verified."""
+    doc = builtin_job("rigid", 10, {"DDPJOB_CHAOS_CRASH": "rank=1,step=30"}, elastic=False)
+    run = HealRun(tmp_path, doc=doc)
+    run.until("the world of 3 training", lambda: "first optimizer step of this run" in run.logs())
+    before = {node: sorted(pod_pids(run.name, node)) for node in (0, 2)}
+    run.until("the fresh rank joined", lambda: bool(JOINED.search(run.logs())) and bool(run.healed()))
+    healed = {node: sorted(pod_pids(run.name, node)) for node in (0, 2)}
+    out = run.finish()
+    final = run.logs()
+    assert before == healed and all(before.values()), (before, healed)
+    joined = JOINED.search(final)
+    assert joined is not None and int(joined[3]) > 0, final[-5000:]
+    shown = [m for m in HEALED.finditer(final) if m[1] == "3" and m[2] == joined[1]]
+    assert shown and int(shown[0][3]) <= 1, final[-5000:]
+    assert "this pod's workers heal in place (another node restarts its failed rank" in final, final[-5000:]
+    assert not re.search(r"\[launcher\] the heal into round \d+ failed", final), final[-5000:]
+    assert not run.restored(), run.restored()  # the crashed rank's state came from a survivor
+    report = run.report(0)
+    assert report["verified"] is True and report["step"] == 240, report
+    assert report["restartsInPlace"] == 1, report  # the crashed rank's node counted its own restart
+    print(joined[0], shown[0][0], out.splitlines()[-3:], sep="\n")
 
 
 SILENT_BOUND_SECONDS = 30.0

@@ -365,7 +365,7 @@ def main(argv: Sequence[str]) -> int:
     from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 
     args = torchrun.parse_args(list(argv))  # type: ignore[no-untyped-call]
-    armed = heal_round.armed(os.environ, book.elastic)
+    armed = book.heals = heal_round.armed(os.environ)
     if not armed:  # the workers inherit it: they heal only where this launcher does
         os.environ.pop(heal_round.HEAL_ENV, None)
     _install(book, marks, notice.notice_path(os.environ) if armed else None)

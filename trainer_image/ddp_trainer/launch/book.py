@@ -43,6 +43,9 @@ class Book:
         """The last stop of this pod's workers was asked by another node (see :meth:`failed`)."""
         self.silent = False
         """The last stop was for a silent peer (or this node was dropped as one)."""
+        self.heals = False
+        """This launcher heals (``DDPJOB_HEAL=1``): workers it restarts take their state from the others where
+        those heal in place, not from the last checkpoint."""
         self.fallen = ""
         """Why this pod's workers' heal in place failed, when the launcher stopped them for it
         (:meth:`fell_back`), until the next rendezvous."""
@@ -91,17 +94,24 @@ class Book:
         own = failure is not None and not self.stopped
         silent = self.silent
         self.nodes, self.borrowed, self.stopped, self.silent, self.fallen = nodes, False, False, False, ""
-        if change == SAME and self.elastic and not own:
+        if change == SAME and (self.elastic or healing) and not own:
             # An elastic job's world met again at the same size, and no worker of this pod failed: its agent
             # stopped them for a node that waited to join (which then missed this round's 2 s last call
             # and joins at the next: a grow, late), or a node whose rank failed re-joined (that node's agent
             # counts the restart, and the operator reads the highest count any pod says). Not this pod's
             # restart to count; torch's restart it spent, if any, is given back.
+            # Healing (a rigid job's too): another node's rank crashed and restarted, its fresh workers join
+            # this pod's, which heal in place.
             self.pending = None
+            why = (
+                "this pod's workers heal in place (another node restarts its failed rank and counts it)"
+                if healing
+                else "after a stop this pod did not cause (a joining node missed the round and joins at the "
+                "next, or another node restarts its failed rank and counts it)"
+            )
             print(
-                f"{contract.log_stamp(time.time())} [launcher] the world met again at {nodes} node(s) after "
-                "a stop this pod did not cause (a joining node missed the round and joins at the next, or "
-                "another node restarts its failed rank and counts it): not counted here",
+                f"{contract.log_stamp(time.time())} [launcher] the world met again at {nodes} node(s) {why}: "
+                "not counted here",
                 file=sys.stderr,
                 flush=True,
             )
@@ -163,9 +173,14 @@ class Book:
         self.pending = None
         self.state = dataclasses.replace(self.state, restarts=self.state.restarts + 1, cause=why, at=at)
         write_state(self.path, self.state)
+        source = (
+            "from the others' state where they heal in place, else from the last checkpoint"
+            if self.heals
+            else "from the last checkpoint"
+        )
         print(
             f"{contract.log_stamp(at)} [launcher] gang restart in place {self.state.restarts}: {why}; "
-            "restarting this pod's workers from the last checkpoint",
+            f"restarting this pod's workers {source}",
             file=sys.stderr,
             flush=True,
         )

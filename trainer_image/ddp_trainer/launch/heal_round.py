@@ -1,8 +1,8 @@
 """The launcher's side of a heal without a restart (issue 57, stage 1: a lost peer; the worker's side is
 :mod:`ddp_trainer.sync.heal`).
 
-Armed (:func:`armed`) for an elastic job that asks for it (``DDPJOB_HEAL=1``: the built-in trainer, or a
-user's loop through :class:`~ddp_trainer.sync.healing.HealingSyncHealth`; the
+Armed (:func:`armed`) for a job that asks for it (``DDPJOB_HEAL=1``: the built-in trainer, or a user's loop
+through :class:`~ddp_trainer.sync.healing.HealingSyncHealth`; a rigid job heals a crashed rank only; the
 design's default, on unless ``DDPJOB_HEAL=0``, waits for the heal's proof under ``ddpjob local``); the
 launcher takes the variable away from its workers otherwise, and they heal only under it. When one of this
 launcher's workers marks itself heal-wanted (a collective failed with a peer's loss; the worker waits,
@@ -85,12 +85,13 @@ FELL_BACK = "the heal in place failed"
 """The cause the launcher books for the restart in place after a failed heal, before the worker's why."""
 
 
-def armed(env: Mapping[str, str], elastic: bool) -> bool:
-    """Whether this launcher heals: asked to (``DDPJOB_HEAL=1``), for an elastic job (a lost node leaves a
-    smaller world to heal into). The built-in trainer heals; a user's script does when it runs its steps
-    through :class:`ddp_trainer.sync.healing.HealingSyncHealth` (one that does not is restarted, as before:
-    its worker ends with the error, or, for a grow, once it has not left its group in time)."""
-    return elastic and env.get(HEAL_ENV, "").strip() == "1"
+def armed(env: Mapping[str, str]) -> bool:
+    """Whether this launcher heals: asked to (``DDPJOB_HEAL=1``). The built-in trainer heals; a user's script
+    does when it runs its steps through :class:`ddp_trainer.sync.healing.HealingSyncHealth` (one that does not
+    is restarted, as before: its worker ends with the error, or, for a grow, once it has not left its group
+    in time). An elastic job heals a lost peer, a silent one and a node that joins; a rigid one (no smaller
+    world to heal into) a rank that crashed, whose fresh workers join the others' heal."""
+    return env.get(HEAL_ENV, "").strip() == "1"
 
 
 def wanting(notes: Sequence[Note | None]) -> bool:
@@ -331,7 +332,9 @@ def when_silent(agent: Any, group: Any, result: Any, verdict: silence.Verdict, w
     from torch.distributed.elastic.agent.server.api import WorkerState
 
     healthy = result.state == WorkerState.HEALTHY
-    if ways is None or verdict.kind != silence.SILENT or not healthy or ways.marks.starting(pids(group)):
+    if ways is None or not ways.book.elastic or verdict.kind != silence.SILENT or not healthy:
+        return None  # a rigid job's silent member: its gang restarts, as before heals (no world without it)
+    if ways.marks.starting(pids(group)):
         return None
     notice.request_sever(ways.path, ways.round_of(group))
     cause = verdict.cause()

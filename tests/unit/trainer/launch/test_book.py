@@ -87,6 +87,24 @@ def test_a_rigid_world_that_meets_again_after_another_nodes_failure_counts_it(tm
     assert (book.state.restarts, book.state.cause) == (1, inplace.OTHER_NODE)
 
 
+def test_a_rigid_world_whose_workers_heal_after_another_nodes_crash_counts_no_restart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``DDPJOB_HEAL=1``, a rigid job: another node's rank crashed and restarted (that node counts it); this
+    pod's workers lost a peer and heal in place into the round it meets: no restart here, no resize."""
+    book = Book(tmp_path / "state.json")
+    book.heals = True
+    book.rendezvoused(3)
+    book.failed({}, stopped=True, why="a worker lost a peer (its collective failed): healed in place")
+    assert book.rendezvoused(3, 1, healing=True) == (inplace.UNCHANGED, 0)
+    assert (book.state.restarts, book.state.resizes) == (0, 0)
+    assert "the world met again at 3 node(s) this pod's workers heal in place" in capsys.readouterr().err
+    book.failed({0: (1, "boom")})  # its own rank's crash: still a restart in place, counted
+    assert book.rendezvoused(3, 2) == (inplace.SAME, 0) and book.state.restarts == 1
+    said = capsys.readouterr().err  # its fresh workers join the others' heal: not the checkpoint's state
+    assert "restarting this pod's workers from the others' state where they heal in place" in said, said
+
+
 def test_each_world_change_is_recorded_with_its_reason_for_the_workers(tmp_path: Path) -> None:
     """A peer's death, a silent peer and a joiner each leave their reason, the nodes before and after, and
     when the earlier world stopped, in the state the workers read (and report); restarts in place keep

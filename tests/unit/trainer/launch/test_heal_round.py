@@ -22,12 +22,10 @@ HEALED = notice.read_note(notice.healed_note(4, {"step": 10}))
 FAILED = notice.read_note(notice.heal_failed_note(4, "the store never came"))
 
 
-def test_a_heal_is_armed_for_an_elastic_job_that_asks() -> None:
-    on = {heal_round.HEAL_ENV: "1"}
-    assert heal_round.armed(on, elastic=True)  # the built-in trainer, or a user's loop that heals
-    assert not heal_round.armed({}, elastic=True)  # until proven under ddpjob local: asked for
-    assert not heal_round.armed({heal_round.HEAL_ENV: "0"}, elastic=True)
-    assert not heal_round.armed(on, elastic=False)  # a rigid job has no smaller world
+def test_a_heal_is_armed_for_a_job_that_asks() -> None:
+    assert heal_round.armed({heal_round.HEAL_ENV: "1"})  # the built-in trainer, or a user's loop that heals
+    assert not heal_round.armed({})  # until proven under ddpjob local: asked for
+    assert not heal_round.armed({heal_round.HEAL_ENV: "0"})
 
 
 def test_a_heal_is_wanted_when_a_worker_says_so() -> None:
