@@ -343,7 +343,7 @@ def test_a_store_that_comes_back_empty_gets_the_round_back_through_torchs_backen
 
 
 def test_a_heals_round_closes_once_the_survivors_joined_not_after_the_last_call(rendezvous: Any) -> None:
-    """launch/heal_round.closing_at on the real handler (min 1, max 2 nodes): the round a lone survivor
+    """launch/heal_meeting.closing_at on the real handler (min 1, max 2 nodes): the round a lone survivor
     joins under it closes at once, where torch would wait its last call for a second node; a longer last
     call reaches both copies of the settings (the handler's and its op executor's), which are put back
     after; members_alive reads torch's state."""
@@ -352,7 +352,7 @@ def test_a_heals_round_closes_once_the_survivors_joined_not_after_the_last_call(
 
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousTimeout
 
-    from ddp_trainer.launch import heal_round
+    from ddp_trainer.launch import heal_meeting
     from ddp_trainer.launch.rounds import RoundWatch
 
     assert rendezvous._op_executor._settings is rendezvous._settings, (
@@ -365,7 +365,7 @@ def test_a_heals_round_closes_once_the_survivors_joined_not_after_the_last_call(
     rendezvous._settings = rendezvous._op_executor._settings = settings
     last_call = settings.timeout.last_call.total_seconds()
     started = time.monotonic()
-    with heal_round.closing_at(rendezvous, heal_round.Meeting(1, joining=False)):
+    with heal_meeting.closing_at(rendezvous, heal_meeting.Meeting(1, joining=False)):
         assert rendezvous._settings.max_nodes == rendezvous._op_executor._settings.max_nodes == 1
         info = rendezvous.next_rendezvous()
     took = time.monotonic() - started
@@ -373,17 +373,17 @@ def test_a_heals_round_closes_once_the_survivors_joined_not_after_the_last_call(
     assert info.world_size == 1 and took < last_call, (took, last_call)
     watch = RoundWatch(rendezvous)
     watch.begin()
-    assert heal_round.members_alive(watch) == heal_round.Meeting(1, joining=False)
+    assert heal_meeting.members_alive(watch) == heal_meeting.Meeting(1, joining=False)
     # a node on its way between rounds (torch's exit took its keep-alive away) counts once it named itself
-    heal_round.say_healing(watch, 7)
-    watch.store.append(heal_round.healers_key(watch.run_id, 7), "127.0.0.9_4242_0;")
-    assert heal_round.members_alive(watch, 7) == heal_round.Meeting(2, joining=False), "this node once"
-    assert heal_round.members_alive(watch, 8) == heal_round.Meeting(1, joining=False), "another round's"
+    heal_meeting.say_healing(watch, 7)
+    watch.store.append(heal_meeting.healers_key(watch.run_id, 7), "127.0.0.9_4242_0;")
+    assert heal_meeting.members_alive(watch, 7) == heal_meeting.Meeting(2, joining=False), "this node once"
+    assert heal_meeting.members_alive(watch, 8) == heal_meeting.Meeting(1, joining=False), "another round's"
 
     def meets(nodes: int, joining: bool) -> Any:
-        return heal_round.closing_at(rendezvous, heal_round.Meeting(nodes, joining), last_call=40.0)
+        return heal_meeting.closing_at(rendezvous, heal_meeting.Meeting(nodes, joining), last_call=40.0)
 
-    with heal_round.closing_at(rendezvous, heal_round.Meeting(2, joining=False)), meets(3, joining=True):
+    with heal_meeting.closing_at(rendezvous, heal_meeting.Meeting(2, joining=False)), meets(3, joining=True):
         assert rendezvous._settings is settings, "max_nodes already and no longer last call; above max_nodes"
     with meets(2, joining=False):
         assert rendezvous._settings is settings, "a round of max_nodes that no node joins waits no longer"
@@ -393,6 +393,40 @@ def test_a_heals_round_closes_once_the_survivors_joined_not_after_the_last_call(
                 assert held.timeout.last_call == timedelta(seconds=40), held
                 assert held.timeout.join == was.join and held.timeout.heartbeat == was.heartbeat, held
         assert rendezvous._settings is settings and rendezvous._op_executor._settings is settings
+
+
+def test_a_heals_round_closes_when_its_nodes_joined_whoever_joined_first(rendezvous: Any) -> None:
+    """launch/heal_meeting.closing_when_full on torch's join op, with the real handler's settings: a round
+    this node joined first (its deadline a long last call away: torch sets it as the first node joins) is
+    closed by this node once the participants reach its ``max_nodes``, where torch closes it at that count
+    only as a node adds itself, by the adding node's settings (a healer that counted a dead node keeps a
+    larger one). Fewer participants than this node's ``max_nodes`` still wait; torch's op is put back."""
+    import dataclasses
+    import time
+    from datetime import UTC, datetime
+
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
+
+    from ddp_trainer.launch import heal_meeting
+
+    me, other = rdzv._NodeDesc("127.0.0.1", 11, 0), rdzv._NodeDesc("127.0.0.2", 12, 0)
+    state = rdzv._RendezvousState()
+    now = datetime.now(UTC)
+    state.participants, state.last_heartbeats = {me: 0, other: 0}, {me: now, other: now}
+    state.deadline = now + timedelta(seconds=30)  # this node's last call, set as it joined first
+    settings = dataclasses.replace(rendezvous._settings, min_nodes=1, max_nodes=2)
+    ctx, wider = (
+        rdzv._RendezvousContext(me, state, s) for s in (settings, dataclasses.replace(settings, max_nodes=3))
+    )
+    op, original, deadline = rdzv._RendezvousJoinOp(), rdzv._RendezvousJoinOp.__call__, time.monotonic() + 60
+    closes = rdzv._Action.MARK_RENDEZVOUS_COMPLETE
+    assert op(ctx, deadline) != closes, "torch now closes a full round its node joined before the last call"
+    with heal_meeting.closing_when_full():
+        assert op(ctx, deadline) == closes, "the heal's round of 2, both joined"
+        assert op(wider, deadline) != closes, "a round of 3 that 2 joined waits"
+        state.complete = True
+        assert op(ctx, deadline) == rdzv._Action.FINISH, "a closed round's participant goes on as torch's"
+    assert rdzv._RendezvousJoinOp.__call__ is original
 
 
 def test_num_nodes_waiting_keeps_the_shape_the_launcher_wraps(rendezvous: Any) -> None:

@@ -41,20 +41,16 @@ them. A store's host gone is not healed (the workers wait for a store no one ser
 
 Not here yet (the design's later stages): the fallback told to the other nodes through the store.
 
-Long because the heal's one sequence (:func:`heal`) sits beside its ways in (a worker's mark, a silent
-member, a node waiting to join) and the round it meets (:func:`closing_at`): split, a way in could drift
-from what the sequence expects of the workers' marks.
+The round a heal meets, and torch's rendezvous closing it once its nodes joined:
+:mod:`ddp_trainer.launch.heal_meeting`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import pickle
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +59,7 @@ from ddp_trainer.core import notice
 from ddp_trainer.core.notice import Note, Notice
 from ddp_trainer.launch import silence
 from ddp_trainer.launch.book import Book
+from ddp_trainer.launch.heal_meeting import closing_at, members_alive, say_healing
 from ddp_trainer.launch.rounds import stop_now
 from ddp_trainer.launch.workers import Marks, pids
 from ddp_trainer.sync import heal as sync_heal
@@ -123,107 +120,6 @@ def notice_of(group: Any, round_: int, trigger: str, at: float) -> Notice:
         trigger=trigger,
         at=at,
     )
-
-
-HEALERS_PREFIX = "ddpjob/healers"
-
-
-def healers_key(run_id: str, round_: int) -> str:
-    """The store key that names the nodes leaving round ``round_`` of rendezvous ``run_id`` to heal."""
-    return f"{HEALERS_PREFIX}/{run_id}/{round_}"
-
-
-def say_healing(watch: Any | None, round_: int) -> None:
-    """Name this node in the store as one that leaves round ``round_`` to heal, before it leaves torch's
-    state (:func:`members_alive`); a store that cannot take it leaves the count to the keep-alives."""
-    if watch is not None:
-        with contextlib.suppress(Exception):
-            watch.store.append(healers_key(watch.run_id, round_), f"{watch.handler._this_node};")
-
-
-@dataclasses.dataclass(frozen=True)
-class Meeting:
-    """The round a heal meets, as the state read when it begins says: ``nodes`` agents alive, ``joining``
-    when one of them waits to join and heals from no round of its own (a grow)."""
-
-    nodes: int
-    joining: bool
-
-
-def members_alive(watch: Any | None, round_: int | None = None) -> Meeting | None:
-    """The agents of the rendezvous alive: those that renew their keep-alive (``watch``'s read of torch's
-    state: one whose process ended was marked expired by the store at once, a silent one expired by the
-    bound), whether still in the last round's participants or already waiting for the next, and those that
-    named themselves healers leaving round ``round_`` (:func:`say_healing`): a node on its way from one
-    round to the next is in neither list for a moment (torch's exit takes its keep-alive away, its join
-    gives it back), and a survivor that read the state then counted one node too few under a build's load,
-    closing a grow's round without the joiner. None when the state cannot be read."""
-    if watch is None:
-        return None
-    try:
-        got = watch.read_state()
-        state = pickle.loads(got[0]) if got else None
-    except Exception:
-        return None
-    if state is None:
-        return None
-    now, bound = datetime.now(UTC), watch.watch.bound
-    alive = {
-        str(node) for node, beat in state.last_heartbeats.items() if (now - beat).total_seconds() < bound
-    }
-    healers: set[str] = set()
-    if round_ is not None:  # read after the state: a healer gone from it named itself before it left
-        key = healers_key(watch.run_id, round_)
-        with contextlib.suppress(Exception):
-            done, named = watch.reading.ask(lambda: watch.store.get(key) if watch.store.check([key]) else b"")
-            healers = set(bytes(named).decode().split(";")) - {""} if done else set()
-    waiting = {str(node) for node in state.wait_list} & alive
-    return Meeting(len(alive | healers), bool(waiting - healers))
-
-
-@contextlib.contextmanager
-def closing_at(handler: Any, meeting: Meeting | None, last_call: float | None = None) -> Iterator[None]:
-    """torch's rendezvous ``handler`` closing its next round as soon as the ``meeting``'s nodes joined (its
-    ``max_nodes`` for that round: the survivors of a loss know how many they are), put back after. Fewer
-    join: the last call closes the round; more: the first ones make it, the others wait for the next (a
-    grow). Outside ``[min_nodes, max_nodes]``, or another handler, nothing changes.
-
-    Where fewer than ``max_nodes`` meet, or a node joins, the last call is ``last_call`` seconds, not
-    torch's 2 s: each of a node's writes of torch's state is a compare-and-set, and every member of a round
-    not closed yet rewrites its keep-alive each second, so on a loaded machine the node that joins last
-    can lose that race for seconds (measured: a grow's joiner lost it four times in 1.6 s, the 2 s last
-    call closed the round without it, and it joined the next: a heal more). The heal asks twice the
-    keep-alive bound: a node that wrote nothing for the bound is dropped by torch, and adds itself again
-    at its next write that succeeds. Not for a round of ``max_nodes`` that no node joins (a loss whose node
-    the store had not dropped yet when counted): it waits for no one longer than before."""
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
-        DynamicRendezvousHandler,
-        RendezvousTimeout,
-    )
-
-    settings = getattr(handler, "_settings", None)
-    if (
-        not isinstance(handler, DynamicRendezvousHandler)
-        or settings is None
-        or meeting is None
-        or not settings.min_nodes <= meeting.nodes <= settings.max_nodes
-    ):
-        yield
-        return
-    timeout = settings.timeout
-    longer = last_call or 0.0
-    if longer > timeout.last_call.total_seconds() and (meeting.joining or meeting.nodes < settings.max_nodes):
-        timeout = RendezvousTimeout(timeout.join, timedelta(seconds=longer), timeout.close, timeout.heartbeat)
-    elif meeting.nodes == settings.max_nodes:
-        yield
-        return
-    executor: Any = handler._op_executor  # torch's _DistributedRendezvousOpExecutor reads its own copy
-    changed = dataclasses.replace(settings, max_nodes=meeting.nodes, timeout=timeout)
-    handler._settings = executor._settings = changed
-    try:
-        yield
-    finally:
-        handler._settings = executor._settings = settings
 
 
 @dataclasses.dataclass(frozen=True)

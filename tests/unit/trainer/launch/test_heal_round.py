@@ -4,6 +4,7 @@ tests/integration/trainer/test_heal_multiprocess.py plays the launchers)."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from ddp_trainer.core import notice
-from ddp_trainer.launch import heal_round
+from ddp_trainer.launch import heal_meeting, heal_round
 from ddp_trainer.launch.book import Book
 from ddp_trainer.launch.workers import Marks
 
@@ -144,6 +145,8 @@ def test_a_silent_member_makes_the_launcher_ask_its_workers_to_sever_and_heal_th
         dropped = silence.Verdict(silence.DROPPED, (), 0.0)
         assert silenced(dropped, healthy) is None and silenced(silent, failed) is None
         assert silenced(silent, healthy, heals=False) is None and met == []
+        rigid = dataclasses.replace(ways, book=Book(tmp_path / "rigid.json"))  # no world without the node
+        assert heal_round.when_silent(agent, group, healthy, silent, rigid) is None and met == []
         assert not (tmp_path / notice.SEVER_FILE).exists()
         result = silenced(silent, healthy)
         assert result is healthy and met == [True], capsys.readouterr().err
@@ -246,7 +249,7 @@ def _watch(beats: dict[str, float], waiting: set[str], healers: dict[int, str]) 
     state = SimpleNamespace(
         last_heartbeats={node: now - timedelta(seconds=ago) for node, ago in beats.items()}, wait_list=waiting
     )
-    keys = {heal_round.healers_key("run", round_): names.encode() for round_, names in healers.items()}
+    keys = {heal_meeting.healers_key("run", round_): names.encode() for round_, names in healers.items()}
 
     def ask(call: object) -> tuple[bool, object]:
         return True, call()  # type: ignore[operator]
@@ -264,9 +267,9 @@ def test_the_round_a_heal_meets_counts_the_nodes_alive_those_between_rounds_and_
     # a, b survivors (b between rounds: its keep-alive taken away, named a healer of round 4); c lost (its
     # keep-alive expired); j waits to join
     watch = _watch({"a": 0.5, "c": 30.0, "j": 1.0}, {"j"}, {4: "b;a;"})
-    assert heal_round.members_alive(watch, 4) == heal_round.Meeting(3, joining=True)
-    assert heal_round.members_alive(watch, 3) == heal_round.Meeting(2, joining=True), "round 3 named none"
+    assert heal_meeting.members_alive(watch, 4) == heal_meeting.Meeting(3, joining=True)
+    assert heal_meeting.members_alive(watch, 3) == heal_meeting.Meeting(2, joining=True), "round 3 named none"
     # a shrink: a survivor that joined the wait list first waits there, and it joins no world of its own
     watch = _watch({"a": 0.5, "b": 0.2}, {"b"}, {4: "b;a;"})
-    assert heal_round.members_alive(watch, 4) == heal_round.Meeting(2, joining=False)
-    assert heal_round.members_alive(None, 4) is None
+    assert heal_meeting.members_alive(watch, 4) == heal_meeting.Meeting(2, joining=False)
+    assert heal_meeting.members_alive(None, 4) is None
