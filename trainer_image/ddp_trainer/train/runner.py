@@ -155,6 +155,10 @@ class Session:
         self.skipped = choice.skipped
         self.writer = dataclasses.replace(self.writer, world=choice.world)  # numbered by its fence
         if choice.action == "refuse":
+            # every rank has the choice before any leaves: gloo relays a broadcast through other ranks, and
+            # one that ended early failed a slower rank's receive ("Connection closed by peer"), whose
+            # report then hid the refusal's reason (seen in a full run, under load)
+            dist.barrier()
             raise checkpoints.CheckpointRefused(choice.reason, choice.message)
         if choice.action == "resume" and choice.payload is not None:
             payload.load_into(state, choice.payload, self.device)
