@@ -19,15 +19,6 @@ def free_port() -> int:
         return port
 
 
-def port_is_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind((LOCAL_ADDR, port))
-        except OSError:
-            return False
-        return True
-
-
 def visible_gpus() -> int:
     """GPUs torch can see here (0 without torch or CUDA)."""
     try:

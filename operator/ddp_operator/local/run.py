@@ -130,7 +130,9 @@ def _attempt(
     used: int,
     job_dir: Path | None = None,
 ) -> restarts.Outcome:
-    master_port = spec.master_port if host.port_is_free(spec.master_port) else host.free_port()
+    # a port the system hands out, not spec.masterPort: two local runs at once (two test lanes) both found
+    # 29500 free and the second's node 0 could not host its store (EADDRINUSE: an attempt lost)
+    master_port = host.free_port()
     metrics_ports = [host.free_port() for _ in range(spec.nodes)]
     gpus = list(range(spec.world_size)) if spec.device == "cuda" else None
     pods = processes.local_pods(
