@@ -327,7 +327,11 @@ def test_a_users_loop_heals_in_place_through_its_one_call(tmp_path: Path) -> Non
     env = {"STEPS": "1500", "DDPJOB_HEAL": "1", "SLOWED_UNTIL": str(flag)}
     doc["spec"]["env"] = [{"name": key, "value": value} for key, value in env.items()]
     run = HealRun(tmp_path, doc=doc)
-    three = lambda: (found := elastic.worlds(sorted(run.attempt.glob("*.log")))) and found[-1][0] == 3  # noqa: E731
+
+    def three() -> bool:
+        found = elastic.worlds(sorted(run.attempt.glob("*.log")))
+        return bool(found) and found[-1][0] == 3
+
     run.until("a world of 3 training", three)
     time.sleep(2)
     before = {node: sorted(pod_pids(run.name, node)) for node in (0, 2)}

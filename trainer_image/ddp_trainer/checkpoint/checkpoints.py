@@ -30,6 +30,7 @@ volume or a bucket prefix (:mod:`ddp_trainer.checkpoint.objectstore`); every gua
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -253,7 +254,13 @@ def choose_on_rank0(where: Where, writer: Writer, warm_start_from: str) -> Choic
 
 
 def restore_on_rank0(where: Where | None, writer: Writer, warm_start_from: str) -> Choice:
-    """Collective: rank 0 scans ``where``, chooses and fences; every rank gets the same :class:`Choice`."""
+    """Collective: rank 0 scans ``where``, chooses and fences; every rank gets the same :class:`Choice`.
+
+    A refusal ends every rank, and a rank's end makes its launcher SIGTERM the pod's other ranks: one of
+    those still receiving the choice failed rank 0's broadcast ("Connection closed by peer"), whose report
+    then hid the refusal (seen twice in one full run, under load). So on a refusal every rank meets the
+    others in a barrier first: none can leave it before all entered it, that is before all hold the choice.
+    The barrier's own failure (a rank ended first) changes nothing: every rank holds the refusal."""
     box: list[Any] = [Choice("fresh")]
     if dist.get_rank() == 0 and where is not None:
         box[0] = choose_on_rank0(where, writer, warm_start_from)
@@ -261,4 +268,7 @@ def restore_on_rank0(where: Where | None, writer: Writer, warm_start_from: str) 
             log.warning("checkpoint skipped: %s", skipped)
     dist.broadcast_object_list(box, src=0)  # an opaque blob: the right tool here, unlike for parameters
     choice: Choice = box[0]
+    if choice.action == "refuse":
+        with contextlib.suppress(RuntimeError):
+            dist.barrier()
     return choice

@@ -119,9 +119,8 @@ class HealingSyncHealth(SyncHealth):
         return model
 
     def world(self, healed: heal.Healed | None = None) -> World:
-        """This rank's world now."""
-        size = dist.get_world_size(self.group)
-        return World(self.model, self.current_step, dist.get_rank(), size, healed is not None, healed)
+        """This rank's world now (its place: set by the constructor, and by each heal's ``rejoin``)."""
+        return World(self.model, self.current_step, self.rank, self.world_size, healed is not None, healed)
 
     def train_step(self, fn: Callable[[World], Any]) -> World:
         """The one call at the loop's step boundary: run one step, ``fn(world)`` (forward, backward,

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import time
 
 import torch
 import torch.distributed as dist
@@ -38,9 +37,6 @@ from ddp_trainer.train.loop import Batches, Precision, StepResult, train
 from ddp_trainer.train.model import build_model, compute_loss
 
 log = logging.getLogger("ddp_trainer")
-
-REFUSAL_GRACE_SECONDS = 0.5
-"""How long every rank waits, past the barrier after a refused checkpoint, before it ends (see restore)."""
 
 
 def rank_metrics(
@@ -159,12 +155,6 @@ class Session:
         self.skipped = choice.skipped
         self.writer = dataclasses.replace(self.writer, world=choice.world)  # numbered by its fence
         if choice.action == "refuse":
-            # every rank has the choice before any leaves: a rank that ends makes its launcher SIGTERM the
-            # pod's other ranks, and one still in the broadcast failed the others' ("Connection closed by
-            # peer"), whose report hid the refusal's reason (seen twice in one full run, under load); after
-            # the barrier, a moment for the last rank's own sends of it to finish
-            dist.barrier()
-            time.sleep(REFUSAL_GRACE_SECONDS)
             raise checkpoints.CheckpointRefused(choice.reason, choice.message)
         if choice.action == "resume" and choice.payload is not None:
             payload.load_into(state, choice.payload, self.device)
