@@ -31,9 +31,11 @@ steps) runs several times; in each, once rank 0 has passed ``--kill-after-step``
 * ``--mode heal``, elastic both times, every process of pod 1 SIGKILLed, in ``--rounds`` paired rounds
   (ABBA, restart = A, heal = B, no warm-up run):
 
-  * restart: today's default path: the survivors' launchers stop their workers and start new ones in the
-    smaller world, which restore the last checkpoint;
-  * heal: the same job with ``DDPJOB_HEAL=1`` in its env (the heal in place, docs/trainer.md): the survivors'
+  * restart: the path before heals (``DDPJOB_HEAL=0`` in the job's env, as in every other mode): the
+    survivors' launchers stop their workers and start new ones in the smaller world, which restore the last
+    checkpoint;
+  * heal: the same job as it runs by default, the built-in trainer's elastic job on gloo healing in place
+    (docs/trainer.md): the survivors'
     workers keep their processes and state, re-form their group at the smaller world, verify it and step
     on. Its first step is taken just after rank 0's ``verified at step S, before its first step (healed in
     place: K step(s) lost, ...)`` line: the shrink is measured to it and its steps lost are K, the trainer's
@@ -129,8 +131,8 @@ def _doc(name: str, nodes: int, steps: int, elastic: bool, heal: bool = False) -
     }
     if elastic:
         spec["elastic"] = {"minNodes": 1, "maxNodes": nodes}
-    if heal:
-        spec["env"] = [{"name": "DDPJOB_HEAL", "value": "1"}]
+    if not heal:  # the built-in trainer's elastic job heals by default: the restart path, asked for
+        spec["env"] = [{"name": "DDPJOB_HEAL", "value": "0"}]
     return {"apiVersion": "ddpjob.io/v1alpha1", "kind": "DDPJob", "metadata": {"name": name}, "spec": spec}
 
 
@@ -203,7 +205,7 @@ def run(
 ) -> dict[str, Any]:
     """One job; pod 1 lost once rank 0 passed ``kill_after``: SIGKILLed, or (``silent``) frozen, then
     SIGKILLed at the smaller world's first step or ``release_after`` seconds after the freeze. ``heal``: the
-    job heals in place (``DDPJOB_HEAL=1``)."""
+    job heals in place (its default); else it restarts (``DDPJOB_HEAL=0``)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "job.yaml").write_text(yaml.safe_dump(_doc(name, nodes, steps, elastic, heal)))
     argv = [sys.executable, "-m", "ddp_operator", "local", "job.yaml", "--workdir", "runs"]
@@ -384,7 +386,7 @@ def heal_mode(args: argparse.Namespace, where: Path) -> None:
     got = rounds(args, where, "rh", heal=True)
     print(
         f"{args.nodes} pods x 1 process (cpu/gloo), elastic (minNodes 1), pod 1 SIGKILLed after step "
-        f"{args.kill_after_step}: restart (today's default) vs heal in place (DDPJOB_HEAL=1); {args.rounds} "
+        f"{args.kill_after_step}: restart (DDPJOB_HEAL=0) vs heal in place (the default); {args.rounds} "
         "paired rounds (ABBA, restart = A)"
     )
     print("\n".join(heal_report(got["A"], got["B"])))

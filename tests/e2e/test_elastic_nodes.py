@@ -7,13 +7,14 @@ cut pod rejoins at a step boundary.
 Two pods of one rank on ``real-1`` and ``real-2`` (a required spread). The rendezvous store is a Job of
 its own (``<job>-1-rdzv``, with no placement of the workers': it runs on one of the process-tier nodes), so
 the node lost is rank 0's (its kubelet and containerd stopped, as ``test_real_nodes``' lost node): the
-node that would have hosted the rendezvous, and PyTorchJob's elastic mode's point of failure. The job
-heals (``DDPJOB_HEAL=1``, issue 57): the survivor's worker fails in a collective with its lost peer, its
-agent re-rendezvouses at one node (the launcher counts it as a resize, not a restart) and the worker heals
-in place, in the same process and state (nothing read back from storage), verifies and trains on; the
-operator keeps the attempt (``Running``, ``BelowDesired``). Once the node is back, the Job replaces the
-evicted pod, which joins at a step boundary and takes its state from the survivor: two nodes again. The cut
-pod's silence is healed the same way. The store's Job goes once the job ended."""
+node that would have hosted the rendezvous, and PyTorchJob's elastic mode's point of failure. The job heals
+(issue 57: the built-in trainer's elastic job on gloo heals by default, nothing asked in its env): the
+survivor's worker fails in a collective with its lost peer, its agent re-rendezvouses at one node (the
+launcher counts it as a resize, not a restart) and the worker heals in place, in the same process and state
+(nothing read back from storage), verifies and trains on; the operator keeps the attempt (``Running``,
+``BelowDesired``). Once the node is back, the Job replaces the evicted pod, which joins at a step boundary and
+takes its state from the survivor: two nodes again. The cut pod's silence is healed the same way. The store's
+Job goes once the job ended."""
 
 from __future__ import annotations
 
@@ -65,7 +66,6 @@ def test_an_elastic_job_trains_on_without_a_lost_node_and_grows_back_when_it_ret
         env=[
             {"name": "PYTHONPATH", "value": str(SCRIPTS)},
             {"name": slow_factories.FAST_AFTER_ENV, "value": str(gate)},  # the checkpoint folder: mounted
-            {"name": "DDPJOB_HEAL", "value": "1"},
         ],
         elastic={"minNodes": 1, "maxNodes": 2},
         syncCheck={"everySteps": 100},
@@ -159,7 +159,7 @@ def test_an_elastic_job_trains_on_without_a_lost_node_and_grows_back_when_it_ret
     shrunk = [int(w) for w in re.findall(r"elastic: world size (\d+) verified at step", survivor)]
     grown = [int(w) for w in re.findall(r"elastic: world size (\d+) verified at step", replacement)]
     assert 1 in shrunk and (2 in grown or shrunk[-1] == 2), (shrunk, grown, survivor[-3000:])  # 1 → 2
-    # issue 57: each world change healed in place (DDPJOB_HEAL=1): the survivor's workers kept their
+    # issue 57: each world change healed in place (the default): the survivor's workers kept their
     # processes and state through the cut, the loss and both returns (no restart, no checkpoint read back),
     # and the replacement took its state from the survivor over the process group
     assert survivor.count("healed in place into round") == len(changes), _told(survivor)

@@ -1,4 +1,5 @@
-"""`ddpjob local` of an elastic DDPJob that heals (issue 57; ``DDPJOB_HEAL=1`` in its env): three one-process
+"""`ddpjob local` of an elastic DDPJob that heals (issue 57: the built-in trainer's default on gloo, nothing
+asked in its env; a rigid job and a user's loop with ``DDPJOB_HEAL=1``): three one-process
 pods; once the world of 3 trains, every process of pod 1 (in a second case pod 0, rank 0's) is SIGKILLed, as
 a lost node. The other two heal in place, in the same processes: the healed world of 2 verified before its
 first step, at most one step lost, nothing restored; the replacement pod grows the world back by a heal
@@ -45,8 +46,9 @@ REFUSED = "the healed world's replica check failed at step"
 def builtin_job(
     name: str, checkpoint_every: int, env: dict[str, str] | None = None, elastic: bool = True
 ) -> dict[str, Any]:
-    """The elastic job (a rigid one: ``elastic`` False) of 3 one-process pods of the built-in trainer that
-    heals: its ``checkpointEvery`` and more ``env``."""
+    """The elastic job (a rigid one: ``elastic`` False, asked to heal with ``DDPJOB_HEAL=1``) of 3
+    one-process pods of the built-in trainer, which heals by default: its ``checkpointEvery`` and more
+    ``env``."""
     trainer = {
         "steps": 240,
         "batchSize": 16,
@@ -58,7 +60,7 @@ def builtin_job(
     doc["spec"]["syncCheck"] = {"everySteps": 20}
     doc["spec"]["env"] = [
         {"name": "PYTHONPATH", "value": pods_pythonpath(HELPERS)},
-        {"name": "DDPJOB_HEAL", "value": "1"},
+        *([] if elastic else [{"name": "DDPJOB_HEAL", "value": "1"}]),
         *({"name": key, "value": value} for key, value in (env or {}).items()),
     ]
     return doc

@@ -365,11 +365,10 @@ def main(argv: Sequence[str]) -> int:
     from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 
     args = torchrun.parse_args(list(argv))  # type: ignore[no-untyped-call]
-    armed = book.heals = heal_round.armed(os.environ)
-    if not armed:  # the workers inherit it: they heal only where this launcher does
-        os.environ.pop(heal_round.HEAL_ENV, None)
+    builtin = args.training_script_args if runs_builtin(args) else None
+    armed = book.heals = heal_round.arm(os.environ, elastic=book.elastic, builtin=builtin)  # and its workers
     _install(book, marks, notice.notice_path(os.environ) if armed else None)
-    if runs_builtin(args):
+    if builtin is not None:
         torchrun.config_from_args = warm_config_from_args(torchrun.config_from_args)
         marks.builtin = True  # its workers leave marks (SyncHealth)
     if found:  # gathered last, with nothing slow left before torch's rendezvous (a late pod misses none)

@@ -1,10 +1,11 @@
 """The launcher's side of a heal without a restart (issue 57, stage 1: a lost peer; the worker's side is
 :mod:`ddp_trainer.sync.heal`).
 
-Armed (:func:`armed`) for a job that asks for it (``DDPJOB_HEAL=1``: the built-in trainer, or a user's loop
-through :class:`~ddp_trainer.sync.healing.HealingSyncHealth`; a rigid job heals a crashed rank only; the
-design's default, on unless ``DDPJOB_HEAL=0``, waits for the heal's proof under ``ddpjob local``); the
-launcher takes the variable away from its workers otherwise, and they heal only under it. When one of this
+Armed (:func:`armed`) by default for the built-in trainer of an elastic job on gloo, and for any job that
+asks for it (``DDPJOB_HEAL=1``: a user's loop through
+:class:`~ddp_trainer.sync.healing.HealingSyncHealth`; a rigid job heals a crashed rank only); never under
+``DDPJOB_HEAL=0``. Armed, the launcher sets the variable to ``1`` for its workers; otherwise it takes it
+away from them, and they heal only under it. When one of this
 launcher's workers marks itself heal-wanted (a collective failed with a peer's loss; the worker waits,
 bounded), the agent (:func:`heal`):
 
@@ -43,6 +44,9 @@ Not here yet (the design's later stages): the fallback told to the other nodes t
 
 The round a heal meets, and torch's rendezvous closing it once its nodes joined:
 :mod:`ddp_trainer.launch.heal_meeting`.
+
+Long because the heal's ways in (a worker's mark, a silent member, a node waiting to join) share the one
+decision of when the launcher heals and the one booking of what it did: split, they would drift.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,13 +86,48 @@ FELL_BACK = "the heal in place failed"
 """The cause the launcher books for the restart in place after a failed heal, before the worker's why."""
 
 
-def armed(env: Mapping[str, str]) -> bool:
-    """Whether this launcher heals: asked to (``DDPJOB_HEAL=1``). The built-in trainer heals; a user's script
-    does when it runs its steps through :class:`ddp_trainer.sync.healing.HealingSyncHealth` (one that does not
-    is restarted, as before: its worker ends with the error, or, for a grow, once it has not left its group
-    in time). An elastic job heals a lost peer, a silent one and a node that joins; a rigid one (no smaller
-    world to heal into) a rank that crashed, whose fresh workers join the others' heal."""
-    return env.get(HEAL_ENV, "").strip() == "1"
+def armed(env: Mapping[str, str], *, elastic: bool = False, builtin: Sequence[str] | None = None) -> bool:
+    """Whether this launcher heals. ``DDPJOB_HEAL=1``: asked to; ``0``: not. Unset: the built-in trainer
+    (``builtin``: its flags) of an elastic job heals where its group is gloo's (:func:`on_gloo`; an NCCL
+    group's heal is a later stage), the design's default; anything else restarts, as before heals. A user's
+    script heals when asked, and when it runs its steps through
+    :class:`ddp_trainer.sync.healing.HealingSyncHealth` (one that does not is restarted, as before: its
+    worker ends with the error, or, for a grow, once it has not left its group in time). An elastic job
+    heals a lost peer, a silent one and a node that joins; a rigid one, asked (no smaller world to heal
+    into), a rank that crashed, whose fresh workers join the others' heal."""
+    asked = env.get(HEAL_ENV, "").strip()
+    if asked:
+        return asked == "1"
+    return elastic and builtin is not None and on_gloo(builtin)
+
+
+def arm(env: MutableMapping[str, str], *, elastic: bool, builtin: Sequence[str] | None) -> bool:
+    """:func:`armed`, told to the workers, which inherit ``env``: ``DDPJOB_HEAL=1`` where this launcher
+    heals, unset where it does not (they heal only under it)."""
+    on = armed(env, elastic=elastic, builtin=builtin)
+    env.pop(HEAL_ENV, None)
+    env.update({HEAL_ENV: "1"} if on else {})
+    return on
+
+
+def on_gloo(argv: Sequence[str], cuda: Callable[[], bool] | None = None) -> bool:
+    """Whether the built-in trainer's flags ``argv`` give it gloo's group: ``--backend gloo``, or ``auto``
+    on ``--device cpu``, or ``auto`` on a host without CUDA (``cuda``: torch's ``cuda.is_available``)."""
+    flags: dict[str, str] = {}
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name in ("--backend", "--device"):
+            flags[name] = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+    backend, device = flags.get("--backend", "auto"), flags.get("--device", "auto")
+    if backend != "auto":
+        return backend == "gloo"
+    if device != "auto":
+        return device == "cpu"
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available
+    return not cuda()
 
 
 def wanting(notes: Sequence[Note | None]) -> bool:

@@ -23,10 +23,40 @@ HEALED = notice.read_note(notice.healed_note(4, {"step": 10}))
 FAILED = notice.read_note(notice.heal_failed_note(4, "the store never came"))
 
 
-def test_a_heal_is_armed_for_a_job_that_asks() -> None:
-    assert heal_round.armed({heal_round.HEAL_ENV: "1"})  # the built-in trainer, or a user's loop that heals
-    assert not heal_round.armed({})  # until proven under ddpjob local: asked for
-    assert not heal_round.armed({heal_round.HEAL_ENV: "0"})
+def test_a_heal_is_armed_when_asked_and_by_default_for_the_built_in_trainers_elastic_gloo_job() -> None:
+    asked, off = {heal_round.HEAL_ENV: "1"}, {heal_round.HEAL_ENV: "0"}
+    cpu = ["--device=cpu", "--steps=10"]
+    assert heal_round.armed(asked)  # a user's loop that heals, a rigid job's crashed rank
+    assert heal_round.armed(asked, elastic=True, builtin=["--device=cuda"])  # asked: the worker decides
+    assert not heal_round.armed({})  # a user's script: asked for
+    assert not heal_round.armed({}, elastic=False, builtin=cpu)  # a rigid job: asked for
+    assert heal_round.armed({}, elastic=True, builtin=cpu)  # the design's default
+    assert not heal_round.armed(off, elastic=True, builtin=cpu)  # turned off
+    assert not heal_round.armed({heal_round.HEAL_ENV: "yes"}, elastic=True, builtin=cpu)  # only 1 asks
+    assert not heal_round.armed({}, elastic=True, builtin=["--device", "cuda"])  # NCCL: a later stage
+
+
+def test_the_built_in_trainers_group_is_gloos_by_its_flags_else_by_the_host() -> None:
+    def never() -> bool:
+        raise AssertionError("the host asked although the flags decide")
+
+    assert heal_round.on_gloo(["--backend=gloo", "--device=cuda"], never)
+    assert heal_round.on_gloo(["--backend", "gloo"], never)
+    assert not heal_round.on_gloo(["--backend=nccl"], never)
+    assert heal_round.on_gloo(["--backend=auto", "--device=cpu"], never)
+    assert not heal_round.on_gloo(["--device", "cuda"], never)
+    assert heal_round.on_gloo(["--steps=5"], lambda: False)  # auto on a host without CUDA
+    assert not heal_round.on_gloo(["--device=auto"], lambda: True)
+    assert not heal_round.on_gloo(["--device"], lambda: True)  # a flag without its value: not gloo
+
+
+def test_the_workers_are_told_whether_their_launcher_heals() -> None:
+    env = {heal_round.HEAL_ENV: "0", "OTHER": "x"}
+    assert not heal_round.arm(env, elastic=True, builtin=["--device=cpu"]) and env == {"OTHER": "x"}
+    env = {}
+    assert heal_round.arm(env, elastic=True, builtin=["--device=cpu"]) and env == {heal_round.HEAL_ENV: "1"}
+    env = {heal_round.HEAL_ENV: " 1 "}
+    assert heal_round.arm(env, elastic=False, builtin=None) and env == {heal_round.HEAL_ENV: "1"}
 
 
 def test_a_heal_is_wanted_when_a_worker_says_so() -> None:
