@@ -158,15 +158,19 @@ def test_round_trip_render_run_the_trainer_read_the_status(tmp_path: Path, attem
     assert written["sync"]["checks"] == report["checks"] >= 3  # initial, steps 2 and 4
 
 
-def test_restarts_in_place_round_trip_from_the_trainers_report_to_the_status() -> None:
-    """The restarts in place and the cause that the trainer's report states (written by reporting.report,
-    through the termination message) are what the operator's status counts: one key on both sides,
-    contract.REPORT_RESTARTS_IN_PLACE (the metric, contract.RESTARTS_IN_PLACE, is another name)."""
+@pytest.mark.parametrize("source", contract.RESTART_FROM)
+def test_restarts_in_place_round_trip_from_the_trainers_report_to_the_status(source: str) -> None:
+    """The restarts in place, the cause and where the restarted workers' state came from that the
+    trainer's report states (written by reporting.report, through the termination message) are what the
+    operator's status counts and says: one key on both sides, contract.REPORT_RESTARTS_IN_PLACE (the
+    metric, contract.RESTARTS_IN_PLACE, is another name)."""
     from ddp_trainer.reporting import report as trainer_report
     from ddp_trainer.sync.checking import Tally
 
     cause = "rank 1 exited 1: RuntimeError: boom"
-    facts = trainer_report.RunFacts(4, 2, 2, contract.FIRST_ATTEMPT, restarts_in_place=2, last_restart=cause)
+    facts = trainer_report.RunFacts(
+        4, 2, 2, contract.FIRST_ATTEMPT, restarts_in_place=2, last_restart=cause, last_restart_from=source
+    )
     tally = Tally(checks=3, last_check_step=4, last_check_ok=True)
     _, written_report = trainer_report.finished(tally, facts, 4, "digest")
     message = trainer_report.termination_message(written_report)
@@ -185,6 +189,48 @@ def test_restarts_in_place_round_trip_from_the_trainers_report_to_the_status() -
     assert (written["restarts"], written[restarts.RESTARTS_IN_PLACE_FIELD]) == (2, 2)
     last = written[restarts.LAST_RESTART_FIELD]
     assert (last["kind"], last["inAttempt"]) == (restarts.IN_PLACE, 2) and cause in last["message"]
+    assert last["message"].endswith(restarts.RESUMING_FROM[source]), last["message"]
+
+
+@pytest.mark.parametrize("source", contract.RESTART_FROM)
+def test_where_a_restarts_workers_took_their_state_from_round_trips_from_the_trainers_series(
+    source: str, tmp_path: Path
+) -> None:
+    """The launch state a restarted pod's launcher wrote (core.inplace) → its workers' series
+    (reporting.metrics, ``ddp_last_restart_info``) → the operator's reading (observe.metrics.parse): the
+    cause and where the state came from arrive as written, and the other pod's "another node" does not win
+    the cause; a series without the label (an older trainer) reads as the checkpoint."""
+    from prometheus_client import generate_latest
+
+    from ddp_operator.observe import metrics as operator_metrics
+    from ddp_trainer.core import inplace
+    from ddp_trainer.reporting.metrics import TrainerMetrics
+
+    texts = []
+    for rank, state in enumerate(
+        [
+            inplace.LaunchState(1, "rank 1 (pid 7) was killed by SIGKILL", 1.0, restart_from=source),
+            inplace.LaunchState(1, contract.OTHER_NODE_FAILED, 1.0),
+        ]
+    ):
+        registry = CollectorRegistry()
+        labels = {"ddpjob": "j", "ddpjob_namespace": "n", "rank": str(rank), "node_rank": str(rank)}
+        inplace.write_state(path := tmp_path / f"launch-{rank}.json", state)  # the launcher's file
+        read_back = inplace.read_state({contract.LAUNCH_STATE_ENV: str(path)})  # its worker's reading
+        assert read_back == state
+        TrainerMetrics(labels, {}, registry).restarted(
+            read_back.restarts, read_back.cause, read_back.restart_from
+        )
+        texts.append(generate_latest(registry).decode())
+    read = operator_metrics.parse(texts)
+    assert (read.restarts_in_place, read.restart_cause, read.restart_from) == (
+        1,
+        "rank 1 (pid 7) was killed by SIGKILL",
+        source,
+    )
+    older = texts[0].replace(f',{contract.RESTART_FROM_LABEL}="{source}"', "")
+    assert contract.RESTART_FROM_LABEL not in older
+    assert operator_metrics.parse([older]).restart_from == contract.RESTART_FROM_CHECKPOINT
 
 
 @pytest.mark.parametrize(

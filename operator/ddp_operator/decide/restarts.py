@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Final
 
 from ddp_operator.api import exits, reasons, typed_status
 from ddp_operator.api.typed_status import LastRestart, Status
@@ -144,8 +145,8 @@ def budget(out: StatusBuilder, max_restarts: int, facts: Facts, snapshot: Snapsh
     previous status's counts (``out``'s), and the restarts in place its pods reported, at once."""
     attempt, (preemptions, in_place) = facts.attempt, out.counted
     before = contract.restarts_before(attempt)
-    seen, cause = in_place_seen(attempt, facts.report, snapshot)
-    said = restarted_in_place(out, attempt, seen, cause, max_restarts, before + in_place)
+    seen, cause, source = in_place_seen(attempt, facts.report, snapshot)
+    said = restarted_in_place(out, attempt, seen, cause, max_restarts, before + in_place, source)
     return Budget(before + in_place, left(max_restarts, before - preemptions + in_place), said)
 
 
@@ -262,12 +263,34 @@ def in_place_so_far(previous: Status, attempt: int) -> int:
     return 0
 
 
+RESUMING_FROM: Final = {
+    contract.RESTART_FROM_CHECKPOINT: "resuming from the last checkpoint",
+    contract.RESTART_FROM_OTHERS: (
+        "the restarted workers join the others, which heal in place, and copy their state from a live "
+        "replica (the last checkpoint where none is left)"
+    ),
+}
+"""How a restart in place's event says where its workers' state comes from (``contract.RESTART_FROM``)."""
+
+
+def resuming_from(source: object) -> str:
+    """:data:`RESUMING_FROM` of ``source``; the checkpoint's for anything else (an older trainer's report)."""
+    return RESUMING_FROM.get(str(source), RESUMING_FROM[contract.RESTART_FROM_CHECKPOINT])
+
+
 def restarted_in_place(
-    out: StatusBuilder, attempt: int, seen: int, cause: str, max_restarts: int, shown: int
+    out: StatusBuilder,
+    attempt: int,
+    seen: int,
+    cause: str,
+    max_restarts: int,
+    shown: int,
+    source: str = contract.RESTART_FROM_CHECKPOINT,
 ) -> Said:
     """The restarts in place the pods of ``attempt`` reported (``seen`` so far in the attempt; the cause of
-    the last) beyond what the previous status (``out``'s) counts, counted: ``restarts`` (``shown`` before
-    them), ``restartsInPlace``, ``lastRestart`` and a Warning event."""
+    the last, and where its workers' state came from: ``source``) beyond what the previous status
+    (``out``'s) counts, counted: ``restarts`` (``shown`` before them), ``restartsInPlace``, ``lastRestart``
+    and a Warning event."""
     known = in_place_so_far(out.last, attempt)
     if seen <= known:
         return Said()
@@ -275,7 +298,7 @@ def restarted_in_place(
     why = cause or "a process failed"
     message = (
         f"attempt {attempt}: gang restarted in place ({seen} in this attempt, {total} of "
-        f"maxRestarts {max_restarts} used): {why}; same pods, resuming from the last checkpoint"
+        f"maxRestarts {max_restarts} used): {why}; same pods, {resuming_from(source)}"
     )
     last = LastRestart(IN_PLACE, attempt, seen, RESTARTED_IN_PLACE, message[:1024], out.now)
     fields = dict(restarts_in_place=out.counted[1] + seen - known, restarts=total, last_restart=last)
@@ -287,14 +310,19 @@ def recreated(out: StatusBuilder, attempt: int, reason: str, message: str) -> No
     out.set(last_restart=LastRestart(RECREATE, attempt, None, reason, message[:1024], out.now))
 
 
-def in_place_seen(attempt: int, report: contract.Report | None, snapshot: Snapshot | None) -> tuple[int, str]:
+def in_place_seen(
+    attempt: int, report: contract.Report | None, snapshot: Snapshot | None
+) -> tuple[int, str, str]:
     """The restarts in place the pods of ``attempt`` reported (the metrics while it runs, rank 0's
-    report at its end: the higher count wins), and the cause of the last."""
+    report at its end: the higher count wins), the cause of the last and where its workers' state came
+    from."""
     report = report or {}
-    seen, cause = 0, ""
+    seen, cause, source = 0, "", contract.RESTART_FROM_CHECKPOINT
     if snapshot is not None and snapshot.attempt == attempt and snapshot.latest is not None:
-        seen, cause = snapshot.latest.restarts_in_place, snapshot.latest.restart_cause
+        latest = snapshot.latest
+        seen, cause, source = latest.restarts_in_place, latest.restart_cause, latest.restart_from
     said = report.get(contract.REPORT_RESTARTS_IN_PLACE)
     if report.get("attempt") == attempt and isinstance(said, int) and said > seen:
         seen, cause = said, str(report.get(contract.REPORT_LAST_RESTART) or cause)
-    return seen, cause
+        source = str(report.get(contract.REPORT_LAST_RESTART_FROM) or contract.RESTART_FROM_CHECKPOINT)
+    return seen, cause, source

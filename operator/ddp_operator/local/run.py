@@ -76,10 +76,12 @@ def run(
             now_in_place = _in_place(outcome.report, attempt)
             if now_in_place:
                 in_place += now_in_place
+                said = outcome.report or {}
                 console.say(
                     f"ddpjob local: {spec.name}: attempt {attempt} restarted its gang in place "
                     f"{now_in_place} time(s) in the same pods (last: "
-                    f"{(outcome.report or {}).get(contract.REPORT_LAST_RESTART, 'a process failed')})"
+                    f"{said.get(contract.REPORT_LAST_RESTART, 'a process failed')}; "
+                    f"{restarts.resuming_from(said.get(contract.REPORT_LAST_RESTART_FROM))})"
                 )
             if interrupt.count:
                 host.write_state(run_dir, "Interrupted")

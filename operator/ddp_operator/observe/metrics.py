@@ -80,6 +80,9 @@ class Progress:
     restart_cause: str = ""
     """Why the last of them happened: of the pods' ``ddp_last_restart_info`` causes for it, the one that
     names the failing rank best (``contract.blame``)."""
+    restart_from: str = contract.RESTART_FROM_CHECKPOINT
+    """Where that restart's workers took their state from, as the pod of that cause says
+    (``contract.RESTART_FROM``)."""
 
     world_size: int | None = None
     """The processes of the world that trains now, as rank 0 says it (``ddp_info``'s ``world_size``; the
@@ -161,7 +164,7 @@ def parse(texts: Iterable[str]) -> Progress:
     checks: dict[tuple[str, str, str], float] = {}
     gauges: dict[str, dict[str, float]] = {name: {} for name in _GAUGES}
     durations: dict[str, list[float]] = {}
-    causes: dict[str, float] = {}
+    causes: dict[tuple[str, str], float] = {}  # (cause, where the state came from) → the restart
     worlds: dict[str, int] = {}
     resizes: dict[str, LastResize] = {}
     rounds: dict[int, LastResize] = {}
@@ -178,8 +181,11 @@ def parse(texts: Iterable[str]) -> Progress:
                 elif sample.name == contract.counter_sample(contract.SAMPLES):
                     samples[rank] = sample.value
                 elif sample.name == contract.LAST_RESTART_INFO:
-                    cause = sample.labels.get("cause", "")
-                    causes[cause] = max(causes.get(cause, 0.0), sample.value)
+                    restart = (
+                        sample.labels.get("cause", ""),
+                        sample.labels.get(contract.RESTART_FROM_LABEL, contract.RESTART_FROM_CHECKPOINT),
+                    )
+                    causes[restart] = max(causes.get(restart, 0.0), sample.value)
                 elif sample.name == contract.INFO and sample.value == 1:
                     if (world := _count(sample.labels.get("world_size"))) is not None:
                         worlds[rank] = world
@@ -233,11 +239,18 @@ def parse(texts: Iterable[str]) -> Progress:
         resizes=int(max(gauges[contract.ELASTIC_RESIZES].values(), default=0)),
         last_resize=last_resize,
         changes=tuple(rounds[number] for number in sorted(rounds)),
-        restart_cause=min(
-            (cause for cause, value in causes.items() if restarts and int(value) == restarts),
-            key=contract.blame,
-            default="",
-        ),
+        restart_cause=(last := _last_restart(causes, restarts))[0],
+        restart_from=last[1],
+    )
+
+
+def _last_restart(causes: Mapping[tuple[str, str], float], restarts: int) -> tuple[str, str]:
+    """Of the pods' (cause, where the state came from) of restart ``restarts``, the one whose cause names
+    the failing rank best (``contract.blame``); nothing said: no cause, the checkpoint."""
+    return min(
+        (key for key, value in causes.items() if restarts and int(value) == restarts),
+        key=lambda key: contract.blame(key[0]),
+        default=("", contract.RESTART_FROM_CHECKPOINT),
     )
 
 

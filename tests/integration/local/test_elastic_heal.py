@@ -28,7 +28,9 @@ from typing import Any
 import pytest
 import yaml
 
+from ddp_operator.decide import restarts
 from ddp_operator.local import elastic
+from ddp_trainer import contract
 from ddp_trainer.launch.heal_round import FELL_BACK
 from helpers import REPO
 from helpers.local_jobs import RUN_SECONDS, job, pod_pids, pods_pythonpath, signal_pod, stop_job, unique_name
@@ -267,6 +269,9 @@ def test_a_rigid_jobs_crashed_rank_starts_afresh_and_joins_the_others_which_heal
     report = run.report(0)
     assert report["verified"] is True and report["step"] == 240, report
     assert report["restartsInPlace"] == 1, report  # the crashed rank's node counted its own restart
+    # and the report, the status and `ddpjob local` say where its workers' state came from
+    assert report[contract.REPORT_LAST_RESTART_FROM] == contract.RESTART_FROM_OTHERS, report
+    assert restarts.RESUMING_FROM[contract.RESTART_FROM_OTHERS] in out, out
     print(joined[0], shown[0][0], out.splitlines()[-3:], sep="\n")
 
 

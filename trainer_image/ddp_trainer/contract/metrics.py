@@ -121,7 +121,15 @@ LAST_RESIZE_BYTES_SENT: Final = "ddp_last_resize_bytes_sent"
 needed it (a joiner, a survivor a step ahead; 0 when none did). Absent for a world whose workers restarted."""
 LAST_RESTART_INFO: Final = "ddp_last_restart_info"
 """Value: the in-place restart it describes; label ``cause``: the failing rank, exit code and first error, as
-the pod whose agent saw it says (other pods say ``a rank on another node failed``)."""
+the pod whose agent saw it says (other pods say ``a rank on another node failed``); label
+:data:`RESTART_FROM_LABEL`: where the restarted workers' state comes from."""
+RESTART_FROM_LABEL: Final = "state_from"
+RESTART_FROM_CHECKPOINT: Final = "checkpoint"
+"""The restarted workers restore the last checkpoint (a job that does not heal, or a refused heal)."""
+RESTART_FROM_OTHERS: Final = "others"
+"""The restarted workers' launcher heals (issue 57): they join the others, which heal in place, and copy
+their state from a live replica where one is there (else they too restore the last checkpoint)."""
+RESTART_FROM: Final = (RESTART_FROM_CHECKPOINT, RESTART_FROM_OTHERS)
 PROBES: Final = "ddp_probes"
 """Compute probes by ``result`` (:data:`PROBE_RESULTS`)."""
 PROBE_FAULTY: Final = "ddp_probe_faulty"

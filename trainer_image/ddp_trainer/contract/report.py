@@ -106,6 +106,8 @@ class Report(TypedDict, total=False):
     """Gang restarts done in place (same pods) during this attempt (present only when there were any)."""
     lastRestart: str
     """Why the last in-place gang restart happened: the failing rank, its exit code and first error."""
+    lastRestartFrom: str
+    """Where that restart's workers took their state from (``contract.RESTART_FROM``)."""
     sharding: str
     """For an HSDP model, what was compared (``HSDP 2 x 2: each of 2 shards compared across its 2
     replicas``); absent for DDP."""
@@ -161,6 +163,8 @@ REPORT_RESTARTS_IN_PLACE: Final = "restartsInPlace"
 metric is :data:`RESTARTS_IN_PLACE`)."""
 REPORT_LAST_RESTART: Final = "lastRestart"
 """The report's key of :attr:`Report.lastRestart`."""
+REPORT_LAST_RESTART_FROM: Final = "lastRestartFrom"
+"""The report's key of :attr:`Report.lastRestartFrom`."""
 REPORT_EARLIER_WORLDS: Final = "earlierWorlds"
 """The report's key of :attr:`Report.earlierWorlds`: the trainer carries an attempt's checks over its
 worlds in it, the operator and local mode add them to the report's own (``checks`` is one world's)."""

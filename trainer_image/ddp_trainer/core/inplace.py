@@ -46,6 +46,9 @@ class LaunchState:
     """Every world change this pod's launcher saw in this attempt (the last :data:`HISTORY` of them), oldest
     first: what the operator counts, so a world it never read between two of its readings is counted
     too."""
+    restart_from: str = contract.RESTART_FROM_CHECKPOINT
+    """Where the last restart's workers take their state from (``contract.RESTART_FROM``): the others, where
+    the launcher heals, else the last checkpoint."""
 
 
 HISTORY = 32
@@ -87,6 +90,7 @@ def read_state(env: Mapping[str, str]) -> LaunchState:
                 Change(int(r), str(why), int(b), int(a), float(t), *map(str, how))
                 for r, why, b, a, t, *how in data.get("history", ())
             ),
+            str(data.get("restart_from", contract.RESTART_FROM_CHECKPOINT)),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return LaunchState()

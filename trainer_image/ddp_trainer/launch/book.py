@@ -23,6 +23,14 @@ from ddp_trainer.core.inplace import (
     write_state,
 )
 
+RESTARTED_FROM = {
+    contract.RESTART_FROM_OTHERS: (
+        "from the others' state where they heal in place, else from the last checkpoint"
+    ),
+    contract.RESTART_FROM_CHECKPOINT: "from the last checkpoint",
+}
+"""How a restart's line says where its workers' state comes from."""
+
 
 class Book:
     """The launcher's side of the bookkeeping: the failure seen, then what the next rendezvous made of it
@@ -171,16 +179,14 @@ class Book:
     def restarting(self) -> None:
         why, at = self.pending or (OTHER_NODE, time.time())
         self.pending = None
-        self.state = dataclasses.replace(self.state, restarts=self.state.restarts + 1, cause=why, at=at)
-        write_state(self.path, self.state)
-        source = (
-            "from the others' state where they heal in place, else from the last checkpoint"
-            if self.heals
-            else "from the last checkpoint"
+        source = contract.RESTART_FROM_OTHERS if self.heals else contract.RESTART_FROM_CHECKPOINT
+        self.state = dataclasses.replace(
+            self.state, restarts=self.state.restarts + 1, cause=why, at=at, restart_from=source
         )
+        write_state(self.path, self.state)
         print(
             f"{contract.log_stamp(at)} [launcher] gang restart in place {self.state.restarts}: {why}; "
-            f"restarting this pod's workers {source}",
+            f"restarting this pod's workers {RESTARTED_FROM[source]}",
             file=sys.stderr,
             flush=True,
         )

@@ -115,7 +115,9 @@ class TrainerMetrics:
             contract.RESTARTS_IN_PLACE, "Gang restarts done in place (same pods) in this attempt."
         ).labels(**labels)
         self._last_restart = gauge(
-            contract.LAST_RESTART_INFO, "The last in-place gang restart (value) and its cause.", ("cause",)
+            contract.LAST_RESTART_INFO,
+            "The last in-place gang restart (value), its cause and where its workers' state came from.",
+            ("cause", contract.RESTART_FROM_LABEL),
         )
         self.resizes = gauge(
             contract.ELASTIC_RESIZES,
@@ -141,11 +143,13 @@ class TrainerMetrics:
         self._registry = registry
         self.probe: ProbeSeries | None = None
 
-    def restarted(self, count: int, cause: str) -> None:
-        """This attempt's in-place gang restarts so far, and why the last one happened."""
+    def restarted(self, count: int, cause: str, source: str = contract.RESTART_FROM_CHECKPOINT) -> None:
+        """This attempt's in-place gang restarts so far, why the last one happened, and where its workers'
+        state came from (``source``: one of ``contract.RESTART_FROM``)."""
         self.restarts_in_place.set(count)
         if count:
-            self._last_restart.labels(**self.labels, cause=cause).set(count)
+            where = {contract.RESTART_FROM_LABEL: source}
+            self._last_restart.labels(**self.labels, cause=cause, **where).set(count)
 
     def resized(self, state: LaunchState, now: float) -> None:
         """An elastic job's world changes in this attempt, as this pod's launcher saw them, each: why, the

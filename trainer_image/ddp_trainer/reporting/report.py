@@ -53,6 +53,8 @@ class RunFacts:
     """Gang restarts done in place in this attempt before this run (the launcher's count)."""
     last_restart: str = ""
     """Why the last of them happened."""
+    last_restart_from: str = contract.RESTART_FROM_CHECKPOINT
+    """Where its workers took their state from (``contract.RESTART_FROM``)."""
 
 
 def build(
@@ -83,6 +85,7 @@ def build(
     if facts.restarts_in_place:
         report[contract.REPORT_RESTARTS_IN_PLACE] = facts.restarts_in_place
         report[contract.REPORT_LAST_RESTART] = facts.last_restart[:512]
+        report[contract.REPORT_LAST_RESTART_FROM] = facts.last_restart_from
     return report
 
 

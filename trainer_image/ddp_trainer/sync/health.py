@@ -242,7 +242,7 @@ class SyncHealth(Closing):
         if self.total_steps is not None:
             self.metrics.total_steps.set(self.total_steps)
         self.metrics.restarts.set(contract.restarts_before(self.pod.attempt) + self.restart.restarts)
-        self.metrics.restarted(self.restart.restarts, self.restart.cause)
+        self.metrics.restarted(self.restart.restarts, self.restart.cause, self.restart.restart_from)
         self._start_probe(model, *self._probe_with, drill=first)
         self._last = time.perf_counter()
         self.world_checks_from = self.tally.checks
@@ -367,7 +367,8 @@ class SyncHealth(Closing):
         best = min(latest, key=lambda state: contract.blame(state.cause))
         if count and self.rank == 0:
             log.warning("gang restart in place %d of this attempt: %s", count, best.cause)
-        return inplace.LaunchState(count, best.cause, min(state.at for state in latest))
+        at = min(state.at for state in latest)
+        return inplace.LaunchState(count, best.cause, at, restart_from=best.restart_from)
 
     def _first_run(self) -> bool:
         """The first run of attempt 1 (no gang restart of either kind yet): when the recovery drill fires."""

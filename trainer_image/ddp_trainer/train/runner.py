@@ -341,6 +341,7 @@ class Session:
             self.skipped,
             restarted.restarts,
             restarted.cause,
+            restarted.restart_from,
         )
 
     def diverged(self, err: DivergenceError) -> tuple[int, contract.Report]:

@@ -574,6 +574,20 @@ def test_restarts_in_place_are_counted_once_from_the_pods_readings_with_their_ca
     assert env[contract.PET_MAX_RESTARTS] == "0" and env[contract.PET_RDZV_BACKEND] == "c10d"
 
 
+def test_a_restart_whose_workers_joined_the_others_heal_says_where_their_state_came_from() -> None:
+    """A rigid job that heals (``DDPJOB_HEAL=1``): one pod's crashed rank restarted and copied its state
+    from the others, which healed in place; the event says so, not "resuming from the last checkpoint"."""
+    cause = "rank 1 (pid 7) was killed by SIGKILL"
+    reading = _snapshot(
+        NOW, 40, restarts_in_place=1, restart_cause=cause, restart_from=contract.RESTART_FROM_OTHERS
+    )
+    plan = _running({"phase": "Running", "attempt": 1}, reading)
+    (event,) = [e for e in plan.events if e.reason == "RestartedInPlace"]
+    assert cause in event.message and "copy their state from a live replica" in event.message, event.message
+    assert "resuming from the last checkpoint" not in event.message
+    assert plan.status["lastRestart"]["message"] == event.message
+
+
 def test_a_restart_in_place_keeps_a_queued_jobs_admission() -> None:
     """Kueue admitted the Job (unsuspended it); a restart in place changes no child: the Job is neither
     re-suspended, deleted nor replaced, so the gang keeps its admission and its nodes."""

@@ -103,6 +103,13 @@ def test_a_rigid_world_whose_workers_heal_after_another_nodes_crash_counts_no_re
     assert book.rendezvoused(3, 2) == (inplace.SAME, 0) and book.state.restarts == 1
     said = capsys.readouterr().err  # its fresh workers join the others' heal: not the checkpoint's state
     assert "restarting this pod's workers from the others' state where they heal in place" in said, said
+    assert book.state.restart_from == contract.RESTART_FROM_OTHERS  # what the workers report
+    plain = Book(tmp_path / "plain.json")  # a launcher that does not heal
+    plain.rendezvoused(3)
+    plain.failed({0: (1, "boom")})
+    plain.rendezvoused(3, 2)
+    assert plain.state.restart_from == contract.RESTART_FROM_CHECKPOINT
+    assert "restarting this pod's workers from the last checkpoint" in capsys.readouterr().err
 
 
 def test_each_world_change_is_recorded_with_its_reason_for_the_workers(tmp_path: Path) -> None:
