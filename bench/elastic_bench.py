@@ -158,9 +158,9 @@ def figures_from(lines: Sequence[str], lost_at: float, reached: int, elastic: bo
     (``time.time()``) and the step rank 0 had reached at the loss: ``recover_s``/``recover_steps`` (the
     loss to the first step after it) and, elastic, ``grow_s``/``grow_steps`` (the running world's first
     SIGTERM, any rank's, or the healing ranks leaving their group (:data:`GROW_ASKED`), to the next world's
-    first step); a figure the logs do not hold is absent. A world healed in place (its :data:`HEALED` line, then
-    the first step after the step it names) loses the steps it says it lost (``healed``, and for the grow
-    ``grow_healed``)."""
+    first step); a figure the logs do not hold is absent. A world healed in place (its :data:`HEALED` line,
+    then the first step after the step it names) loses the steps it says it lost (``healed``, and for the
+    grow ``grow_healed``)."""
     healed = {int(m[2]): int(m[3]) for line in lines if (m := HEALED.match(line))}  # resumed after → lost
     starts = [(_when(m[1]), int(m[3] or 0)) for line in lines if (m := FIRST_STEP.match(line))]
     firsts = [(at, resumed, healed.get(resumed)) for at, resumed in sorted(starts)]
