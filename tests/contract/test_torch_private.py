@@ -429,6 +429,28 @@ def test_a_heals_round_closes_when_its_nodes_joined_whoever_joined_first(rendezv
     assert rdzv._RendezvousJoinOp.__call__ is original
 
 
+def test_a_heals_rendezvous_polls_torchs_state_faster_than_every_second() -> None:
+    """launch/heal_meeting.polling: torch's op executor waits for state changes with the module-level
+    ``_delay(seconds=1)`` of dynamic_rendezvous (its SYNC action); the heal's rendezvous makes that wait
+    POLL_SECONDS, leaves the compare-and-set back-off (a range) as it is, and puts torch's back after."""
+    import inspect
+    import time
+
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
+
+    from ddp_trainer.launch import heal_meeting
+
+    run = inspect.getsource(rdzv._DistributedRendezvousOpExecutor.run)
+    assert "_delay(seconds=1)" in run, "torch's rendezvous no longer polls with _delay(seconds=1)"
+    original = rdzv._delay
+    with heal_meeting.polling():
+        started = time.monotonic()
+        rdzv._delay(seconds=1)
+        rdzv._delay(seconds=(0, 0.01))
+        took = time.monotonic() - started
+    assert rdzv._delay is original and took < 0.6, took
+
+
 def test_num_nodes_waiting_keeps_the_shape_the_launcher_wraps(rendezvous: Any) -> None:
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler

@@ -150,3 +150,28 @@ def closing_when_full() -> Iterator[None]:
         yield
     finally:
         op.__call__ = original  # type: ignore[method-assign]
+
+
+POLL_SECONDS = 0.1
+"""How often a heal's rendezvous reads torch's state while it waits (torch's own poll: every second)."""
+
+
+@contextlib.contextmanager
+def polling(every: float = POLL_SECONDS) -> Iterator[None]:
+    """torch's rendezvous polling its state every ``every`` seconds instead of every second while it waits
+    (its op executor's ``SYNC`` delay), put back after: a heal's round is a few agents that know they meet,
+    and each second of torch's poll is a second every survivor's training stands still (measured: a grow's
+    round took 2.5 s for three agents that had all asked to join). Its other delays (the compare-and-set
+    back-off) stay."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
+
+    original = rdzv._delay
+
+    def delay(seconds: float | tuple[float, float]) -> None:
+        original(seconds=every if seconds == 1 else seconds)
+
+    rdzv._delay = delay
+    try:
+        yield
+    finally:
+        rdzv._delay = original

@@ -63,7 +63,7 @@ from ddp_trainer.core import notice
 from ddp_trainer.core.notice import Note, Notice
 from ddp_trainer.launch import silence
 from ddp_trainer.launch.book import Book
-from ddp_trainer.launch.heal_meeting import closing_at, members_alive, say_healing
+from ddp_trainer.launch.heal_meeting import closing_at, members_alive, polling, say_healing
 from ddp_trainer.launch.rounds import stop_now
 from ddp_trainer.launch.workers import Marks, pids
 from ddp_trainer.sync import heal as sync_heal
@@ -211,7 +211,7 @@ def heal(
     )
     say(f"{trigger}: healing this pod's workers in place (no restart): meeting the next round{alive}")
     last_call = 2 * watch.watch.bound + silence.MARGIN_SECONDS if watch is not None else None
-    with closing_at(handler, meeting, last_call):
+    with closing_at(handler, meeting, last_call), polling():
         agent._rendezvous(group, healing=True)
     for worker in group.workers:
         worker.id = ids[int(worker.local_rank)]
