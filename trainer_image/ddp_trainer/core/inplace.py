@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from ddp_trainer import contract
 
@@ -193,6 +194,20 @@ def write_error_file(message: str) -> None:
         Path(path).write_text(json.dumps({"message": message[:2000], "timestamp": int(time.time())}))
     except OSError:
         pass
+
+
+def whole_lines(stream: Any) -> None:
+    """Make each line printed to ``stream`` (the launcher's stderr, which shares the pod's log with its
+    workers) reach the file in one write: under ``PYTHONUNBUFFERED`` (the pods') Python writes a print's text
+    and its newline apart, and a worker's line landed between them (seen: the launcher's ``healed in place``
+    line and rank 0's ``verified`` line on one line, which a log reader then missed). Line-buffered instead:
+    a print's text waits for its newline. A stream that cannot be reconfigured is left as it is."""
+    reconfigure = getattr(stream, "reconfigure", None)
+    if reconfigure is not None:
+        try:
+            reconfigure(line_buffering=True, write_through=False)
+        except (ValueError, OSError):
+            return
 
 
 def exit_now(code: int) -> None:

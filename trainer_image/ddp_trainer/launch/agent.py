@@ -59,7 +59,7 @@ from typing import Any
 from ddp_trainer import contract
 from ddp_trainer.core import notice
 from ddp_trainer.core.config import termination_log
-from ddp_trainer.core.inplace import SAME, exit_code_of, not_retried
+from ddp_trainer.core.inplace import SAME, exit_code_of, not_retried, whole_lines
 from ddp_trainer.launch import heal_round, silence, store, workers
 from ddp_trainer.launch.book import Book
 from ddp_trainer.launch.outage import POLL_SECONDS, StoreWait, reach
@@ -349,6 +349,7 @@ def _install(book: Book, marks: workers.Marks, healing: Path | None = None) -> N
 
 def main(argv: Sequence[str]) -> int:
     """Run torchrun with ``argv``; its exit code (a not-retried worker code passes through)."""
+    whole_lines(sys.stderr)  # its workers write to the same file
     state = os.environ.get(contract.LAUNCH_STATE_ENV) or f"{tempfile.mkdtemp(prefix='ddp-')}/launch.json"
     os.environ[contract.LAUNCH_STATE_ENV] = state  # the workers inherit it
     # A fresh store for the workers of every round: the shared one keeps the last round's keys, and a

@@ -3,9 +3,11 @@ place, and the state it hands its workers. (The real agent: tests/integration/lo
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,3 +101,32 @@ def test_the_fork_server_preloads_what_a_workers_first_optimizer_imports() -> No
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:2] == ["[]", "False"], done.stdout
+
+
+class _Writes(io.RawIOBase):
+    """A file that records each write the OS would get."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self.writes.append(bytes(data))
+        return len(data)
+
+
+def test_a_launcher_line_reaches_the_pods_log_in_one_write() -> None:
+    """Under PYTHONUNBUFFERED (the pods'), stderr writes through: a print's text and its newline are two
+    writes, and a worker's line landed between them; the launcher makes its stderr line-buffered."""
+    raw = _Writes()
+    stream = io.TextIOWrapper(raw, encoding="utf-8", write_through=True)  # what PYTHONUNBUFFERED gives
+    print("before", file=stream, flush=True)
+    assert raw.writes == [b"before", b"\n"]  # the defect, as Python does it
+    raw.writes.clear()
+    inplace.whole_lines(stream)
+    print("[launcher] healed in place into round 1", file=stream, flush=True)
+    print("and another", file=stream)  # no flush asked: the newline flushes it
+    assert raw.writes == [b"[launcher] healed in place into round 1\n", b"and another\n"], raw.writes
+    inplace.whole_lines(object())  # not a text stream: left as it is
