@@ -23,8 +23,12 @@ An attempt is one Indexed Job: all pods start together and one failed pod fails 
 
 And what the operator's status says of gang restarts: ``status.restarts`` (:func:`shown`), the restarts
 done in place that the pods report (:func:`in_place_seen`, counted into ``status.restartsInPlace`` and
-``status.lastRestart`` by :func:`restarted_in_place`), both asked once per reconcile (:func:`budget`), and a
-new attempt's (:func:`recreated`).
+``status.lastRestart`` by :func:`restarted_in_place`, with where the restarted workers' state came from),
+both asked once per reconcile (:func:`budget`), and a new attempt's (:func:`recreated`).
+
+Long because the decision and the status's count of restarts share one budget (``maxRestarts`` less the
+attempts and the restarts done in place, :func:`restarts_used`): split, the count the decision spends and
+the count the status shows could drift.
 """
 
 from __future__ import annotations
