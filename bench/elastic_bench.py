@@ -49,8 +49,7 @@ each new world writes) and the loss's own clock (the kill's, or the freeze's):
 * shrink (elastic) and recovery (rigid): seconds from the loss to the first step after it; steps lost: the
   step rank 0 had reached at the loss (its ``ddp_step`` metric) less the step it resumed from;
 * grow (elastic): seconds of training lost to the replacement joining: from the running world's stop
-  (its first SIGTERM line, any rank's; for a heal, the ranks leaving their group at a step boundary,
-  :data:`GROW_ASKED`, after their launchers met the joiner's round while they trained on) to the
+  (its first SIGTERM line, any rank's; for a heal, the first launcher's request, :data:`GROW_ASKED`) to the
   grown world's first step; steps lost the same way (a healed grow's: its line's count).
 
 Goals on the 2-core machine: (issue 42) shrink <= 0.5 of the rigid recovery, a grow loses <= 15 s;
@@ -96,10 +95,9 @@ FIRST_STEP = re.compile(
 SIGTERM = re.compile(r"^(\S+ \S+) \[rank \d+\] WARNING received SIGTERM")
 """Any rank's: a world's stop for a grow reaches rank 0 through the step-boundary agreement, which it does not
 always log as a signal of its own."""
-GROW_ASKED = re.compile(r"^(\S+ \S+) \[rank \d+\] WARNING a node waits to join: the ranks leave their group")
-"""Any rank's, healing: the ranks leave their group together at a step boundary for a joiner (their launchers
-met the joiner's round while they trained on): where a healed grow's pause of the running world begins (a
-restart's begins at its SIGTERM)."""
+GROW_ASKED = re.compile(r"^(\S+ \S+) \[launcher\] a node waits to join the world")
+"""A launcher that heals, asking its workers to leave their group at the next step boundary for a joiner:
+where a healed grow's pause begins (a restart's begins at its SIGTERM)."""
 HEALED = re.compile(
     r"^(\S+ \S+) \[rank 0\] (?:INFO )?elastic: world size \d+ verified at step (\d+), before its first step "
     r"\(healed in place: (\d+) step"
@@ -157,10 +155,10 @@ def figures_from(lines: Sequence[str], lost_at: float, reached: int, elastic: bo
     """The figures of one run from its log lines (every pod's, every attempt's), the loss's clock
     (``time.time()``) and the step rank 0 had reached at the loss: ``recover_s``/``recover_steps`` (the
     loss to the first step after it) and, elastic, ``grow_s``/``grow_steps`` (the running world's first
-    SIGTERM, any rank's, or the healing ranks leaving their group (:data:`GROW_ASKED`), to the next world's
-    first step); a figure the logs do not hold is absent. A world healed in place (its :data:`HEALED` line,
-    then the first step after the step it names) loses the steps it says it lost (``healed``, and for the
-    grow ``grow_healed``)."""
+    SIGTERM, any rank's, or a healing launcher's request (:data:`GROW_ASKED`), to the next world's first
+    step); a figure the logs do not hold is absent. A world healed in place (its :data:`HEALED` line, then
+    the first step after the step it names) loses the steps it says it lost (``healed``, and for the grow
+    ``grow_healed``)."""
     healed = {int(m[2]): int(m[3]) for line in lines if (m := HEALED.match(line))}  # resumed after → lost
     starts = [(_when(m[1]), int(m[3] or 0)) for line in lines if (m := FIRST_STEP.match(line))]
     firsts = [(at, resumed, healed.get(resumed)) for at, resumed in sorted(starts)]

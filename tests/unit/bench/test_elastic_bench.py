@@ -109,22 +109,17 @@ def test_the_heal_report_judges_the_ratio_and_the_steps_lost_over_every_round() 
 
 GROWN_LINES = [
     *HEALED_LINES[:3],
-    f"{DAY} 10:00:29,000 [launcher] a node waits to join the world; this pod's workers train on until the "
-    "next round met, then leave their group at a step boundary: healing this pod's workers in place",
-    f"{DAY} 10:00:30,000 [rank 0] WARNING a node waits to join: the ranks leave their group together after "
-    "step 80; waiting up to 60 s for the launcher's notice",
-    f"{DAY} 10:00:30,100 [rank 1] WARNING a node waits to join: the ranks leave their group together after "
-    "step 80; waiting up to 60 s for the launcher's notice",
+    f"{DAY} 10:00:30,000 [launcher] a node waits to join the world; this pod's workers leave their group at "
+    "the next step boundary: healing this pod's workers in place (no restart): meeting the next round",
+    f"{DAY} 10:00:30,100 [launcher] a node waits to join the world; this pod's workers leave their group at "
+    "the next step boundary: healing this pod's workers in place (no restart): meeting the next round",
     f"{DAY} 10:00:31,900 [rank 0] elastic: world size 3 verified at step 80, before its first step "
     "(healed in place: 0 step(s) lost, 82992 bytes sent, 1.80 s)",
     f"{DAY} 10:00:32,000 [rank 0] INFO first optimizer step of this run: step 81 (resumed from 80)",
 ]
 
 
-def test_a_healed_grow_pauses_from_the_first_rank_leaving_and_loses_what_its_line_says() -> None:
-    """The running world trains on while its launchers meet the joiner's round (the launcher's line is not
-    the pause's start): the pause runs from the first rank leaving its group to the grown world's first
-    step."""
+def test_a_healed_grow_pauses_from_the_first_launchers_request_and_loses_what_its_line_says() -> None:
     got = elastic_bench.figures_from(GROWN_LINES, at("10:00:11"), reached=42, elastic=True)
     assert got["grow_s"] == 2.0 and got["grow_steps"] == 0 and got["grow_healed"] is True, got
     restart = [{"recover_s": 4.0, "recover_steps": 3, "grow_s": 5.0, "grow_steps": 0}]

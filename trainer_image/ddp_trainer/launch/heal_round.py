@@ -185,16 +185,12 @@ def heal(
     trigger: str,
     seconds: float = HEAL_SECONDS,
     sever_after: float | None = None,
-    grow_from: int | None = None,
 ) -> Any:
     """Heal ``group``'s workers in place (the module's docstring); the agent's view of them after: healthy
     when they healed, else what :func:`stop_now` left (failed), for the caller's path before heals, its
-    cause booked (:meth:`Book.fell_back`). ``grow_from``: a grow of the world of that round, whose workers
-    train on through the rendezvous and are asked to leave their group at a step boundary only once the
-    notice of the new world is written (:func:`notice.request_grow`): the joiner's worker starts meanwhile,
-    so the running world pauses for the new group, the copy and the check, not for the round or the
-    joiner's start. ``sever_after``: none left within that many seconds of being asked (a step that does
-    not end), they are asked to shut their connections down."""
+    cause booked (:meth:`Book.fell_back`). ``sever_after``: the workers were asked to leave at a step
+    boundary (a grow); none left within that many seconds (a step that does not end), they are asked to
+    shut their connections down."""
     from torch.distributed.elastic.agent.server.api import WorkerState
 
     monitor, marks, path = ways.monitor, ways.marks, ways.path
@@ -217,9 +213,6 @@ def heal(
         worker.id = ids[int(worker.local_rank)]
     round_ = ways.round_of(group)
     notice.write_notice(path, notice_of(group, round_, trigger, started))
-    asked = time.time()
-    if grow_from is not None:  # they find the notice as they leave
-        notice.request_grow(path, grow_from)
     deadline = time.monotonic() + seconds
     while True:
         result = monitor(agent, group)
@@ -227,9 +220,9 @@ def heal(
         running = [int(w.id) for w in group.workers]
         notes = [notice.read_note(marks.read(pid) or "") for pid in running]
         done = outcome(notes, round_)
-        if sever_after is not None and time.time() - asked > sever_after and not any(notes):
+        if sever_after is not None and time.time() - started > sever_after and not any(notes):
             sever_after = None  # once
-            waited = time.time() - asked
+            waited = time.time() - started
             say(f"no worker left its group at a step boundary in {waited:.0f} s: asking them to sever")
             notice.request_sever(path, before)
         if done == notice.HEALED and not ended:
@@ -286,21 +279,16 @@ def when_silent(agent: Any, group: Any, result: Any, verdict: silence.Verdict, w
 
 def when_waited(agent: Any, group: Any, ways: Healing) -> Any:
     """A node waits in the rendezvous (one joins; or, after a loss, a survivor that healed first) while
-    ``group``'s workers, healthy, train in a world they formed: the next round is met while they train on,
-    then they are asked to leave their group together at the next step boundary (:func:`heal`'s
-    ``grow_from``; the ranks agree on it, so no step is lost; where none left within
-    :data:`GROW_BOUNDARY_SECONDS`, to shut their connections down) and healed into that round, where a
-    joiner takes its state from one of them (:func:`ddp_trainer.sync.join`); the agent's view of them
-    after. None while they still form their group (they cannot heal yet)."""
+    ``group``'s workers, healthy, train in a world they formed: they are asked to leave their group
+    together at the next step boundary (:func:`notice.request_grow`; the ranks agree on it, so no step is
+    lost; where none left within :data:`GROW_BOUNDARY_SECONDS`, to shut their connections down) and healed
+    into the next round, where a joiner takes its state from one of them (:func:`ddp_trainer.sync.join`);
+    the agent's view of them after. None while they still form their group (they cannot heal yet)."""
     if ways.marks.starting(pids(group)):
         return None
-    trigger = (
-        "a node waits to join the world; this pod's workers train on until the next round met, then leave "
-        "their group at a step boundary"
-    )
-    return heal(
-        agent, group, ways, trigger, sever_after=GROW_BOUNDARY_SECONDS, grow_from=ways.round_of(group)
-    )
+    notice.request_grow(ways.path, ways.round_of(group))
+    trigger = "a node waits to join the world; this pod's workers leave their group at the next step boundary"
+    return heal(agent, group, ways, trigger, sever_after=GROW_BOUNDARY_SECONDS)
 
 
 def restart_or_heal(restart: Callable[[Any, Any], Any], ways: Healing) -> Callable[[Any, Any], Any]:

@@ -199,9 +199,6 @@ mark = folder / f"worker-{__import__('os').getpid()}"
 mark.write_text("formed")
 while not (folder / request).exists():  # it trains; only this request makes it leave its group
     time.sleep(0.01)
-if not (folder / notice.NOTICE_FILE).exists():  # asked to leave before the new world's notice was written
-    mark.write_text(notice.heal_failed_note(5, "asked to leave before the notice"))
-    time.sleep(60)
 mark.write_text(notice.HEAL_WANTED)
 mark.write_text(notice.healed_note(5, {"step": 40, "lost": 0}))
 time.sleep(60)
@@ -213,8 +210,7 @@ def test_a_node_waiting_to_join_heals_the_workers_that_train_and_restarts_those_
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, leaves_on: str
 ) -> None:
     """torch's restart for a node that waits in the rendezvous (a grow), armed: workers that formed their
-    group train on while their launcher meets the next round, are asked to leave it together at the next
-    step boundary only once the new world's notice is written, and healed (no restart: the joiner takes
+    group are asked to leave it together at the next step boundary and healed (no restart: the joiner takes
     its state from them); where none left in time (a step that does not end: ``sever``), they are asked to
     shut their connections down; workers still forming theirs get the grace to form and mark, then are
     restarted as before heals."""
@@ -251,7 +247,7 @@ def test_a_node_waiting_to_join_heals_the_workers_that_train_and_restarts_those_
         severed = (tmp_path / notice.SEVER_FILE).exists()
         assert severed == (leaves_on == "sever"), severed  # asked only where none left at a boundary
         said = capsys.readouterr().err
-        assert "a node waits to join the world; this pod's workers train on until the next round met" in said
+        assert "a node waits to join the world; this pod's workers leave their group at the next step" in said
         assert ("no worker left its group at a step boundary" in said) == severed, said
         assert "healed in place into round 5" in said, said
     finally:
