@@ -7,6 +7,7 @@ through it), above nothing but :mod:`contract`; imports no torch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -204,10 +205,8 @@ def whole_lines(stream: Any) -> None:
     a print's text waits for its newline. A stream that cannot be reconfigured is left as it is."""
     reconfigure = getattr(stream, "reconfigure", None)
     if reconfigure is not None:
-        try:
+        with contextlib.suppress(ValueError, OSError):
             reconfigure(line_buffering=True, write_through=False)
-        except (ValueError, OSError):
-            return
 
 
 def exit_now(code: int) -> None:

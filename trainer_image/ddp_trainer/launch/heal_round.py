@@ -60,6 +60,7 @@ from typing import Any
 
 from ddp_trainer import contract
 from ddp_trainer.core import notice
+from ddp_trainer.core.config import TrainerConfig
 from ddp_trainer.core.notice import Note, Notice
 from ddp_trainer.launch import silence
 from ddp_trainer.launch.book import Book
@@ -105,29 +106,31 @@ def arm(env: MutableMapping[str, str], *, elastic: bool, builtin: Sequence[str] 
     """:func:`armed`, told to the workers, which inherit ``env``: ``DDPJOB_HEAL=1`` where this launcher
     heals, unset where it does not (they heal only under it)."""
     on = armed(env, elastic=elastic, builtin=builtin)
-    env.pop(HEAL_ENV, None)
-    env.update({HEAL_ENV: "1"} if on else {})
+    if on:
+        env[HEAL_ENV] = "1"
+    else:
+        env.pop(HEAL_ENV, None)
     return on
 
 
 def on_gloo(argv: Sequence[str], cuda: Callable[[], bool] | None = None) -> bool:
-    """Whether the built-in trainer's flags ``argv`` give it gloo's group: ``--backend gloo``, or ``auto``
-    on ``--device cpu``, or ``auto`` on a host without CUDA (``cuda``: torch's ``cuda.is_available``)."""
-    flags: dict[str, str] = {}
+    """Whether the built-in trainer's flags ``argv`` give it gloo's group, by the trainer's own rule
+    (:meth:`TrainerConfig.resolved_backend <ddp_trainer.core.config.TrainerConfig.resolved_backend>`): the
+    host is asked (``cuda``: torch's ``cuda.is_available``) only where both flags say ``auto``."""
+    flags: dict[str, Any] = {}
     for i, arg in enumerate(argv):
         name, eq, value = arg.partition("=")
         if name in ("--backend", "--device"):
-            flags[name] = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
-    backend, device = flags.get("--backend", "auto"), flags.get("--device", "auto")
-    if backend != "auto":
-        return backend == "gloo"
-    if device != "auto":
-        return device == "cpu"
-    if cuda is None:
+            value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+            flags.update({name[2:]: value} if value else {})
+    config = TrainerConfig(**flags)
+    host_decides = config.device == "auto" and config.backend == "auto"
+    if host_decides and cuda is None:
         import torch
 
         cuda = torch.cuda.is_available
-    return not cuda()
+    has_cuda = host_decides and cuda is not None and cuda()
+    return config.resolved_backend(config.resolved_device(has_cuda)) == "gloo"
 
 
 def wanting(notes: Sequence[Note | None]) -> bool:
