@@ -289,7 +289,7 @@ def test_a_frozen_node_0_is_dropped_within_the_bound_and_rejoins_when_it_wakes(t
     network is gone, so no collective of the others fails. Their agents see its keep-alive stop, stop their
     own workers and train on at world size 2 within the bound, with spec.nccl.timeoutSeconds at its default
     (30 min). Then pod 0 wakes (SIGCONT): its agent finds itself dropped, stops its stale workers before they
-    train beside the new world, and joins at a step boundary like any new node. One attempt, no restart
+    train beside the new world (or heal into it, as their severed connections ask), and joins at a step boundary like any new node. One attempt, no restart
     counted. Last, the rendezvous store's process is killed: the world of 3 trains on without it and the job
     Succeeds, every world verified, in one attempt."""
     name = _three_pods(tmp_path, steps=500, checkpoint_every=10)
@@ -370,6 +370,9 @@ def test_a_frozen_node_0_is_dropped_within_the_bound_and_rejoins_when_it_wakes(t
     said = "\n".join(logs.values())
     assert "went silent: no keep-alive for" in said, said
     assert "this node was dropped from its round as silent" in logs[f"{name}-1-0.log"], said
+    # its stale worker, woken, found its connections severed and asked for a heal: the world went on
+    # without it, so the launcher stops it instead (a heal would meet the others steps behind them)
+    assert "healing this pod's workers in place" not in logs[f"{name}-1-0.log"], logs[f"{name}-1-0.log"]
     assert "gang restart in place" not in said, said  # a silent peer is a resize, never a restart
     # the store lost, said (by the launcher's watch or by torch's agent, whichever reads it first), a new one
     # reached, and the world of 3 trained on to the end through it: no new world, no exit-barrier error

@@ -139,11 +139,9 @@ def _fail_rigid(agent: Any, group: Any, why: str) -> None:
     """A rigid job's pod whose peer went silent: no restart in place (the round would wait for the silent
     node), so the agent gives up, the pod fails and the operator restarts the gang as a new attempt. The
     cause goes in the pod's report, so the status names the silent pod."""
-    print(
-        f"{contract.log_stamp(time.time())} [launcher] a rigid job cannot train without it: this pod fails "
-        "now, and the gang restarts from the last checkpoint as a new attempt (spec.maxRestarts)",
-        file=sys.stderr,
-        flush=True,
+    heal_round.say(
+        "a rigid job cannot train without it: this pod fails now, and the gang restarts from the last "
+        "checkpoint as a new attempt (spec.maxRestarts)"
     )
     agent._remaining_restarts = 0
     first = min((int(worker.global_rank) for worker in group.workers), default=0)
@@ -193,30 +191,34 @@ def _install(book: Book, marks: workers.Marks, healing: Path | None = None) -> N
         return handler._state_holder.state.round if isinstance(handler, DynamicRendezvousHandler) else -1
 
     ways = None if healing is None else heal_round.Healing(monitor, marks, book, healing, round_of)
+    watched = (WorkerState.HEALTHY, WorkerState.FAILED, WorkerState.UNHEALTHY)
+
+    def look(self: Any, group: Any, force: bool) -> silence.Verdict | None:
+        quiet: RoundWatch | None = getattr(self, "_ddpjob_silence", None)
+        if quiet is None:
+            return None
+        verdict = quiet.poll(force=force, starting=lambda: marks.starting(workers.pids(group)))
+        if quiet.reconnects != getattr(self, "_ddpjob_reconnects", 0):
+            # the handler's client was renewed: the agent's own store (its exit barrier's) wraps it too,
+            # else a run that outlived its store ends in torch's "Error waiting on exit barrier"
+            self._ddpjob_reconnects = quiet.reconnects
+            self._store = group.spec.rdzv_handler._get_store()
+        return verdict
 
     def monitor_workers(self: Any, group: Any) -> Any:
         result = monitor(self, group)
-        if ways is not None and result.state == WorkerState.HEALTHY:
-            healed = heal_round.when_wanted(self, group, result, ways)
-            if healed is not result and healed.state == WorkerState.HEALTHY:
-                return healed  # healed in place; else the silence watch below still looks at them
-            result = healed
-        quiet: RoundWatch | None = getattr(self, "_ddpjob_silence", None)
         verdict = None
-        if quiet is not None and result.state in (
-            WorkerState.HEALTHY,
-            WorkerState.FAILED,
-            WorkerState.UNHEALTHY,
-        ):
-            verdict = quiet.poll(
-                force=result.state != WorkerState.HEALTHY,
-                starting=lambda: marks.starting(workers.pids(group)),
-            )
-            if quiet.reconnects != getattr(self, "_ddpjob_reconnects", 0):
-                # the handler's client was renewed: the agent's own store (its exit barrier's) wraps it too,
-                # else a run that outlived its store ends in torch's "Error waiting on exit barrier"
-                self._ddpjob_reconnects = quiet.reconnects
-                self._store = group.spec.rdzv_handler._get_store()
+        if ways is not None and result.state == WorkerState.HEALTHY:
+            if heal_round.wants(group, ways):  # a node dropped while frozen wakes: its stale workers want a
+                verdict = look(self, group, force=True)  # heal, but the world went on without it (stop them)
+            if verdict is None or verdict.kind != silence.DROPPED:
+                verdict = None
+                healed = heal_round.when_wanted(self, group, result, ways)
+                if healed is not result and healed.state == WorkerState.HEALTHY:
+                    return healed  # healed in place; else the silence watch below still looks at them
+                result = healed
+        if verdict is None and result.state in watched:
+            verdict = look(self, group, force=result.state != WorkerState.HEALTHY)
         if verdict is not None:
             lost = verdict.kind == silence.LOST  # the host's process ended: a lost node, not a silent one
             if silenced := heal_round.when_silent(self, group, result, verdict, ways):
@@ -231,12 +233,9 @@ def _install(book: Book, marks: workers.Marks, healing: Path | None = None) -> N
                         if verdict.host
                         else "they wait for a rank that will not come"
                     )
-                print(
-                    f"{contract.log_stamp(time.time())} [launcher] {verdict.cause()}; stopping this pod's "
-                    f"workers now ({stuck})"
-                    + (", and meeting the others at the next round" if book.elastic else ""),
-                    file=sys.stderr,
-                    flush=True,
+                heal_round.say(
+                    f"{verdict.cause()}; stopping this pod's workers now ({stuck})"
+                    + (", and meeting the others at the next round" if book.elastic else "")
                 )
                 result = stop_now(self, group, monitor)
             failures = {rank: (f.exitcode, f.message) for rank, f in result.failures.items()}
@@ -279,12 +278,10 @@ def _install(book: Book, marks: workers.Marks, healing: Path | None = None) -> N
                 if not book.elastic or tried == ROUND_TRIES:
                     raise
                 tried += 1
-                print(
-                    f"{contract.log_stamp(time.time())} [launcher] the round formed but its rank assignment "
+                heal_round.say(
+                    "the round formed but its rank assignment "
                     f"timed out ({str(exc).splitlines()[0][:200]}): a member went silent as it formed; "
-                    f"meeting the next round without it (try {tried} of {ROUND_TRIES})",
-                    file=sys.stderr,
-                    flush=True,
+                    f"meeting the next round without it (try {tried} of {ROUND_TRIES})"
                 )
                 continue
             except (RendezvousConnectionError, DistNetworkError) as exc:

@@ -249,10 +249,15 @@ def heal(
         return result if ended else stop_now(agent, group, monitor)
 
 
+def wants(group: Any, ways: Healing) -> bool:
+    """Whether one of ``group``'s workers marked itself heal-wanted."""
+    return wanting([notice.read_note(ways.marks.read(pid) or "") for pid in pids(group)])
+
+
 def when_wanted(agent: Any, group: Any, result: Any, ways: Healing) -> Any:
     """The agent's look at healthy workers (``result``), healed first when one of them marked itself
     heal-wanted (:func:`heal`, booked as a lost peer's world change); else ``result``."""
-    if not wanting([notice.read_note(ways.marks.read(pid) or "") for pid in pids(group)]):
+    if not wants(group, ways):
         return result
     ways.book.failed({}, stopped=True, why=LOST_PEER, silent=False)
     return heal(agent, group, ways, "a worker of this pod lost a peer")
@@ -309,10 +314,9 @@ def restart_or_heal(restart: Callable[[Any, Any], Any], ways: Healing) -> Callab
                 result = ways.monitor(agent, group)
                 if result.state != WorkerState.HEALTHY:  # they ended meanwhile (done, or failed): the agent's
                     return None  # next look acts on it (its exit barrier, or its restart, counted), not this
-                running = pids(group)
-                if wanting([notice.read_note(ways.marks.read(pid) or "") for pid in running]):
+                if wants(group, ways):
                     healed = when_wanted(agent, group, result, ways)
-                elif not ways.marks.starting(running):
+                elif not ways.marks.starting(pids(group)):
                     healed = when_waited(agent, group, ways)
                 else:
                     time.sleep(POLL_SECONDS)

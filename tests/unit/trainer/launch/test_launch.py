@@ -130,3 +130,70 @@ def test_a_launcher_line_reaches_the_pods_log_in_one_write() -> None:
     print("and another", file=stream)  # no flush asked: the newline flushes it
     assert raw.writes == [b"[launcher] healed in place into round 1\n", b"and another\n"], raw.writes
     inplace.whole_lines(object())  # not a text stream: left as it is
+
+
+class _Watch:
+    """The silence watch of a node dropped from its round while it was frozen (what the store's state says
+    once it wakes); counts its looks."""
+
+    reconnects = 0
+
+    def __init__(self) -> None:
+        self.polls: list[bool] = []
+
+    def poll(self, force: bool = False, starting: Any = bool) -> Any:
+        from ddp_trainer.launch import silence
+
+        self.polls.append(force)
+        return silence.Verdict(silence.DROPPED, ("pod-1",), 0.0)
+
+
+def test_a_woken_dropped_nodes_worker_that_asks_to_heal_is_stopped_not_healed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A node frozen (SIGSTOP) past the bound is dropped; the others shut their connections to it down and
+    heal. Woken, its stale worker finds its collective failed and marks itself heal-wanted, maybe before its
+    launcher's watch looked. The launcher asks the watch first: dropped, so it stops the worker and meets the
+    others as a new node (a heal would meet them as a survivor steps behind, refused, a restart)."""
+    from torch.distributed.elastic.agent.server.api import RunResult, SimpleElasticAgent, WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    from ddp_trainer.core import notice
+    from ddp_trainer.launch import workers
+
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (tmp_path / f"{workers.WORKER_MARK_PREFIX}{worker.pid}").write_text(notice.HEAL_WANTED)
+
+        def looked(_agent: object, _group: object) -> RunResult:
+            if worker.poll() is None:
+                return RunResult(state=WorkerState.HEALTHY)
+            return RunResult(state=WorkerState.FAILED)
+
+        for cls, name in (
+            (LocalElasticAgent, "_monitor_workers"),
+            (SimpleElasticAgent, "_rendezvous"),
+            (SimpleElasticAgent, "_restart_workers"),
+            (DynamicRendezvousHandler, "num_nodes_waiting"),
+        ):
+            monkeypatch.setattr(cls, name, getattr(cls, name))  # put back after the test
+        monkeypatch.setattr(LocalElasticAgent, "_monitor_workers", looked)
+        book = Book(tmp_path / "launch.json", elastic=True)
+        agent._install(book, workers.Marks(tmp_path, builtin=True), tmp_path / notice.NOTICE_FILE)
+        launcher = type("Agent", (), {})()
+        launcher._ddpjob_silence = watch = _Watch()
+        launcher._remaining_restarts = 0
+        group = type("Group", (), {})()
+        group.workers = [type("Worker", (), {"id": worker.pid, "local_rank": 0, "global_rank": 1})()]
+
+        result = LocalElasticAgent._monitor_workers(launcher, group)  # type: ignore[arg-type]
+        assert worker.wait(timeout=10) == -9  # stopped (SIGKILL), not healed
+        assert result.state == WorkerState.FAILED and watch.polls[0] is True
+        said = capsys.readouterr().err
+        assert "this node was dropped from its round as silent" in said, said
+        assert "healing" not in said, said
+        assert book.pending is not None and "dropped" in book.pending[0], book.pending
+    finally:
+        worker.kill()
+        worker.wait()
