@@ -289,9 +289,9 @@ def test_a_frozen_node_0_is_dropped_within_the_bound_and_rejoins_when_it_wakes(t
     network is gone, so no collective of the others fails. Their agents see its keep-alive stop, stop their
     own workers and train on at world size 2 within the bound, with spec.nccl.timeoutSeconds at its default
     (30 min). Then pod 0 wakes (SIGCONT): its agent finds itself dropped, stops its stale workers before they
-    train beside the new world (or heal into it, as their severed connections ask), and joins at a step boundary like any new node. One attempt, no restart
-    counted. Last, the rendezvous store's process is killed: the world of 3 trains on without it and the job
-    Succeeds, every world verified, in one attempt."""
+    train beside the new world (or heal into it, as their severed connections ask), and joins at a step
+    boundary like any new node. One attempt, no restart counted. Last, the rendezvous store's process is
+    killed: the world of 3 trains on without it and the job Succeeds, every world verified, in one attempt."""
     name = _three_pods(tmp_path, steps=500, checkpoint_every=10)
     attempt = tmp_path / "runs" / name / "attempt-1"
     argv = [sys.executable, "-m", "ddp_operator", "local", "job.yaml", "--workdir", "runs"]
