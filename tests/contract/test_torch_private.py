@@ -429,10 +429,12 @@ def test_a_heals_round_closes_when_its_nodes_joined_whoever_joined_first(rendezv
     assert rdzv._RendezvousJoinOp.__call__ is original
 
 
-def test_a_heals_rendezvous_polls_torchs_state_faster_than_every_second() -> None:
+def test_a_heals_rendezvous_polls_torchs_state_faster_than_every_second(rendezvous: Any) -> None:
     """launch/heal_meeting.polling: torch's op executor waits for state changes with the module-level
-    ``_delay(seconds=1)`` of dynamic_rendezvous (its SYNC action); the heal's rendezvous makes that wait
-    POLL_SECONDS, leaves the compare-and-set back-off (a range) as it is, and puts torch's back after."""
+    ``_delay(seconds=1)`` of dynamic_rendezvous (its SYNC action), and its handler's state holder serves
+    the state it read within ``_cache_duration`` (1 s) of its last read instead of reading it again; the
+    heal's rendezvous makes both POLL_SECONDS, leaves the compare-and-set back-off (a range) as it is, and
+    puts torch's back after."""
     import inspect
     import time
 
@@ -442,13 +444,22 @@ def test_a_heals_rendezvous_polls_torchs_state_faster_than_every_second() -> Non
 
     run = inspect.getsource(rdzv._DistributedRendezvousOpExecutor.run)
     assert "_delay(seconds=1)" in run, "torch's rendezvous no longer polls with _delay(seconds=1)"
+    holder = rendezvous._state_holder
+    assert holder._cache_duration == 1, "torch's state holder no longer caches its state for 1 s"
     original = rdzv._delay
-    with heal_meeting.polling():
+    with heal_meeting.polling(rendezvous):
         started = time.monotonic()
         rdzv._delay(seconds=1)
         rdzv._delay(seconds=(0, 0.01))
         took = time.monotonic() - started
+        assert holder._cache_duration == heal_meeting.POLL_SECONDS
+        holder.sync()  # reads the stored state (none yet): a read a while ago
+        time.sleep(heal_meeting.POLL_SECONDS * 1.5)
+        before = holder._last_sync_time
+        holder.sync()  # past the heal's cache: read again
+        assert holder._last_sync_time > before, "the state holder served its cache past the heal's poll"
     assert rdzv._delay is original and took < 0.6, took
+    assert holder._cache_duration == 1
 
 
 def test_num_nodes_waiting_keeps_the_shape_the_launcher_wraps(rendezvous: Any) -> None:

@@ -60,7 +60,7 @@ from ddp_trainer import contract
 from ddp_trainer.core import notice
 from ddp_trainer.core.config import termination_log
 from ddp_trainer.core.inplace import SAME, exit_code_of, not_retried, whole_lines
-from ddp_trainer.launch import heal_round, silence, store, workers
+from ddp_trainer.launch import heal_meeting, heal_round, silence, store, warm, workers
 from ddp_trainer.launch.book import Book
 from ddp_trainer.launch.outage import POLL_SECONDS, StoreWait, reach
 from ddp_trainer.launch.rounds import InFlight, RoundWatch, bounded_waiting, patient, stop_now
@@ -110,8 +110,8 @@ joiner (:data:`LATE_JOINER`)."""
 
 def _ended(agent: Any, group: Any) -> dict[int, tuple[int, str]]:
     """``{global rank: (exit code, message)}`` of every local worker that ended non-zero, where the agent's
-    process context is torchrun's multiprocessing one (the built-in trainer's): it names only the first
-    failure it notices, often a rank that lost its peer rather than the one that died."""
+    process context is torchrun's multiprocessing one (the built-in trainer's), which names only the first
+    failure it notices (often a rank that lost its peer, not the one that died)."""
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
     context = getattr(agent, "_pcontext", None)
@@ -124,15 +124,6 @@ def _ended(agent: Any, group: Any) -> dict[int, tuple[int, str]]:
             failure = ProcessFailure(worker.local_rank, process.pid, process.exitcode, error_file)
             found[worker.global_rank] = (process.exitcode, failure.message)
     return found
-
-
-def _peer_stopped(code: int | None, book: Book) -> bool:
-    """An elastic job's workers stopped at a step boundary with the interrupted code (143) and this agent
-    was not signalled (that raises torch's ``SignalException`` first): another node asked. Its pod leaves
-    (deleted, evicted, preempted, scaled down: the kubelet's SIGTERM) or its agent stopped the world for a
-    grow, and the trainer's per-step stop flag stopped every rank there, after its checkpoint. The agent
-    re-rendezvous at the world that is left instead of ending its pod (which would close the rendezvous)."""
-    return code == contract.INTERRUPTED_EXIT_CODE and book.elastic
 
 
 def _fail_rigid(agent: Any, group: Any, why: str) -> None:
@@ -250,10 +241,10 @@ def _install(book: Book, marks: workers.Marks, healing: Path | None = None) -> N
             failures = {rank: (f.exitcode, f.message) for rank, f in result.failures.items()}
             failures = {**_ended(self, group), **failures}
             code = not_retried([code for code, _ in failures.values()])
-            stopped = _peer_stopped(code, book)
+            stopped = book.peer_stopped(code)
             book.failed(failures, stopped)
             if stopped:
-                code = None  # a node leaves at the step boundary, or one joins (see _peer_stopped)
+                code = None  # a node leaves at the step boundary, or one joins (see Book.peer_stopped)
             if code is not None and self._remaining_restarts > 0:
                 print(
                     f"[launcher] a worker exited {code}, which no restart can fix",
@@ -269,11 +260,17 @@ def _install(book: Book, marks: workers.Marks, healing: Path | None = None) -> N
         """torch's rendezvous; an elastic agent whose round's rank assignment timed out (a member went
         silent while the round formed: torch's ``DistStoreError`` on ``role_info``) meets the next round,
         without it, up to :data:`ROUND_TRIES` times; one whose store does not answer waits for it
-        (:func:`wait_for_store`) and meets the others once it does."""
-        tried, waiting = 1, None
+        (:func:`wait_for_store`) and meets the others once it does. A node's first, where it joins a world
+        that trains, waits for its warm workers first and polls as a heal does."""
+        tried, waiting, handler = 1, None, group.spec.rdzv_handler
+        joins = (
+            0 if book.nodes else heal_meeting.joining(handler)
+        )  # a running world's: it pauses for this node
+        warm.before_joining(joins, heal_round.say)
         while True:
             try:
-                rendezvous(self, group)
+                with heal_meeting.polling(handler) if joins else contextlib.nullcontext():
+                    rendezvous(self, group)
             except DistStoreError as exc:
                 if not book.elastic or tried == ROUND_TRIES:
                     raise

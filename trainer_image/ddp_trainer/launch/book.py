@@ -77,6 +77,14 @@ class Book:
         self.pending = (why or cause(failures), time.time())
         self.stopped, self.silent = stopped, bool(why) and silent
 
+    def peer_stopped(self, code: int | None) -> bool:
+        """An elastic job's workers stopped at a step boundary with the interrupted code (143), this agent not
+        signalled (that raises torch's ``SignalException`` first): another node asked. Its pod leaves (the
+        kubelet's SIGTERM) or its agent stopped the world for a grow, and the trainer's per-step stop flag
+        stopped every rank there, after its checkpoint. The agent meets the others again at the world that
+        is left instead of ending its pod (which would close the rendezvous)."""
+        return code == contract.INTERRUPTED_EXIT_CODE and self.elastic
+
     def fell_back(self, why: str) -> None:
         """This pod's workers' heal in place failed (``why``, the cause of the restart in place that follows)
         and the launcher stops them: booked now, whether the agent sees them ended first or restarts them

@@ -75,6 +75,23 @@ def members_alive(watch: Any | None, round_: int | None = None) -> Meeting | Non
     return Meeting(len(alive | healers), bool(waiting - healers))
 
 
+def joining(handler: Any) -> int:
+    """How many nodes train in the world this node would join (torch's stored state: a round complete,
+    this node none of its members, room for it); 0 where none does, or the state cannot be read. Before
+    its first rendezvous, such a node is a grow's joiner: the world pauses for it from the moment it waits
+    in the rendezvous (:func:`ddp_trainer.launch.warm.before_joining`), and it polls as a heal does
+    (:func:`polling`: measured, a joiner's 1 s poll was 0.9 s of a healed grow's 1.7 s pause)."""
+    try:
+        got = handler._state_holder._backend.get_state()
+        state = pickle.loads(got[0]) if got else None
+    except Exception:  # the rendezvous says the store's trouble
+        return 0
+    if state is None or not state.complete or state.closed or handler._this_node in state.participants:
+        return 0
+    members = len(state.participants)
+    return members if members < handler._settings.max_nodes else 0
+
+
 @contextlib.contextmanager
 def closing_at(handler: Any, meeting: Meeting | None, last_call: float | None = None) -> Iterator[None]:
     """torch's rendezvous ``handler`` closing its next round as soon as the ``meeting``'s nodes joined (its
@@ -157,21 +174,30 @@ POLL_SECONDS = 0.1
 
 
 @contextlib.contextmanager
-def polling(every: float = POLL_SECONDS) -> Iterator[None]:
-    """torch's rendezvous polling its state every ``every`` seconds instead of every second while it waits
-    (its op executor's ``SYNC`` delay), put back after: a heal's round is a few agents that know they meet,
-    and after a loss each second of torch's poll is a second every survivor's training stands still
-    (measured: a survivor that joined before the round closed slept 0.9 s of a 1.9 s heal). Its other
-    delays (the compare-and-set back-off) stay."""
+def polling(handler: Any = None, every: float = POLL_SECONDS) -> Iterator[None]:
+    """torch's rendezvous polling its state every ``every`` seconds instead of every second while it waits,
+    put back after: its op executor's ``SYNC`` delay, and ``handler``'s state holder serving its cached
+    state for as long (``_cache_duration``, 1 s: a read within a second of the last one returns the last
+    one). A heal's round is a few agents that know they meet, and after a loss each second of torch's poll
+    is a second every survivor's training stands still (measured: a survivor that joined before the round
+    closed slept 0.9 s of a 1.9 s heal; with the delay alone, a survivor in the wait list while the other
+    left the old round read its cached state for 1.0 s of a 2.0 s heal). Its other delays (the
+    compare-and-set back-off) stay."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
 
     original = rdzv._delay  # type: ignore[attr-defined]
+    holder = getattr(handler, "_state_holder", None)
+    cached = getattr(holder, "_cache_duration", None)
 
     def delay(seconds: float | tuple[float, float]) -> None:
         original(seconds=every if seconds == 1 else seconds)
 
     rdzv._delay = delay  # type: ignore[attr-defined]
+    if cached is not None:
+        holder._cache_duration = min(cached, every)  # type: ignore[union-attr]
     try:
         yield
     finally:
         rdzv._delay = original  # type: ignore[attr-defined]
+        if cached is not None:
+            holder._cache_duration = cached  # type: ignore[union-attr]

@@ -210,7 +210,7 @@ def heal(
     )
     say(f"{trigger}: healing this pod's workers in place (no restart): meeting the next round{alive}")
     last_call = 2 * watch.watch.bound + silence.MARGIN_SECONDS if watch is not None else None
-    with closing_at(handler, meeting, last_call), polling():
+    with closing_at(handler, meeting, last_call), polling(handler):
         agent._rendezvous(group, healing=True)
     for worker in group.workers:
         worker.id = ids[int(worker.local_rank)]

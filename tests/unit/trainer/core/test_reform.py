@@ -87,6 +87,29 @@ def test_copy_state_carries_the_sources_extra() -> None:
         reform.abandon_group()
 
 
+def test_a_rank_that_reads_the_notice_before_rank_0_connects_once_rank_0s_store_listens() -> None:
+    """bootstrap_store: a rank other than 0 waits until the new world's store listens (torch's own client
+    would back off for 0.6 s when it comes early), bounded by its timeout."""
+    import socket
+    import threading
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert not reform.listening("127.0.0.1", port, 0.05)  # no one listens: False at the deadline
+    got: dict[str, object] = {}
+
+    def early() -> None:
+        got["client"] = reform.bootstrap_store("127.0.0.1", port, 1, 2, timedelta(seconds=10))
+
+    client = threading.Thread(target=early)
+    client.start()
+    master = reform.bootstrap_store("127.0.0.1", port, 0, 2, timedelta(seconds=10))  # waits for rank 1
+    client.join(timeout=10)
+    master.set("k", "v")
+    assert got["client"].get("k") == b"v"  # type: ignore[attr-defined]
+
+
 def _gloo(message: str) -> RuntimeError:
     return RuntimeError(f"[gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:1: {message}")
 

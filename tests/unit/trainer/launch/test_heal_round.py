@@ -303,3 +303,33 @@ def test_the_round_a_heal_meets_counts_the_nodes_alive_those_between_rounds_and_
     watch = _watch({"a": 0.5, "b": 0.2}, {"b"}, {4: "b;a;"})
     assert heal_meeting.members_alive(watch, 4) == heal_meeting.Meeting(2, joining=False)
     assert heal_meeting.members_alive(None, 4) is None
+
+
+def test_a_node_joins_a_running_world_where_a_round_is_complete_without_it_and_has_room() -> None:
+    """heal_meeting.joining, on torch's own state: the members of a world this node would join (a grow's
+    joiner, which waits for its warm workers and polls fast), else 0."""
+    import pickle
+
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
+
+    me, a, b = (_NodeDesc(f"127.0.0.{i}", i, 0) for i in (9, 1, 2))
+
+    def handler(*members: object, complete: bool = True, max_nodes: int = 3, readable: bool = True) -> object:
+        state = _RendezvousState()
+        state.complete, state.participants = complete, {node: rank for rank, node in enumerate(members)}
+
+        def get_state() -> tuple[bytes, bytes]:
+            if not readable:
+                raise RuntimeError("the store does not answer")
+            return pickle.dumps(state), b"token"
+
+        holder = SimpleNamespace(_backend=SimpleNamespace(get_state=get_state))
+        return SimpleNamespace(
+            _this_node=me, _state_holder=holder, _settings=SimpleNamespace(max_nodes=max_nodes)
+        )
+
+    assert heal_meeting.joining(handler(a, b)) == 2  # a world of 2 trains, room for a third
+    assert heal_meeting.joining(handler(me, a)) == 0  # a member of it (a restart's round)
+    assert heal_meeting.joining(handler(a, b, complete=False)) == 0  # a round forming: every node starts
+    assert heal_meeting.joining(handler(a, b, max_nodes=2)) == 0  # no room: a spare, waiting as torch's
+    assert heal_meeting.joining(handler(a, b, readable=False)) == 0

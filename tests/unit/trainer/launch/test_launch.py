@@ -80,10 +80,10 @@ def test_a_workers_interrupted_exit_unsignalled_is_another_nodes_stop_only_in_an
     their workers exit 143. Elastic: that is a resize (re-rendezvous); rigid: a stop, no restart."""
     elastic = Book(tmp_path / "e.json", elastic=True)
     rigid = Book(tmp_path / "r.json", elastic=False)
-    assert agent._peer_stopped(contract.INTERRUPTED_EXIT_CODE, elastic) is True
-    assert agent._peer_stopped(contract.INTERRUPTED_EXIT_CODE, rigid) is False
-    assert agent._peer_stopped(1, elastic) is False, "a crash is a failure, restarted as one"
-    assert agent._peer_stopped(None, elastic) is False
+    assert elastic.peer_stopped(contract.INTERRUPTED_EXIT_CODE) is True
+    assert rigid.peer_stopped(contract.INTERRUPTED_EXIT_CODE) is False
+    assert elastic.peer_stopped(1) is False, "a crash is a failure, restarted as one"
+    assert elastic.peer_stopped(None) is False
 
 
 def test_the_fork_server_preloads_what_a_workers_first_optimizer_imports() -> None:
@@ -101,6 +101,33 @@ def test_the_fork_server_preloads_what_a_workers_first_optimizer_imports() -> No
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:2] == ["[]", "False"], done.stdout
+
+
+_JOINS = """
+import sys, time
+from ddp_trainer.launch import warm
+
+said = []
+warm.before_joining(2, said.append)  # no warm fork server (a user's script): nothing
+warm.start_fork_server()
+warm.before_joining(0, said.append)  # no world trains (every node starts): nothing
+started = time.monotonic()
+warm.before_joining(2, said.append)  # a world trains: this node joins it
+print(repr(said), file=sys.stderr)
+print(time.monotonic() - started)
+"""
+
+
+def test_a_node_that_joins_a_running_world_waits_for_its_warm_fork_server_before_it_asks_to_join() -> None:
+    """A joiner's workers start after the round it joins, while the world is paused for it; its fork server
+    imports torch first (seconds): it waits for that before it meets the rendezvous (warm.before_joining),
+    saying so. A node that starts with the others, or runs no warm fork server, does not wait."""
+    done = subprocess.run([sys.executable, "-c", _JOINS], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    said = done.stderr.strip().splitlines()[-1]
+    assert said.count("this node joins it once its workers can start at once") == 1, said
+    assert "a world of 2 node(s) trains" in said and "the fork server is ready after" in said, said
+    assert float(done.stdout.strip()) > 0.2  # it waited for torch's import in the fork server
 
 
 class _Writes(io.RawIOBase):
