@@ -122,6 +122,9 @@ class Book:
             why = (
                 "this pod's workers heal in place (another node restarts its failed rank and counts it)"
                 if healing
+                else "with this node, which was dropped as silent and stopped its stale workers (a resize, "
+                "not a restart)"
+                if silent
                 else "after a stop this pod did not cause (a joining node missed the round and joins at the "
                 "next, or another node restarts its failed rank and counts it)"
             )

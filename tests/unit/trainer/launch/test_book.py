@@ -78,6 +78,13 @@ def test_an_elastic_world_that_meets_again_unchanged_after_a_stop_it_did_not_cau
     assert "the world met again at 1 node(s) after a stop this pod did not cause" in capsys.readouterr().err
     book.failed({0: (1, "boom")})  # a failure of its own at the same size is still a restart in place
     assert book.rendezvoused(2) == (inplace.SAME, 0) and book.state.restarts == 1
+    # a node dropped as silent that woke: it stopped its stale workers and met the world again at its size
+    book.failed(
+        {0: (-9, "")}, stopped=True, why="this node was dropped from its round as silent", silent=True
+    )
+    assert book.rendezvoused(2) == (inplace.UNCHANGED, 1) and book.state.restarts == 1
+    said = capsys.readouterr().err
+    assert "the world met again at 2 node(s) with this node, which was dropped as silent" in said, said
 
 
 def test_a_rigid_world_that_meets_again_after_another_nodes_failure_counts_it(tmp_path: Path) -> None:
