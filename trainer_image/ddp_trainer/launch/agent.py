@@ -263,9 +263,7 @@ def _install(book: Book, marks: workers.Marks, healing: Path | None = None) -> N
         (:func:`wait_for_store`) and meets the others once it does. A node's first, where it joins a world
         that trains, waits for its warm workers first and polls as a heal does."""
         tried, waiting, handler = 1, None, group.spec.rdzv_handler
-        joins = (
-            0 if book.nodes else heal_meeting.joining(handler)
-        )  # a running world's: it pauses for this node
+        joins = 0 if book.nodes else heal_meeting.joining(handler)  # a running world pauses for this node
         warm.before_joining(joins, heal_round.say)
         while True:
             try:
