@@ -41,6 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ddp_trainer.core.distributed import pick_device, process_group
     from ddp_trainer.reporting import serving
     from ddp_trainer.reporting.report import failed, termination_message, write_termination_message
+    from ddp_trainer.sync import boundary
     from ddp_trainer.sync.checking import DivergenceError
     from ddp_trainer.sync.probe import FaultyRankError
     from ddp_trainer.train import runner
@@ -59,8 +60,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     code: int
     report: Report
     with process_group(launch, config.resolved_backend(kind), device, config.timeout_seconds):
+        # From the moment the group formed, a SIGTERM (the pod deleted, the launcher stopping its workers)
+        # is a stop at the next step boundary, with a checkpoint: also while this process still sets up
+        # (opening a bucket's client takes a second), where its default action ended it and its peers, in
+        # their first collective, failed with "Connection closed by peer" (a preemption taken for a crash).
+        # Before the group formed, it ends the process at once: there are no peers to stop with.
+        stop = boundary.StopRequest()
+        stop.install()
         try:
-            session = runner.Session(config, pod, launch, device, config.resolved_precision(kind))
+            session = runner.Session(config, pod, launch, device, config.resolved_precision(kind), stop)
             code, report = session.run()
         except DivergenceError as err:
             assert session is not None

@@ -69,14 +69,21 @@ class Session:
     """One trainer process between setup and report."""
 
     def __init__(
-        self, config: TrainerConfig, pod: PodEnv, launch: LaunchEnv, device: torch.device, precision: str
+        self,
+        config: TrainerConfig,
+        pod: PodEnv,
+        launch: LaunchEnv,
+        device: torch.device,
+        precision: str,
+        stop: boundary.StopRequest | None = None,
     ) -> None:
         self.config, self.pod, self.launch, self.device = config, pod, launch, device
         self.precision = Precision.of(device, precision)
         self.metrics = rank_metrics(config, pod, launch, device, precision)
         self.health: SyncHealth | None = None
         """Built once the model is wrapped in DDP (its first check is the initial one)."""
-        self.stop = boundary.StopRequest()
+        self.stop = stop or boundary.StopRequest()
+        """Set by SIGTERM where the caller installed it (``__main__``: once the process group formed)."""
         self.agreement = boundary.StopAgreement()  # no GPU sync per step (bench/RESULTS.md)
         self.store = checkpoints.open_store(config.checkpoint_dir) if config.checkpoint_dir else None
         """Where checkpoints live: a folder, or a bucket prefix (``s3://``); None: no checkpoints."""
@@ -227,7 +234,6 @@ class Session:
 
     def run(self) -> tuple[int, contract.Report]:
         """Train to the end (or until stopped); returns ``(exit code, report)``."""
-        self.stop.install()
         state = self.build()
         config = self.config
         self.healer = healer = heal.Healer() if heal.armed_here(os.environ) else None
