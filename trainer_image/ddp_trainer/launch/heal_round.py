@@ -51,7 +51,9 @@ decision of when the launcher heals and the one booking of what it did: split, t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import sys
 import time
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
@@ -60,7 +62,7 @@ from typing import Any
 
 from ddp_trainer import contract
 from ddp_trainer.core import notice
-from ddp_trainer.core.config import TrainerConfig
+from ddp_trainer.core.config import TrainerConfig, build_parser
 from ddp_trainer.core.notice import Note, Notice
 from ddp_trainer.launch import silence
 from ddp_trainer.launch.book import Book
@@ -114,16 +116,16 @@ def arm(env: MutableMapping[str, str], *, elastic: bool, builtin: Sequence[str] 
 
 
 def on_gloo(argv: Sequence[str], cuda: Callable[[], bool] | None = None) -> bool:
-    """Whether the built-in trainer's flags ``argv`` give it gloo's group, by the trainer's own rule
-    (:meth:`TrainerConfig.resolved_backend <ddp_trainer.core.config.TrainerConfig.resolved_backend>`): the
-    host is asked (``cuda``: torch's ``cuda.is_available``) only where both flags say ``auto``."""
-    flags: dict[str, Any] = {}
-    for i, arg in enumerate(argv):
-        name, eq, value = arg.partition("=")
-        if name in ("--backend", "--device"):
-            value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
-            flags.update({name[2:]: value} if value else {})
-    config = TrainerConfig(**flags)
+    """Whether the built-in trainer's flags ``argv`` give it gloo's group, read by the trainer's own parser
+    (``build_parser``) and rule (:meth:`ddp_trainer.core.config.TrainerConfig.resolved_backend`): the host
+    is asked (``cuda``: torch's ``cuda.is_available``) only where both flags say ``auto``. Flags the trainer
+    refuses: not gloo (its worker says why and exits 2)."""
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # the worker prints the usage error, once
+            known, _ = build_parser().parse_known_args(list(argv))
+    except SystemExit:
+        return False
+    config = TrainerConfig(device=known.device, backend=known.backend)
     host_decides = config.device == "auto" and config.backend == "auto"
     if host_decides and cuda is None:
         import torch

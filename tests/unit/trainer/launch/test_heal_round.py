@@ -48,6 +48,8 @@ def test_the_built_in_trainers_group_is_gloos_by_its_flags_else_by_the_host() ->
     assert heal_round.on_gloo(["--steps=5"], lambda: False)  # auto on a host without CUDA
     assert not heal_round.on_gloo(["--device=auto"], lambda: True)
     assert not heal_round.on_gloo(["--device"], lambda: True)  # a flag without its value: not gloo
+    assert heal_round.on_gloo(["--backend=GLOO", "--device=cuda"], never)  # as the trainer reads it
+    assert not heal_round.on_gloo(["--device=tpu"], never)  # refused by the trainer: not gloo
 
 
 def test_the_workers_are_told_whether_their_launcher_heals() -> None:
