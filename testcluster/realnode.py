@@ -101,7 +101,7 @@ def start(node: RealNode, bin_dir: Path) -> None:
     )
     log = node.layout.log(f"kubelet-{node.name}")
     for attempt in range(1, KUBELET_STARTS + 1):
-        spawned = time.time()
+        before = _socket_identity()
         kubelet = processes.spawn(
             f"kubelet-{node.name}",
             [
@@ -120,7 +120,7 @@ def start(node: RealNode, bin_dir: Path) -> None:
         try:  # before the next node's kubelet starts: see DEVICE_PLUGINS_SOCKET
             controlplane.wait_until(
                 f"the kubelet of {node.name} binding {DEVICE_PLUGINS_SOCKET}",
-                lambda at=spawned, proc=kubelet: _bound_since(at) or proc.poll() is not None,
+                lambda was=before, proc=kubelet: _rebound(was) or proc.poll() is not None,
                 timeout=30,
                 log=log,
             )
@@ -152,11 +152,23 @@ can interleave so that the second's bind fails (``address already in use``) and 
 registers. So a node's kubelet is started only once the one before it has bound."""
 
 
-def _bound_since(when: float) -> bool:
+def _rebound(before: tuple[int, int] | None) -> bool:
+    """The registry socket is there, and another than ``before`` (:func:`_socket_identity`)."""
+    now = _socket_identity()
+    return now is not None and now != before
+
+
+def _socket_identity() -> tuple[int, int] | None:
+    """The registry socket as it is now (its inode and change time), None while there is none: a kubelet
+    that bound it made a new one. Compared with the one before the kubelet started, not with a clock: the
+    node before it bound its own a moment earlier, and a check of "bound within the last second" took that
+    bind for this kubelet's, went on at once and missed this one exiting as it started (its Node never
+    registered: seen when containerd recovered an earlier run's state for 0.15 s)."""
     try:
-        return DEVICE_PLUGINS_SOCKET.stat().st_mtime >= when - 1
+        found = DEVICE_PLUGINS_SOCKET.stat()
     except OSError:
-        return False
+        return None
+    return found.st_ino, found.st_ctime_ns
 
 
 def stop(node: RealNode) -> None:
